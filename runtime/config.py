@@ -1,0 +1,66 @@
+"""Runtime configuration: one keyword-only dataclass per component, validated on creation.
+
+Every field is documented beside it; an invalid value raises ValueError naming the field, so a
+`--set section.key=value` typo is caught at start, not an hour into a run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+def _positive(obj: object, section: str, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{section}.{name} must be a positive number, got {value!r}")
+
+
+@dataclass(kw_only=True, frozen=True)
+class TransportConfig:
+    """Sockets, message limits and request deadlines (section `transport`)."""
+
+    request_timeout_s: float = 30.0
+    """Default deadline for a request/reply round trip when the caller gives none."""
+    max_message_bytes: int = 1 << 31
+    """Largest message (all frames together) a receiver accepts; larger ones are a ProtocolError."""
+    max_frames: int = 4096
+    """Most frames one message may carry (one per out-of-band tensor, plus two)."""
+    inline_tensor_bytes: int = 512
+    """Tensors up to this size travel inside the msgpack body instead of in a frame of their own."""
+    sndhwm: int = 1000
+    """ZeroMQ send high-water mark, in messages, per peer."""
+    rcvhwm: int = 1000
+    """ZeroMQ receive high-water mark, in messages, per peer."""
+    linger_ms: int = 0
+    """How long a closing socket keeps trying to deliver queued messages."""
+    tcp_buffer_bytes: int = 4 << 20
+    """Kernel send and receive buffer size for TCP sockets."""
+
+    def __post_init__(self) -> None:
+        _positive(self, "transport", "request_timeout_s", "max_message_bytes", "max_frames",
+                  "sndhwm", "rcvhwm", "tcp_buffer_bytes")
+        if self.max_frames < 2:
+            raise ValueError(f"transport.max_frames must be >= 2, got {self.max_frames}")
+        if self.linger_ms < 0 or self.inline_tensor_bytes < 0:
+            raise ValueError("transport.linger_ms and transport.inline_tensor_bytes must be >= 0")
+
+
+@dataclass(kw_only=True, frozen=True)
+class SupervisorConfig:
+    """Worker process lifecycle (section `supervisor`)."""
+
+    ready_timeout_s: float = 60.0
+    """How long a started worker may take to send Ready (imports, model loading included)."""
+    heartbeat_interval_s: float = 0.5
+    """How often a worker sends a heartbeat on the control lane."""
+    heartbeat_timeout_s: float = 3.0
+    """Silence after which a worker is declared dead and killed."""
+    stop_timeout_s: float = 10.0
+    """One deadline for all children to exit after Shutdown and SIGTERM, before SIGKILL."""
+
+    def __post_init__(self) -> None:
+        _positive(self, "supervisor", *(f.name for f in fields(self)))
+        if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
+            raise ValueError(
+                "supervisor.heartbeat_timeout_s must exceed supervisor.heartbeat_interval_s "
+                f"({self.heartbeat_timeout_s} <= {self.heartbeat_interval_s})")

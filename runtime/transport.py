@@ -67,6 +67,8 @@ def connect(address: str, config: TransportConfig = TransportConfig()) -> "Conne
 class ListenerStats:
     received: int = 0
     protocol_errors: int = 0
+    dropped: int = 0
+    """Replies and pushes not delivered: the peer left or stopped reading."""
     errors_by_peer: dict[Any, int] = field(default_factory=dict)
 
 
@@ -258,10 +260,18 @@ class ZmqListener:
     async def _send(self, peer: bytes, msg: Any, flags: int, req_id: int) -> bool:
         frames = encode(msg, flags=flags, req_id=req_id, config=self.config)
         try:
-            await self._sock.send_multipart([peer, *frames], copy=False)
+            # Never block the listener on one peer: a peer that stops reading (its pipe is at
+            # the high-water mark) or has left loses this message instead of stalling everyone.
+            await self._sock.send_multipart([peer, *frames], flags=zmq.NOBLOCK, copy=False)
             return True
+        except zmq.Again:
+            self.stats.dropped += 1
+            log.warning("%s: peer %s is not reading (sndhwm=%d reached); dropped %s",
+                        self.address, peer.hex(), self.config.sndhwm, type(msg).__name__)
+            return False
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
+                self.stats.dropped += 1
                 log.debug("%s: peer %s is gone; dropped %s", self.address, peer.hex(),
                           type(msg).__name__)
                 return False

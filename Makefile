@@ -1,0 +1,32 @@
+# Two commands on a fresh machine: `make run` and `make test`. Both create and reuse .venv.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+# The CPU build of torch lies on this machine's disk; installing it first keeps pip from
+# resolving plain `torch` to a multi-GB CUDA build. Override on GPU machines: make TORCH=torch
+TORCH  ?= torch==2.13.0
+EXTRAS ?= dev
+
+.PHONY: setup run test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "FlexMARL needs Python >= 3.11; set PYTHON=python3.11")'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH)"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[$(EXTRAS)]"
+	touch $(STAMP)
+
+run: setup
+	$(PY) -m runtime.demo
+
+test: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) bench/transport.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

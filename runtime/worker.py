@@ -1,0 +1,126 @@
+"""Worker process entry point: `python -m runtime.worker BOOT_JSON` (started by Supervisor).
+
+Builds the actor from an injectable entry point ("package.module:function", called with a
+WorkerContext), serves it, announces Ready to the supervisor on the control lane, heartbeats,
+and stops on a Shutdown message, SIGTERM or SIGINT. The boot JSON comes from the parent process
+on the command line, never from the network.
+"""
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import importlib
+import json
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from runtime.actor import Actor
+from runtime.config import SupervisorConfig, TransportConfig
+from runtime.protocol import Heartbeat, Ready, Shutdown
+from runtime.transport import Connection, connect
+
+log = logging.getLogger(__name__)
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    """What an entry point gets to build its actor."""
+
+    name: str
+    bind: str
+    args: dict[str, Any] = field(default_factory=dict)
+    transport: TransportConfig = TransportConfig()
+
+
+def resolve(entry: str) -> Callable[[WorkerContext], Actor]:
+    module, _, attr = entry.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGTERM this process when its parent dies (no orphans if killed -9)."""
+    if sys.platform != "linux":
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+async def serve(boot: dict[str, Any]) -> None:
+    name = boot["name"]
+    sup_cfg = SupervisorConfig(**boot["supervisor_config"])
+    transport = TransportConfig(**boot["transport"])
+    ctx = WorkerContext(name=name, bind=boot["bind"], args=boot["args"], transport=transport)
+    actor = resolve(boot["entry"])(ctx)
+    if not isinstance(actor, Actor):
+        raise TypeError(f"entry point {boot['entry']} returned {type(actor).__name__}, "
+                        "expected a runtime.actor.Actor")
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        actor.stop()
+        # If draining hangs, do not linger as a half-dead process.
+        loop.call_later(sup_cfg.stop_timeout_s, os._exit, 1)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    async with connect(boot["supervisor"], transport) as sup:
+        async with asyncio.TaskGroup() as tg:
+            run = tg.create_task(actor.run(), name=f"{name}.run")
+            started = asyncio.ensure_future(actor.started.wait())
+            await asyncio.wait([run, started], return_when=asyncio.FIRST_COMPLETED)
+            if not actor.started.is_set():
+                started.cancel()
+                return  # run() failed; the TaskGroup re-raises its error
+            await sup.request(Ready(name, os.getpid(), actor.address or ""), control=True,
+                              timeout_s=sup_cfg.ready_timeout_s)
+            helpers = [tg.create_task(_heartbeat_loop(sup, name, sup_cfg.heartbeat_interval_s),
+                                      name=f"{name}.heartbeat_loop"),
+                       tg.create_task(_control_loop(sup, actor), name=f"{name}.control_loop")]
+            await run
+            for task in helpers:
+                task.cancel()
+
+
+async def _heartbeat_loop(sup: Connection, name: str, interval_s: float) -> None:
+    pid = os.getpid()
+    seq = 0
+    while True:
+        await sup.send(Heartbeat(name, pid, seq), control=True)
+        seq += 1
+        await asyncio.sleep(interval_s)
+
+
+async def _control_loop(sup: Connection, actor: Actor) -> None:
+    while True:
+        env = await sup.recv()
+        if isinstance(env.msg, Shutdown):
+            actor.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        sys.exit("usage: python -m runtime.worker BOOT_JSON (started by runtime.supervisor)")
+    boot = json.loads(argv[0])
+    _die_with_parent(boot["supervisor_pid"])
+    logging.basicConfig(level=os.environ.get("FLEXMARL_LOG", "WARNING"),
+                        format=f"%(asctime)s {boot['name']} %(levelname)s %(name)s: %(message)s")
+    try:
+        import uvloop
+        uvloop.run(serve(boot))
+    except ImportError:
+        asyncio.run(serve(boot))
+
+
+if __name__ == "__main__":
+    main()

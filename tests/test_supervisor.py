@@ -1,0 +1,130 @@
+"""Supervisor with real worker processes: Ready, heartbeats, deaths, ordered shutdown, no orphans."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from runtime.config import SupervisorConfig
+from runtime.errors import WorkerStartError
+from runtime.protocol import Ping, Pong, Tensors
+from runtime.supervisor import Supervisor, WorkerSpec
+from runtime.transport import connect
+from tests.conftest import pid_alive
+
+pytestmark = pytest.mark.slow
+FAST = SupervisorConfig(heartbeat_interval_s=0.2, heartbeat_timeout_s=1.5, stop_timeout_s=3.0,
+                        ready_timeout_s=60.0)
+
+
+async def wait_dead(pids: list[int], within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if not any(pid_alive(p) for p in pids):
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+async def test_workers_serve_over_ipc_and_tcp_and_stop_in_order(no_leftover_children):
+    sup = Supervisor(config=FAST)
+    async with sup.serving():
+        a = await sup.start_worker(WorkerSpec(name="a", entry="tests.workers:echo"))
+        b = await sup.start_worker(WorkerSpec(name="b", entry="tests.workers:with_grandchild",
+                                              bind="tcp://127.0.0.1:0"))
+        assert a.address.startswith("ipc://") and b.address.startswith("tcp://127.0.0.1:")
+        async with connect(a.address) as ca, connect(b.address) as cb:
+            x = torch.randn(256, 256)
+            assert torch.equal((await ca.request(Tensors(tensors={"x": x}))).tensors["x"], x)
+            grandchild = (await cb.request(Tensors())).meta["grandchild_pid"]
+            assert await cb.request(Ping(5), control=True) == Pong(5)
+        pids = [a.pid, b.pid, grandchild]
+        assert all(pid_alive(p) for p in pids)
+    # Leaving the block stopped every worker and its process group, grandchild included.
+    assert not any(pid_alive(p) for p in pids)
+    assert sup.events.empty()  # ordered stops are not reported as deaths
+
+
+async def test_kill_9_is_reported_within_heartbeat_timeout(no_leftover_children):
+    sup = Supervisor(config=FAST)
+    async with sup.serving():
+        w = await sup.start_worker(WorkerSpec(name="victim", entry="tests.workers:echo"))
+        other = await sup.start_worker(WorkerSpec(name="bystander", entry="tests.workers:echo"))
+        killed_at = time.monotonic()
+        os.kill(w.pid, signal.SIGKILL)
+        event = await asyncio.wait_for(sup.events.get(), FAST.heartbeat_timeout_s)
+        assert time.monotonic() - killed_at < FAST.heartbeat_timeout_s
+        assert (event.name, event.pid, event.reason, event.returncode) == \
+            ("victim", w.pid, "exited", -signal.SIGKILL)
+        async with connect(other.address) as conn:  # the others are unaffected
+            assert await conn.request(Ping(1)) == Pong(1)
+        # A replacement can take the dead worker's name.
+        again = await sup.start_worker(WorkerSpec(name="victim", entry="tests.workers:echo"))
+        assert again.pid != w.pid
+    assert not pid_alive(other.pid) and not pid_alive(again.pid)
+
+
+async def test_hung_worker_is_declared_dead_and_killed(no_leftover_children):
+    sup = Supervisor(config=FAST)
+    async with sup.serving():
+        w = await sup.start_worker(WorkerSpec(name="hung", entry="tests.workers:echo"))
+        os.kill(w.pid, signal.SIGSTOP)  # alive but silent
+        stopped_at = time.monotonic()
+        event = await asyncio.wait_for(sup.events.get(), FAST.heartbeat_timeout_s * 3)
+        assert event.reason == "heartbeat_timeout" and event.name == "hung"
+        assert FAST.heartbeat_timeout_s - FAST.heartbeat_interval_s <= \
+            time.monotonic() - stopped_at <= FAST.heartbeat_timeout_s + 2 * FAST.heartbeat_interval_s
+        assert await wait_dead([w.pid], 5)
+        assert sup.events.empty()  # one event per death, not two
+
+
+async def test_start_failures_are_typed_and_name_the_fix(no_leftover_children):
+    sup = Supervisor(config=SupervisorConfig(ready_timeout_s=3.0, stop_timeout_s=2.0))
+    async with sup.serving():
+        with pytest.raises(WorkerStartError, match="exited with code 1 before sending Ready"):
+            await sup.start_worker(WorkerSpec(name="crash", entry="tests.workers:crash"))
+        with pytest.raises(WorkerStartError, match="supervisor.ready_timeout_s"):
+            await sup.start_worker(WorkerSpec(name="slow", entry="tests.workers:never_ready"))
+        assert not pid_alive(sup.workers["slow"].pid)
+        with pytest.raises(ValueError, match="package.module:function"):
+            WorkerSpec(name="x", entry="no_colon")
+        with pytest.raises(ValueError, match="WorkerSpec.name"):
+            WorkerSpec(name="../evil", entry="a:b")
+        assert sup.events.empty()
+
+
+async def test_stubborn_worker_is_killed_at_the_stop_deadline(no_leftover_children):
+    cfg = SupervisorConfig(stop_timeout_s=1.0, heartbeat_interval_s=0.2, heartbeat_timeout_s=5)
+    sup = Supervisor(config=cfg)
+    async with sup.serving():
+        w = await sup.start_worker(WorkerSpec(name="stubborn", entry="tests.workers:stubborn"))
+        started = time.monotonic()
+        await sup.stop_workers()
+        took = time.monotonic() - started
+    assert not pid_alive(w.pid)
+    assert w.proc.returncode == -signal.SIGKILL
+    assert cfg.stop_timeout_s <= took < cfg.stop_timeout_s + 3
+
+
+def test_supervisor_killed_9_leaves_no_orphans():
+    host = subprocess.Popen([sys.executable, "-m", "tests.supervisor_host"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        pids = json.loads(host.stdout.readline())
+        assert all(pid_alive(p) for p in pids)
+        host.kill()
+        host.wait()
+        deadline = time.monotonic() + 10
+        while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(pid_alive(p) for p in pids), "workers outlived their supervisor"
+    finally:
+        host.kill()
+        host.wait()

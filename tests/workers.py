@@ -1,0 +1,69 @@
+"""Worker entry points for the supervisor tests, started in real child processes."""
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+
+from runtime.actor import Actor, handler
+from runtime.codec import Envelope
+from runtime.protocol import Ack, Tensors
+from runtime.worker import WorkerContext
+
+
+class Echo(Actor):
+    """Echoes Tensors back; answers Ping through the base class."""
+
+    @handler(Tensors)
+    async def on_tensors(self, msg: Tensors, env: Envelope) -> Tensors:
+        return msg
+
+
+def echo(ctx: WorkerContext) -> Actor:
+    return Echo(ctx.name, ctx.bind, transport=ctx.transport)
+
+
+def crash(ctx: WorkerContext) -> Actor:
+    raise RuntimeError("this worker fails on purpose before it is ready")
+
+
+def never_ready(ctx: WorkerContext) -> Actor:
+    time.sleep(3600)  # blocks the entry point: Ready never comes
+    raise AssertionError("unreachable")
+
+
+class WithGrandchild(Echo):
+    """Starts a grandchild process, to check that shutdown leaves no orphan behind."""
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        super().__init__(ctx.name, ctx.bind, transport=ctx.transport)
+        self.child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+        self.meta = {"grandchild_pid": self.child.pid}
+
+    @handler(Tensors)
+    async def on_tensors(self, msg: Tensors, env: Envelope) -> Tensors:
+        return Tensors(meta=self.meta)
+
+
+def with_grandchild(ctx: WorkerContext) -> Actor:
+    return WithGrandchild(ctx)
+
+
+class Stubborn(Echo):
+    """Never finishes draining, so the supervisor has to escalate to SIGKILL."""
+
+    async def on_drain(self) -> None:
+        await asyncio.sleep(3600)
+
+
+def stubborn(ctx: WorkerContext) -> Actor:
+    return Stubborn(ctx.name, ctx.bind, transport=ctx.transport)
+
+
+def acking(ctx: WorkerContext) -> Actor:
+    class Sink(Actor):
+        @handler(Tensors)
+        async def on_tensors(self, msg: Tensors, env: Envelope) -> Ack:
+            return Ack()
+    return Sink(ctx.name, ctx.bind, transport=ctx.transport)

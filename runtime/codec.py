@@ -113,7 +113,10 @@ def _encode_tensor(t: torch.Tensor, frames: list, inline: int) -> msgpack.ExtTyp
         t = t.cpu()
     t = t.resolve_conj().resolve_neg().contiguous()
     nbytes = t.numel() * t.element_size()
-    flat = t.reshape(-1).view(torch.uint8).numpy()
+    flat = t.reshape(-1)
+    if flat.numel() and flat.stride(0) != 1:  # a one-element view may keep its odd stride
+        flat = flat.clone(memory_format=torch.contiguous_format)
+    flat = flat.view(torch.uint8).numpy()
     data = _place(flat, nbytes, frames, inline)
     return msgpack.ExtType(EXT_TENSOR, msgpack.packb([name, list(t.shape), data]))
 

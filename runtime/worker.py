@@ -68,8 +68,9 @@ async def serve(boot: dict[str, Any]) -> None:
 
     def on_signal() -> None:
         actor.stop()
-        # If draining hangs, do not linger as a half-dead process.
-        loop.call_later(sup_cfg.stop_timeout_s, os._exit, 1)
+        # If draining hangs and no supervisor is left to SIGKILL us (it escalates after
+        # stop_timeout_s), do not linger as a half-dead process.
+        loop.call_later(2 * sup_cfg.stop_timeout_s, os._exit, 1)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)

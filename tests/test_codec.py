@@ -25,7 +25,7 @@ def wire(frames: list) -> list[bytes]:
 
 
 def tensor_bytes(t: torch.Tensor) -> bytes:
-    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return t.clone(memory_format=torch.contiguous_format).reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
 # ----------------------------------------------------------------------------- strategies

@@ -31,11 +31,12 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import struct
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 # `python bench/transport.py` puts bench/, not the repository root, on sys.path, so the
@@ -63,6 +64,7 @@ WARMUP_ROUND_TRIPS = 300
 WARMUP_TENSORS = 2
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 5.0
+PHASE_SLACK_S = 60.0
 
 
 # ============================================================================ servers
@@ -119,10 +121,16 @@ async def serve_runtime(address: str) -> None:
 
 
 async def serve_raw(address: str) -> None:
-    ctx = zmq.asyncio.Context.instance()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.linger = 0
+    tmpdir = None
+    if address == "ipc://*":
+        # Like the runtime's listener: a private directory, removed again on exit. Made here
+        # rather than by the parent, so it goes even when the parent is killed outright.
+        tmpdir = tempfile.mkdtemp(prefix="flexmarl-bench-raw-")
+        address = f"ipc://{os.path.join(tmpdir, 'sock')}"
+    sock = None
     try:
+        sock = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
+        sock.linger = 0
         sock.bind(address)
         _announce(sock.getsockopt_string(zmq.LAST_ENDPOINT))
 
@@ -138,17 +146,19 @@ async def serve_raw(address: str) -> None:
                 else:
                     await sock.send_multipart([f.bytes for f in frames])
 
-        task = asyncio.get_running_loop().create_task(echo_loop())
-        try:
-            await _until_released()
-        finally:
+        loop = asyncio.get_running_loop()
+        echo, released = loop.create_task(echo_loop()), loop.create_task(_until_released())
+        done, _ = await asyncio.wait({echo, released}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (echo, released):
             task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await asyncio.gather(echo, released, return_exceptions=True)
+        if echo in done:
+            echo.result()  # the echo loop failed: raise why, and exit
     finally:
-        sock.close(linger=0)
+        if sock is not None:
+            sock.close(linger=0)
+        if tmpdir is not None:
+            shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 # ============================================================================ clients
@@ -210,14 +220,14 @@ class RuntimeClient:
 
 @dataclass
 class Tally:
+    """Work done (round trips, or GB) and the seconds it took, summed over slices."""
+
     count: float = 0.0
     seconds: float = 0.0
-    samples: list[float] = field(default_factory=list)
 
     def add(self, count: float, seconds: float) -> None:
         self.count += count
         self.seconds += seconds
-        self.samples.append(count / seconds)
 
     @property
     def rate(self) -> float:
@@ -261,15 +271,18 @@ async def measure_tensors(rt: RuntimeClient, raw: RawClient, iters: int,
     for _ in range(WARMUP_TENSORS):
         await rt.tensor(tensor)
         await raw.tensor(buf)
-    tallies = {"rt": Tally(), "raw": Tally()}
+    durations: dict[str, list[float]] = {"rt": [], "raw": []}
     clock = time.perf_counter
     for i in range(iters):
         order = (("rt", rt.tensor, tensor), ("raw", raw.tensor, buf))
         for name, send, payload in (order if i % 2 == 0 else order[::-1]):
             t0 = clock()
             await send(payload)
-            tallies[name].add(nbytes / 1e9, clock() - t0)
-    return tallies["rt"], tallies["raw"]
+            durations[name].append(clock() - t0)
+    # The median request time, not the mean: on a shared 2-core machine a single stall of the
+    # other process would otherwise decide the ratio.
+    return (Tally(nbytes / 1e9, statistics.median(durations["rt"])),
+            Tally(nbytes / 1e9, statistics.median(durations["raw"])))
 
 
 # ============================================================================ orchestration
@@ -279,7 +292,6 @@ class Servers:
 
     def __init__(self) -> None:
         self.procs: list[asyncio.subprocess.Process] = []
-        self.tmpdirs: list[str] = []
 
     async def start(self, kind: str, address: str) -> str:
         proc = await asyncio.create_subprocess_exec(
@@ -299,13 +311,6 @@ class Servers:
                                "reporting its endpoint; see its stderr above")
         return endpoint
 
-    def raw_address(self, transport: str) -> str:
-        if transport == "tcp":
-            return "tcp://127.0.0.1:*"
-        path = tempfile.mkdtemp(prefix="flexmarl-bench-raw-")
-        self.tmpdirs.append(path)
-        return f"ipc://{os.path.join(path, 'sock')}"
-
     async def stop(self) -> None:
         for proc in self.procs:
             if proc.stdin is not None and not proc.stdin.is_closing():
@@ -316,11 +321,12 @@ class Servers:
             except asyncio.TimeoutError:
                 proc.kill()
                 await proc.wait()
-        for path in self.tmpdirs:
-            shutil.rmtree(path, ignore_errors=True)
 
 
-RUNTIME_ADDRESS = {"tcp": "tcp://127.0.0.1:0", "ipc": "ipc://*"}
+RUNTIME_ADDRESS = {"tcp": "tcp://127.0.0.1:0", "ipc": "ipc://*"}  # the runtime resolves both
+# Raw pyzmq: "*" port read back through LAST_ENDPOINT; "ipc://*" becomes a mkdtemp() path in
+# serve_raw (libzmq's own ipc wildcard would report a relative path).
+RAW_ADDRESS = {"tcp": "tcp://127.0.0.1:*", "ipc": "ipc://*"}
 
 
 async def run_bench(args: argparse.Namespace) -> dict[str, dict[str, float]]:
@@ -330,7 +336,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, dict[str, float]]:
         starts = []
         for transport in args.transports:
             starts.append(servers.start("runtime", RUNTIME_ADDRESS[transport]))
-            starts.append(servers.start("raw", servers.raw_address(transport)))
+            starts.append(servers.start("raw", RAW_ADDRESS[transport]))
         endpoints = await asyncio.gather(*starts)
         nbytes = args.mib << 20
         for i, transport in enumerate(args.transports):
@@ -338,8 +344,14 @@ async def run_bench(args: argparse.Namespace) -> dict[str, dict[str, float]]:
             _progress(f"{transport}: runtime server {rt_addr}, raw server {raw_addr}")
             rt, raw = RuntimeClient(rt_addr), RawClient(raw_addr)
             try:
-                rt_rtt, raw_rtt = await measure_round_trips(rt, raw, args.seconds)
-                rt_ten, raw_ten = await measure_tensors(rt, raw, args.iters, nbytes)
+                # Watchdogs, so a dead server ends the run instead of hanging it: the raw client
+                # waits for its replies without a deadline of its own.
+                rt_rtt, raw_rtt = await _watchdog(
+                    f"{transport} round trips", measure_round_trips(rt, raw, args.seconds),
+                    2 * args.seconds + PHASE_SLACK_S)
+                rt_ten, raw_ten = await _watchdog(
+                    f"{transport} tensors", measure_tensors(rt, raw, args.iters, nbytes),
+                    args.iters * args.mib * 2 / 50 + PHASE_SLACK_S)  # floor of 50 MiB/s
             finally:
                 await rt.close()
                 raw.close()
@@ -352,6 +364,14 @@ async def run_bench(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     finally:
         await servers.stop()
     return results
+
+
+async def _watchdog(phase: str, coro: Any, timeout_s: float) -> Any:
+    try:
+        return await asyncio.wait_for(coro, timeout_s)
+    except asyncio.TimeoutError:
+        raise RuntimeError(f"{phase}: no progress within {timeout_s:.0f} s; a server probably "
+                           "died (see its stderr above)") from None
 
 
 def _progress(text: str) -> None:
@@ -419,15 +439,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="end stdout with one line of JSON holding every number")
     ap.add_argument("--seconds", type=float, default=2.0,
                     help="round-trip phase length per side per transport (default 2)")
-    ap.add_argument("--iters", type=int, default=20,
-                    help="timed tensor requests per side per transport (default 20)")
+    ap.add_argument("--iters", type=int, default=40,
+                    help="timed tensor requests per side per transport (default 40)")
     ap.add_argument("--mib", type=int, default=64, help="tensor payload in MiB (default 64)")
     ap.add_argument("--transports", default="tcp,ipc",
                     help="comma-separated subset of tcp,ipc (default tcp,ipc)")
     ap.add_argument("--serve", choices=("runtime", "raw"), help=argparse.SUPPRESS)
     ap.add_argument("--address", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    args.transports = [t.strip() for t in args.transports.split(",") if t.strip()]
+    args.transports = list(dict.fromkeys(t.strip() for t in args.transports.split(",")
+                                         if t.strip()))
     bad = [t for t in args.transports if t not in RUNTIME_ADDRESS]
     if bad or not args.transports:
         ap.error(f"--transports must be a subset of tcp,ipc, got {bad or 'nothing'}")
@@ -453,4 +474,7 @@ if __name__ == "__main__":
     elif _args.serve == "raw":
         uvloop.run(serve_raw(_args.address))
     else:
-        report(uvloop.run(run_bench(_args)), _args)
+        try:
+            report(uvloop.run(run_bench(_args)), _args)
+        except KeyboardInterrupt:  # the servers were already stopped by run_bench's finally
+            sys.exit(130)

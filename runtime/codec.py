@@ -232,7 +232,12 @@ def _decode_tensor(data: bytes, bufs: list[memoryview]) -> torch.Tensor:
         # Inline data or an immutable input buffer: copy, so no tensor aliases memory that
         # must not change. Frames received from ZeroMQ are writable and never copied.
         buf = bytearray(buf)
-    return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).reshape(shape)
+    raw = torch.frombuffer(buf, dtype=torch.uint8)
+    if raw.data_ptr() % dtype.itemsize:
+        # Small frames can arrive at any offset inside libzmq's receive buffer; an aligned
+        # copy (these are a few KiB at most) keeps every kernel's alignment assumptions safe.
+        raw = raw.clone()
+    return raw.view(dtype).reshape(shape)
 
 
 def _decode_ndarray(data: bytes, bufs: list[memoryview]) -> np.ndarray:
@@ -242,7 +247,10 @@ def _decode_ndarray(data: bytes, bufs: list[memoryview]) -> np.ndarray:
     dtype = np.dtype(name)
     nbytes = math.prod(shape) * dtype.itemsize
     buf = _buffer(ref, bufs, nbytes)
-    return np.frombuffer(buf, dtype=np.uint8).view(dtype).reshape(shape)
+    raw = np.frombuffer(buf, dtype=np.uint8)
+    if raw.ctypes.data % dtype.alignment:  # see _decode_tensor
+        raw = raw.copy()
+    return raw.view(dtype).reshape(shape)
 
 
 # ----------------------------------------------------------------------------- schemas

@@ -33,16 +33,18 @@ class TransportConfig:
     """ZeroMQ receive high-water mark, in messages, per peer."""
     linger_ms: int = 0
     """How long a closing socket keeps trying to deliver queued messages."""
-    tcp_buffer_bytes: int = 4 << 20
-    """Kernel send and receive buffer size for TCP sockets."""
+    tcp_buffer_bytes: int = 0
+    """Kernel send and receive buffer size for TCP sockets; 0 keeps the kernel's autotuning
+    (setting a size on Linux turns autotuning off, which can only lower bulk throughput)."""
 
     def __post_init__(self) -> None:
         _positive(self, "transport", "request_timeout_s", "max_message_bytes", "max_frames",
-                  "sndhwm", "rcvhwm", "tcp_buffer_bytes")
+                  "sndhwm", "rcvhwm")
         if self.max_frames < 2:
             raise ValueError(f"transport.max_frames must be >= 2, got {self.max_frames}")
-        if self.linger_ms < 0 or self.inline_tensor_bytes < 0:
-            raise ValueError("transport.linger_ms and transport.inline_tensor_bytes must be >= 0")
+        for name in ("linger_ms", "inline_tensor_bytes", "tcp_buffer_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"transport.{name} must be >= 0, got {getattr(self, name)}")
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -110,6 +110,11 @@ class Mailbox:
             self._waiter.set_result(None)
 
 
+def _expire(fut: asyncio.Future, exc: Exception) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
+
+
 class _Requests:
     """Request ids and reply futures of one client, shared by its transports."""
 
@@ -126,6 +131,11 @@ class _Requests:
         self.pending[req_id] = fut
         return req_id, fut
 
+    def forget(self, req_id: int) -> None:
+        fut = self.pending.pop(req_id, None)
+        if fut is not None:
+            fut.cancel()
+
     def deliver(self, env: Envelope) -> None:
         if env.flags & FLAG_REPLY:
             fut = self.pending.pop(env.req_id, None)
@@ -137,13 +147,14 @@ class _Requests:
     async def wait(self, req_id: int, fut: asyncio.Future, msg: Any,
                    timeout_s: float | None) -> Any:
         timeout_s = self.config.request_timeout_s if timeout_s is None else timeout_s
+        # A timer on the future itself: cheaper than asyncio.wait_for on the hot path.
+        timer = asyncio.get_running_loop().call_later(timeout_s, _expire, fut, RequestTimeout(
+            f"no reply to {type(msg).__name__} from {self.address} within {timeout_s:g} s; "
+            "check that the peer is alive, or raise transport.request_timeout_s"))
         try:
-            reply = await asyncio.wait_for(fut, timeout_s)
-        except asyncio.TimeoutError:
-            raise RequestTimeout(
-                f"no reply to {type(msg).__name__} from {self.address} within {timeout_s:g} s; "
-                "check that the peer is alive, or raise transport.request_timeout_s") from None
+            reply = await fut
         finally:
+            timer.cancel()
             self.pending.pop(req_id, None)
         if isinstance(reply, Error):
             raise RemoteError(reply.code, reply.message)
@@ -179,8 +190,9 @@ def make_socket(kind: int, config: TransportConfig, *, bind: str | None = None,
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a gone peer errors, not vanishes
         endpoint = bind or connect or ""
         if endpoint.startswith("tcp://"):
-            sock.setsockopt(zmq.SNDBUF, config.tcp_buffer_bytes)
-            sock.setsockopt(zmq.RCVBUF, config.tcp_buffer_bytes)
+            if config.tcp_buffer_bytes:
+                sock.setsockopt(zmq.SNDBUF, config.tcp_buffer_bytes)
+                sock.setsockopt(zmq.RCVBUF, config.tcp_buffer_bytes)
             sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
             if "[" in endpoint:
                 sock.setsockopt(zmq.IPV6, 1)
@@ -330,9 +342,13 @@ class ZmqConnection:
         """Send `msg` and return the reply message; an Error reply raises RemoteError."""
         self._check_open()
         req_id, fut = self._req.new()
-        frames = encode(msg, flags=FLAG_CONTROL if control else 0, req_id=req_id,
-                        config=self.config)
-        await self._socks[control].send_multipart(frames, copy=False)
+        try:
+            frames = encode(msg, flags=FLAG_CONTROL if control else 0, req_id=req_id,
+                            config=self.config)
+            await self._socks[control].send_multipart(frames, copy=False)
+        except BaseException:  # unencodable or cancelled: nothing will ever answer this id
+            self._req.forget(req_id)
+            raise
         return await self._req.wait(req_id, fut, msg, timeout_s)
 
     async def send(self, msg: Any, *, control: bool = False) -> None:
@@ -374,6 +390,14 @@ _LOCAL: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, LocalLis
 _local_names = itertools.count(1)
 
 
+def _kind(msg: Any) -> int:
+    kind = getattr(type(msg), "KIND", None)
+    if kind is None:
+        raise TypeError(f"{type(msg).__name__} is not a registered message; decorate it with "
+                        "runtime.protocol.message(kind)")
+    return kind
+
+
 def _local_table() -> dict[str, "LocalListener"]:
     return _LOCAL.setdefault(asyncio.get_running_loop(), {})
 
@@ -395,6 +419,11 @@ class LocalListener:
         self._name = name
         table[name] = self
 
+    def forget(self, req_id: int) -> None:
+        fut = self.pending.pop(req_id, None)
+        if fut is not None:
+            fut.cancel()
+
     def deliver(self, env: Envelope) -> None:
         self._mailbox.put(env, bool(env.flags & FLAG_CONTROL))
 
@@ -404,11 +433,11 @@ class LocalListener:
         return env
 
     async def reply(self, env: Envelope, msg: Any) -> bool:
-        return self._to(env.peer, Envelope(msg, type(msg).KIND,
+        return self._to(env.peer, Envelope(msg, _kind(msg),
                                            (env.flags & FLAG_CONTROL) | FLAG_REPLY, env.req_id))
 
     async def push(self, peer: "LocalConnection", msg: Any, *, control: bool = False) -> bool:
-        return self._to(peer, Envelope(msg, type(msg).KIND, FLAG_CONTROL if control else 0, 0))
+        return self._to(peer, Envelope(msg, _kind(msg), FLAG_CONTROL if control else 0, 0))
 
     @staticmethod
     def _to(peer: "LocalConnection", env: Envelope) -> bool:
@@ -452,14 +481,14 @@ class LocalConnection:
     async def request(self, msg: Any, *, timeout_s: float | None = None,
                       control: bool = False) -> Any:
         listener = self._listener()
+        kind = _kind(msg)  # fails before a request id is registered
         req_id, fut = self._req.new()
-        listener.deliver(Envelope(msg, type(msg).KIND, FLAG_CONTROL if control else 0,
-                                  req_id, self))
+        listener.deliver(Envelope(msg, kind, FLAG_CONTROL if control else 0, req_id, self))
         return await self._req.wait(req_id, fut, msg, timeout_s)
 
     async def send(self, msg: Any, *, control: bool = False) -> None:
-        self._listener().deliver(Envelope(msg, type(msg).KIND,
-                                          FLAG_CONTROL if control else 0, 0, self))
+        self._listener().deliver(Envelope(msg, _kind(msg), FLAG_CONTROL if control else 0, 0,
+                                          self))
 
     async def recv(self) -> Envelope:
         return await self._req.inbox.get()

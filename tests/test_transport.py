@@ -88,6 +88,16 @@ async def test_handler_error_becomes_error_reply_and_actor_goes_on(pair):
     assert await conn.request(Ping(1)) == Pong(1)
 
 
+async def test_failed_send_leaves_no_pending_request(pair):
+    actor, conn = pair
+    # local:// hands objects over without encoding, so only a non-message fails there.
+    bad = object() if actor.address.startswith("local") else Tensors(meta={"bad": {1, 2}})
+    with pytest.raises(TypeError, match="cannot encode|not a registered message"):
+        await conn.request(bad)
+    assert not conn._req.pending
+    assert await conn.request(Ping(2)) == Pong(2)
+
+
 async def test_timeout_names_the_setting(pair):
     actor, conn = pair
     actor.gate.clear()

@@ -19,7 +19,7 @@ from runtime.actor import Actor, handler
 from runtime.codec import Envelope
 from runtime.config import SupervisorConfig
 from runtime.protocol import Ack, Ping, Tensors
-from runtime.supervisor import Supervisor, WorkerSpec
+from runtime.supervisor import Supervisor, WorkerSpec, pid_alive
 from runtime.transport import Connection, connect
 from runtime.worker import WorkerContext
 
@@ -83,18 +83,10 @@ async def main(args: argparse.Namespace) -> None:
         pids = [h.pid for h in sup.workers.values()]
         print("stopping: Shutdown + SIGTERM, join, SIGKILL after "
               f"{config.stop_timeout_s:g} s if needed ...")
-    left = [p for p in pids if _alive(p)]
+    left = [p for p in pids if pid_alive(p)]
     print("all workers stopped, no child process left" if not left else f"LEFT RUNNING: {left}")
     if left:
         raise SystemExit(1)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def cli() -> None:

@@ -35,6 +35,16 @@ from runtime.protocol import Heartbeat, Ready, Shutdown
 log = logging.getLogger(__name__)
 
 
+def pid_alive(pid: int) -> bool:
+    """True if `pid` is a live process on this host (a zombie has exited: not alive)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
 @dataclass(frozen=True, kw_only=True)
 class WorkerSpec:
     """What to start: `entry` is "package.module:function", called as function(ctx) -> Actor."""

@@ -6,19 +6,11 @@ import os
 import pytest
 import uvloop
 
+from runtime.supervisor import pid_alive
+
 
 def pytest_asyncio_loop_factories(config, item):
     return {"uvloop": uvloop.new_event_loop}
-
-
-def pid_alive(pid: int) -> bool:
-    """True if `pid` is a live process (zombies count as dead: they have exited)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
 
 
 @pytest.fixture

@@ -15,9 +15,8 @@ import torch
 from runtime.config import SupervisorConfig
 from runtime.errors import WorkerStartError
 from runtime.protocol import Ping, Pong, Tensors
-from runtime.supervisor import Supervisor, WorkerSpec
+from runtime.supervisor import Supervisor, WorkerSpec, pid_alive
 from runtime.transport import connect
-from tests.conftest import pid_alive
 
 pytestmark = pytest.mark.slow
 FAST = SupervisorConfig(heartbeat_interval_s=0.2, heartbeat_timeout_s=1.5, stop_timeout_s=3.0,

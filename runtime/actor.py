@@ -92,8 +92,9 @@ class Actor:
             raise RuntimeError(f"actor {self.name} was already run (state {self.state.value})")
         self._listener = bind(self.bind_address, self.transport)
         self.address = self._listener.address
-        self.state = ActorState.RUNNING
         try:
+            await self.on_start()
+            self.state = ActorState.RUNNING
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
                 loops = [tg.create_task(getattr(self, n)(), name=f"{self.name}.{n}")
@@ -108,10 +109,13 @@ class Actor:
                     task.cancel()
         finally:
             self.state = ActorState.STOPPED
-            for conn in self._connections:
-                await conn.aclose()
-            await self._listener.aclose()
-            self.stopped.set()
+            try:
+                await self.on_stop()
+            finally:
+                for conn in self._connections:
+                    await conn.aclose()
+                await self._listener.aclose()
+                self.stopped.set()
 
     def stop(self) -> None:
         """Ask the actor to drain and stop; `run()` returns once it has."""
@@ -131,6 +135,13 @@ class Actor:
         finally:
             self.stop()
             await task
+
+    async def on_start(self) -> None:
+        """Hook: runs once after binding, before any loop runs and before `started` is set
+        (a worker sends Ready only after it): load models, start engines here."""
+
+    async def on_stop(self) -> None:
+        """Hook: runs once after every loop has stopped, before connections close."""
 
     async def on_drain(self) -> None:
         """Hook: runs once when draining starts, before in-flight requests are awaited."""

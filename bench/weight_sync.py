@@ -1,0 +1,124 @@
+"""Weight-sync benchmark: push each model size's weights to a live rollout instance.
+
+For every size in flexmarl.models.SIZES it builds a model directory, starts one rollout worker
+process (vLLM when installed, else the torch backend; `--backend` to choose), and pushes the
+full weights `--pushes` times as new versions through the runtime transport (WeightUpdate over
+ipc:// or tcp://, tensors as zero-copy frames, loaded in place by the engine). Beside it, in the
+same run, a plain in-memory copy of the same tensors into preallocated buffers (memcpy). Times
+are medians over the pushes.
+
+    .venv/bin/python bench/weight_sync.py [--json] [--sizes tiny,small,medium] [--pushes 5]
+                                          [--backend vllm|torch] [--transport ipc|tcp]
+
+With --json the last line is one JSON object: `sync_gbps` and `memcpy_gbps` for the largest size
+measured, and per size its bytes, sync seconds and GB/s, engine load seconds and memcpy GB/s.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+# `python bench/weight_sync.py` puts bench/, not the repository root, on sys.path.
+if importlib.util.find_spec("flexmarl") is None:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch
+
+READY_TIMEOUT_S = 600.0
+
+
+def memcpy_seconds(tensors: dict[str, torch.Tensor], repeats: int) -> float:
+    dst = {k: torch.empty_like(v) for k, v in tensors.items()}
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for k, v in tensors.items():
+            dst[k].copy_(v)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+async def bench_size(size: str, args: argparse.Namespace, workdir: str) -> dict:
+    from flexmarl.models import build_model_dir, load_model
+    from flexmarl.weight_sync import push_weights, weights_nbytes
+    from runtime.supervisor import Supervisor, WorkerSpec
+    from runtime.transport import connect
+
+    model_dir = str(build_model_dir(size, os.path.join(workdir, size)))
+    tensors = {k: v.detach().clone() for k, v in load_model(model_dir).state_dict().items()
+               if k != "lm_head.weight"}  # tied to the embeddings, as a trainer exports them
+    nbytes = weights_nbytes(tensors)
+    bind = "tcp://127.0.0.1:0" if args.transport == "tcp" else "ipc://*"
+    sup = Supervisor()
+    async with sup.serving():
+        started = time.perf_counter()
+        handle = await sup.start_worker(WorkerSpec(
+            name=f"rollout-{size}", entry="flexmarl.rollout.worker:rollout_worker", bind=bind,
+            args={"backend": args.backend, "model_dir": model_dir, "kv_cache_bytes": 64 << 20},
+            ready_timeout_s=READY_TIMEOUT_S))
+        print(f"[bench] {size}: {args.backend} instance up in {time.perf_counter() - started:.1f} s",
+              file=sys.stderr)
+        async with connect(handle.address) as conn:
+            await push_weights([conn], 1, tensors)  # warm-up
+            reports = [await push_weights([conn], v, tensors) for v in range(2, args.pushes + 2)]
+    sync_s = statistics.median(r.seconds for r in reports)
+    load_s = statistics.median(next(iter(r.load_s.values())) for r in reports)
+    copy_s = memcpy_seconds(tensors, max(args.pushes, 5))
+    return {"size": size, "bytes": nbytes, "sync_s": sync_s, "sync_gbps": nbytes / sync_s / 1e9,
+            "load_s": load_s, "memcpy_s": copy_s, "memcpy_gbps": nbytes / copy_s / 1e9}
+
+
+def table(rows: list[dict], args: argparse.Namespace) -> str:
+    out = [f"weight sync to one {args.backend} rollout instance over {args.transport} "
+           f"(median of {args.pushes} pushes)",
+           f"{'size':<8} {'MB':>8} {'sync s':>9} {'sync GB/s':>10} {'engine load s':>14} "
+           f"{'wire s':>8} {'memcpy GB/s':>12} {'sync/memcpy':>12}",
+           "-" * 88]
+    for r in rows:
+        out.append(f"{r['size']:<8} {r['bytes'] / 1e6:>8.2f} {r['sync_s']:>9.4f} "
+                   f"{r['sync_gbps']:>10.3f} {r['load_s']:>14.4f} {r['sync_s'] - r['load_s']:>8.4f} "
+                   f"{r['memcpy_gbps']:>12.2f} "
+                   f"{r['sync_gbps'] / r['memcpy_gbps']:>11.3f}x")
+    out.append("sync s: send to acknowledgement; engine load s: inside the engine (vLLM: write "
+               "to /dev/shm + in-place reload); wire s: the difference (encode, transport, decode)")
+    return "\n".join(out)
+
+
+async def main(args: argparse.Namespace) -> None:
+    from flexmarl.models import SIZES
+
+    sizes = args.sizes.split(",") if args.sizes else list(SIZES)
+    unknown = [s for s in sizes if s not in SIZES]
+    if unknown:
+        raise SystemExit(f"unknown sizes {unknown}; choose from {sorted(SIZES)}")
+    with tempfile.TemporaryDirectory(prefix="flexmarl-bench-") as workdir:
+        rows = [await bench_size(size, args, workdir) for size in sizes]
+    print(table(rows, args))
+    if args.json:
+        largest = max(rows, key=lambda r: r["bytes"])
+        print(json.dumps({"sync_gbps": largest["sync_gbps"], "memcpy_gbps": largest["memcpy_gbps"],
+                          "largest_size": largest["size"], "backend": args.backend,
+                          "transport": args.transport, "sizes": rows}))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    ap.add_argument("--sizes", default="", help="comma-separated model sizes (default: all)")
+    ap.add_argument("--pushes", type=int, default=5, help="timed pushes per size (default 5)")
+    ap.add_argument("--backend", choices=["vllm", "torch"],
+                    default="vllm" if importlib.util.find_spec("vllm") else "torch")
+    ap.add_argument("--transport", choices=["ipc", "tcp"], default="ipc")
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    import uvloop
+    uvloop.run(main(parse_args()))

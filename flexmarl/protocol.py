@@ -211,6 +211,8 @@ class TrainStepDone:
     version: int
     grad_norm: float
     step_s: float
+    skipped: bool = False
+    """True when a non-finite gradient norm made the step skip the update (version still +1)."""
 
 
 @message(FlexKind.EXPORT_WEIGHTS)

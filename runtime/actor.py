@@ -193,6 +193,12 @@ class Actor:
             result = await method(env.msg, env)
         except asyncio.CancelledError:
             raise
+        except ValueError as exc:
+            # A request the handler refused (the caller can fix it): one line, no traceback.
+            log.warning("actor %s: %s refused %s: %s", self.name, method.__name__,
+                        type(env.msg).__name__, exc)
+            await self._answer(env, Error("handler", f"{type(exc).__name__}: {exc}"))
+            return
         except Exception as exc:
             log.exception("actor %s: handler %s failed", self.name, method.__name__)
             await self._answer(env, Error("handler", f"{type(exc).__name__}: {exc}"))

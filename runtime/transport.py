@@ -419,11 +419,6 @@ class LocalListener:
         self._name = name
         table[name] = self
 
-    def forget(self, req_id: int) -> None:
-        fut = self.pending.pop(req_id, None)
-        if fut is not None:
-            fut.cancel()
-
     def deliver(self, env: Envelope) -> None:
         self._mailbox.put(env, bool(env.flags & FLAG_CONTROL))
 

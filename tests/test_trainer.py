@@ -1,0 +1,318 @@
+"""GRPOTrainer and the trainer worker: accumulation, FSDP on 2 gloo ranks, swap, runtime path.
+
+The model is a 2-layer Qwen2 (78k parameters) built here, never downloaded.
+
+Tolerances. Summing the same float32 terms in another order (4 micro-batches vs 1 batch, 2 ranks
+vs 1) changes gradients in their last bits: observed <= 6e-8 absolute for gradients up to 0.5,
+so GRAD_ATOL is 1e-6. Weights are compared after 2 AdamW steps, and Adam divides each gradient
+component by its own magnitude (+ eps 1e-8): for the smallest components a last-bit difference
+of the gradient becomes a visible relative difference of the update, so weights differ by up to
+a few lr * 1e-3 (observed 4e-7 .. 1.1e-6 at lr 1e-3, mostly in k_proj) and WEIGHT_ATOL is lr/100.
+Offload/onload in one process is compared bit for bit.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from safetensors.torch import load_file, save_file
+
+from flexmarl.algorithms import token_logprobs
+from flexmarl.protocol import (ExportWeights, Offload, Onload, SwapDone, TrainBeginBatch,
+                               TrainMicroBatch, TrainStats, TrainStep, TrainStepDone,
+                               WeightUpdate)
+from flexmarl.trainer import GRPOTrainer, TrainerConfig
+from runtime.config import SupervisorConfig
+from runtime.errors import RemoteError
+from runtime.supervisor import Supervisor, WorkerSpec, pid_alive
+from runtime.transport import connect
+
+VOCAB = 64
+LR = 1e-3
+CONFIG = dict(lr=LR, grad_clip=1.0, kl_coef=0.05, seed=0)
+GRAD_ATOL = 1e-6
+"""Accumulated gradient, 4 micro-batches vs 1 batch (observed <= 6e-8)."""
+WEIGHT_ATOL = LR / 100
+"""Weights after 2 steps, micro vs full batch and 2 ranks vs 1 (observed <= 1.1e-6)."""
+LOSS_RTOL = 1e-5
+FAST = SupervisorConfig(heartbeat_interval_s=0.2, heartbeat_timeout_s=5.0, stop_timeout_s=10.0)
+
+
+# ----------------------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    import transformers
+
+    cfg = transformers.Qwen2Config(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2,
+                                   num_attention_heads=2, num_key_value_heads=1,
+                                   intermediate_size=128, max_position_embeddings=128,
+                                   tie_word_embeddings=True)
+    torch.manual_seed(1234)
+    path = tmp_path_factory.mktemp("tiny-qwen2")
+    transformers.Qwen2ForCausalLM(cfg).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def batches(model_dir) -> list[TrainMicroBatch]:
+    """Two global batches of 8 rows; old and ref log-probs near the model's own (so ratios
+    spread around 1 and some, not all, tokens clip), right padding with id 0."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    out = []
+    for seed in range(2):
+        g = torch.Generator().manual_seed(seed)
+        rows, width, prompt = 8, 12, 4
+        lens = torch.randint(prompt + 2, width + 1, (rows,), generator=g)
+        pos = torch.arange(width)
+        attn = (pos < lens[:, None]).long()
+        ids = torch.randint(1, VOCAB, (rows, width), generator=g) * attn
+        resp = ((pos >= prompt) & (pos < lens[:, None])).long()
+        with torch.no_grad():
+            cur = token_logprobs(model(input_ids=ids, attention_mask=attn).logits, ids)
+        noise = lambda: 0.2 * torch.randn(rows, width, generator=g)  # noqa: E731
+        out.append(TrainMicroBatch(ids, attn, resp, cur + noise(), torch.randn(rows, generator=g),
+                                   ref_logprobs=cur + noise()))
+    return out
+
+
+def rows(mb: TrainMicroBatch, lo: int, hi: int) -> TrainMicroBatch:
+    return TrainMicroBatch(mb.input_ids[lo:hi], mb.attention_mask[lo:hi],
+                           mb.response_mask[lo:hi], mb.old_logprobs[lo:hi],
+                           mb.advantages[lo:hi], mb.ref_logprobs[lo:hi])
+
+
+def tokens(mb: TrainMicroBatch) -> int:
+    return int(mb.response_mask.sum())
+
+
+def train(trainer: GRPOTrainer, batches: list[TrainMicroBatch], num_micro: int = 1,
+          mid_batch=None) -> list[float]:
+    """One step per global batch, each split into `num_micro` micro-batches; the losses.
+    `mid_batch()` runs after the first micro-batch of each global batch (gradient half-built)."""
+    losses = []
+    for i, mb in enumerate(batches):
+        trainer.begin_batch(tokens(mb))
+        size = mb.input_ids.shape[0] // num_micro
+        loss = 0.0
+        for j in range(0, mb.input_ids.shape[0], size):
+            loss += trainer.accumulate(rows(mb, j, j + size)).loss
+            if j == 0 and mid_batch is not None:
+                mid_batch()
+        losses.append(loss)
+        done = trainer.step()
+        assert done.version == i + 1 and math.isfinite(done.grad_norm)
+    return losses
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+# ----------------------------------------------------------------------------- one process
+
+def test_config_errors_name_the_field():
+    for bad in (dict(lr=0), dict(betas=(0.9, 1.0)), dict(grad_clip=-1), dict(clip_eps=0),
+                dict(kl_coef=-0.1), dict(temperature=0), dict(device="tpu"), dict(seed=1.5)):
+        name = next(iter(bad))
+        with pytest.raises(ValueError, match=f"trainer.{name}"):
+            TrainerConfig(**bad)
+    assert TrainerConfig(betas=[0.8, 0.9]).betas == (0.8, 0.9)  # from JSON worker args
+
+
+def test_export_names_match_the_checkpoint(model_dir):
+    trainer = GRPOTrainer(model_dir, TrainerConfig(**CONFIG))
+    assert (trainer.rank, trainer.world_size, trainer.version) == (0, 1, 0)
+    saved = load_file(os.path.join(model_dir, "model.safetensors"))
+    exported = trainer.export_weights()
+    assert exported.keys() == saved.keys()  # tied lm_head.weight is not duplicated
+    assert all(torch.equal(exported[k], saved[k]) for k in saved)
+
+
+def test_accumulating_micro_batches_equals_one_full_batch(model_dir, batches):
+    full = GRPOTrainer(model_dir, TrainerConfig(**CONFIG))
+    micro = GRPOTrainer(model_dir, TrainerConfig(**CONFIG))
+    before = full.export_weights()
+    for mb in batches:
+        losses = []
+        for trainer, num_micro in ((full, 1), (micro, 4)):
+            trainer.begin_batch(tokens(mb))
+            size = 8 // num_micro
+            losses.append(sum(trainer.accumulate(rows(mb, j, j + size)).loss
+                              for j in range(0, 8, size)))
+        assert losses[1] == pytest.approx(losses[0], rel=LOSS_RTOL)
+        grads = [{n: p.grad for n, p in t.model.named_parameters()} for t in (full, micro)]
+        assert max_diff(*grads) <= GRAD_ATOL
+        assert full.step().grad_norm == pytest.approx(micro.step().grad_norm, rel=LOSS_RTOL)
+    after = full.export_weights()
+    assert max_diff(before, after) > LR / 2  # it did learn something
+    diff = max_diff(after, micro.export_weights())
+    print(f"4 micro-batches vs 1 batch: max abs weight diff {diff:.3g}")
+    assert diff <= WEIGHT_ATOL
+
+
+def test_batch_bookkeeping_errors(model_dir, batches):
+    trainer = GRPOTrainer(model_dir, TrainerConfig(**CONFIG))
+    with pytest.raises(RuntimeError, match="begin_batch"):
+        trainer.accumulate(batches[0])
+    with pytest.raises(RuntimeError, match="accumulate"):
+        trainer.step()
+    trainer.begin_batch(tokens(batches[0]) - 1)
+    with pytest.raises(ValueError, match="begin_batch declared"):
+        trainer.accumulate(batches[0])
+    no_ref = rows(batches[0], 0, 8)
+    no_ref.ref_logprobs = None
+    trainer.begin_batch(tokens(no_ref))
+    with pytest.raises(ValueError, match="kl_coef"):
+        trainer.accumulate(no_ref)
+
+
+def _state(trainer: GRPOTrainer) -> list[torch.Tensor]:
+    """Parameters, gradients and optimizer state (copies)."""
+    tensors = [p.detach().clone() for p in trainer.model.parameters()]
+    tensors += [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
+    for st in trainer.optimizer.state.values():
+        tensors += [v.clone() for v in st.values()]
+    return tensors
+
+
+def test_offload_onload_is_bit_exact_and_training_goes_on(model_dir, batches):
+    trainer = GRPOTrainer(model_dir, TrainerConfig(**CONFIG))
+    params = list(trainer.model.parameters())
+    swaps: list[SwapDone] = []
+
+    def swap() -> None:
+        saved = _state(trainer)
+        swaps.append(trainer.offload())
+        assert all(p.untyped_storage().nbytes() == 0 for p in params)  # memory really freed
+        for call in (lambda: trainer.accumulate(batches[1]), trainer.step,
+                     lambda: trainer.begin_batch(1), trainer.export_weights):
+            with pytest.raises(RuntimeError, match=r"onload\(\)"):
+                call()
+        swaps.append(trainer.onload())
+        assert all(a is b for a, b in zip(params, trainer.model.parameters()))
+        assert trainer.optimizer.param_groups[0]["params"][0] is params[0]
+        restored = _state(trainer)
+        assert len(saved) == len(restored) and all(map(torch.equal, saved, restored))
+
+    train(trainer, batches, num_micro=2, mid_batch=swap)
+    reference = GRPOTrainer(model_dir, TrainerConfig(**CONFIG))
+    train(reference, batches, num_micro=2)
+    a, b = trainer.export_weights(), reference.export_weights()
+    assert all(torch.equal(a[k], b[k]) for k in a)  # same process, same ops: bit for bit
+    num_params = sum(p.numel() for p in params)
+    # First swap: parameters and gradients; second: also Adam's two moments and step counters.
+    assert swaps[0].num_bytes == swaps[1].num_bytes == 2 * 4 * num_params
+    assert swaps[2].num_bytes == swaps[3].num_bytes >= 4 * 4 * num_params
+    print(f"offload {swaps[2].num_bytes} B in {swaps[2].seconds * 1e3:.2f} ms, "
+          f"onload in {swaps[3].seconds * 1e3:.2f} ms")
+
+
+# ----------------------------------------------------------------------------- 2 gloo ranks
+
+def _rank_main(rank: int, world_size: int, model_dir: str, work: str) -> None:
+    """One rank of the FSDP test: 2 steps, offload/onload in mid-batch; rank 0 writes."""
+    torch.set_num_threads(1)  # two ranks share the box's two cores
+    dist.init_process_group("gloo", init_method=f"file://{work}/store", rank=rank,
+                            world_size=world_size)
+    try:
+        trainer = GRPOTrainer(model_dir, TrainerConfig(**CONFIG))
+        data = load_file(f"{work}/batches.safetensors")
+        batches = [TrainMicroBatch(*(data[f"{i}.{f}"] for f in FIELDS)) for i in range(2)]
+        exact = []
+
+        def local_state() -> list[torch.Tensor]:  # this rank's shards of every DTensor
+            return [t.to_local() if hasattr(t, "to_local") else t for t in _state(trainer)]
+
+        def swap() -> None:
+            saved = local_state()
+            trainer.offload()
+            trainer.onload()
+            exact.append(all(map(torch.equal, saved, local_state())))
+
+        losses = train(trainer, batches, num_micro=2, mid_batch=swap)
+        weights = trainer.export_weights()
+        if rank == 0:
+            save_file(weights, f"{work}/weights.safetensors")
+        with open(f"{work}/rank{rank}.json", "w") as f:
+            json.dump({"losses": losses, "exact": exact, "num_exported": len(weights),
+                       "sharded": trainer.sharded}, f)
+    finally:
+        dist.destroy_process_group()
+
+
+FIELDS = ("input_ids", "attention_mask", "response_mask", "old_logprobs", "advantages",
+          "ref_logprobs")
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_match_one_rank(model_dir, batches, tmp_path):
+    save_file({f"{i}.{f}": getattr(mb, f).contiguous() for i, mb in enumerate(batches)
+               for f in FIELDS}, str(tmp_path / "batches.safetensors"))
+    mp.spawn(_rank_main, args=(2, model_dir, str(tmp_path)), nprocs=2, join=True)
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["sharded"] for r in results] == [True, True]
+    assert [r["exact"] for r in results] == [[True] * 2] * 2  # FSDP shards swap bit for bit
+    assert [r["num_exported"] for r in results] == [26, 0]  # full dict on rank 0 only
+    single = GRPOTrainer(model_dir, TrainerConfig(**CONFIG))
+    losses = train(single, batches, num_micro=2)
+    assert results[0]["losses"] == results[1]["losses"]  # all-reduced: the same on every rank
+    assert results[0]["losses"] == pytest.approx(losses, rel=LOSS_RTOL)
+    two = load_file(str(tmp_path / "weights.safetensors"))
+    diff = max_diff(two, single.export_weights())
+    print(f"2 ranks vs 1: max abs weight diff {diff:.3g}")
+    assert diff <= WEIGHT_ATOL
+
+
+# ----------------------------------------------------------------------------- runtime
+
+@pytest.mark.slow
+async def test_trainer_worker_group_over_the_runtime(model_dir, batches, tmp_path,
+                                                     no_leftover_children):
+    mb = batches[0]
+    args = {"model_dir": model_dir, "world_size": 2, "init_method": f"file://{tmp_path}/store",
+            "config": CONFIG, "num_threads": 1, "collective_timeout_s": 60}
+    sup = Supervisor(config=FAST)
+    async with sup.serving():
+        handles = [await sup.start_worker(WorkerSpec(
+            name=f"trainer{r}", entry="flexmarl.trainer_worker:trainer_worker",
+            args={**args, "rank": r})) for r in range(2)]
+        async with connect(handles[0].address) as lead, connect(handles[1].address) as follower:
+            with pytest.raises(RemoteError, match="rank 0"):
+                await follower.request(TrainStep())
+            await lead.request(TrainBeginBatch(tokens(mb)))
+            stats = [await lead.request(rows(mb, j, j + 3), timeout_s=60) for j in (0, 3, 6)]
+            assert all(isinstance(s, TrainStats) for s in stats)
+            done = await lead.request(TrainStep())
+            assert isinstance(done, TrainStepDone) and done.version == 1
+            off = await lead.request(Offload())
+            with pytest.raises(RemoteError, match=r"onload\(\)"):
+                await lead.request(TrainBeginBatch(1))
+            on = await lead.request(Onload())
+            assert off.num_bytes == on.num_bytes > 0  # both ranks' shards together
+            update = await lead.request(ExportWeights())
+            assert isinstance(update, WeightUpdate) and update.version == 1
+        pids = [h.pid for h in handles]
+        assert all(pid_alive(p) for p in pids)
+    deadline = time.monotonic() + FAST.stop_timeout_s
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(pid_alive(p) for p in pids)
+    assert sup.events.empty()  # both ranks stopped on request, neither died
+
+    local = GRPOTrainer(model_dir, TrainerConfig(**CONFIG))
+    local.begin_batch(tokens(mb))
+    local_stats = [local.accumulate(rows(mb, j, j + 3)) for j in (0, 3, 6)]
+    local.step()
+    assert [s.num_tokens for s in stats] == [s.num_tokens for s in local_stats]
+    assert [s.loss for s in stats] == pytest.approx([s.loss for s in local_stats], rel=LOSS_RTOL)
+    assert max_diff(update.tensors, local.export_weights()) <= WEIGHT_ATOL

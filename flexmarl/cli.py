@@ -1,0 +1,115 @@
+"""`flexmarl` command line: `flexmarl run [CONFIG] [--team PATH] [--set section.key=value ...]`.
+
+A thin entry point: resolve the config, load the team, make the run directory, then hand over to
+`flexmarl.run.train` on uvloop. Exit codes: 0 done, 2 config (or team) error, 130 interrupted.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Any, NoReturn, Sequence
+
+from flexmarl.config import ConfigError, load_config
+
+log = logging.getLogger("flexmarl")
+
+EXIT_OK, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 2, 130
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """Parse `argv` (default sys.argv[1:]), run the command, exit with its status."""
+    args = _parser().parse_args(argv)
+    raise SystemExit(args.command(args))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flexmarl", description=(
+        "Train a team of LLM agents with RL, one policy model per agent."))
+    commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
+    run = commands.add_parser("run", help="train a team", description=(
+        "Train a team. The config is the built-in default, merged with CONFIG if given, then "
+        "with each --set in order, then --team."))
+    run.add_argument("config", nargs="?", metavar="CONFIG", help="a TOML config file")
+    run.add_argument("--team", metavar="PATH", help="team file (sets team.path)")
+    run.add_argument("--set", dest="overrides", action="append", default=[],
+                     metavar="SECTION.KEY=VALUE",
+                     help="override one setting; VALUE is a TOML literal or a bare string, "
+                          "e.g. --set pipeline.tasks_per_step=16 --set trainer.betas=[0.9,0.95]")
+    run.add_argument("--dry-run", action="store_true",
+                     help="print the resolved config as TOML and exit")
+    run.set_defaults(command=_run)
+    return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config, args.overrides, team=args.team)
+    except ConfigError as e:
+        return _config_error(e)
+    _configure_logging(config.run.log_level)
+    if args.dry_run:
+        sys.stdout.write(config.to_toml())
+        return EXIT_OK
+
+    import uvloop  # entry point only: nothing else installs an event loop policy
+
+    from flexmarl.rundir import RunDir
+    from flexmarl.run import train
+    from flexmarl.team import load_team
+
+    try:
+        team = load_team(config.team.path)
+    except ConfigError as e:
+        return _config_error(e)
+    except ValueError as e:  # the team file's own complaint, e.g. no team defined
+        log.debug("loading team %s failed", config.team.path, exc_info=True)
+        print(f"flexmarl: team error ({config.team.path}): {e} "
+              "(--set run.log_level=DEBUG shows the traceback)", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        run_dir = RunDir.create(config)
+    except ConfigError as e:
+        return _config_error(e)
+    print(f"flexmarl: team {team.name!r} ({', '.join(a.name for a in team.agents)}); "
+          f"run dir {run_dir.path}", flush=True)
+    try:
+        with run_dir:
+            result = uvloop.run(train(team, config, run_dir=run_dir))
+    except KeyboardInterrupt:
+        print(f"\nflexmarl: interrupted; what was written so far is in {run_dir.path}",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(_summary(result.metrics, result.run_dir))
+    return EXIT_OK
+
+
+def _config_error(e: ConfigError) -> int:
+    print(f"flexmarl: config error: {e}", file=sys.stderr)
+    return EXIT_CONFIG
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Worker processes read their level from here at bootstrap (runtime.worker).
+    os.environ["FLEXMARL_LOG"] = level
+
+
+def _summary(metrics: list[dict[str, Any]], run_dir: Any) -> str:
+    """'done: N metric records in DIR' and the last record's numbers, one level flattened."""
+    lines = [f"flexmarl: done: {len(metrics)} metric records in {run_dir}"]
+    last = metrics[-1] if metrics else {}
+    numbers = {}
+    for key, value in last.items():
+        items = value.items() if isinstance(value, dict) else [(None, value)]
+        for sub, v in items:
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and key != "time":
+                numbers[key if sub is None else f"{key}.{sub}"] = v
+    if numbers:
+        lines.append("last: " + "  ".join(f"{k}={v:.4g}" for k, v in numbers.items()))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""`train(team, config)`: the whole system inside the caller's event loop, one global step at a time.
+
+    resolve models ─► start processes (rollout instances per agent, a trainer group per trainable
+    agent) ─► for each step: next tasks from the data cursor ─► pipeline.run_step ─► metrics.jsonl
+    ─► final per-agent checkpoints ─► ordered shutdown ─► RunResult
+
+The CLI (`flexmarl run`) is a thin wrapper over this function.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from flexmarl.config import Config
+from flexmarl.models import SIZES, ensure_model, load_tokenizer
+from flexmarl.orchestrator import AgentRuntime, Orchestrator
+from flexmarl.pipeline import make_pipeline
+from flexmarl.protocol import ExportWeights, WeightUpdate
+from flexmarl.rundir import Progress, RunDir
+from flexmarl.store import ExperienceStore
+from flexmarl.team import AgentSpec, Team
+from runtime.config import SupervisorConfig
+from runtime.supervisor import Supervisor, WorkerSpec
+from runtime.transport import connect
+
+log = logging.getLogger(__name__)
+MODEL_SEED = 0  # built-in models are built with one seed so every run shares the cache
+_MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json",
+                "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+
+
+@dataclass
+class RunResult:
+    metrics: list[dict]
+    run_dir: Path | None
+    versions: dict[str, int]
+    checkpoints: dict[str, Path] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+
+def resolve_model(spec: AgentSpec) -> str:
+    """The model directory of an agent: a built-in size (built and cached) or a given path."""
+    if spec.model in SIZES:
+        kwargs = {} if spec.warm_start_steps is None else {"warm_start_steps": spec.warm_start_steps}
+        return str(ensure_model(spec.model, seed=MODEL_SEED, **kwargs))
+    path = Path(spec.model).expanduser()
+    if not (path / "config.json").is_file():
+        raise ValueError(f"agent {spec.name}: model {spec.model!r} is neither a built-in size "
+                         f"({', '.join(SIZES)}) nor a model directory with a config.json")
+    return str(path)
+
+
+def task_stream(tasks: list[Any], seed: int) -> Iterator[Any]:
+    """The data cursor: every task once per epoch, in a fresh seeded order each epoch."""
+    rng = random.Random(seed)
+    while True:
+        order = list(range(len(tasks)))
+        rng.shuffle(order)
+        yield from (tasks[i] for i in order)
+
+
+async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
+                progress: bool | None = None) -> RunResult:
+    """Train `team` for config.run.steps global steps; returns the run's metrics."""
+    started = time.perf_counter()
+    pipeline = make_pipeline(config.pipeline.mode)
+    log.info("resolving models of team %s", team.name)
+    model_dirs = {}
+    for spec in team.agents:  # may build and warm-start (minutes, once): off the event loop
+        model_dirs[spec.name] = await asyncio.to_thread(resolve_model, spec)
+    work = tempfile.mkdtemp(prefix="flexmarl-run-")
+    sup = Supervisor(config=SupervisorConfig(ready_timeout_s=config.rollout.ready_timeout_s))
+    try:
+        async with sup.serving():
+            agents = await _start_agents(sup, team, config, model_dirs, work)
+            store = ExperienceStore([n for n, rt in agents.items() if rt.spec.trainable])
+            p = config.pipeline
+            orch = Orchestrator(team, agents, store,
+                                trajectories_per_task=p.trajectories_per_task,
+                                max_concurrent_tasks=p.max_concurrent_tasks,
+                                max_concurrent_calls=p.max_concurrent_calls,
+                                micro_batch_groups=p.micro_batch_groups)
+            cursor = task_stream(list(team.tasks), config.run.seed)
+            metrics: list[dict] = []
+            with Progress(config.run.steps, enabled=progress) as bar:
+                for step in range(config.run.steps):
+                    tasks = [next(cursor) for _ in range(p.tasks_per_step)]
+                    bar.start_step(step, len(tasks) * p.trajectories_per_task)
+                    record = await pipeline.run_step(orch, step, tasks)
+                    record["time"] = time.time()
+                    bar.add_samples(len(tasks) * p.trajectories_per_task)
+                    metrics.append(record)
+                    if run_dir is not None:
+                        run_dir.metrics.write(record)
+                    bar.end_step(step, {n: a["reward"] for n, a in record["agents"].items()
+                                        if a["reward"] is not None})
+            checkpoints = {}
+            if run_dir is not None:
+                for name, rt in agents.items():
+                    if rt.trainer is not None:
+                        checkpoints[name] = await _checkpoint(rt, run_dir.checkpoint_dir(name))
+            store.close()
+            for rt in agents.values():
+                for conn in [*rt.instances, *([rt.trainer] if rt.trainer else [])]:
+                    await conn.aclose()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return RunResult(metrics, run_dir.path if run_dir else None,
+                     {n: rt.version for n, rt in agents.items()}, checkpoints,
+                     time.perf_counter() - started)
+
+
+async def _start_agents(sup: Supervisor, team: Team, config: Config,
+                        model_dirs: dict[str, str], work: str) -> dict[str, AgentRuntime]:
+    """Start every rollout instance and trainer group at once (engine starts overlap)."""
+    r = config.rollout
+    starts = []
+    for spec in team.agents:
+        for i in range(spec.instances or r.instances_per_agent):
+            starts.append(sup.start_worker(WorkerSpec(
+                name=f"{spec.name}-rollout-{i}", entry="flexmarl.rollout.worker:rollout_worker",
+                args={"backend": r.backend, "model_dir": model_dirs[spec.name],
+                      "max_model_len": r.max_model_len, "kv_cache_bytes": r.kv_cache_bytes,
+                      "seed": config.run.seed + i}, ready_timeout_s=r.ready_timeout_s)))
+        if spec.trainable:
+            ranks = config.train.ranks_per_agent
+            trainer_cfg = dataclasses.asdict(config.trainer)
+            trainer_cfg["seed"] = config.run.seed
+            trainer_cfg["temperature"] = spec.sampling.temperature or 1.0
+            if spec.lr is not None:
+                trainer_cfg["lr"] = spec.lr
+            for rank in range(ranks):
+                starts.append(sup.start_worker(WorkerSpec(
+                    name=f"{spec.name}-trainer-{rank}", entry="flexmarl.trainer_worker:trainer_worker",
+                    args={"model_dir": model_dirs[spec.name], "rank": rank, "world_size": ranks,
+                          "init_method": f"file://{work}/{spec.name}.store",
+                          "config": trainer_cfg}, ready_timeout_s=r.ready_timeout_s)))
+    handles = {h.name: h for h in await asyncio.gather(*starts)}
+    agents = {}
+    for spec in team.agents:
+        n = spec.instances or r.instances_per_agent
+        instances = [connect(handles[f"{spec.name}-rollout-{i}"].address) for i in range(n)]
+        trainer = connect(handles[f"{spec.name}-trainer-0"].address) if spec.trainable else None
+        agents[spec.name] = AgentRuntime(spec, model_dirs[spec.name],
+                                         load_tokenizer(model_dirs[spec.name]), instances, trainer)
+    return agents
+
+
+async def _checkpoint(rt: AgentRuntime, directory: Path) -> Path:
+    """Save the agent's current weights as a loadable model directory."""
+    from safetensors.torch import save_file
+
+    weights: WeightUpdate = await rt.trainer.request(ExportWeights(),
+                                                     timeout_s=rt.request_timeout_s)
+    target = directory / f"version-{weights.version}"
+    target.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in weights.tensors.items()},
+              str(target / "model.safetensors"))
+    for name in _MODEL_FILES:
+        src = Path(rt.model_dir) / name
+        if src.is_file():
+            shutil.copy2(src, target / name)
+    return target

@@ -1,0 +1,154 @@
+"""The team API: agents, a workflow coroutine, tasks; and the context a workflow talks through.
+
+    team = Team(name="math_duo", agents=[AgentSpec(name="solver", model="small"), ...],
+                workflow=workflow, tasks=addition_tasks(512))
+
+    async def workflow(ctx: Context, task) -> None:      # one trajectory of one task
+        [answer] = await ctx.generate("solver", task.prompt)          # -> list[Completion]
+        ctx.reward(answer, 1.0)                                       # this agent turn's reward
+        ctx.team_reward(1.0)                                          # every other turn's reward
+
+A team file is a Python file that exposes `team`; `load_team(path)` loads it by path (the
+`agents/` folder is not a package). The orchestrator runs each task as several independent
+trajectories (the GRPO group); a workflow never sees the others.
+"""
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Protocol, Sequence
+
+from flexmarl.protocol import SamplingParams
+
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
+
+
+@dataclass(kw_only=True)
+class AgentSpec:
+    """One agent of a team: its own policy model, sampling settings and training switch."""
+
+    name: str
+    model: str
+    """A built-in size ("tiny", "small", "medium": built and warm-started once, then cached) or
+    the path of a Hugging Face model directory."""
+    sampling: SamplingParams = field(default_factory=lambda: SamplingParams(max_tokens=16))
+    """Defaults for this agent's calls; `ctx.generate(..., temperature=...)` overrides per call."""
+    trainable: bool = True
+    """False freezes the agent: it serves rollouts and is never trained."""
+    warm_start_steps: int | None = None
+    """For built-in sizes: supervised warm-start steps (None: flexmarl.models' default)."""
+    lr: float | None = None
+    """Overrides trainer.lr for this agent."""
+    instances: int | None = None
+    """Overrides rollout.instances_per_agent for this agent."""
+
+    def __post_init__(self) -> None:
+        if not _NAME.fullmatch(self.name):
+            raise ValueError(f"AgentSpec.name {self.name!r} must start with a letter and use "
+                             "letters, digits, '_' or '-' (at most 32)")
+        if not self.model:
+            raise ValueError(f"agent {self.name}: AgentSpec.model is required (a size such as "
+                             "'small' or a model directory)")
+        if self.instances is not None and self.instances < 1:
+            raise ValueError(f"agent {self.name}: AgentSpec.instances must be >= 1")
+        if self.lr is not None and self.lr <= 0:
+            raise ValueError(f"agent {self.name}: AgentSpec.lr must be > 0")
+
+
+@dataclass(slots=True)
+class Completion:
+    """One agent turn as the workflow sees it."""
+
+    agent: str
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    version: int
+    """Policy version of the agent that generated it."""
+    finish_reason: str
+    prompt_ids: list[int]
+    sample_id: str
+    """Key of this turn in the experience store: {input_id}_{turn}_{trajectory_id}."""
+
+
+class Context(Protocol):
+    """What a workflow can do (implemented by the orchestrator, one per trajectory)."""
+
+    task: Any
+    input_id: str
+    trajectory: int
+
+    async def generate(self, agent: str, prompt: str | list[dict] | list[int], *,
+                       n: int = 1, **sampling: Any) -> list[Completion]:
+        """Call `agent`: a str is one user message in the agent's chat template, a list of
+        {"role", "content"} dicts a whole chat, a list of ints raw prompt token ids. Keyword
+        arguments override the agent's SamplingParams for this call (temperature, max_tokens,
+        stop, ...). Returns `n` completions of one prompt."""
+        ...
+
+    def reward(self, completion: Completion, value: float) -> None:
+        """Reward one agent turn (the agent's own goal)."""
+        ...
+
+    def team_reward(self, value: float) -> None:
+        """The trajectory's outcome: every turn without its own reward gets this value."""
+        ...
+
+
+Workflow = Callable[[Context, Any], Awaitable[None]]
+
+
+@dataclass(kw_only=True)
+class Team:
+    """Agents, the workflow that makes them work together, and the tasks to train on."""
+
+    name: str
+    agents: list[AgentSpec]
+    workflow: Workflow
+    tasks: Sequence[Any]
+    """Task objects handed to the workflow; each needs a unique, stable `task_id` (str)."""
+
+    def __post_init__(self) -> None:
+        if not self.agents:
+            raise ValueError(f"team {self.name}: needs at least one AgentSpec")
+        names = [a.name for a in self.agents]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"team {self.name}: agent names must be unique, repeated: {dupes}")
+        if not inspect.iscoroutinefunction(self.workflow):
+            raise TypeError(f"team {self.name}: workflow must be an `async def workflow(ctx, "
+                            "task)` coroutine function")
+        if not len(self.tasks):
+            raise ValueError(f"team {self.name}: tasks is empty")
+        if not any(a.trainable for a in self.agents):
+            raise ValueError(f"team {self.name}: every agent is frozen; nothing would train")
+
+    def agent(self, name: str) -> AgentSpec:
+        for spec in self.agents:
+            if spec.name == name:
+                return spec
+        raise KeyError(f"team {self.name} has no agent {name!r}; agents: "
+                       f"{[a.name for a in self.agents]}")
+
+
+def load_team(path: str | Path) -> Team:
+    """Load the `team` object of a team file, by path (not through the import system's name)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"team file {str(path)!r} does not exist; pass --team PATH or set "
+                         "team.path")
+    module_name = f"flexmarl_team_{path.stem}_{abs(hash(path.resolve())) & 0xFFFF:x}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses and pickling-free introspection need it
+    spec.loader.exec_module(module)
+    team = getattr(module, "team", None)
+    if not isinstance(team, Team):
+        raise ValueError(f"team file {path} must define `team = flexmarl.Team(...)`, found "
+                         f"{type(team).__name__}")
+    return team

@@ -1,0 +1,317 @@
+"""Config loading and errors, run directories and metrics, progress lines, and `flexmarl run`'s
+argument handling (--dry-run and config errors: nothing is trained here)."""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import tomllib
+import types
+from pathlib import Path
+
+import pytest
+
+from flexmarl.cli import main
+from flexmarl.config import (DEFAULT_TOML, PIPELINE_MODES, SECTIONS, Config, ConfigError,
+                             TeamRef, TrainerConfig, dump_toml, load_config)
+from flexmarl.rundir import MetricsWriter, Progress, RunDir, read_metrics
+
+
+@pytest.fixture
+def team_file(tmp_path) -> str:
+    path = tmp_path / "duo.py"
+    path.write_text("# a team file; its contents are load_team's business\n")
+    return str(path)
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch) -> Path:
+    """Work in tmp_path, with the default team file present there (resolved cwd-first)."""
+    (tmp_path / "agents").mkdir()
+    (tmp_path / "agents" / "math_duo.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def error(*args, **kwargs) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(*args, **kwargs)
+    return str(info.value)
+
+
+# ------------------------------------------------------------------------------ loading
+
+def test_default_config_loads_and_matches_the_dataclass_defaults(in_tmp):
+    config = load_config()
+    team = str(in_tmp / "agents" / "math_duo.py")
+    assert config == Config(team=TeamRef(path=team))
+    assert isinstance(config.trainer, TrainerConfig)  # the trainer's own config, reused
+    assert config.pipeline.mode in PIPELINE_MODES
+    assert config.rollout.kv_cache_bytes == 256 << 20
+
+
+def test_default_toml_lists_every_key_with_its_default():
+    """DEFAULT_TOML is the reference users copy from: no key missing, none drifting."""
+    data = tomllib.loads(DEFAULT_TOML)
+    defaults = Config().to_dict()
+    for section, table in defaults.items():
+        for key, value in table.items():
+            if value is None:  # TOML has no null: unset keys mean None
+                assert key not in data[section]
+            else:
+                assert data[section][key] == value, f"{section}.{key}"
+
+
+def test_file_then_set_then_team_merge_in_order(tmp_path, team_file):
+    path = tmp_path / "exp.toml"
+    path.write_text('[run]\nname = "exp"\nsteps = 5\n[pipeline]\ntasks_per_step = 2\n'
+                    '[team]\npath = "elsewhere.py"\n')
+    config = load_config(str(path), ["run.steps=7", "rollout.backend=torch",
+                                     "trainer.betas=[0.9,0.95]", "run.steps=9"], team=team_file)
+    assert config.run.name == "exp"                 # file over default
+    assert config.pipeline.tasks_per_step == 2
+    assert config.run.steps == 9                    # --set over file, the last --set wins
+    assert config.rollout.backend == "torch"        # a bare word is a string
+    assert config.trainer.betas == (0.9, 0.95)      # a TOML array, as the annotated tuple
+    assert config.team.path == str(Path(team_file).resolve())  # --team over everything
+    assert config.run.seed == 0                     # untouched keys keep the default
+
+
+def test_set_values_are_toml_literals_or_bare_strings(team_file):
+    config = load_config(overrides=["trainer.lr=3e-5", "rollout.ready_timeout_s=5",
+                                    "trainer.reshard_after_forward=false", "run.name=2024",
+                                    'run.dir="a b"', "run.log_level=info"], team=team_file)
+    assert config.trainer.lr == 3e-5
+    assert config.rollout.ready_timeout_s == 5.0 and isinstance(config.rollout.ready_timeout_s,
+                                                                 float)
+    assert config.trainer.reshard_after_forward is False
+    assert config.run.name == "2024"  # a string field takes the text as written
+    assert config.run.dir == "a b"
+    assert config.run.log_level == "INFO"
+
+
+def test_to_toml_round_trips(tmp_path, team_file):
+    config = load_config(overrides=['run.name=we"ird\\name', "trainer.clip_eps_high=0.28"],
+                         team=team_file)
+    path = tmp_path / "again.toml"
+    path.write_text(config.to_toml())
+    assert load_config(str(path)) == config
+    assert tomllib.loads(dump_toml({"s": {"x": "tab\there\x7f", "n": None}})) == {
+        "s": {"x": "tab\there\x7f"}}
+
+
+# ------------------------------------------------------------------------------ errors
+
+def test_unknown_section_names_it_and_suggests(team_file):
+    msg = error(overrides=["pipline.tasks_per_step=2"], team=team_file)
+    assert "unknown section [pipline]" in msg and "'pipeline'" in msg and "--set" in msg
+
+
+def test_unknown_key_suggests_the_closest_and_lists_the_valid_ones(tmp_path, team_file):
+    path = tmp_path / "exp.toml"
+    path.write_text("[pipeline]\ntask_per_step = 2\n")
+    msg = error(str(path), team=team_file)
+    assert "unknown key pipeline.task_per_step" in msg
+    assert "Did you mean 'tasks_per_step'?" in msg
+    assert "micro_batch_groups" in msg  # the valid keys of the section
+    assert str(path) in msg             # where it came from
+
+
+def test_top_level_key_points_at_its_section(tmp_path, team_file):
+    path = tmp_path / "exp.toml"
+    path.write_text("steps = 3\n")
+    assert "run.steps" in error(str(path), team=team_file)
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("pipeline.tasks_per_step=abc", "expects an int, got 'abc'"),
+    ("pipeline.tasks_per_step=true", "expects an int, got True"),
+    ("pipeline.tasks_per_step=2.5", "expects an int, got 2.5"),
+    ("trainer.lr=fast", "expects a number, got 'fast'"),
+    ("trainer.reshard_after_forward=1", "expects a bool"),
+    ("trainer.betas=[0.9]", "expects a list of 2"),
+    ("run.seed=[1]", "expects an int"),
+])
+def test_wrong_type_names_the_key_and_the_expected_type(team_file, override, expected):
+    msg = error(overrides=[override], team=team_file)
+    assert msg.startswith(override.split("=")[0] + " ") and expected in msg
+
+
+@pytest.mark.parametrize("override", ["pipeline", "pipeline.tasks_per_step", "tasks_per_step=3",
+                                      "=3", "pipeline.=3", "a.b.c=1"])
+def test_bad_set_syntax(team_file, override):
+    assert error(overrides=[override], team=team_file) == (
+        f"--set expects section.key=value, got {override!r}")
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("pipeline.tasks_per_step=0", "pipeline.tasks_per_step must be >= 1, got 0"),
+    ("pipeline.trajectories_per_task=1", "pipeline.trajectories_per_task must be >= 2"),
+    ("rollout.backend=tgi", "rollout.backend must be one of vllm, torch, got 'tgi'"),
+    ("pipeline.mode=async", "pipeline.mode must be one of sync, got 'async'"),
+    ("run.log_level=loud", "run.log_level must be one of"),
+    ("run.name=a/b", "run.name must be"),
+    ("trainer.lr=0", "trainer.lr must be > 0"),          # TrainerConfig's own check
+    ("trainer.device=tpu", "trainer.device must be one of"),
+])
+def test_invalid_values_name_the_key(team_file, override, expected):
+    assert expected in error(overrides=[override], team=team_file)
+
+
+def test_missing_team_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    msg = error(team="no/such_team.py")
+    assert msg.startswith("team.path 'no/such_team.py' does not exist")
+    assert msg.endswith("pass --team PATH or set team.path")
+
+
+def test_missing_or_broken_config_file(tmp_path, team_file):
+    assert "does not exist" in error(str(tmp_path / "none.toml"), team=team_file)
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[run\n")
+    assert "is not valid TOML" in error(str(bad), team=team_file)
+
+
+def test_every_section_is_a_keyword_only_dataclass():
+    for cls in SECTIONS.values():
+        assert dataclasses.is_dataclass(cls)
+        with pytest.raises(TypeError):
+            cls(1)
+
+
+# ------------------------------------------------------------------------------ run dirs
+
+def test_run_dir_writes_the_resolved_config_and_metrics(tmp_path, team_file):
+    config = load_config(overrides=[f"run.out_dir={tmp_path / 'runs'}", "run.name=t",
+                                    "run.steps=3"], team=team_file)
+    with RunDir.create(config) as run_dir:
+        assert run_dir.path.parent == tmp_path / "runs" and run_dir.path.name.startswith("t-")
+        assert load_config(str(run_dir.path / "config.toml")) == config
+        ckpt = run_dir.checkpoint_dir("solver")
+        assert ckpt == run_dir.path / "checkpoints" / "solver" and ckpt.is_dir()
+        written = [run_dir.metrics.write({"step": 0, "reward": {"solver": 0.5}}),
+                   run_dir.metrics.write({"step": 1, "time": 12.0})]
+        # Flushed per line: readable while the writer is still open.
+        records = read_metrics(run_dir.path / "metrics.jsonl")
+    assert records == written  # `time` was added to the caller's record too
+    assert [r["step"] for r in records] == [0, 1]
+    assert records[0]["reward"] == {"solver": 0.5} and records[0]["time"] > 0
+    assert records[1]["time"] == 12.0
+    second = RunDir.create(config)  # same name, same second: a distinct directory
+    assert second.path != run_dir.path
+    second.close()
+
+
+def test_explicit_run_dir_must_be_new_or_empty(tmp_path, team_file):
+    target = tmp_path / "mine"
+    config = load_config(overrides=[f"run.dir={target}"], team=team_file)
+    RunDir.create(config).close()
+    assert (target / "config.toml").is_file()
+    with pytest.raises(ConfigError, match="run.dir .* is not empty"):
+        RunDir.create(config)
+    RunDir.create(config, resume=True).close()
+
+
+def test_read_metrics_skips_a_torn_last_line_and_the_writer_cuts_it(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 0}\n{"step": 1}\n{"step": 2, "rew')
+    assert read_metrics(path) == [{"step": 0}, {"step": 1}]
+    with MetricsWriter(path) as writer:  # a resumed run appends after the last whole line
+        writer.write({"step": 2, "time": 1.0})
+    assert read_metrics(path) == [{"step": 0}, {"step": 1}, {"step": 2, "time": 1.0}]
+    path.write_bytes(b'{"step": 0}\nnot json\n{"step": 1}\n')
+    with pytest.raises(ValueError, match="line 2"):
+        read_metrics(path)
+
+
+def test_progress_without_a_terminal_writes_one_line_per_step(capsys):
+    with Progress(2, enabled=False) as progress:
+        progress.start_step(1, total_samples=8)
+        progress.add_samples(5)
+        progress.add_samples(3)
+        progress.end_step(1, {"solver": 0.25, "verifier": 1.0})
+    err = capsys.readouterr().err
+    assert err.startswith("step 1/2  samples 8/8  reward solver=0.250 verifier=1.000")
+
+
+def test_progress_bars(capsys):
+    with Progress(1, enabled=True) as progress:
+        progress.start_step(0, total_samples=4)
+        progress.add_samples(4)
+        progress.end_step(0, {"ordered_dict": 0.5})  # an agent named like a tqdm keyword
+    assert "ordered_dict=0.500" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ CLI
+
+def test_cli_dry_run_prints_the_merged_config(tmp_path, team_file, capsys, monkeypatch):
+    monkeypatch.delenv("FLEXMARL_LOG", raising=False)  # main sets it for worker processes
+    path = tmp_path / "exp.toml"
+    path.write_text("[pipeline]\ntasks_per_step = 2\n")
+    with pytest.raises(SystemExit) as info:
+        main(["run", str(path), "--team", team_file, "--set", "rollout.backend=torch",
+              "--set", "trainer.betas=[0.9,0.95]", "--dry-run"])
+    assert info.value.code == 0
+    printed = tomllib.loads(capsys.readouterr().out)
+    assert printed["pipeline"]["tasks_per_step"] == 2
+    assert printed["rollout"]["backend"] == "torch"
+    assert printed["trainer"]["betas"] == [0.9, 0.95]
+    assert printed["team"]["path"] == str(Path(team_file).resolve())
+    assert not (tmp_path / "runs").exists()  # a dry run makes no run directory
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--set", "pipeline.tasks_per_step=0"], "pipeline.tasks_per_step must be >= 1"),
+    (["--set", "pipeline.task_per_step=1"], "Did you mean 'tasks_per_step'?"),
+    (["--set", "oops"], "--set expects section.key=value, got 'oops'"),
+    (["--team", "missing.py"], "team.path 'missing.py' does not exist"),
+])
+def test_cli_config_error_exits_2_with_one_message(tmp_path, team_file, capsys, monkeypatch,
+                                                   argv, expected):
+    monkeypatch.chdir(tmp_path)
+    if "--team" not in argv:
+        argv = [*argv, "--team", team_file]
+    with pytest.raises(SystemExit) as info:
+        main(["run", *argv, "--dry-run"])
+    assert info.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("flexmarl: config error: ")
+    assert expected in lines[0]
+
+
+def fake_train_modules(monkeypatch, train) -> None:
+    """Stand-ins for flexmarl.team and flexmarl.run, which `main` imports when it runs."""
+    team = types.SimpleNamespace(name="duo", agents=[types.SimpleNamespace(name="solver")])
+    monkeypatch.setitem(sys.modules, "flexmarl.team",
+                        types.SimpleNamespace(load_team=lambda path: team))
+    monkeypatch.setitem(sys.modules, "flexmarl.run", types.SimpleNamespace(train=train))
+    monkeypatch.delenv("FLEXMARL_LOG", raising=False)
+
+
+def test_cli_run_makes_the_run_dir_and_prints_a_summary(tmp_path, team_file, capsys,
+                                                        monkeypatch):
+    async def train(team, config, *, run_dir):
+        run_dir.metrics.write({"step": 0, "team_reward": 0.75, "agents": {"solver": 1}})
+        return types.SimpleNamespace(metrics=read_metrics(run_dir.path / "metrics.jsonl"),
+                                     run_dir=run_dir.path)
+
+    fake_train_modules(monkeypatch, train)
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--team", team_file, "--set", f"run.dir={tmp_path / 'run'}"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert str(tmp_path / "run") in out and "1 metric records" in out
+    assert "team_reward=0.75" in out and "agents.solver=1" in out
+    assert (tmp_path / "run" / "config.toml").is_file()
+
+
+def test_cli_interrupt_exits_130(tmp_path, team_file, capsys, monkeypatch):
+    async def train(team, config, *, run_dir):
+        raise KeyboardInterrupt
+
+    fake_train_modules(monkeypatch, train)
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--team", team_file, "--set", f"run.dir={tmp_path / 'run'}"])
+    assert info.value.code == 130
+    assert "interrupted" in capsys.readouterr().err

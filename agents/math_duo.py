@@ -2,11 +2,15 @@
 
 Per trajectory, the checker ("tiny") works the sum out once; the solver ("small") answers and
 is accepted when it agrees with the checker, otherwise it tries again, up to MAX_ATTEMPTS times.
-So the solver is called 1-3 times per checker call, and more when the checker is wrong: the skew
-between agents and the long tail of multi-turn workflows.
+So the solver is called 1-3 times per checker call, and more often the worse the checker is:
+the skew between agents and the long tail of multi-turn workflows.
 
-Rewards: the checker's own goal is to be right (exact match); the solver's turns get the team
-reward, the final outcome: 1 if an accepted answer is correct, else 0.
+Rewards: the team reward is the final outcome, 1 if the solver's last answer (accepted, or the
+last attempt) is correct; the solver's turns get it. The checker has a goal of its own, to be
+right (exact match), and is rewarded for that.
+
+Both models are warm-started only part of the way (WARM_START_STEPS), so RL has room to improve
+them; the learning rates suit these small models, not billion-parameter ones.
 """
 from __future__ import annotations
 
@@ -17,6 +21,8 @@ from flexmarl.tasks import addition_tasks, exact_match
 
 MAX_ATTEMPTS = 3
 NUM_TASKS = 4096
+WARM_START_STEPS = {"solver": 250, "checker": 300}
+LEARNING_RATE = 1e-4
 _NUMBER = re.compile(r"-?[0-9]+")
 
 
@@ -29,22 +35,20 @@ async def workflow(ctx, task) -> None:
     [reference] = await ctx.generate("checker", task.prompt)
     ctx.reward(reference, exact_match(reference.text, task))
     expected = first_number(reference.text)
-    outcome = 0.0
     for _ in range(MAX_ATTEMPTS):
         [answer] = await ctx.generate("solver", task.prompt)
         if expected is not None and first_number(answer.text) == expected:
-            outcome = exact_match(answer.text, task)
-            break
-    ctx.team_reward(outcome)
+            break  # accepted
+    ctx.team_reward(exact_match(answer.text, task))
 
 
 team = Team(
     name="math_duo",
     agents=[
-        AgentSpec(name="solver", model="small",
-                  sampling=SamplingParams(temperature=1.0, max_tokens=8)),
-        AgentSpec(name="checker", model="tiny",
-                  sampling=SamplingParams(temperature=1.0, max_tokens=8)),
+        AgentSpec(name="solver", model="small", warm_start_steps=WARM_START_STEPS["solver"],
+                  lr=LEARNING_RATE, sampling=SamplingParams(temperature=1.0, max_tokens=8)),
+        AgentSpec(name="checker", model="tiny", warm_start_steps=WARM_START_STEPS["checker"],
+                  lr=LEARNING_RATE, sampling=SamplingParams(temperature=1.0, max_tokens=8)),
     ],
     workflow=workflow,
     tasks=addition_tasks(NUM_TASKS, seed=0),

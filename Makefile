@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 run: setup
-	$(PY) -m runtime.demo
+	$(VENV)/bin/flexmarl run
 
 test: setup
 	$(PY) -m pytest -q
@@ -33,6 +33,7 @@ test: setup
 bench: setup
 	$(PY) bench/transport.py
 	$(PY) bench/weight_sync.py
+	$(PY) bench/learning.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

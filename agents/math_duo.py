@@ -6,8 +6,9 @@ So the solver is called 1-3 times per checker call, and more often the worse the
 the skew between agents and the long tail of multi-turn workflows.
 
 Rewards: the team reward is the final outcome, 1 if the solver's last answer (accepted, or the
-last attempt) is correct; the solver's turns get it. The checker has a goal of its own, to be
-right (exact match), and is rewarded for that.
+last attempt) is correct. Each role also has a goal of its own, to be right (exact match), and
+each turn is rewarded for that: a rejected first attempt must not share the credit of a lucky
+third one.
 
 Both models are warm-started only part of the way (WARM_START_STEPS), so RL has room to improve
 them; the learning rates suit these small models, not billion-parameter ones.
@@ -37,6 +38,7 @@ async def workflow(ctx, task) -> None:
     expected = first_number(reference.text)
     for _ in range(MAX_ATTEMPTS):
         [answer] = await ctx.generate("solver", task.prompt)
+        ctx.reward(answer, exact_match(answer.text, task))  # each attempt: be right
         if expected is not None and first_number(answer.text) == expected:
             break  # accepted
     ctx.team_reward(exact_match(answer.text, task))

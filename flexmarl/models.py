@@ -51,10 +51,10 @@ VOCAB_MULTIPLE = 64  # embedding rows padded to this, as real models do, for ali
 MAX_POSITION_EMBEDDINGS = 512
 SUPPORTED_HEAD_DIMS = (32, 64)  # head sizes vLLM's CPU attention backend implements
 
-DEFAULT_WARM_START_STEPS = 600
+DEFAULT_WARM_START_STEPS = 300
 """Steps `ensure_model` trains for by default; see WARM_START_BATCH_SIZE and WARM_START_LR."""
 WARM_START_BATCH_SIZE = 128
-WARM_START_LR = 3e-3
+WARM_START_LR = 2e-3
 NUM_EVAL_TASKS = 64
 EVAL_SEED = 1_000_003  # held-out addition tasks; their prompts are removed from training data
 TRAIN_POOL_SIZE = 16_384  # tasks drawn once per warm start; batches are sampled from them
@@ -134,16 +134,31 @@ def build_tokenizer() -> Qwen2Tokenizer:
 
 def chat_prompt(tokenizer: PreTrainedTokenizerFast, user_text: str) -> list[int]:
     """Token ids of a one-turn chat ending in the assistant generation prompt."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": user_text}],
-                                         tokenize=False, add_generation_prompt=True)
-    return tokenizer.encode(text, add_special_tokens=False)
+    return _chat_prompts(tokenizer, [user_text])[0]
+
+
+def _chat_prompts(tokenizer: PreTrainedTokenizerFast, user_texts: list[str]) -> list[list[int]]:
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                           add_generation_prompt=True) for text in user_texts]
+    # One batched call: encoding thousands of prompts one by one costs seconds.
+    return tokenizer(texts, add_special_tokens=False)["input_ids"]
 
 
 def chat_example(tokenizer: PreTrainedTokenizerFast, task: Task) -> tuple[list[int], list[int]]:
     """(input ids, labels) for supervised training: loss on the answer and the closing eos."""
-    prompt = chat_prompt(tokenizer, task.prompt)
-    answer = tokenizer.encode(task.answer, add_special_tokens=False) + [tokenizer.eos_token_id]
-    return prompt + answer, [-100] * len(prompt) + answer
+    return chat_examples(tokenizer, [task])[0]
+
+
+def chat_examples(tokenizer: PreTrainedTokenizerFast,
+                  tasks: list[Task]) -> list[tuple[list[int], list[int]]]:
+    """`chat_example` for many tasks at once."""
+    prompts = _chat_prompts(tokenizer, [t.prompt for t in tasks])
+    answers = tokenizer([t.answer for t in tasks], add_special_tokens=False)["input_ids"]
+    examples = []
+    for prompt, answer in zip(prompts, answers):
+        answer = answer + [tokenizer.eos_token_id]
+        examples.append((prompt + answer, [-100] * len(prompt) + answer))
+    return examples
 
 
 # --- building and loading --------------------------------------------------------------------
@@ -259,7 +274,7 @@ def greedy_generate(model: Qwen2ForCausalLM, prompts: list[list[int]], *, max_ne
 def evaluate(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast,
              tasks: list[Task]) -> float:
     """Mean exact-match reward of greedy completions over `tasks`."""
-    prompts = [chat_prompt(tokenizer, t.prompt) for t in tasks]
+    prompts = _chat_prompts(tokenizer, [t.prompt for t in tasks])
     max_new = max(len(t.answer) for t in tasks) + 2  # room for the answer, eos and one stray
     was_training = model.training
     model.eval()
@@ -282,7 +297,7 @@ def _training_tensors(tokenizer: PreTrainedTokenizerFast,
                       tasks: list[Task]) -> tuple[torch.Tensor, torch.Tensor]:
     # Right padding needs no attention mask: with causal attention no real token sees a pad,
     # and pads carry no loss. Leaving the mask out lets SDPA take its causal fast path.
-    examples = [chat_example(tokenizer, t) for t in tasks]
+    examples = chat_examples(tokenizer, tasks)
     width = max(len(ids) for ids, _ in examples)
     ids = torch.tensor([i + [tokenizer.pad_token_id] * (width - len(i)) for i, _ in examples])
     labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in examples])

@@ -51,6 +51,8 @@ async def main(args: argparse.Namespace) -> None:
     from flexmarl.run import train
     from flexmarl.team import load_team
 
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # as `flexmarl run` does
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     workdir = tempfile.mkdtemp(prefix="flexmarl-learning-")
     config = load_config(overrides=[f"run.out_dir={workdir}", *args.set])
     team = load_team(config.team.path)

@@ -94,6 +94,11 @@ def _configure_logging(level: str) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Worker processes read their level from here at bootstrap (runtime.worker).
     os.environ["FLEXMARL_LOG"] = level
+    # Worker processes inherit these: vLLM's own logger and Hugging Face's per-load progress
+    # bars follow the run's log level instead of flooding the terminal.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", level)
+    if level != "DEBUG":
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 def _summary(metrics: list[dict[str, Any]], run_dir: Any) -> str:

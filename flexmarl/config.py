@@ -55,7 +55,7 @@ class RunConfig:
     """Explicit run directory (must be new or empty); empty means a timestamped one."""
     seed: int = 0
     """Experiment seed (task order, sampling seeds)."""
-    steps: int = 20
+    steps: int = 40
     """Global steps: each samples one batch of tasks and updates every agent once."""
     log_level: str = "WARNING"
     """Python logging level of the driver and of worker processes (case-insensitive)."""
@@ -91,15 +91,15 @@ class PipelineConfig:
 
     mode: str = "sync"
     """Pipeline policy; one of PIPELINE_MODES."""
-    tasks_per_step: int = 8
+    tasks_per_step: int = 16
     """Tasks in one global batch."""
-    trajectories_per_task: int = 4
+    trajectories_per_task: int = 8
     """GRPO group size: independent runs of the workflow per task."""
     max_concurrent_tasks: int = 4
     """Inter-query parallelism: tasks whose workflows run at once."""
     max_concurrent_calls: int = 16
     """Intra-query parallelism: concurrent generate calls of one task."""
-    micro_batch_groups: int = 4
+    micro_batch_groups: int = 16
     """GRPO groups per trainer micro-batch."""
 
     def __post_init__(self) -> None:
@@ -216,7 +216,7 @@ name = "default"
 out_dir = "runs"          # run dirs: out_dir/name-YYYYmmdd-HHMMSS
 dir = ""                  # or an explicit run dir (new or empty)
 seed = 0
-steps = 20                # global steps
+steps = 40                # global steps
 log_level = "WARNING"
 
 [team]
@@ -224,11 +224,11 @@ path = "agents/math_duo.py"
 
 [pipeline]
 mode = "sync"
-tasks_per_step = 8        # tasks in one global batch
-trajectories_per_task = 4 # GRPO group size
+tasks_per_step = 16       # tasks in one global batch
+trajectories_per_task = 8 # GRPO group size
 max_concurrent_tasks = 4  # inter-query parallelism
 max_concurrent_calls = 16 # intra-query parallelism (per task)
-micro_batch_groups = 4    # GRPO groups per trainer micro-batch
+micro_batch_groups = 16   # GRPO groups per trainer micro-batch
 
 [rollout]
 backend = "vllm"          # or "torch"

@@ -1,4 +1,4 @@
-"""Small policy models built locally: a character tokenizer and Qwen2 decoders of named sizes.
+"""Small policy models built locally: a byte tokenizer and Qwen2 decoders of named sizes.
 
 No weights can be downloaded here, so the project makes its own. A model directory is an
 ordinary Hugging Face one (config.json, model.safetensors, generation_config.json, tokenizer
@@ -13,12 +13,14 @@ model the chat format and some addition by supervised training, so RL starts abo
 """
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import logging
 import math
 import os
 import shutil
+import socket
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -52,7 +54,11 @@ MAX_POSITION_EMBEDDINGS = 512
 SUPPORTED_HEAD_DIMS = (32, 64)  # head sizes vLLM's CPU attention backend implements
 
 DEFAULT_WARM_START_STEPS = 300
-"""Steps `ensure_model` trains for by default; see WARM_START_BATCH_SIZE and WARM_START_LR."""
+"""Steps `ensure_model` trains for by default (batch WARM_START_BATCH_SIZE, peak WARM_START_LR).
+Measured on 2 idle cores: "small" reaches 55-94% greedy accuracy on held-out 2-digit addition
+(4 seeds) in about 45 s, leaving room for RL; "tiny" only 5-12% (600 steps at lr 3e-3 gave it
+97%); "medium" 98% in about 3.5 minutes. Addition is learnt in a sudden drop of the loss around
+step 250 for "small", so accuracy near this default varies with the seed."""
 WARM_START_BATCH_SIZE = 128
 WARM_START_LR = 2e-3
 NUM_EVAL_TASKS = 64
@@ -61,6 +67,7 @@ TRAIN_POOL_SIZE = 16_384  # tasks drawn once per warm start; batches are sampled
 WARMUP_FRACTION = 0.05
 MIN_LR_FRACTION = 0.1  # cosine decay ends here rather than at zero
 MAX_GRAD_NORM = 1.0
+WARM_START_FILE = "warm_start.json"  # ensure_model records warm_start's metrics here
 
 
 @dataclass(frozen=True)
@@ -274,6 +281,8 @@ def greedy_generate(model: Qwen2ForCausalLM, prompts: list[list[int]], *, max_ne
 def evaluate(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast,
              tasks: list[Task]) -> float:
     """Mean exact-match reward of greedy completions over `tasks`."""
+    if not tasks:
+        raise ValueError("tasks must be a non-empty list of Task")
     prompts = _chat_prompts(tokenizer, [t.prompt for t in tasks])
     max_new = max(len(t.answer) for t in tasks) + 2  # room for the answer, eos and one stray
     was_training = model.training
@@ -332,8 +341,14 @@ def warm_start(model_dir: str | os.PathLike, *, steps: int, batch_size: int, lr:
     """Supervised training on chat-formatted tasks; saves the weights back into `model_dir`.
 
     `tasks` defaults to TRAIN_POOL_SIZE 2-digit addition tasks drawn with `seed`, minus the
-    held-out evaluation prompts. Returns {"final_loss", "accuracy", "seconds", "steps"}, with
-    accuracy the greedy exact-match rate on `eval_tasks()`.
+    held-out evaluation prompts; batches are sampled from them with replacement. AdamW with
+    linear warmup and cosine decay, gradients clipped at MAX_GRAD_NORM; deterministic for a given
+    seed and thread count. Returns {"final_loss" (of the last batch), "accuracy" (greedy
+    exact-match rate on `eval_tasks()`), "seconds" (training only), "steps"}.
+
+    Uses torch's current thread count. On a machine shared with other torch processes, one
+    thread (`torch.set_num_threads(1)`) can be many times faster than two: OpenMP threads
+    spin waiting for each other when the cores are oversubscribed.
     """
     for name, value in (("steps", steps), ("batch_size", batch_size),
                         ("log_every_steps", log_every_steps)):
@@ -348,7 +363,7 @@ def warm_start(model_dir: str | os.PathLike, *, steps: int, batch_size: int, lr:
         held_out_prompts = {t.prompt for t in held_out}
         tasks = [t for t in addition_tasks(TRAIN_POOL_SIZE, seed=seed)
                  if t.prompt not in held_out_prompts]
-    if not tasks:
+    if not tasks or not all(isinstance(t, Task) for t in tasks):
         raise ValueError("tasks must be a non-empty list of Task (or None for the default)")
     model, tokenizer = load_model(model_dir), load_tokenizer(model_dir)
     ids, labels = _training_tensors(tokenizer, tasks)
@@ -389,7 +404,9 @@ def cache_key(size: str, *, warm_start_steps: int, seed: int) -> str:
     """Hash of everything that determines the weights: a change makes a new cache entry."""
     recipe = {"format": FORMAT_VERSION, "size": asdict(_size(size)), "vocab": tokenizer_vocab(),
               "steps": warm_start_steps, "seed": seed, "batch_size": WARM_START_BATCH_SIZE,
-              "lr": WARM_START_LR}
+              "lr": WARM_START_LR, "train_pool_size": TRAIN_POOL_SIZE,
+              "warmup_fraction": WARMUP_FRACTION, "min_lr_fraction": MIN_LR_FRACTION,
+              "max_grad_norm": MAX_GRAD_NORM, "eval": [NUM_EVAL_TASKS, EVAL_SEED]}
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -412,10 +429,13 @@ def ensure_model(size: str, *, warm_start_steps: int = DEFAULT_WARM_START_STEPS,
     final = root / (f"{spec.name}-s{seed}-w{warm_start_steps}-"
                     f"{cache_key(size, warm_start_steps=warm_start_steps, seed=seed)}")
     if final.is_dir():
-        log.info("model %s: cached at %s", size, final)
+        log.info("model %s: cached at %s (%s)", size, final, _describe_warm_start(final))
         return final
+    log.info("model %s: not in the cache; building %s", size, final)
     root.mkdir(parents=True, exist_ok=True)
-    tmp: Path | None = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=root))
+    _remove_stale_builds(root, final.name)
+    tmp: Path | None = Path(tempfile.mkdtemp(prefix=_build_prefix(final.name), suffix=".tmp",
+                                             dir=root))
     try:
         os.chmod(tmp, 0o755)  # mkdtemp makes 0700; the cache is as readable as any other dir
         build_model_dir(size, tmp, seed=seed)
@@ -424,9 +444,8 @@ def ensure_model(size: str, *, warm_start_steps: int = DEFAULT_WARM_START_STEPS,
             log.info("model %s: warm-starting %d steps in %s", size, warm_start_steps, tmp)
             metrics = warm_start(tmp, steps=warm_start_steps, batch_size=WARM_START_BATCH_SIZE,
                                  lr=WARM_START_LR, seed=seed)
-            log.info("model %s: warm start took %.0f s, loss %.3f, held-out accuracy %.0f%%",
-                     size, metrics["seconds"], metrics["final_loss"], 100 * metrics["accuracy"])
-        (tmp / "warm_start.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        (tmp / WARM_START_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
+        log.info("model %s: %s", size, _describe_warm_start(tmp))
         try:
             os.rename(tmp, final)
             tmp = None
@@ -437,5 +456,41 @@ def ensure_model(size: str, *, warm_start_steps: int = DEFAULT_WARM_START_STEPS,
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-    log.info("model %s: built at %s", size, final)
+    log.info("model %s: ready at %s", size, final)
     return final
+
+
+def _build_prefix(name: str) -> str:
+    # Host and pid in the temp name let a later build tell a dead builder's leftovers (SIGKILL
+    # skips the cleanup in `finally`) from a build still running, even on a shared filesystem.
+    return f".{name}.{socket.gethostname().replace('.', '_')}.{os.getpid()}."
+
+
+def _remove_stale_builds(root: Path, name: str) -> None:
+    mine = _build_prefix(name).rsplit(".", 2)[0] + "."  # ".{name}.{host}."
+    for path in root.glob(f"{glob.escape(mine)}*.tmp"):
+        pid = path.name[len(mine):].split(".", 1)[0]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            log.info("removing %s, left by a build that died", path)
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by another user
+        return True
+    return True
+
+
+def _describe_warm_start(model_dir: Path) -> str:
+    try:
+        metrics = json.loads((model_dir / WARM_START_FILE).read_text())
+    except (OSError, ValueError):
+        return "no warm-start record"
+    if not metrics.get("steps"):
+        return "random initialisation, no warm start"
+    return (f"warm start: {metrics['steps']} steps in {metrics['seconds']:.0f} s, final loss "
+            f"{metrics['final_loss']:.3f}, held-out greedy accuracy {metrics['accuracy']:.0%}")

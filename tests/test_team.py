@@ -1,0 +1,55 @@
+"""Team API: validation, loading team files by path, model resolution errors, the workflow ctx."""
+from __future__ import annotations
+
+import pytest
+
+from flexmarl import AgentSpec, Team, load_team
+from flexmarl.run import resolve_model, task_stream
+from flexmarl.tasks import addition_tasks
+
+
+async def noop(ctx, task) -> None:
+    return None
+
+
+def test_default_team_file_loads():
+    team = load_team("agents/math_duo.py")
+    assert team.name == "math_duo" and [a.name for a in team.agents] == ["solver", "checker"]
+    assert team.agent("solver").model != team.agent("checker").model  # different sizes
+
+
+def test_team_validation_names_the_problem():
+    agent = AgentSpec(name="a", model="tiny")
+    with pytest.raises(ValueError, match="unique"):
+        Team(name="t", agents=[agent, AgentSpec(name="a", model="tiny")], workflow=noop,
+             tasks=[1])
+    with pytest.raises(TypeError, match="async def workflow"):
+        Team(name="t", agents=[agent], workflow=lambda ctx, task: None, tasks=[1])
+    with pytest.raises(ValueError, match="every agent is frozen"):
+        Team(name="t", agents=[AgentSpec(name="a", model="tiny", trainable=False)],
+             workflow=noop, tasks=[1])
+    with pytest.raises(ValueError, match="AgentSpec.name"):
+        AgentSpec(name="bad name", model="tiny")
+    with pytest.raises(KeyError, match="no agent 'b'"):
+        Team(name="t", agents=[agent], workflow=noop, tasks=[1]).agent("b")
+
+
+def test_load_team_errors(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        load_team(tmp_path / "missing.py")
+    (tmp_path / "empty.py").write_text("x = 1\n")
+    with pytest.raises(ValueError, match="must define `team"):
+        load_team(tmp_path / "empty.py")
+
+
+def test_missing_model_path_is_one_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="agent solver: model .* neither a built-in size"):
+        resolve_model(AgentSpec(name="solver", model=str(tmp_path / "no-such-model")))
+
+
+def test_task_stream_is_a_seeded_epoch_cursor():
+    tasks = addition_tasks(10, seed=1)
+    first = [next(s) for s in [task_stream(tasks, 7)] for _ in range(20)]
+    again = [next(s) for s in [task_stream(tasks, 7)] for _ in range(20)]
+    assert first == again
+    assert sorted(t.task_id for t in first[:10]) == sorted(t.task_id for t in tasks)

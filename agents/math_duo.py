@@ -23,7 +23,7 @@ from flexmarl.tasks import addition_tasks, exact_match
 MAX_ATTEMPTS = 3
 NUM_TASKS = 4096
 WARM_START_STEPS = {"solver": 250, "checker": 300}
-LEARNING_RATE = 5e-4
+LEARNING_RATE = 1e-4
 _NUMBER = re.compile(r"-?[0-9]+")
 
 

@@ -2,16 +2,17 @@
 
 Per trajectory, the checker ("medium") works the sum out once; the solver ("small") answers and
 is accepted when it agrees with the checker, otherwise it tries again, up to MAX_ATTEMPTS times.
-So the solver is called 1-3 times per checker call, and more often the worse the checker is:
-the skew between agents and the long tail of multi-turn workflows.
+So the solver is called 1-3 times per checker call, more often while it is still weak: the skew
+between agents and the long tail of multi-turn workflows.
 
 Rewards: the team reward is the final outcome, 1 if the solver's last answer (accepted, or the
 last attempt) is correct. Each role also has a goal of its own, to be right (exact match), and
 each turn is rewarded for that: a rejected first attempt must not share the credit of a lucky
 third one.
 
-Both models are warm-started only part of the way (WARM_START_STEPS), so RL has room to improve
-them; the learning rates suit these small models, not billion-parameter ones.
+The solver is warm-started only part of the way (WARM_START_STEPS), so RL has room to improve
+it; the learning rate suits these small models, not billion-parameter ones (5e-4 made the
+solver collapse on its first Adam step).
 """
 from __future__ import annotations
 

@@ -247,6 +247,9 @@ def _rank_main(rank: int, world_size: int, model_dir: str, work: str) -> None:
             json.dump({"losses": losses, "exact": exact, "num_exported": len(weights),
                        "sharded": trainer.sharded}, f)
     finally:
+        # Meet before tearing down: a rank destroying the group while its peer's gloo thread
+        # still talks to it aborts the peer ("terminate called without an active exception").
+        dist.barrier()
         dist.destroy_process_group()
 
 

@@ -15,10 +15,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import random
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from flexmarl.batch import micro_batch
 from flexmarl.protocol import (ExportWeights, Generate, GenerateReply, SamplingParams,
@@ -26,9 +27,19 @@ from flexmarl.protocol import (ExportWeights, Generate, GenerateReply, SamplingP
 from flexmarl.store import ExperienceStore, Group, Turn
 from flexmarl.team import AgentSpec, Completion, Team
 from flexmarl.weight_sync import push_weights
+from runtime.actor import Actor
 from runtime.transport import Connection
 
 log = logging.getLogger(__name__)
+
+
+def task_stream(tasks: list[Any], seed: int) -> Iterator[Any]:
+    """The data cursor: every task once per epoch, in a fresh seeded order each epoch."""
+    rng = random.Random(seed)
+    while True:
+        order = list(range(len(tasks)))
+        rng.shuffle(order)
+        yield from (tasks[i] for i in order)
 
 
 @dataclass
@@ -145,12 +156,19 @@ class TrajectoryContext:
                 self.orch.store.set_reward(c.agent, c.sample_id, value)
 
 
-class Orchestrator:
-    """Rollout, training and weight sync of one team; the pipeline policy sequences them."""
+class Orchestrator(Actor):
+    """Rollout, training and weight sync of one team; the pipeline policy sequences them.
+
+    An actor on the caller's event loop (local:// by default): it owns the data cursor and the
+    agents' versions, answers Ping, and is where status and control requests will land.
+    """
 
     def __init__(self, team: Team, agents: dict[str, AgentRuntime], store: ExperienceStore, *,
                  trajectories_per_task: int, max_concurrent_tasks: int,
-                 max_concurrent_calls: int, micro_batch_groups: int) -> None:
+                 max_concurrent_calls: int, micro_batch_groups: int, seed: int = 0,
+                 address: str = "local://*") -> None:
+        super().__init__("orchestrator", address)
+        self.cursor = task_stream(list(team.tasks), seed)
         self.team = team
         self.agents = agents
         self.store = store
@@ -158,6 +176,10 @@ class Orchestrator:
         self.max_concurrent_tasks = max_concurrent_tasks
         self.max_concurrent_calls = max_concurrent_calls
         self.micro_batch_groups = micro_batch_groups
+
+    def next_tasks(self, n: int) -> list[Any]:
+        """The next `n` tasks of the data cursor."""
+        return [next(self.cursor) for _ in range(n)]
 
     @property
     def trainable(self) -> list[str]:

@@ -11,13 +11,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import random
 import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from flexmarl.config import Config
 from flexmarl.models import SIZES, ensure_model, load_tokenizer
@@ -58,15 +57,6 @@ def resolve_model(spec: AgentSpec) -> str:
     return str(path)
 
 
-def task_stream(tasks: list[Any], seed: int) -> Iterator[Any]:
-    """The data cursor: every task once per epoch, in a fresh seeded order each epoch."""
-    rng = random.Random(seed)
-    while True:
-        order = list(range(len(tasks)))
-        rng.shuffle(order)
-        yield from (tasks[i] for i in order)
-
-
 async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
                 progress: bool | None = None) -> RunResult:
     """Train `team` for config.run.steps global steps; returns the run's metrics."""
@@ -87,21 +77,21 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
                                 trajectories_per_task=p.trajectories_per_task,
                                 max_concurrent_tasks=p.max_concurrent_tasks,
                                 max_concurrent_calls=p.max_concurrent_calls,
-                                micro_batch_groups=p.micro_batch_groups)
-            cursor = task_stream(list(team.tasks), config.run.seed)
+                                micro_batch_groups=p.micro_batch_groups, seed=config.run.seed)
             metrics: list[dict] = []
-            with Progress(config.run.steps, enabled=progress) as bar:
-                for step in range(config.run.steps):
-                    tasks = [next(cursor) for _ in range(p.tasks_per_step)]
-                    bar.start_step(step, len(tasks) * p.trajectories_per_task)
-                    record = await pipeline.run_step(orch, step, tasks)
-                    record["time"] = time.time()
-                    bar.add_samples(len(tasks) * p.trajectories_per_task)
-                    metrics.append(record)
-                    if run_dir is not None:
-                        run_dir.metrics.write(record)
-                    bar.end_step(step, {n: a["reward"] for n, a in record["agents"].items()
-                                        if a["reward"] is not None})
+            async with orch.serving():
+                with Progress(config.run.steps, enabled=progress) as bar:
+                    for step in range(config.run.steps):
+                        tasks = orch.next_tasks(p.tasks_per_step)
+                        bar.start_step(step, len(tasks) * p.trajectories_per_task)
+                        record = await pipeline.run_step(orch, step, tasks)
+                        record["time"] = time.time()
+                        bar.add_samples(len(tasks) * p.trajectories_per_task)
+                        metrics.append(record)
+                        if run_dir is not None:
+                            run_dir.metrics.write(record)
+                        bar.end_step(step, {n: a["reward"] for n, a in record["agents"].items()
+                                            if a["reward"] is not None})
             checkpoints = {}
             if run_dir is not None:
                 for name, rt in agents.items():

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from flexmarl import AgentSpec, Team, load_team
-from flexmarl.run import resolve_model, task_stream
+from flexmarl.orchestrator import task_stream
+from flexmarl.run import resolve_model
 from flexmarl.tasks import addition_tasks
 
 
@@ -53,3 +54,20 @@ def test_task_stream_is_a_seeded_epoch_cursor():
     again = [next(s) for s in [task_stream(tasks, 7)] for _ in range(20)]
     assert first == again
     assert sorted(t.task_id for t in first[:10]) == sorted(t.task_id for t in tasks)
+
+
+async def test_orchestrator_is_an_actor_that_owns_the_cursor():
+    from flexmarl.orchestrator import Orchestrator
+    from flexmarl.store import ExperienceStore
+    from runtime.protocol import Ping, Pong
+    from runtime.transport import connect
+
+    team = Team(name="t", agents=[AgentSpec(name="a", model="tiny")], workflow=noop,
+                tasks=addition_tasks(5, seed=2))
+    orch = Orchestrator(team, {}, ExperienceStore([]), trajectories_per_task=2,
+                        max_concurrent_tasks=1, max_concurrent_calls=1, micro_batch_groups=1,
+                        seed=4)
+    async with orch.serving(), connect(orch.address) as conn:
+        assert await conn.request(Ping(3)) == Pong(3)
+        assert orch.next_tasks(7) == [next(s) for s in [task_stream(list(team.tasks), 4)]
+                                      for _ in range(7)]

@@ -27,8 +27,10 @@ $(STAMP): pyproject.toml Makefile
 run: setup
 	$(VENV)/bin/flexmarl run
 
+# vLLM's engine leaves a shared-memory segment for Python's resource tracker to clean up at
+# exit; its warning would otherwise print after pytest's summary line.
 test: setup
-	$(PY) -m pytest -q
+	PYTHONWARNINGS="ignore:resource_tracker:UserWarning" $(PY) -m pytest -q
 
 bench: setup
 	$(PY) bench/transport.py

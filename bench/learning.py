@@ -13,7 +13,6 @@ With --json the last line is one JSON object: {"first_reward": {agent|"team": r}
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib.util
 import json
 import os

@@ -16,7 +16,6 @@ measured, and per size its bytes, sync seconds and GB/s, engine load seconds and
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib.util
 import json
 import os

@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from flexmarl.batch import micro_batch
-from flexmarl.protocol import (ExportWeights, Generate, GenerateReply, SamplingParams,
-                               TrainBeginBatch, TrainStep, WeightUpdate)
+from flexmarl.protocol import (ExportWeights, Generate, GenerateReply, TrainBeginBatch, TrainStep, WeightUpdate)
 from flexmarl.store import ExperienceStore, Group, Turn
 from flexmarl.team import AgentSpec, Completion, Team
 from flexmarl.weight_sync import push_weights
@@ -243,8 +242,8 @@ class Orchestrator(Actor):
         return TrainResult(done.version, len(useful), len(turns), tokens, loss,
                            time.perf_counter() - started, staleness, done.skipped)
 
-    async def sync(self, agent: str) -> tuple[int, float]:
-        """Push the trainer's weights to every instance; returns (version, seconds)."""
+    async def sync(self, agent: str) -> tuple[int, float, int]:
+        """Push the trainer's weights to every instance; returns (version, seconds, bytes)."""
         rt = self.agents[agent]
         assert rt.trainer is not None
         started = time.perf_counter()
@@ -253,4 +252,4 @@ class Orchestrator(Actor):
         report = await push_weights(rt.instances, weights.version, weights.tensors,
                                     timeout_s=rt.request_timeout_s)
         rt.version = weights.version
-        return weights.version, time.perf_counter() - started
+        return weights.version, time.perf_counter() - started, report.num_bytes

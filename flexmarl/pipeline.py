@@ -59,6 +59,7 @@ class SyncPipeline:
                 "loss": result.loss if result else None,
                 "train_s": result.seconds if result else 0.0,
                 "sync_s": synced[name][1] if name in synced else 0.0,
+                "sync_bytes": synced[name][2] if name in synced else 0,
                 "version": rt.version,
                 "staleness": result.staleness if result else None,
                 "trainable": rt.spec.trainable,

@@ -16,7 +16,6 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from flexmarl.config import Config
 from flexmarl.models import SIZES, ensure_model, load_tokenizer

@@ -1,7 +1,6 @@
 """Codec: property-based round trips and rejection of malformed input (pure logic, no sockets)."""
 from __future__ import annotations
 
-import struct
 
 import msgpack
 import numpy as np

@@ -55,6 +55,7 @@ async def test_two_steps_end_to_end(backend, tiny_model_dir, tmp_path, no_leftov
         versions = [m["agents"][name]["version"] for m in result.metrics]
         assert versions == [1, 2], (name, versions)
         assert all(m["agents"][name]["trained_samples"] > 0 for m in result.metrics)
+        assert all(m["agents"][name]["sync_bytes"] > 0 for m in result.metrics)
         assert result.versions[name] == versions[-1]
         assert (result.checkpoints[name] / "model.safetensors").is_file()
     assert (run_dir.path / "config.toml").is_file() or (run_dir.path / "config.json").is_file()

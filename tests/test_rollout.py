@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from flexmarl.models import build_model_dir, chat_prompt, load_model, load_tokenizer
-from flexmarl.protocol import (Generate, GenerateReply, LoadReport, SamplingParams, SubscribeLoad,
-                               WeightUpdate)
+from flexmarl.protocol import (Generate, GenerateReply, LoadReport, SamplingParams, SubscribeLoad)
 from flexmarl.rollout.engine import EngineConfig, make_engine
 from flexmarl.rollout.torch_engine import TorchEngine
 from flexmarl.rollout.worker import RolloutWorker

@@ -13,7 +13,6 @@ import itertools
 import json
 import os
 import tempfile
-import time
 
 import torch
 

@@ -18,6 +18,7 @@ from typing import Any
 from flexmarl.protocol import (Generate, GenerateReply, LoadReport, SubscribeLoad, WeightUpdate,
                                WeightUpdateDone)
 from flexmarl.rollout.engine import EngineConfig, RolloutEngine, make_engine
+from flexmarl.weight_sync import weights_nbytes
 from runtime.actor import Actor, handler
 from runtime.codec import Envelope
 from runtime.config import TransportConfig
@@ -88,9 +89,9 @@ class RolloutWorker(Actor):
                 self.version = msg.version
             finally:
                 self._gate.set()
-            num_bytes = sum(t.numel() * t.element_size() for t in msg.tensors.values())
             self._load_changed.set()
-            return WeightUpdateDone(self.version, num_bytes, time.perf_counter() - started)
+            return WeightUpdateDone(self.version, weights_nbytes(msg.tensors),
+                                    time.perf_counter() - started)
 
     @handler(SubscribeLoad)
     async def on_subscribe(self, msg: SubscribeLoad, env: Envelope) -> LoadReport:

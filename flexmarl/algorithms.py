@@ -80,8 +80,8 @@ def token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float = 1.0) 
 
 def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor,
               *, normaliser: float, clip_eps: float = 0.2, clip_eps_high: float | None = None,
-              ref_logprobs: Tensor | None = None, kl_coef: float = 0.0
-              ) -> tuple[Tensor, dict[str, float]]:
+              ref_logprobs: Tensor | None = None, kl_coef: float = 0.0,
+              is_cap: float | None = None) -> tuple[Tensor, dict[str, float]]:
     """PPO-style clipped GRPO objective, summed over response tokens and divided by `normaliser`.
 
     Per token: max(-A * ratio, -A * clip(ratio, 1 - clip_eps, 1 + clip_eps_high)) with
@@ -89,9 +89,16 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, respon
     non-negative KL estimator exp(ref - logp) - (ref - logp) - 1 (Schulman), when kl_coef > 0.
     `clip_eps_high` (default clip_eps) allows DAPO's asymmetric "clip higher".
 
+    `is_cap` switches to the decoupled objective for stale samples (behaviour policy older than
+    the one being trained): the PPO ratio is then taken against the *current* policy (detached,
+    the proximal policy of a single update) and each token is weighted by the truncated
+    importance ratio min(pi_current / pi_behaviour, is_cap), a constant: so the gradient is that
+    of -A * w * log pi, corrected for the behaviour policy's age instead of clipped to nothing.
+
     Tokens outside `response_mask` contribute exactly 0 to the loss and the gradient, even when
     old/ref log-probabilities there are garbage (inf, nan): they are replaced before any exp.
-    Metrics are means over this call's masked tokens: clip_frac, ratio_mean, kl, and num_tokens.
+    Metrics are means over this call's masked tokens: clip_frac, ratio_mean, kl, and num_tokens
+    (with is_cap also is_weight_mean and is_truncated_frac).
     """
     if normaliser <= 0:
         raise ValueError(f"normaliser must be > 0 (the global batch's response-token count), "
@@ -108,15 +115,26 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, respon
     if advantages.shape != logprobs.shape[:1]:
         raise ValueError(f"advantages must be [B]={tuple(logprobs.shape[:1])}, got "
                          f"{tuple(advantages.shape)}")
+    if is_cap is not None and is_cap <= 0:
+        raise ValueError(f"is_cap must be > 0 (or None for no behaviour correction), got {is_cap}")
     high = clip_eps if clip_eps_high is None else clip_eps_high
     mask = response_mask.bool()
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
-    log_ratio = torch.where(mask, logprobs - old_logprobs.to(logprobs.dtype), zero)
+    behaviour = torch.where(mask, old_logprobs.to(logprobs.dtype), zero)
+    anchor = behaviour if is_cap is None else torch.where(mask, logprobs.detach(), zero)
+    log_ratio = torch.where(mask, logprobs - anchor, zero)
     ratio = torch.exp(log_ratio)
     adv = advantages.to(logprobs.dtype).unsqueeze(-1)
     unclipped = -adv * ratio
     clipped = -adv * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + high)
     per_token = torch.maximum(unclipped, clipped)
+    is_weight = None
+    if is_cap is not None:
+        with torch.no_grad():
+            is_weight = torch.exp(torch.where(mask, logprobs.detach() - behaviour, zero))
+            truncated = (is_weight > is_cap) & mask
+            is_weight = is_weight.clamp(max=is_cap)
+        per_token = per_token * is_weight
     kl = None
     if ref_logprobs is not None:
         ref_gap = torch.where(mask, ref_logprobs.to(logprobs.dtype) - logprobs, zero)
@@ -134,4 +152,7 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, respon
             "kl": float(torch.where(mask, kl, zero).sum()) / denom if kl is not None else 0.0,
             "num_tokens": float(num_tokens),
         }
+        if is_weight is not None:
+            metrics["is_weight_mean"] = float(torch.where(mask, is_weight, zero).sum()) / denom
+            metrics["is_truncated_frac"] = float(truncated.sum()) / denom
     return loss, metrics

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import tomllib
 import types
 import typing
@@ -25,9 +26,9 @@ from flexmarl.trainer import TrainerConfig
 
 __all__ = ["PIPELINE_MODES", "LOG_LEVELS", "DEFAULT_TOML", "ConfigError", "RunConfig", "TeamRef",
            "PipelineConfig", "RolloutConfig", "TrainerConfig", "TrainPlacement", "Config",
-           "load_config", "resolve_team_path", "dump_toml"]
+           "load_config", "resolve_team_path", "dump_toml", "parse_cpus"]
 
-PIPELINE_MODES = ("sync",)
+PIPELINE_MODES = ("sync", "micro_batch", "one_step_off", "bounded")
 """Valid `pipeline.mode` values; each names a pipeline policy."""
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
@@ -101,18 +102,24 @@ class PipelineConfig:
     """Intra-query parallelism: concurrent generate calls of one task."""
     micro_batch_groups: int = 16
     """GRPO groups per trainer micro-batch."""
+    max_staleness: int = 1
+    """Mode `bounded`: the most versions a trained sample may lag its trainer (>= 1)."""
+    is_cap: float = 2.0
+    """Mode `bounded`: cap of the truncated importance weight pi / pi_behaviour (used unless
+    trainer.is_cap is set)."""
 
     def __post_init__(self) -> None:
         _require(self.mode in PIPELINE_MODES, "pipeline.mode", self.mode,
                  f"must be one of {', '.join(PIPELINE_MODES)}")
         for name in ("tasks_per_step", "max_concurrent_tasks", "max_concurrent_calls",
-                     "micro_batch_groups"):
+                     "micro_batch_groups", "max_staleness"):
             _require(getattr(self, name) >= 1, f"pipeline.{name}", getattr(self, name),
                      "must be >= 1")
         _require(self.trajectories_per_task >= 2, "pipeline.trajectories_per_task",
                  self.trajectories_per_task,
                  "must be >= 2 (GRPO learns from reward differences within a group; a group "
                  "of one always has advantage 0)")
+        _require(self.is_cap > 0, "pipeline.is_cap", self.is_cap, "must be > 0")
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -129,6 +136,9 @@ class RolloutConfig:
     """Longest prompt + completion, in tokens."""
     ready_timeout_s: float = 600.0
     """How long an instance may take to start (a cold vLLM start takes minutes on CPU)."""
+    cpus: str = ""
+    """CPU cores of every rollout process, as "0", "0,2" or "0-3" (threads sized to match);
+    empty: all cores, no pinning."""
 
     def __post_init__(self) -> None:
         _require(self.backend in BACKENDS, "rollout.backend", self.backend,
@@ -138,6 +148,7 @@ class RolloutConfig:
                      "must be >= 1")
         _require(self.ready_timeout_s > 0, "rollout.ready_timeout_s", self.ready_timeout_s,
                  "must be > 0")
+        parse_cpus(self.cpus, "rollout.cpus")
 
     def engine_config(self, model_dir: str, *, seed: int) -> EngineConfig:
         """The settings of one instance serving the model in `model_dir`."""
@@ -151,10 +162,35 @@ class TrainPlacement:
 
     ranks_per_agent: int = 1
     """FSDP ranks (processes) of each agent's trainer group."""
+    cpus: str = ""
+    """CPU cores of every trainer process, as in rollout.cpus; empty: all cores."""
 
     def __post_init__(self) -> None:
         _require(self.ranks_per_agent >= 1, "train.ranks_per_agent", self.ranks_per_agent,
                  "must be >= 1")
+        parse_cpus(self.cpus, "train.cpus")
+
+
+def parse_cpus(spec: str, name: str = "cpus") -> tuple[int, ...]:
+    """ "0", "0,2", "0-3" or "0-1,4" as sorted core ids; "" is () (no pinning)."""
+    if not spec.strip():
+        return ()
+    ids: set[int] = set()
+    try:
+        for part in spec.split(","):
+            lo, _, hi = part.strip().partition("-")
+            first, last = int(lo), int(hi or lo)
+            if first < 0 or last < first:
+                raise ValueError
+            ids.update(range(first, last + 1))
+    except ValueError:
+        raise ConfigError(f"{name} must list CPU cores like \"0\", \"0,2\" or \"0-3\", got "
+                          f"{spec!r}") from None
+    available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    if available is not None and not ids <= set(available):
+        raise ConfigError(f"{name} = {spec!r} names cores {sorted(ids - set(available))} that "
+                          f"this process cannot use (available: {available})")
+    return tuple(sorted(ids))
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -223,12 +259,14 @@ log_level = "WARNING"
 path = "agents/math_duo.py"
 
 [pipeline]
-mode = "sync"
+mode = "sync"             # sync | micro_batch | one_step_off | bounded
 tasks_per_step = 16       # tasks in one global batch
 trajectories_per_task = 8 # GRPO group size
 max_concurrent_tasks = 4  # inter-query parallelism
 max_concurrent_calls = 16 # intra-query parallelism (per task)
 micro_batch_groups = 16   # GRPO groups per trainer micro-batch
+max_staleness = 1         # mode "bounded": most versions a trained sample may lag
+is_cap = 2.0              # mode "bounded": truncated importance-weight cap
 
 [rollout]
 backend = "vllm"          # or "torch"
@@ -236,6 +274,7 @@ instances_per_agent = 1
 kv_cache_bytes = 268435456
 max_model_len = 512
 ready_timeout_s = 600.0
+cpus = ""                 # pin rollout processes, e.g. "0" or "0-3"; "" = all cores
 
 [trainer]                 # flexmarl.trainer.TrainerConfig
 lr = 1e-6
@@ -246,6 +285,7 @@ grad_clip = 1.0
 clip_eps = 0.2
 # clip_eps_high = 0.28    # unset means clip_eps
 kl_coef = 0.0
+is_cap = 0.0              # > 0: truncated importance weight (mode "bounded" sets pipeline.is_cap)
 temperature = 1.0
 seed = 0
 device = "cpu"            # or "cuda"
@@ -253,6 +293,7 @@ reshard_after_forward = true
 
 [train]
 ranks_per_agent = 1
+cpus = ""                 # pin trainer processes, e.g. "1"; "" = all cores
 """
 
 

@@ -1,14 +1,18 @@
 """The orchestrator: runs the team's workflow on many tasks at once and owns version boundaries.
 
-    tasks ──► rollout(): ≤ max_concurrent_tasks tasks at once, each as trajectories_per_task
-              trajectories ──► workflow(ctx, task) ──ctx.generate──► rollout instance of agent
+    tasks ──► rollout(step): ≤ max_concurrent_tasks tasks at once, each as trajectories_per_task
+              trajectories ──► workflow(ctx, task) ──ctx.generate──► gate[agent] (may this step
+              generate yet?) ──► rollout instance of agent
                                         │ every turn of a trainable agent ──► ExperienceStore
               all trajectories of a task done ──► store.complete_input (groups + advantages)
-    train(agent): complete groups ──► micro-batches ──► trainer (begin, accumulate…, step)
+    TrainSession(agent, step): complete groups ──► micro-batches ──► trainer (begin,
+              accumulate…, step with the batch's token count)
     sync(agent):  trainer.export ──► push_weights to every instance of the agent (new version)
 
-The pipeline policy (flexmarl.pipeline) decides when each of these runs. Rollout instances are
-chosen round-robin per agent for now; the hierarchical balancer replaces `pick_instance`.
+The pipeline policy (flexmarl.pipeline) decides when each of these runs and opens the gates.
+Rollout instances are chosen round-robin per agent for now; the hierarchical balancer replaces
+`pick_instance`. Every request carries a seed derived from the run seed and its request id, so
+the same weights give the same samples whatever the scheduling (the torch backend exactly).
 """
 from __future__ import annotations
 
@@ -17,12 +21,14 @@ import dataclasses
 import logging
 import random
 import time
-from collections import defaultdict
+import zlib
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from flexmarl.batch import micro_batch
-from flexmarl.protocol import (ExportWeights, Generate, GenerateReply, TrainBeginBatch, TrainStep, WeightUpdate)
+from flexmarl.protocol import (ExportWeights, Generate, GenerateReply, TrainBeginBatch, TrainStep,
+                               WeightUpdate)
 from flexmarl.store import ExperienceStore, Group, Turn
 from flexmarl.team import AgentSpec, Completion, Team
 from flexmarl.weight_sync import push_weights
@@ -41,9 +47,60 @@ def task_stream(tasks: list[Any], seed: int) -> Iterator[Any]:
         yield from (tasks[i] for i in order)
 
 
+def request_seed(run_seed: int, request_id: str) -> int:
+    """Sampling seed of one request: stable across runs, modes and schedules."""
+    return zlib.crc32(f"{run_seed}/{request_id}".encode()) & 0x7FFFFFFF
+
+
+class StepGate:
+    """Which global steps an agent may generate for: every step <= `open_to`.
+
+    Monotone; the pipeline policy opens it as the agent's updates land (step s + 1 + lag once
+    step s is trained and synced), and workflows of later steps wait in `wait()`.
+    """
+
+    def __init__(self, open_to: int) -> None:
+        self.open_to = open_to
+        self._changed = asyncio.Event()
+
+    def open(self, step: int) -> None:
+        if step > self.open_to:
+            self.open_to = step
+            self._changed.set()
+            self._changed = asyncio.Event()  # later waiters wait for the next opening
+
+    async def wait(self, step: int) -> None:
+        while step > self.open_to:
+            await self._changed.wait()
+
+
+class BusyClock:
+    """Wall time during which at least one request was in flight (the union of intervals)."""
+
+    def __init__(self) -> None:
+        self.inflight = 0
+        self._since = 0.0
+        self._total = 0.0
+
+    def enter(self) -> None:
+        if self.inflight == 0:
+            self._since = time.perf_counter()
+        self.inflight += 1
+
+    def exit(self) -> None:
+        self.inflight -= 1
+        if self.inflight == 0:
+            self._total += time.perf_counter() - self._since
+
+    @property
+    def seconds(self) -> float:
+        ongoing = time.perf_counter() - self._since if self.inflight else 0.0
+        return self._total + ongoing
+
+
 @dataclass
 class AgentRuntime:
-    """One agent's live pieces: its rollout instances, its trainer, its current version."""
+    """One agent's live pieces: rollout instances, trainer, versions, gate and clocks."""
 
     spec: AgentSpec
     model_dir: str
@@ -51,7 +108,13 @@ class AgentRuntime:
     instances: list[Connection]
     trainer: Connection | None
     version: int = 0
+    """The version the rollout instances serve (last weight sync)."""
+    trainer_version: int = 0
+    """The trainer's version (ahead of `version` between an optimizer step and its sync)."""
     request_timeout_s: float = 300.0
+    gate: StepGate = field(default_factory=lambda: StepGate(0))
+    rollout_busy: dict[int, BusyClock] = field(default_factory=lambda: defaultdict(BusyClock))
+    """Per global step: time the agent's rollout instances had work of that step."""
     _next: int = 0
 
     def pick_instance(self) -> Connection:
@@ -75,6 +138,8 @@ class AgentRuntime:
 @dataclass
 class RolloutStats:
     seconds: float = 0.0
+    started: float = 0.0
+    """perf_counter() when the step's first task started."""
     team_rewards: list[float] = field(default_factory=list)
     rewards: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     samples: dict[str, int] = field(default_factory=lambda: defaultdict(int))
@@ -84,25 +149,34 @@ class RolloutStats:
 @dataclass
 class TrainResult:
     version: int
+    """The trainer's version after this update."""
     groups: int
     samples: int
     tokens: int
     loss: float
+    """Mean loss per response token of the global batch."""
     seconds: float
+    """Trainer busy time of this update: every trainer request's round trip, summed."""
     staleness: float
-    """Mean of (version trained from - policy_version of each trained sample)."""
+    """Mean of (version trained from - policy_version) over the trained samples."""
+    staleness_hist: dict[int, int]
+    """staleness -> number of trained samples."""
+    dropped_stale: int = 0
+    """Samples refused by the staleness bound (whole groups are dropped)."""
     skipped: bool = False
+    """The optimizer step was skipped (non-finite gradient); the version still advanced."""
 
 
 class TrajectoryContext:
     """The `ctx` of one workflow run (see flexmarl.team.Context)."""
 
     def __init__(self, orch: "Orchestrator", task: Any, input_id: str, trajectory: int,
-                 calls: asyncio.Semaphore) -> None:
+                 calls: asyncio.Semaphore, step: int = 0) -> None:
         self.orch = orch
         self.task = task
         self.input_id = input_id
         self.trajectory = trajectory
+        self.step = step
         self._calls = calls
         self._turns: dict[str, int] = defaultdict(int)
         self._own: dict[str, float] = {}
@@ -119,10 +193,19 @@ class TrajectoryContext:
         params = dataclasses.replace(rt.spec.sampling, n=n, **sampling)
         turn = self._turns[agent]
         self._turns[agent] += 1
+        request_id = f"{self.input_id}/{self.trajectory}/{agent}/{turn}"
+        if params.seed is None:
+            params = dataclasses.replace(params, seed=request_seed(self.orch.seed, request_id))
+        await rt.gate.wait(self.step)  # the pipeline policy: may this step use the agent yet?
+        clock = rt.rollout_busy[self.step]
         async with self._calls:
-            reply: GenerateReply = await rt.pick_instance().request(
-                Generate(f"{self.input_id}/{self.trajectory}/{agent}/{turn}",
-                         prompt_ids=prompt_ids, params=params), timeout_s=rt.request_timeout_s)
+            clock.enter()
+            try:
+                reply: GenerateReply = await rt.pick_instance().request(
+                    Generate(request_id, prompt_ids=prompt_ids, params=params),
+                    timeout_s=rt.request_timeout_s)
+            finally:
+                clock.exit()
         out = []
         for k, s in enumerate(reply.samples):
             traj_id = str(self.trajectory) if n == 1 else f"{self.trajectory}.{k}"
@@ -168,6 +251,7 @@ class Orchestrator(Actor):
                  address: str = "local://*") -> None:
         super().__init__("orchestrator", address)
         self.cursor = task_stream(list(team.tasks), seed)
+        self.seed = seed
         self.team = team
         self.agents = agents
         self.store = store
@@ -175,6 +259,8 @@ class Orchestrator(Actor):
         self.max_concurrent_tasks = max_concurrent_tasks
         self.max_concurrent_calls = max_concurrent_calls
         self.micro_batch_groups = micro_batch_groups
+        self.input_step: dict[str, int] = {}
+        """input_id -> global step it was sampled for."""
 
     def next_tasks(self, n: int) -> list[Any]:
         """The next `n` tasks of the data cursor."""
@@ -186,61 +272,44 @@ class Orchestrator(Actor):
 
     # ------------------------------------------------------------------ rollout
 
-    async def rollout(self, step: int, tasks: list[Any]) -> RolloutStats:
-        stats = RolloutStats()
-        started = time.perf_counter()
+    async def rollout(self, step: int, tasks: list[Any], *,
+                      on_task_done: Callable[[int], None] | None = None) -> RolloutStats:
+        """Run the workflow on every task of `step`; `on_task_done(samples)` after each task."""
+        stats = RolloutStats(started=time.perf_counter())
         slots = asyncio.Semaphore(self.max_concurrent_tasks)
 
         async def one_task(i: int, task: Any) -> None:
             async with slots:
                 input_id = f"s{step}t{i}"
+                self.input_step[input_id] = step
                 calls = asyncio.Semaphore(self.max_concurrent_calls)
-                contexts = [TrajectoryContext(self, task, input_id, j, calls)
+                contexts = [TrajectoryContext(self, task, input_id, j, calls, step)
                             for j in range(self.trajectories_per_task)]
                 await asyncio.gather(*(self.team.workflow(ctx, task) for ctx in contexts))
                 for ctx in contexts:
                     ctx.finish(stats)
                 self.store.complete_input(input_id, default_reward=0.0)
+                if on_task_done is not None:
+                    on_task_done(len(contexts))
 
         async with asyncio.TaskGroup() as tg:
             for i, task in enumerate(tasks):
                 tg.create_task(one_task(i, task), name=f"task[{step}.{i}]")
-        stats.seconds = time.perf_counter() - started
+        stats.seconds = time.perf_counter() - stats.started
         return stats
+
+    def of_step(self, step: int) -> Callable[[Group], bool]:
+        """Store selector: the groups sampled for global step `step`."""
+        return lambda g: self.input_step.get(g.input_id) == step
 
     # ------------------------------------------------------------------ training
 
-    async def drain_groups(self, agent: str) -> list[Group]:
-        groups: list[Group] = []
-        while batch := await self.store.take_groups(agent, 1 << 30, flush=True):
-            groups.extend(batch)
-        return groups
-
-    async def train(self, agent: str, groups: list[Group]) -> TrainResult | None:
-        """One optimizer step of `agent` on `groups` (the whole global batch)."""
+    def train_session(self, agent: str, admit: Callable[[int], bool]) -> "TrainSession":
+        """A new global batch of `agent`; `admit(staleness)` is the policy's per-sample bound."""
         rt = self.agents[agent]
-        assert rt.trainer is not None, f"agent {agent} is frozen"
-        started = time.perf_counter()
-        # Groups whose advantages are all zero carry no GRPO signal: skip their compute.
-        useful = [g for g in groups if any(t.advantage for t in g.turns)]
-        turns = [t for g in useful for t in g.turns]
-        if not turns:
-            log.info("agent %s: no group with a learning signal this step; not stepping", agent)
-            return None
-        tokens = sum(len(t.response_ids) for t in turns)
-        await rt.trainer.request(TrainBeginBatch(tokens), timeout_s=rt.request_timeout_s)
-        loss = 0.0
-        pad = rt.tokenizer.pad_token_id or 0
-        for i in range(0, len(useful), self.micro_batch_groups):
-            chunk = [t for g in useful[i:i + self.micro_batch_groups] for t in g.turns]
-            mb = micro_batch([(t.prompt_ids, t.response_ids, t.logprobs) for t in chunk],
-                             [t.advantage for t in chunk], pad_id=pad)
-            stats = await rt.trainer.request(mb, timeout_s=rt.request_timeout_s)
-            loss += stats.loss
-        done = await rt.trainer.request(TrainStep(), timeout_s=rt.request_timeout_s)
-        staleness = sum(rt.version - t.policy_version for t in turns) / len(turns)
-        return TrainResult(done.version, len(useful), len(turns), tokens, loss,
-                           time.perf_counter() - started, staleness, done.skipped)
+        if rt.trainer is None:
+            raise ValueError(f"agent {agent} is frozen (trainable=False); it has no trainer")
+        return TrainSession(rt, self.micro_batch_groups, admit)
 
     async def sync(self, agent: str) -> tuple[int, float, int]:
         """Push the trainer's weights to every instance; returns (version, seconds, bytes)."""
@@ -253,3 +322,91 @@ class Orchestrator(Actor):
                                     timeout_s=rt.request_timeout_s)
         rt.version = weights.version
         return weights.version, time.perf_counter() - started, report.num_bytes
+
+
+class StalenessError(RuntimeError):
+    """A sample outside the pipeline's staleness guarantee reached the trainer (a bug)."""
+
+
+class TrainSession:
+    """One global batch of one agent, fed group by group, stepped once.
+
+        add(groups)* ─► keep groups within the staleness bound and with a learning signal
+                    ─► every `micro_batch_groups` of them: one micro-batch to the trainer
+        finish()     ─► last partial micro-batch ─► TrainStep(num_tokens of the whole batch)
+
+    The loss normaliser (the batch's response-token count) is only known at the end, so the
+    trainer accumulates un-normalised and divides once at the step (TrainBeginBatch(0)): the
+    accumulated gradient is the full-batch gradient however the groups were split and ordered.
+    """
+
+    def __init__(self, rt: AgentRuntime, micro_batch_groups: int,
+                 admit: Callable[[int], bool]) -> None:
+        self.rt = rt
+        self.micro_batch_groups = micro_batch_groups
+        self.admit = admit
+        self.version = rt.trainer_version
+        """The version this batch updates: each sample's staleness is version - policy_version."""
+        self._buffer: list[Group] = []
+        self._begun = False
+        self.groups = self.samples = self.tokens = self.dropped_stale = 0
+        self.loss_sum = 0.0
+        self.busy_s = 0.0
+        self.hist: Counter[int] = Counter()
+
+    async def _request(self, msg: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return await self.rt.trainer.request(msg, timeout_s=self.rt.request_timeout_s)
+        finally:
+            self.busy_s += time.perf_counter() - started
+
+    async def add(self, groups: list[Group]) -> None:
+        for g in groups:
+            ages = [self.version - t.policy_version for t in g.turns]
+            if not all(self.admit(a) for a in ages):
+                if min(ages) < 0:  # newer than the trainer: bookkeeping is broken
+                    raise StalenessError(f"agent {g.agent}: group {g.input_id}/{g.turn} has "
+                                         f"versions {sorted(g.versions)} but the trainer is at "
+                                         f"version {self.version}")
+                self.dropped_stale += len(g.turns)
+                continue
+            # Groups whose advantages are all zero carry no GRPO signal: skip their compute.
+            if any(t.advantage for t in g.turns):
+                self._buffer.append(g)
+                self.hist.update(ages)
+        while len(self._buffer) >= self.micro_batch_groups:
+            chunk, self._buffer = (self._buffer[:self.micro_batch_groups],
+                                   self._buffer[self.micro_batch_groups:])
+            await self._send(chunk)
+
+    async def _send(self, groups: list[Group]) -> None:
+        turns = [t for g in groups for t in g.turns]
+        pad = self.rt.tokenizer.pad_token_id or 0
+        mb = micro_batch([(t.prompt_ids, t.response_ids, t.logprobs) for t in turns],
+                         [t.advantage for t in turns], pad_id=pad)
+        if not self._begun:
+            await self._request(TrainBeginBatch(0))  # token count declared at the step
+            self._begun = True
+        stats = await self._request(mb)
+        self.loss_sum += stats.loss
+        self.groups += len(groups)
+        self.samples += len(turns)
+        self.tokens += sum(len(t.response_ids) for t in turns)
+
+    async def finish(self) -> TrainResult | None:
+        """Train what is buffered and step; None (no step, no new version) if nothing had a
+        learning signal."""
+        if self._buffer:
+            await self._send(self._buffer)
+            self._buffer = []
+        if not self._begun:
+            log.info("agent %s: no group with a learning signal this step; not stepping",
+                     self.rt.spec.name)
+            return None
+        done = await self._request(TrainStep(self.tokens))
+        self.rt.trainer_version = done.version
+        staleness = sum(a * n for a, n in self.hist.items()) / max(self.samples, 1)
+        return TrainResult(done.version, self.groups, self.samples, self.tokens,
+                           self.loss_sum / self.tokens, self.busy_s, staleness,
+                           dict(sorted(self.hist.items())), self.dropped_stale, done.skipped)

@@ -1,77 +1,287 @@
-"""Pipeline policies: when rollout, training and weight sync of each agent happen.
+"""Pipeline policies and the one training loop that runs them, per agent.
 
-One interface, one training loop (`flexmarl.run.train` calls `run_step` once per global step);
-each mode is a small policy object over the orchestrator's three operations:
+Every mode is the same loop with different settings of four knobs (`PipelinePolicy`):
 
-    sync:  rollout(whole global batch, all agents) ─► train(every agent) ─► sync(every agent)
+    rollout producer: for step s: [team_barrier: wait until every agent finished step s-1]
+                      ─► orchestrator.rollout(s): each ctx.generate(agent) waits for gate[agent]
+    per agent A:      for step s: take A's groups of step s as they complete
+                      [stream: while the step is still generating | else: once it has ended]
+                      ─► TrainSession (micro-batches, gradient accumulated) ─► one optimizer step
+                      ─► weight sync [defer_sync: only once rollout of step s+1 has ended]
+                      ─► gate[A].open(s + 1 + lag): A's workflows of step s + 1 + lag may go
 
-Later modes (one_step_off, micro_batch, bounded) plug in here without a second loop.
+    mode          stream  lag  team_barrier  defer_sync  staleness of trained samples
+    sync          no      0    yes           no          exactly 0
+    micro_batch   yes     0    no            no          exactly 0 (the paper's mode)
+    one_step_off  yes     1    no            yes         exactly 1 (0 in the first step)
+    bounded       yes     k    no            no          0..k, enforced per sample, with a
+                                                          truncated importance weight
+
+Each agent has its own loop, version and gate: agent A trains and syncs as soon as its own
+batch is in, without waiting for agent B; a team record is written once every agent has
+finished a step. Zero staleness in micro_batch follows from the gate (A generates for step s
+only with the weights trained on step s-1) and is checked per sample by the TrainSession.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Callable
 
-from flexmarl.orchestrator import Orchestrator, TrainResult
+from flexmarl.orchestrator import (Orchestrator, RolloutStats, StalenessError, StepGate,
+                                   TrainResult)
+from flexmarl.store import Group
+
+log = logging.getLogger(__name__)
 
 
-class PipelinePolicy(Protocol):
+@dataclass(frozen=True)
+class PipelinePolicy:
+    """When rollout, training and weight sync of each agent happen (see the module docstring)."""
+
     name: str
+    stream: bool
+    """Train micro-batches of a step while the step is still being generated."""
+    lag: int
+    """Steps an agent's rollout may run ahead of its last finished update."""
+    team_barrier: bool
+    """A step's rollout starts only when every agent has finished the previous step."""
+    defer_sync: bool
+    """Push an update only when the next step's rollout has ended (one version stale, exactly)."""
+    max_staleness: int = 0
+    drop_stale: bool = False
+    """Beyond max_staleness: drop the sample (bounded) instead of failing (strict modes)."""
 
-    async def run_step(self, orch: Orchestrator, step: int, tasks: list[Any]) -> dict:
-        """Run one global step on `tasks`; return its metrics record."""
-        ...
+    def admit(self, staleness: int, step: int) -> bool:
+        """May a sample `staleness` versions old be trained in global step `step`?"""
+        if 0 <= staleness <= self.max_staleness:
+            return True
+        if self.drop_stale and staleness > self.max_staleness:
+            return False
+        raise StalenessError(f"pipeline {self.name}: a sample {staleness} versions old reached "
+                             f"the trainer in step {step}; this mode trains samples at most "
+                             f"{self.max_staleness} versions old")
+
+
+def sync_policy() -> PipelinePolicy:
+    return PipelinePolicy("sync", stream=False, lag=0, team_barrier=True, defer_sync=False)
+
+
+def micro_batch_policy() -> PipelinePolicy:
+    return PipelinePolicy("micro_batch", stream=True, lag=0, team_barrier=False, defer_sync=False)
+
+
+def one_step_off_policy() -> PipelinePolicy:
+    # 0 is legitimate too: after a step with no update (no learning signal) nothing is older.
+    return PipelinePolicy("one_step_off", stream=True, lag=1, team_barrier=False, defer_sync=True,
+                          max_staleness=1)
+
+
+def bounded_policy(max_staleness: int) -> PipelinePolicy:
+    if max_staleness < 1:
+        raise ValueError(f"pipeline.max_staleness must be >= 1 for mode 'bounded' (0 is mode "
+                         f"'micro_batch'), got {max_staleness}")
+    return PipelinePolicy("bounded", stream=True, lag=max_staleness, team_barrier=False,
+                          defer_sync=False, max_staleness=max_staleness, drop_stale=True)
+
+
+PIPELINES: dict[str, Callable[..., PipelinePolicy]] = {
+    "sync": sync_policy, "micro_batch": micro_batch_policy,
+    "one_step_off": one_step_off_policy, "bounded": bounded_policy}
+
+
+def make_pipeline(mode: str, *, max_staleness: int = 1) -> PipelinePolicy:
+    if mode not in PIPELINES:
+        raise ValueError(f"pipeline.mode {mode!r} is not one of {sorted(PIPELINES)}")
+    return bounded_policy(max_staleness) if mode == "bounded" else PIPELINES[mode]()
 
 
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-class SyncPipeline:
-    """The synchronous baseline: generate the whole batch, then train, then sync."""
+class Progress:
+    """What the loop reports while it runs (flexmarl.rundir.Progress fits)."""
 
-    name = "sync"
+    def start_step(self, step: int, total_samples: int) -> None: ...
+    def add_samples(self, n: int) -> None: ...
+    def end_step(self, step: int, rewards: dict[str, float], seconds: float | None = None
+                 ) -> None: ...
 
-    async def run_step(self, orch: Orchestrator, step: int, tasks: list[Any]) -> dict:
-        started = time.perf_counter()
-        rollout = await orch.rollout(step, tasks)
-        agents = orch.trainable
 
-        async def train(agent: str) -> TrainResult | None:
-            return await orch.train(agent, await orch.drain_groups(agent))
+class PipelineRun:
+    """One run of `steps` global steps under `policy`; `await run()` returns the records."""
 
-        trained = dict(zip(agents, await asyncio.gather(*(train(a) for a in agents))))
-        stepped = [a for a in agents if trained[a] is not None]
-        synced = dict(zip(stepped, await asyncio.gather(*(orch.sync(a) for a in stepped))))
-        record: dict[str, Any] = {
-            "step": step, "mode": self.name, "step_s": time.perf_counter() - started,
-            "rollout_s": rollout.seconds, "team_reward": _mean(rollout.team_rewards),
-            "tasks": len(tasks), "agents": {}}
+    def __init__(self, orch: Orchestrator, policy: PipelinePolicy, steps: int, tasks_per_step: int,
+                 *, emit: Callable[[dict], None] | None = None,
+                 progress: Progress | None = None) -> None:
+        self.orch = orch
+        self.policy = policy
+        self.steps = steps
+        self.tasks_per_step = tasks_per_step
+        self.emit = emit
+        self.progress = progress or Progress()
+        self.rollout_done = [asyncio.Event() for _ in range(steps)]
+        self.rollouts: dict[int, RolloutStats] = {}
+        self.done: list[dict[str, dict]] = [{} for _ in range(steps)]
+        """Per step: agent -> its record, once the agent has finished the step."""
+        self.step_done = [asyncio.Event() for _ in range(steps)]
+        self.records: list[dict] = []
+        self._finished_at: dict[str, float] = {}
+        self._last_team_end = 0.0
+
+    async def run(self) -> list[dict]:
+        orch = self.orch
         for name, rt in orch.agents.items():
-            result = trained.get(name)
+            rt.gate = StepGate(self.policy.lag if rt.spec.trainable else self.steps)
+        started = time.perf_counter()
+        self._last_team_end = started
+        self._finished_at = {name: started for name in orch.agents}
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._produce(), name="pipeline.rollout")
+            for name in orch.trainable:
+                tg.create_task(self._agent_loop(name), name=f"pipeline.{name}")
+            if not orch.trainable:  # a frozen team: steps end with their rollouts
+                tg.create_task(self._frozen_steps(), name="pipeline.frozen")
+        return self.records
+
+    # ------------------------------------------------------------------ rollout
+
+    async def _produce(self) -> None:
+        per_task = self.orch.trajectories_per_task
+        for step in range(self.steps):
+            if self.policy.team_barrier and step > 0:
+                await self.step_done[step - 1].wait()
+            tasks = self.orch.next_tasks(self.tasks_per_step)
+            self.progress.start_step(step, len(tasks) * per_task)
+            self.rollouts[step] = await self.orch.rollout(step, tasks,
+                                                          on_task_done=self.progress.add_samples)
+            self.rollout_done[step].set()
+
+    async def _frozen_steps(self) -> None:
+        for step in range(self.steps):
+            await self.rollout_done[step].wait()
+            self._agents_finished(step)
+
+    # ------------------------------------------------------------------ one agent
+
+    async def _agent_loop(self, agent: str) -> None:
+        orch, policy = self.orch, self.policy
+        rt = orch.agents[agent]
+        pending_sync: asyncio.Task | None = None
+        for step in range(self.steps):
+            session = orch.train_session(agent, lambda age, s=step: policy.admit(age, s))
+            select = orch.of_step(step)
+            if not policy.stream:
+                await self.rollout_done[step].wait()
+            while groups := await self._next_groups(agent, select, self.rollout_done[step]):
+                await session.add(groups)
+            if pending_sync is not None:
+                # The deferred export of the last update must read the weights before this
+                # step changes them (micro-batches could run meanwhile: they leave weights be).
+                await pending_sync
+                pending_sync = None
+            result = await session.finish()
+            if result is not None and policy.defer_sync and step + 1 < self.steps:
+                pending_sync = asyncio.create_task(self._sync(agent, step, result, deferred=True))
+            else:
+                await self._sync(agent, step, result)
+        if pending_sync is not None:
+            await pending_sync
+        assert rt.version == rt.trainer_version
+
+    async def _next_groups(self, agent: str, select: Callable[[Group], bool],
+                           rollout_done: asyncio.Event) -> list[Group]:
+        """The next micro-batch worth of the step's groups; fewer only once its rollout has ended
+        (then [] means the step's groups are all taken)."""
+        store, n = self.orch.store, self.orch.micro_batch_groups
+        while not rollout_done.is_set():
+            take = asyncio.ensure_future(store.take_groups(agent, n, select=select))
+            ended = asyncio.ensure_future(rollout_done.wait())
+            await asyncio.wait([take, ended], return_when=asyncio.FIRST_COMPLETED)
+            ended.cancel()
+            if take.done():  # read even if both finished: taken groups must not be lost
+                return take.result()
+            take.cancel()  # nothing was taken: take_groups only takes when it returns
+            try:
+                await take
+            except asyncio.CancelledError:
+                pass
+            else:  # it completed in the meantime after all
+                return take.result()
+        return await store.take_groups(agent, n, select=select, flush=True)
+
+    async def _sync(self, agent: str, step: int, result: TrainResult | None, *,
+                    deferred: bool = False) -> None:
+        """Push the update (if any), then open the agent's gate and record its step."""
+        orch = self.orch
+        sync_s, sync_bytes = 0.0, 0
+        if result is not None:
+            if deferred:
+                await self.rollout_done[step + 1].wait()
+            _, sync_s, sync_bytes = await orch.sync(agent)
+        rt = orch.agents[agent]
+        rt.gate.open(step + 1 + self.policy.lag)
+        now = time.perf_counter()
+        period = now - self._finished_at[agent]
+        self._finished_at[agent] = now
+        rollout_busy = rt.rollout_busy.pop(step).seconds if step in rt.rollout_busy else 0.0
+        train_busy = result.seconds if result else 0.0
+        self.done[step][agent] = {
+            "trained_samples": result.samples if result else 0,
+            "groups": result.groups if result else 0,
+            "loss": result.loss if result else None,
+            "train_s": train_busy,
+            "sync_s": sync_s,
+            "sync_bytes": sync_bytes,
+            "version": rt.version,
+            "staleness": result.staleness if result else None,
+            "staleness_hist": {str(k): v for k, v in result.staleness_hist.items()}
+            if result else {},
+            "dropped_stale": result.dropped_stale if result else 0,
+            "skipped_update": bool(result and result.skipped),
+            "step_s": period,
+            "rollout_busy_s": rollout_busy,
+            "train_idle_s": max(0.0, period - train_busy - sync_s),
+            "rollout_idle_s": max(0.0, period - rollout_busy),
+        }
+        if all(a in self.done[step] for a in orch.trainable):
+            await self.rollout_done[step].wait()
+            self._agents_finished(step)
+
+    # ------------------------------------------------------------------ records
+
+    def _agents_finished(self, step: int) -> None:
+        self.step_done[step].set()
+        # Records go out in step order: agents can finish step s+1 before others finish s.
+        while len(self.records) < self.steps and self.step_done[len(self.records)].is_set():
+            self._record(len(self.records))
+
+    def _record(self, step: int) -> None:
+        orch = self.orch
+        rollout = self.rollouts.pop(step)
+        now = time.perf_counter()
+        record: dict[str, Any] = {
+            "step": step, "mode": self.policy.name, "step_s": now - self._last_team_end,
+            "rollout_s": rollout.seconds, "team_reward": _mean(rollout.team_rewards),
+            "tasks": len(rollout.team_rewards) // orch.trajectories_per_task, "agents": {}}
+        self._last_team_end = now
+        for name, rt in orch.agents.items():
             record["agents"][name] = {
                 "reward": _mean(rollout.rewards.get(name, [])),
                 "samples": rollout.samples.get(name, 0),
                 "tokens": rollout.tokens.get(name, 0),
-                "trained_samples": result.samples if result else 0,
-                "groups": result.groups if result else 0,
-                "loss": result.loss if result else None,
-                "train_s": result.seconds if result else 0.0,
-                "sync_s": synced[name][1] if name in synced else 0.0,
-                "sync_bytes": synced[name][2] if name in synced else 0,
-                "version": rt.version,
-                "staleness": result.staleness if result else None,
                 "trainable": rt.spec.trainable,
+                **self.done[step].get(name, {"version": rt.version}),
             }
-        return record
-
-
-PIPELINES = {SyncPipeline.name: SyncPipeline}
-
-
-def make_pipeline(mode: str) -> PipelinePolicy:
-    try:
-        return PIPELINES[mode]()
-    except KeyError:
-        raise ValueError(f"pipeline.mode {mode!r} is not one of {sorted(PIPELINES)}") from None
+            if not rt.spec.trainable:
+                busy = rt.rollout_busy.pop(step, None)
+                record["agents"][name]["rollout_busy_s"] = busy.seconds if busy else 0.0
+        self.done[step] = {}
+        self.records.append(record)
+        self.progress.end_step(step, {n: a["reward"] for n, a in record["agents"].items()
+                                      if a["reward"] is not None}, record["step_s"])
+        if self.emit is not None:
+            self.emit(record)

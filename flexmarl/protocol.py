@@ -159,11 +159,13 @@ class WeightUpdateDone:
 @message(FlexKind.TRAIN_BEGIN_BATCH)
 @dataclass(slots=True)
 class TrainBeginBatch:
-    """Start a global batch: its total number of trained (response) tokens fixes the loss
-    normaliser, so accumulating its micro-batches gives exactly the full-batch gradient."""
+    """Start a global batch. Its total number of trained (response) tokens is the loss
+    normaliser, so accumulating its micro-batches gives exactly the full-batch gradient: give it
+    here, or 0 to defer it to TrainStep (when micro-batches are trained while the rest of the
+    batch is still being generated, the total is known only at the end)."""
 
     KIND: ClassVar[int]
-    num_tokens: int
+    num_tokens: int = 0
 
 
 @message(FlexKind.TRAIN_MICRO_BATCH)
@@ -199,9 +201,11 @@ class TrainStats:
 @message(FlexKind.TRAIN_STEP)
 @dataclass(slots=True)
 class TrainStep:
-    """Apply the accumulated gradient: one optimizer step, version += 1."""
+    """Apply the accumulated gradient: one optimizer step, version += 1. `num_tokens` is the
+    global batch's token count when TrainBeginBatch deferred it (0 otherwise)."""
 
     KIND: ClassVar[int]
+    num_tokens: int = 0
 
 
 @message(FlexKind.TRAIN_STEP_DONE)

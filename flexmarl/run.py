@@ -1,8 +1,9 @@
-"""`train(team, config)`: the whole system inside the caller's event loop, one global step at a time.
+"""`train(team, config)`: the whole system inside the caller's event loop.
 
     resolve models ─► start processes (rollout instances per agent, a trainer group per trainable
-    agent) ─► for each step: next tasks from the data cursor ─► pipeline.run_step ─► metrics.jsonl
-    ─► final per-agent checkpoints ─► ordered shutdown ─► RunResult
+    agent) ─► PipelineRun (flexmarl.pipeline): tasks from the data cursor, rollout, training and
+    sync of every agent, overlapped as pipeline.mode allows ─► metrics.jsonl, one record per
+    finished global step ─► final per-agent checkpoints ─► ordered shutdown ─► RunResult
 
 The CLI (`flexmarl run`) is a thin wrapper over this function.
 """
@@ -17,10 +18,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flexmarl.config import Config
+from flexmarl.config import Config, parse_cpus
 from flexmarl.models import SIZES, ensure_model, load_tokenizer
 from flexmarl.orchestrator import AgentRuntime, Orchestrator
-from flexmarl.pipeline import make_pipeline
+from flexmarl.pipeline import PipelineRun, make_pipeline
 from flexmarl.protocol import ExportWeights, WeightUpdate
 from flexmarl.rundir import Progress, RunDir
 from flexmarl.store import ExperienceStore
@@ -60,7 +61,7 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
                 progress: bool | None = None) -> RunResult:
     """Train `team` for config.run.steps global steps; returns the run's metrics."""
     started = time.perf_counter()
-    pipeline = make_pipeline(config.pipeline.mode)
+    pipeline = make_pipeline(config.pipeline.mode, max_staleness=config.pipeline.max_staleness)
     log.info("resolving models of team %s", team.name)
     model_dirs = {}
     for spec in team.agents:  # may build and warm-start (minutes, once): off the event loop
@@ -78,19 +79,17 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
                                 max_concurrent_calls=p.max_concurrent_calls,
                                 micro_batch_groups=p.micro_batch_groups, seed=config.run.seed)
             metrics: list[dict] = []
+
+            def emit(record: dict) -> None:
+                record["time"] = time.time()
+                metrics.append(record)
+                if run_dir is not None:
+                    run_dir.metrics.write(record)
+
             async with orch.serving():
                 with Progress(config.run.steps, enabled=progress) as bar:
-                    for step in range(config.run.steps):
-                        tasks = orch.next_tasks(p.tasks_per_step)
-                        bar.start_step(step, len(tasks) * p.trajectories_per_task)
-                        record = await pipeline.run_step(orch, step, tasks)
-                        record["time"] = time.time()
-                        bar.add_samples(len(tasks) * p.trajectories_per_task)
-                        metrics.append(record)
-                        if run_dir is not None:
-                            run_dir.metrics.write(record)
-                        bar.end_step(step, {n: a["reward"] for n, a in record["agents"].items()
-                                            if a["reward"] is not None})
+                    await PipelineRun(orch, pipeline, config.run.steps, p.tasks_per_step,
+                                      emit=emit, progress=bar).run()
             checkpoints = {}
             if run_dir is not None:
                 for name, rt in agents.items():
@@ -111,6 +110,10 @@ async def _start_agents(sup: Supervisor, team: Team, config: Config,
                         model_dirs: dict[str, str], work: str) -> dict[str, AgentRuntime]:
     """Start every rollout instance and trainer group at once (engine starts overlap)."""
     r = config.rollout
+    rollout_cpus = parse_cpus(r.cpus, "rollout.cpus")
+    train_cpus = parse_cpus(config.train.cpus, "train.cpus")
+    # vLLM binds its OpenMP threads itself ("auto" picks cores by NUMA node): name ours.
+    rollout_env = {"VLLM_CPU_OMP_THREADS_BIND": r.cpus.replace(" ", "")} if rollout_cpus else {}
     starts = []
     for spec in team.agents:
         for i in range(spec.instances or r.instances_per_agent):
@@ -118,7 +121,8 @@ async def _start_agents(sup: Supervisor, team: Team, config: Config,
                 name=f"{spec.name}-rollout-{i}", entry="flexmarl.rollout.worker:rollout_worker",
                 args={"backend": r.backend, "model_dir": model_dirs[spec.name],
                       "max_model_len": r.max_model_len, "kv_cache_bytes": r.kv_cache_bytes,
-                      "seed": config.run.seed + i}, ready_timeout_s=r.ready_timeout_s)))
+                      "seed": config.run.seed + i}, ready_timeout_s=r.ready_timeout_s,
+                cpus=rollout_cpus, env=rollout_env)))
         if spec.trainable:
             ranks = config.train.ranks_per_agent
             trainer_cfg = dataclasses.asdict(config.trainer)
@@ -126,12 +130,15 @@ async def _start_agents(sup: Supervisor, team: Team, config: Config,
             trainer_cfg["temperature"] = spec.sampling.temperature or 1.0
             if spec.lr is not None:
                 trainer_cfg["lr"] = spec.lr
+            if config.pipeline.mode == "bounded" and not trainer_cfg["is_cap"]:
+                trainer_cfg["is_cap"] = config.pipeline.is_cap  # correct for stale samples
             for rank in range(ranks):
                 starts.append(sup.start_worker(WorkerSpec(
                     name=f"{spec.name}-trainer-{rank}", entry="flexmarl.trainer_worker:trainer_worker",
                     args={"model_dir": model_dirs[spec.name], "rank": rank, "world_size": ranks,
                           "init_method": f"file://{work}/{spec.name}.store",
-                          "config": trainer_cfg}, ready_timeout_s=r.ready_timeout_s)))
+                          "config": trainer_cfg}, ready_timeout_s=r.ready_timeout_s,
+                    cpus=train_cpus)))
     handles = {h.name: h for h in await asyncio.gather(*starts)}
     agents = {}
     for spec in team.agents:

@@ -183,6 +183,8 @@ class Progress:
         self._step_started = time.perf_counter()
         self._samples = 0
         self._total_samples = 0
+        self._rollout_step = -1
+        self._counts: dict[int, list[int]] = {}
         self._stack = ExitStack()
         if self.enabled:
             from tqdm import tqdm
@@ -199,16 +201,24 @@ class Progress:
     def start_step(self, step: int, total_samples: int) -> None:
         self._step_started = time.perf_counter()
         self._samples, self._total_samples = 0, total_samples
+        self._rollout_step = step
+        self._counts[step] = [0, total_samples]
         if self.enabled:
             self._samples_bar.reset(total=total_samples)
             self._samples_bar.set_description(f"step {step} samples")
 
     def add_samples(self, n: int) -> None:
+        """`n` more samples of the step whose rollout started last."""
         self._samples += n
+        if self._rollout_step in self._counts:
+            self._counts[self._rollout_step][0] += n
         if self.enabled:
             self._samples_bar.update(n)
 
-    def end_step(self, step: int, rewards: dict[str, float]) -> None:
+    def end_step(self, step: int, rewards: dict[str, float], seconds: float | None = None
+                 ) -> None:
+        """Step `step` finished (its rollout may have ended steps ago: pipelines overlap)."""
+        done, total = self._counts.pop(step, (self._samples, self._total_samples))
         if self.enabled:
             # ordered_dict=, not **rewards: an agent may be named like a tqdm keyword.
             self._steps_bar.set_postfix(ordered_dict={k: f"{v:.3f}" for k, v in rewards.items()},
@@ -216,8 +226,9 @@ class Progress:
             self._steps_bar.update(1)
             return
         reward = " ".join(f"{k}={v:.3f}" for k, v in rewards.items())
-        seconds = time.perf_counter() - self._step_started
-        print(f"step {step}/{self.total_steps}  samples {self._samples}/{self._total_samples}  "
+        if seconds is None:
+            seconds = time.perf_counter() - self._step_started
+        print(f"step {step}/{self.total_steps}  samples {done}/{total}  "
               f"reward {reward or '-'}  {seconds:.1f}s", file=self._file or sys.stderr, flush=True)
 
     def close(self) -> None:

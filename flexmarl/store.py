@@ -21,7 +21,7 @@ import asyncio
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 
@@ -252,11 +252,13 @@ class ExperienceStore:
     # ------------------------------------------------------------------------- consumers
 
     async def take_groups(self, agent: str, num_groups: int, *, version: int | None = None,
+                          select: Callable[[Group], bool] | None = None,
                           flush: bool = False) -> list[Group]:
         """Wait for `num_groups` complete groups of `agent` and take them, oldest first.
 
         With `version`, only groups whose every row has that policy_version qualify (a group
-        of mixed versions never does). With `flush`, do not wait: take up to `num_groups` of
+        of mixed versions never does); with `select`, only groups it returns True for (e.g. the
+        groups of one global step). With `flush`, do not wait: take up to `num_groups` of
         those ready now, possibly none. Each group is returned to exactly one caller; its rows
         are evicted, freeing capacity. Raises StoreClosed if the store is or becomes closed.
         """
@@ -266,7 +268,7 @@ class ExperienceStore:
         while True:
             if self._closed:
                 raise StoreClosed("experience store closed")
-            keys = self._matching(table, version, limit=num_groups)
+            keys = self._matching(table, version, select, limit=num_groups)
             if len(keys) == num_groups or flush:
                 break
             await table.groups_ready.wait()
@@ -285,11 +287,12 @@ class ExperienceStore:
         return groups
 
     @staticmethod
-    def _matching(table: _Table, version: int | None, limit: int | None = None
+    def _matching(table: _Table, version: int | None,
+                  select: Callable[[Group], bool] | None = None, limit: int | None = None
                   ) -> list[tuple[str, int]]:
         keys = []
         for key, g in table.ready.items():
-            if version is None or g.versions == {version}:
+            if (version is None or g.versions == {version}) and (select is None or select(g)):
                 keys.append(key)
                 if limit is not None and len(keys) == limit:
                     break
@@ -301,9 +304,11 @@ class ExperienceStore:
         """Unconsumed rows stored for `agent` (open and complete): what capacity counts."""
         return self._table(agent).num_rows
 
-    def ready_groups(self, agent: str, *, version: int | None = None) -> int:
-        """Complete, unconsumed groups of `agent` (only those wholly of `version` if given)."""
-        return len(self._matching(self._table(agent), version))
+    def ready_groups(self, agent: str, *, version: int | None = None,
+                     select: Callable[[Group], bool] | None = None) -> int:
+        """Complete, unconsumed groups of `agent` (only those wholly of `version`, and those
+        `select` accepts, if given)."""
+        return len(self._matching(self._table(agent), version, select))
 
     def close(self) -> None:
         """Wake every waiting put() and take_groups() with StoreClosed; later calls raise it too.

@@ -58,6 +58,10 @@ class TrainerConfig:
     """Upper clip (DAPO's "clip higher"); None means clip_eps."""
     kl_coef: float = 0.0
     """Weight of the k3 KL estimate to the reference policy; > 0 needs ref_logprobs."""
+    is_cap: float = 0.0
+    """> 0: weight each token by the truncated importance ratio min(pi / pi_behaviour, is_cap)
+    (decoupled objective for stale samples; set by pipeline.mode = "bounded"); 0: plain PPO
+    ratio to the behaviour policy."""
     temperature: float = 1.0
     """Sampling temperature of the behaviour policy; logits are divided by it before the
     log-softmax so the importance ratio compares like with like."""
@@ -82,6 +86,7 @@ class TrainerConfig:
         _check(self.clip_eps_high is None or self.clip_eps_high > 0, "clip_eps_high",
                self.clip_eps_high, "must be > 0 or None")
         _check(self.kl_coef >= 0, "kl_coef", self.kl_coef, "must be >= 0")
+        _check(self.is_cap >= 0, "is_cap", self.is_cap, "must be >= 0 (0 disables)")
         _check(self.temperature > 0, "temperature", self.temperature,
                "must be > 0 (greedy rollouts are scored at temperature 1)")
         _check(isinstance(self.seed, int) and not isinstance(self.seed, bool), "seed", self.seed,
@@ -165,18 +170,26 @@ class GRPOTrainer:
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=c.lr, betas=c.betas,
                                            eps=c.adam_eps, weight_decay=c.weight_decay)
         self._normaliser: float | None = None
+        self._deferred = False
         self._tokens_seen = 0
         self._host: list[tuple[torch.UntypedStorage, torch.Tensor]] | None = None
 
     # ------------------------------------------------------------------ training
 
-    def begin_batch(self, num_tokens: int) -> None:
-        """Start a global batch of `num_tokens` response tokens (over all its micro-batches)."""
+    def begin_batch(self, num_tokens: int | None = None) -> None:
+        """Start a global batch of `num_tokens` response tokens (over all its micro-batches).
+
+        None (or 0) defers the count to step(num_tokens): micro-batches then accumulate the
+        un-normalised token sum and step() divides the gradient by the count once. Both give the
+        full-batch gradient; the deferred form is what lets micro-batches be trained while the
+        rest of the batch is still being generated.
+        """
         self._require_onloaded("begin_batch")
-        if not isinstance(num_tokens, int) or num_tokens <= 0:
+        if num_tokens is not None and (not isinstance(num_tokens, int) or num_tokens < 0):
             raise ValueError(f"begin_batch needs the global batch's response-token count (> 0), "
-                             f"got {num_tokens!r}")
-        self._normaliser = float(num_tokens)
+                             f"or None to declare it at step(); got {num_tokens!r}")
+        self._deferred = not num_tokens
+        self._normaliser = 1.0 if self._deferred else float(num_tokens)
         self._tokens_seen = 0
         self.optimizer.zero_grad(set_to_none=True)
 
@@ -197,25 +210,29 @@ class GRPOTrainer:
         loss, metrics = grpo_loss(
             logprobs, rows["old_logprobs"], rows["advantages"], rows["response_mask"],
             normaliser=self._normaliser, clip_eps=c.clip_eps, clip_eps_high=c.clip_eps_high,
-            ref_logprobs=rows.get("ref_logprobs"), kl_coef=c.kl_coef)
+            ref_logprobs=rows.get("ref_logprobs"), kl_coef=c.kl_coef, is_cap=c.is_cap or None)
         loss.backward()
         # Metrics are means over this rank's tokens: sum them up as totals across ranks.
         n = metrics["num_tokens"]
         totals = torch.tensor([loss.item(), n, metrics["clip_frac"] * n,
-                               metrics["ratio_mean"] * n, metrics["kl"] * n],
+                               metrics["ratio_mean"] * n, metrics["kl"] * n,
+                               metrics.get("is_weight_mean", 0.0) * n,
+                               metrics.get("is_truncated_frac", 0.0) * n],
                               dtype=torch.float64, device=self.device)
         if self.sharded:
             dist.all_reduce(totals)
-        loss_sum, num_tokens, clipped, ratio_sum, kl_sum = totals.tolist()
+        loss_sum, num_tokens, clipped, ratio_sum, kl_sum, w_sum, trunc = totals.tolist()
         self._tokens_seen += int(num_tokens)
-        if self._tokens_seen > self._normaliser:
+        if not self._deferred and self._tokens_seen > self._normaliser:
             raise ValueError(f"the global batch has {self._tokens_seen} response tokens so far but "
                              f"begin_batch declared {int(self._normaliser)}: the loss would be "
                              "over-weighted; pass the true total to begin_batch")
         denom = max(num_tokens, 1.0)
-        return TrainStats(loss=loss_sum, num_tokens=int(num_tokens),
-                          metrics={"clip_frac": clipped / denom, "ratio_mean": ratio_sum / denom,
-                                   "kl": kl_sum / denom})
+        out = {"clip_frac": clipped / denom, "ratio_mean": ratio_sum / denom, "kl": kl_sum / denom}
+        if c.is_cap:
+            out |= {"is_weight_mean": w_sum / denom, "is_truncated_frac": trunc / denom}
+        # With a deferred normaliser (begin_batch(None)) the loss is the batch's token *sum*.
+        return TrainStats(loss=loss_sum, num_tokens=int(num_tokens), metrics=out)
 
     def _my_rows(self, mb: TrainMicroBatch) -> dict[str, torch.Tensor]:
         """This rank's contiguous block of rows, padded with fully masked dummy rows.
@@ -252,14 +269,30 @@ class GRPOTrainer:
             rows[name] = part
         return rows
 
-    def step(self) -> TrainStepDone:
-        """Clip the gradient norm, AdamW step, zero gradients, version += 1."""
+    def step(self, num_tokens: int | None = None) -> TrainStepDone:
+        """Clip the gradient norm, AdamW step, zero gradients, version += 1.
+
+        `num_tokens` is required when begin_batch() deferred it, and must then equal the
+        response tokens actually accumulated: the gradient is divided by it here.
+        """
         self._require_onloaded("step")
         if self._normaliser is None or self._tokens_seen == 0:
             raise RuntimeError("step() without gradient: call begin_batch() and accumulate() at "
                                "least once since the last step")
         start = time.perf_counter()
-        if self._tokens_seen < self._normaliser:
+        if self._deferred:
+            if num_tokens != self._tokens_seen:
+                raise ValueError(f"step(num_tokens={num_tokens}) but {self._tokens_seen} response "
+                                 "tokens were accumulated since begin_batch(); pass the global "
+                                 "batch's true total")
+            with torch.no_grad():
+                for p in self.model.parameters():
+                    if p.grad is not None:
+                        p.grad.div_(float(num_tokens))
+        elif num_tokens is not None and num_tokens != int(self._normaliser):
+            raise ValueError(f"step(num_tokens={num_tokens}) disagrees with begin_batch("
+                             f"{int(self._normaliser)})")
+        elif self._tokens_seen < self._normaliser:
             log.warning("global batch declared %d response tokens but %d were trained; the "
                         "update is scaled down accordingly", int(self._normaliser),
                         self._tokens_seen)

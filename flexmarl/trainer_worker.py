@@ -61,9 +61,9 @@ HEADER_LEN = 4
 class Command(IntEnum):
     """Codes of the int64 header that rank 0 broadcasts before each call."""
 
-    BEGIN_BATCH = 1  # a = num_tokens
+    BEGIN_BATCH = 1  # a = num_tokens (0: declared at STEP)
     MICRO_BATCH = 2  # a = rows, b = T, c = 1 if ref_logprobs follow
-    STEP = 3
+    STEP = 3  # a = num_tokens if BEGIN_BATCH deferred it
     EXPORT = 4
     OFFLOAD = 5
     ONLOAD = 6
@@ -155,7 +155,7 @@ class _Rank:
         if cmd is Command.MICRO_BATCH:
             return tr.accumulate(mb)
         if cmd is Command.STEP:
-            return tr.step()
+            return tr.step(arg or None)
         if cmd is Command.EXPORT:
             return WeightUpdate(version=tr.version, tensors=tr.export_weights())
         if cmd in (Command.OFFLOAD, Command.ONLOAD):
@@ -223,8 +223,9 @@ class TrainerWorker(Actor):
 
     @handler(TrainBeginBatch)
     async def on_begin_batch(self, msg: TrainBeginBatch, env: Envelope) -> None:
-        if msg.num_tokens <= 0:
-            raise ValueError(f"TrainBeginBatch.num_tokens must be > 0, got {msg.num_tokens}")
+        if msg.num_tokens < 0:
+            raise ValueError(f"TrainBeginBatch.num_tokens must be > 0, or 0 to declare it at "
+                             f"TrainStep; got {msg.num_tokens}")
         await self._command(Command.BEGIN_BATCH, arg=msg.num_tokens)
 
     @handler(TrainMicroBatch)
@@ -234,7 +235,9 @@ class TrainerWorker(Actor):
 
     @handler(TrainStep)
     async def on_step(self, msg: TrainStep, env: Envelope) -> TrainStepDone:
-        return await self._command(Command.STEP)
+        if msg.num_tokens < 0:
+            raise ValueError(f"TrainStep.num_tokens must be >= 0, got {msg.num_tokens}")
+        return await self._command(Command.STEP, arg=msg.num_tokens)
 
     @handler(ExportWeights)
     async def on_export(self, msg: ExportWeights, env: Envelope) -> WeightUpdate:

@@ -59,6 +59,9 @@ class WorkerSpec:
     """Extra environment variables for the process (process bootstrap only)."""
     ready_timeout_s: float | None = None
     """Overrides supervisor.ready_timeout_s for this worker (e.g. one that starts an engine)."""
+    cpus: tuple[int, ...] = ()
+    """Pin the process (and what it starts) to these CPU cores and size OpenMP's thread pool to
+    them, so processes sharing a machine do not oversubscribe it; () leaves both alone."""
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", self.name):
@@ -138,10 +141,13 @@ class Supervisor(Actor):
         boot = {"name": spec.name, "entry": spec.entry, "args": spec.args, "bind": bind,
                 "supervisor": self.address, "supervisor_pid": os.getpid(),
                 "supervisor_config": asdict(self.config), "transport": asdict(self.transport),
-                "ready_timeout_s": spec.ready_timeout_s}
+                "ready_timeout_s": spec.ready_timeout_s, "cpus": list(spec.cpus)}
+        env = {**os.environ, **spec.env}
+        if spec.cpus:
+            env.setdefault("OMP_NUM_THREADS", str(len(spec.cpus)))
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "runtime.worker", json.dumps(boot),
-            env={**os.environ, **spec.env}, start_new_session=True)
+            sys.executable, "-m", "runtime.worker", json.dumps(boot), env=env,
+            start_new_session=True)
         handle = WorkerHandle(spec, proc)
         self.workers[spec.name] = handle
         self._tg.create_task(self._proc_wait(handle), name=f"{self.name}.wait[{spec.name}]")

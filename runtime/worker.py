@@ -114,6 +114,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("usage: python -m runtime.worker BOOT_JSON (started by runtime.supervisor)")
     boot = json.loads(argv[0])
     _die_with_parent(boot["supervisor_pid"])
+    if boot.get("cpus"):  # before any thread pool exists; children inherit the mask
+        os.sched_setaffinity(0, boot["cpus"])
     logging.basicConfig(level=os.environ.get("FLEXMARL_LOG", "WARNING"),
                         format=f"%(asctime)s {boot['name']} %(levelname)s %(name)s: %(message)s")
     try:

@@ -147,7 +147,10 @@ def test_bad_set_syntax(team_file, override):
     ("pipeline.tasks_per_step=0", "pipeline.tasks_per_step must be >= 1, got 0"),
     ("pipeline.trajectories_per_task=1", "pipeline.trajectories_per_task must be >= 2"),
     ("rollout.backend=tgi", "rollout.backend must be one of vllm, torch, got 'tgi'"),
-    ("pipeline.mode=async", "pipeline.mode must be one of sync, got 'async'"),
+    ("pipeline.mode=async", "pipeline.mode must be one of sync, micro_batch, one_step_off, bounded, got 'async'"),
+    ("pipeline.max_staleness=0", "pipeline.max_staleness must be >= 1"),
+    ("rollout.cpus=0-x", "rollout.cpus must list CPU cores"),
+    ("train.cpus=999", "names cores [999]"),
     ("run.log_level=loud", "run.log_level must be one of"),
     ("run.name=a/b", "run.name must be"),
     ("trainer.lr=0", "trainer.lr must be > 0"),          # TrainerConfig's own check

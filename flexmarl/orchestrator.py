@@ -115,6 +115,8 @@ class AgentRuntime:
     gate: StepGate = field(default_factory=lambda: StepGate(0))
     rollout_busy: dict[int, BusyClock] = field(default_factory=lambda: defaultdict(BusyClock))
     """Per global step: time the agent's rollout instances had work of that step."""
+    first_call: dict[int, float] = field(default_factory=dict)
+    """Per global step: perf_counter() when its first request passed the gate."""
     _next: int = 0
 
     def pick_instance(self) -> Connection:
@@ -197,6 +199,7 @@ class TrajectoryContext:
         if params.seed is None:
             params = dataclasses.replace(params, seed=request_seed(self.orch.seed, request_id))
         await rt.gate.wait(self.step)  # the pipeline policy: may this step use the agent yet?
+        rt.first_call.setdefault(self.step, time.perf_counter())
         clock = rt.rollout_busy[self.step]
         async with self._calls:
             clock.enter()
@@ -364,11 +367,11 @@ class TrainSession:
     async def add(self, groups: list[Group]) -> None:
         for g in groups:
             ages = [self.version - t.policy_version for t in g.turns]
-            if not all(self.admit(a) for a in ages):
-                if min(ages) < 0:  # newer than the trainer: bookkeeping is broken
-                    raise StalenessError(f"agent {g.agent}: group {g.input_id}/{g.turn} has "
-                                         f"versions {sorted(g.versions)} but the trainer is at "
-                                         f"version {self.version}")
+            if min(ages) < 0:  # newer than the trainer: the version bookkeeping is broken
+                raise StalenessError(f"agent {g.agent}: group {g.input_id}/{g.turn} has "
+                                     f"versions {sorted(g.versions)} but the trainer is at "
+                                     f"version {self.version}")
+            if not all(self.admit(a) for a in ages):  # the policy raises or drops
                 self.dropped_stale += len(g.turns)
                 continue
             # Groups whose advantages are all zero carry no GRPO signal: skip their compute.

@@ -131,12 +131,13 @@ class PipelineRun:
         self.records: list[dict] = []
         self._finished_at: dict[str, float] = {}
         self._last_team_end = 0.0
+        self.started = 0.0
 
     async def run(self) -> list[dict]:
         orch = self.orch
         for name, rt in orch.agents.items():
             rt.gate = StepGate(self.policy.lag if rt.spec.trainable else self.steps)
-        started = time.perf_counter()
+        started = self.started = time.perf_counter()
         self._last_team_end = started
         self._finished_at = {name: started for name in orch.agents}
         async with asyncio.TaskGroup() as tg:
@@ -228,6 +229,7 @@ class PipelineRun:
         period = now - self._finished_at[agent]
         self._finished_at[agent] = now
         rollout_busy = rt.rollout_busy.pop(step).seconds if step in rt.rollout_busy else 0.0
+        first_call = rt.first_call.pop(step, None)
         train_busy = result.seconds if result else 0.0
         self.done[step][agent] = {
             "trained_samples": result.samples if result else 0,
@@ -246,6 +248,10 @@ class PipelineRun:
             "rollout_busy_s": rollout_busy,
             "train_idle_s": max(0.0, period - train_busy - sync_s),
             "rollout_idle_s": max(0.0, period - rollout_busy),
+            # Timeline, seconds since the run started: when the agent's first request of the
+            # step passed its gate, and when the agent finished the step (trained and synced).
+            "t_first_call": None if first_call is None else first_call - self.started,
+            "t_done": now - self.started,
         }
         if all(a in self.done[step] for a in orch.trainable):
             await self.rollout_done[step].wait()
@@ -279,6 +285,7 @@ class PipelineRun:
             if not rt.spec.trainable:
                 busy = rt.rollout_busy.pop(step, None)
                 record["agents"][name]["rollout_busy_s"] = busy.seconds if busy else 0.0
+                rt.first_call.pop(step, None)
         self.done[step] = {}
         self.records.append(record)
         self.progress.end_step(step, {n: a["reward"] for n, a in record["agents"].items()

@@ -154,3 +154,37 @@ def test_loss_argument_errors():
         grpo_loss(logprobs, logprobs, adv, mask, normaliser=0.0)
     with pytest.raises(ValueError, match="advantages"):
         grpo_loss(logprobs, logprobs, adv[:2], mask, normaliser=1.0)
+
+
+def test_truncated_importance_weight_on_policy_equals_plain_loss():
+    """Samples from the current policy (behaviour == current): weight 1, same loss and gradient."""
+    logprobs, mask, adv = _inputs(seed=3)
+    a = logprobs.clone().requires_grad_()
+    b = logprobs.clone().requires_grad_()
+    plain, _ = grpo_loss(a, logprobs, adv, mask, normaliser=9.0)
+    tis, m = grpo_loss(b, logprobs, adv, mask, normaliser=9.0, is_cap=2.0)
+    assert torch.allclose(plain, tis, atol=1e-7)
+    plain.backward()
+    tis.backward()
+    assert torch.allclose(a.grad, b.grad, atol=1e-7)
+    assert m["is_weight_mean"] == pytest.approx(1.0) and m["is_truncated_frac"] == 0.0
+
+
+def test_truncated_importance_weight_scales_stale_tokens_and_caps():
+    """Stale behaviour log-probs: the gradient is -A * min(pi/mu, cap) * dlogpi / normaliser,
+    never clipped to zero the way the plain PPO ratio to mu would be."""
+    current = torch.tensor([[-1.0, -1.0, -1.0]]).requires_grad_()
+    behaviour = torch.tensor([[-1.0, -1.5, -3.0]])  # pi/mu = 1, e^0.5 ~ 1.65, e^2 ~ 7.4
+    mask = torch.ones(1, 3)
+    adv = torch.tensor([1.0])
+    loss, m = grpo_loss(current, behaviour, adv, mask, normaliser=3.0, is_cap=2.0)
+    loss.backward()
+    weights = torch.tensor([1.0, math.exp(0.5), 2.0])
+    assert torch.allclose(current.grad, -weights[None] / 3.0, atol=1e-6)
+    assert m["is_truncated_frac"] == pytest.approx(1 / 3)
+    assert m["is_weight_mean"] == pytest.approx(weights.mean().item(), rel=1e-6)
+    plain = current.detach().clone().requires_grad_()
+    grpo_loss(plain, behaviour, adv, mask, normaliser=3.0)[0].backward()
+    assert plain.grad[0, 2] == 0.0  # the plain ratio e^2 is clipped: that token taught nothing
+    with pytest.raises(ValueError, match="is_cap must be > 0"):
+        grpo_loss(current, behaviour, adv, mask, normaliser=3.0, is_cap=0.0)

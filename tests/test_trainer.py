@@ -160,6 +160,41 @@ def test_accumulating_micro_batches_equals_one_full_batch(model_dir, batches):
     assert diff <= WEIGHT_ATOL
 
 
+def test_deferred_normaliser_gives_the_same_update(model_dir, batches):
+    """begin_batch(None) + step(num_tokens): micro-batches trained before the batch's token count
+    is known end with the update of the declared form (one division at the step)."""
+    declared = GRPOTrainer(model_dir, TrainerConfig(**CONFIG))
+    deferred = GRPOTrainer(model_dir, TrainerConfig(**CONFIG))
+    for mb in batches:
+        declared.begin_batch(tokens(mb))
+        deferred.begin_batch(None)
+        a = sum(declared.accumulate(rows(mb, j, j + 2)).loss for j in range(0, 8, 2))
+        b = sum(deferred.accumulate(rows(mb, j, j + 2)).loss for j in range(0, 8, 2))
+        assert b / tokens(mb) == pytest.approx(a, rel=LOSS_RTOL)  # deferred losses are sums
+        grads = [{n: p.grad for n, p in t.model.named_parameters()} for t in (declared, deferred)]
+        assert max_diff(grads[0], {n: g / tokens(mb) for n, g in grads[1].items()}) <= GRAD_ATOL
+        assert declared.step().grad_norm == pytest.approx(deferred.step(tokens(mb)).grad_norm,
+                                                          rel=LOSS_RTOL)
+    diff = max_diff(declared.export_weights(), deferred.export_weights())
+    print(f"deferred vs declared normaliser: max abs weight diff {diff:.3g}")
+    assert diff <= WEIGHT_ATOL
+
+
+def test_deferred_normaliser_must_match_what_was_trained(model_dir, batches):
+    trainer = GRPOTrainer(model_dir, TrainerConfig(**CONFIG))
+    trainer.begin_batch(None)
+    trainer.accumulate(batches[0])
+    with pytest.raises(ValueError, match="response tokens were accumulated"):
+        trainer.step(tokens(batches[0]) + 1)
+    with pytest.raises(ValueError, match="response tokens were accumulated"):
+        trainer.step()
+    assert trainer.step(tokens(batches[0])).version == 1
+    trainer.begin_batch(tokens(batches[0]))
+    trainer.accumulate(batches[0])
+    with pytest.raises(ValueError, match="disagrees with begin_batch"):
+        trainer.step(5)
+
+
 def test_batch_bookkeeping_errors(model_dir, batches):
     trainer = GRPOTrainer(model_dir, TrainerConfig(**CONFIG))
     with pytest.raises(RuntimeError, match="begin_batch"):

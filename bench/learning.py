@@ -50,7 +50,7 @@ async def main(args: argparse.Namespace) -> None:
     from flexmarl.run import train
     from flexmarl.team import load_team
 
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # as `flexmarl run` does
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # CPU-irrelevant warnings  # as `flexmarl run` does
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     workdir = tempfile.mkdtemp(prefix="flexmarl-learning-")
     config = load_config(overrides=[f"run.out_dir={workdir}", *args.set])

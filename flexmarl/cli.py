@@ -95,8 +95,11 @@ def _configure_logging(level: str) -> None:
     # Worker processes read their level from here at bootstrap (runtime.worker).
     os.environ["FLEXMARL_LOG"] = level
     # Worker processes inherit these: vLLM's own logger and Hugging Face's per-load progress
-    # bars follow the run's log level instead of flooding the terminal.
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", level)
+    # bars follow the run's log level instead of flooding the terminal. vLLM warns at every
+    # engine start and weight reload about things that do not apply on CPU (Triton, tcmalloc,
+    # rotary embeddings having no weights): its warnings show from INFO on, errors always.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", level if level in ("DEBUG", "INFO") else
+                          "ERROR" if level == "WARNING" else level)
     if level != "DEBUG":
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 

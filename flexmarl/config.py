@@ -90,7 +90,7 @@ class TeamRef:
 class PipelineConfig:
     """Batch shape and parallelism of rollouts (section `pipeline`)."""
 
-    mode: str = "sync"
+    mode: str = "micro_batch"
     """Pipeline policy; one of PIPELINE_MODES."""
     tasks_per_step: int = 16
     """Tasks in one global batch."""
@@ -100,7 +100,7 @@ class PipelineConfig:
     """Inter-query parallelism: tasks whose workflows run at once."""
     max_concurrent_calls: int = 16
     """Intra-query parallelism: concurrent generate calls of one task."""
-    micro_batch_groups: int = 16
+    micro_batch_groups: int = 4
     """GRPO groups per trainer micro-batch."""
     max_staleness: int = 1
     """Mode `bounded`: the most versions a trained sample may lag its trainer (>= 1)."""
@@ -259,12 +259,12 @@ log_level = "WARNING"
 path = "agents/math_duo.py"
 
 [pipeline]
-mode = "sync"             # sync | micro_batch | one_step_off | bounded
+mode = "micro_batch"      # sync | micro_batch | one_step_off | bounded
 tasks_per_step = 16       # tasks in one global batch
 trajectories_per_task = 8 # GRPO group size
 max_concurrent_tasks = 4  # inter-query parallelism
 max_concurrent_calls = 16 # intra-query parallelism (per task)
-micro_batch_groups = 16   # GRPO groups per trainer micro-batch
+micro_batch_groups = 4    # GRPO groups per trainer micro-batch
 max_staleness = 1         # mode "bounded": most versions a trained sample may lag
 is_cap = 2.0              # mode "bounded": truncated importance-weight cap
 

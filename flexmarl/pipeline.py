@@ -272,7 +272,11 @@ class PipelineRun:
         record: dict[str, Any] = {
             "step": step, "mode": self.policy.name, "step_s": now - self._last_team_end,
             "rollout_s": rollout.seconds, "team_reward": _mean(rollout.team_rewards),
-            "tasks": len(rollout.team_rewards) // orch.trajectories_per_task, "agents": {}}
+            "tasks": len(rollout.team_rewards) // orch.trajectories_per_task,
+            # Timeline, seconds since the run started (the agents' own are in their records).
+            "t_rollout_start": rollout.started - self.started,
+            "t_rollout_end": rollout.started + rollout.seconds - self.started,
+            "agents": {}}
         self._last_team_end = now
         for name, rt in orch.agents.items():
             record["agents"][name] = {

@@ -49,7 +49,7 @@ async def test_two_steps_end_to_end(backend, tiny_model_dir, tmp_path, no_leftov
         assert checker["samples"] == 3 * 2 and solver["samples"] == 3 * 2 * 2
         assert 0.0 <= m["team_reward"] <= 1.0 and m["rollout_s"] > 0
         for a in (solver, checker):
-            assert a["staleness"] in (None, 0.0)  # synchronous: never trained on old samples
+            assert a["staleness"] in (None, 0.0)  # micro_batch (the default): zero staleness
     # Each agent stepped once per step (its groups carry a signal) and serves that version.
     for name in ("solver", "checker"):
         versions = [m["agents"][name]["version"] for m in result.metrics]

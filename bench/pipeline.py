@@ -1,0 +1,174 @@
+"""Pipeline benchmark: the same workload in sync, one_step_off and micro_batch, side by side.
+
+Runs `flexmarl.train` once per mode with one config (team, seeds, steps, batch shape; only
+`pipeline.mode` differs) on real rollout engines and trainer processes, then reports per mode
+the mean step time, trainer and rollout utilisation, and the staleness of trained samples, plus
+
+    speedup_micro_batch_vs_sync = sync step time / micro_batch step time
+    ideal_speedup = (rollout + train) / max(rollout, train), from the sync run's phases:
+                    rollout = its rollout_s, train = step_s - rollout_s (training and sync)
+
+Target: micro_batch reaches >= 80% of ideal_speedup and is never slower than sync.
+
+Threads are budgeted per role, because rollout and training would otherwise fight for the same
+cores and no mode could overlap anything: with N cores, rollout processes are pinned to the
+first half and trainer processes to the second (`rollout.cpus`, `train.cpus`; OpenMP pools
+sized to match, vLLM's OMP binding set to the same cores). The first `--warmup` steps of each
+run (engine and allocator warm-up) are left out of the means.
+
+    .venv/bin/python bench/pipeline.py [--json] [--steps 6] [--warmup 1] [--modes ...]
+                                        [--set section.key=value ...]
+
+With --json the last line is one JSON object: per mode {step_s, rollout_util, trainer_util,
+staleness, ...}, speedup_micro_batch_vs_sync, ideal_speedup, fraction_of_ideal, met, config.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import time
+
+# `python bench/pipeline.py` puts bench/, not the repository root, on sys.path.
+if importlib.util.find_spec("flexmarl") is None:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+MODES = ("sync", "one_step_off", "micro_batch")
+TARGET_FRACTION = 0.8
+DEFAULTS = ["pipeline.tasks_per_step=16", "pipeline.trajectories_per_task=8",
+            "pipeline.max_concurrent_tasks=4", "pipeline.micro_batch_groups=2"]
+
+
+def mean(values) -> float:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else float("nan")
+
+
+def split_cores() -> tuple[str, str]:
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        return "", ""  # one core: nothing to split, both roles share it
+    half = len(cores) // 2
+    fmt = lambda ids: ",".join(map(str, ids))  # noqa: E731
+    return fmt(cores[:half]), fmt(cores[half:])
+
+
+def summarize(metrics: list[dict], warmup: int) -> dict:
+    timed = metrics[warmup:] or metrics
+    agents = [a for a, v in timed[0]["agents"].items() if v["trainable"]]
+    per_agent = [m["agents"][a] for m in timed for a in agents]
+    samples = sum(a["trained_samples"] for a in per_agent)
+    stale = sum(int(k) * n for a in per_agent for k, n in a["staleness_hist"].items())
+    hist: dict[str, int] = {}
+    for a in per_agent:
+        for k, n in a["staleness_hist"].items():
+            hist[k] = hist.get(k, 0) + n
+    # The timed window: from the end of the last warm-up step to the end of the run. Busy times
+    # of the window's steps over its length, per agent, averaged over agents: the share of wall
+    # time an agent's rollout instances (or its trainer, training and syncing) had work. In
+    # overlapped modes a step's rollout starts before the previous step ends, so this is only
+    # right on average over several steps.
+    window = sum(m["step_s"] for m in timed)
+    return {
+        "step_s": mean([m["step_s"] for m in timed]),
+        "rollout_s": mean([m["rollout_s"] for m in timed]),
+        "train_phase_s": mean([m["step_s"] - m["rollout_s"] for m in timed]),
+        "rollout_util": sum(a["rollout_busy_s"] for a in per_agent) / len(agents) / window,
+        "trainer_util": sum(a["train_s"] + a["sync_s"] for a in per_agent) / len(agents) / window,
+        "train_s": mean([a["train_s"] for a in per_agent]),
+        "sync_s": mean([a["sync_s"] for a in per_agent]),
+        "staleness": stale / samples if samples else None,
+        "staleness_hist": dict(sorted(hist.items())),
+        "team_reward": mean([m["team_reward"] for m in timed]),
+        # After a step's last task ended: its last micro-batches, optimizer steps and weight
+        # syncs, until the last agent is done (what no overlap can hide at zero staleness).
+        "tail_s": mean([max(a["t_done"] for a in m["agents"].values() if a["trainable"])
+                        - m["t_rollout_end"] for m in timed]),
+        "steps_timed": len(timed),
+    }
+
+
+async def run_mode(mode: str, args: argparse.Namespace, rollout_cpus: str, train_cpus: str
+                   ) -> tuple[dict, float]:
+    from flexmarl.config import load_config
+    from flexmarl.run import train
+    from flexmarl.team import load_team
+
+    workdir = tempfile.mkdtemp(prefix=f"flexmarl-bench-{mode}-")
+    config = load_config(overrides=[
+        f"run.out_dir={workdir}", f"run.steps={args.steps}", f"pipeline.mode={mode}",
+        f"rollout.cpus={rollout_cpus}", f"train.cpus={train_cpus}", *DEFAULTS, *args.set])
+    team = load_team(config.team.path)
+    started = time.perf_counter()
+    result = await train(team, config, progress=args.progress)
+    return summarize(result.metrics, args.warmup), time.perf_counter() - started
+
+
+async def main(args: argparse.Namespace) -> None:
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # CPU-irrelevant warnings
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    rollout_cpus, train_cpus = split_cores()
+    results: dict[str, dict] = {}
+    for mode in args.modes:
+        summary, wall = await run_mode(mode, args, rollout_cpus, train_cpus)
+        summary["wall_s"] = wall
+        results[mode] = summary
+        print(f"{mode}: {summary['steps_timed']} timed steps, mean {summary['step_s']:.2f} s "
+              f"({wall:.0f} s with start-up)", file=sys.stderr, flush=True)
+
+    print(f"\npipeline modes: {args.steps} steps each (first {args.warmup} not timed), rollout on "
+          f"cores [{rollout_cpus or 'all'}], training on cores [{train_cpus or 'all'}]")
+    print(f"{'mode':<13} {'step s':>7} {'rollout s':>9} {'rollout util':>12} "
+          f"{'trainer util':>12} {'staleness':>9}  {'team reward':>11}")
+    for mode, r in results.items():
+        stale = "-" if r["staleness"] is None else f"{r['staleness']:.2f}"
+        print(f"{mode:<13} {r['step_s']:>7.2f} {r['rollout_s']:>9.2f} {r['rollout_util']:>12.2f} "
+              f"{r['trainer_util']:>12.2f} {stale:>9}  {r['team_reward']:>11.3f}")
+    out: dict = {"modes": results, "config": {"steps": args.steps, "warmup": args.warmup,
+                                              "rollout_cpus": rollout_cpus,
+                                              "train_cpus": train_cpus,
+                                              "set": DEFAULTS + args.set}}
+    if "sync" in results:
+        s = results["sync"]
+        ideal = (s["rollout_s"] + s["train_phase_s"]) / max(s["rollout_s"], s["train_phase_s"])
+        out["ideal_speedup"] = ideal
+        print(f"\nsync phases: rollout {s['rollout_s']:.2f} s, train + sync "
+              f"{s['train_phase_s']:.2f} s -> ideal overlap speedup {ideal:.2f}x")
+        for mode in results:
+            if mode == "sync":
+                continue
+            speedup = s["step_s"] / results[mode]["step_s"]
+            out[f"speedup_{mode}_vs_sync"] = speedup
+            print(f"{mode} vs sync: {speedup:.2f}x ({speedup / ideal:.0%} of ideal); from its "
+                  f"last task's end to its last agent's sync: {results[mode]['tail_s']:.2f} s")
+        if "micro_batch" in results:
+            speedup = out["speedup_micro_batch_vs_sync"]
+            out["fraction_of_ideal"] = speedup / ideal
+            out["met"] = speedup >= TARGET_FRACTION * ideal and speedup >= 1.0
+            print(f"target: micro_batch >= {TARGET_FRACTION:.0%} of ideal and never slower than "
+                  f"sync: {'met' if out['met'] else 'NOT met'}")
+    if args.json:
+        print(json.dumps(out))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--steps", type=int, default=6, help="global steps per mode")
+    ap.add_argument("--warmup", type=int, default=1, help="first steps left out of the means")
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES + ("bounded",))
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="config override applied to every mode")
+    ap.add_argument("--progress", action="store_true", help="show progress bars")
+    args = ap.parse_args(argv)
+    if args.steps <= args.warmup:
+        ap.error("--steps must exceed --warmup")
+    return args
+
+
+if __name__ == "__main__":
+    import uvloop
+    uvloop.run(main(parse_args()))

@@ -26,7 +26,7 @@ from flexmarl.trainer import TrainerConfig
 
 __all__ = ["PIPELINE_MODES", "LOG_LEVELS", "DEFAULT_TOML", "ConfigError", "RunConfig", "TeamRef",
            "PipelineConfig", "RolloutConfig", "TrainerConfig", "TrainPlacement", "Config",
-           "load_config", "resolve_team_path", "dump_toml", "parse_cpus"]
+           "load_config", "resolve_team_path", "dump_toml", "parse_cpus", "role_cpus"]
 
 PIPELINE_MODES = ("sync", "micro_batch", "one_step_off", "bounded")
 """Valid `pipeline.mode` values; each names a pipeline policy."""
@@ -136,9 +136,9 @@ class RolloutConfig:
     """Longest prompt + completion, in tokens."""
     ready_timeout_s: float = 600.0
     """How long an instance may take to start (a cold vLLM start takes minutes on CPU)."""
-    cpus: str = ""
+    cpus: str = "auto"
     """CPU cores of every rollout process, as "0", "0,2" or "0-3" (threads sized to match);
-    empty: all cores, no pinning."""
+    "auto": half the cores when trainers run on CPU (see `role_cpus`); "": no pinning."""
 
     def __post_init__(self) -> None:
         _require(self.backend in BACKENDS, "rollout.backend", self.backend,
@@ -162,8 +162,8 @@ class TrainPlacement:
 
     ranks_per_agent: int = 1
     """FSDP ranks (processes) of each agent's trainer group."""
-    cpus: str = ""
-    """CPU cores of every trainer process, as in rollout.cpus; empty: all cores."""
+    cpus: str = "auto"
+    """CPU cores of every trainer process, as in rollout.cpus; "auto": the other half."""
 
     def __post_init__(self) -> None:
         _require(self.ranks_per_agent >= 1, "train.ranks_per_agent", self.ranks_per_agent,
@@ -172,8 +172,9 @@ class TrainPlacement:
 
 
 def parse_cpus(spec: str, name: str = "cpus") -> tuple[int, ...]:
-    """ "0", "0,2", "0-3" or "0-1,4" as sorted core ids; "" is () (no pinning)."""
-    if not spec.strip():
+    """ "0", "0,2", "0-3" or "0-1,4" as sorted core ids; "" is () (no pinning). "auto" is
+    resolved by `role_cpus`, here it is ()."""
+    if not spec.strip() or spec.strip() == "auto":
         return ()
     ids: set[int] = set()
     try:
@@ -186,11 +187,41 @@ def parse_cpus(spec: str, name: str = "cpus") -> tuple[int, ...]:
     except ValueError:
         raise ConfigError(f"{name} must list CPU cores like \"0\", \"0,2\" or \"0-3\", got "
                           f"{spec!r}") from None
-    available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    available = _available_cpus()
     if available is not None and not ids <= set(available):
         raise ConfigError(f"{name} = {spec!r} names cores {sorted(ids - set(available))} that "
                           f"this process cannot use (available: {available})")
     return tuple(sorted(ids))
+
+
+def _available_cpus() -> list[int] | None:
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+
+
+def role_cpus(config: "Config") -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The cores of rollout processes and of trainer processes; () means not pinned.
+
+    "auto" (the default of both) splits this process's cores between the roles when trainers
+    run on CPU: rollout gets the first half, training the second (one core each on a 2-core
+    machine), each process's thread pool sized to its role's cores. Without it every torch
+    process starts one thread per core and they fight over all of them: a training step of the
+    default experiment measured about 4x slower unpinned on 2 cores (bench/README.md). With
+    trainers on GPU, or a single core, "auto" pins nothing.
+    """
+    rollout = parse_cpus(config.rollout.cpus, "rollout.cpus")
+    train = parse_cpus(config.train.cpus, "train.cpus")
+    auto_r, auto_t = config.rollout.cpus.strip() == "auto", config.train.cpus.strip() == "auto"
+    cores = _available_cpus() or []
+    if not (auto_r or auto_t) or config.trainer.device != "cpu" or len(cores) < 2:
+        return rollout, train
+    half = len(cores) // 2
+    if auto_r and auto_t:
+        return tuple(cores[:half]), tuple(cores[half:])
+    # One role explicit: the auto one gets the cores the other leaves (its half if unpinned).
+    if auto_r:
+        return (tuple(c for c in cores if c not in train) if train else tuple(cores[:half])), train
+    return rollout, (tuple(c for c in cores if c not in rollout) if rollout else
+                     tuple(cores[half:]))
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -274,7 +305,8 @@ instances_per_agent = 1
 kv_cache_bytes = 268435456
 max_model_len = 512
 ready_timeout_s = 600.0
-cpus = ""                 # pin rollout processes, e.g. "0" or "0-3"; "" = all cores
+cpus = "auto"             # cores of rollout processes: "auto" (half, when training on CPU),
+                          # a list like "0" or "0-3", or "" (no pinning)
 
 [trainer]                 # flexmarl.trainer.TrainerConfig
 lr = 1e-6
@@ -293,7 +325,7 @@ reshard_after_forward = true
 
 [train]
 ranks_per_agent = 1
-cpus = ""                 # pin trainer processes, e.g. "1"; "" = all cores
+cpus = "auto"             # cores of trainer processes: "auto" (the other half), a list, or ""
 """
 
 

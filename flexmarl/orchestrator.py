@@ -307,12 +307,14 @@ class Orchestrator(Actor):
 
     # ------------------------------------------------------------------ training
 
-    def train_session(self, agent: str, admit: Callable[[int], bool]) -> "TrainSession":
-        """A new global batch of `agent`; `admit(staleness)` is the policy's per-sample bound."""
+    def train_session(self, agent: str, admit: Callable[[int], bool], *,
+                      eager: bool = False) -> "TrainSession":
+        """A new global batch of `agent`; `admit(staleness)` is the policy's per-sample bound;
+        `eager` sends whatever each add() brings at once (see TrainSession)."""
         rt = self.agents[agent]
         if rt.trainer is None:
             raise ValueError(f"agent {agent} is frozen (trainable=False); it has no trainer")
-        return TrainSession(rt, self.micro_batch_groups, admit)
+        return TrainSession(rt, self.micro_batch_groups, admit, eager=eager)
 
     async def sync(self, agent: str) -> tuple[int, float, int]:
         """Push the trainer's weights to every instance; returns (version, seconds, bytes)."""
@@ -336,7 +338,12 @@ class TrainSession:
 
         add(groups)* ─► keep groups within the staleness bound and with a learning signal
                     ─► every `micro_batch_groups` of them: one micro-batch to the trainer
+                        (eager: also the rest of what this add() brought, at once)
         finish()     ─► last partial micro-batch ─► TrainStep(num_tokens of the whole batch)
+
+Eager is for streaming: the caller adds whatever groups are ready whenever the trainer is free,
+so the trainer never waits for a micro-batch to fill while groups are ready, and a backlog goes
+out as larger (more efficient) micro-batches of up to `micro_batch_groups`.
 
     The loss normaliser (the batch's response-token count) is only known at the end, so the
     trainer accumulates un-normalised and divides once at the step (TrainBeginBatch(0)): the
@@ -344,10 +351,11 @@ class TrainSession:
     """
 
     def __init__(self, rt: AgentRuntime, micro_batch_groups: int,
-                 admit: Callable[[int], bool]) -> None:
+                 admit: Callable[[int], bool], *, eager: bool = False) -> None:
         self.rt = rt
         self.micro_batch_groups = micro_batch_groups
         self.admit = admit
+        self.eager = eager
         self.version = rt.trainer_version
         """The version this batch updates: each sample's staleness is version - policy_version."""
         self._buffer: list[Group] = []
@@ -378,7 +386,7 @@ class TrainSession:
             if any(t.advantage for t in g.turns):
                 self._buffer.append(g)
                 self.hist.update(ages)
-        while len(self._buffer) >= self.micro_batch_groups:
+        while len(self._buffer) >= self.micro_batch_groups or (self.eager and self._buffer):
             chunk, self._buffer = (self._buffer[:self.micro_batch_groups],
                                    self._buffer[self.micro_batch_groups:])
             await self._send(chunk)

@@ -173,7 +173,8 @@ class PipelineRun:
         rt = orch.agents[agent]
         pending_sync: asyncio.Task | None = None
         for step in range(self.steps):
-            session = orch.train_session(agent, lambda age, s=step: policy.admit(age, s))
+            session = orch.train_session(agent, lambda age, s=step: policy.admit(age, s),
+                                         eager=policy.stream)
             select = orch.of_step(step)
             if not policy.stream:
                 await self.rollout_done[step].wait()
@@ -195,23 +196,25 @@ class PipelineRun:
 
     async def _next_groups(self, agent: str, select: Callable[[Group], bool],
                            rollout_done: asyncio.Event) -> list[Group]:
-        """The next micro-batch worth of the step's groups; fewer only once its rollout has ended
-        (then [] means the step's groups are all taken)."""
+        """Up to a micro-batch worth of the step's groups: while the step is generating, as soon
+        as one is ready (with any others ready by then); once it has ended, what is left
+        ([] when all are taken). Called whenever the trainer is free."""
         store, n = self.orch.store, self.orch.micro_batch_groups
         while not rollout_done.is_set():
-            take = asyncio.ensure_future(store.take_groups(agent, n, select=select))
+            take = asyncio.ensure_future(store.take_groups(agent, 1, select=select))
             ended = asyncio.ensure_future(rollout_done.wait())
             await asyncio.wait([take, ended], return_when=asyncio.FIRST_COMPLETED)
             ended.cancel()
-            if take.done():  # read even if both finished: taken groups must not be lost
-                return take.result()
-            take.cancel()  # nothing was taken: take_groups only takes when it returns
-            try:
-                await take
-            except asyncio.CancelledError:
-                pass
-            else:  # it completed in the meantime after all
-                return take.result()
+            if not take.done():
+                take.cancel()  # nothing was taken: take_groups only takes when it returns
+                try:
+                    await take
+                except asyncio.CancelledError:
+                    continue
+            # Read even if the rollout ended too: taken groups must not be lost.
+            first = take.result()
+            more = await store.take_groups(agent, n - 1, select=select, flush=True) if n > 1 else []
+            return first + more
         return await store.take_groups(agent, n, select=select, flush=True)
 
     async def _sync(self, agent: str, step: int, result: TrainResult | None, *,

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flexmarl.config import Config, parse_cpus
+from flexmarl.config import Config, role_cpus
 from flexmarl.models import SIZES, ensure_model, load_tokenizer
 from flexmarl.orchestrator import AgentRuntime, Orchestrator
 from flexmarl.pipeline import PipelineRun, make_pipeline
@@ -110,10 +110,13 @@ async def _start_agents(sup: Supervisor, team: Team, config: Config,
                         model_dirs: dict[str, str], work: str) -> dict[str, AgentRuntime]:
     """Start every rollout instance and trainer group at once (engine starts overlap)."""
     r = config.rollout
-    rollout_cpus = parse_cpus(r.cpus, "rollout.cpus")
-    train_cpus = parse_cpus(config.train.cpus, "train.cpus")
+    rollout_cpus, train_cpus = role_cpus(config)
+    if rollout_cpus or train_cpus:
+        log.info("rollout processes on cores %s, trainer processes on cores %s",
+                 list(rollout_cpus) or "all", list(train_cpus) or "all")
     # vLLM binds its OpenMP threads itself ("auto" picks cores by NUMA node): name ours.
-    rollout_env = {"VLLM_CPU_OMP_THREADS_BIND": r.cpus.replace(" ", "")} if rollout_cpus else {}
+    rollout_env = ({"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, rollout_cpus))}
+                   if rollout_cpus else {})
     starts = []
     for spec in team.agents:
         for i in range(spec.instances or r.instances_per_agent):

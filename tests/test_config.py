@@ -318,3 +318,27 @@ def test_cli_interrupt_exits_130(tmp_path, team_file, capsys, monkeypatch):
         main(["run", "--team", team_file, "--set", f"run.dir={tmp_path / 'run'}"])
     assert info.value.code == 130
     assert "interrupted" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("rollout, train, device, expected", [
+    ("auto", "auto", "cpu", ((0, 1), (2, 3))),       # split the cores between the roles
+    ("auto", "3", "cpu", ((0, 1, 2), (3,))),         # auto takes what the other leaves
+    ("0", "auto", "cpu", ((0,), (1, 2, 3))),
+    ("", "auto", "cpu", ((), (2, 3))),               # "" pins nothing
+    ("auto", "auto", "cuda", ((), ())),              # trainers on GPU: nothing to split
+    ("1,3", "0-2", "cpu", ((1, 3), (0, 1, 2))),      # explicit lists are kept as given
+])
+def test_role_cpus(monkeypatch, rollout, train, device, expected):
+    import flexmarl.config as config_module
+    from flexmarl.config import role_cpus
+    monkeypatch.setattr(config_module, "_available_cpus", lambda: [0, 1, 2, 3])
+    config = load_config(overrides=[f"rollout.cpus={rollout}", f"train.cpus={train}",
+                                    f"trainer.device={device}"])
+    assert role_cpus(config) == expected
+
+
+def test_role_cpus_single_core_pins_nothing(monkeypatch):
+    import flexmarl.config as config_module
+    from flexmarl.config import role_cpus
+    monkeypatch.setattr(config_module, "_available_cpus", lambda: [0])
+    assert role_cpus(load_config()) == ((), ())

@@ -31,7 +31,8 @@ from test_e2e import duo, varied  # noqa: E402  (the two-agent team of the end-t
 
 WEIGHT_ATOL = 1e-6
 """micro_batch vs sync weights after 3 steps from identical samples (observed: 0.0, bit-equal:
-one task at a time makes the groups' order, and so the micro-batches, the same in both)."""
+one task at a time and one group per micro-batch make the micro-batches the same in both).
+Other splits of the same batch agree to the float32 summation order: tests/test_trainer.py."""
 
 
 # ----------------------------------------------------------------------------- policies
@@ -177,6 +178,17 @@ async def test_session_refuses_samples_newer_than_the_trainer():
         await s.add([group(0, 2)])
 
 
+async def test_eager_session_sends_what_each_add_brings():
+    s, trainer = session(0, lambda age: True, micro_batch_groups=3)
+    s.eager = True
+    await s.add([group(0, 0)])
+    await s.add([group(i, 0) for i in range(1, 6)])  # a backlog: one full micro-batch, then 2
+    await s.finish()
+    sizes = [m.input_ids.shape[0] // 2 for m in trainer.requests
+             if isinstance(m, TrainMicroBatch)]
+    assert sizes == [1, 3, 2]
+
+
 async def test_session_without_signal_does_not_step():
     s, trainer = session(0, lambda age: True)
     await s.add([group(0, 0, rewards=(1.0, 1.0))])
@@ -223,10 +235,12 @@ async def test_micro_batch_and_sync_end_with_the_same_weights(tiny_model_dir, tm
                                                               no_leftover_children):
     results = {}
     for mode in ("sync", "micro_batch"):
-        # One task at a time: groups complete in the same order in both modes, so both split
-        # the batch into the same micro-batches (the sums are then bit-comparable).
+        # One task at a time and one group per micro-batch: both modes then accumulate the
+        # same micro-batches in the same order (micro_batch sends whatever is ready when the
+        # trainer is free, so larger micro-batches would be split differently in the two).
         results[mode] = await run(duo(tiny_model_dir),
-                                  config(tmp_path, mode, "pipeline.max_concurrent_tasks=1"))
+                                  config(tmp_path, mode, "pipeline.max_concurrent_tasks=1",
+                                         "pipeline.micro_batch_groups=1"))
     sync, micro = results["sync"], results["micro_batch"]
     for a, b in zip(sync.metrics, micro.metrics):
         for name in ("solver", "checker"):  # the same samples: per-request seeds, same weights

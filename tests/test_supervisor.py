@@ -127,3 +127,17 @@ def test_supervisor_killed_9_leaves_no_orphans():
     finally:
         host.kill()
         host.wait()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="needs Linux CPU affinity")
+async def test_worker_is_pinned_to_its_cpus(no_leftover_children):
+    cores = sorted(os.sched_getaffinity(0))
+    sup = Supervisor(config=FAST)
+    async with sup.serving():
+        pinned = await sup.start_worker(WorkerSpec(name="pinned", entry="tests.workers:placement",
+                                                   cpus=(cores[-1],)))
+        free = await sup.start_worker(WorkerSpec(name="free", entry="tests.workers:placement"))
+        async with connect(pinned.address) as a, connect(free.address) as b:
+            assert (await a.request(Tensors())).meta == {"cpus": [cores[-1]], "omp": "1"}
+            assert (await b.request(Tensors())).meta["cpus"] == cores
+        await sup.stop_workers()

@@ -67,3 +67,15 @@ def acking(ctx: WorkerContext) -> Actor:
         async def on_tensors(self, msg: Tensors, env: Envelope) -> Ack:
             return Ack()
     return Sink(ctx.name, ctx.bind, transport=ctx.transport)
+
+
+def placement(ctx: WorkerContext) -> Actor:
+    """Answers Tensors with the cores it may run on and its OpenMP thread budget."""
+    import os
+
+    class Placement(Actor):
+        @handler(Tensors)
+        async def on_tensors(self, msg: Tensors, env: Envelope) -> Tensors:
+            return Tensors(meta={"cpus": sorted(os.sched_getaffinity(0)),
+                                 "omp": os.environ.get("OMP_NUM_THREADS")})
+    return Placement(ctx.name, ctx.bind, transport=ctx.transport)

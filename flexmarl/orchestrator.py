@@ -5,8 +5,8 @@
               generate yet?) ──► rollout instance of agent
                                         │ every turn of a trainable agent ──► ExperienceStore
               all trajectories of a task done ──► store.complete_input (groups + advantages)
-    TrainSession(agent, step): complete groups ──► micro-batches ──► trainer (begin,
-              accumulate…, step with the batch's token count)
+    train_session(agent): complete groups ──► micro-batches ──► trainer (begin, accumulate…,
+              step with the batch's token count): flexmarl.batch.TrainSession
     sync(agent):  trainer.export ──► push_weights to every instance of the agent (new version)
 
 The pipeline policy (flexmarl.pipeline) decides when each of these runs and opens the gates.
@@ -22,13 +22,12 @@ import logging
 import random
 import time
 import zlib
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from flexmarl.batch import micro_batch
-from flexmarl.protocol import (ExportWeights, Generate, GenerateReply, TrainBeginBatch, TrainStep,
-                               WeightUpdate)
+from flexmarl.batch import TrainSession
+from flexmarl.protocol import ExportWeights, Generate, GenerateReply, WeightUpdate
 from flexmarl.store import ExperienceStore, Group, Turn
 from flexmarl.team import AgentSpec, Completion, Team
 from flexmarl.weight_sync import push_weights
@@ -146,27 +145,6 @@ class RolloutStats:
     rewards: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     samples: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     tokens: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-
-
-@dataclass
-class TrainResult:
-    version: int
-    """The trainer's version after this update."""
-    groups: int
-    samples: int
-    tokens: int
-    loss: float
-    """Mean loss per response token of the global batch."""
-    seconds: float
-    """Trainer busy time of this update: every trainer request's round trip, summed."""
-    staleness: float
-    """Mean of (version trained from - policy_version) over the trained samples."""
-    staleness_hist: dict[int, int]
-    """staleness -> number of trained samples."""
-    dropped_stale: int = 0
-    """Samples refused by the staleness bound (whole groups are dropped)."""
-    skipped: bool = False
-    """The optimizer step was skipped (non-finite gradient); the version still advanced."""
 
 
 class TrajectoryContext:
@@ -308,7 +286,7 @@ class Orchestrator(Actor):
     # ------------------------------------------------------------------ training
 
     def train_session(self, agent: str, admit: Callable[[int], bool], *,
-                      eager: bool = False) -> "TrainSession":
+                      eager: bool = False) -> TrainSession:
         """A new global batch of `agent`; `admit(staleness)` is the policy's per-sample bound;
         `eager` sends whatever each add() brings at once (see TrainSession)."""
         rt = self.agents[agent]
@@ -327,97 +305,3 @@ class Orchestrator(Actor):
                                     timeout_s=rt.request_timeout_s)
         rt.version = weights.version
         return weights.version, time.perf_counter() - started, report.num_bytes
-
-
-class StalenessError(RuntimeError):
-    """A sample outside the pipeline's staleness guarantee reached the trainer (a bug)."""
-
-
-class TrainSession:
-    """One global batch of one agent, fed group by group, stepped once.
-
-        add(groups)* ─► keep groups within the staleness bound and with a learning signal
-                    ─► every `micro_batch_groups` of them: one micro-batch to the trainer
-                        (eager: also the rest of what this add() brought, at once)
-        finish()     ─► last partial micro-batch ─► TrainStep(num_tokens of the whole batch)
-
-Eager is for streaming: the caller adds whatever groups are ready whenever the trainer is free,
-so the trainer never waits for a micro-batch to fill while groups are ready, and a backlog goes
-out as larger (more efficient) micro-batches of up to `micro_batch_groups`.
-
-    The loss normaliser (the batch's response-token count) is only known at the end, so the
-    trainer accumulates un-normalised and divides once at the step (TrainBeginBatch(0)): the
-    accumulated gradient is the full-batch gradient however the groups were split and ordered.
-    """
-
-    def __init__(self, rt: AgentRuntime, micro_batch_groups: int,
-                 admit: Callable[[int], bool], *, eager: bool = False) -> None:
-        self.rt = rt
-        self.micro_batch_groups = micro_batch_groups
-        self.admit = admit
-        self.eager = eager
-        self.version = rt.trainer_version
-        """The version this batch updates: each sample's staleness is version - policy_version."""
-        self._buffer: list[Group] = []
-        self._begun = False
-        self.groups = self.samples = self.tokens = self.dropped_stale = 0
-        self.loss_sum = 0.0
-        self.busy_s = 0.0
-        self.hist: Counter[int] = Counter()
-
-    async def _request(self, msg: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            return await self.rt.trainer.request(msg, timeout_s=self.rt.request_timeout_s)
-        finally:
-            self.busy_s += time.perf_counter() - started
-
-    async def add(self, groups: list[Group]) -> None:
-        for g in groups:
-            ages = [self.version - t.policy_version for t in g.turns]
-            if min(ages) < 0:  # newer than the trainer: the version bookkeeping is broken
-                raise StalenessError(f"agent {g.agent}: group {g.input_id}/{g.turn} has "
-                                     f"versions {sorted(g.versions)} but the trainer is at "
-                                     f"version {self.version}")
-            if not all(self.admit(a) for a in ages):  # the policy raises or drops
-                self.dropped_stale += len(g.turns)
-                continue
-            # Groups whose advantages are all zero carry no GRPO signal: skip their compute.
-            if any(t.advantage for t in g.turns):
-                self._buffer.append(g)
-                self.hist.update(ages)
-        while len(self._buffer) >= self.micro_batch_groups or (self.eager and self._buffer):
-            chunk, self._buffer = (self._buffer[:self.micro_batch_groups],
-                                   self._buffer[self.micro_batch_groups:])
-            await self._send(chunk)
-
-    async def _send(self, groups: list[Group]) -> None:
-        turns = [t for g in groups for t in g.turns]
-        pad = self.rt.tokenizer.pad_token_id or 0
-        mb = micro_batch([(t.prompt_ids, t.response_ids, t.logprobs) for t in turns],
-                         [t.advantage for t in turns], pad_id=pad)
-        if not self._begun:
-            await self._request(TrainBeginBatch(0))  # token count declared at the step
-            self._begun = True
-        stats = await self._request(mb)
-        self.loss_sum += stats.loss
-        self.groups += len(groups)
-        self.samples += len(turns)
-        self.tokens += sum(len(t.response_ids) for t in turns)
-
-    async def finish(self) -> TrainResult | None:
-        """Train what is buffered and step; None (no step, no new version) if nothing had a
-        learning signal."""
-        if self._buffer:
-            await self._send(self._buffer)
-            self._buffer = []
-        if not self._begun:
-            log.info("agent %s: no group with a learning signal this step; not stepping",
-                     self.rt.spec.name)
-            return None
-        done = await self._request(TrainStep(self.tokens))
-        self.rt.trainer_version = done.version
-        staleness = sum(a * n for a, n in self.hist.items()) / max(self.samples, 1)
-        return TrainResult(done.version, self.groups, self.samples, self.tokens,
-                           self.loss_sum / self.tokens, self.busy_s, staleness,
-                           dict(sorted(self.hist.items())), self.dropped_stale, done.skipped)

@@ -30,8 +30,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from flexmarl.orchestrator import (Orchestrator, RolloutStats, StalenessError, StepGate,
-                                   TrainResult)
+from flexmarl.batch import StalenessError, TrainResult
+from flexmarl.orchestrator import Orchestrator, RolloutStats, StepGate
 from flexmarl.store import Group
 
 log = logging.getLogger(__name__)

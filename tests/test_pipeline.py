@@ -18,7 +18,8 @@ from safetensors.torch import load_file
 
 from flexmarl import AgentSpec, SamplingParams, Team
 from flexmarl.config import load_config
-from flexmarl.orchestrator import AgentRuntime, BusyClock, StalenessError, StepGate, TrainSession
+from flexmarl.batch import StalenessError, TrainSession
+from flexmarl.orchestrator import AgentRuntime, BusyClock, StepGate
 from flexmarl.pipeline import PIPELINES, make_pipeline
 from flexmarl.protocol import TrainBeginBatch, TrainMicroBatch, TrainStats, TrainStep, TrainStepDone
 from flexmarl.rundir import RunDir

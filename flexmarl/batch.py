@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
@@ -70,6 +70,9 @@ class TrainResult:
     """Samples refused by the staleness bound (whole groups are dropped)."""
     skipped: bool = False
     """The optimizer step was skipped (non-finite gradient); the version still advanced."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """The trainer's per-token metrics over the batch (clip_frac, ratio_mean, kl, and with
+    trainer.is_cap is_weight_mean, is_truncated_frac), token-weighted; and grad_norm."""
 
 
 class StalenessError(RuntimeError):
@@ -107,6 +110,7 @@ out as larger (more efficient) micro-batches of up to `micro_batch_groups`.
         self.loss_sum = 0.0
         self.busy_s = 0.0
         self.hist: Counter[int] = Counter()
+        self._metric_sums: Counter[str] = Counter()
 
     async def _request(self, msg: Any) -> Any:
         started = time.perf_counter()
@@ -144,6 +148,8 @@ out as larger (more efficient) micro-batches of up to `micro_batch_groups`.
             self._begun = True
         stats = await self._request(mb)
         self.loss_sum += stats.loss
+        for k, v in stats.metrics.items():
+            self._metric_sums[k] += v * stats.num_tokens
         self.groups += len(groups)
         self.samples += len(turns)
         self.tokens += sum(len(t.response_ids) for t in turns)
@@ -163,4 +169,6 @@ out as larger (more efficient) micro-batches of up to `micro_batch_groups`.
         staleness = sum(a * n for a, n in self.hist.items()) / max(self.samples, 1)
         return TrainResult(done.version, self.groups, self.samples, self.tokens,
                            self.loss_sum / self.tokens, self.busy_s, staleness,
-                           dict(sorted(self.hist.items())), self.dropped_stale, done.skipped)
+                           dict(sorted(self.hist.items())), self.dropped_stale, done.skipped,
+                           {**{k: v / self.tokens for k, v in self._metric_sums.items()},
+                            "grad_norm": done.grad_norm})

@@ -247,6 +247,7 @@ class PipelineRun:
             if result else {},
             "dropped_stale": result.dropped_stale if result else 0,
             "skipped_update": bool(result and result.skipped),
+            "train_metrics": result.metrics if result else {},
             "step_s": period,
             "rollout_busy_s": rollout_busy,
             "train_idle_s": max(0.0, period - train_busy - sync_s),

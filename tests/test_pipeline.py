@@ -229,6 +229,10 @@ async def test_micro_batch_trains_only_current_version_samples(tiny_model_dir, t
             assert hist(m, name) == {0: a["trained_samples"]}
             assert a["train_s"] > 0 and a["sync_s"] > 0 and a["rollout_busy_s"] > 0
             assert a["t_first_call"] < a["t_done"]
+            # The agent's step is its trainer's busy, syncing and idle time.
+            assert a["train_s"] + a["sync_s"] + a["train_idle_s"] == pytest.approx(a["step_s"])
+            assert a["rollout_busy_s"] + a["rollout_idle_s"] == pytest.approx(a["step_s"])
+            assert "is_weight_mean" not in a["train_metrics"] and a["train_metrics"]["grad_norm"] > 0
 
 
 @pytest.mark.slow
@@ -279,6 +283,9 @@ async def test_bounded_never_trains_past_k(tiny_model_dir, tmp_path, no_leftover
         for name in ("solver", "checker"):
             seen |= hist(m, name).keys()
             assert max(hist(m, name), default=0) <= 2
+            # Stale tokens are corrected by the truncated importance weight (pipeline.is_cap).
+            metrics = m["agents"][name]["train_metrics"]
+            assert 0 < metrics["is_weight_mean"] <= 2.0 and 0 <= metrics["is_truncated_frac"] <= 1
     assert seen - {0}, "bounded ran fully synchronously: nothing was ever stale"
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from flexmarl.balancer import BalancerConfig
 from flexmarl.rollout.engine import BACKENDS, EngineConfig
 from flexmarl.trainer import TrainerConfig
 
@@ -234,6 +235,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     train: TrainPlacement = field(default_factory=TrainPlacement)
+    balance: BalancerConfig = field(default_factory=BalancerConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Plain data (tuples as lists), the inverse of `from_dict`."""
@@ -271,7 +273,7 @@ class Config:
 
 SECTIONS: dict[str, type] = {"run": RunConfig, "team": TeamRef, "pipeline": PipelineConfig,
                              "rollout": RolloutConfig, "trainer": TrainerConfig,
-                             "train": TrainPlacement}
+                             "train": TrainPlacement, "balance": BalancerConfig}
 """TOML section name -> its dataclass, in file order."""
 
 DEFAULT_TOML = """\
@@ -326,6 +328,17 @@ reshard_after_forward = true
 [train]
 ranks_per_agent = 1
 cpus = "auto"             # cores of trainer processes: "auto" (the other half), a list, or ""
+
+[balance]                 # flexmarl.balancer.BalancerConfig: routing to rollout instances
+strategy = "hierarchical" # round_robin | least_loaded | hierarchical (+ moving instances)
+sticky_slack_tokens = 64.0 # keep an episode on its instance unless it is this much busier
+ratio = 5.0               # move an instance when one agent's load per instance is 5x another's
+min_load_tokens = 64.0    # ... and at least this many outstanding tokens per instance
+patience = 3              # ... for this many consecutive checks
+check_interval_s = 1.0
+cooldown_s = 10.0         # no new move this long after one
+min_instances = 1         # an agent keeps at least this many instances
+length_smoothing = 0.2    # EWMA weight of a finished request in the expected length
 """
 
 

@@ -10,8 +10,8 @@
     sync(agent):  trainer.export ──► push_weights to every instance of the agent (new version)
 
 The pipeline policy (flexmarl.pipeline) decides when each of these runs and opens the gates.
-Rollout instances are chosen round-robin per agent for now; the hierarchical balancer replaces
-`pick_instance`. Every request carries a seed derived from the run seed and its request id, so
+Each call goes to an instance of the agent chosen by the hierarchical balancer
+(flexmarl.rollout.pool, flexmarl.balancer), which also moves instances between agents. Every request carries a seed derived from the run seed and its request id, so
 the same weights give the same samples whatever the scheduling (the torch backend exactly).
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ from flexmarl.batch import TrainSession
 from flexmarl.protocol import ExportWeights, Generate, GenerateReply, WeightUpdate
 from flexmarl.store import ExperienceStore, Group, Turn
 from flexmarl.team import AgentSpec, Completion, Team
-from flexmarl.weight_sync import push_weights
+from flexmarl.rollout.pool import InstancePool
 from runtime.actor import Actor
 from runtime.transport import Connection
 
@@ -99,12 +99,12 @@ class BusyClock:
 
 @dataclass
 class AgentRuntime:
-    """One agent's live pieces: rollout instances, trainer, versions, gate and clocks."""
+    """One agent's live pieces: trainer, versions, gate and clocks (its rollout instances are
+    in the orchestrator's InstancePool, which may move them between agents)."""
 
     spec: AgentSpec
     model_dir: str
     tokenizer: Any
-    instances: list[Connection]
     trainer: Connection | None
     version: int = 0
     """The version the rollout instances serve (last weight sync)."""
@@ -116,12 +116,6 @@ class AgentRuntime:
     """Per global step: time the agent's rollout instances had work of that step."""
     first_call: dict[int, float] = field(default_factory=dict)
     """Per global step: perf_counter() when its first request passed the gate."""
-    _next: int = 0
-
-    def pick_instance(self) -> Connection:
-        conn = self.instances[self._next % len(self.instances)]
-        self._next += 1
-        return conn
 
     def encode(self, prompt: str | list[dict] | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -157,6 +151,8 @@ class TrajectoryContext:
         self.input_id = input_id
         self.trajectory = trajectory
         self.step = step
+        self.episode = f"{input_id}/{trajectory}"
+        """Sticky routing key: one trajectory's turns of an agent share a prompt prefix."""
         self._calls = calls
         self._turns: dict[str, int] = defaultdict(int)
         self._own: dict[str, float] = {}
@@ -182,9 +178,9 @@ class TrajectoryContext:
         async with self._calls:
             clock.enter()
             try:
-                reply: GenerateReply = await rt.pick_instance().request(
-                    Generate(request_id, prompt_ids=prompt_ids, params=params),
-                    timeout_s=rt.request_timeout_s)
+                reply: GenerateReply = await self.orch.pool.generate(
+                    agent, Generate(request_id, prompt_ids=prompt_ids, params=params),
+                    episode=self.episode)
             finally:
                 clock.exit()
         out = []
@@ -210,6 +206,8 @@ class TrajectoryContext:
         """Settle every turn's reward: its own, else the team's, else 0."""
         team = self._team if self._team is not None else 0.0
         stats.team_rewards.append(team)
+        for agent in self._turns:
+            self.orch.pool.balancer.end_episode(agent, self.episode)
         for c in self._made:
             value = self._own.get(c.sample_id + "@" + c.agent, team)
             stats.rewards[c.agent].append(value)
@@ -226,8 +224,9 @@ class Orchestrator(Actor):
     agents' versions, answers Ping, and is where status and control requests will land.
     """
 
-    def __init__(self, team: Team, agents: dict[str, AgentRuntime], store: ExperienceStore, *,
-                 trajectories_per_task: int, max_concurrent_tasks: int,
+    def __init__(self, team: Team, agents: dict[str, AgentRuntime], store: ExperienceStore,
+                 pool: InstancePool | None, *, trajectories_per_task: int,
+                 max_concurrent_tasks: int,
                  max_concurrent_calls: int, micro_batch_groups: int, seed: int = 0,
                  address: str = "local://*") -> None:
         super().__init__("orchestrator", address)
@@ -236,6 +235,7 @@ class Orchestrator(Actor):
         self.team = team
         self.agents = agents
         self.store = store
+        self.pool = pool
         self.trajectories_per_task = trajectories_per_task
         self.max_concurrent_tasks = max_concurrent_tasks
         self.max_concurrent_calls = max_concurrent_calls
@@ -301,7 +301,6 @@ class Orchestrator(Actor):
         started = time.perf_counter()
         weights: WeightUpdate = await rt.trainer.request(ExportWeights(),
                                                          timeout_s=rt.request_timeout_s)
-        report = await push_weights(rt.instances, weights.version, weights.tensors,
-                                    timeout_s=rt.request_timeout_s)
+        report = await self.pool.push(agent, weights.version, weights.tensors)
         rt.version = weights.version
         return weights.version, time.perf_counter() - started, report.num_bytes

@@ -131,6 +131,7 @@ class PipelineRun:
         self.records: list[dict] = []
         self._finished_at: dict[str, float] = {}
         self._last_team_end = 0.0
+        self._moves_seen = 0
         self.started = 0.0
 
     async def run(self) -> list[dict]:
@@ -282,8 +283,12 @@ class PipelineRun:
             "t_rollout_end": rollout.started + rollout.seconds - self.started,
             "agents": {}}
         self._last_team_end = now
+        # Instances the balancer moved between agents since the last record (cause and cost).
+        record["moves"] = orch.pool.take_moves(self._moves_seen, self.started)
+        self._moves_seen += len(record["moves"])
         for name, rt in orch.agents.items():
             record["agents"][name] = {
+                "instances": len(orch.pool.balancer.instances(name)),
                 "reward": _mean(rollout.rewards.get(name, [])),
                 "samples": rollout.samples.get(name, 0),
                 "tokens": rollout.tokens.get(name, 0),

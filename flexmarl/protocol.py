@@ -136,11 +136,15 @@ class LoadReport:
 @message(FlexKind.WEIGHT_UPDATE)
 @dataclass(slots=True)
 class WeightUpdate:
-    """Full weights of one policy version, named as in the Hugging Face checkpoint."""
+    """Full weights of one policy version, named as in the Hugging Face checkpoint.
+
+    `force` loads them even if `version` is not newer than the instance's: the instance changes
+    hands (the balancer moved it to another agent, whose versions count on their own)."""
 
     KIND: ClassVar[int]
     version: int
     tensors: dict[str, torch.Tensor]
+    force: bool = False
 
 
 @message(FlexKind.WEIGHT_UPDATE_DONE)

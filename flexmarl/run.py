@@ -23,6 +23,7 @@ from flexmarl.models import SIZES, ensure_model, load_tokenizer
 from flexmarl.orchestrator import AgentRuntime, Orchestrator
 from flexmarl.pipeline import PipelineRun, make_pipeline
 from flexmarl.protocol import ExportWeights, WeightUpdate
+from flexmarl.rollout.pool import InstancePool
 from flexmarl.rundir import Progress, RunDir
 from flexmarl.store import ExperienceStore
 from flexmarl.team import AgentSpec, Team
@@ -70,10 +71,10 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
     sup = Supervisor(config=SupervisorConfig(ready_timeout_s=config.rollout.ready_timeout_s))
     try:
         async with sup.serving():
-            agents = await _start_agents(sup, team, config, model_dirs, work)
+            agents, pool = await _start_agents(sup, team, config, model_dirs, work)
             store = ExperienceStore([n for n, rt in agents.items() if rt.spec.trainable])
             p = config.pipeline
-            orch = Orchestrator(team, agents, store,
+            orch = Orchestrator(team, agents, store, pool,
                                 trajectories_per_task=p.trajectories_per_task,
                                 max_concurrent_tasks=p.max_concurrent_tasks,
                                 max_concurrent_calls=p.max_concurrent_calls,
@@ -86,19 +87,23 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
                 if run_dir is not None:
                     run_dir.metrics.write(record)
 
-            async with orch.serving():
-                with Progress(config.run.steps, enabled=progress) as bar:
-                    await PipelineRun(orch, pipeline, config.run.steps, p.tasks_per_step,
-                                      emit=emit, progress=bar).run()
+            await pool.start()
+            try:
+                async with orch.serving():
+                    with Progress(config.run.steps, enabled=progress) as bar:
+                        await PipelineRun(orch, pipeline, config.run.steps, p.tasks_per_step,
+                                          emit=emit, progress=bar).run()
+            finally:
+                await pool.close()
             checkpoints = {}
             if run_dir is not None:
                 for name, rt in agents.items():
                     if rt.trainer is not None:
                         checkpoints[name] = await _checkpoint(rt, run_dir.checkpoint_dir(name))
             store.close()
-            for rt in agents.values():
-                for conn in [*rt.instances, *([rt.trainer] if rt.trainer else [])]:
-                    await conn.aclose()
+            for conn in [*pool.conns.values(), *(rt.trainer for rt in agents.values()
+                                                 if rt.trainer is not None)]:
+                await conn.aclose()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return RunResult(metrics, run_dir.path if run_dir else None,
@@ -106,9 +111,11 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
                      time.perf_counter() - started)
 
 
-async def _start_agents(sup: Supervisor, team: Team, config: Config,
-                        model_dirs: dict[str, str], work: str) -> dict[str, AgentRuntime]:
-    """Start every rollout instance and trainer group at once (engine starts overlap)."""
+async def _start_agents(sup: Supervisor, team: Team, config: Config, model_dirs: dict[str, str],
+                        work: str) -> tuple[dict[str, AgentRuntime], InstancePool]:
+    """Start every rollout instance and trainer group at once (engine starts overlap).
+
+    Instances are named rollout-K, not after an agent: the balancer may move them."""
     r = config.rollout
     rollout_cpus, train_cpus = role_cpus(config)
     if rollout_cpus or train_cpus:
@@ -118,13 +125,17 @@ async def _start_agents(sup: Supervisor, team: Team, config: Config,
     rollout_env = ({"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, rollout_cpus))}
                    if rollout_cpus else {})
     starts = []
+    placement: dict[str, list[str]] = {}
     for spec in team.agents:
-        for i in range(spec.instances or r.instances_per_agent):
+        placement[spec.name] = []
+        for _ in range(spec.instances or r.instances_per_agent):
+            k = sum(map(len, placement.values()))
+            placement[spec.name].append(f"rollout-{k}")
             starts.append(sup.start_worker(WorkerSpec(
-                name=f"{spec.name}-rollout-{i}", entry="flexmarl.rollout.worker:rollout_worker",
+                name=f"rollout-{k}", entry="flexmarl.rollout.worker:rollout_worker",
                 args={"backend": r.backend, "model_dir": model_dirs[spec.name],
                       "max_model_len": r.max_model_len, "kv_cache_bytes": r.kv_cache_bytes,
-                      "seed": config.run.seed + i}, ready_timeout_s=r.ready_timeout_s,
+                      "seed": config.run.seed + k}, ready_timeout_s=r.ready_timeout_s,
                 cpus=rollout_cpus, env=rollout_env)))
         if spec.trainable:
             ranks = config.train.ranks_per_agent
@@ -145,12 +156,12 @@ async def _start_agents(sup: Supervisor, team: Team, config: Config,
     handles = {h.name: h for h in await asyncio.gather(*starts)}
     agents = {}
     for spec in team.agents:
-        n = spec.instances or r.instances_per_agent
-        instances = [connect(handles[f"{spec.name}-rollout-{i}"].address) for i in range(n)]
         trainer = connect(handles[f"{spec.name}-trainer-0"].address) if spec.trainable else None
         agents[spec.name] = AgentRuntime(spec, model_dirs[spec.name],
-                                         load_tokenizer(model_dirs[spec.name]), instances, trainer)
-    return agents
+                                         load_tokenizer(model_dirs[spec.name]), trainer)
+    conns = {name: connect(handles[name].address) for names in placement.values()
+             for name in names}
+    return agents, InstancePool(conns, placement, model_dirs, config.balance)
 
 
 async def _checkpoint(rt: AgentRuntime, directory: Path) -> Path:

@@ -134,7 +134,7 @@ def group(i: int, version: int, rewards=(0.0, 1.0), agent: str = "a") -> Group:
 
 def session(trainer_version: int, admit, micro_batch_groups: int = 2):
     trainer = RecordingTrainer(trainer_version)
-    rt = AgentRuntime(AgentSpec(name="a", model="tiny"), "", _Tok(), [], trainer,
+    rt = AgentRuntime(AgentSpec(name="a", model="tiny"), "", _Tok(), trainer,
                       trainer_version=trainer_version, version=trainer_version)
     return TrainSession(rt, micro_batch_groups, admit), trainer
 

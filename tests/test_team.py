@@ -64,7 +64,7 @@ async def test_orchestrator_is_an_actor_that_owns_the_cursor():
 
     team = Team(name="t", agents=[AgentSpec(name="a", model="tiny")], workflow=noop,
                 tasks=addition_tasks(5, seed=2))
-    orch = Orchestrator(team, {}, ExperienceStore([]), trajectories_per_task=2,
+    orch = Orchestrator(team, {}, ExperienceStore([]), None, trajectories_per_task=2,
                         max_concurrent_tasks=1, max_concurrent_calls=1, micro_batch_groups=1,
                         seed=4)
     async with orch.serving(), connect(orch.address) as conn:

@@ -78,7 +78,7 @@ class RolloutWorker(Actor):
     @handler(WeightUpdate, concurrent=True)
     async def on_weight_update(self, msg: WeightUpdate, env: Envelope) -> WeightUpdateDone:
         async with self._update_lock:
-            if msg.version <= self.version:
+            if msg.version <= self.version and not msg.force:
                 raise ValueError(f"stale weight update: version {msg.version}, instance "
                                  f"{self.name} already serves version {self.version}")
             self._gate.clear()

@@ -286,9 +286,12 @@ class PipelineRun:
         # Instances the balancer moved between agents since the last record (cause and cost).
         record["moves"] = orch.pool.take_moves(self._moves_seen, self.started)
         self._moves_seen += len(record["moves"])
+        pool_stats = orch.pool.take_stats()
+        record["instance_tokens"] = pool_stats["instance_tokens"]
         for name, rt in orch.agents.items():
             record["agents"][name] = {
                 "instances": len(orch.pool.balancer.instances(name)),
+                "latency": pool_stats["latency"][name],
                 "reward": _mean(rollout.rewards.get(name, [])),
                 "samples": rollout.samples.get(name, 0),
                 "tokens": rollout.tokens.get(name, 0),

@@ -319,3 +319,42 @@ async def test_agents_advance_independently(tiny_model_dir, tmp_path, no_leftove
     for s in steps:  # the synchronous baseline: nobody starts step s+1 before all finished s
         done = max(a["t_done"] for a in sync.metrics[s]["agents"].values())
         assert all(a["t_first_call"] >= done for a in sync.metrics[s + 1]["agents"].values())
+
+
+async def skewed_workflow(ctx, task) -> None:
+    """The hot agent is called six times per call of the cold one, with longer answers."""
+    [ref] = await ctx.generate("cold", task.prompt)
+    ctx.reward(ref, varied(ref))
+    for _ in range(6):
+        [answer] = await ctx.generate("hot", task.prompt, max_tokens=24)
+        ctx.reward(answer, varied(answer))
+
+
+@pytest.mark.slow
+async def test_rebalancing_moves_instances_to_the_hot_agent(tiny_model_dir, tmp_path,
+                                                            no_leftover_children):
+    """Real engines: an instance of the cold agent is drained, loaded with the hot agent's
+    served weights and routed to; no request is lost and every trained sample is still
+    exactly of the version it updates (micro_batch would raise otherwise)."""
+    team = Team(name="skewed", workflow=skewed_workflow, tasks=addition_tasks(64, seed=7),
+                agents=[AgentSpec(name="hot", model=tiny_model_dir, instances=2,
+                                  sampling=SamplingParams(max_tokens=24)),
+                        AgentSpec(name="cold", model=tiny_model_dir, instances=2,
+                                  sampling=SamplingParams(max_tokens=4))])
+    cfg = config(tmp_path, "micro_batch", "run.steps=4", "pipeline.max_concurrent_tasks=4",
+                 "balance.ratio=2", "balance.patience=2", "balance.check_interval_s=0.05",
+                 "balance.cooldown_s=0.5", "balance.min_load_tokens=8")
+    result = await run(team, cfg)
+    moves = [mv for m in result.metrics for mv in m["moves"]]
+    print("moves:", [(mv["instance"], mv["src"], mv["dst"], round(mv["drain_s"], 3),
+                      round(mv["load_s"], 3)) for mv in moves])
+    assert moves and all((mv["src"], mv["dst"]) == ("cold", "hot") for mv in moves)
+    assert len(moves) == 1  # the cold agent keeps balance.min_instances = 1: no flapping
+    assert result.metrics[-1]["agents"]["hot"]["instances"] == 3
+    assert result.metrics[-1]["agents"]["cold"]["instances"] == 1
+    for m in result.metrics:  # every call of every trajectory came back
+        assert m["agents"]["hot"]["samples"] == 4 * 2 * 6 and m["agents"]["cold"]["samples"] == 8
+        for name in ("hot", "cold"):
+            a = m["agents"][name]
+            assert set(hist(m, name)) <= {0}, (name, a["staleness_hist"])
+    assert moves[0]["version"] >= 0 and moves[0]["num_bytes"] > 0

@@ -19,6 +19,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,6 +33,12 @@ from runtime.transport import Connection
 
 log = logging.getLogger(__name__)
 _MODEL_KEYS_IGNORED = {"_name_or_path", "transformers_version"}
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of an ascending list."""
+    k = max(0, min(len(sorted_values) - 1, math.ceil(q / 100 * len(sorted_values)) - 1))
+    return sorted_values[k]
 
 
 def model_signature(model_dir: str) -> str:
@@ -78,6 +85,8 @@ class InstancePool:
         self._tasks: list[asyncio.Task] = []
         self.moves: list[MoveRecord] = []
         self.failed_moves = 0
+        self._latency: dict[str, list[float]] = {agent: [] for agent in placement}
+        self._tokens: dict[str, int] = {name: 0 for name in instances}
 
     def of(self, agent: str) -> list[Connection]:
         return [self.conns[name] for name in self.balancer.instances(agent)]
@@ -89,15 +98,31 @@ class InstancePool:
         bal = self.balancer
         cost = bal.estimate(agent, n=msg.params.n, max_tokens=msg.params.max_tokens)
         name = bal.route(agent, msg.request_id, cost, episode=episode)
+        started = time.perf_counter()
         try:
             reply: GenerateReply = await self.conns[name].request(
                 msg, timeout_s=self.request_timeout_s)
         except BaseException:
             bal.finish(msg.request_id)
             raise
-        bal.finish(msg.request_id, samples=len(reply.samples),
-                   tokens=sum(len(s.token_ids) for s in reply.samples))
+        tokens = sum(len(s.token_ids) for s in reply.samples)
+        bal.finish(msg.request_id, samples=len(reply.samples), tokens=tokens)
+        self._latency[agent].append(time.perf_counter() - started)
+        self._tokens[name] += tokens
         return reply
+
+    def take_stats(self) -> dict:
+        """Since the last call: per agent request latency p50/p99 (s) and count, and tokens
+        generated per instance (how evenly the work was spread)."""
+        out = {"latency": {}, "instance_tokens": dict(self._tokens)}
+        for agent, values in self._latency.items():
+            values.sort()
+            out["latency"][agent] = ({"p50_s": _percentile(values, 50),
+                                      "p99_s": _percentile(values, 99), "requests": len(values)}
+                                     if values else {"requests": 0})
+            values.clear()
+        self._tokens = dict.fromkeys(self._tokens, 0)
+        return out
 
     # ------------------------------------------------------------------ weights
 

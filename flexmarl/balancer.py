@@ -8,11 +8,13 @@ Two levels, as in the paper:
                  the instance reports beyond those (other clients); sticky per episode (prefix
                  reuse) unless the episode's instance is `sticky_slack` tokens busier than the
                  least loaded one, so the tail never starves the others.
-    inter-agent  plan_move(now) ─► when one agent's load per instance exceeds another's by more
-                 than `ratio` for `patience` consecutive checks, move one instance of the cold
-                 agent to the hot one (never below `min_instances`, one move at a time, then
-                 `cooldown_s` without moves): begin_move ─► (caller drains it: no new requests;
-                 waits for inflight(instance) == 0; loads the hot agent's weights) ─► finish_move.
+    inter-agent  plan_move(now) ─► when one agent's load per instance, averaged over
+                 `demand_window_s`, exceeds another's by more than `ratio` for `patience`
+                 consecutive checks, move one instance of the cold agent to the hot one (never
+                 below `min_instances`, one move at a time, then `cooldown_s` without moves; a
+                 move undoing the previous one needs ratio squared): begin_move ─► (caller
+                 drains it: no new requests; waits for inflight(instance) == 0; loads the hot
+                 agent's weights) ─► finish_move.
 
 The caller owns time and I/O: the orchestrator feeds it real requests and load reports, the
 simulator (flexmarl.simulator) feeds it a model of instances; both use this class unchanged.
@@ -21,6 +23,7 @@ Strategies: `round_robin` (baseline), `least_loaded` (intra only), `hierarchical
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -51,6 +54,10 @@ class BalancerConfig:
     """Weight of each finished request in the per-agent expected response length (EWMA)."""
     check_interval_s: float = 1.0
     """Inter-agent: how often the caller runs plan_move() (the orchestrator, the simulator)."""
+    demand_window_s: float = 10.0
+    """Inter-agent: loads are averaged over about this long (exponentially) before comparing
+    agents, so the phases of a step (one agent's turn, then the other's) do not look like
+    shifts of demand. Several steps long is right."""
 
     def __post_init__(self) -> None:
         def require(ok: bool, name: str, rule: str) -> None:
@@ -65,6 +72,7 @@ class BalancerConfig:
         require(self.min_instances >= 1, "min_instances", "must be >= 1")
         require(0 < self.length_smoothing <= 1, "length_smoothing", "must be in (0, 1]")
         require(self.check_interval_s > 0, "check_interval_s", "must be > 0")
+        require(self.demand_window_s > 0, "demand_window_s", "must be > 0")
 
 
 @dataclass(frozen=True)
@@ -130,6 +138,8 @@ class Balancer:
         self._streak_len = 0
         self._moving: Move | None = None
         self._cool_until = float("-inf")
+        self._demand: dict[str, float] = {}
+        self._last_check: float | None = None
         self.moves: list[Move] = []
         self.stats = BalancerStats()
 
@@ -235,17 +245,25 @@ class Balancer:
     def plan_move(self, now: float) -> Move | None:
         """One check of the inter-agent level; a Move to carry out, or None."""
         c = self.config
-        if c.strategy != "hierarchical" or self._moving is not None or now < self._cool_until:
+        if c.strategy != "hierarchical":
+            return None
+        loads = self._smoothed_loads(now)
+        if self._moving is not None or now < self._cool_until:
             self._streak, self._streak_len = None, 0
             return None
-        loads = {a: self.agent_load(a) for a in self._agents}
+        last = self.moves[-1] if self.moves else None
         pair = None
         for hot in sorted(loads, key=loads.get, reverse=True):
             if loads[hot] < c.min_load_tokens:
                 break
+
+            def needed(cold: str) -> float:  # undoing the last move takes a larger imbalance
+                undo = last is not None and (last.src, last.dst) == (hot, cold)
+                return c.ratio ** 2 if undo else c.ratio
+
             donors = [a for a in self._agents if a != hot and self._compatible(a, hot)
                       and len(self._serving(a)) > c.min_instances
-                      and loads[hot] > c.ratio * max(loads[a], 1.0)]
+                      and loads[hot] > needed(a) * max(loads[a], 1.0)]
             if donors:
                 pair = (min(donors, key=loads.get), hot)
                 break
@@ -260,6 +278,17 @@ class Balancer:
         instance = min(self._serving(src), key=self.load)
         self._streak, self._streak_len = None, 0
         return Move(instance, src, dst, loads[src], loads[dst])
+
+    def _smoothed_loads(self, now: float) -> dict[str, float]:
+        """Each agent's load per instance, averaged exponentially over demand_window_s."""
+        dt = None if self._last_check is None else max(0.0, now - self._last_check)
+        self._last_check = now
+        w = 1.0 if dt is None else 1.0 - math.exp(-dt / self.config.demand_window_s)
+        for agent in self._agents:
+            load = self.agent_load(agent)
+            old = self._demand.get(agent)
+            self._demand[agent] = load if old is None else old + w * (load - old)
+        return dict(self._demand)
 
     def _serving(self, agent: str) -> list[str]:
         return [i for i in self._agents[agent] if not self._instances[i].draining]

@@ -103,6 +103,9 @@ class PipelineConfig:
     """Intra-query parallelism: concurrent generate calls of one task."""
     micro_batch_groups: int = 4
     """GRPO groups per trainer micro-batch."""
+    samples_per_request: int = 0
+    """Intra-query parallelism of one call's n samples: split them into requests of at most
+    this many, spread over the agent's instances by the balancer; 0: one request per call."""
     max_staleness: int = 1
     """Mode `bounded`: the most versions a trained sample may lag its trainer (>= 1)."""
     is_cap: float = 2.0
@@ -121,6 +124,8 @@ class PipelineConfig:
                  "must be >= 2 (GRPO learns from reward differences within a group; a group "
                  "of one always has advantage 0)")
         _require(self.is_cap > 0, "pipeline.is_cap", self.is_cap, "must be > 0")
+        _require(self.samples_per_request >= 0, "pipeline.samples_per_request",
+                 self.samples_per_request, "must be >= 0 (0: one request per call)")
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -298,6 +303,7 @@ trajectories_per_task = 8 # GRPO group size
 max_concurrent_tasks = 4  # inter-query parallelism
 max_concurrent_calls = 16 # intra-query parallelism (per task)
 micro_batch_groups = 4    # GRPO groups per trainer micro-batch
+samples_per_request = 0   # split a call's n samples into requests of at most this many (0: don't)
 max_staleness = 1         # mode "bounded": most versions a trained sample may lag
 is_cap = 2.0              # mode "bounded": truncated importance-weight cap
 
@@ -336,6 +342,7 @@ ratio = 5.0               # move an instance when one agent's load per instance 
 min_load_tokens = 64.0    # ... and at least this many outstanding tokens per instance
 patience = 3              # ... for this many consecutive checks
 check_interval_s = 1.0
+demand_window_s = 10.0    # loads are averaged over about this long before agents are compared
 cooldown_s = 10.0         # no new move this long after one
 min_instances = 1         # an agent keeps at least this many instances
 length_smoothing = 0.2    # EWMA weight of a finished request in the expected length

@@ -175,16 +175,29 @@ class TrajectoryContext:
         await rt.gate.wait(self.step)  # the pipeline policy: may this step use the agent yet?
         rt.first_call.setdefault(self.step, time.perf_counter())
         clock = rt.rollout_busy[self.step]
-        async with self._calls:
-            clock.enter()
-            try:
-                reply: GenerateReply = await self.orch.pool.generate(
-                    agent, Generate(request_id, prompt_ids=prompt_ids, params=params),
-                    episode=self.episode)
-            finally:
-                clock.exit()
+        # Intra-query parallelism: the n samples are independent branches; split them into
+        # requests of at most samples_per_request, which the balancer spreads over instances.
+        per = self.orch.samples_per_request or n
+        sizes = [min(per, n - i) for i in range(0, n, per)]
+
+        async def part(j: int, size: int) -> GenerateReply:
+            rid, p = request_id, params
+            if len(sizes) > 1:
+                rid = f"{request_id}#{j}"
+                p = dataclasses.replace(params, n=size, seed=params.seed + j * per)
+            async with self._calls:
+                clock.enter()
+                try:
+                    return await self.orch.pool.generate(
+                        agent, Generate(rid, prompt_ids=prompt_ids, params=p),
+                        episode=self.episode)
+                finally:
+                    clock.exit()
+
+        replies = await asyncio.gather(*(part(j, size) for j, size in enumerate(sizes)))
         out = []
-        for k, s in enumerate(reply.samples):
+        samples = [(reply, s) for reply in replies for s in reply.samples]
+        for k, (reply, s) in enumerate(samples):
             traj_id = str(self.trajectory) if n == 1 else f"{self.trajectory}.{k}"
             row = Turn(agent=agent, input_id=self.input_id, turn=turn, traj_id=traj_id,
                        policy_version=reply.version, prompt_ids=reply.prompt_ids,
@@ -228,7 +241,7 @@ class Orchestrator(Actor):
                  pool: InstancePool | None, *, trajectories_per_task: int,
                  max_concurrent_tasks: int,
                  max_concurrent_calls: int, micro_batch_groups: int, seed: int = 0,
-                 address: str = "local://*") -> None:
+                 samples_per_request: int = 0, address: str = "local://*") -> None:
         super().__init__("orchestrator", address)
         self.cursor = task_stream(list(team.tasks), seed)
         self.seed = seed
@@ -240,6 +253,7 @@ class Orchestrator(Actor):
         self.max_concurrent_tasks = max_concurrent_tasks
         self.max_concurrent_calls = max_concurrent_calls
         self.micro_batch_groups = micro_batch_groups
+        self.samples_per_request = samples_per_request
         self.input_step: dict[str, int] = {}
         """input_id -> global step it was sampled for."""
 

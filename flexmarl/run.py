@@ -78,7 +78,8 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
                                 trajectories_per_task=p.trajectories_per_task,
                                 max_concurrent_tasks=p.max_concurrent_tasks,
                                 max_concurrent_calls=p.max_concurrent_calls,
-                                micro_batch_groups=p.micro_batch_groups, seed=config.run.seed)
+                                micro_batch_groups=p.micro_batch_groups, seed=config.run.seed,
+                                samples_per_request=p.samples_per_request)
             metrics: list[dict] = []
 
             def emit(record: dict) -> None:

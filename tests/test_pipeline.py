@@ -343,7 +343,8 @@ async def test_rebalancing_moves_instances_to_the_hot_agent(tiny_model_dir, tmp_
                                   sampling=SamplingParams(max_tokens=4))])
     cfg = config(tmp_path, "micro_batch", "run.steps=4", "pipeline.max_concurrent_tasks=4",
                  "balance.ratio=2", "balance.patience=2", "balance.check_interval_s=0.05",
-                 "balance.cooldown_s=0.5", "balance.min_load_tokens=8")
+                 "balance.demand_window_s=2", "balance.cooldown_s=0.5",
+                 "balance.min_load_tokens=8")
     result = await run(team, cfg)
     moves = [mv for m in result.metrics for mv in m["moves"]]
     print("moves:", [(mv["instance"], mv["src"], mv["dst"], round(mv["drain_s"], 3),
@@ -358,3 +359,28 @@ async def test_rebalancing_moves_instances_to_the_hot_agent(tiny_model_dir, tmp_
             a = m["agents"][name]
             assert set(hist(m, name)) <= {0}, (name, a["staleness_hist"])
     assert moves[0]["version"] >= 0 and moves[0]["num_bytes"] > 0
+
+
+async def fan_out_workflow(ctx, task) -> None:
+    samples = await ctx.generate("solver", task.prompt, n=4)
+    for s in samples:
+        ctx.reward(s, varied(s))
+
+
+@pytest.mark.slow
+async def test_samples_of_one_call_are_spread_over_instances(tiny_model_dir, tmp_path,
+                                                             no_leftover_children):
+    """pipeline.samples_per_request splits a call's n samples into requests the balancer
+    spreads over the agent's instances; they come back as one call's samples, one group."""
+    team = Team(name="fan", workflow=fan_out_workflow, tasks=addition_tasks(64, seed=9),
+                agents=[AgentSpec(name="solver", model=tiny_model_dir, instances=2,
+                                  sampling=SamplingParams(max_tokens=6))])
+    cfg = config(tmp_path, "micro_batch", "run.steps=2", "pipeline.samples_per_request=1",
+                 "balance.strategy=least_loaded")
+    result = await run(team, cfg)
+    for m in result.metrics:
+        a = m["agents"]["solver"]
+        assert a["samples"] == 4 * 2 * 4 and a["latency"]["requests"] == 4 * 2 * 4
+        assert a["trained_samples"] % 8 == 0 and hist(m, "solver") == {0: a["trained_samples"]}
+        assert sorted(m["instance_tokens"]) == ["rollout-0", "rollout-1"]
+        assert all(t > 0 for t in m["instance_tokens"].values()), m["instance_tokens"]

@@ -101,6 +101,8 @@ class _Instance:
     own_requests: int = 0
     own_tokens: float = 0.0
     reported_requests: int = 0
+    foreign_requests: int = 0
+    """Requests of other clients at the last report: its count beyond ours then."""
     draining: bool = False
 
 
@@ -140,6 +142,7 @@ class Balancer:
         self._cool_until = float("-inf")
         self._demand: dict[str, float] = {}
         self._last_check: float | None = None
+        self._first_check = float("-inf")
         self.moves: list[Move] = []
         self.stats = BalancerStats()
 
@@ -170,14 +173,14 @@ class Balancer:
         return n * self.expected_len(agent, max_tokens)
 
     def load(self, instance: str) -> float:
-        """Outstanding work: our in-flight estimate, plus requests it reports beyond ours (each
-        at the agent's mean cost). A report older than our latest dispatches shows fewer requests
-        than we know of: then our own count stands."""
+        """Outstanding work: our in-flight estimate, plus the requests the last report showed
+        beyond ours then (other clients', each at our mean cost). Ours are counted exactly:
+        a report older than our latest dispatches adds nothing for them, and one older than
+        our latest finishes does not turn them into other clients' requests."""
         inst = self._instances[instance]
-        extra = max(0, inst.reported_requests - inst.own_requests)
         mean = inst.own_tokens / inst.own_requests if inst.own_requests else \
             self._expected_len.get(inst.agent, 1.0)
-        return inst.own_tokens + extra * mean
+        return inst.own_tokens + inst.foreign_requests * mean
 
     def agent_load(self, agent: str) -> float:
         """Load per serving (non-draining) instance of the agent."""
@@ -233,8 +236,10 @@ class Balancer:
 
     def report(self, instance: str, requests: int) -> None:
         """An instance's pushed load: requests queued or running there (from all clients)."""
-        if instance in self._instances:
-            self._instances[instance].reported_requests = requests
+        inst = self._instances.get(instance)
+        if inst is not None:
+            inst.reported_requests = requests
+            inst.foreign_requests = max(0, requests - inst.own_requests)
 
     def end_episode(self, agent: str, episode: str) -> None:
         """Forget an episode's instance (its trajectory is done)."""
@@ -248,7 +253,10 @@ class Balancer:
         if c.strategy != "hierarchical":
             return None
         loads = self._smoothed_loads(now)
-        if self._moving is not None or now < self._cool_until:
+        # An average over less than one window is mostly the run's first phase (every episode
+        # in its first agent's call, the others idle): no move on it.
+        if self._moving is not None or now < self._cool_until \
+                or now - self._first_check < c.demand_window_s:
             self._streak, self._streak_len = None, 0
             return None
         last = self.moves[-1] if self.moves else None
@@ -281,6 +289,8 @@ class Balancer:
 
     def _smoothed_loads(self, now: float) -> dict[str, float]:
         """Each agent's load per instance, averaged exponentially over demand_window_s."""
+        if self._last_check is None:
+            self._first_check = now
         dt = None if self._last_check is None else max(0.0, now - self._last_check)
         self._last_check = now
         w = 1.0 if dt is None else 1.0 - math.exp(-dt / self.config.demand_window_s)
@@ -322,7 +332,7 @@ class Balancer:
             self._agents[move.src].remove(move.instance)
             self._agents[move.dst].append(move.instance)
             inst.agent = move.dst
-            inst.reported_requests = 0
+            inst.reported_requests = inst.foreign_requests = 0
             self._episodes = {k: v for k, v in self._episodes.items() if v != move.instance}
             self.moves.append(move)
         inst.draining = False

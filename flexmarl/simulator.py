@@ -13,9 +13,13 @@ of its own (a heap of events; ties broken by insertion order):
               (its n sequences) is done when all have left ─► finish(id, samples=n, tokens=sum)
     every report_interval_s: report(instance, queued + running requests)   (stale in between)
     every check_interval_s:  plan_move(now) ─► begin_move ─► its requests finish normally
-                             (inflight == 0) ─► move_cost_s reload ─► finish_move
+    (the balancer's config)  (inflight == 0) ─► move_cost_s reload ─► finish_move
 
 Steps run back to back (no training phase between them): a step ends when its last episode has.
+SimResult reports step times, each request's queue wait (dispatch to its first sequence's first
+decode step), per-agent wait percentiles, per-instance busy time and tokens served, the moves
+(cause and cost) and whether every dispatched request finished. Its `load_ratio` is max / min
+over instances of tokens served over the whole run (`busy_ratio`: the same for busy time).
 
 Engine model (SimConfig defaults), rough assumptions from this project's vLLM-on-CPU runs:
 - slots = 64: the engine's `rollout.max_num_seqs` default (flexmarl.rollout.engine).
@@ -27,15 +31,16 @@ Engine model (SimConfig defaults), rough assumptions from this project's vLLM-on
   0.6-16 MB models; a move loads another agent's full weights and drops the prefix cache, so a
   few times that. Prefill and network time are not modelled (max_tokens-sized decode dominates).
 - report_interval_s = 0.1 s: workers push on change, so a report is at most a burst old.
-- check_interval_s = 1 s: one inter-agent check a second (patience 3 -> 3 s of imbalance).
 - max_concurrent_episodes = 32: the default pipeline runs 4 tasks x 8 trajectories at once.
+  At that load 4 instances per agent are far from full (the policies differ by a few percent);
+  bench/balance.py runs enough episodes at once to fill them, where routing matters.
 """
 from __future__ import annotations
 
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from flexmarl.balancer import Balancer, Move
 from flexmarl.workload import Episode, SkewedWorkload
@@ -52,7 +57,6 @@ class SimConfig:
     """A decode step takes step_base_s + step_per_seq_s x active sequences."""
     max_concurrent_episodes: int = 32
     report_interval_s: float = 0.1
-    check_interval_s: float = 1.0
     move_cost_s: float = 0.2
     """Reload time of a moved instance, after it has drained."""
     steps: int = 4
@@ -61,7 +65,7 @@ class SimConfig:
         for name in ("slots", "max_concurrent_episodes", "steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"sim.{name} must be >= 1, got {getattr(self, name)!r}")
-        for name in ("step_base_s", "report_interval_s", "check_interval_s"):
+        for name in ("step_base_s", "report_interval_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"sim.{name} must be > 0, got {getattr(self, name)!r}")
         for name in ("step_per_seq_s", "move_cost_s"):
@@ -214,7 +218,8 @@ class _Instance:
 
 
 class Simulator:
-    """One run: `Simulator(workload, balancer, config, placement).run() -> SimResult`."""
+    """One run: `Simulator(workload, balancer, config).run() -> SimResult`; the balancer's
+    placement is the instances' at the start."""
 
     def __init__(self, workload: SkewedWorkload, balancer: Balancer,
                  config: SimConfig = SimConfig()) -> None:
@@ -242,7 +247,7 @@ class Simulator:
     def run(self) -> SimResult:
         self._start_step(0)
         self._push(self.c.report_interval_s, "report", 1)
-        self._push(self.c.check_interval_s, "check", 1)
+        self._push(self.bal.config.check_interval_s, "check", 1)
         while self._events:
             self.now, _, kind, args = heapq.heappop(self._events)
             getattr(self, "_on_" + kind)(*args)
@@ -313,7 +318,10 @@ class Simulator:
 
     def _wake(self, inst: _Instance) -> None:
         """Sequences were queued: start decoding if idle, else admit at the next boundary if
-        there is room (a running engine takes new requests between steps)."""
+        there is room (a running engine takes new requests between steps). A request arriving
+        in the same instant as the step that woke the engine, or as a boundary (a follow-up of
+        a call that just finished there), also waits for the next one: the engine has begun
+        that step before the request reaches it."""
         if not inst.batch:
             inst.t = self.now
             inst.admit(self._started, self.now)
@@ -365,7 +373,7 @@ class Simulator:
     def _on_check(self, i: int) -> None:
         if self._done:
             return
-        self._push((i + 1) * self.c.check_interval_s, "check", i + 1)
+        self._push((i + 1) * self.bal.config.check_interval_s, "check", i + 1)
         self.checks.append(CheckRecord(self.now, {a: self.bal.agent_load(a)
                                                   for a in self.bal.agents},
                                        {a: len(self.bal.instances(a)) for a in self.bal.agents}))

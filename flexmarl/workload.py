@@ -65,9 +65,10 @@ class Episode:
 
 
 def _default_agents() -> tuple[AgentProfile, ...]:
-    # A solver that drafts often and long, a verifier that reads once and answers briefly.
-    return (AgentProfile("solver", calls=(4, 8), n=4, max_tokens=512, median_tokens=64, sigma=1.0),
-            AgentProfile("verifier", calls=(1, 1), n=2, max_tokens=256, median_tokens=48,
+    # A solver that drafts often and long, a verifier that answers once and briefly. One sample
+    # per call, as `ctx.generate` in this project's teams (groups span trajectories, not calls).
+    return (AgentProfile("solver", calls=(4, 8), n=1, max_tokens=512, median_tokens=64, sigma=1.0),
+            AgentProfile("verifier", calls=(1, 1), n=1, max_tokens=256, median_tokens=48,
                          sigma=0.75))
 
 
@@ -88,6 +89,8 @@ class SkewedWorkload:
             raise ValueError("agent names must be unique")
         if not 1 <= self.rounds[0] <= self.rounds[1] or self.episodes_per_step < 1:
             raise ValueError("rounds must be 1 <= lo <= hi and episodes_per_step >= 1")
+        if not any(a.calls[0] >= 1 for a in self.agents):
+            raise ValueError("some agent must be called at least once per round (calls lo >= 1)")
 
     @property
     def agent_names(self) -> list[str]:

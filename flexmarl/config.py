@@ -170,10 +170,16 @@ class TrainPlacement:
     """FSDP ranks (processes) of each agent's trainer group."""
     cpus: str = "auto"
     """CPU cores of every trainer process, as in rollout.cpus; "auto": the other half."""
+    slots: int = 0
+    """0: static reservation, one trainer slot (a group of ranks_per_agent processes) per
+    trainable agent. N >= 1: a pool of N slots shared by all trainable agents, bound to an agent
+    while it trains, idle agents' training state swapped out to host memory."""
 
     def __post_init__(self) -> None:
         _require(self.ranks_per_agent >= 1, "train.ranks_per_agent", self.ranks_per_agent,
                  "must be >= 1")
+        _require(self.slots >= 0, "train.slots", self.slots,
+                 "must be >= 0 (0: one slot per trainable agent)")
         parse_cpus(self.cpus, "train.cpus")
 
 
@@ -334,6 +340,7 @@ reshard_after_forward = true
 [train]
 ranks_per_agent = 1
 cpus = "auto"             # cores of trainer processes: "auto" (the other half), a list, or ""
+slots = 0                 # 0: one trainer slot per agent; N: N slots shared, states swapped
 
 [balance]                 # flexmarl.balancer.BalancerConfig: routing to rollout instances
 strategy = "hierarchical" # round_robin | least_loaded | hierarchical (+ moving instances)

@@ -31,6 +31,7 @@ from flexmarl.protocol import ExportWeights, Generate, GenerateReply, WeightUpda
 from flexmarl.store import ExperienceStore, Group, Turn
 from flexmarl.team import AgentSpec, Completion, Team
 from flexmarl.rollout.pool import InstancePool
+from flexmarl.trainer_pool import TrainerPool
 from runtime.actor import Actor
 from runtime.transport import Connection
 
@@ -106,6 +107,7 @@ class AgentRuntime:
     model_dir: str
     tokenizer: Any
     trainer: Connection | None
+    """The agent's trainer slot while one is bound to it (flexmarl.trainer_pool), else None."""
     version: int = 0
     """The version the rollout instances serve (last weight sync)."""
     trainer_version: int = 0
@@ -238,7 +240,8 @@ class Orchestrator(Actor):
     """
 
     def __init__(self, team: Team, agents: dict[str, AgentRuntime], store: ExperienceStore,
-                 pool: InstancePool | None, *, trajectories_per_task: int,
+                 pool: InstancePool | None, trainers: TrainerPool | None = None, *,
+                 trajectories_per_task: int,
                  max_concurrent_tasks: int,
                  max_concurrent_calls: int, micro_batch_groups: int, seed: int = 0,
                  samples_per_request: int = 0, address: str = "local://*") -> None:
@@ -249,6 +252,7 @@ class Orchestrator(Actor):
         self.agents = agents
         self.store = store
         self.pool = pool
+        self.trainers = trainers
         self.trajectories_per_task = trajectories_per_task
         self.max_concurrent_tasks = max_concurrent_tasks
         self.max_concurrent_calls = max_concurrent_calls
@@ -304,17 +308,30 @@ class Orchestrator(Actor):
         """A new global batch of `agent`; `admit(staleness)` is the policy's per-sample bound;
         `eager` sends whatever each add() brings at once (see TrainSession)."""
         rt = self.agents[agent]
-        if rt.trainer is None:
+        if not rt.spec.trainable:
             raise ValueError(f"agent {agent} is frozen (trainable=False); it has no trainer")
         return TrainSession(rt, self.micro_batch_groups, admit, eager=eager)
 
-    async def sync(self, agent: str) -> tuple[int, float, int]:
-        """Push the trainer's weights to every instance; returns (version, seconds, bytes)."""
+    async def export(self, agent: str) -> tuple[WeightUpdate, float]:
+        """The agent's current weights from its trainer (bound with trainers.bind); seconds."""
         rt = self.agents[agent]
-        assert rt.trainer is not None
         started = time.perf_counter()
-        weights: WeightUpdate = await rt.trainer.request(ExportWeights(),
-                                                         timeout_s=rt.request_timeout_s)
+        async with self.trainers.bind(agent) as trainer:
+            weights: WeightUpdate = await trainer.request(ExportWeights(),
+                                                          timeout_s=rt.request_timeout_s)
+        return weights, time.perf_counter() - started
+
+    async def push(self, agent: str, weights: WeightUpdate) -> tuple[int, float, int]:
+        """Weight sync: every instance of the agent serves `weights`; (version, seconds, bytes)."""
+        rt = self.agents[agent]
+        started = time.perf_counter()
         report = await self.pool.push(agent, weights.version, weights.tensors)
         rt.version = weights.version
         return weights.version, time.perf_counter() - started, report.num_bytes
+
+    async def sync(self, agent: str) -> tuple[int, float, int]:
+        """Export then push; returns (version, seconds, bytes)."""
+        started = time.perf_counter()
+        weights, _ = await self.export(agent)
+        version, _, num_bytes = await self.push(agent, weights)
+        return version, time.perf_counter() - started, num_bytes

@@ -25,6 +25,8 @@ only with the weights trained on step s-1) and is checked per sample by the Trai
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -32,6 +34,7 @@ from typing import Any, Callable
 
 from flexmarl.batch import StalenessError, TrainResult
 from flexmarl.orchestrator import Orchestrator, RolloutStats, StepGate
+from flexmarl.protocol import WeightUpdate
 from flexmarl.store import Group
 
 log = logging.getLogger(__name__)
@@ -132,6 +135,7 @@ class PipelineRun:
         self._finished_at: dict[str, float] = {}
         self._last_team_end = 0.0
         self._moves_seen = 0
+        self._swaps_seen = 0
         self.started = 0.0
 
     async def run(self) -> list[dict]:
@@ -179,18 +183,24 @@ class PipelineRun:
             select = orch.of_step(step)
             if not policy.stream:
                 await self.rollout_done[step].wait()
-            while groups := await self._next_groups(agent, select, self.rollout_done[step]):
-                await session.add(groups)
-            if pending_sync is not None:
-                # The deferred export of the last update must read the weights before this
-                # step changes them (micro-batches could run meanwhile: they leave weights be).
-                await pending_sync
-                pending_sync = None
-            result = await session.finish()
+            async with contextlib.AsyncExitStack() as binding:
+                while groups := await self._next_groups(agent, select, self.rollout_done[step]):
+                    if rt.trainer is None:  # a trainer slot is bound once there is work
+                        rt.trainer = await binding.enter_async_context(orch.trainers.bind(agent))
+                    await session.add(groups)
+                if pending_sync is not None:
+                    await pending_sync  # the last update is out before this one lands
+                    pending_sync = None
+                result = await session.finish()
+                # Exported while the slot is bound; pushed to the instances after (possibly
+                # later: one_step_off), when the slot may already train another agent.
+                weights = await orch.export(agent) if result is not None else None
+                rt.trainer = None
             if result is not None and policy.defer_sync and step + 1 < self.steps:
-                pending_sync = asyncio.create_task(self._sync(agent, step, result, deferred=True))
+                pending_sync = asyncio.create_task(
+                    self._sync(agent, step, result, weights, deferred=True))
             else:
-                await self._sync(agent, step, result)
+                await self._sync(agent, step, result, weights)
         if pending_sync is not None:
             await pending_sync
         assert rt.version == rt.trainer_version
@@ -218,15 +228,18 @@ class PipelineRun:
             return first + more
         return await store.take_groups(agent, n, select=select, flush=True)
 
-    async def _sync(self, agent: str, step: int, result: TrainResult | None, *,
-                    deferred: bool = False) -> None:
+    async def _sync(self, agent: str, step: int, result: TrainResult | None,
+                    weights: tuple[WeightUpdate, float] | None, *, deferred: bool = False
+                    ) -> None:
         """Push the update (if any), then open the agent's gate and record its step."""
         orch = self.orch
         sync_s, sync_bytes = 0.0, 0
-        if result is not None:
+        if result is not None and weights is not None:
             if deferred:
                 await self.rollout_done[step + 1].wait()
-            _, sync_s, sync_bytes = await orch.sync(agent)
+            update, export_s = weights
+            _, push_s, sync_bytes = await orch.push(agent, update)
+            sync_s = export_s + push_s
         rt = orch.agents[agent]
         rt.gate.open(step + 1 + self.policy.lag)
         now = time.perf_counter()
@@ -286,6 +299,11 @@ class PipelineRun:
         # Instances the balancer moved between agents since the last record (cause and cost).
         record["moves"] = orch.pool.take_moves(self._moves_seen, self.started)
         self._moves_seen += len(record["moves"])
+        # Training states swapped between trainer slots and host memory since the last record.
+        record["swaps"] = [{**dataclasses.asdict(sw), "at": sw.at - self.started}
+                           for sw in orch.trainers.swaps[self._swaps_seen:]]
+        self._swaps_seen += len(record["swaps"])
+        record["trainer_slots_busy_s"] = orch.trainers.take_busy()
         pool_stats = orch.pool.take_stats()
         record["instance_tokens"] = pool_stats["instance_tokens"]
         for name, rt in orch.agents.items():

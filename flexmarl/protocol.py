@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -33,6 +33,9 @@ class FlexKind(IntEnum):
     OFFLOAD = 116
     ONLOAD = 117
     SWAP_DONE = 118
+    SWAP_IN = 119
+    SWAP_OUT = 120
+    TRAIN_STATE = 121
 
 
 # ----------------------------------------------------------------------------- rollout
@@ -253,3 +256,38 @@ class SwapDone:
     KIND: ClassVar[int]
     num_bytes: int
     seconds: float
+
+
+@message(FlexKind.SWAP_IN)
+@dataclass(slots=True)
+class SwapIn:
+    """Bind a trainer slot to an agent: build its trainer (model_dir, TrainerConfig fields) and,
+    when `tensors` is not empty, restore the training state a SwapOut returned (anywhere)."""
+
+    KIND: ClassVar[int]
+    agent: str
+    model_dir: str
+    config: dict[str, Any]
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@message(FlexKind.SWAP_OUT)
+@dataclass(slots=True)
+class SwapOut:
+    """Unbind the slot: reply with the agent's whole training state and free the slot."""
+
+    KIND: ClassVar[int]
+
+
+@message(FlexKind.TRAIN_STATE)
+@dataclass(slots=True)
+class TrainState:
+    """An agent's training state out of its slot (flexmarl.trainer.export_state's layout)."""
+
+    KIND: ClassVar[int]
+    agent: str
+    version: int
+    tensors: dict[str, torch.Tensor]
+    meta: dict[str, Any]
+    seconds: float = 0.0

@@ -22,8 +22,8 @@ from flexmarl.config import Config, role_cpus
 from flexmarl.models import SIZES, ensure_model, load_tokenizer
 from flexmarl.orchestrator import AgentRuntime, Orchestrator
 from flexmarl.pipeline import PipelineRun, make_pipeline
-from flexmarl.protocol import ExportWeights, WeightUpdate
 from flexmarl.rollout.pool import InstancePool
+from flexmarl.trainer_pool import AgentTrainer, TrainerPool
 from flexmarl.rundir import Progress, RunDir
 from flexmarl.store import ExperienceStore
 from flexmarl.team import AgentSpec, Team
@@ -71,10 +71,10 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
     sup = Supervisor(config=SupervisorConfig(ready_timeout_s=config.rollout.ready_timeout_s))
     try:
         async with sup.serving():
-            agents, pool = await _start_agents(sup, team, config, model_dirs, work)
+            agents, pool, trainers = await _start_agents(sup, team, config, model_dirs, work)
             store = ExperienceStore([n for n, rt in agents.items() if rt.spec.trainable])
             p = config.pipeline
-            orch = Orchestrator(team, agents, store, pool,
+            orch = Orchestrator(team, agents, store, pool, trainers,
                                 trajectories_per_task=p.trajectories_per_task,
                                 max_concurrent_tasks=p.max_concurrent_tasks,
                                 max_concurrent_calls=p.max_concurrent_calls,
@@ -99,11 +99,11 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
             checkpoints = {}
             if run_dir is not None:
                 for name, rt in agents.items():
-                    if rt.trainer is not None:
-                        checkpoints[name] = await _checkpoint(rt, run_dir.checkpoint_dir(name))
+                    if rt.spec.trainable:
+                        checkpoints[name] = await _checkpoint(orch, name,
+                                                              run_dir.checkpoint_dir(name))
             store.close()
-            for conn in [*pool.conns.values(), *(rt.trainer for rt in agents.values()
-                                                 if rt.trainer is not None)]:
+            for conn in [*pool.conns.values(), *trainers.slots.values()]:
                 await conn.aclose()
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -138,39 +138,52 @@ async def _start_agents(sup: Supervisor, team: Team, config: Config, model_dirs:
                       "max_model_len": r.max_model_len, "kv_cache_bytes": r.kv_cache_bytes,
                       "seed": config.run.seed + k}, ready_timeout_s=r.ready_timeout_s,
                 cpus=rollout_cpus, env=rollout_env)))
-        if spec.trainable:
-            ranks = config.train.ranks_per_agent
-            trainer_cfg = dataclasses.asdict(config.trainer)
-            trainer_cfg["seed"] = config.run.seed
-            trainer_cfg["temperature"] = spec.sampling.temperature or 1.0
-            if spec.lr is not None:
-                trainer_cfg["lr"] = spec.lr
-            if config.pipeline.mode == "bounded" and not trainer_cfg["is_cap"]:
-                trainer_cfg["is_cap"] = config.pipeline.is_cap  # correct for stale samples
-            for rank in range(ranks):
-                starts.append(sup.start_worker(WorkerSpec(
-                    name=f"{spec.name}-trainer-{rank}", entry="flexmarl.trainer_worker:trainer_worker",
-                    args={"model_dir": model_dirs[spec.name], "rank": rank, "world_size": ranks,
-                          "init_method": f"file://{work}/{spec.name}.store",
-                          "config": trainer_cfg}, ready_timeout_s=r.ready_timeout_s,
-                    cpus=train_cpus)))
+    trainable = [spec for spec in team.agents if spec.trainable]
+    ranks = config.train.ranks_per_agent
+    # Trainer slots start empty; an agent's trainer is built in a slot when it is bound there.
+    num_slots = config.train.slots or len(trainable)
+    for k in range(num_slots if trainable else 0):
+        for rank in range(ranks):
+            starts.append(sup.start_worker(WorkerSpec(
+                name=f"trainer-{k}-{rank}", entry="flexmarl.trainer_worker:trainer_worker",
+                args={"rank": rank, "world_size": ranks,
+                      "init_method": f"file://{work}/trainer-{k}.store"},
+                ready_timeout_s=r.ready_timeout_s, cpus=train_cpus)))
     handles = {h.name: h for h in await asyncio.gather(*starts)}
     agents = {}
     for spec in team.agents:
-        trainer = connect(handles[f"{spec.name}-trainer-0"].address) if spec.trainable else None
         agents[spec.name] = AgentRuntime(spec, model_dirs[spec.name],
-                                         load_tokenizer(model_dirs[spec.name]), trainer)
+                                         load_tokenizer(model_dirs[spec.name]), None)
+    slots = {f"trainer-{k}": connect(handles[f"trainer-{k}-0"].address)
+             for k in range(num_slots if trainable else 0)}
+    trainers = TrainerPool(slots, dict.fromkeys(slots, ranks),
+                           {spec.name: AgentTrainer(model_dirs[spec.name],
+                                                    _trainer_config(config, spec), ranks)
+                            for spec in trainable},
+                           static=not config.train.slots)
     conns = {name: connect(handles[name].address) for names in placement.values()
              for name in names}
-    return agents, InstancePool(conns, placement, model_dirs, config.balance)
+    return agents, InstancePool(conns, placement, model_dirs, config.balance), trainers
 
 
-async def _checkpoint(rt: AgentRuntime, directory: Path) -> Path:
+def _trainer_config(config: Config, spec: AgentSpec) -> dict:
+    """TrainerConfig fields of one agent: the `trainer` section with the agent's overrides."""
+    cfg = dataclasses.asdict(config.trainer)
+    cfg["seed"] = config.run.seed
+    cfg["temperature"] = spec.sampling.temperature or 1.0
+    if spec.lr is not None:
+        cfg["lr"] = spec.lr
+    if config.pipeline.mode == "bounded" and not cfg["is_cap"]:
+        cfg["is_cap"] = config.pipeline.is_cap  # correct for stale samples
+    return cfg
+
+
+async def _checkpoint(orch: Orchestrator, agent: str, directory: Path) -> Path:
     """Save the agent's current weights as a loadable model directory."""
     from safetensors.torch import save_file
 
-    weights: WeightUpdate = await rt.trainer.request(ExportWeights(),
-                                                     timeout_s=rt.request_timeout_s)
+    rt = orch.agents[agent]
+    weights, _ = await orch.export(agent)
     target = directory / f"version-{weights.version}"
     target.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in weights.tensors.items()},

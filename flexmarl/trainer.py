@@ -412,3 +412,62 @@ class GRPOTrainer:
 def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
     """A uint8 tensor over all of `storage` (whatever the dtypes of the tensors on it)."""
     return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+
+# ----------------------------------------------------------------------------- state swapping
+
+def export_state(trainer: GRPOTrainer) -> tuple[dict[str, torch.Tensor], dict]:
+    """The whole training state as flat CPU tensors plus JSON-able metadata (rank 0; {} and
+    {} elsewhere). A collective under FSDP: every rank calls it.
+
+    Tensors: "model/<name>" (full parameters), "optim/<name>/<key>" (AdamW's exp_avg,
+    exp_avg_sq, step), "rng/cpu" (torch's CPU generator). Metadata: version, the optimizer's
+    param_groups, and the CUDA generator state's presence. `load_state` restores it bit for bit,
+    into this trainer or a fresh one of the same model, in this process or another.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    trainer._require_onloaded("export_state")
+    if trainer._normaliser is not None:
+        raise RuntimeError("export_state() in the middle of a global batch: step() first (the "
+                           "accumulated gradient is not part of the swapped state)")
+    model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer, options=StateDictOptions(
+        full_state_dict=True, cpu_offload=True))
+    if trainer.rank != 0:
+        return {}, {}
+    tensors = {f"model/{k}": v.detach().clone() for k, v in model_sd.items()}
+    for name, state in optim_sd["state"].items():
+        for key, value in state.items():
+            tensors[f"optim/{name}/{key}"] = torch.as_tensor(value).detach().clone()
+    tensors["rng/cpu"] = torch.get_rng_state()
+    meta = {"version": trainer.version, "param_groups": optim_sd["param_groups"]}
+    return tensors, meta
+
+
+def load_state(trainer: GRPOTrainer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    """Restore what export_state() produced; under FSDP every rank passes the full state (the
+    trainer worker broadcasts it) and keeps its own shards. A collective under FSDP."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    trainer._require_onloaded("load_state")
+    model_sd: dict[str, torch.Tensor] = {}
+    optim_state: dict[str, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        kind, _, rest = key.partition("/")
+        if kind == "model":
+            model_sd[rest] = value
+        elif kind == "optim":
+            name, _, field = rest.rpartition("/")
+            optim_state.setdefault(name, {})[field] = value
+    if not model_sd:
+        raise ValueError("load_state: no model/... tensors in the state")
+    optim_sd = {"state": optim_state, "param_groups": meta.get("param_groups", [])}
+    if not optim_sd["param_groups"]:
+        optim_sd = {"state": {}, "param_groups": trainer.optimizer.state_dict()["param_groups"]}
+    options = StateDictOptions(full_state_dict=True)
+    with torch.no_grad():
+        set_state_dict(trainer.model, trainer.optimizer, model_state_dict=model_sd,
+                       optim_state_dict=optim_sd, options=options)
+    if "rng/cpu" in tensors:
+        torch.set_rng_state(tensors["rng/cpu"])
+    trainer.version = int(meta.get("version", 0))

@@ -1,9 +1,11 @@
 """Trainer worker: one agent's GRPOTrainer group (N processes) served as actors over the runtime.
 
 Every rank is a worker process started by `runtime.supervisor.Supervisor` with entry point
-`flexmarl.trainer_worker:trainer_worker` and WorkerSpec.args {"model_dir", "rank",
-"world_size", "init_method" (e.g. file:///tmp/x/store, a FileStore the caller owns), "config"
-(TrainerConfig fields), optional "collective_timeout_s", "num_threads"}. Clients talk to rank 0
+`flexmarl.trainer_worker:trainer_worker` and WorkerSpec.args {"rank", "world_size",
+"init_method" (e.g. file:///tmp/x/store, a FileStore the caller owns), "model_dir" and "config"
+(TrainerConfig fields) of its agent, optional "agent", "collective_timeout_s", "num_threads"}.
+Without model_dir the group is an empty trainer slot: SwapIn binds it to an agent (building the
+trainer, restoring a state that SwapOut exported, from this slot or another), SwapOut unbinds it. Clients talk to rank 0
 only; rank 0 replays each command to the followers with torch.distributed broadcasts of plain
 tensors (no pickle), so every rank makes the same GRPOTrainer calls in the same order:
 
@@ -27,6 +29,8 @@ process group; the followers' actors then stop on their own.
 from __future__ import annotations
 
 import asyncio
+import importlib
+import json
 import logging
 import queue
 import threading
@@ -41,9 +45,9 @@ import torch.distributed as dist
 from runtime.actor import Actor, handler
 from runtime.codec import Envelope
 from runtime.worker import WorkerContext
-from flexmarl.protocol import (ExportWeights, Offload, Onload, SwapDone, TrainBeginBatch,
-                               TrainMicroBatch, TrainStats, TrainStep, TrainStepDone,
-                               WeightUpdate)
+from flexmarl.protocol import (ExportWeights, Offload, Onload, SwapDone, SwapIn, SwapOut,
+                               TrainBeginBatch, TrainMicroBatch, TrainState, TrainStats, TrainStep,
+                               TrainStepDone, WeightUpdate)
 from flexmarl.trainer import GRPOTrainer, TrainerConfig
 
 log = logging.getLogger(__name__)
@@ -69,6 +73,8 @@ class Command(IntEnum):
     ONLOAD = 6
     KEEPALIVE = 7
     STOP = 8
+    SWAP_IN = 9  # a = bytes of the JSON spec {agent, model_dir, config} that follows
+    SWAP_OUT = 10
 
 
 class CommandThread:
@@ -115,10 +121,11 @@ class _Rank:
     """What every rank shares: the command thread, process group set-up and the trainer."""
 
     def __init__(self, args: dict[str, Any]) -> None:
-        missing = [k for k in ("model_dir", "rank", "world_size", "init_method") if k not in args]
+        missing = [k for k in ("rank", "world_size", "init_method") if k not in args]
         if missing:
             raise ValueError(f"trainer worker args lack {missing}; WorkerSpec.args needs "
-                             "model_dir, rank, world_size, init_method (and optionally config)")
+                             "rank, world_size, init_method (and model_dir and config, or none "
+                             "for an empty slot that a SwapIn binds to an agent)")
         self.rank, self.world_size = int(args["rank"]), int(args["world_size"])
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"trainer worker rank {self.rank} is not in [0, world_size="
@@ -126,11 +133,15 @@ class _Rank:
         self.config = TrainerConfig(**args.get("config", {}))
         self.timeout_s = float(args.get("collective_timeout_s", DEFAULT_COLLECTIVE_TIMEOUT_S))
         self.trainer: GRPOTrainer | None = None
+        self.started = False
+        self.agent = str(args.get("agent", ""))
         self.device = torch.device("cpu")
         self.thread = CommandThread(f"trainer-rank{self.rank}")
         self.ready = self.thread.submit(lambda: self._init(args))
 
     def _init(self, args: dict[str, Any]) -> None:
+        importlib.import_module("transformers.models.auto.modeling_auto")  # seconds: not at SwapIn
+
         if args.get("num_threads"):
             torch.set_num_threads(int(args["num_threads"]))
         if self.config.device == "cuda":
@@ -140,7 +151,66 @@ class _Rank:
                                 init_method=args["init_method"], rank=self.rank,
                                 world_size=self.world_size,
                                 timeout=timedelta(seconds=self.timeout_s))
-        self.trainer = GRPOTrainer(args["model_dir"], self.config)
+        if args.get("model_dir"):
+            self.trainer = GRPOTrainer(args["model_dir"], self.config)
+        self.started = True
+
+    def swap_in(self, spec: dict[str, Any], tensors: dict, meta: dict) -> SwapDone:
+        """Build the agent's trainer in this slot and restore its state (collective)."""
+        from flexmarl.trainer import load_state
+
+        if self.trainer is not None:
+            raise RuntimeError(f"slot holds agent {self.agent!r}; SwapOut before SwapIn")
+        started = time.perf_counter()
+        self.config = TrainerConfig(**spec["config"])
+        self.trainer = GRPOTrainer(spec["model_dir"], self.config)
+        self.agent = spec["agent"]
+        if self.world_size > 1:  # every rank gets the full state, then keeps its shards
+            tensors, meta = self._broadcast_state(tensors, meta)
+        if tensors:
+            load_state(self.trainer, tensors, meta)
+        return SwapDone(num_bytes=sum(t.numel() * t.element_size() for t in tensors.values()),
+                        seconds=time.perf_counter() - started)
+
+    def _broadcast_state(self, tensors: dict, meta: dict) -> tuple[dict, dict]:
+        """Rank 0's state on every rank: a JSON index (names, shapes, dtypes, meta) as bytes,
+        then each tensor (no pickle)."""
+        index = json.dumps({"meta": meta, "tensors": [
+            [k, list(t.shape), str(t.dtype).removeprefix("torch.")] for k, t in tensors.items()]})
+        size = torch.tensor([len(index.encode())], dtype=torch.int64)
+        dist.broadcast(size, src=0)
+        blob = (torch.frombuffer(bytearray(index.encode()), dtype=torch.uint8)
+                if self.rank == 0 else torch.empty(int(size.item()), dtype=torch.uint8))
+        dist.broadcast(blob, src=0)
+        spec = json.loads(bytes(blob.numpy()))
+        out = {}
+        for name, shape, dtype in spec["tensors"]:
+            t = (tensors[name].contiguous() if self.rank == 0
+                 else torch.empty(shape, dtype=getattr(torch, dtype)))
+            dist.broadcast(t, src=0)
+            out[name] = t
+        return out, spec["meta"]
+
+    def swap_out(self) -> TrainState:
+        """Export the agent's state (collective) and free the slot."""
+        from flexmarl.trainer import export_state
+
+        started = time.perf_counter()
+        tr = self._bound("SwapOut")
+        tensors, meta = export_state(tr)
+        state = TrainState(self.agent, tr.version, tensors, meta)
+        self.trainer = None
+        self.agent = ""
+        del tr
+        import gc
+        gc.collect()
+        state.seconds = time.perf_counter() - started
+        return state
+
+    def _bound(self, call: str) -> GRPOTrainer:
+        if self.trainer is None:
+            raise RuntimeError(f"{call} sent to an empty trainer slot: SwapIn an agent first")
+        return self.trainer
 
     def broadcast(self, t: torch.Tensor) -> torch.Tensor:
         dist.broadcast(t, src=0)
@@ -148,8 +218,15 @@ class _Rank:
 
     def execute(self, cmd: Command, mb: TrainMicroBatch | None, arg: int) -> Any:
         """The GRPOTrainer call behind `cmd`, identical on every rank."""
-        tr = self.trainer
-        assert tr is not None
+        if cmd is Command.KEEPALIVE:
+            return None
+        if cmd is Command.STOP:
+            dist.barrier()
+            dist.destroy_process_group()
+            return None
+        if cmd is Command.SWAP_OUT:
+            return self.swap_out()
+        tr = self._bound(cmd.name.lower())
         if cmd is Command.BEGIN_BATCH:
             return tr.begin_batch(arg)
         if cmd is Command.MICRO_BATCH:
@@ -166,12 +243,6 @@ class _Rank:
             dist.all_reduce(total)
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
             return SwapDone(num_bytes=int(total.item()), seconds=float(slowest.item()))
-        if cmd is Command.KEEPALIVE:
-            return None
-        if cmd is Command.STOP:
-            dist.barrier()
-            dist.destroy_process_group()
-            return None
         raise AssertionError(f"unhandled command {cmd!r}")
 
 
@@ -239,6 +310,30 @@ class TrainerWorker(Actor):
             raise ValueError(f"TrainStep.num_tokens must be >= 0, got {msg.num_tokens}")
         return await self._command(Command.STEP, arg=msg.num_tokens)
 
+    @handler(SwapIn)
+    async def on_swap_in(self, msg: SwapIn, env: Envelope) -> SwapDone:
+        spec = {"agent": msg.agent, "model_dir": msg.model_dir, "config": msg.config}
+        TrainerConfig(**msg.config)  # a bad config is refused here, before any broadcast
+        blob = json.dumps(spec).encode()
+        await self.group.ready
+        if self._stopped_group:
+            raise RuntimeError("the trainer group has been stopped; start a new group")
+        self._last_command = time.monotonic()
+
+        def lead() -> SwapDone:
+            g = self.group
+            if g.world_size > 1:  # followers build the same trainer, then take rank 0's state
+                g.broadcast(torch.tensor([int(Command.SWAP_IN), len(blob), 0, 0],
+                                         dtype=torch.int64, device=g.device))
+                g.broadcast(torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(g.device))
+            return g.swap_in(spec, msg.tensors, msg.meta)
+
+        return await self.group.thread.submit(lead)
+
+    @handler(SwapOut)
+    async def on_swap_out(self, msg: SwapOut, env: Envelope) -> TrainState:
+        return await self._command(Command.SWAP_OUT)
+
     @handler(ExportWeights)
     async def on_export(self, msg: ExportWeights, env: Envelope) -> WeightUpdate:
         return await self._command(Command.EXPORT)
@@ -286,7 +381,7 @@ class TrainerFollower(Actor):
 
     def _follow(self) -> None:
         g = self.group
-        if g.trainer is None:  # init failed; the ready future carries why
+        if not g.started:  # init failed; the ready future carries why
             return
         header = torch.empty(HEADER_LEN, dtype=torch.int64, device=g.device)
         while True:
@@ -294,6 +389,10 @@ class TrainerFollower(Actor):
             cmd = Command(cmd_code)
             mb = _unpack(g, a, b, bool(c)) if cmd is Command.MICRO_BATCH else None
             try:
+                if cmd is Command.SWAP_IN:
+                    blob = g.broadcast(torch.empty(a, dtype=torch.uint8, device=g.device))
+                    g.swap_in(json.loads(bytes(blob.cpu().numpy())), {}, {})
+                    continue
                 g.execute(cmd, mb, a)
             except Exception as exc:  # rank 0 failed alike and told its client, with traceback
                 log.warning("trainer rank %d: %s failed: %s: %s", g.rank, cmd.name,
@@ -323,6 +422,8 @@ class TrainerFollower(Actor):
     on_export = _refusing(ExportWeights)
     on_offload = _refusing(Offload)
     on_onload = _refusing(Onload)
+    on_swap_in = _refusing(SwapIn)
+    on_swap_out = _refusing(SwapOut)
 
 
 def _check_micro_batch(mb: TrainMicroBatch) -> None:

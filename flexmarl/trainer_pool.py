@@ -1,0 +1,256 @@
+"""Trainer slots bound to agents on demand, idle agents' training state swapped out to the host.
+
+    slot = one trainer worker group (its processes, its devices); empty until a SwapIn
+    bind(agent) ─► SlotAllocator (pure): the agent waits its turn (first come, first served)
+                 ─► its granted slot: already holding its state (no swap), empty, or holding an
+                    idle agent's state ─► SwapOut (state to this process's memory) ─► SwapIn
+                    (the agent's stored state, or a fresh trainer the first time)
+                 ─► the slot's connection, until the binding ends (the agent's update is done)
+
+A SwapOut returns the whole training state (parameters, AdamW state, RNG, version) through the
+runtime transport, so the same code moves it within a process, between processes or between
+hosts, and a SwapIn restores it bit for bit into any slot with enough ranks. With `static`
+placement every agent owns one slot for good (the baseline: no swaps, slots idle between the
+agent's updates); with a shared pool of fewer slots than agents, slots go where the work is.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections import OrderedDict
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from flexmarl.protocol import SwapIn, SwapOut, TrainState
+from runtime.transport import Connection
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Grant:
+    agent: str
+    slot: str
+    evict: str | None
+    """The idle agent whose state must be swapped out of the slot first, if any."""
+
+
+class SlotAllocator:
+    """Pure policy over slot and agent names: who gets which slot next. No I/O, no clock.
+
+    Invariants: a slot is bound to at most one agent at a time; an agent holds at most one slot;
+    waiting agents are served first come, first served among those a free slot fits (so none
+    starves while slots are released). A released slot keeps the agent's state resident until
+    another agent needs the slot: the least recently used idle slot is evicted first.
+    """
+
+    def __init__(self, slots: dict[str, int], needs: dict[str, int],
+                 pinned: dict[str, str] | None = None) -> None:
+        """`slots`: slot -> ranks; `needs`: agent -> ranks it needs; `pinned`: agent -> the
+        only slot it may use (static reservation)."""
+        for agent, need in needs.items():
+            if not any(ranks >= need for ranks in slots.values()):
+                raise ValueError(f"agent {agent!r} needs a slot of {need} ranks; the largest "
+                                 f"has {max(slots.values(), default=0)}")
+        self.slots = dict(slots)
+        self.needs = dict(needs)
+        self.pinned = dict(pinned or {})
+        self.bound: dict[str, str] = {}
+        """slot -> agent currently using it."""
+        self.resident: OrderedDict[str, str] = OrderedDict((s, "") for s in slots)
+        """slot -> agent whose state is in it ("" = empty), least recently released first."""
+        self._queue: OrderedDict[str, int] = OrderedDict()
+        self._order = itertools.count()
+
+    def request(self, agent: str) -> None:
+        if agent not in self.needs:
+            raise ValueError(f"unknown agent {agent!r}")
+        if agent in self._queue or agent in self.bound.values():
+            raise ValueError(f"agent {agent!r} already waits for or holds a slot")
+        self._queue[agent] = next(self._order)
+
+    def release(self, agent: str) -> None:
+        slot = next((s for s, a in self.bound.items() if a == agent), None)
+        if slot is None:
+            raise ValueError(f"agent {agent!r} holds no slot")
+        del self.bound[slot]
+        self.resident.move_to_end(slot)  # most recently used: evicted last
+
+    def waiting(self) -> list[str]:
+        return list(self._queue)
+
+    def grant(self) -> list[Grant]:
+        """Bind free slots to waiting agents, oldest request first; the grants to carry out."""
+        grants = []
+        for agent in list(self._queue):
+            slot = self._choose(agent)
+            if slot is None:
+                continue
+            del self._queue[agent]
+            previous = self.resident[slot]
+            self.bound[slot] = agent
+            self.resident[slot] = agent
+            grants.append(Grant(agent, slot, previous if previous not in ("", agent) else None))
+        return grants
+
+    def _choose(self, agent: str) -> str | None:
+        free = [s for s in self.resident if s not in self.bound
+                and self.slots[s] >= self.needs[agent]
+                and self.pinned.get(agent, s) == s
+                # a slot pinned to another agent is that agent's alone
+                and all(p != s for a, p in self.pinned.items() if a != agent)]
+        if not free:
+            return None
+        for slot in free:  # its state is already there: no swap at all
+            if self.resident[slot] == agent:
+                return slot
+        empty = [s for s in free if not self.resident[s]]
+        if empty:
+            return min(empty, key=lambda s: self.slots[s])  # the smallest slot that fits
+        return free[0]  # least recently used idle slot: its agent's state goes out
+
+
+@dataclass
+class SwapRecord:
+    agent: str
+    slot: str
+    direction: str
+    """"out" (state to the host) or "in" (state into the slot)."""
+    num_bytes: int
+    seconds: float
+    at: float
+
+
+@dataclass
+class AgentTrainer:
+    """What a slot needs to host an agent."""
+
+    model_dir: str
+    config: dict[str, Any]
+    ranks: int = 1
+
+
+class TrainerPool:
+    """Trainer slots shared by a team's trainable agents; see the module docstring."""
+
+    def __init__(self, slots: dict[str, Connection], slot_ranks: dict[str, int],
+                 agents: dict[str, AgentTrainer], *, static: bool = False,
+                 request_timeout_s: float = 300.0) -> None:
+        if static and len(slots) < len(agents):
+            raise ValueError(f"static reservation needs one slot per trainable agent: "
+                             f"{len(agents)} agents, {len(slots)} slots")
+        pinned = dict(zip(agents, slots)) if static else None
+        self.allocator = SlotAllocator(slot_ranks, {a: s.ranks for a, s in agents.items()},
+                                       pinned)
+        self.slots = {name: _TimedConnection(conn, name, self) for name, conn in slots.items()}
+        self.agents = dict(agents)
+        self.static = static
+        self.request_timeout_s = request_timeout_s
+        self.states: dict[str, TrainState] = {}
+        """Swapped-out training states, held in this process's memory."""
+        self.swaps: list[SwapRecord] = []
+        self.busy_s: dict[str, float] = dict.fromkeys(slots, 0.0)
+        """Per slot: time its processes spent on requests (training, export, swaps)."""
+        self._busy_taken: dict[str, float] = dict.fromkeys(slots, 0.0)
+        self._granted: dict[str, asyncio.Future] = {}
+        self._holding: dict[str, tuple[str, int, float]] = {}
+        """agent -> (slot, nesting depth, bound since)."""
+        self._loaded: dict[str, str] = {}
+        """slot -> agent whose trainer the slot's processes hold now."""
+
+    @asynccontextmanager
+    async def bind(self, agent: str) -> AsyncIterator[Connection]:
+        """The agent's trainer connection, its state in the slot, for the duration."""
+        held = self._holding.get(agent)
+        if held is not None:  # re-entrant: the sync inside an update reuses its binding
+            slot, depth, since = held
+            self._holding[agent] = (slot, depth + 1, since)
+            try:
+                yield self.slots[slot]
+            finally:
+                slot, depth, since = self._holding[agent]
+                self._holding[agent] = (slot, depth - 1, since)
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._granted[agent] = fut
+        self.allocator.request(agent)
+        self._dispatch()
+        try:
+            grant: Grant = await fut
+        except BaseException:
+            self._granted.pop(agent, None)
+            if not fut.done():
+                self.allocator._queue.pop(agent, None)
+            raise
+        self._holding[agent] = (grant.slot, 1, time.perf_counter())
+        try:
+            await self._load(grant)
+            yield self.slots[grant.slot]
+        finally:
+            self._holding.pop(agent)
+            self.allocator.release(agent)
+            self._dispatch()
+
+    def _dispatch(self) -> None:
+        for grant in self.allocator.grant():
+            fut = self._granted.pop(grant.agent)
+            if not fut.done():
+                fut.set_result(grant)
+
+    async def _load(self, grant: Grant) -> None:
+        conn = self.slots[grant.slot]
+        loaded = self._loaded.get(grant.slot)
+        if loaded == grant.agent:
+            return  # its trainer never left this slot
+        if loaded:  # an idle agent's trainer: its state goes out to this process's memory
+            started = time.perf_counter()
+            out: TrainState = await conn.request(SwapOut(), timeout_s=self.request_timeout_s)
+            self.states[loaded] = out
+            del self._loaded[grant.slot]
+            self._record(loaded, grant.slot, "out", out, started)
+        state = self.states.get(grant.agent)  # kept until the SwapIn succeeded
+        spec = self.agents[grant.agent]
+        started = time.perf_counter()
+        await conn.request(SwapIn(grant.agent, spec.model_dir, spec.config,
+                                  state.tensors if state else {}, state.meta if state else {}),
+                           timeout_s=self.request_timeout_s)
+        self._loaded[grant.slot] = grant.agent
+        if state is not None:
+            del self.states[grant.agent]
+            self._record(grant.agent, grant.slot, "in", state, started)
+
+    def _record(self, agent: str, slot: str, direction: str, state: TrainState,
+                started: float) -> None:
+        num_bytes = sum(t.numel() * t.element_size() for t in state.tensors.values())
+        record = SwapRecord(agent, slot, direction, num_bytes, time.perf_counter() - started,
+                            time.perf_counter())
+        self.swaps.append(record)
+        log.info("swapped %s %s slot %s: %.1f MB in %.3f s", agent,
+                 "out of" if direction == "out" else "into", slot, num_bytes / 1e6,
+                 record.seconds)
+
+    def take_busy(self) -> dict[str, float]:
+        """Per slot: busy seconds since the last call."""
+        out = {s: self.busy_s[s] - self._busy_taken[s] for s in self.busy_s}
+        self._busy_taken = dict(self.busy_s)
+        return out
+
+
+class _TimedConnection:
+    """A slot's connection that counts the time its requests take as the slot's busy time."""
+
+    def __init__(self, conn: Connection, slot: str, pool: TrainerPool) -> None:
+        self._conn, self._slot, self._pool = conn, slot, pool
+
+    async def request(self, msg: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return await self._conn.request(msg, **kwargs)
+        finally:
+            self._pool.busy_s[self._slot] += time.perf_counter() - started
+
+    async def aclose(self) -> None:
+        await self._conn.aclose()

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 class RolloutWorker(Actor):
     def __init__(self, name: str, address: str, engine: RolloutEngine, *,
                  transport: TransportConfig = TransportConfig(), version: int = 0,
-                 max_concurrent: int = 256) -> None:
+                 max_concurrent: int = 256, report_interval_s: float = 0.1) -> None:
         super().__init__(name, address, transport=transport, max_concurrent=max_concurrent)
         self.engine = engine
         self.version = version
@@ -44,6 +44,7 @@ class RolloutWorker(Actor):
         self._update_lock = asyncio.Lock()
         self._subscribers: list[Any] = []
         self._load_changed = asyncio.Event()
+        self.report_interval_s = report_interval_s
 
     async def on_start(self) -> None:
         started = time.perf_counter()
@@ -114,7 +115,9 @@ class RolloutWorker(Actor):
         self._load_changed.set()
 
     async def load_report_loop(self) -> None:
-        # Pushed on change, not polled: one report per burst of changes.
+        # Pushed on change, not polled: one report per burst of changes, and at most one per
+        # report_interval_s (every request changes the load two or three times; the balancer
+        # counts its own requests exactly and needs reports only for other clients' work).
         while True:
             await self._load_changed.wait()
             self._load_changed.clear()
@@ -122,6 +125,7 @@ class RolloutWorker(Actor):
             for peer in list(self._subscribers):
                 if not await self.push(peer, report, control=True):
                     self._subscribers.remove(peer)
+            await asyncio.sleep(self.report_interval_s)
 
 
 def rollout_worker(ctx: WorkerContext) -> RolloutWorker:

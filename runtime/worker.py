@@ -15,6 +15,8 @@ import logging
 import os
 import signal
 import sys
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -108,12 +110,25 @@ async def _control_loop(sup: Connection, actor: Actor) -> None:
             actor.stop()
 
 
+def _exit_when_orphaned(parent_pid: int, grace_s: float) -> None:
+    """Last resort, in a daemon thread: PR_SET_PDEATHSIG's SIGTERM is handled on the event loop,
+    which a blocking call (an engine starting, a stuck entry point) can hold for minutes. Once
+    the supervisor is gone, give the normal stop `grace_s`, then exit regardless."""
+    while os.getppid() == parent_pid:
+        time.sleep(0.25)
+    time.sleep(grace_s)
+    os._exit(1)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         sys.exit("usage: python -m runtime.worker BOOT_JSON (started by runtime.supervisor)")
     boot = json.loads(argv[0])
     _die_with_parent(boot["supervisor_pid"])
+    grace_s = 2 * float(boot.get("supervisor_config", {}).get("stop_timeout_s", 10.0))
+    threading.Thread(target=_exit_when_orphaned, args=(boot["supervisor_pid"], grace_s),
+                     name="orphan-watchdog", daemon=True).start()
     if boot.get("cpus"):  # before any thread pool exists; children inherit the mask
         os.sched_setaffinity(0, boot["cpus"])
     logging.basicConfig(level=os.environ.get("FLEXMARL_LOG", "WARNING"),

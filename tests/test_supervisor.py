@@ -112,12 +112,16 @@ async def test_stubborn_worker_is_killed_at_the_stop_deadline(no_leftover_childr
     assert cfg.stop_timeout_s <= took < cfg.stop_timeout_s + 3
 
 
-def test_supervisor_killed_9_leaves_no_orphans():
-    host = subprocess.Popen([sys.executable, "-m", "tests.supervisor_host"],
+@pytest.mark.parametrize("mode", ["", "blocked"])
+def test_supervisor_killed_9_leaves_no_orphans(mode):
+    """Workers die with their supervisor: by SIGTERM (PR_SET_PDEATHSIG), or, when a worker's
+    event loop is blocked and cannot run its handler, by its orphan watchdog after 2 x
+    stop_timeout_s (1 s in the host)."""
+    host = subprocess.Popen([sys.executable, "-m", "tests.supervisor_host", *filter(None, [mode])],
                             stdout=subprocess.PIPE, text=True)
     try:
         pids = json.loads(host.stdout.readline())
-        assert all(pid_alive(p) for p in pids)
+        assert len(pids) == (3 if mode else 2) and all(pid_alive(p) for p in pids)
         host.kill()
         host.wait()
         deadline = time.monotonic() + 10

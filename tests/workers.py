@@ -79,3 +79,23 @@ def placement(ctx: WorkerContext) -> Actor:
             return Tensors(meta={"cpus": sorted(os.sched_getaffinity(0)),
                                  "omp": os.environ.get("OMP_NUM_THREADS")})
     return Placement(ctx.name, ctx.bind, transport=ctx.transport)
+
+
+class BlockedStart(Echo):
+    """Stuck while starting and deaf to SIGTERM (as a native library that blocks and masks
+    signals would be): only the worker's orphan watchdog can end it once its parent is gone."""
+
+    marker = ""
+
+    async def on_start(self) -> None:
+        import pathlib
+        import signal
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        pathlib.Path(self.marker).write_text("stuck")  # tells the test it got this far
+        time.sleep(3600)
+
+
+def blocked_start(ctx: WorkerContext) -> Actor:
+    actor = BlockedStart(ctx.name, ctx.bind, transport=ctx.transport)
+    actor.marker = ctx.args["marker"]
+    return actor

@@ -174,12 +174,21 @@ class TrainPlacement:
     """0: static reservation, one trainer slot (a group of ranks_per_agent processes) per
     trainable agent. N >= 1: a pool of N slots shared by all trainable agents, bound to an agent
     while it trains, idle agents' training state swapped out to host memory."""
+    slot_ranks: str = ""
+    """A shared pool of slots of different sizes, e.g. "1,2": one slot of 1 rank and one of 2
+    (overrides `slots`); an agent needs AgentSpec.train_ranks (default ranks_per_agent)."""
 
     def __post_init__(self) -> None:
         _require(self.ranks_per_agent >= 1, "train.ranks_per_agent", self.ranks_per_agent,
                  "must be >= 1")
         _require(self.slots >= 0, "train.slots", self.slots,
                  "must be >= 0 (0: one slot per trainable agent)")
+        try:
+            sizes = [int(x) for x in self.slot_ranks.split(",")] if self.slot_ranks else []
+        except ValueError:
+            sizes = [0]
+        _require(all(n >= 1 for n in sizes), "train.slot_ranks", self.slot_ranks,
+                 'must list the ranks of each shared slot, like "1,2" (or be empty)')
         parse_cpus(self.cpus, "train.cpus")
 
 
@@ -341,6 +350,7 @@ reshard_after_forward = true
 ranks_per_agent = 1
 cpus = "auto"             # cores of trainer processes: "auto" (the other half), a list, or ""
 slots = 0                 # 0: one trainer slot per agent; N: N slots shared, states swapped
+slot_ranks = ""           # or shared slots of these sizes, e.g. "1,2" (AgentSpec.train_ranks)
 
 [balance]                 # flexmarl.balancer.BalancerConfig: routing to rollout instances
 strategy = "hierarchical" # round_robin | least_loaded | hierarchical (+ moving instances)

@@ -139,10 +139,10 @@ async def _start_agents(sup: Supervisor, team: Team, config: Config, model_dirs:
                       "seed": config.run.seed + k}, ready_timeout_s=r.ready_timeout_s,
                 cpus=rollout_cpus, env=rollout_env)))
     trainable = [spec for spec in team.agents if spec.trainable]
-    ranks = config.train.ranks_per_agent
+    needs = {spec.name: spec.train_ranks or config.train.ranks_per_agent for spec in trainable}
+    sizes = _slot_sizes(config, needs)
     # Trainer slots start empty; an agent's trainer is built in a slot when it is bound there.
-    num_slots = config.train.slots or len(trainable)
-    for k in range(num_slots if trainable else 0):
+    for k, ranks in enumerate(sizes):
         for rank in range(ranks):
             starts.append(sup.start_worker(WorkerSpec(
                 name=f"trainer-{k}-{rank}", entry="flexmarl.trainer_worker:trainer_worker",
@@ -154,16 +154,28 @@ async def _start_agents(sup: Supervisor, team: Team, config: Config, model_dirs:
     for spec in team.agents:
         agents[spec.name] = AgentRuntime(spec, model_dirs[spec.name],
                                          load_tokenizer(model_dirs[spec.name]), None)
-    slots = {f"trainer-{k}": connect(handles[f"trainer-{k}-0"].address)
-             for k in range(num_slots if trainable else 0)}
-    trainers = TrainerPool(slots, dict.fromkeys(slots, ranks),
+    slots = {f"trainer-{k}": connect(handles[f"trainer-{k}-0"].address) for k in range(len(sizes))}
+    trainers = TrainerPool(slots, {f"trainer-{k}": n for k, n in enumerate(sizes)},
                            {spec.name: AgentTrainer(model_dirs[spec.name],
-                                                    _trainer_config(config, spec), ranks)
+                                                    _trainer_config(config, spec),
+                                                    needs[spec.name])
                             for spec in trainable},
-                           static=not config.train.slots)
+                           static=not (config.train.slots or config.train.slot_ranks))
     conns = {name: connect(handles[name].address) for names in placement.values()
              for name in names}
     return agents, InstancePool(conns, placement, model_dirs, config.balance), trainers
+
+
+def _slot_sizes(config: Config, needs: dict[str, int]) -> list[int]:
+    """Ranks of each trainer slot: one per agent of its size (static), `train.slots` of
+    ranks_per_agent each, or the explicit `train.slot_ranks` list (a shared pool)."""
+    if not needs:
+        return []
+    if config.train.slot_ranks:
+        return [int(x) for x in config.train.slot_ranks.split(",")]
+    if config.train.slots:
+        return [config.train.ranks_per_agent] * config.train.slots
+    return list(needs.values())
 
 
 def _trainer_config(config: Config, spec: AgentSpec) -> dict:

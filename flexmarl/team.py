@@ -45,6 +45,9 @@ class AgentSpec:
     """Overrides trainer.lr for this agent."""
     instances: int | None = None
     """Overrides rollout.instances_per_agent for this agent."""
+    train_ranks: int | None = None
+    """Ranks (processes or devices) of the trainer slot this agent needs; None: the config's
+    train.ranks_per_agent. A large agent can need a larger slot of a shared pool."""
 
     def __post_init__(self) -> None:
         if not _NAME.fullmatch(self.name):
@@ -55,6 +58,8 @@ class AgentSpec:
                              "'small' or a model directory)")
         if self.instances is not None and self.instances < 1:
             raise ValueError(f"agent {self.name}: AgentSpec.instances must be >= 1")
+        if self.train_ranks is not None and self.train_ranks < 1:
+            raise ValueError(f"agent {self.name}: AgentSpec.train_ranks must be >= 1")
         if self.lr is not None and self.lr <= 0:
             raise ValueError(f"agent {self.name}: AgentSpec.lr must be > 0")
 

@@ -7,7 +7,7 @@
               all trajectories of a task done ──► store.complete_input (groups + advantages)
     train_session(agent): complete groups ──► micro-batches ──► trainer (begin, accumulate…,
               step with the batch's token count): flexmarl.batch.TrainSession
-    sync(agent):  trainer.export ──► push_weights to every instance of the agent (new version)
+    export(agent) ──► push(agent): the trainer's weights to every instance of the agent
 
 The pipeline policy (flexmarl.pipeline) decides when each of these runs and opens the gates.
 Each call goes to an instance of the agent chosen by the hierarchical balancer
@@ -329,9 +329,3 @@ class Orchestrator(Actor):
         rt.version = weights.version
         return weights.version, time.perf_counter() - started, report.num_bytes
 
-    async def sync(self, agent: str) -> tuple[int, float, int]:
-        """Export then push; returns (version, seconds, bytes)."""
-        started = time.perf_counter()
-        weights, _ = await self.export(agent)
-        version, _, num_bytes = await self.push(agent, weights)
-        return version, time.perf_counter() - started, num_bytes

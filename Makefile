@@ -24,11 +24,11 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $(STAMP)
 
-run: setup
-	$(VENV)/bin/flexmarl run
-
 # vLLM's engine leaves a shared-memory segment for Python's resource tracker to clean up at
-# exit; its warning would otherwise print after pytest's summary line.
+# exit; its warning would otherwise print after the run's (or pytest's) last line.
+run: setup
+	PYTHONWARNINGS="ignore:resource_tracker:UserWarning" $(VENV)/bin/flexmarl run
+
 test: setup
 	PYTHONWARNINGS="ignore:resource_tracker:UserWarning" $(PY) -m pytest -q
 

@@ -103,6 +103,7 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
                         checkpoints[name] = await _checkpoint(orch, name,
                                                               run_dir.checkpoint_dir(name))
             store.close()
+            await trainers.close()
             for conn in [*pool.conns.values(), *trainers.slots.values()]:
                 await conn.aclose()
     finally:

@@ -6,6 +6,8 @@
                     idle agent's state ─► SwapOut (state to this process's memory) ─► SwapIn
                     (the agent's stored state, or a fresh trainer the first time)
                  ─► the slot's connection, until the binding ends (the agent's update is done)
+    release with nobody waiting ─► prefetch: the agent swapped out longest ago is swapped in
+                 now, while rollout runs, instead of when it next needs the slot
 
 A SwapOut returns the whole training state (parameters, AdamW state, RNG, version) through the
 runtime transport, so the same code moves it within a process, between processes or between
@@ -125,6 +127,13 @@ class SwapRecord:
 
 
 @dataclass
+class _Hold:
+    ready: asyncio.Future
+    """Resolves to the slot once the agent's state is loaded there."""
+    depth: int = 0
+
+
+@dataclass
 class AgentTrainer:
     """What a slot needs to host an agent."""
 
@@ -138,7 +147,7 @@ class TrainerPool:
 
     def __init__(self, slots: dict[str, Connection], slot_ranks: dict[str, int],
                  agents: dict[str, AgentTrainer], *, static: bool = False,
-                 request_timeout_s: float = 300.0) -> None:
+                 prefetch: bool = True, request_timeout_s: float = 300.0) -> None:
         if static and len(slots) < len(agents):
             raise ValueError(f"static reservation needs one slot per trainable agent: "
                              f"{len(agents)} agents, {len(slots)} slots")
@@ -156,43 +165,88 @@ class TrainerPool:
         """Per slot: time its processes spent on requests (training, export, swaps)."""
         self._busy_taken: dict[str, float] = dict.fromkeys(slots, 0.0)
         self._granted: dict[str, asyncio.Future] = {}
-        self._holding: dict[str, tuple[str, int, float]] = {}
-        """agent -> (slot, nesting depth, bound since)."""
+        self._holding: dict[str, _Hold] = {}
+        """agent -> its binding (slot once loaded, nesting depth)."""
+        self.prefetch = prefetch
+        self._prefetches: set[asyncio.Future] = set()
         self._loaded: dict[str, str] = {}
         """slot -> agent whose trainer the slot's processes hold now."""
 
     @asynccontextmanager
     async def bind(self, agent: str) -> AsyncIterator[Connection]:
-        """The agent's trainer connection, its state in the slot, for the duration."""
-        held = self._holding.get(agent)
-        if held is not None:  # re-entrant: the sync inside an update reuses its binding
-            slot, depth, since = held
-            self._holding[agent] = (slot, depth + 1, since)
-            try:
-                yield self.slots[slot]
-            finally:
-                slot, depth, since = self._holding[agent]
-                self._holding[agent] = (slot, depth - 1, since)
-            return
+        """The agent's trainer connection, its state in the slot, for the duration.
+
+        Re-entrant per agent (a prefetch and the agent's own update may overlap): the slot is
+        released when the last binding of the agent ends."""
+        hold = self._holding.get(agent)
+        if hold is None:
+            hold = self._holding[agent] = _Hold(asyncio.ensure_future(self._acquire(agent)))
+        hold.depth += 1
+        try:
+            slot = await asyncio.shield(hold.ready)
+            yield self.slots[slot]
+        finally:
+            hold.depth -= 1
+            if hold.depth == 0:
+                del self._holding[agent]
+                if hold.ready.done() and not hold.ready.cancelled() and \
+                        hold.ready.exception() is None:
+                    self.allocator.release(agent)
+                    self._dispatch()
+                    self._maybe_prefetch()
+                else:  # still waiting for a slot, or the load failed: give the grant back
+                    hold.ready.cancel()
+
+    async def _acquire(self, agent: str) -> str:
+        """Wait for the allocator to grant the agent a slot, load its state there; the slot."""
         fut = asyncio.get_running_loop().create_future()
         self._granted[agent] = fut
         self.allocator.request(agent)
         self._dispatch()
         try:
             grant: Grant = await fut
-        except BaseException:
+        except asyncio.CancelledError:
             self._granted.pop(agent, None)
-            if not fut.done():
+            if fut.done() and not fut.cancelled():  # granted meanwhile: hand the slot back
+                self.allocator.release(agent)
+                self._dispatch()
+            else:
                 self.allocator._queue.pop(agent, None)
             raise
-        self._holding[agent] = (grant.slot, 1, time.perf_counter())
         try:
             await self._load(grant)
-            yield self.slots[grant.slot]
-        finally:
-            self._holding.pop(agent)
+        except BaseException:
             self.allocator.release(agent)
             self._dispatch()
+            raise
+        return grant.slot
+
+    def _maybe_prefetch(self) -> None:
+        """A slot fell idle and nobody waits: bring in the swapped-out agent that trained
+        least recently, so its swap happens now (during rollout), not when it needs the slot."""
+        if not self.prefetch or self.allocator.waiting() or not self.states:
+            return
+        if all(s in self.allocator.bound for s in self.slots):
+            return
+        agent = next(iter(self.states))  # swapped out longest ago: states keeps insert order
+        if agent in self._holding:
+            return
+        self._prefetches.add(asyncio.ensure_future(self._prefetch(agent)))
+
+    async def close(self) -> None:
+        """No more prefetching; wait for one in flight (before the slots' connections close)."""
+        self.prefetch = False
+        if self._prefetches:
+            await asyncio.gather(*self._prefetches, return_exceptions=True)
+
+    async def _prefetch(self, agent: str) -> None:
+        try:
+            async with self.bind(agent):
+                pass
+        except Exception as exc:  # a prefetch is an optimisation: its failure is not fatal
+            log.warning("prefetching %s into a trainer slot failed: %s", agent, exc)
+        finally:
+            self._prefetches.discard(asyncio.current_task())
 
     def _dispatch(self) -> None:
         for grant in self.allocator.grant():

@@ -131,6 +131,7 @@ class _Hold:
     ready: asyncio.Future
     """Resolves to the slot once the agent's state is loaded there."""
     depth: int = 0
+    prefetch_only: bool = False
 
 
 @dataclass
@@ -173,14 +174,16 @@ class TrainerPool:
         """slot -> agent whose trainer the slot's processes hold now."""
 
     @asynccontextmanager
-    async def bind(self, agent: str) -> AsyncIterator[Connection]:
+    async def bind(self, agent: str, *, prefetch: bool = False) -> AsyncIterator[Connection]:
         """The agent's trainer connection, its state in the slot, for the duration.
 
         Re-entrant per agent (a prefetch and the agent's own update may overlap): the slot is
         released when the last binding of the agent ends."""
         hold = self._holding.get(agent)
         if hold is None:
-            hold = self._holding[agent] = _Hold(asyncio.ensure_future(self._acquire(agent)))
+            hold = self._holding[agent] = _Hold(asyncio.ensure_future(self._acquire(agent)),
+                                                prefetch_only=prefetch)
+        hold.prefetch_only = hold.prefetch_only and prefetch
         hold.depth += 1
         try:
             slot = await asyncio.shield(hold.ready)
@@ -193,7 +196,8 @@ class TrainerPool:
                         hold.ready.exception() is None:
                     self.allocator.release(agent)
                     self._dispatch()
-                    self._maybe_prefetch()
+                    if not hold.prefetch_only:  # a prefetch ending must not start another one
+                        self._maybe_prefetch()
                 else:  # still waiting for a slot, or the load failed: give the grant back
                     hold.ready.cancel()
 
@@ -241,7 +245,7 @@ class TrainerPool:
 
     async def _prefetch(self, agent: str) -> None:
         try:
-            async with self.bind(agent):
+            async with self.bind(agent, prefetch=True):
                 pass
         except Exception as exc:  # a prefetch is an optimisation: its failure is not fatal
             log.warning("prefetching %s into a trainer slot failed: %s", agent, exc)

@@ -251,3 +251,65 @@ async def test_heterogeneous_agents_share_a_larger_slot(tiny_model_dir, tmp_path
         ws = load_file(str(static.checkpoints[name] / "model.safetensors"))
         wp = load_file(str(shared.checkpoints[name] / "model.safetensors"))
         assert max((ws[k] - wp[k]).abs().max().item() for k in ws) <= CROSS_RANKS_ATOL, name
+
+
+class RecordingSlot:
+    """Stands in for a trainer slot's connection: answers SwapIn/SwapOut like the worker."""
+
+    def __init__(self, log: list) -> None:
+        self.log = log
+        self.agent = ""
+
+    async def request(self, msg, timeout_s=None):
+        await asyncio.sleep(0)
+        if isinstance(msg, SwapIn):
+            assert not self.agent, "SwapIn into a busy slot"
+            self.agent = msg.agent
+            self.log.append(("in", msg.agent, bool(msg.tensors)))
+            return None
+        if isinstance(msg, SwapOut):
+            agent, self.agent = self.agent, ""
+            self.log.append(("out", agent))
+            return TrainState(agent, 1, {"model/w": torch.zeros(2)}, {})
+        return None
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_pool_takes_turns_and_prefetches_the_swapped_out_agent():
+    from flexmarl.trainer_pool import AgentTrainer, TrainerPool
+    log: list = []
+    pool = TrainerPool({"s0": RecordingSlot(log)}, {"s0": 1},
+                       {"a": AgentTrainer("/a", {}), "b": AgentTrainer("/b", {})})
+    release = {"a": asyncio.Event(), "b": asyncio.Event()}
+
+    async def update(agent: str) -> None:
+        async with pool.bind(agent):
+            await release[agent].wait()
+
+    async def until(n: int) -> None:
+        while len(log) < n:
+            await asyncio.sleep(0.001)
+
+    ta = asyncio.ensure_future(update("a"))
+    await until(1)
+    tb = asyncio.ensure_future(update("b"))
+    await asyncio.sleep(0.01)
+    assert log == [("in", "a", False)]  # one slot: b waits for a
+    release["a"].set()
+    await ta
+    await until(3)  # a's state goes out to the host, b comes in fresh
+    assert log == [("in", "a", False), ("out", "a"), ("in", "b", False)]
+    release["b"].set()
+    await tb  # b released, nobody waits, a is out: a is prefetched back in
+    await until(5)
+    assert log[3:] == [("out", "b"), ("in", "a", True)]
+    release["a"].clear()
+    release["a"].set()
+    await update("a")  # already in the slot: no swap for it
+    await pool.close()
+    # After a's update b is prefetched once; that prefetch ending starts no other (no
+    # ping-pong while the team is idle).
+    assert log[5:] == [("out", "a"), ("in", "b", True)]
+    assert pool.allocator.bound == {} and not pool._holding

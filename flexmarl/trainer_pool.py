@@ -81,6 +81,10 @@ class SlotAllocator:
         del self.bound[slot]
         self.resident.move_to_end(slot)  # most recently used: evicted last
 
+    def cancel(self, agent: str) -> None:
+        """Withdraw a request that has not been granted (nothing happens otherwise)."""
+        self._queue.pop(agent, None)
+
     def waiting(self) -> list[str]:
         return list(self._queue)
 
@@ -215,7 +219,7 @@ class TrainerPool:
                 self.allocator.release(agent)
                 self._dispatch()
             else:
-                self.allocator._queue.pop(agent, None)
+                self.allocator.cancel(agent)
             raise
         try:
             await self._load(grant)

@@ -35,8 +35,6 @@ if importlib.util.find_spec("flexmarl") is None:
 
 
 async def swap_throughput(size: str, swaps: int) -> dict:
-    import torch
-
     from flexmarl.batch import micro_batch
     from flexmarl.models import ensure_model
     from flexmarl.protocol import SwapIn, SwapOut, TrainBeginBatch, TrainStep

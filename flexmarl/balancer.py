@@ -338,3 +338,11 @@ class Balancer:
         inst.draining = False
         self._moving = None
         self._cool_until = now + self.config.cooldown_s
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 1]) of request waits or latencies; nan for none."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]

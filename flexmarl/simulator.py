@@ -42,7 +42,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from flexmarl.balancer import Balancer, Move
+from flexmarl.balancer import Balancer, Move, percentile  # noqa: F401  (re-exported)
 from flexmarl.workload import Episode, SkewedWorkload
 
 
@@ -120,14 +120,6 @@ class CheckRecord:
     loads: dict[str, float]
     """balancer.agent_load per agent at the check (estimated outstanding tokens per instance)."""
     instances: dict[str, int]
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in [0, 1]); nan for no values."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
 @dataclass

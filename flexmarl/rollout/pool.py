@@ -19,26 +19,19 @@ import asyncio
 import hashlib
 import json
 import logging
-import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from flexmarl.balancer import Balancer, BalancerConfig, Move
+from flexmarl.balancer import Balancer, BalancerConfig, Move, percentile
 from flexmarl.protocol import Generate, GenerateReply, LoadReport, SubscribeLoad, WeightUpdate
 from flexmarl.weight_sync import SyncReport, push_weights, weights_nbytes
 from runtime.transport import Connection
 
 log = logging.getLogger(__name__)
 _MODEL_KEYS_IGNORED = {"_name_or_path", "transformers_version"}
-
-
-def _percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile of an ascending list."""
-    k = max(0, min(len(sorted_values) - 1, math.ceil(q / 100 * len(sorted_values)) - 1))
-    return sorted_values[k]
 
 
 def model_signature(model_dir: str) -> str:
@@ -116,9 +109,8 @@ class InstancePool:
         generated per instance (how evenly the work was spread)."""
         out = {"latency": {}, "instance_tokens": dict(self._tokens)}
         for agent, values in self._latency.items():
-            values.sort()
-            out["latency"][agent] = ({"p50_s": _percentile(values, 50),
-                                      "p99_s": _percentile(values, 99), "requests": len(values)}
+            out["latency"][agent] = ({"p50_s": percentile(values, 0.5),
+                                      "p99_s": percentile(values, 0.99), "requests": len(values)}
                                      if values else {"requests": 0})
             values.clear()
         self._tokens = dict.fromkeys(self._tokens, 0)

@@ -7,13 +7,13 @@ policy's staleness bound, and steps once.
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
+from flexmarl.clock import now
 from flexmarl.protocol import TrainBeginBatch, TrainMicroBatch, TrainStep
 from flexmarl.store import Group
 
@@ -113,11 +113,11 @@ out as larger (more efficient) micro-batches of up to `micro_batch_groups`.
         self._metric_sums: Counter[str] = Counter()
 
     async def _request(self, msg: Any) -> Any:
-        started = time.perf_counter()
+        started = now()
         try:
             return await self.rt.trainer.request(msg, timeout_s=self.rt.request_timeout_s)
         finally:
-            self.busy_s += time.perf_counter() - started
+            self.busy_s += now() - started
 
     async def add(self, groups: list[Group]) -> None:
         for g in groups:

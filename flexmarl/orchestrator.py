@@ -20,12 +20,12 @@ import asyncio
 import dataclasses
 import logging
 import random
-import time
 import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from flexmarl.clock import now
 from flexmarl.batch import TrainSession
 from flexmarl.protocol import ExportWeights, Generate, GenerateReply, WeightUpdate
 from flexmarl.store import ExperienceStore, Group, Turn
@@ -84,17 +84,17 @@ class BusyClock:
 
     def enter(self) -> None:
         if self.inflight == 0:
-            self._since = time.perf_counter()
+            self._since = now()
         self.inflight += 1
 
     def exit(self) -> None:
         self.inflight -= 1
         if self.inflight == 0:
-            self._total += time.perf_counter() - self._since
+            self._total += now() - self._since
 
     @property
     def seconds(self) -> float:
-        ongoing = time.perf_counter() - self._since if self.inflight else 0.0
+        ongoing = now() - self._since if self.inflight else 0.0
         return self._total + ongoing
 
 
@@ -175,7 +175,7 @@ class TrajectoryContext:
         if params.seed is None:
             params = dataclasses.replace(params, seed=request_seed(self.orch.seed, request_id))
         await rt.gate.wait(self.step)  # the pipeline policy: may this step use the agent yet?
-        rt.first_call.setdefault(self.step, time.perf_counter())
+        rt.first_call.setdefault(self.step, now())
         clock = rt.rollout_busy[self.step]
         # Intra-query parallelism: the n samples are independent branches; split them into
         # requests of at most samples_per_request, which the balancer spreads over instances.
@@ -274,7 +274,7 @@ class Orchestrator(Actor):
     async def rollout(self, step: int, tasks: list[Any], *,
                       on_task_done: Callable[[int], None] | None = None) -> RolloutStats:
         """Run the workflow on every task of `step`; `on_task_done(samples)` after each task."""
-        stats = RolloutStats(started=time.perf_counter())
+        stats = RolloutStats(started=now())
         slots = asyncio.Semaphore(self.max_concurrent_tasks)
 
         async def one_task(i: int, task: Any) -> None:
@@ -294,7 +294,7 @@ class Orchestrator(Actor):
         async with asyncio.TaskGroup() as tg:
             for i, task in enumerate(tasks):
                 tg.create_task(one_task(i, task), name=f"task[{step}.{i}]")
-        stats.seconds = time.perf_counter() - stats.started
+        stats.seconds = now() - stats.started
         return stats
 
     def of_step(self, step: int) -> Callable[[Group], bool]:
@@ -315,17 +315,17 @@ class Orchestrator(Actor):
     async def export(self, agent: str) -> tuple[WeightUpdate, float]:
         """The agent's current weights from its trainer (bound with trainers.bind); seconds."""
         rt = self.agents[agent]
-        started = time.perf_counter()
+        started = now()
         async with self.trainers.bind(agent) as trainer:
             weights: WeightUpdate = await trainer.request(ExportWeights(),
                                                           timeout_s=rt.request_timeout_s)
-        return weights, time.perf_counter() - started
+        return weights, now() - started
 
     async def push(self, agent: str, weights: WeightUpdate) -> tuple[int, float, int]:
         """Weight sync: every instance of the agent serves `weights`; (version, seconds, bytes)."""
         rt = self.agents[agent]
-        started = time.perf_counter()
+        started = now()
         report = await self.pool.push(agent, weights.version, weights.tensors)
         rt.version = weights.version
-        return weights.version, time.perf_counter() - started, report.num_bytes
+        return weights.version, now() - started, report.num_bytes
 

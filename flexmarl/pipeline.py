@@ -28,10 +28,10 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from flexmarl.clock import now
 from flexmarl.batch import StalenessError, TrainResult
 from flexmarl.orchestrator import Orchestrator, RolloutStats, StepGate
 from flexmarl.protocol import WeightUpdate
@@ -142,7 +142,7 @@ class PipelineRun:
         orch = self.orch
         for name, rt in orch.agents.items():
             rt.gate = StepGate(self.policy.lag if rt.spec.trainable else self.steps)
-        started = self.started = time.perf_counter()
+        started = self.started = now()
         self._last_team_end = started
         self._finished_at = {name: started for name in orch.agents}
         async with asyncio.TaskGroup() as tg:
@@ -242,9 +242,9 @@ class PipelineRun:
             sync_s = export_s + push_s
         rt = orch.agents[agent]
         rt.gate.open(step + 1 + self.policy.lag)
-        now = time.perf_counter()
-        period = now - self._finished_at[agent]
-        self._finished_at[agent] = now
+        t = now()
+        period = t - self._finished_at[agent]
+        self._finished_at[agent] = t
         rollout_busy = rt.rollout_busy.pop(step).seconds if step in rt.rollout_busy else 0.0
         first_call = rt.first_call.pop(step, None)
         train_busy = result.seconds if result else 0.0
@@ -269,7 +269,7 @@ class PipelineRun:
             # Timeline, seconds since the run started: when the agent's first request of the
             # step passed its gate, and when the agent finished the step (trained and synced).
             "t_first_call": None if first_call is None else first_call - self.started,
-            "t_done": now - self.started,
+            "t_done": t - self.started,
         }
         if all(a in self.done[step] for a in orch.trainable):
             await self.rollout_done[step].wait()
@@ -286,16 +286,16 @@ class PipelineRun:
     def _record(self, step: int) -> None:
         orch = self.orch
         rollout = self.rollouts.pop(step)
-        now = time.perf_counter()
+        t = now()
         record: dict[str, Any] = {
-            "step": step, "mode": self.policy.name, "step_s": now - self._last_team_end,
+            "step": step, "mode": self.policy.name, "step_s": t - self._last_team_end,
             "rollout_s": rollout.seconds, "team_reward": _mean(rollout.team_rewards),
             "tasks": len(rollout.team_rewards) // orch.trajectories_per_task,
             # Timeline, seconds since the run started (the agents' own are in their records).
             "t_rollout_start": rollout.started - self.started,
             "t_rollout_end": rollout.started + rollout.seconds - self.started,
             "agents": {}}
-        self._last_team_end = now
+        self._last_team_end = t
         # Instances the balancer moved between agents since the last record (cause and cost).
         record["moves"] = orch.pool.take_moves(self._moves_seen, self.started)
         self._moves_seen += len(record["moves"])

@@ -20,12 +20,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import time
 from collections import OrderedDict
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
+from flexmarl.clock import now
 from flexmarl.protocol import SwapIn, SwapOut, TrainState
 from runtime.transport import Connection
 
@@ -268,14 +268,14 @@ class TrainerPool:
         if loaded == grant.agent:
             return  # its trainer never left this slot
         if loaded:  # an idle agent's trainer: its state goes out to this process's memory
-            started = time.perf_counter()
+            started = now()
             out: TrainState = await conn.request(SwapOut(), timeout_s=self.request_timeout_s)
             self.states[loaded] = out
             del self._loaded[grant.slot]
             self._record(loaded, grant.slot, "out", out, started)
         state = self.states.get(grant.agent)  # kept until the SwapIn succeeded
         spec = self.agents[grant.agent]
-        started = time.perf_counter()
+        started = now()
         await conn.request(SwapIn(grant.agent, spec.model_dir, spec.config,
                                   state.tensors if state else {}, state.meta if state else {}),
                            timeout_s=self.request_timeout_s)
@@ -287,8 +287,8 @@ class TrainerPool:
     def _record(self, agent: str, slot: str, direction: str, state: TrainState,
                 started: float) -> None:
         num_bytes = sum(t.numel() * t.element_size() for t in state.tensors.values())
-        record = SwapRecord(agent, slot, direction, num_bytes, time.perf_counter() - started,
-                            time.perf_counter())
+        record = SwapRecord(agent, slot, direction, num_bytes, now() - started,
+                            now())
         self.swaps.append(record)
         log.info("swapped %s %s slot %s: %.1f MB in %.3f s", agent,
                  "out of" if direction == "out" else "into", slot, num_bytes / 1e6,
@@ -308,11 +308,11 @@ class _TimedConnection:
         self._conn, self._slot, self._pool = conn, slot, pool
 
     async def request(self, msg: Any, **kwargs: Any) -> Any:
-        started = time.perf_counter()
+        started = now()
         try:
             return await self._conn.request(msg, **kwargs)
         finally:
-            self._pool.busy_s[self._slot] += time.perf_counter() - started
+            self._pool.busy_s[self._slot] += now() - started
 
     async def aclose(self) -> None:
         await self._conn.aclose()

@@ -10,12 +10,12 @@ engines are the faster path to add behind this function; the report keeps the sa
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
 
+from flexmarl.clock import now
 from flexmarl.protocol import WeightUpdate, WeightUpdateDone
 from runtime.transport import Connection
 
@@ -47,10 +47,10 @@ async def push_weights(instances: Sequence[Connection], version: int,
     if not instances:
         raise ValueError("push_weights needs at least one rollout instance")
     msg = WeightUpdate(version, tensors)
-    started = time.perf_counter()
+    started = now()
     replies: list[WeightUpdateDone] = await asyncio.gather(
         *(conn.request(msg, timeout_s=timeout_s) for conn in instances))
-    seconds = time.perf_counter() - started
+    seconds = now() - started
     for conn, done in zip(instances, replies):
         if done.version != version:
             raise RuntimeError(f"{conn.address} acknowledged version {done.version}, "

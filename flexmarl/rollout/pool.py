@@ -19,12 +19,12 @@ import asyncio
 import hashlib
 import json
 import logging
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
+from flexmarl.clock import now
 from flexmarl.balancer import Balancer, BalancerConfig, Move, percentile
 from flexmarl.protocol import Generate, GenerateReply, LoadReport, SubscribeLoad, WeightUpdate
 from flexmarl.weight_sync import SyncReport, push_weights, weights_nbytes
@@ -65,21 +65,28 @@ class MoveRecord:
 class InstancePool:
     def __init__(self, instances: dict[str, Connection], placement: dict[str, list[str]],
                  model_dirs: dict[str, str], config: BalancerConfig | None = None, *,
-                 request_timeout_s: float = 300.0) -> None:
+                 request_timeout_s: float = 300.0, signatures: dict[str, str] | None = None,
+                 weights: dict[str, dict[str, torch.Tensor]] | None = None) -> None:
+        """`signatures` (agent -> model signature) and `weights` (agent -> the weights its
+        instances start with) default to what the model directories hold (the simulator,
+        whose models have no files, passes both)."""
         self.conns = dict(instances)
         self.model_dirs = dict(model_dirs)
-        signatures = {a: model_signature(d) for a, d in model_dirs.items()}
+        if signatures is None:
+            signatures = {a: model_signature(d) for a, d in model_dirs.items()}
         self.balancer = Balancer(placement, config,
                                  compatible=lambda src, dst: signatures[src] == signatures[dst])
         self.request_timeout_s = request_timeout_s
         self.versions = {agent: 0 for agent in placement}
-        self._weights: dict[str, dict[str, torch.Tensor]] = {}
+        self._weights: dict[str, dict[str, torch.Tensor]] = dict(weights or {})
         self._locks = {agent: asyncio.Lock() for agent in placement}
         self._tasks: list[asyncio.Task] = []
         self.moves: list[MoveRecord] = []
         self.failed_moves = 0
         self._latency: dict[str, list[float]] = {agent: [] for agent in placement}
         self._tokens: dict[str, int] = {name: 0 for name in instances}
+        self._drains: dict[str, asyncio.Event] = {}
+        """Instances being moved, set once their last in-flight request has finished."""
 
     def of(self, agent: str) -> list[Connection]:
         return [self.conns[name] for name in self.balancer.instances(agent)]
@@ -91,18 +98,25 @@ class InstancePool:
         bal = self.balancer
         cost = bal.estimate(agent, n=msg.params.n, max_tokens=msg.params.max_tokens)
         name = bal.route(agent, msg.request_id, cost, episode=episode)
-        started = time.perf_counter()
+        started = now()
         try:
             reply: GenerateReply = await self.conns[name].request(
                 msg, timeout_s=self.request_timeout_s)
         except BaseException:
             bal.finish(msg.request_id)
+            self._maybe_drained(name)
             raise
         tokens = sum(len(s.token_ids) for s in reply.samples)
         bal.finish(msg.request_id, samples=len(reply.samples), tokens=tokens)
-        self._latency[agent].append(time.perf_counter() - started)
+        self._maybe_drained(name)
+        self._latency[agent].append(now() - started)
         self._tokens[name] += tokens
         return reply
+
+    def _maybe_drained(self, name: str) -> None:
+        drain = self._drains.get(name)
+        if drain is not None and not self.balancer.inflight(name):
+            drain.set()
 
     def take_stats(self) -> dict:
         """Since the last call: per agent request latency p50/p99 (s) and count, and tokens
@@ -164,29 +178,33 @@ class InstancePool:
         interval = self.balancer.config.check_interval_s
         while True:
             await asyncio.sleep(interval)
-            move = self.balancer.plan_move(time.perf_counter())
+            move = self.balancer.plan_move(now())
             if move is not None:
                 await self.move(move)
 
     async def move(self, move: Move) -> MoveRecord | None:
         """Carry out a planned move; None (and the instance stays) if it failed."""
         bal, conn = self.balancer, self.conns[move.instance]
-        started = time.perf_counter()
+        started = now()
         bal.begin_move(move)
         try:
-            while bal.inflight(move.instance):  # its requests finish normally: none is lost
-                await asyncio.sleep(0.005)
-            drained = time.perf_counter()
+            if bal.inflight(move.instance):  # its requests finish normally: none is lost
+                self._drains[move.instance] = asyncio.Event()
+                try:
+                    await self._drains[move.instance].wait()
+                finally:
+                    del self._drains[move.instance]
+            drained = now()
             # Under both agents' locks: no weight sync of either runs while it changes hands.
             async with self._locks[move.src], self._locks[move.dst]:
                 version = self.versions[move.dst]
                 tensors = await self._served_weights(move.dst)
                 await conn.request(WeightUpdate(version, tensors, force=True),
                                    timeout_s=self.request_timeout_s)
-                loaded = time.perf_counter()
+                loaded = now()
                 bal.finish_move(move, loaded)
         except Exception as exc:
-            bal.abort_move(move, time.perf_counter())
+            bal.abort_move(move, now())
             self.failed_moves += 1
             log.warning("moving instance %s from %s to %s failed (%s: %s); it keeps serving %s",
                         move.instance, move.src, move.dst, type(exc).__name__, exc, move.src)

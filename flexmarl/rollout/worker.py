@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any
 
+from flexmarl.clock import now
 from flexmarl.protocol import (Generate, GenerateReply, LoadReport, SubscribeLoad, WeightUpdate,
                                WeightUpdateDone)
 from flexmarl.rollout.engine import EngineConfig, RolloutEngine, make_engine
@@ -47,9 +47,9 @@ class RolloutWorker(Actor):
         self.report_interval_s = report_interval_s
 
     async def on_start(self) -> None:
-        started = time.perf_counter()
+        started = now()
         await self.engine.start()
-        log.info("%s: engine ready in %.1f s", self.name, time.perf_counter() - started)
+        log.info("%s: engine ready in %.1f s", self.name, now() - started)
 
     async def on_stop(self) -> None:
         await self.engine.close()
@@ -85,14 +85,14 @@ class RolloutWorker(Actor):
             self._gate.clear()
             try:
                 await self._idle.wait()
-                started = time.perf_counter()
+                started = now()
                 await self.engine.load_weights(msg.tensors)
                 self.version = msg.version
             finally:
                 self._gate.set()
             self._load_changed.set()
             return WeightUpdateDone(self.version, weights_nbytes(msg.tensors),
-                                    time.perf_counter() - started)
+                                    now() - started)
 
     @handler(SubscribeLoad)
     async def on_subscribe(self, msg: SubscribeLoad, env: Envelope) -> LoadReport:

@@ -1,0 +1,152 @@
+"""The simulator's cost model: service times from bytes, FLOPs and bandwidths (costs.toml).
+
+    decode step  = max(weights + KV of the batch / (devices x HBM bandwidth x efficiency),
+                       2 x params x batch / (devices x peak x decode_mfu)) + step overhead
+    prefill      = 2 x params x prompt tokens / (devices x peak x prefill_mfu)
+    train        = 6 x params x tokens / (active devices x peak x mfu), active devices =
+                   min(slot devices, rows x max_devices_per_sequence); step = state passes
+    swap         = training state bytes / (nodes x host bandwidth per node)
+    weight sync  = weight bytes / sync bandwidth (per instance, instances in parallel)
+    colocation   = bytes the devices must hold for the next mode / (nodes x host bandwidth)
+
+Attention FLOPs, prefix caching and preemption are left out (see bench/README.md).
+"""
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+DEFAULT_PATH = Path(__file__).with_name("costs.toml")
+
+
+@dataclass(frozen=True)
+class Device:
+    memory_bytes: float
+    hbm_bandwidth: float
+    peak_flops: float
+    devices_per_node: int
+
+
+@dataclass(frozen=True)
+class Rollout:
+    decode_bandwidth_efficiency: float
+    decode_step_overhead_s: float
+    prefill_mfu: float
+    decode_mfu: float
+    max_num_seqs: int
+    length_sigma: float
+    max_response_tokens: int
+    segment_tokens: int
+
+
+@dataclass(frozen=True)
+class Train:
+    mfu: float
+    flops_per_token_per_param: float
+    max_devices_per_sequence: int
+    state_bytes_per_param: float
+    optimizer_passes: float
+
+
+@dataclass(frozen=True)
+class Links:
+    host_bandwidth_per_node: float
+    sync_bandwidth: float
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    params: float
+    layers: int
+    kv_heads: int
+    head_dim: int
+    rollout_devices: int
+    train_devices: int
+
+    @property
+    def weight_bytes(self) -> float:
+        return 2.0 * self.params  # bf16
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        return 2.0 * self.layers * self.kv_heads * self.head_dim * 2  # K and V, bf16
+
+
+@dataclass(frozen=True)
+class Costs:
+    device: Device
+    rollout: Rollout
+    train: Train
+    links: Links
+    models: dict[str, Model]
+
+    # ------------------------------------------------------------------ rollout
+
+    def decode_step_s(self, m: Model, batch: int, context_tokens: float) -> float:
+        d, r = self.device, self.rollout
+        memory = (m.weight_bytes + m.kv_bytes_per_token * context_tokens) / (
+            m.rollout_devices * d.hbm_bandwidth * r.decode_bandwidth_efficiency)
+        compute = 2.0 * m.params * batch / (m.rollout_devices * d.peak_flops * r.decode_mfu)
+        return max(memory, compute) + r.decode_step_overhead_s
+
+    def prefill_s(self, m: Model, prompt_tokens: int) -> float:
+        return 2.0 * m.params * prompt_tokens / (
+            m.rollout_devices * self.device.peak_flops * self.rollout.prefill_mfu)
+
+    def kv_capacity_tokens(self, m: Model) -> float:
+        free = m.rollout_devices * self.device.memory_bytes * 0.9 - m.weight_bytes
+        return max(free, 0.0) / m.kv_bytes_per_token
+
+    def weight_load_s(self, m: Model) -> float:
+        return m.weight_bytes / self.links.sync_bandwidth
+
+    # ------------------------------------------------------------------ training
+
+    def active_train_devices(self, devices: int, rows: int) -> int:
+        return max(1, min(devices, rows * self.train.max_devices_per_sequence))
+
+    def train_s(self, m: Model, devices: int, rows: int, tokens: int) -> float:
+        t = self.train
+        return t.flops_per_token_per_param * m.params * tokens / (
+            self.active_train_devices(devices, rows) * self.device.peak_flops * t.mfu)
+
+    def optimizer_s(self, m: Model, devices: int) -> float:
+        t = self.train
+        return t.optimizer_passes * t.state_bytes_per_param * m.params / (
+            devices * self.device.hbm_bandwidth)
+
+    def state_bytes(self, m: Model) -> float:
+        return self.train.state_bytes_per_param * m.params
+
+    def host_transfer_s(self, num_bytes: float, devices: int) -> float:
+        nodes = max(1, math.ceil(devices / self.device.devices_per_node))
+        return num_bytes / (nodes * self.links.host_bandwidth_per_node)
+
+
+def load_costs(path: str | Path = DEFAULT_PATH, **overrides: Any) -> Costs:
+    """The cost model of `path`; `overrides` as {"section.key": value} (e.g. train.mfu=0.4)."""
+    raw = tomllib.loads(Path(path).read_text())
+    for key, value in overrides.items():
+        section, _, name = key.partition(".")
+        if section not in raw or name not in raw[section]:
+            raise ValueError(f"cost model has no parameter {key!r}")
+        raw[section][name] = value
+
+    def build(cls: type, section: dict, where: str) -> Any:
+        names = {f.name for f in fields(cls)} - {"name"}
+        missing, unknown = names - set(section), set(section) - names
+        if missing or unknown:
+            raise ValueError(f"cost model [{where}]: missing {sorted(missing)}, unknown "
+                             f"{sorted(unknown)}")
+        return section
+
+    models = {name: Model(name=name, **build(Model, sec, f"models.{name}"))
+              for name, sec in raw.get("models", {}).items()}
+    return Costs(Device(**build(Device, raw["device"], "device")),
+                 Rollout(**build(Rollout, raw["rollout"], "rollout")),
+                 Train(**build(Train, raw["train"], "train")),
+                 Links(**build(Links, raw["links"], "links")), models)

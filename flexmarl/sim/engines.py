@@ -1,0 +1,318 @@
+"""Simulated engines behind the real interfaces: service times from the cost model.
+
+    SimRolloutEngine  the RolloutEngine protocol (flexmarl.rollout.engine), served by the real
+                      RolloutWorker actor: continuous batching, one decode step at a time for
+                      every running sequence, advanced event to event (arrival, completion,
+                      every `segment_tokens`) instead of token by token
+    SimTrainer        an actor that answers the trainer-slot protocol (SwapIn/SwapOut,
+                      TrainBeginBatch, TrainMicroBatch, TrainStep, ExportWeights) as
+                      flexmarl.trainer_worker does, waiting the modelled compute time
+    DeviceGroup       the devices under them: active device-seconds (utilisation), and for
+                      colocated systems one resident mode at a time (an agent's rollout
+                      weights or its training state), each change paid in host transfers
+
+Simulated prompts carry the simulated policy's behaviour: token 0 of a prompt is the median
+response length (tokens) the policy gives it; lengths are lognormal around it (sigma from the
+cost model), capped by max_tokens. Every draw is seeded by the request's seed.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from flexmarl.clock import now
+from flexmarl.protocol import (ExportWeights, Sample, SamplingParams, SwapDone, SwapIn, SwapOut,
+                               TrainBeginBatch, TrainMicroBatch, TrainState, TrainStats,
+                               TrainStep, TrainStepDone, WeightUpdate)
+from flexmarl.sim.costs import Costs, Model
+from runtime.actor import Actor, handler
+from runtime.codec import Envelope
+
+TOKEN = 7  # the token id of every simulated token (content does not matter, counts do)
+
+
+class SimTokenizer:
+    pad_token_id = 0
+
+    def encode(self, text: str, **_: Any) -> list[int]:
+        return [TOKEN] * max(1, len(text) // 4)
+
+
+@dataclass
+class DeviceGroup:
+    """Devices shared by engines. `colocated`: rollout instances and a trainer slot share them
+    and only one mode (("rollout", agent) or ("train", agent)) is resident at a time; a mode
+    change waits for the current mode's users to finish and costs `switch_bytes(mode)` over
+    the group's host links. Modes are served in the order they were asked for."""
+
+    name: str
+    devices: int
+    costs: Costs
+    colocated: bool = False
+    switch_bytes: Any = None
+    """mode -> bytes that must be loaded onto the group to enter it (colocated only)."""
+    active_device_s: float = 0.0
+    switches: int = 0
+    switch_s: float = 0.0
+    _mode: tuple | None = None
+    _users: int = 0
+    _waiting: deque = field(default_factory=deque)
+    _switching: bool = False
+
+    def busy(self, devices: float, seconds: float) -> None:
+        self.active_device_s += devices * seconds
+
+    async def acquire(self, mode: tuple) -> None:
+        if not self.colocated:
+            return
+        if self._mode == mode and not self._waiting and not self._switching:
+            self._users += 1
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._waiting.append((mode, fut))
+        self._next()
+        await fut
+
+    def release(self, mode: tuple) -> None:
+        if not self.colocated:
+            return
+        self._users -= 1
+        self._next()
+
+    def _next(self) -> None:
+        if self._users or self._switching or not self._waiting:
+            return
+        mode = self._waiting[0][0]
+        if mode == self._mode:
+            self._grant(mode)
+            return
+        self._switching = True
+        seconds = self.costs.host_transfer_s(self.switch_bytes(mode), self.devices)
+        self.switches += 1
+        self.switch_s += seconds
+
+        def switched() -> None:
+            self._switching = False
+            self._mode = mode
+            self._grant(mode)
+
+        asyncio.get_running_loop().call_later(seconds, switched)
+
+    def _grant(self, mode: tuple) -> None:
+        # Every waiter of this mode at the head of the queue joins (a batch of one agent).
+        while self._waiting and self._waiting[0][0] == mode:
+            _, fut = self._waiting.popleft()
+            self._users += 1
+            fut.set_result(None)
+        if not self._users:
+            self._next()
+
+
+class _Seq:
+    __slots__ = ("remaining", "context", "prompt", "done")
+
+    def __init__(self, prompt: int, length: int, done: asyncio.Future) -> None:
+        self.prompt = prompt
+        self.remaining = float(length)
+        self.context = float(prompt)
+        self.done = done
+
+
+class SimRolloutEngine:
+    """One rollout instance of model `model` on `devices` of `group` (continuous batching)."""
+
+    def __init__(self, costs: Costs, model: Model, group: DeviceGroup, *,
+                 agent_of: Any = None) -> None:
+        self.costs = costs
+        self.model = model
+        self.group = group
+        self.agent_of = agent_of
+        """() -> the agent this instance serves now (colocated groups keep one agent resident)."""
+        self.devices = model.rollout_devices
+        self.kv_capacity = costs.kv_capacity_tokens(model)
+        self.running: list[_Seq] = []
+        self.waiting: deque[_Seq] = deque()
+        self.generated_tokens = 0
+        self._last = 0.0
+        self._stall_until = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._step_s = 0.0
+
+    async def start(self) -> None:
+        self._last = now()
+
+    def tokenize(self, text: str) -> list[int]:
+        return SimTokenizer().encode(text)
+
+    async def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    async def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
+        await asyncio.sleep(self.costs.weight_load_s(self.model))
+
+    def lengths(self, prompt_ids: list[int], params: SamplingParams) -> list[int]:
+        median = max(1, prompt_ids[0]) if prompt_ids else 1
+        cap = min(params.max_tokens, self.costs.rollout.max_response_tokens)
+        rng = random.Random(params.seed)
+        sigma = self.costs.rollout.length_sigma
+        return [min(cap, max(1, round(rng.lognormvariate(math.log(median), sigma))))
+                for _ in range(params.n)]
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams
+                       ) -> tuple[list[Sample], list[float] | None]:
+        lengths = self.lengths(prompt_ids, params)
+        mode = ("rollout", self.agent_of() if self.agent_of else "")
+        await self.group.acquire(mode)
+        try:
+            loop = asyncio.get_running_loop()
+            seqs = [_Seq(len(prompt_ids), n, loop.create_future()) for n in lengths]
+            self._advance()
+            self.waiting.extend(seqs)
+            self._admit()
+            self._schedule()
+            await asyncio.gather(*(s.done for s in seqs))
+        finally:
+            self.group.release(mode)
+        cap = min(params.max_tokens, self.costs.rollout.max_response_tokens)
+        return [Sample([TOKEN] * n, [-1.0] * n, "length" if n >= cap else "stop", "")
+                for n in lengths], None
+
+    # ------------------------------------------------------------------ the batch
+
+    def _advance(self) -> None:
+        """Bring every running sequence up to now (the step time is constant in between)."""
+        t = now()
+        if self.running or self._stall_until > self._last:
+            self.group.busy(self.devices, t - self._last)
+        if self.running:
+            decode_s = t - max(self._last, self._stall_until)
+            if decode_s > 0:
+                tokens = decode_s / self._step_s
+                for s in self.running:
+                    s.remaining -= tokens
+                    s.context += tokens
+                self.generated_tokens += tokens * len(self.running)
+        self._last = t
+        finished = [s for s in self.running if s.remaining <= 1e-6]
+        if finished:
+            self.running = [s for s in self.running if s.remaining > 1e-6]
+            for s in finished:
+                s.done.set_result(None)
+            self._admit()
+
+    def _admit(self) -> None:
+        """Start waiting sequences while the KV cache has room (their prefill stalls decoding)."""
+        used = sum(s.context + s.remaining for s in self.running)
+        while self.waiting and len(self.running) < self.costs.rollout.max_num_seqs:
+            s = self.waiting[0]
+            if self.running and used + s.context + s.remaining > self.kv_capacity:
+                break
+            self.waiting.popleft()
+            used += s.context + s.remaining
+            self.running.append(s)
+            self._stall_until = max(self._stall_until, self._last) + \
+                self.costs.prefill_s(self.model, s.prompt)
+
+    def _schedule(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self.running:
+            return
+        context = sum(s.context for s in self.running)
+        self._step_s = self.costs.decode_step_s(self.model, len(self.running), context)
+        tokens = min(min(s.remaining for s in self.running), self.costs.rollout.segment_tokens)
+        at = max(self._last, self._stall_until) + max(tokens, 1e-6) * self._step_s
+        self._timer = asyncio.get_running_loop().call_at(at, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._advance()
+        self._schedule()
+
+
+class SimTrainer(Actor):
+    """A simulated trainer slot of `devices` devices (the protocol of flexmarl.trainer_worker)."""
+
+    def __init__(self, name: str, costs: Costs, models: dict[str, Model], group: DeviceGroup,
+                 devices: int, address: str) -> None:
+        super().__init__(name, address)
+        self.costs = costs
+        self.models = models
+        """agent -> its model."""
+        self.group = group
+        self.devices = devices
+        self.agent = ""
+        self.version = 0
+        self.compute_s = 0.0
+
+    async def _compute(self, seconds: float, active: int) -> None:
+        mode = ("train", self.agent)
+        await self.group.acquire(mode)
+        try:
+            await asyncio.sleep(seconds)
+            self.group.busy(active, seconds)
+            self.compute_s += seconds
+        finally:
+            self.group.release(mode)
+
+    def _model(self) -> Model:
+        if not self.agent:
+            raise RuntimeError(f"{self.name}: a training request reached an empty trainer slot; "
+                               "SwapIn an agent first")
+        return self.models[self.agent]
+
+    @handler(SwapIn)
+    async def on_swap_in(self, msg: SwapIn, env: Envelope) -> SwapDone:
+        if self.agent:
+            raise RuntimeError(f"slot holds agent {self.agent!r}; SwapOut before SwapIn")
+        model = self.models[msg.agent]
+        num_bytes = self.costs.state_bytes(model)
+        seconds = self.costs.host_transfer_s(num_bytes, self.devices)
+        await asyncio.sleep(seconds)
+        self.agent = msg.agent
+        self.version = int(msg.meta.get("version", 0))
+        return SwapDone(int(num_bytes), seconds)
+
+    @handler(SwapOut)
+    async def on_swap_out(self, msg: SwapOut, env: Envelope) -> TrainState:
+        model = self._model()
+        num_bytes = self.costs.state_bytes(model)
+        seconds = self.costs.host_transfer_s(num_bytes, self.devices)
+        await asyncio.sleep(seconds)
+        state = TrainState(self.agent, self.version, {}, {"version": self.version,
+                                                          "sim_bytes": num_bytes}, seconds)
+        self.agent = ""
+        return state
+
+    @handler(TrainBeginBatch)
+    async def on_begin_batch(self, msg: TrainBeginBatch, env: Envelope) -> None:
+        self._model()
+
+    @handler(TrainMicroBatch)
+    async def on_micro_batch(self, msg: TrainMicroBatch, env: Envelope) -> TrainStats:
+        model = self._model()
+        rows = int(msg.input_ids.shape[0])
+        tokens = int(msg.attention_mask.sum().item())
+        await self._compute(self.costs.train_s(model, self.devices, rows, tokens),
+                            self.costs.active_train_devices(self.devices, rows))
+        return TrainStats(loss=0.0, num_tokens=int(msg.response_mask.sum().item()))
+
+    @handler(TrainStep)
+    async def on_step(self, msg: TrainStep, env: Envelope) -> TrainStepDone:
+        seconds = self.costs.optimizer_s(self._model(), self.devices)
+        await self._compute(seconds, self.devices)
+        self.version += 1
+        return TrainStepDone(self.version, grad_norm=1.0, step_s=seconds)
+
+    @handler(ExportWeights)
+    async def on_export(self, msg: ExportWeights, env: Envelope) -> WeightUpdate:
+        self._model()  # the transfer itself is paid by each instance's load (sync_bandwidth)
+        return WeightUpdate(self.version, {})

@@ -1,0 +1,184 @@
+"""Workload presets shaped like the paper's: teams, their workflows and their deployment.
+
+The paper does not publish its workflows, so each preset is a plausible shape with the stated
+properties (model sizes, skewed call ratios), described by `Stage`s:
+
+    one trajectory: for each stage in order: pick `pick` of the stage's agents (weighted, the
+    skew), call each `calls` times in parallel, `rounds` times in a row; each prompt is the
+    stage's own `prompt` tokens plus everything the trajectory generated so far (capped at
+    `max_context`); the simulated policy answers with a median of `median` tokens (long-tailed)
+
+Every draw comes from a generator seeded by (task, trajectory): the same workload for every
+system and every run. Training hyper-parameters follow the paper: global batch 64 = 4 tasks x
+16 parallel samples, micro-batch 16 (one group), balancing threshold 5.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from flexmarl.protocol import SamplingParams
+from flexmarl.sim.engines import TOKEN
+from flexmarl.team import AgentSpec, Team
+
+
+@dataclass(frozen=True)
+class Stage:
+    agents: tuple[str, ...]
+    median: int
+    """Median response tokens of the simulated policy at this stage."""
+    prompt: int = 1024
+    """The stage's own prompt tokens (instructions, task, tool results)."""
+    weights: tuple[float, ...] | None = None
+    """Relative chance of each agent being picked (None: equal)."""
+    pick: tuple[int, int] = (1, 1)
+    calls: tuple[int, int] = (1, 1)
+    rounds: tuple[int, int] = (1, 1)
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    description: str
+    models: dict[str, str]
+    """agent -> model size in the cost model (14b, 32b)."""
+    stages: tuple[Stage, ...]
+    nodes: int = 48
+    shared_slots: int = 2
+    """FlexMARL's shared trainer pool: slots (each sized for the largest model)."""
+    tasks_per_step: int = 4
+    trajectories_per_task: int = 16
+    max_context: int = 8192
+    steps: int = 6
+    """Simulated steps; the first and the last are not measured (see cluster.py)."""
+    tasks: int = 256
+
+    def team(self) -> Team:
+        return Team(name=self.name, agents=[
+            AgentSpec(name=a, model=size, sampling=SamplingParams(max_tokens=8192, n=1))
+            for a, size in self.models.items()], workflow=_workflow(self), tasks=[
+            SimTask(f"{self.name}-{i}") for i in range(self.tasks)])
+
+
+@dataclass(frozen=True)
+class SimTask:
+    task_id: str
+
+
+def _workflow(preset: Preset) -> Any:
+    async def workflow(ctx: Any, task: SimTask) -> None:
+        rng = random.Random(zlib.crc32(f"{task.task_id}/{ctx.trajectory}".encode()))
+        context = 0
+        for stage in preset.stages:
+            agents = _pick(rng, stage)
+            for _ in range(rng.randint(*stage.rounds)):
+                calls = [(agent, rng.randint(*stage.calls)) for agent in agents]
+                prompt_len = stage.prompt + min(context, preset.max_context)
+                # Token 0 tells the simulated policy the median length it answers with.
+                prompt = [stage.median] + [TOKEN] * (prompt_len - 1)
+                outs = await asyncio.gather(*(ctx.generate(agent, prompt)
+                                              for agent, k in calls for _ in range(k)))
+                context += sum(len(c.token_ids) for out in outs for c in out)
+        ctx.team_reward(rng.random())  # a learning signal in every group (the value is moot)
+
+    return workflow
+
+
+def _pick(rng: random.Random, stage: Stage) -> list[str]:
+    k = min(rng.randint(*stage.pick), len(stage.agents))
+    pool = list(stage.agents)
+    weights = list(stage.weights or [1.0] * len(pool))
+    chosen = []
+    for _ in range(k):
+        i = rng.choices(range(len(pool)), weights=weights)[0]
+        chosen.append(pool.pop(i))
+        weights.pop(i)
+    return chosen
+
+
+def _chain(*stages: Stage) -> tuple[Stage, ...]:
+    return tuple(stages)
+
+
+PRESETS: dict[str, Preset] = {}
+
+
+def _add(p: Preset) -> None:
+    PRESETS[p.name] = p
+
+
+_add(Preset(
+    "merchant", "Merchant-Assistant-shaped: 5 agents, all 14B; the tool caller gets ~5x the "
+    "calls of the others (skewed call ratios)",
+    {"intent": "14b", "planner": "14b", "tool_caller": "14b", "analyst": "14b",
+     "responder": "14b"},
+    _chain(Stage(("intent",), median=96),
+           Stage(("planner",), median=512, prompt=1536),
+           Stage(("tool_caller",), median=256, calls=(2, 8)),
+           Stage(("analyst",), median=768, rounds=(1, 2)),
+           Stage(("responder",), median=1024))))
+
+_add(Preset(
+    "category", "Category-Assistant-shaped: 5 agents, 3 x 14B and 2 x 32B; the retriever is "
+    "called 3-6 times per trajectory",
+    {"router": "14b", "retriever": "14b", "reasoner": "32b", "critic": "14b", "writer": "32b"},
+    _chain(Stage(("router",), median=128),
+           Stage(("retriever",), median=192, calls=(3, 6)),
+           Stage(("reasoner",), median=1536, prompt=2048),
+           Stage(("critic",), median=384),
+           Stage(("writer",), median=1024))))
+
+_add(Preset(
+    "5x32b", "scalability: 5 x 32B agents; a planner, 3 specialists (1-2 picked per "
+    "trajectory, skewed 4:2:1), a writer",
+    {"planner": "32b", "spec_a": "32b", "spec_b": "32b", "spec_c": "32b", "writer": "32b"},
+    _chain(Stage(("planner",), median=384),
+           Stage(("spec_a", "spec_b", "spec_c"), median=768, weights=(4, 2, 1), pick=(1, 2),
+                 calls=(1, 3)),
+           Stage(("writer",), median=1024)),
+    shared_slots=2))
+
+_14b = tuple(f"spec{i}" for i in range(7))
+_add(Preset(
+    "3x32b_7x14b", "scalability: 3 x 32B (planner, reviewer, writer) and 7 x 14B specialists "
+    "(2-3 picked per trajectory, Zipf-skewed)",
+    {"planner": "32b", **{a: "14b" for a in _14b}, "reviewer": "32b", "writer": "32b"},
+    _chain(Stage(("planner",), median=384),
+           Stage(_14b, median=512, weights=tuple(1 / (i + 1) for i in range(7)), pick=(2, 3),
+                 calls=(1, 4)),
+           Stage(("reviewer",), median=384),
+           Stage(("writer",), median=1024)),
+    shared_slots=3))
+
+_15 = tuple(f"spec{i}" for i in range(12))
+_add(Preset(
+    "15x14b", "scalability: 15 x 14B; a planner, 12 specialists (3 picked per trajectory, "
+    "Zipf-skewed), an aggregator and a writer",
+    {"planner": "14b", **{a: "14b" for a in _15}, "aggregator": "14b", "writer": "14b"},
+    _chain(Stage(("planner",), median=384),
+           Stage(_15, median=512, weights=tuple(1 / (i + 1) for i in range(12)), pick=(3, 3),
+                 calls=(1, 4)),
+           Stage(("aggregator",), median=512),
+           Stage(("writer",), median=1024)),
+    shared_slots=4))
+
+_add(Preset(
+    "small", "a small test deployment: 3 x 14B agents on 4 nodes, 4 steps of 2 tasks x 4 "
+    "samples (seconds to simulate)",
+    {"planner": "14b", "worker": "14b", "writer": "14b"},
+    _chain(Stage(("planner",), median=128),
+           Stage(("worker",), median=256, calls=(1, 4)),
+           Stage(("writer",), median=256)),
+    nodes=4, shared_slots=1, tasks_per_step=2, trajectories_per_task=4, steps=4, tasks=16))
+
+
+def get_preset(name: str) -> Preset:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
+__all__ = ["PRESETS", "Preset", "SimTask", "Stage", "get_preset"]

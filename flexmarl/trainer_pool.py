@@ -176,6 +176,10 @@ class TrainerPool:
         self._prefetches: set[asyncio.Future] = set()
         self._loaded: dict[str, str] = {}
         """slot -> agent whose trainer the slot's processes hold now."""
+        self._leaving: dict[str, asyncio.Future] = {}
+        """agent -> done when its state, on its way out of a slot, is in `states`."""
+        self._started: set[str] = set()
+        """Agents whose trainer has been built: a fresh SwapIn would lose their training."""
 
     @asynccontextmanager
     async def bind(self, agent: str, *, prefetch: bool = False) -> AsyncIterator[Connection]:
@@ -268,18 +272,32 @@ class TrainerPool:
         if loaded == grant.agent:
             return  # its trainer never left this slot
         if loaded:  # an idle agent's trainer: its state goes out to this process's memory
+            leaving = self._leaving[loaded] = asyncio.get_running_loop().create_future()
             started = now()
-            out: TrainState = await conn.request(SwapOut(), timeout_s=self.request_timeout_s)
-            self.states[loaded] = out
-            del self._loaded[grant.slot]
-            self._record(loaded, grant.slot, "out", out, started)
+            try:
+                out: TrainState = await conn.request(SwapOut(), timeout_s=self.request_timeout_s)
+                self.states[loaded] = out
+                del self._loaded[grant.slot]
+                self._record(loaded, grant.slot, "out", out, started)
+            finally:
+                del self._leaving[loaded]
+                leaving.set_result(None)
+        # The agent may have been evicted from another slot a moment ago (by the grant that
+        # chose that slot) and its state still be on the way out: wait for it to land.
+        if grant.agent in self._leaving:
+            await asyncio.shield(self._leaving[grant.agent])
         state = self.states.get(grant.agent)  # kept until the SwapIn succeeded
+        if state is None and grant.agent in self._started:
+            raise RuntimeError(f"agent {grant.agent}'s training state is in no slot and not in "
+                               "host memory (its SwapOut failed): refusing to restart it from "
+                               "its initial weights")
         spec = self.agents[grant.agent]
         started = now()
         await conn.request(SwapIn(grant.agent, spec.model_dir, spec.config,
                                   state.tensors if state else {}, state.meta if state else {}),
                            timeout_s=self.request_timeout_s)
         self._loaded[grant.slot] = grant.agent
+        self._started.add(grant.agent)
         if state is not None:
             del self.states[grant.agent]
             self._record(grant.agent, grant.slot, "in", state, started)

@@ -86,7 +86,7 @@ async def test_step_gate_wakes_waiters_in_order():
 
 def test_busy_clock_counts_overlapping_requests_once(monkeypatch):
     now = [0.0]
-    monkeypatch.setattr("flexmarl.orchestrator.time.perf_counter", lambda: now[0])
+    monkeypatch.setattr("flexmarl.orchestrator.now", lambda: now[0])
     clock = BusyClock()
     clock.enter()            # t=0  one request
     now[0] = 1.0

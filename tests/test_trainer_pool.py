@@ -313,3 +313,56 @@ async def test_pool_takes_turns_and_prefetches_the_swapped_out_agent():
     # ping-pong while the team is idle).
     assert log[5:] == [("out", "a"), ("in", "b", True)]
     assert pool.allocator.bound == {} and not pool._holding
+
+
+class SlowSwapOutSlot(RecordingSlot):
+    """A slot whose SwapOut of agent a takes a while (as a real one moving GBs does)."""
+
+    async def request(self, msg, timeout_s=None):
+        if isinstance(msg, SwapOut) and self.agent == "a":
+            await asyncio.sleep(0.05)
+        return await super().request(msg, timeout_s)
+
+
+async def test_an_agent_evicted_a_moment_ago_gets_its_state_not_a_fresh_trainer():
+    """Found by the cluster simulator: c's grant evicts a from s0; a asks again while its state
+    is still on the way out and is granted s1. Its SwapIn must carry that state (it waited for
+    it), not start a fresh trainer that forgets everything a learnt."""
+    from flexmarl.trainer_pool import AgentTrainer, TrainerPool
+    log: list = []
+    pool = TrainerPool({"s0": SlowSwapOutSlot(log), "s1": SlowSwapOutSlot(log)},
+                       {"s0": 1, "s1": 1},
+                       {a: AgentTrainer(f"/{a}", {}) for a in "abc"}, prefetch=False)
+    for agent in "ab":  # a resident in s0, b in s1, both idle
+        async with pool.bind(agent):
+            pass
+
+    async def update(agent: str) -> None:
+        async with pool.bind(agent):
+            pass
+
+    c = asyncio.ensure_future(update("c"))  # evicts a (least recently used) from s0
+    await asyncio.sleep(0.01)  # a's SwapOut is under way
+    await update("a")  # granted s1: evicts b; a's state must come in
+    await c
+    ins = [e for e in log if e[0] == "in"]
+    assert ("in", "a", True) in ins and ins.count(("in", "a", False)) == 1, log
+    await pool.close()
+
+
+async def test_a_lost_state_fails_loudly_instead_of_restarting_the_agent():
+    from flexmarl.trainer_pool import AgentTrainer, TrainerPool
+
+    class FailingSwapOut(RecordingSlot):
+        async def request(self, msg, timeout_s=None):
+            if isinstance(msg, SwapOut):
+                raise RemoteError("handler", "SwapOut failed")
+            return await super().request(msg, timeout_s)
+
+    pool = TrainerPool({"s0": FailingSwapOut([])}, {"s0": 1},
+                       {a: AgentTrainer(f"/{a}", {}) for a in "ab"}, prefetch=False)
+    async with pool.bind("a"):
+        pass
+    with pytest.raises(RemoteError):
+        async with pool.bind("b"):  # a's state cannot leave: b does not get the slot
+            pass

@@ -54,7 +54,7 @@ class _VirtualSelector(selectors.BaseSelector):
         if events or timeout == 0:
             return events
         if timeout is None:  # nothing runnable, no timer: only another thread could help
-            events = self._real.select(STALL_S)
+            events = self._real.select(self._loop.stall_s)
             if not events:
                 raise SimulationStalled(
                     f"simulated time {self._loop.time():.3f} s: every task is waiting and no "
@@ -69,8 +69,10 @@ class VirtualEventLoop(asyncio.SelectorEventLoop):
 
     virtual_time = True
 
-    def __init__(self) -> None:
+    def __init__(self, stall_s: float = STALL_S) -> None:
         self._now = 0.0
+        self.stall_s = stall_s
+        """Real seconds to wait for another thread when nothing is scheduled, then stall."""
         super().__init__(selector=_VirtualSelector(self))
 
     def time(self) -> float:
@@ -81,7 +83,7 @@ class VirtualEventLoop(asyncio.SelectorEventLoop):
             self._now += seconds
 
 
-def run(main: Awaitable[T]) -> T:
+def run(main: Awaitable[T], *, stall_s: float = STALL_S) -> T:
     """asyncio.run(main) on a fresh virtual-time loop."""
-    with asyncio.Runner(loop_factory=VirtualEventLoop) as runner:
+    with asyncio.Runner(loop_factory=lambda: VirtualEventLoop(stall_s)) as runner:
         return runner.run(main)

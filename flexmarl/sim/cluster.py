@@ -126,7 +126,7 @@ def _layout(preset: Preset, system: System, costs: Costs) -> _Layout:
     if system.trainers == "static":
         sizes = [m.train_devices for m in models.values()]
     else:
-        sizes = [max(m.train_devices for m in models.values())] * preset.shared_slots
+        sizes = [costs.models[size].train_devices for size in preset.shared_slots]
     slots = {f"trainer-{k}": (n, DeviceGroup(f"trainer-{k}", n, costs))
              for k, n in enumerate(sizes)}
     rollout_devices = total - sum(sizes)

@@ -49,7 +49,9 @@ class DeviceGroup:
     """Devices shared by engines. `colocated`: rollout instances and a trainer slot share them
     and only one mode (("rollout", agent) or ("train", agent)) is resident at a time; a mode
     change waits for the current mode's users to finish and costs `switch_bytes(mode)` over
-    the group's host links. Modes are served in the order they were asked for."""
+    the group's host links. Modes are served in the order they were first asked for; a switch
+    admits every pending request of its mode; while another mode waits, new requests of the
+    current one queue behind it (no starvation)."""
 
     name: str
     devices: int
@@ -105,11 +107,16 @@ class DeviceGroup:
         asyncio.get_running_loop().call_later(seconds, switched)
 
     def _grant(self, mode: tuple) -> None:
-        # Every waiter of this mode at the head of the queue joins (a batch of one agent).
-        while self._waiting and self._waiting[0][0] == mode:
-            _, fut = self._waiting.popleft()
-            self._users += 1
-            fut.set_result(None)
+        # Every waiter of this mode joins, wherever it is in the queue: one switch serves all
+        # the calls of the agent that are pending (the batching a colocated system would do).
+        keep = deque()
+        for waiter, fut in self._waiting:
+            if waiter == mode:
+                self._users += 1
+                fut.set_result(None)
+            else:
+                keep.append((waiter, fut))
+        self._waiting = keep
         if not self._users:
             self._next()
 

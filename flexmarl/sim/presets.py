@@ -47,8 +47,9 @@ class Preset:
     """agent -> model size in the cost model (14b, 32b)."""
     stages: tuple[Stage, ...]
     nodes: int = 48
-    shared_slots: int = 2
-    """FlexMARL's shared trainer pool: slots (each sized for the largest model)."""
+    shared_slots: tuple[str, ...] = ("14b", "14b", "14b")
+    """FlexMARL's shared trainer pool: one slot per entry, sized for that model (an agent
+    takes the smallest free slot that fits it; fewer slots than agents)."""
     tasks_per_step: int = 4
     trajectories_per_task: int = 16
     max_context: int = 8192
@@ -115,55 +116,56 @@ _add(Preset(
     "calls of the others (skewed call ratios)",
     {"intent": "14b", "planner": "14b", "tool_caller": "14b", "analyst": "14b",
      "responder": "14b"},
-    _chain(Stage(("intent",), median=96),
-           Stage(("planner",), median=512, prompt=1536),
-           Stage(("tool_caller",), median=256, calls=(2, 8)),
-           Stage(("analyst",), median=768, rounds=(1, 2)),
-           Stage(("responder",), median=1024))))
+    _chain(Stage(("intent",), median=32),
+           Stage(("planner",), median=128, prompt=1536),
+           Stage(("tool_caller",), median=64, calls=(2, 8)),
+           Stage(("analyst",), median=192, rounds=(1, 2)),
+           Stage(("responder",), median=256))))
 
 _add(Preset(
     "category", "Category-Assistant-shaped: 5 agents, 3 x 14B and 2 x 32B; the retriever is "
     "called 3-6 times per trajectory",
     {"router": "14b", "retriever": "14b", "reasoner": "32b", "critic": "14b", "writer": "32b"},
-    _chain(Stage(("router",), median=128),
-           Stage(("retriever",), median=192, calls=(3, 6)),
-           Stage(("reasoner",), median=1536, prompt=2048),
-           Stage(("critic",), median=384),
-           Stage(("writer",), median=1024))))
+    _chain(Stage(("router",), median=32),
+           Stage(("retriever",), median=48, calls=(3, 6)),
+           Stage(("reasoner",), median=384, prompt=2048),
+           Stage(("critic",), median=96),
+           Stage(("writer",), median=256)),
+    shared_slots=("32b", "14b", "14b")))
 
 _add(Preset(
     "5x32b", "scalability: 5 x 32B agents; a planner, 3 specialists (1-2 picked per "
     "trajectory, skewed 4:2:1), a writer",
     {"planner": "32b", "spec_a": "32b", "spec_b": "32b", "spec_c": "32b", "writer": "32b"},
-    _chain(Stage(("planner",), median=384),
-           Stage(("spec_a", "spec_b", "spec_c"), median=768, weights=(4, 2, 1), pick=(1, 2),
+    _chain(Stage(("planner",), median=96),
+           Stage(("spec_a", "spec_b", "spec_c"), median=192, weights=(4, 2, 1), pick=(1, 2),
                  calls=(1, 3)),
-           Stage(("writer",), median=1024)),
-    shared_slots=2))
+           Stage(("writer",), median=256)),
+    shared_slots=("32b",) * 3))
 
 _14b = tuple(f"spec{i}" for i in range(7))
 _add(Preset(
     "3x32b_7x14b", "scalability: 3 x 32B (planner, reviewer, writer) and 7 x 14B specialists "
     "(2-3 picked per trajectory, Zipf-skewed)",
     {"planner": "32b", **{a: "14b" for a in _14b}, "reviewer": "32b", "writer": "32b"},
-    _chain(Stage(("planner",), median=384),
-           Stage(_14b, median=512, weights=tuple(1 / (i + 1) for i in range(7)), pick=(2, 3),
+    _chain(Stage(("planner",), median=96),
+           Stage(_14b, median=128, weights=tuple(1 / (i + 1) for i in range(7)), pick=(2, 3),
                  calls=(1, 4)),
-           Stage(("reviewer",), median=384),
-           Stage(("writer",), median=1024)),
-    shared_slots=3))
+           Stage(("reviewer",), median=96),
+           Stage(("writer",), median=256)),
+    shared_slots=("32b", "32b") + ("14b",) * 4))
 
 _15 = tuple(f"spec{i}" for i in range(12))
 _add(Preset(
     "15x14b", "scalability: 15 x 14B; a planner, 12 specialists (3 picked per trajectory, "
     "Zipf-skewed), an aggregator and a writer",
     {"planner": "14b", **{a: "14b" for a in _15}, "aggregator": "14b", "writer": "14b"},
-    _chain(Stage(("planner",), median=384),
-           Stage(_15, median=512, weights=tuple(1 / (i + 1) for i in range(12)), pick=(3, 3),
+    _chain(Stage(("planner",), median=96),
+           Stage(_15, median=128, weights=tuple(1 / (i + 1) for i in range(12)), pick=(3, 3),
                  calls=(1, 4)),
-           Stage(("aggregator",), median=512),
-           Stage(("writer",), median=1024)),
-    shared_slots=4))
+           Stage(("aggregator",), median=128),
+           Stage(("writer",), median=256)),
+    shared_slots=("14b",) * 8))
 
 _add(Preset(
     "small", "a small test deployment: 3 x 14B agents on 4 nodes, 4 steps of 2 tasks x 4 "
@@ -172,7 +174,8 @@ _add(Preset(
     _chain(Stage(("planner",), median=128),
            Stage(("worker",), median=256, calls=(1, 4)),
            Stage(("writer",), median=256)),
-    nodes=4, shared_slots=1, tasks_per_step=2, trajectories_per_task=4, steps=4, tasks=16))
+    nodes=4, shared_slots=("14b",), tasks_per_step=2, trajectories_per_task=4, steps=4,
+    tasks=16))
 
 
 def get_preset(name: str) -> Preset:

@@ -1,0 +1,118 @@
+"""Cluster simulation: the paper's comparison table, from the product's own scheduling code.
+
+Every system (flexmarl.sim.cluster.SYSTEMS: mas_rl, marti, one_step_off, flexmarl and its
+three ablations) runs the same preset workload (flexmarl.sim.presets) with the same seed on
+simulated hardware (cost model flexmarl/sim/costs.toml) on a virtual clock: the real
+orchestrator, experience store, pipeline policies, balancer and trainer pool, over local://.
+Deterministic: two runs print the same numbers. Step time and tokens/s are over the steady
+state (the first and last of the simulated steps are not measured).
+
+    .venv/bin/python bench/simulate.py --preset merchant [--json] [--steps 6] [--seed 0]
+        [--systems mas_rl,marti,...] [--costs PATH] [--set section.key=value ...]
+    .venv/bin/python bench/simulate.py --preset all     # every preset, one table each
+
+Columns: step time (s), generated tokens/s, accelerator utilisation (active device-seconds:
+decoding, prefilling, training / all devices x time), ratios of step time against mas_rl and
+marti (their step / this step: > 1 is faster), moves (instances moved between agents), swaps
+(training states in or out of trainer slots), switches (colocated mode changes). The ideal
+bound is FlexMARL with perfect overlap: its step with training, swaps and syncs free, or its
+trainer work spread over its slots, whichever is longer.
+
+With --json the last line is one JSON object: preset, systems.<name>.{step_s, tokens_per_s,
+utilisation, ...}, ideal_step_s, flexmarl_gap_to_ideal, wall_s (for --preset all: presets.<name>
+of those).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+
+# `python bench/simulate.py` puts bench/, not the repository root, on sys.path.
+if importlib.util.find_spec("flexmarl") is None:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from flexmarl.sim.cluster import SYSTEMS, compare  # noqa: E402
+from flexmarl.sim.costs import DEFAULT_PATH, load_costs  # noqa: E402
+from flexmarl.sim.presets import PRESETS, get_preset  # noqa: E402
+
+
+def _value(text: str) -> float | int:
+    number = float(text)
+    return int(number) if number.is_integer() and "." not in text and "e" not in text else number
+
+
+def table(out: dict) -> str:
+    systems = out["systems"]
+    base = {b: systems[b]["step_s"] for b in ("mas_rl", "marti") if b in systems}
+    util = systems.get("mas_rl", {}).get("utilisation")
+    lines = [f"preset {out['preset']}: {get_preset(out['preset']).description}",
+             f"{'system':22s} {'step s':>8s} {'tokens/s':>9s} {'util':>6s} {'util/mas':>8s} "
+             f"{'vs mas_rl':>9s} {'vs marti':>8s} {'moves':>6s} {'swaps':>6s} {'switch':>6s}"]
+    for name, r in systems.items():
+        ratios = [f"{base[b] / r['step_s']:8.2f}x" if b in base else f"{'-':>9s}"
+                  for b in ("mas_rl", "marti")]
+        u = f"{r['utilisation'] / util:7.2f}x" if util else f"{'-':>8s}"
+        lines.append(f"{name:22s} {r['step_s']:8.1f} {r['tokens_per_s']:9.1f} "
+                     f"{r['utilisation']:6.1%} {u} {ratios[0]} {ratios[1]:>8s} "
+                     f"{r['moves']:6d} {r['swaps']:6d} {r['switches']:6d}")
+    if "ideal_step_s" in out:
+        lines.append(f"ideal (perfect overlap) {out['ideal_step_s']:7.1f} s; flexmarl is "
+                     f"{out['flexmarl_gap_to_ideal']:+.1%} from it")
+    return "\n".join(lines)
+
+
+def run_preset(name: str, args: argparse.Namespace, costs) -> dict:
+    started = time.perf_counter()
+
+    def progress(system: str, result) -> None:
+        print(f"  {name}/{system}: {result.step_s:.1f} s per step "
+              f"({time.perf_counter() - started:.1f} s so far)", file=sys.stderr)
+
+    out = compare(name, args.systems, costs=costs, steps=args.steps, seed=args.seed,
+                  progress=progress)
+    out["wall_s"] = time.perf_counter() - started
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", required=True, help=f"one of {', '.join(PRESETS)}, or all")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--steps", type=int, default=None, help="simulated steps (preset default)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--systems", type=lambda s: s.split(","), default=None,
+                    help=f"comma-separated subset of {', '.join(SYSTEMS)}")
+    ap.add_argument("--costs", default=str(DEFAULT_PATH), help="cost model TOML file")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="override one cost-model parameter (repeatable)")
+    args = ap.parse_args(argv)
+    overrides = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            ap.error(f"--set takes SECTION.KEY=VALUE, got {item!r}")
+        overrides[key] = _value(value)
+    try:
+        costs = load_costs(args.costs, **overrides)
+        names = list(PRESETS) if args.preset == "all" else [get_preset(args.preset).name]
+        for system in args.systems or []:
+            if system not in SYSTEMS:
+                raise ValueError(f"unknown system {system!r}; systems: {', '.join(SYSTEMS)}")
+    except ValueError as exc:
+        ap.error(str(exc))
+    results = {}
+    for name in names:
+        results[name] = run_preset(name, args, costs)
+        print(table(results[name]), f"\n({results[name]['wall_s']:.1f} s to simulate)\n")
+    out = results[names[0]] if len(names) == 1 else {"presets": results}
+    if args.json:
+        print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    main()

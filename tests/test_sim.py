@@ -1,0 +1,263 @@
+"""The cluster simulator (flexmarl.sim): virtual clock, cost model, simulated engines, and the
+product's scheduling code running on them.
+
+Layers:
+(a) the virtual-time loop alone: hours of sleeps in milliseconds, flexmarl.clock.now() on it,
+    a deadlock reported instead of hanging;
+(b) cost model and engines against hand-computed service times (exact up to float rounding,
+    REL = 1e-9), continuous batching, colocated mode switches;
+(c) whole systems on the `small` preset (under a second each): determinism across processes
+    with different hash seeds, zero staleness in flexmarl, one version in one_step_off, and a
+    change to a policy object changing the simulated result.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from flexmarl.balancer import BalancerConfig
+from flexmarl.clock import now
+from flexmarl.pipeline import make_pipeline
+from flexmarl.protocol import SamplingParams
+from flexmarl.sim import clock
+from flexmarl.sim.cluster import SYSTEMS, compare, simulate
+from flexmarl.sim.costs import load_costs
+from flexmarl.sim.engines import DeviceGroup, SimRolloutEngine
+from flexmarl.sim.presets import PRESETS, get_preset
+
+ROOT = Path(__file__).resolve().parent.parent
+REL = 1e-9
+COSTS = load_costs()
+
+
+# ----------------------------------------------------------------------------- virtual clock
+
+def test_virtual_loop_jumps_to_the_next_timer():
+    async def main():
+        async def sleeper(hours: float) -> float:
+            await asyncio.sleep(hours * 3600)
+            return now()
+        finished = await asyncio.gather(*(sleeper(h) for h in (3, 1, 2)))
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(asyncio.Event().wait(), 60)
+        return finished, now()
+
+    started = time.perf_counter()
+    finished, end = clock.run(main())
+    assert finished == [3 * 3600.0, 3600.0, 2 * 3600.0]
+    assert end == 3 * 3600.0 + 60
+    assert time.perf_counter() - started < 2.0  # three simulated hours, not real ones
+
+
+def test_virtual_loop_reports_a_deadlock():
+    async def main():
+        await asyncio.Event().wait()  # nobody will ever set it
+
+    with pytest.raises(clock.SimulationStalled, match="deadlock"):
+        clock.run(main(), stall_s=0.05)
+
+
+def test_now_is_real_time_outside_the_simulator():
+    async def main():
+        return now()
+
+    before = time.perf_counter()
+    assert asyncio.run(main()) >= before
+
+
+# ----------------------------------------------------------------------------- cost model
+
+def test_cost_model_overrides_and_errors():
+    costs = load_costs(**{"train.mfu": 0.5})
+    assert costs.train.mfu == 0.5
+    with pytest.raises(ValueError, match="no parameter 'train.nope'"):
+        load_costs(**{"train.nope": 1})
+
+
+def test_largest_swap_matches_the_paper_calibration():
+    """costs.toml calibrates host bandwidth so a 32B agent's state on 2 nodes moves in ~11 s."""
+    m = COSTS.models["32b"]
+    seconds = COSTS.host_transfer_s(COSTS.state_bytes(m), m.train_devices)
+    assert 10.0 <= seconds <= 12.0
+
+
+def test_decode_step_grows_with_the_kv_read_and_is_compute_bound_at_scale():
+    m = COSTS.models["14b"]
+    one = COSTS.decode_step_s(m, 1, 1000)
+    assert COSTS.decode_step_s(m, 8, 8 * 4000) > one
+    d, r = COSTS.device, COSTS.rollout
+    memory = (m.weight_bytes + m.kv_bytes_per_token * 1000) / (
+        m.rollout_devices * d.hbm_bandwidth * r.decode_bandwidth_efficiency)
+    assert one == pytest.approx(memory + r.decode_step_overhead_s, rel=REL)
+
+
+# ----------------------------------------------------------------------------- engines
+
+def _engine(group: DeviceGroup | None = None) -> SimRolloutEngine:
+    m = COSTS.models["14b"]
+    return SimRolloutEngine(COSTS, m, group or DeviceGroup("g", 2, COSTS), agent_of=lambda: "a")
+
+
+def test_one_sequence_takes_prefill_plus_its_decode_steps():
+    """Exact: no other sequence, so the step time changes only with the sequence's own KV."""
+    engine = _engine()
+    params = SamplingParams(max_tokens=300, seed=1)
+    prompt = [100] + [7] * 99
+
+    async def main():
+        await engine.start()
+        [length] = engine.lengths(prompt, params)
+        samples, _ = await engine.generate(prompt, params)
+        return length, samples, now()
+
+    length, samples, took = clock.run(main())
+    assert len(samples[0].token_ids) == length
+    m, seg = COSTS.models["14b"], COSTS.rollout.segment_tokens
+    expected, done = COSTS.prefill_s(m, len(prompt)), 0
+    while done < length:  # the engine re-evaluates the step time every segment
+        tokens = min(seg, length - done)
+        expected += tokens * COSTS.decode_step_s(m, 1, len(prompt) + done)
+        done += tokens
+    assert took == pytest.approx(expected, rel=REL)
+    assert engine.group.active_device_s == pytest.approx(2 * took, rel=REL)
+
+
+def test_batching_serves_many_sequences_nearly_as_fast_as_one():
+    engine = _engine()
+    params = SamplingParams(max_tokens=64, seed=3)
+
+    async def run(prompts: int) -> float:
+        await engine.start()
+        await asyncio.gather(*(engine.generate([50, 7, 7], dataclasses.replace(params, seed=3))
+                               for _ in range(prompts)))
+        return now()
+
+    alone, together = clock.run(run(1)), clock.run(run(16))
+    assert alone < together < 2 * alone  # 16 at once in less than twice the time of one
+
+
+def test_lengths_are_seeded_long_tailed_and_capped():
+    engine = _engine()
+    params = SamplingParams(n=2000, max_tokens=8192, seed=5)
+    lengths = engine.lengths([256], params)
+    assert lengths == engine.lengths([256], params)
+    ordered = sorted(lengths)
+    assert 200 <= ordered[1000] <= 320  # median around the prompt's 256
+    assert ordered[1980] > 5 * 256  # a long tail (p99 ~ 10x the median)
+    assert max(lengths) <= 8192
+
+
+def test_colocated_group_serves_one_mode_at_a_time_and_pays_each_switch():
+    group = DeviceGroup("g", 16, COSTS, colocated=True, switch_bytes=lambda mode: 25e9)
+    log = []
+
+    async def use(mode, seconds):
+        await group.acquire(mode)
+        log.append(("start", mode, now()))
+        await asyncio.sleep(seconds)
+        log.append(("end", mode, now()))
+        group.release(mode)
+
+    async def main():
+        await asyncio.gather(use(("rollout", "a"), 5), use(("train", "a"), 1),
+                             use(("rollout", "a"), 2))
+
+    clock.run(main())
+    # Entering a mode loads 25 GB over one node's 25 GB/s: 1 s. Both rollout requests run
+    # together after the first switch; training waits for both, then switches.
+    assert log == [("start", ("rollout", "a"), 1.0), ("start", ("rollout", "a"), 1.0),
+                   ("end", ("rollout", "a"), 3.0), ("end", ("rollout", "a"), 6.0),
+                   ("start", ("train", "a"), 7.0), ("end", ("train", "a"), 8.0)]
+    assert group.switches == 2
+
+
+# ----------------------------------------------------------------------------- systems
+
+@pytest.fixture(scope="module")
+def small() -> dict:
+    return compare("small")
+
+
+def test_small_preset_runs_every_system_in_seconds(small):
+    assert set(small["systems"]) == set(SYSTEMS)
+    for name, r in small["systems"].items():
+        assert r["step_s"] > 0 and r["tokens_per_s"] > 0, name
+        assert 0 < r["utilisation"] < 1, name
+    assert small["ideal_step_s"] > 0
+    # Mechanisms did what they are: moves only with hierarchical balancing, swaps only with
+    # fewer slots than agents (or colocated), switches only colocated.
+    s = small["systems"]
+    assert s["flexmarl"]["moves"] > 0 and s["flexmarl-no_balance"]["moves"] == 0
+    assert s["flexmarl"]["swaps"] > 0 and s["flexmarl-no_pool"]["swaps"] == 0
+    assert s["mas_rl"]["switches"] > 0 and s["marti"]["switches"] == 0
+    # Perfect overlap is a bound: nothing beats it by more than the workload's tail noise.
+    assert s["flexmarl"]["step_s"] >= small["ideal_step_s"]
+
+
+def test_pipeline_guarantees_hold_in_simulation():
+    flex = simulate("small", "flexmarl")
+    off = simulate("small", "one_step_off")
+    for rec in flex.records:
+        for name, a in rec["agents"].items():
+            assert a["trained_samples"] > 0, (rec["step"], name)
+            assert set(a["staleness_hist"]) == {"0"}, (rec["step"], name)
+    for rec in off.records[1:]:
+        for a in rec["agents"].values():
+            assert set(a["staleness_hist"]) == {"1"}
+
+
+def test_changing_a_policy_object_changes_the_result():
+    """The simulator runs the product's code: a different PipelinePolicy or BalancerConfig
+    object (the ones `flexmarl run` builds from its config) gives another schedule."""
+    base = simulate("small", "flexmarl")
+    no_stream = simulate("small", "flexmarl",
+                         policy=dataclasses.replace(make_pipeline("micro_batch"), stream=False))
+    assert no_stream.step_s != base.step_s
+    assert no_stream.steps != base.steps
+    never_move = simulate("small", "flexmarl", balance=BalancerConfig(ratio=1e9))
+    assert never_move.moves == 0 and base.moves > 0
+    assert never_move.steps != base.steps
+
+
+def test_same_seed_same_table_across_processes():
+    """Two processes with different hash seeds print the same JSON (modulo wall time)."""
+    outs = []
+    for hash_seed in ("1", "2"):
+        proc = subprocess.run(
+            [sys.executable, "bench/simulate.py", "--preset", "small", "--json",
+             "--systems", "marti,flexmarl"], cwd=ROOT, capture_output=True, text=True,
+            timeout=300, env={**os.environ, "PYTHONHASHSEED": hash_seed})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+        out.pop("wall_s")
+        outs.append(out)
+    assert outs[0] == outs[1]
+    for name in ("marti", "flexmarl"):
+        for key in ("step_s", "tokens_per_s", "utilisation"):
+            assert math.isfinite(outs[0]["systems"][name][key])
+    assert "ideal_step_s" in outs[0]
+
+
+def test_a_different_seed_gives_a_different_workload():
+    assert simulate("small", "marti", seed=1).steps != simulate("small", "marti").steps
+
+
+def test_presets_and_bench_errors():
+    assert {"merchant", "category", "5x32b", "3x32b_7x14b", "15x14b"} <= set(PRESETS)
+    with pytest.raises(ValueError, match="unknown preset"):
+        get_preset("nope")
+    with pytest.raises(ValueError, match="unknown system"):
+        simulate("small", "nope")
+    proc = subprocess.run([sys.executable, "bench/simulate.py", "--preset", "small",
+                           "--set", "train.nope=1"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "no parameter 'train.nope'" in proc.stderr

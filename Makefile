@@ -36,6 +36,7 @@ bench: setup
 	$(PY) bench/transport.py
 	$(PY) bench/weight_sync.py
 	$(PY) bench/learning.py
+	$(PY) bench/simulate.py --preset merchant
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

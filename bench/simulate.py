@@ -8,7 +8,7 @@ Deterministic: two runs print the same numbers. Step time and tokens/s are over 
 state (the first and last of the simulated steps are not measured).
 
     .venv/bin/python bench/simulate.py --preset merchant [--json] [--steps 6] [--seed 0]
-        [--systems mas_rl,marti,...] [--costs PATH] [--set section.key=value ...]
+        [--nodes 48] [--systems mas_rl,marti,...] [--costs PATH] [--set section.key=value ...]
     .venv/bin/python bench/simulate.py --preset all     # every preset, one table each
 
 Columns: step time (s), generated tokens/s, accelerator utilisation (active device-seconds:
@@ -25,6 +25,7 @@ of those).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
@@ -49,7 +50,8 @@ def table(out: dict) -> str:
     systems = out["systems"]
     base = {b: systems[b]["step_s"] for b in ("mas_rl", "marti") if b in systems}
     util = systems.get("mas_rl", {}).get("utilisation")
-    lines = [f"preset {out['preset']}: {get_preset(out['preset']).description}",
+    lines = [f"preset {out['preset']} on {out['nodes']} nodes: "
+             f"{get_preset(out['preset']).description}",
              f"{'system':22s} {'step s':>8s} {'tokens/s':>9s} {'util':>6s} {'util/mas':>8s} "
              f"{'vs mas_rl':>9s} {'vs marti':>8s} {'moves':>6s} {'swaps':>6s} {'switch':>6s}"]
     for name, r in systems.items():
@@ -72,8 +74,12 @@ def run_preset(name: str, args: argparse.Namespace, costs) -> dict:
         print(f"  {name}/{system}: {result.step_s:.1f} s per step "
               f"({time.perf_counter() - started:.1f} s so far)", file=sys.stderr)
 
-    out = compare(name, args.systems, costs=costs, steps=args.steps, seed=args.seed,
+    preset = get_preset(name)
+    if args.nodes is not None:
+        preset = dataclasses.replace(preset, nodes=args.nodes)
+    out = compare(preset, args.systems, costs=costs, steps=args.steps, seed=args.seed,
                   progress=progress)
+    out["nodes"] = preset.nodes
     out["wall_s"] = time.perf_counter() - started
     return out
 
@@ -84,6 +90,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--steps", type=int, default=None, help="simulated steps (preset default)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--nodes", type=int, default=None,
+                    help="cluster size in nodes of 16 devices (preset default: 48)")
     ap.add_argument("--systems", type=lambda s: s.split(","), default=None,
                     help=f"comma-separated subset of {', '.join(SYSTEMS)}")
     ap.add_argument("--costs", default=str(DEFAULT_PATH), help="cost model TOML file")

@@ -22,6 +22,19 @@ $(STAMP): pyproject.toml Makefile
 	# one they break `import transformers` ("operator torchvision::nms does not exist") and
 	# nothing here uses them.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	# The dashboard's browser test (tests/test_dashboard.py) drives a headless Chromium; install
+	# it where we can (root with apt-get; the package lists are refreshed only if the first try
+	# fails), otherwise that one test skips. Never fatal: the run itself needs no browser.
+	@if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get install -y -q chromium chromium-driver \
+	      || { apt-get update -q && apt-get install -y -q chromium chromium-driver; } \
+	      || echo "note: could not install chromium/chromedriver; the dashboard browser test will be skipped"; \
+	  else \
+	    echo "note: chromium/chromedriver missing (install needs root and apt-get); the dashboard browser test will be skipped"; \
+	  fi; \
+	fi
 	touch $(STAMP)
 
 # vLLM's engine leaves a shared-memory segment for Python's resource tracker to clean up at

@@ -159,6 +159,10 @@ class Balancer:
     def agent_of(self, instance: str) -> str:
         return self._instances[instance].agent
 
+    def is_draining(self, instance: str) -> bool:
+        """Being moved to another agent: no new requests go to it."""
+        return self._instances[instance].draining
+
     def inflight(self, instance: str) -> int:
         """Requests this balancer routed to `instance` that have not finished."""
         return self._instances[instance].own_requests

@@ -18,6 +18,7 @@ from flexmarl.protocol import TrainBeginBatch, TrainMicroBatch, TrainStep
 from flexmarl.store import Group
 
 if TYPE_CHECKING:
+    from flexmarl.activity import ActivityLog
     from flexmarl.orchestrator import AgentRuntime
 
 log = logging.getLogger(__name__)
@@ -97,8 +98,10 @@ out as larger (more efficient) micro-batches of up to `micro_batch_groups`.
     """
 
     def __init__(self, rt: "AgentRuntime", micro_batch_groups: int,
-                 admit: Callable[[int], bool], *, eager: bool = False) -> None:
+                 admit: Callable[[int], bool], *, eager: bool = False,
+                 activity: "ActivityLog | None" = None) -> None:
         self.rt = rt
+        self.activity = activity
         self.micro_batch_groups = micro_batch_groups
         self.admit = admit
         self.eager = eager
@@ -114,10 +117,14 @@ out as larger (more efficient) micro-batches of up to `micro_batch_groups`.
 
     async def _request(self, msg: Any) -> Any:
         started = now()
+        if self.activity is not None:
+            self.activity.enter(self.rt.spec.name, "train")
         try:
             return await self.rt.trainer.request(msg, timeout_s=self.rt.request_timeout_s)
         finally:
             self.busy_s += now() - started
+            if self.activity is not None:
+                self.activity.exit(self.rt.spec.name, "train")
 
     async def add(self, groups: list[Group]) -> None:
         for g in groups:

@@ -1,7 +1,9 @@
-"""`flexmarl` command line: `flexmarl run [CONFIG] [--team PATH] [--set section.key=value ...]`.
+"""`flexmarl` command line: `flexmarl run [CONFIG] [--team PATH] [--set section.key=value ...]`,
+`flexmarl report RUN_DIR [--out DIR]`.
 
 A thin entry point: resolve the config, load the team, make the run directory, then hand over to
-`flexmarl.run.train` on uvloop. Exit codes: 0 done, 2 config (or team) error, 130 interrupted.
+`flexmarl.run.train` on uvloop. Exit codes: 0 done, 2 config (or team, or report input) error,
+130 interrupted.
 """
 from __future__ import annotations
 
@@ -40,6 +42,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--dry-run", action="store_true",
                      help="print the resolved config as TOML and exit")
     run.set_defaults(command=_run)
+    report = commands.add_parser("report", help="write the HTML report of a run", description=(
+        "Write report.html and its PNG plots for a run directory (from its metrics.jsonl; a "
+        "run still going is reported as far as it got) and print the report's path."))
+    report.add_argument("run_dir", metavar="RUN_DIR", help="the run directory")
+    report.add_argument("--out", metavar="DIR", help="where to write (default RUN_DIR/report)")
+    report.set_defaults(command=_report)
     return parser
 
 
@@ -74,14 +82,34 @@ def _run(args: argparse.Namespace) -> int:
         return _config_error(e)
     print(f"flexmarl: team {team.name!r} ({', '.join(a.name for a in team.agents)}); "
           f"run dir {run_dir.path}", flush=True)
+    def announce(url: str) -> None:
+        print(f"flexmarl: dashboard at {url} (live while the run goes; /metrics for Prometheus)",
+              flush=True)
+
     try:
         with run_dir:
-            result = uvloop.run(train(team, config, run_dir=run_dir))
+            result = uvloop.run(train(team, config, run_dir=run_dir, on_dashboard=announce))
     except KeyboardInterrupt:
         print(f"\nflexmarl: interrupted; what was written so far is in {run_dir.path}",
               file=sys.stderr)
         return EXIT_INTERRUPTED
     print(_summary(result.metrics, result.run_dir))
+    if result.report is not None:
+        print(f"flexmarl: report {result.report}")
+    return EXIT_OK
+
+
+def _report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from flexmarl.report import ReportError, write_report
+
+    try:
+        path = write_report(args.run_dir, out_dir=Path(args.out) if args.out else None)
+    except (ReportError, OSError) as e:
+        print(f"flexmarl: report error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(path)
     return EXIT_OK
 
 

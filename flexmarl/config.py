@@ -246,6 +246,33 @@ def role_cpus(config: "Config") -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 @dataclass(kw_only=True, frozen=True)
+class ObserveConfig:
+    """Watching a run (section `observe`): dashboard, report, TensorBoard, W&B."""
+
+    dashboard: bool = True
+    """Serve the live dashboard, /api/status and /metrics (flexmarl.server) during the run."""
+    host: str = "127.0.0.1"
+    """Interface the dashboard listens on; loopback by default (0.0.0.0 exposes it)."""
+    port: int = 0
+    """Dashboard port; 0 picks a free one (the address is printed)."""
+    report: bool = True
+    """Write RUN_DIR/report/report.html and its plots when the run ends."""
+    tensorboard: bool = True
+    """Also write the per-step metrics as TensorBoard event files (RUN_DIR/tensorboard)."""
+    wandb: bool = False
+    """Also log them to Weights & Biases (needs `pip install wandb`)."""
+    wandb_project: str = "flexmarl"
+    wandb_mode: str = "offline"
+    """`offline` (files under RUN_DIR/wandb, no network; `wandb sync` later) or `online`."""
+
+    def __post_init__(self) -> None:
+        _require(0 <= self.port <= 65535, "observe.port", self.port, "must be in 0..65535")
+        _require(bool(self.host), "observe.host", self.host, "must not be empty")
+        _require(self.wandb_mode in ("offline", "online"), "observe.wandb_mode",
+                 self.wandb_mode, "must be offline or online")
+
+
+@dataclass(kw_only=True, frozen=True)
 class Config:
     """A whole experiment: one field per TOML section."""
 
@@ -256,6 +283,7 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     train: TrainPlacement = field(default_factory=TrainPlacement)
     balance: BalancerConfig = field(default_factory=BalancerConfig)
+    observe: ObserveConfig = field(default_factory=ObserveConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Plain data (tuples as lists), the inverse of `from_dict`."""
@@ -293,7 +321,8 @@ class Config:
 
 SECTIONS: dict[str, type] = {"run": RunConfig, "team": TeamRef, "pipeline": PipelineConfig,
                              "rollout": RolloutConfig, "trainer": TrainerConfig,
-                             "train": TrainPlacement, "balance": BalancerConfig}
+                             "train": TrainPlacement, "balance": BalancerConfig,
+                             "observe": ObserveConfig}
 """TOML section name -> its dataclass, in file order."""
 
 DEFAULT_TOML = """\
@@ -363,6 +392,16 @@ demand_window_s = 10.0    # loads are averaged over about this long before agent
 cooldown_s = 10.0         # no new move this long after one
 min_instances = 1         # an agent keeps at least this many instances
 length_smoothing = 0.2    # EWMA weight of a finished request in the expected length
+
+[observe]                 # watching the run
+dashboard = true          # live dashboard + /api/status + /metrics (Prometheus) during the run
+host = "127.0.0.1"        # loopback only; "0.0.0.0" serves other machines too
+port = 0                  # 0: a free port (the address is printed)
+report = true             # RUN_DIR/report/report.html + PNG plots at the end
+tensorboard = true        # RUN_DIR/tensorboard event files
+wandb = false             # Weights & Biases (pip install wandb)
+wandb_project = "flexmarl"
+wandb_mode = "offline"    # offline (no network; `wandb sync` later) | online
 """
 
 

@@ -21,11 +21,12 @@ import dataclasses
 import logging
 import random
 import zlib
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from flexmarl.clock import now
+from flexmarl.activity import ActivityLog
 from flexmarl.batch import TrainSession
 from flexmarl.protocol import ExportWeights, Generate, GenerateReply, WeightUpdate
 from flexmarl.store import ExperienceStore, Group, Turn
@@ -189,16 +190,19 @@ class TrajectoryContext:
                 p = dataclasses.replace(params, n=size, seed=params.seed + j * per)
             async with self._calls:
                 clock.enter()
+                self.orch.activity.enter(agent, "rollout")
                 try:
                     return await self.orch.pool.generate(
                         agent, Generate(rid, prompt_ids=prompt_ids, params=p),
                         episode=self.episode)
                 finally:
                     clock.exit()
+                    self.orch.activity.exit(agent, "rollout")
 
         replies = await asyncio.gather(*(part(j, size) for j, size in enumerate(sizes)))
         out = []
         samples = [(reply, s) for reply in replies for s in reply.samples]
+        self.orch.samples[agent] += len(samples)
         for k, (reply, s) in enumerate(samples):
             traj_id = str(self.trajectory) if n == 1 else f"{self.trajectory}.{k}"
             row = Turn(agent=agent, input_id=self.input_id, turn=turn, traj_id=traj_id,
@@ -260,6 +264,12 @@ class Orchestrator(Actor):
         self.samples_per_request = samples_per_request
         self.input_step: dict[str, int] = {}
         """input_id -> global step it was sampled for."""
+        self.activity = ActivityLog()
+        """Busy intervals of agents (rollout, train, sync) and instances, for monitoring."""
+        if pool is not None:
+            pool.activity = self.activity
+        self.samples: Counter[str] = Counter()
+        """Samples generated so far, per agent."""
 
     def next_tasks(self, n: int) -> list[Any]:
         """The next `n` tasks of the data cursor."""
@@ -310,22 +320,31 @@ class Orchestrator(Actor):
         rt = self.agents[agent]
         if not rt.spec.trainable:
             raise ValueError(f"agent {agent} is frozen (trainable=False); it has no trainer")
-        return TrainSession(rt, self.micro_batch_groups, admit, eager=eager)
+        return TrainSession(rt, self.micro_batch_groups, admit, eager=eager,
+                            activity=self.activity)
 
     async def export(self, agent: str) -> tuple[WeightUpdate, float]:
         """The agent's current weights from its trainer (bound with trainers.bind); seconds."""
         rt = self.agents[agent]
         started = now()
         async with self.trainers.bind(agent) as trainer:
-            weights: WeightUpdate = await trainer.request(ExportWeights(),
-                                                          timeout_s=rt.request_timeout_s)
+            self.activity.enter(agent, "sync")
+            try:
+                weights: WeightUpdate = await trainer.request(ExportWeights(),
+                                                              timeout_s=rt.request_timeout_s)
+            finally:
+                self.activity.exit(agent, "sync")
         return weights, now() - started
 
     async def push(self, agent: str, weights: WeightUpdate) -> tuple[int, float, int]:
         """Weight sync: every instance of the agent serves `weights`; (version, seconds, bytes)."""
         rt = self.agents[agent]
         started = now()
-        report = await self.pool.push(agent, weights.version, weights.tensors)
+        self.activity.enter(agent, "sync")
+        try:
+            report = await self.pool.push(agent, weights.version, weights.tensors)
+        finally:
+            self.activity.exit(agent, "sync")
         rt.version = weights.version
         return weights.version, now() - started, report.num_bytes
 

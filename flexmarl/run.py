@@ -3,13 +3,15 @@
     resolve models ─► start processes (rollout instances per agent, a trainer group per trainable
     agent) ─► PipelineRun (flexmarl.pipeline): tasks from the data cursor, rollout, training and
     sync of every agent, overlapped as pipeline.mode allows ─► metrics.jsonl, one record per
-    finished global step ─► final per-agent checkpoints ─► ordered shutdown ─► RunResult
+    finished global step (also to the live dashboard, /metrics, TensorBoard, W&B) ─► final
+    per-agent checkpoints ─► ordered shutdown ─► the run report ─► RunResult
 
 The CLI (`flexmarl run`) is a thin wrapper over this function.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import shutil
@@ -17,19 +19,25 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 from flexmarl.config import Config, role_cpus
 from flexmarl.models import SIZES, ensure_model, load_tokenizer
+from flexmarl.monitor import RunMonitor
 from flexmarl.orchestrator import AgentRuntime, Orchestrator
 from flexmarl.pipeline import PipelineRun, make_pipeline
 from flexmarl.rollout.pool import InstancePool
 from flexmarl.trainer_pool import AgentTrainer, TrainerPool
 from flexmarl.rundir import Progress, RunDir
+from flexmarl.server import StatusServer
 from flexmarl.store import ExperienceStore
 from flexmarl.team import AgentSpec, Team
 from runtime.config import SupervisorConfig
 from runtime.supervisor import Supervisor, WorkerSpec
 from runtime.transport import connect
+
+if TYPE_CHECKING:
+    from flexmarl.loggers import MetricLoggers
 
 log = logging.getLogger(__name__)
 MODEL_SEED = 0  # built-in models are built with one seed so every run shares the cache
@@ -44,6 +52,9 @@ class RunResult:
     versions: dict[str, int]
     checkpoints: dict[str, Path] = field(default_factory=dict)
     wall_s: float = 0.0
+    report: Path | None = None
+    """RUN_DIR/report/report.html (observe.report), if it was written."""
+    dashboard_url: str | None = None
 
 
 def resolve_model(spec: AgentSpec) -> str:
@@ -59,9 +70,14 @@ def resolve_model(spec: AgentSpec) -> str:
 
 
 async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
-                progress: bool | None = None) -> RunResult:
-    """Train `team` for config.run.steps global steps; returns the run's metrics."""
+                progress: bool | None = None,
+                on_dashboard: Callable[[str], None] | None = None) -> RunResult:
+    """Train `team` for config.run.steps global steps; returns the run's metrics.
+
+    With observe.dashboard the run serves its dashboard, /api/status and /metrics while it
+    trains; `on_dashboard(url)` is called once they are up (default: a log line)."""
     started = time.perf_counter()
+    dashboard_url = None
     pipeline = make_pipeline(config.pipeline.mode, max_staleness=config.pipeline.max_staleness)
     log.info("resolving models of team %s", team.name)
     model_dirs = {}
@@ -81,36 +97,93 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
                                 micro_batch_groups=p.micro_batch_groups, seed=config.run.seed,
                                 samples_per_request=p.samples_per_request)
             metrics: list[dict] = []
+            monitor = RunMonitor(orch, mode=pipeline.name, steps=config.run.steps,
+                                 run_dir=str(run_dir.path) if run_dir else "")
+            loggers = _loggers(config, team, run_dir)
 
             def emit(record: dict) -> None:
                 record["time"] = time.time()
                 metrics.append(record)
+                monitor.on_record(record)
                 if run_dir is not None:
                     run_dir.metrics.write(record)
+                if loggers is not None:
+                    loggers.log(record)
 
             await pool.start()
-            try:
-                async with orch.serving():
-                    with Progress(config.run.steps, enabled=progress) as bar:
-                        await PipelineRun(orch, pipeline, config.run.steps, p.tasks_per_step,
-                                          emit=emit, progress=bar).run()
-            finally:
-                await pool.close()
-            checkpoints = {}
-            if run_dir is not None:
-                for name, rt in agents.items():
-                    if rt.spec.trainable:
-                        checkpoints[name] = await _checkpoint(orch, name,
-                                                              run_dir.checkpoint_dir(name))
+            async with contextlib.AsyncExitStack() as observing:
+                if config.observe.dashboard:
+                    server = await observing.enter_async_context(StatusServer(
+                        monitor.status, monitor.metrics, host=config.observe.host,
+                        port=config.observe.port))
+                    dashboard_url = server.url
+                    (on_dashboard or (lambda url: log.warning("dashboard at %s", url)))(server.url)
+                sampler = asyncio.create_task(monitor.sample_loop(), name="monitor.sample")
+                observing.callback(sampler.cancel)
+                try:
+                    async with orch.serving():
+                        with Progress(config.run.steps, enabled=progress) as bar:
+                            await PipelineRun(orch, pipeline, config.run.steps, p.tasks_per_step,
+                                              emit=emit, progress=_Tee(bar, monitor)).run()
+                    monitor.state = "finished"
+                except BaseException:
+                    monitor.state = "failed"
+                    raise
+                finally:
+                    await pool.close()
+                    if loggers is not None:
+                        loggers.close()
+                checkpoints = {}
+                if run_dir is not None:
+                    for name, rt in agents.items():
+                        if rt.spec.trainable:
+                            checkpoints[name] = await _checkpoint(orch, name,
+                                                                  run_dir.checkpoint_dir(name))
             store.close()
             await trainers.close()
             for conn in [*pool.conns.values(), *trainers.slots.values()]:
                 await conn.aclose()
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    report = None
+    if run_dir is not None and config.observe.report and metrics:
+        from flexmarl.report import write_report
+        try:
+            report = await asyncio.to_thread(write_report, run_dir.path)
+        except Exception as exc:  # the run itself succeeded: say why there is no report
+            log.warning("writing the run report failed: %s: %s", type(exc).__name__, exc)
     return RunResult(metrics, run_dir.path if run_dir else None,
                      {n: rt.version for n, rt in agents.items()}, checkpoints,
-                     time.perf_counter() - started)
+                     time.perf_counter() - started, report, dashboard_url)
+
+
+class _Tee:
+    """The pipeline's progress reports to the terminal bars and to the monitor."""
+
+    def __init__(self, bar: Progress, monitor: RunMonitor) -> None:
+        self.bar, self.monitor = bar, monitor
+
+    def start_step(self, step: int, total_samples: int) -> None:
+        self.monitor.start_step(step)
+        self.bar.start_step(step, total_samples)
+
+    def add_samples(self, n: int) -> None:
+        self.bar.add_samples(n)
+
+    def end_step(self, step: int, rewards: dict[str, float], seconds: float | None = None
+                 ) -> None:
+        self.bar.end_step(step, rewards, seconds)
+
+
+def _loggers(config: Config, team: Team, run_dir: RunDir | None) -> "MetricLoggers | None":
+    """TensorBoard / W&B sinks of the per-step records (they need a run directory)."""
+    obs = config.observe
+    if run_dir is None or not (obs.tensorboard or obs.wandb):
+        return None
+    from flexmarl.loggers import MetricLoggers
+    return MetricLoggers(run_dir.path, tensorboard=obs.tensorboard, wandb=obs.wandb,
+                         wandb_project=obs.wandb_project, wandb_mode=obs.wandb_mode,
+                         run_name=run_dir.path.name, config=config.to_dict())
 
 
 async def _start_agents(sup: Supervisor, team: Team, config: Config, model_dirs: dict[str, str],

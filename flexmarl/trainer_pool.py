@@ -312,6 +312,11 @@ class TrainerPool:
                  "out of" if direction == "out" else "into", slot, num_bytes / 1e6,
                  record.seconds)
 
+    @property
+    def loaded(self) -> dict[str, str]:
+        """slot -> agent whose training state the slot holds (bound or idle)."""
+        return dict(self._loaded)
+
     def take_busy(self) -> dict[str, float]:
         """Per slot: busy seconds since the last call."""
         out = {s: self.busy_s[s] - self._busy_taken[s] for s in self.busy_s}

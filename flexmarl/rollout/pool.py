@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from flexmarl.clock import now
+from flexmarl.activity import ActivityLog
 from flexmarl.balancer import Balancer, BalancerConfig, Move, percentile
 from flexmarl.protocol import Generate, GenerateReply, LoadReport, SubscribeLoad, WeightUpdate
 from flexmarl.weight_sync import SyncReport, push_weights, weights_nbytes
@@ -85,6 +86,10 @@ class InstancePool:
         self.failed_moves = 0
         self._latency: dict[str, list[float]] = {agent: [] for agent in placement}
         self._tokens: dict[str, int] = {name: 0 for name in instances}
+        self.reports: dict[str, LoadReport] = {}
+        """Each instance's last load report (queued, running: from every client)."""
+        self.activity: ActivityLog | None = None
+        """Set by the orchestrator: each instance's busy intervals (its requests in flight)."""
         self._drains: dict[str, asyncio.Event] = {}
         """Instances being moved, set once their last in-flight request has finished."""
 
@@ -99,6 +104,8 @@ class InstancePool:
         cost = bal.estimate(agent, n=msg.params.n, max_tokens=msg.params.max_tokens)
         name = bal.route(agent, msg.request_id, cost, episode=episode)
         started = now()
+        if self.activity is not None:
+            self.activity.enter(name, "instance")
         try:
             reply: GenerateReply = await self.conns[name].request(
                 msg, timeout_s=self.request_timeout_s)
@@ -106,6 +113,9 @@ class InstancePool:
             bal.finish(msg.request_id)
             self._maybe_drained(name)
             raise
+        finally:
+            if self.activity is not None:
+                self.activity.exit(name, "instance")
         tokens = sum(len(s.token_ids) for s in reply.samples)
         bal.finish(msg.request_id, samples=len(reply.samples), tokens=tokens)
         self._maybe_drained(name)
@@ -156,6 +166,7 @@ class InstancePool:
         for name, conn in self.conns.items():
             first: LoadReport = await conn.request(SubscribeLoad(), control=True,
                                                    timeout_s=self.request_timeout_s)
+            self.reports[name] = first
             self.balancer.report(name, first.queued + first.running)
             self._tasks.append(asyncio.create_task(self._reports(name, conn),
                                                    name=f"pool.reports[{name}]"))
@@ -172,6 +183,7 @@ class InstancePool:
         while True:
             env = await conn.recv()
             if isinstance(env.msg, LoadReport):
+                self.reports[name] = env.msg
                 self.balancer.report(name, env.msg.queued + env.msg.running)
 
     async def _rebalance_loop(self) -> None:

@@ -1,0 +1,82 @@
+"""The run's HTTP face (aiohttp), on the orchestrator's event loop; loopback by default.
+
+    GET /            the live dashboard (flexmarl/web/index.html; its JS polls /api/status)
+    GET /static/...  the dashboard's files, shipped in the package (no build step, no network)
+    GET /api/status  the live state as JSON (orjson); schema in flexmarl.monitor
+    GET /metrics     Prometheus text exposition (prometheus_client), one scrape = one snapshot
+
+The server only reads: `status()` and `metrics()` are callables (flexmarl.monitor.RunMonitor
+provides them), so the same server serves a live run, a simulated one, or a test's fake.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Callable
+
+import orjson
+from aiohttp import web
+
+log = logging.getLogger(__name__)
+WEB_DIR = Path(__file__).with_name("web")
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class StatusServer:
+    """`async with StatusServer(status, metrics, host, port) as server: server.url`."""
+
+    def __init__(self, status: Callable[[], dict], metrics: Callable[[], bytes], *,
+                 host: str = "127.0.0.1", port: int = 0) -> None:
+        self._status = status
+        self._metrics = metrics
+        self.host = host
+        self.port = port
+        self._runner: web.AppRunner | None = None
+        self.app = web.Application()
+        self.app.add_routes([web.get("/", self._index), web.get("/api/status", self._api_status),
+                             web.get("/metrics", self._api_metrics),
+                             web.static("/static", WEB_DIR, show_index=False)])
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/"
+
+    async def start(self) -> None:
+        self._runner = web.AppRunner(self.app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        try:
+            await site.start()
+        except OSError as exc:
+            await self._runner.cleanup()
+            raise OSError(exc.errno, f"dashboard: cannot listen on {self.host}:{self.port} "
+                                     f"({exc.strerror}); set dashboard.port (0 picks a free "
+                                     "port) or dashboard.enabled = false") from None
+        if self.port == 0:  # the port the OS picked
+            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        log.info("dashboard at %s", self.url)
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> "StatusServer":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _index(self, request: web.Request) -> web.StreamResponse:
+        return web.FileResponse(WEB_DIR / "index.html")
+
+    async def _api_status(self, request: web.Request) -> web.Response:
+        body = orjson.dumps(self._status(), option=orjson.OPT_NON_STR_KEYS)
+        return web.Response(body=body, content_type="application/json",
+                            headers={"Cache-Control": "no-store"})
+
+    async def _api_metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self._metrics(),
+                            headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})

@@ -1,0 +1,136 @@
+"""Watching a run: the activity log (pure), then /api/status and /metrics during a real run.
+
+The live test trains the two-agent test team for 3 steps on real processes (torch backend) with
+the dashboard server on a free loopback port, polls both endpoints while it runs, and checks that
+what they say changes as steps complete and parses as Prometheus text with the client library's
+own parser.
+"""
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from flexmarl.activity import ActivityLog
+from flexmarl.config import ConfigError, load_config
+from flexmarl.rundir import RunDir
+from flexmarl.run import train
+from flexmarl.sim import clock
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_e2e import duo  # noqa: E402
+
+
+# ----------------------------------------------------------------------------- activity log
+
+def test_activity_log_counts_overlapping_uses_once_and_merges_back_to_back_ones():
+    async def main():
+        log = ActivityLog()
+        log.enter("a", "rollout")
+        await asyncio.sleep(1)
+        log.enter("a", "rollout")  # a second request while the first runs: same interval
+        await asyncio.sleep(1)
+        log.exit("a", "rollout")
+        await asyncio.sleep(1)
+        log.exit("a", "rollout")
+        await asyncio.sleep(5)
+        log.enter("a", "train")
+        await asyncio.sleep(1)
+        log.exit("a", "train")
+        log.enter("a", "train")  # back to back: the same interval goes on
+        await asyncio.sleep(1)
+        assert log.busy_s("a", "train") == 2.0  # the open part counts
+        log.exit("a", "train")
+        return log
+
+    log = clock.run(main())  # virtual time: exact numbers
+    assert log.busy_s("a", "rollout") == 3.0 and log.busy_s("a", "train") == 2.0
+    assert [iv for iv in log.intervals] == [["a", "rollout", 0.0, 3.0], ["a", "train", 8.0, 10.0]]
+    assert log.recent(5.0) == [["a", "train", 8.0, 10.0]]
+    with pytest.raises(RuntimeError, match="exited more often"):
+        log.exit("a", "sync")
+
+
+def test_observe_config_errors_name_the_key():
+    with pytest.raises(ConfigError, match="observe.port"):
+        load_config(overrides=["observe.port=70000"])
+    with pytest.raises(ConfigError, match="observe.wandb_mode"):
+        load_config(overrides=["observe.wandb_mode=sometimes"])
+
+
+# ----------------------------------------------------------------------------- a live run
+
+def _samples(text: str) -> dict[tuple, float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+@pytest.mark.slow
+async def test_status_and_metrics_follow_a_real_run(tiny_model_dir, tmp_path,
+                                                    no_leftover_children):
+    config = load_config(overrides=[
+        f"run.dir={tmp_path / 'run'}", "run.steps=3", "rollout.backend=torch",
+        "pipeline.tasks_per_step=3", "pipeline.trajectories_per_task=2",
+        "pipeline.micro_batch_groups=2", "trainer.lr=1e-3", "observe.tensorboard=false",
+        "observe.report=false"])
+    url: asyncio.Future = asyncio.get_running_loop().create_future()
+    run = asyncio.create_task(train(duo(tiny_model_dir), config, run_dir=RunDir.create(config),
+                                    progress=False, on_dashboard=url.set_result))
+    base = await asyncio.wait_for(asyncio.shield(url), 300)
+    assert base.startswith("http://127.0.0.1:")
+    statuses, scrapes = [], []
+    async with aiohttp.ClientSession() as http:
+        async with http.get(base) as page:
+            assert page.status == 200 and "html" in page.headers["Content-Type"]
+        while not run.done():
+            try:
+                async with http.get(base + "api/status") as r:
+                    assert r.status == 200 and r.headers["Content-Type"] == "application/json"
+                    statuses.append(await r.json())
+                async with http.get(base + "metrics") as r:
+                    assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain")
+                    scrapes.append(await r.text())
+            except aiohttp.ClientConnectionError:
+                break  # the run ended and closed its server between checks
+            await asyncio.sleep(0.2)
+    result = await run
+    assert result.dashboard_url == base
+    assert len(statuses) >= 3, "the run ended before it could be watched"
+
+    # Values change as steps complete: steps_done goes 0 -> 3 without going back.
+    done = [s["run"]["steps_done"] for s in statuses]
+    assert done == sorted(done) and done[0] < done[-1]
+    last = statuses[-1]
+    assert last["run"]["team"] == "duo" and last["run"]["steps"] == 3
+    assert last["run"]["mode"] == "micro_batch"
+    assert set(last["agents"]) == {"solver", "checker"}
+    for name, a in last["agents"].items():
+        assert a["trainable"] and a["samples"] > 0 and len(a["instances"]) == 1
+        assert a["version"] >= 1
+    assert {i["agent"] for i in last["instances"].values()} == {"solver", "checker"}
+    assert len(last["slots"]) == 2
+    assert [h["step"] for h in last["history"]] == list(range(len(last["history"])))
+    kinds = {(who, kind) for who, kind, *_ in last["timeline"]["intervals"]}
+    for name in ("solver", "checker"):
+        assert {(name, "rollout"), (name, "train"), (name, "sync")} <= kinds, kinds
+    for who, kind, start, end in last["timeline"]["intervals"]:
+        assert end is None or 0 <= start <= end <= last["timeline"]["now"] + 1e-6
+
+    # Prometheus text, parsed by the client library: the same story.
+    first, final = _samples(scrapes[0]), _samples(scrapes[-1])
+    assert final[("flexmarl_steps", ())] == 3.0
+    assert first[("flexmarl_steps_done", ())] <= final[("flexmarl_steps_done", ())]
+    assert final[("flexmarl_steps_done", ())] == last["run"]["steps_done"] or \
+        final[("flexmarl_steps_done", ())] >= 1
+    for name in ("solver", "checker"):
+        assert final[("flexmarl_agent_version", (("agent", name),))] >= 1
+        assert final[("flexmarl_agent_samples_total", (("agent", name),))] > 0
+    assert any(k[0] == "flexmarl_instance_util" for k in final)
+    assert any(k[0] == "flexmarl_slot_util" for k in final)

@@ -217,3 +217,44 @@ def test_dashboard_survives_edge_cases(driver, status):
         assert driver.find_element(By.ID, "team").text == status["run"]["team"]
         # Text from the data is shown as text, never parsed as markup.
         assert not driver.find_elements(By.CSS_SELECTOR, "#events b")
+
+
+async def test_dashboard_of_a_real_run(driver, tiny_model_dir, tmp_path):
+    """The page against the server of a real training run (two agents, torch backend): it
+    renders repeatedly with one timeline row per agent and no console error while the run
+    goes."""
+    import sys
+
+    from selenium.webdriver.common.by import By
+
+    from flexmarl.config import load_config
+    from flexmarl.rundir import RunDir
+    from flexmarl.run import train
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_e2e import duo
+
+    config = load_config(overrides=[
+        f"run.dir={tmp_path / 'run'}", "run.steps=40", "rollout.backend=torch",
+        "pipeline.tasks_per_step=3", "pipeline.trajectories_per_task=2",
+        "observe.tensorboard=false", "observe.report=false"])
+    url: asyncio.Future = asyncio.get_running_loop().create_future()
+    run = asyncio.create_task(train(duo(tiny_model_dir), config, run_dir=RunDir.create(config),
+                                    progress=False, on_dashboard=url.set_result))
+    try:
+        base = await asyncio.wait_for(asyncio.shield(url), 30)
+        # Drop what earlier tests' pages logged (their servers are gone), then load ours.
+        await asyncio.to_thread(driver.get, "about:blank")
+        await asyncio.to_thread(driver.get_log, "browser")
+        await asyncio.to_thread(driver.get, base)
+        await asyncio.to_thread(wait_renders, driver, 3)
+        rows = await asyncio.to_thread(lambda: sorted(
+            e.get_attribute("data-agent")
+            for e in driver.find_elements(By.CSS_SELECTOR, ".timeline-row")))
+        assert rows == ["checker", "solver"]
+        assert not run.done(), "the run ended before the page was checked; raise run.steps"
+        assert await asyncio.to_thread(severe, driver) == []
+        await asyncio.to_thread(driver.save_screenshot, str(tmp_path / "live.png"))
+    finally:
+        await run
+    assert (tmp_path / "live.png").read_bytes()[:8] == PNG_MAGIC

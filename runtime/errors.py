@@ -35,3 +35,7 @@ class TransportClosed(RuntimeErrorBase):
 
 class WorkerStartError(RuntimeErrorBase):
     """A worker process exited, or stayed silent past its deadline, before announcing Ready."""
+
+
+class PeerDied(RuntimeErrorBase):
+    """The process serving a request died (or went silent and was killed) before replying."""

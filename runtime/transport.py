@@ -160,11 +160,14 @@ class _Requests:
             raise RemoteError(reply.code, reply.message)
         return reply
 
-    def fail_all(self, exc: Exception) -> None:
+    def fail_pending(self, exc: Exception) -> None:
         for fut in self.pending.values():
             if not fut.done():
                 fut.set_exception(exc)
         self.pending.clear()
+
+    def fail_all(self, exc: Exception) -> None:
+        self.fail_pending(exc)
         self.inbox.close()
 
 
@@ -365,6 +368,11 @@ class ZmqConnection:
         if self._closed:
             raise TransportClosed(f"connection to {self.address} is closed")
 
+    def fail_pending(self, exc: Exception) -> None:
+        """Fail every request still waiting for a reply (its peer is known to be dead); the
+        connection stays open for requests to whatever serves the address next."""
+        self._req.fail_pending(exc)
+
     async def aclose(self) -> None:
         if self._closed:
             return
@@ -487,6 +495,11 @@ class LocalConnection:
 
     async def recv(self) -> Envelope:
         return await self._req.inbox.get()
+
+    def fail_pending(self, exc: Exception) -> None:
+        """Fail every request still waiting for a reply (its peer is known to be dead); the
+        connection stays open for requests to whatever serves the address next."""
+        self._req.fail_pending(exc)
 
     async def aclose(self) -> None:
         if not self.closed:

@@ -159,6 +159,25 @@ class Balancer:
     def agent_of(self, instance: str) -> str:
         return self._instances[instance].agent
 
+    def remove(self, instance: str) -> None:
+        """The instance is gone (its process died): never routed to or moved again. Requests
+        still in flight there finish (fail) through finish() as usual."""
+        inst = self._instances[instance]
+        if instance in self._agents[inst.agent]:
+            self._agents[inst.agent].remove(instance)
+        inst.draining = True
+        if self._moving is not None and self._moving.instance == instance:
+            self._moving = None
+        for key in [k for k, v in self._episodes.items() if v == instance]:
+            del self._episodes[key]
+
+    def add(self, agent: str, instance: str) -> None:
+        """A new instance of `agent` (e.g. the replacement of a dead one), routed at once."""
+        if instance in self._instances:
+            raise ValueError(f"instance {instance!r} is already known; give a new one a new name")
+        self._instances[instance] = _Instance(agent)
+        self._agents[agent].append(instance)
+
     def is_draining(self, instance: str) -> bool:
         """Being moved to another agent: no new requests go to it."""
         return self._instances[instance].draining

@@ -1,5 +1,5 @@
 """`flexmarl` command line: `flexmarl run [CONFIG] [--team PATH] [--set section.key=value ...]`,
-`flexmarl report RUN_DIR [--out DIR]`.
+`flexmarl report RUN_DIR [--out DIR]`, `flexmarl keygen [--dir DIR] [--name NAME]`.
 
 A thin entry point: resolve the config, load the team, make the run directory, then hand over to
 `flexmarl.run.train` on uvloop. Exit codes: 0 done, 2 config (or team, or report input) error,
@@ -48,6 +48,13 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("run_dir", metavar="RUN_DIR", help="the run directory")
     report.add_argument("--out", metavar="DIR", help="where to write (default RUN_DIR/report)")
     report.set_defaults(command=_report)
+    keygen = commands.add_parser("keygen", help="make a CURVE key pair for encrypted tcp://",
+                                 description=(
+        "Write NAME.key (public) and NAME.key_secret (mode 0600) into DIR for "
+        "transport.curve_secret_key_file, and print the public key. Never overwrites a secret."))
+    keygen.add_argument("--dir", default="~/.flexmarl/keys", help="where (default %(default)s)")
+    keygen.add_argument("--name", default="node", help="file name stem (default %(default)s)")
+    keygen.set_defaults(command=_keygen)
     return parser
 
 
@@ -71,9 +78,9 @@ def _run(args: argparse.Namespace) -> int:
         team = load_team(config.team.path)
     except ConfigError as e:
         return _config_error(e)
-    except ValueError as e:  # the team file's own complaint, e.g. no team defined
+    except Exception as e:  # anything the team file raises: no team, NameError, SyntaxError...
         log.debug("loading team %s failed", config.team.path, exc_info=True)
-        print(f"flexmarl: team error ({config.team.path}): {e} "
+        print(f"flexmarl: team error ({config.team.path}): {type(e).__name__}: {e} "
               "(--set run.log_level=DEBUG shows the traceback)", file=sys.stderr)
         return EXIT_CONFIG
     try:
@@ -93,6 +100,19 @@ def _run(args: argparse.Namespace) -> int:
         print(f"\nflexmarl: interrupted; what was written so far is in {run_dir.path}",
               file=sys.stderr)
         return EXIT_INTERRUPTED
+    except ConfigError as e:  # found once the run starts, e.g. an agent's missing model directory
+        return _config_error(e)
+    except Exception as e:  # a broken workflow: one line, not the pipeline's task-group traceback
+        from flexmarl.orchestrator import WorkflowError
+
+        broken = e
+        while isinstance(broken, BaseExceptionGroup) and (sub := broken.subgroup(WorkflowError)):
+            broken = sub.exceptions[0]
+        if not isinstance(broken, WorkflowError):
+            raise
+        print(f"flexmarl: workflow error: {broken} (what was written so far is in "
+              f"{run_dir.path})", file=sys.stderr)
+        return 1  # the run failed, as an uncaught error would exit
     print(_summary(result.metrics, result.run_dir))
     if result.report is not None:
         print(f"flexmarl: report {result.report}")
@@ -110,6 +130,19 @@ def _report(args: argparse.Namespace) -> int:
         print(f"flexmarl: report error: {e}", file=sys.stderr)
         return EXIT_CONFIG
     print(path)
+    return EXIT_OK
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    from runtime.keys import write_keys
+
+    try:
+        public_path, secret_path, public = write_keys(args.dir, args.name)
+    except (OSError, ValueError) as e:
+        print(f"flexmarl: keygen error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(f"public key {public}\nwritten to {public_path} (share it) and {secret_path} (keep it "
+          "private; give its path as transport.curve_secret_key_file)")
     return EXIT_OK
 
 

@@ -255,6 +255,9 @@ class ObserveConfig:
     """Interface the dashboard listens on; loopback by default (0.0.0.0 exposes it)."""
     port: int = 0
     """Dashboard port; 0 picks a free one (the address is printed)."""
+    token: str = ""
+    """Secret the dashboard, /api/status and /metrics require when set (`Authorization: Bearer
+    TOKEN` or `?token=TOKEN`); required when `host` is not loopback."""
     report: bool = True
     """Write RUN_DIR/report/report.html and its plots when the run ends."""
     tensorboard: bool = True
@@ -397,6 +400,7 @@ length_smoothing = 0.2    # EWMA weight of a finished request in the expected le
 dashboard = true          # live dashboard + /api/status + /metrics (Prometheus) during the run
 host = "127.0.0.1"        # loopback only; "0.0.0.0" serves other machines too
 port = 0                  # 0: a free port (the address is printed)
+token = ""                # required beyond loopback; then open the dashboard at /?token=TOKEN
 report = true             # RUN_DIR/report/report.html + PNG plots at the end
 tensorboard = true        # RUN_DIR/tensorboard event files
 wandb = false             # Weights & Biases (pip install wandb)

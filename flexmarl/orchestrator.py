@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import random
 import zlib
 from collections import Counter, defaultdict
@@ -29,11 +30,12 @@ from flexmarl.clock import now
 from flexmarl.activity import ActivityLog
 from flexmarl.batch import TrainSession
 from flexmarl.protocol import ExportWeights, Generate, GenerateReply, WeightUpdate
-from flexmarl.store import ExperienceStore, Group, Turn
+from flexmarl.store import ExperienceStore, Group, StoreClosed, Turn
 from flexmarl.team import AgentSpec, Completion, Team
 from flexmarl.rollout.pool import InstancePool
 from flexmarl.trainer_pool import TrainerPool
 from runtime.actor import Actor
+from runtime.errors import PeerDied, TransportClosed
 from runtime.transport import Connection
 
 log = logging.getLogger(__name__)
@@ -133,15 +135,42 @@ class AgentRuntime:
                         f"or a list of token ids, got {type(prompt).__name__}")
 
 
+MAX_FAILED_FRACTION = 0.5
+"""A step in which more than this fraction of the trajectories failed (their workflow raised),
+or every one did, raises WorkflowError after its rollout: that is a broken workflow, not bad
+luck, and training on what is left would hide it. Below it, failed trajectories are dropped
+and counted (RolloutStats.failed_trajectories, the step record's `failed_trajectories`)."""
+MAX_ERRORS = 5
+"""Distinct error messages kept per step (RolloutStats.errors)."""
+_ERROR_CHARS = 300
+_RUN_ERRORS = (StoreClosed, PeerDied, TransportClosed)
+"""Raised inside a workflow but not its fault: the run's machinery failed or is shutting down.
+They fail the run as before instead of one trajectory."""
+
+
+class WorkflowError(RuntimeError):
+    """Too many trajectories of a step failed (MAX_FAILED_FRACTION); names the first error."""
+
+
 @dataclass
 class RolloutStats:
     seconds: float = 0.0
     started: float = 0.0
     """perf_counter() when the step's first task started."""
     team_rewards: list[float] = field(default_factory=list)
+    """One per successful trajectory."""
     rewards: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     samples: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    """Samples generated, failed trajectories' included (work done)."""
     tokens: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    tasks: int = 0
+    """Tasks completed (each with all its trajectories, failed ones included)."""
+    failed_trajectories: int = 0
+    """Trajectories whose workflow raised: dropped from training (see Orchestrator.rollout)."""
+    errors: list[str] = field(default_factory=list)
+    """The first MAX_ERRORS distinct errors of the step, each with where it first happened."""
+    error_counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    """"ExcType: message" -> failed trajectories of the step with that error."""
 
 
 class TrajectoryContext:
@@ -160,6 +189,9 @@ class TrajectoryContext:
         self._turns: dict[str, int] = defaultdict(int)
         self._own: dict[str, float] = {}
         self._made: list[Completion] = []
+        self.finished = False
+        """Set by finish(): later replies (calls left running by a failed workflow) are
+        not stored."""
         self._team: float | None = None
 
     async def generate(self, agent: str, prompt: str | list[dict] | list[int], *,
@@ -200,6 +232,12 @@ class TrajectoryContext:
                     self.orch.activity.exit(agent, "rollout")
 
         replies = await asyncio.gather(*(part(j, size) for j, size in enumerate(sizes)))
+        if self.finished:
+            # A call the workflow left running when it raised (e.g. a sibling in its
+            # asyncio.gather): the trajectory is settled; nothing is stored, nobody reads this.
+            log.debug("trajectory %s already ended; %s's late reply is dropped", self.episode,
+                      agent)
+            return []
         out = []
         samples = [(reply, s) for reply in replies for s in reply.samples]
         self.orch.samples[agent] += len(samples)
@@ -216,24 +254,80 @@ class TrajectoryContext:
         return out
 
     def reward(self, completion: Completion, value: float) -> None:
-        self._own[completion.sample_id + "@" + completion.agent] = float(value)
+        if not isinstance(completion, Completion):
+            raise TypeError(f"ctx.reward (task {self._task_id}, trajectory {self.trajectory}): "
+                            "the first argument is a Completion returned by ctx.generate, got "
+                            f"{type(completion).__name__}")
+        where = (f"ctx.reward: agent {completion.agent!r}, sample {completion.sample_id} "
+                 f"(task {self._task_id}, trajectory {self.trajectory})")
+        self._own[completion.sample_id + "@" + completion.agent] = self._finite(value, where)
 
     def team_reward(self, value: float) -> None:
-        self._team = float(value)
+        where = (f"ctx.team_reward: task {self._task_id}, trajectory {self.trajectory} "
+                 f"({self.episode})")
+        self._team = self._finite(value, where)
 
-    def finish(self, stats: RolloutStats) -> None:
-        """Settle every turn's reward: its own, else the team's, else 0."""
-        team = self._team if self._team is not None else 0.0
-        stats.team_rewards.append(team)
+    @property
+    def _task_id(self) -> str:
+        return str(getattr(self.task, "task_id", "?"))
+
+    @staticmethod
+    def _finite(value: Any, where: str) -> float:
+        """`value` as a float, or ValueError naming `where` (a reward must be a finite number:
+        NaN or inf would poison every advantage of its group)."""
+        number = None
+        if not isinstance(value, (str, bytes)):
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                pass
+        if number is None or not math.isfinite(number):
+            raise ValueError(f"{where}: a reward must be a finite number, got {value!r:.80}"
+                             + ("" if number is None else f" ({number})"))
+        return number
+
+    def finish(self, stats: RolloutStats, error: Exception | None = None) -> None:
+        """Settle every turn's reward: its own, else the team's, else 0. With `error` (the
+        workflow raised it) the trajectory failed: its stored turns are dropped instead (they
+        have no trustworthy reward), and the failure is counted and logged."""
+        self.finished = True
         for agent in self._turns:
             self.orch.pool.balancer.end_episode(agent, self.episode)
+        for c in self._made:  # work done, whether or not the trajectory succeeded
+            stats.samples[c.agent] += 1
+            stats.tokens[c.agent] += len(c.token_ids)
+        if error is not None:
+            self._fail(stats, error)
+            return
+        team = self._team if self._team is not None else 0.0
+        stats.team_rewards.append(team)
         for c in self._made:
             value = self._own.get(c.sample_id + "@" + c.agent, team)
             stats.rewards[c.agent].append(value)
-            stats.samples[c.agent] += 1
-            stats.tokens[c.agent] += len(c.token_ids)
             if self.orch.agents[c.agent].spec.trainable:
                 self.orch.store.set_reward(c.agent, c.sample_id, value)
+
+    def _fail(self, stats: RolloutStats, error: Exception) -> None:
+        # Drop every stored row of this trajectory (also those put but not yet handed to the
+        # workflow when it raised): the input's GRPO groups are formed from the trajectories
+        # that finished. If all of them failed, the input contributes nothing.
+        self.orch.store.discard_trajectory(self.input_id, str(self.trajectory))
+        stats.failed_trajectories += 1
+        message = f"{type(error).__name__}: {error}"
+        if len(message) > _ERROR_CHARS:
+            message = message[:_ERROR_CHARS - 3] + "..."
+        stats.error_counts[message] += 1
+        first = stats.error_counts[message] == 1
+        if first and len(stats.errors) < MAX_ERRORS:
+            stats.errors.append(f"{message} (task {self._task_id}, trajectory {self.trajectory})")
+        if first:  # once per distinct message and step; the traceback at DEBUG
+            log.warning("workflow of team %s failed on task %s, trajectory %d (%s): %s; the "
+                        "trajectory is dropped from training, the run goes on (repeats of "
+                        "this error in step %d are counted, not logged; "
+                        "--set run.log_level=DEBUG shows the traceback)", self.orch.team.name,
+                        self._task_id, self.trajectory, self.episode, message, self.step)
+        log.debug("workflow failure on task %s, trajectory %d", self._task_id, self.trajectory,
+                  exc_info=error)
 
 
 class Orchestrator(Actor):
@@ -294,10 +388,26 @@ class Orchestrator(Actor):
                 calls = asyncio.Semaphore(self.max_concurrent_calls)
                 contexts = [TrajectoryContext(self, task, input_id, j, calls, step)
                             for j in range(self.trajectories_per_task)]
-                await asyncio.gather(*(self.team.workflow(ctx, task) for ctx in contexts))
-                for ctx in contexts:
-                    ctx.finish(stats)
+
+                async def trajectory(ctx: TrajectoryContext) -> Exception | None:
+                    # A workflow that raises fails its own trajectory, not the run (its reward
+                    # code included: a NaN reward raises in ctx.reward). Cancellation and
+                    # KeyboardInterrupt are not Exceptions and propagate; so do _RUN_ERRORS.
+                    try:
+                        await self.team.workflow(ctx, task)
+                    except _RUN_ERRORS:
+                        raise
+                    except Exception as exc:
+                        return exc
+                    return None
+
+                outcomes = await asyncio.gather(*(trajectory(ctx) for ctx in contexts))
+                # Settled once every trajectory has ended: a failed one's rows are discarded
+                # (TrajectoryContext.finish), also rows its stray calls stored meanwhile.
+                for ctx, error in zip(contexts, outcomes):
+                    ctx.finish(stats, error)
                 self.store.complete_input(input_id, default_reward=0.0)
+                stats.tasks += 1
                 if on_task_done is not None:
                     on_task_done(len(contexts))
 
@@ -305,6 +415,13 @@ class Orchestrator(Actor):
             for i, task in enumerate(tasks):
                 tg.create_task(one_task(i, task), name=f"task[{step}.{i}]")
         stats.seconds = now() - stats.started
+        total = len(tasks) * self.trajectories_per_task
+        failed = stats.failed_trajectories
+        if failed and (failed == total or failed > MAX_FAILED_FRACTION * total):
+            raise WorkflowError(
+                f"team {self.team.name}: the workflow failed in {failed} of {total} trajectories "
+                f"of step {step} (more than MAX_FAILED_FRACTION={MAX_FAILED_FRACTION:g}): it "
+                f"is broken, not unlucky; first error: {stats.errors[0]}")
         return stats
 
     def of_step(self, step: int) -> Callable[[Group], bool]:

@@ -101,6 +101,13 @@ def make_pipeline(mode: str, *, max_staleness: int = 1) -> PipelinePolicy:
     return bounded_policy(max_staleness) if mode == "bounded" else PIPELINES[mode]()
 
 
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
+
+
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
@@ -136,6 +143,7 @@ class PipelineRun:
         self._last_team_end = 0.0
         self._moves_seen = 0
         self._swaps_seen = 0
+        self._dead_seen = self._redispatched_seen = self._replaced_seen = 0
         self.started = 0.0
 
     async def run(self) -> list[dict]:
@@ -145,12 +153,19 @@ class PipelineRun:
         started = self.started = now()
         self._last_team_end = started
         self._finished_at = {name: started for name in orch.agents}
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(self._produce(), name="pipeline.rollout")
-            for name in orch.trainable:
-                tg.create_task(self._agent_loop(name), name=f"pipeline.{name}")
-            if not orch.trainable:  # a frozen team: steps end with their rollouts
-                tg.create_task(self._frozen_steps(), name="pipeline.frozen")
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._produce(), name="pipeline.rollout")
+                for name in orch.trainable:
+                    tg.create_task(self._agent_loop(name), name=f"pipeline.{name}")
+                if not orch.trainable:  # a frozen team: steps end with their rollouts
+                    tg.create_task(self._frozen_steps(), name="pipeline.frozen")
+        except BaseExceptionGroup as group:
+            # One loop failed and the others were cancelled: raise its error, not the group.
+            leaves = _leaves(group)
+            if len(leaves) == 1:
+                raise leaves[0] from group
+            raise
         return self.records
 
     # ------------------------------------------------------------------ rollout
@@ -290,7 +305,11 @@ class PipelineRun:
         record: dict[str, Any] = {
             "step": step, "mode": self.policy.name, "step_s": t - self._last_team_end,
             "rollout_s": rollout.seconds, "team_reward": _mean(rollout.team_rewards),
-            "tasks": len(rollout.team_rewards) // orch.trajectories_per_task,
+            "tasks": rollout.tasks,
+            # Trajectories whose workflow raised (dropped from training) and the first few
+            # distinct errors, "ExcType: message (task ID, trajectory J)".
+            "failed_trajectories": rollout.failed_trajectories,
+            "errors": list(rollout.errors),
             # Timeline, seconds since the run started (the agents' own are in their records).
             "t_rollout_start": rollout.started - self.started,
             "t_rollout_end": rollout.started + rollout.seconds - self.started,
@@ -304,6 +323,14 @@ class PipelineRun:
                            for sw in orch.trainers.swaps[self._swaps_seen:]]
         self._swaps_seen += len(record["swaps"])
         record["trainer_slots_busy_s"] = orch.trainers.take_busy()
+        # Rollout instances that died since the last record, requests re-sent because of
+        # them, and their replacements (seconds from the death to serving).
+        pool = orch.pool
+        record["faults"] = {"dead": list(pool.dead)[self._dead_seen:],
+                            "redispatched": pool.redispatched - self._redispatched_seen,
+                            "replacements": pool.replacements[self._replaced_seen:]}
+        self._dead_seen, self._redispatched_seen = len(pool.dead), pool.redispatched
+        self._replaced_seen = len(pool.replacements)
         pool_stats = orch.pool.take_stats()
         record["instance_tokens"] = pool_stats["instance_tokens"]
         for name, rt in orch.agents.items():
@@ -314,6 +341,9 @@ class PipelineRun:
                 "samples": rollout.samples.get(name, 0),
                 "tokens": rollout.tokens.get(name, 0),
                 "trainable": rt.spec.trainable,
+                # Samples the store refused as already stored or trained (a re-sent request
+                # must never be trained twice), since the run started.
+                "duplicates": orch.store.stats[name].duplicates if rt.spec.trainable else 0,
                 **self.done[step].get(name, {"version": rt.version}),
             }
             if not rt.spec.trainable:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import logging
 import shutil
 import tempfile
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from flexmarl.config import Config, role_cpus
+from flexmarl.config import Config, ConfigError, role_cpus
 from flexmarl.models import SIZES, ensure_model, load_tokenizer
 from flexmarl.monitor import RunMonitor
 from flexmarl.orchestrator import AgentRuntime, Orchestrator
@@ -34,7 +35,7 @@ from flexmarl.store import ExperienceStore
 from flexmarl.team import AgentSpec, Team
 from runtime.config import SupervisorConfig
 from runtime.supervisor import Supervisor, WorkerSpec
-from runtime.transport import connect
+from runtime.transport import Connection, connect
 
 if TYPE_CHECKING:
     from flexmarl.loggers import MetricLoggers
@@ -63,9 +64,15 @@ def resolve_model(spec: AgentSpec) -> str:
         kwargs = {} if spec.warm_start_steps is None else {"warm_start_steps": spec.warm_start_steps}
         return str(ensure_model(spec.model, seed=MODEL_SEED, **kwargs))
     path = Path(spec.model).expanduser()
+    # A configuration problem (ConfigError, a ValueError): `flexmarl run` says it in one line.
+    if not path.is_dir():
+        raise ConfigError(f"agent {spec.name}: model {spec.model!r} is neither a built-in size "
+                          f"({', '.join(SIZES)}) nor a model directory: {str(path.absolute())!r} "
+                          "does not exist")
     if not (path / "config.json").is_file():
-        raise ValueError(f"agent {spec.name}: model {spec.model!r} is neither a built-in size "
-                         f"({', '.join(SIZES)}) nor a model directory with a config.json")
+        raise ConfigError(f"agent {spec.name}: model directory {str(path.absolute())!r} has no "
+                          f"config.json (neither a built-in size ({', '.join(SIZES)}) nor a "
+                          "Hugging Face model directory)")
     return str(path)
 
 
@@ -115,11 +122,14 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
                 if config.observe.dashboard:
                     server = await observing.enter_async_context(StatusServer(
                         monitor.status, monitor.metrics, host=config.observe.host,
-                        port=config.observe.port))
+                        port=config.observe.port, token=config.observe.token))
                     dashboard_url = server.url
                     (on_dashboard or (lambda url: log.warning("dashboard at %s", url)))(server.url)
                 sampler = asyncio.create_task(monitor.sample_loop(), name="monitor.sample")
                 observing.callback(sampler.cancel)
+                watcher = asyncio.create_task(_watch_workers(sup, pool, trainers),
+                                              name="run.watch_workers")
+                observing.callback(watcher.cancel)
                 try:
                     async with orch.serving():
                         with Progress(config.run.steps, enabled=progress) as bar:
@@ -155,6 +165,21 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
     return RunResult(metrics, run_dir.path if run_dir else None,
                      {n: rt.version for n, rt in agents.items()}, checkpoints,
                      time.perf_counter() - started, report, dashboard_url)
+
+
+async def _watch_workers(sup: Supervisor, pool: InstancePool, trainers: TrainerPool) -> None:
+    """Worker deaths: a rollout instance is replaced (its requests re-sent); a trainer slot's
+    pending requests fail at once with PeerDied, so the run stops with the cause instead of
+    waiting for a reply that will never come."""
+    while True:
+        event = await sup.events.get()
+        if event.name in pool.conns:
+            pool.instance_died(event.name, event.reason)
+            continue
+        slot = event.name.rsplit("-", 1)[0]  # trainer-K-RANK -> trainer-K
+        if slot in trainers.slots:
+            trainers.slot_died(slot, f"{event.name} {event.reason} (returncode "
+                                     f"{event.returncode})")
 
 
 class _Tee:
@@ -199,19 +224,30 @@ async def _start_agents(sup: Supervisor, team: Team, config: Config, model_dirs:
     # vLLM binds its OpenMP threads itself ("auto" picks cores by NUMA node): name ours.
     rollout_env = ({"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, rollout_cpus))}
                    if rollout_cpus else {})
+    counter = itertools.count()
+
+    def rollout_spec(agent: str) -> WorkerSpec:
+        k = next(counter)
+        return WorkerSpec(
+            name=f"rollout-{k}", entry="flexmarl.rollout.worker:rollout_worker",
+            args={"backend": r.backend, "model_dir": model_dirs[agent],
+                  "max_model_len": r.max_model_len, "kv_cache_bytes": r.kv_cache_bytes,
+                  "seed": config.run.seed + k}, ready_timeout_s=r.ready_timeout_s,
+            cpus=rollout_cpus, env=rollout_env)
+
+    async def respawn(dead: str, agent: str) -> tuple[str, Connection]:
+        """A replacement for a dead instance: a new process (and name) with the agent's model."""
+        handle = await sup.start_worker(rollout_spec(agent))
+        return handle.name, connect(handle.address)
+
     starts = []
     placement: dict[str, list[str]] = {}
     for spec in team.agents:
         placement[spec.name] = []
         for _ in range(spec.instances or r.instances_per_agent):
-            k = sum(map(len, placement.values()))
-            placement[spec.name].append(f"rollout-{k}")
-            starts.append(sup.start_worker(WorkerSpec(
-                name=f"rollout-{k}", entry="flexmarl.rollout.worker:rollout_worker",
-                args={"backend": r.backend, "model_dir": model_dirs[spec.name],
-                      "max_model_len": r.max_model_len, "kv_cache_bytes": r.kv_cache_bytes,
-                      "seed": config.run.seed + k}, ready_timeout_s=r.ready_timeout_s,
-                cpus=rollout_cpus, env=rollout_env)))
+            worker = rollout_spec(spec.name)
+            placement[spec.name].append(worker.name)
+            starts.append(sup.start_worker(worker))
     trainable = [spec for spec in team.agents if spec.trainable]
     needs = {spec.name: spec.train_ranks or config.train.ranks_per_agent for spec in trainable}
     sizes = _slot_sizes(config, needs)
@@ -237,7 +273,8 @@ async def _start_agents(sup: Supervisor, team: Team, config: Config, model_dirs:
                            static=not (config.train.slots or config.train.slot_ranks))
     conns = {name: connect(handles[name].address) for names in placement.values()
              for name in names}
-    return agents, InstancePool(conns, placement, model_dirs, config.balance), trainers
+    return agents, InstancePool(conns, placement, model_dirs, config.balance, respawn=respawn,
+                                kill=lambda name: sup.kill(name, "unresponsive")), trainers
 
 
 def _slot_sizes(config: Config, needs: dict[str, int]) -> list[int]:

@@ -7,15 +7,24 @@
 
 The server only reads: `status()` and `metrics()` are callables (flexmarl.monitor.RunMonitor
 provides them), so the same server serves a live run, a simulated one, or a test's fake.
+
+With a `token`, `/`, `/api/status` and `/metrics` answer only requests that carry it, as
+`Authorization: Bearer TOKEN` or `?token=TOKEN` (open the dashboard at `/?token=TOKEN`; its JS
+passes the page's query on); anything else gets 401 and no data. `/static/` stays open: it is the
+package's own JS and CSS, no run data. Bound beyond loopback, the server refuses to start
+without a token.
 """
 from __future__ import annotations
 
+import hmac
 import logging
 from pathlib import Path
-from typing import Callable
+from typing import Awaitable, Callable
 
 import orjson
 from aiohttp import web
+
+from runtime.transport import is_loopback
 
 log = logging.getLogger(__name__)
 WEB_DIR = Path(__file__).with_name("web")
@@ -26,13 +35,18 @@ class StatusServer:
     """`async with StatusServer(status, metrics, host, port) as server: server.url`."""
 
     def __init__(self, status: Callable[[], dict], metrics: Callable[[], bytes], *,
-                 host: str = "127.0.0.1", port: int = 0) -> None:
+                 host: str = "127.0.0.1", port: int = 0, token: str = "") -> None:
+        if not token and not is_loopback(host):
+            raise ValueError(f"dashboard: refusing to serve run data on {host} (beyond loopback) "
+                             "without a token; set observe.token (e.g. to the output of "
+                             "`openssl rand -hex 16`), or observe.host = \"127.0.0.1\"")
         self._status = status
         self._metrics = metrics
         self.host = host
         self.port = port
+        self._token = token.encode()
         self._runner: web.AppRunner | None = None
-        self.app = web.Application()
+        self.app = web.Application(middlewares=[self._check_token] if token else [])
         self.app.add_routes([web.get("/", self._index), web.get("/api/status", self._api_status),
                              web.get("/metrics", self._api_metrics),
                              web.static("/static", WEB_DIR, show_index=False)])
@@ -68,6 +82,20 @@ class StatusServer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    @web.middleware
+    async def _check_token(self, request: web.Request,
+                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                           ) -> web.StreamResponse:
+        if not request.path.startswith("/static/"):
+            scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+            if scheme.lower() != "bearer":
+                given = request.query.get("token", "")
+            if not hmac.compare_digest(given.strip().encode(), self._token):
+                return web.Response(status=401, text="401: this dashboard needs its token "
+                                    "(Authorization: Bearer TOKEN, or ?token=TOKEN)\n",
+                                    headers={"WWW-Authenticate": 'Bearer realm="flexmarl"'})
+        return await handler(request)
 
     async def _index(self, request: web.Request) -> web.StreamResponse:
         return web.FileResponse(WEB_DIR / "index.html")

@@ -81,6 +81,8 @@ class AgentStats:
     """put() calls refused because the sample_id was already stored or consumed."""
     consumed_turns: int = 0
     consumed_groups: int = 0
+    discarded: int = 0
+    """Rows dropped by discard_trajectory() (their trajectory failed)."""
 
 
 class StoreClosed(Exception):
@@ -248,6 +250,41 @@ class ExperienceStore:
                 table.ready[(input_id, k)] = Group(agent, input_id, k,
                                                    sorted(by_turn[k], key=_traj_order))
             table.groups_ready.notify()
+
+    def discard_trajectory(self, input_id: str, traj_id: str) -> int:
+        """Drop the stored rows of one trajectory of an open input, from every table.
+
+        A trajectory's rows are those whose traj_id is `traj_id` or `traj_id.K` (the n samples
+        of one call). For a trajectory that failed: its turns have no trustworthy reward, so
+        they must not be trained; the input's groups are then formed from its other
+        trajectories. Returns how many rows were dropped (their capacity is freed). Raises
+        ValueError once the input is completed: its groups and advantages are fixed.
+        """
+        if input_id in self._completed_inputs:
+            raise ValueError(f"discard_trajectory({input_id!r}, {traj_id!r}): the input is "
+                             "already completed; discard before complete_input()")
+        prefix = traj_id + "."
+        dropped = 0
+        for agent, table in self._tables.items():
+            rows = table.open.get(input_id)
+            if not rows:
+                continue
+            keep = [r for r in rows if r.traj_id != traj_id and not r.traj_id.startswith(prefix)]
+            gone = len(rows) - len(keep)
+            if not gone:
+                continue
+            for r in rows:
+                if r.traj_id == traj_id or r.traj_id.startswith(prefix):
+                    del table.shard(r.sample_id)[r.sample_id]
+            if keep:
+                table.open[input_id] = keep
+            else:
+                del table.open[input_id]
+            table.num_rows -= gone
+            self.stats[agent].discarded += gone
+            dropped += gone
+            table.space_freed.notify()
+        return dropped
 
     # ------------------------------------------------------------------------- consumers
 

@@ -115,7 +115,8 @@ class Team:
     agents: list[AgentSpec]
     workflow: Workflow
     tasks: Sequence[Any]
-    """Task objects handed to the workflow; each needs a unique, stable `task_id` (str)."""
+    """Task objects handed to the workflow; each needs a unique, stable `task_id` (str). A task's
+    `prompt` attribute, if it has one, must be something ctx.generate takes (checked here)."""
 
     def __post_init__(self) -> None:
         if not self.agents:
@@ -131,6 +132,19 @@ class Team:
             raise ValueError(f"team {self.name}: tasks is empty")
         if not any(a.trainable for a in self.agents):
             raise ValueError(f"team {self.name}: every agent is frozen; nothing would train")
+        for i, task in enumerate(self.tasks):
+            task_id = getattr(task, "task_id", None)
+            if not isinstance(task_id, str) or not task_id:
+                hint = (" (a bare str: give each task an id, e.g. a dataclass with task_id and "
+                        "prompt, as flexmarl.tasks.Task)" if isinstance(task, str) else "")
+                raise ValueError(f"team {self.name}: tasks[{i}] needs a `task_id` that is a "
+                                 f"non-empty str, got task_id={task_id!r:.60} on task "
+                                 f"{_short(task)}{hint}")
+            prompt = getattr(task, "prompt", _NO_PROMPT)
+            if prompt is not _NO_PROMPT and (problem := _prompt_problem(prompt)):
+                raise TypeError(f"team {self.name}: tasks[{i}] (task_id {task_id!r}): its "
+                                f"`prompt` must be a str, a list of chat messages ({{'role', "
+                                f"'content'}} dicts) or a list of token ids (ints); {problem}")
 
     def agent(self, name: str) -> AgentSpec:
         for spec in self.agents:
@@ -138,6 +152,29 @@ class Team:
                 return spec
         raise KeyError(f"team {self.name} has no agent {name!r}; agents: "
                        f"{[a.name for a in self.agents]}")
+
+
+_NO_PROMPT = object()
+
+
+def _short(obj: Any, limit: int = 120) -> str:
+    text = repr(obj)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _prompt_problem(prompt: Any) -> str | None:
+    """Why `prompt` is not something ctx.generate accepts, or None."""
+    if isinstance(prompt, str):
+        return None
+    if not isinstance(prompt, list):
+        return f"got {type(prompt).__name__} {_short(prompt, 60)}"
+    if all(isinstance(m, dict) for m in prompt):
+        bad = next((m for m in prompt if not {"role", "content"} <= m.keys()), None)
+        return None if bad is None else f"message {_short(bad, 60)} lacks 'role' or 'content'"
+    if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return None
+    kinds = sorted({type(x).__name__ for x in prompt})
+    return f"got a list of {', '.join(kinds)}"
 
 
 def load_team(path: str | Path) -> Team:

@@ -27,6 +27,7 @@ from typing import Any, AsyncIterator
 
 from flexmarl.clock import now
 from flexmarl.protocol import SwapIn, SwapOut, TrainState
+from runtime.errors import PeerDied
 from runtime.transport import Connection
 
 log = logging.getLogger(__name__)
@@ -312,6 +313,12 @@ class TrainerPool:
                  "out of" if direction == "out" else "into", slot, num_bytes / 1e6,
                  record.seconds)
 
+    def slot_died(self, slot: str, reason: str) -> None:
+        """A process of `slot` died: its requests in flight fail now (PeerDied), naming it."""
+        log.error("trainer slot %s died: %s", slot, reason)
+        self.slots[slot].fail_pending(PeerDied(
+            f"trainer slot {slot} died: {reason}; its agent's update cannot complete"))
+
     @property
     def loaded(self) -> dict[str, str]:
         """slot -> agent whose training state the slot holds (bound or idle)."""
@@ -329,13 +336,21 @@ class _TimedConnection:
 
     def __init__(self, conn: Connection, slot: str, pool: TrainerPool) -> None:
         self._conn, self._slot, self._pool = conn, slot, pool
+        self.dead: Exception | None = None
+        """Set when the slot's processes died: every request fails with it at once."""
 
     async def request(self, msg: Any, **kwargs: Any) -> Any:
+        if self.dead is not None:
+            raise self.dead
         started = now()
         try:
             return await self._conn.request(msg, **kwargs)
         finally:
             self._pool.busy_s[self._slot] += now() - started
+
+    def fail_pending(self, exc: Exception) -> None:
+        self.dead = exc
+        self._conn.fail_pending(exc)
 
     async def aclose(self) -> None:
         await self._conn.aclose()

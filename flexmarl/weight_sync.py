@@ -16,7 +16,7 @@ from typing import Sequence
 import torch
 
 from flexmarl.clock import now
-from flexmarl.protocol import WeightUpdate, WeightUpdateDone
+from flexmarl.protocol import WeightUpdate
 from runtime.transport import Connection
 
 DEFAULT_SYNC_TIMEOUT_S = 300.0
@@ -30,6 +30,8 @@ class SyncReport:
     """Wall time from the first send to the last instance's acknowledgement."""
     load_s: dict[str, float] = field(default_factory=dict)
     """Per instance (its address): time spent loading inside the engine."""
+    skipped: list[str] = field(default_factory=list)
+    """Instances that failed with a tolerated error (they died during the push)."""
 
     @property
     def gbps(self) -> float:
@@ -42,18 +44,29 @@ def weights_nbytes(tensors: dict[str, torch.Tensor]) -> int:
 
 async def push_weights(instances: Sequence[Connection], version: int,
                        tensors: dict[str, torch.Tensor], *,
-                       timeout_s: float = DEFAULT_SYNC_TIMEOUT_S) -> SyncReport:
-    """Send `tensors` as `version` to every instance at once; return when all have loaded."""
+                       timeout_s: float = DEFAULT_SYNC_TIMEOUT_S,
+                       tolerate: tuple[type[BaseException], ...] = ()) -> SyncReport:
+    """Send `tensors` as `version` to every instance at once; return when all have loaded.
+
+    An instance whose request fails with one of `tolerate` (e.g. PeerDied: its replacement
+    loads the served weights itself) is listed in the report's `skipped`; any other failure
+    raises once every instance has answered."""
     if not instances:
         raise ValueError("push_weights needs at least one rollout instance")
     msg = WeightUpdate(version, tensors)
     started = now()
-    replies: list[WeightUpdateDone] = await asyncio.gather(
-        *(conn.request(msg, timeout_s=timeout_s) for conn in instances))
+    replies = await asyncio.gather(*(conn.request(msg, timeout_s=timeout_s)
+                                     for conn in instances), return_exceptions=True)
     seconds = now() - started
+    load_s, skipped = {}, []
     for conn, done in zip(instances, replies):
+        if isinstance(done, tolerate):
+            skipped.append(conn.address)
+            continue
+        if isinstance(done, BaseException):
+            raise done
         if done.version != version:
             raise RuntimeError(f"{conn.address} acknowledged version {done.version}, "
                                f"expected {version}")
-    return SyncReport(version, weights_nbytes(tensors), seconds,
-                      {conn.address: done.load_s for conn, done in zip(instances, replies)})
+        load_s[conn.address] = done.load_s
+    return SyncReport(version, weights_nbytes(tensors), seconds, load_s, skipped)

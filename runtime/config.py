@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from runtime.keys import is_z85_key, load_keys
+
 
 def _positive(obj: object, section: str, *names: str) -> None:
     for name in names:
@@ -36,6 +38,21 @@ class TransportConfig:
     tcp_buffer_bytes: int = 0
     """Kernel send and receive buffer size for TCP sockets; 0 keeps the kernel's autotuning
     (setting a size on Linux turns autotuning off, which can only lower bulk throughput)."""
+    curve_secret_key_file: str = ""
+    """This endpoint's CURVE key pair: a NAME.key_secret file written by `flexmarl keygen` (or
+    its directory, for node.key_secret). Set, every tcp:// socket is encrypted and authenticated
+    with CURVE (ipc://, inproc:// and local:// never leave the machine and are unaffected). Only
+    the path is configured: the secret never appears in a config dump or a worker's argv."""
+    curve_server_key: str = ""
+    """Z85 public key (40 characters) that tcp:// listeners must prove to this endpoint's
+    connections; empty: this endpoint's own public key (a cluster sharing one key pair)."""
+    curve_allowed: tuple[str, ...] = ()
+    """Z85 public keys of the clients this endpoint's tcp:// listeners accept; any other client is
+    refused at the handshake (it never reaches an actor) and logged. Empty: only this endpoint's
+    own public key (a cluster sharing one key pair)."""
+    plaintext_tcp_beyond_loopback: bool = False
+    """Allow tcp:// without CURVE on addresses other than loopback: only on a network you trust
+    entirely. Off, such a socket raises an error naming curve_secret_key_file."""
 
     def __post_init__(self) -> None:
         _positive(self, "transport", "request_timeout_s", "max_message_bytes", "max_frames",
@@ -45,6 +62,27 @@ class TransportConfig:
         for name in ("linger_ms", "inline_tensor_bytes", "tcp_buffer_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"transport.{name} must be >= 0, got {getattr(self, name)}")
+        self._check_curve()
+
+    def _check_curve(self) -> None:
+        # A list (from JSON or TOML) becomes a tuple, so the config stays hashable and frozen.
+        object.__setattr__(self, "curve_allowed", tuple(self.curve_allowed))
+        for name, keys in (("curve_server_key", [self.curve_server_key] if self.curve_server_key
+                            else []), ("curve_allowed", self.curve_allowed)):
+            for key in keys:
+                if not is_z85_key(key):
+                    raise ValueError(f"transport.{name} must hold CURVE public keys (40 Z85 "
+                                     f"characters, as in a .key file), got {key!r}")
+        if not self.curve_secret_key_file:
+            if self.curve_server_key or self.curve_allowed:
+                raise ValueError("transport.curve_server_key and transport.curve_allowed need "
+                                 "transport.curve_secret_key_file (make a pair with `flexmarl "
+                                 "keygen`)")
+            return
+        try:
+            load_keys(self.curve_secret_key_file)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"transport.curve_secret_key_file: {e}") from None
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -178,6 +178,17 @@ class Supervisor(Actor):
         handle.exited.set()
         if not handle.stopping and handle.ready.done():
             self._report(handle, "exited")
+            self._signal(handle, signal.SIGKILL)  # what it started (engine cores) goes too
+
+    def kill(self, name: str, reason: str = "killed") -> None:
+        """Treat a live worker as dead (e.g. it stopped answering requests): WorkerDied with
+        `reason` on `events`, then SIGKILL to its process group."""
+        handle = self.workers.get(name)
+        if handle is None or not handle.alive:
+            return
+        self._report(handle, reason)
+        handle.stopping = True
+        self._signal(handle, signal.SIGKILL)
 
     def _report(self, handle: WorkerHandle, reason: str) -> None:
         if handle.reported:

@@ -32,7 +32,7 @@ def test_team_validation_names_the_problem():
     with pytest.raises(ValueError, match="AgentSpec.name"):
         AgentSpec(name="bad name", model="tiny")
     with pytest.raises(KeyError, match="no agent 'b'"):
-        Team(name="t", agents=[agent], workflow=noop, tasks=[1]).agent("b")
+        Team(name="t", agents=[agent], workflow=noop, tasks=addition_tasks(1)).agent("b")
 
 
 def test_load_team_errors(tmp_path):

@@ -212,3 +212,22 @@ async def test_config_validation_names_the_field():
     from runtime.config import SupervisorConfig
     with pytest.raises(ValueError, match="supervisor.heartbeat_timeout_s"):
         SupervisorConfig(heartbeat_interval_s=2, heartbeat_timeout_s=1)
+
+
+async def test_request_to_nobody_times_out():
+    """Nobody listens: the request fails at its deadline, whether libzmq queued the message
+    for a connection that never comes or refused to take it (the deadline covers a blocked
+    send too: it used to start only after the send)."""
+    import socket as _socket
+
+    with _socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    conn = connect(f"tcp://127.0.0.1:{port}")
+    try:
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(RequestTimeout, match="within 0.3 s"):
+            await conn.request(Ping(1, b"x"), timeout_s=0.3)
+        assert asyncio.get_running_loop().time() - started < 2.0
+    finally:
+        await conn.aclose()

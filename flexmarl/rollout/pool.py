@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 from dataclasses import asdict, dataclass
+from typing import Awaitable, Callable
 from pathlib import Path
 
 import torch
@@ -29,6 +30,7 @@ from flexmarl.activity import ActivityLog
 from flexmarl.balancer import Balancer, BalancerConfig, Move, percentile
 from flexmarl.protocol import Generate, GenerateReply, LoadReport, SubscribeLoad, WeightUpdate
 from flexmarl.weight_sync import SyncReport, push_weights, weights_nbytes
+from runtime.errors import PeerDied, RequestTimeout, TransportClosed
 from runtime.transport import Connection
 
 log = logging.getLogger(__name__)
@@ -67,10 +69,14 @@ class InstancePool:
     def __init__(self, instances: dict[str, Connection], placement: dict[str, list[str]],
                  model_dirs: dict[str, str], config: BalancerConfig | None = None, *,
                  request_timeout_s: float = 300.0, signatures: dict[str, str] | None = None,
-                 weights: dict[str, dict[str, torch.Tensor]] | None = None) -> None:
+                 weights: dict[str, dict[str, torch.Tensor]] | None = None,
+                 respawn: Callable[[str, str], Awaitable[tuple[str, Connection]]] | None = None,
+                 kill: Callable[[str], None] | None = None) -> None:
         """`signatures` (agent -> model signature) and `weights` (agent -> the weights its
         instances start with) default to what the model directories hold (the simulator,
-        whose models have no files, passes both)."""
+        whose models have no files, passes both). `respawn(dead, agent)` starts a replacement
+        of a dead instance for `agent` and returns its (new name, connection); `kill(name)`
+        ends an instance that stopped answering (its death then comes to instance_died)."""
         self.conns = dict(instances)
         self.model_dirs = dict(model_dirs)
         if signatures is None:
@@ -92,6 +98,17 @@ class InstancePool:
         """Set by the orchestrator: each instance's busy intervals (its requests in flight)."""
         self._drains: dict[str, asyncio.Event] = {}
         """Instances being moved, set once their last in-flight request has finished."""
+        self.respawn = respawn
+        self.kill = kill
+        self.dead: dict[str, str] = {}
+        """Instances that died (name -> reason); their replacements have new names."""
+        self.redispatched = 0
+        self.replacements: list[dict] = []
+        self.failed_replacements = 0
+        self._serving = {agent: asyncio.Event() for agent in placement}
+        for event in self._serving.values():
+            event.set()
+        self._report_tasks: dict[str, asyncio.Task] = {}
 
     def of(self, agent: str) -> list[Connection]:
         return [self.conns[name] for name in self.balancer.instances(agent)]
@@ -100,28 +117,108 @@ class InstancePool:
 
     async def generate(self, agent: str, msg: Generate, *, episode: str | None = None
                        ) -> GenerateReply:
+        """One request to an instance of `agent`. If that instance dies (or stops answering)
+        before replying, the request goes to another instance of the agent (or waits for the
+        dead one's replacement): the reply is the one the request's seed gives, stored once."""
         bal = self.balancer
         cost = bal.estimate(agent, n=msg.params.n, max_tokens=msg.params.max_tokens)
-        name = bal.route(agent, msg.request_id, cost, episode=episode)
-        started = now()
-        if self.activity is not None:
-            self.activity.enter(name, "instance")
-        try:
-            reply: GenerateReply = await self.conns[name].request(
-                msg, timeout_s=self.request_timeout_s)
-        except BaseException:
-            bal.finish(msg.request_id)
-            self._maybe_drained(name)
-            raise
-        finally:
+        while True:
+            if not bal.instances(agent):  # all of them died: wait for a replacement
+                await self._serving[agent].wait()
+                continue
+            name = bal.route(agent, msg.request_id, cost, episode=episode)
+            started = now()
             if self.activity is not None:
-                self.activity.exit(name, "instance")
-        tokens = sum(len(s.token_ids) for s in reply.samples)
-        bal.finish(msg.request_id, samples=len(reply.samples), tokens=tokens)
-        self._maybe_drained(name)
-        self._latency[agent].append(now() - started)
-        self._tokens[name] += tokens
-        return reply
+                self.activity.enter(name, "instance")
+            try:
+                reply: GenerateReply = await self.conns[name].request(
+                    msg, timeout_s=self.request_timeout_s)
+            except (PeerDied, RequestTimeout) as exc:
+                bal.finish(msg.request_id)
+                self._maybe_drained(name)
+                if isinstance(exc, RequestTimeout):  # alive but not answering: treat as dead
+                    self._unresponsive(name, exc)
+                self.redispatched += 1
+                log.warning("request %s: instance %s of %s failed (%s); sending it to another "
+                            "instance", msg.request_id, name, agent, type(exc).__name__)
+                continue
+            except BaseException:
+                bal.finish(msg.request_id)
+                self._maybe_drained(name)
+                raise
+            finally:
+                if self.activity is not None:
+                    self.activity.exit(name, "instance")
+            tokens = sum(len(s.token_ids) for s in reply.samples)
+            bal.finish(msg.request_id, samples=len(reply.samples), tokens=tokens)
+            self._maybe_drained(name)
+            self._latency[agent].append(now() - started)
+            self._tokens[name] = self._tokens.get(name, 0) + tokens
+            return reply
+
+    # ------------------------------------------------------------------ faults
+
+    def _unresponsive(self, name: str, exc: BaseException) -> None:
+        if self.kill is not None and name not in self.dead:
+            log.warning("instance %s did not answer in time (%s); killing it", name, exc)
+            self.kill(name)  # the supervisor reports its death: instance_died() follows
+        elif self.kill is None:
+            self.instance_died(name, "unresponsive")
+
+    def instance_died(self, name: str, reason: str) -> None:
+        """`name`'s process is gone: no request goes there any more, those in flight fail at
+        once with PeerDied (generate() re-sends them), and a replacement is started."""
+        if name in self.dead or name not in self.conns:
+            return
+        agent = self.balancer.agent_of(name)
+        self.dead[name] = reason
+        self.balancer.remove(name)
+        if not self.balancer.instances(agent):
+            self._serving[agent].clear()
+        conn = self.conns.pop(name)
+        conn.fail_pending(PeerDied(f"rollout instance {name} of {agent} died ({reason})"))
+        # Closed, so that anything still holding it (a move under way) fails at once too.
+        self._tasks.append(asyncio.create_task(conn.aclose(), name=f"pool.close[{name}]"))
+        task = self._report_tasks.pop(name, None)
+        if task is not None:
+            task.cancel()
+        log.warning("rollout instance %s of %s died (%s): %d of its instances left%s", name,
+                    agent, reason, len(self.balancer.instances(agent)),
+                    "; starting a replacement" if self.respawn else "")
+        if self.respawn is not None:
+            self._tasks.append(asyncio.create_task(self._replace(name, agent),
+                                                   name=f"pool.replace[{name}]"))
+
+    async def _replace(self, dead: str, agent: str) -> None:
+        """Start a new instance for `agent`, load the version the agent serves, route to it."""
+        started = now()
+        try:
+            name, conn = await self.respawn(dead, agent)
+            async with self._locks[agent]:  # no weight sync of the agent meanwhile
+                if agent in self._weights:
+                    await conn.request(WeightUpdate(self.versions[agent], self._weights[agent],
+                                                    force=True),
+                                       timeout_s=self.request_timeout_s)
+                first: LoadReport = await conn.request(SubscribeLoad(), control=True,
+                                                       timeout_s=self.request_timeout_s)
+                self.conns[name] = conn
+                self.balancer.add(agent, name)
+                self.balancer.report(name, first.queued + first.running)
+                self.reports[name] = first
+                self._report_tasks[name] = asyncio.create_task(self._reports(name, conn),
+                                                               name=f"pool.reports[{name}]")
+                self._serving[agent].set()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.error("replacing rollout instance %s of %s failed: %s: %s", dead, agent,
+                      type(exc).__name__, exc)
+            self.failed_replacements += 1
+            return
+        self.replacements.append({"dead": dead, "new": name, "agent": agent,
+                                  "seconds": now() - started, "version": self.versions[agent]})
+        log.warning("instance %s replaces %s for %s (version %d) after %.1f s", name, dead,
+                    agent, self.versions[agent], now() - started)
 
     def _maybe_drained(self, name: str) -> None:
         drain = self._drains.get(name)
@@ -147,7 +244,7 @@ class InstancePool:
         """Weight sync: every instance of `agent` serves `version` when this returns."""
         async with self._locks[agent]:
             report = await push_weights(self.of(agent), version, tensors,
-                                        timeout_s=self.request_timeout_s)
+                                        timeout_s=self.request_timeout_s, tolerate=(PeerDied,))
             self.versions[agent] = version
             self._weights[agent] = tensors
             return report
@@ -168,20 +265,25 @@ class InstancePool:
                                                    timeout_s=self.request_timeout_s)
             self.reports[name] = first
             self.balancer.report(name, first.queued + first.running)
-            self._tasks.append(asyncio.create_task(self._reports(name, conn),
-                                                   name=f"pool.reports[{name}]"))
+            self._report_tasks[name] = asyncio.create_task(self._reports(name, conn),
+                                                           name=f"pool.reports[{name}]")
         if self.balancer.config.strategy == "hierarchical":
             self._tasks.append(asyncio.create_task(self._rebalance_loop(), name="pool.rebalance"))
 
     async def close(self) -> None:
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._report_tasks.values()]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
+        self._report_tasks.clear()
 
     async def _reports(self, name: str, conn: Connection) -> None:
         while True:
-            env = await conn.recv()
+            try:
+                env = await conn.recv()
+            except TransportClosed:
+                return  # the instance died and its connection was closed
             if isinstance(env.msg, LoadReport):
                 self.reports[name] = env.msg
                 self.balancer.report(name, env.msg.queued + env.msg.running)
@@ -216,8 +318,12 @@ class InstancePool:
                 loaded = now()
                 bal.finish_move(move, loaded)
         except Exception as exc:
-            bal.abort_move(move, now())
             self.failed_moves += 1
+            if move.instance in self.dead:  # it died while changing hands: nothing to undo
+                log.warning("instance %s died while moving from %s to %s", move.instance,
+                            move.src, move.dst)
+                return None
+            bal.abort_move(move, now())
             log.warning("moving instance %s from %s to %s failed (%s: %s); it keeps serving %s",
                         move.instance, move.src, move.dst, type(exc).__name__, exc, move.src)
             return None

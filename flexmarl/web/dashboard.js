@@ -295,7 +295,7 @@ let updates = 0;
 async function poll() {
   const conn = document.getElementById("conn");
   try {
-    const resp = await fetch("/api/status", { cache: "no-store" });
+    const resp = await fetch("/api/status" + location.search, { cache: "no-store" });  // ?token=
     if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
     const data = await resp.json();
     conn.hidden = true;

@@ -1,0 +1,168 @@
+"""Faults: workers killed by signal at seeded random points of real runs.
+
+- A rollout worker SIGKILLed mid-run: its requests go to the agent's other instance, a
+  replacement starts and loads the served version, every step completes with every sample
+  (the same team rewards: the same samples, seed for seed), and the final weights
+  equal a fault-free run's within WEIGHT_ATOL.
+- A rollout worker SIGSTOPped (alive, silent): the supervisor's heartbeat timeout treats it as
+  dead, kills it, and the same recovery follows.
+- A trainer worker SIGKILLed: the run stops within seconds with an error naming the slot,
+  instead of waiting out the request timeout.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+from safetensors.torch import load_file
+
+from flexmarl.balancer import Balancer
+from flexmarl.config import load_config
+from flexmarl.rundir import RunDir
+from flexmarl.run import train
+from runtime.errors import PeerDied
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_e2e import duo  # noqa: E402
+
+WEIGHT_ATOL = 1e-3 / 100
+"""lr / 100, as in tests/test_trainer_pool.py: re-sent requests complete in another order, so
+the same groups reach the trainer in another order; float sums then differ in the last bits,
+which AdamW's normalised step can turn into up to lr-scale changes of tiny components
+(observed 1.8e-6)."""
+STEPS = 5
+
+
+def test_balancer_remove_and_add():
+    bal = Balancer({"a": ["i0", "i1"], "b": ["i2"]})
+    bal.route("a", "r1", 10.0, episode="e1")
+    bal.remove("i0" if bal.inflight("i0") else "i1")
+    gone = "i0" if "i0" not in bal.instances("a") else "i1"
+    assert bal.instances("a") == [i for i in ("i0", "i1") if i != gone]
+    for k in range(5):  # nothing is routed to a removed instance
+        assert bal.route("a", f"x{k}", 1.0) != gone
+    bal.finish("r1")  # a request in flight there still finishes normally
+    bal.add("a", "i3")
+    assert "i3" in bal.instances("a")
+    with pytest.raises(ValueError, match="new name"):
+        bal.add("a", gone)
+
+
+def _workers() -> dict[str, int]:
+    """name -> pid of this process's runtime workers (their boot JSON names them)."""
+    out = {}
+    for child in psutil.Process().children(recursive=True):
+        try:
+            cmd = child.cmdline()
+        except psutil.Error:
+            continue
+        if len(cmd) >= 4 and cmd[1:3] == ["-m", "runtime.worker"]:
+            out[json.loads(cmd[3])["name"]] = child.pid
+    return out
+
+
+def _config(tmp_path: Path, name: str, *extra: str):
+    return load_config(overrides=[
+        f"run.dir={tmp_path / name}", f"run.steps={STEPS}", "rollout.backend=torch",
+        "rollout.instances_per_agent=2", "pipeline.mode=sync", "pipeline.tasks_per_step=8",
+        "pipeline.trajectories_per_task=2", "pipeline.micro_batch_groups=2", "trainer.lr=1e-3",
+        "observe.tensorboard=false", "observe.report=false", *extra])
+
+
+async def _run(model_dir: str, config, fault=None):
+    url: asyncio.Future = asyncio.get_running_loop().create_future()
+    run = asyncio.create_task(train(duo(model_dir), config, run_dir=RunDir.create(config),
+                                    progress=False, on_dashboard=url.set_result))
+    if fault is not None:
+        injected = asyncio.create_task(fault(await url, run))
+        result = await run
+        return result, await injected
+    return await run, None
+
+
+async def _steps_done(base: str) -> int:
+    import aiohttp
+    async with aiohttp.ClientSession() as http:
+        async with http.get(base + "api/status") as r:
+            return (await r.json())["run"]["steps_done"]
+
+
+def _weights(result) -> dict:
+    return {name: load_file(str(path / "model.safetensors"))
+            for name, path in result.checkpoints.items()}
+
+
+@pytest.fixture(scope="module")
+def fault_free(tiny_model_dir, tmp_path_factory):
+    """The same run without a fault (once per module, on its own event loop)."""
+    result, _ = asyncio.run(_run(tiny_model_dir, _config(tmp_path_factory.mktemp("clean"),
+                                                         "run")))
+    return result
+
+
+def _assert_nothing_lost(result, reference) -> None:
+    assert [m["step"] for m in result.metrics] == list(range(STEPS))
+    for m, ref in zip(result.metrics, reference.metrics):
+        for name in ("solver", "checker"):
+            assert m["agents"][name]["samples"] == ref["agents"][name]["samples"]
+            assert m["agents"][name]["trained_samples"] == ref["agents"][name]["trained_samples"]
+        # The same samples, seed for seed (the mean sums them in completion order).
+        assert m["team_reward"] == pytest.approx(ref["team_reward"], rel=1e-12)
+    ours, theirs = _weights(result), _weights(reference)
+    for name in ours:
+        diff = max((ours[name][k] - theirs[name][k]).abs().max().item() for k in ours[name])
+        assert diff <= WEIGHT_ATOL, (name, diff)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1])
+async def test_a_killed_rollout_worker_loses_nothing(tiny_model_dir, tmp_path, fault_free, seed,
+                                                    no_leftover_children):
+    rng = random.Random(seed)
+
+    async def kill(base: str, run: asyncio.Task) -> str:
+        while await _steps_done(base) < 1:
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(rng.uniform(0.0, 0.3))
+        victim = rng.choice(sorted(n for n in _workers() if n.startswith("rollout-")))
+        os.kill(_workers()[victim], signal.SIGKILL)
+        return victim
+
+    result, victim = await _run(tiny_model_dir, _config(tmp_path, "run"), kill)
+    assert victim
+    _assert_nothing_lost(result, fault_free)
+
+
+@pytest.mark.slow
+async def test_a_silent_rollout_worker_is_treated_as_dead(tiny_model_dir, tmp_path, fault_free,
+                                                        no_leftover_children):
+    async def stop(base: str, run: asyncio.Task) -> str:
+        while await _steps_done(base) < 1:
+            await asyncio.sleep(0.02)
+        os.kill(_workers()["rollout-1"], signal.SIGSTOP)  # alive, but never answers again
+        return "rollout-1"
+
+    result, _ = await _run(tiny_model_dir, _config(tmp_path, "run"), stop)
+    _assert_nothing_lost(result, fault_free)
+    assert "rollout-1" not in _workers()
+
+
+@pytest.mark.slow
+async def test_a_dead_trainer_stops_the_run_at_once_naming_the_slot(tiny_model_dir, tmp_path,
+                                                                 no_leftover_children):
+    async def kill(base: str, run: asyncio.Task) -> float:
+        while await _steps_done(base) < 1:
+            await asyncio.sleep(0.02)
+        os.kill(_workers()["trainer-0-0"], signal.SIGKILL)
+        return asyncio.get_running_loop().time()
+
+    config = _config(tmp_path, "run", f"run.steps={50}")
+    with pytest.raises(PeerDied, match="trainer slot trainer-0 died: trainer-0-0 exited"):
+        await asyncio.wait_for(_run(tiny_model_dir, config, kill), 60)

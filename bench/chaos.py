@@ -5,7 +5,8 @@ Both runs train the test team of tests/test_e2e.py (two agents, "tiny" models bu
 the torch rollout backend: sampling is exactly reproducible from each request's seed) with
 the same config and seed, two rollout instances per agent. During the chaos run a killer
 SIGKILLs `--kills` workers, one at a time, each at a random moment of a random step (seeded by
-`--seed`), chosen among the kinds in `--kinds` (rollout workers; trainer workers, whose
+`--seed`; in the first half of the run, so that replacements, which take seconds to start,
+serve before it ends), chosen among the kinds in `--kinds` (rollout workers; trainer workers, whose
 recovery is not implemented yet: a trainer kill stops the run with the slot named, and the
 table says so). Reported:
 
@@ -18,7 +19,7 @@ table says so). Reported:
     redispatched        requests re-sent to another instance after theirs died
     same_weights        final weights within lr/100 of the fault-free run's (max abs diff)
 
-    .venv/bin/python bench/chaos.py [--json] [--steps 8] [--kills 3] [--seed 0]
+    .venv/bin/python bench/chaos.py [--json] [--steps 16] [--kills 3] [--seed 0]
                                     [--kinds rollout,trainer]
 
 Targets: nothing lost, nothing duplicated, same weights.
@@ -96,7 +97,8 @@ async def run(model_dir: str, run_dir: Path, steps: int, killer=None) -> dict:
 def make_killer(rng: random.Random, n: int, kinds: list[str], steps: int):
     async def killer(base: str, task: asyncio.Task, kills: list[dict]) -> None:
         import aiohttp
-        targets = sorted({rng.randrange(0, max(steps - 1, 1)) for _ in range(n)})
+        # Kills fall in the first half, so replacements (seconds to start) serve before the end.
+        targets = sorted(rng.randrange(0, max(steps // 2, 1)) for _ in range(n))
         async with aiohttp.ClientSession() as http:
             for k in range(n):
                 step = targets[min(k, len(targets) - 1)]
@@ -166,7 +168,7 @@ async def main(args: argparse.Namespace) -> dict:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--kills", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--kinds", default="rollout", help="comma-separated: rollout, trainer")

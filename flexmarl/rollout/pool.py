@@ -34,6 +34,8 @@ from runtime.errors import PeerDied, RequestTimeout, TransportClosed
 from runtime.transport import Connection
 
 log = logging.getLogger(__name__)
+REPLACE_ATTEMPTS = 3
+"""Processes started, one after another, to replace one dead instance."""
 _MODEL_KEYS_IGNORED = {"_name_or_path", "transformers_version"}
 
 
@@ -109,6 +111,8 @@ class InstancePool:
         for event in self._serving.values():
             event.set()
         self._report_tasks: dict[str, asyncio.Task] = {}
+        self._broken: dict[str, Exception] = {}
+        """Agents left with no instance after every replacement failed."""
 
     def of(self, agent: str) -> list[Connection]:
         return [self.conns[name] for name in self.balancer.instances(agent)]
@@ -123,6 +127,8 @@ class InstancePool:
         bal = self.balancer
         cost = bal.estimate(agent, n=msg.params.n, max_tokens=msg.params.max_tokens)
         while True:
+            if agent in self._broken:
+                raise self._broken[agent]
             if not bal.instances(agent):  # all of them died: wait for a replacement
                 await self._serving[agent].wait()
                 continue
@@ -190,10 +196,35 @@ class InstancePool:
                                                    name=f"pool.replace[{name}]"))
 
     async def _replace(self, dead: str, agent: str) -> None:
-        """Start a new instance for `agent`, load the version the agent serves, route to it."""
+        """Start a new instance for `agent`, load the version the agent serves, route to it
+        (up to REPLACE_ATTEMPTS processes: a replacement can die while it starts, too)."""
         started = now()
+        for attempt in range(1, REPLACE_ATTEMPTS + 1):
+            try:
+                name = await self._start_replacement(dead, agent)
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.error("replacing rollout instance %s of %s failed (attempt %d of %d): "
+                          "%s: %s", dead, agent, attempt, REPLACE_ATTEMPTS,
+                          type(exc).__name__, exc)
+                self.failed_replacements += 1
+        else:
+            if not self.balancer.instances(agent):  # nothing serves it: fail its requests
+                self._broken[agent] = RuntimeError(
+                    f"agent {agent} has no rollout instance left: {dead} died and "
+                    f"{REPLACE_ATTEMPTS} replacements failed to start (see the log)")
+                self._serving[agent].set()
+            return
+        self.replacements.append({"dead": dead, "new": name, "agent": agent,
+                                  "seconds": now() - started, "version": self.versions[agent]})
+        log.warning("instance %s replaces %s for %s (version %d) after %.1f s", name, dead,
+                    agent, self.versions[agent], now() - started)
+
+    async def _start_replacement(self, dead: str, agent: str) -> str:
+        name, conn = await self.respawn(dead, agent)
         try:
-            name, conn = await self.respawn(dead, agent)
             async with self._locks[agent]:  # no weight sync of the agent meanwhile
                 if agent in self._weights:
                     await conn.request(WeightUpdate(self.versions[agent], self._weights[agent],
@@ -208,17 +239,11 @@ class InstancePool:
                 self._report_tasks[name] = asyncio.create_task(self._reports(name, conn),
                                                                name=f"pool.reports[{name}]")
                 self._serving[agent].set()
-        except asyncio.CancelledError:
+        except BaseException:
+            if name not in self.conns:
+                await conn.aclose()
             raise
-        except Exception as exc:
-            log.error("replacing rollout instance %s of %s failed: %s: %s", dead, agent,
-                      type(exc).__name__, exc)
-            self.failed_replacements += 1
-            return
-        self.replacements.append({"dead": dead, "new": name, "agent": agent,
-                                  "seconds": now() - started, "version": self.versions[agent]})
-        log.warning("instance %s replaces %s for %s (version %d) after %.1f s", name, dead,
-                    agent, self.versions[agent], now() - started)
+        return name
 
     def _maybe_drained(self, name: str) -> None:
         drain = self._drains.get(name)

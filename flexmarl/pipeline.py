@@ -229,7 +229,12 @@ class PipelineRun:
         while not rollout_done.is_set():
             take = asyncio.ensure_future(store.take_groups(agent, 1, select=select))
             ended = asyncio.ensure_future(rollout_done.wait())
-            await asyncio.wait([take, ended], return_when=asyncio.FIRST_COMPLETED)
+            try:
+                await asyncio.wait([take, ended], return_when=asyncio.FIRST_COMPLETED)
+            except BaseException:  # the run is stopping: leave no orphan waiting on the store
+                take.cancel()
+                ended.cancel()
+                raise
             ended.cancel()
             if not take.done():
                 take.cancel()  # nothing was taken: take_groups only takes when it returns

@@ -132,6 +132,7 @@ class Team:
             raise ValueError(f"team {self.name}: tasks is empty")
         if not any(a.trainable for a in self.agents):
             raise ValueError(f"team {self.name}: every agent is frozen; nothing would train")
+        seen: dict[str, int] = {}
         for i, task in enumerate(self.tasks):
             task_id = getattr(task, "task_id", None)
             if not isinstance(task_id, str) or not task_id:
@@ -140,6 +141,10 @@ class Team:
                 raise ValueError(f"team {self.name}: tasks[{i}] needs a `task_id` that is a "
                                  f"non-empty str, got task_id={task_id!r:.60} on task "
                                  f"{_short(task)}{hint}")
+            if task_id in seen:
+                raise ValueError(f"team {self.name}: tasks[{seen[task_id]}] and tasks[{i}] have "
+                                 f"the same task_id {task_id!r:.60}; task ids must be unique")
+            seen[task_id] = i
             prompt = getattr(task, "prompt", _NO_PROMPT)
             if prompt is not _NO_PROMPT and (problem := _prompt_problem(prompt)):
                 raise TypeError(f"team {self.name}: tasks[{i}] (task_id {task_id!r}): its "

@@ -501,3 +501,15 @@ def test_cli_invalid_config_value_exits_2_naming_the_key(tmp_path, capsys, quiet
     assert code == 2
     [line] = err.strip().splitlines()
     assert line.startswith("flexmarl: config error: ") and expected in line
+
+
+def test_duplicate_task_ids_are_refused_naming_both():
+    from flexmarl.tasks import addition_tasks
+    tasks = addition_tasks(3)
+    with pytest.raises(ValueError, match=r"tasks\[0\] and tasks\[3\] have the same task_id"):
+        Team(name="t", agents=[AgentSpec(name="a", model="tiny")], workflow=_noop_workflow,
+             tasks=[*tasks, tasks[0]])
+
+
+async def _noop_workflow(ctx, task) -> None:
+    pass

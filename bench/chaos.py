@@ -41,21 +41,8 @@ from pathlib import Path
 if importlib.util.find_spec("flexmarl") is None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))  # the test team and the worker finder
 LR = 1e-3
-
-
-def workers() -> dict[str, int]:
-    import psutil
-
-    out = {}
-    for child in psutil.Process().children(recursive=True):
-        try:
-            cmd = child.cmdline()
-        except psutil.Error:
-            continue
-        if len(cmd) >= 4 and cmd[1:3] == ["-m", "runtime.worker"]:
-            out[json.loads(cmd[3])["name"]] = child.pid
-    return out
 
 
 def config_for(run_dir: Path, steps: int):
@@ -68,7 +55,6 @@ def config_for(run_dir: Path, steps: int):
 
 
 async def run(model_dir: str, run_dir: Path, steps: int, killer=None) -> dict:
-    sys.path.insert(0, str(ROOT / "tests"))
     from test_e2e import duo
 
     from flexmarl.rundir import RunDir, read_metrics
@@ -97,6 +83,7 @@ async def run(model_dir: str, run_dir: Path, steps: int, killer=None) -> dict:
 def make_killer(rng: random.Random, n: int, kinds: list[str], steps: int):
     async def killer(base: str, task: asyncio.Task, kills: list[dict]) -> None:
         import aiohttp
+        from workers import running_workers
         # Kills fall in the first half, so replacements (seconds to start) serve before the end.
         targets = sorted(rng.randrange(0, max(steps // 2, 1)) for _ in range(n))
         async with aiohttp.ClientSession() as http:
@@ -109,7 +96,7 @@ def make_killer(rng: random.Random, n: int, kinds: list[str], steps: int):
                         break
                     await asyncio.sleep(0.01)
                 await asyncio.sleep(rng.uniform(0.0, 0.2))
-                live = workers()
+                live = running_workers()
                 pool = sorted(w for w in live if any(w.startswith(f"{kind}-") for kind in kinds))
                 if not pool or task.done():
                     return

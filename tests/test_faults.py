@@ -12,14 +12,12 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
 import signal
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
 from safetensors.torch import load_file
 
@@ -31,6 +29,7 @@ from runtime.errors import PeerDied
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_e2e import duo  # noqa: E402
+from workers import running_workers  # noqa: E402
 
 WEIGHT_ATOL = 1e-3 / 100
 """lr / 100, as in tests/test_trainer_pool.py: re-sent requests complete in another order, so
@@ -53,19 +52,6 @@ def test_balancer_remove_and_add():
     assert "i3" in bal.instances("a")
     with pytest.raises(ValueError, match="new name"):
         bal.add("a", gone)
-
-
-def _workers() -> dict[str, int]:
-    """name -> pid of this process's runtime workers (their boot JSON names them)."""
-    out = {}
-    for child in psutil.Process().children(recursive=True):
-        try:
-            cmd = child.cmdline()
-        except psutil.Error:
-            continue
-        if len(cmd) >= 4 and cmd[1:3] == ["-m", "runtime.worker"]:
-            out[json.loads(cmd[3])["name"]] = child.pid
-    return out
 
 
 def _config(tmp_path: Path, name: str, *extra: str):
@@ -131,8 +117,8 @@ async def test_a_killed_rollout_worker_loses_nothing(tiny_model_dir, tmp_path, f
         while await _steps_done(base) < 1:
             await asyncio.sleep(0.02)
         await asyncio.sleep(rng.uniform(0.0, 0.3))
-        victim = rng.choice(sorted(n for n in _workers() if n.startswith("rollout-")))
-        os.kill(_workers()[victim], signal.SIGKILL)
+        victim = rng.choice(sorted(n for n in running_workers() if n.startswith("rollout-")))
+        os.kill(running_workers()[victim], signal.SIGKILL)
         return victim
 
     result, victim = await _run(tiny_model_dir, _config(tmp_path, "run"), kill)
@@ -146,12 +132,12 @@ async def test_a_silent_rollout_worker_is_treated_as_dead(tiny_model_dir, tmp_pa
     async def stop(base: str, run: asyncio.Task) -> str:
         while await _steps_done(base) < 1:
             await asyncio.sleep(0.02)
-        os.kill(_workers()["rollout-1"], signal.SIGSTOP)  # alive, but never answers again
+        os.kill(running_workers()["rollout-1"], signal.SIGSTOP)  # alive, but never answers again
         return "rollout-1"
 
     result, _ = await _run(tiny_model_dir, _config(tmp_path, "run"), stop)
     _assert_nothing_lost(result, fault_free)
-    assert "rollout-1" not in _workers()
+    assert "rollout-1" not in running_workers()
 
 
 @pytest.mark.slow
@@ -160,7 +146,7 @@ async def test_a_dead_trainer_stops_the_run_at_once_naming_the_slot(tiny_model_d
     async def kill(base: str, run: asyncio.Task) -> float:
         while await _steps_done(base) < 1:
             await asyncio.sleep(0.02)
-        os.kill(_workers()["trainer-0-0"], signal.SIGKILL)
+        os.kill(running_workers()["trainer-0-0"], signal.SIGKILL)
         return asyncio.get_running_loop().time()
 
     config = _config(tmp_path, "run", f"run.steps={50}")

@@ -99,3 +99,22 @@ def blocked_start(ctx: WorkerContext) -> Actor:
     actor = BlockedStart(ctx.name, ctx.bind, transport=ctx.transport)
     actor.marker = ctx.args["marker"]
     return actor
+
+
+def running_workers() -> dict[str, int]:
+    """name -> pid of this process's runtime workers, found among its descendants by their
+    command line (`python -m runtime.worker BOOT_JSON`, whose JSON names them). For tests and
+    benchmarks that kill workers of a run they did not start themselves."""
+    import json
+
+    import psutil
+
+    out = {}
+    for child in psutil.Process().children(recursive=True):
+        try:
+            cmd = child.cmdline()
+        except psutil.Error:
+            continue
+        if len(cmd) >= 4 and cmd[1:3] == ["-m", "runtime.worker"]:
+            out[json.loads(cmd[3])["name"]] = child.pid
+    return out

@@ -24,7 +24,7 @@ from typing import Awaitable, Callable
 import orjson
 from aiohttp import web
 
-from runtime.transport import is_loopback
+from runtime.curve import is_loopback
 
 log = logging.getLogger(__name__)
 WEB_DIR = Path(__file__).with_name("web")

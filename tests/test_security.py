@@ -21,7 +21,8 @@ from runtime.config import SupervisorConfig, TransportConfig
 from runtime.keys import load_keys, read_key_file, write_keys
 from runtime.protocol import Ping, Pong
 from runtime.supervisor import Supervisor, WorkerSpec
-from runtime.transport import _Gatekeeper, bind, connect, is_loopback
+from runtime.curve import Gatekeeper, is_loopback
+from runtime.transport import bind, connect
 
 ROOT = Path(__file__).resolve().parents[1]
 REFUSED_WAIT_S = 1.0
@@ -96,7 +97,7 @@ async def test_shared_key_pair_is_the_default_allow_list(keys):
                                    curve_server_key=keys["server"][1])
         async with connect(listener.address, stranger) as conn:
             await _refused(conn)
-    gatekeeper = _Gatekeeper.instance()
+    gatekeeper = Gatekeeper.instance()
     for _ in range(50):  # a closed listener's allow-list is dropped (its monitor says so)
         if not any(g.endpoint == listener.address for g in gatekeeper._guarded.values()):
             break

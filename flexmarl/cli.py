@@ -71,7 +71,7 @@ def _run(args: argparse.Namespace) -> int:
     import uvloop  # entry point only: nothing else installs an event loop policy
 
     from flexmarl.rundir import RunDir
-    from flexmarl.run import train
+    from flexmarl.run import check_model, train
     from flexmarl.team import load_team
 
     try:
@@ -84,11 +84,14 @@ def _run(args: argparse.Namespace) -> int:
               "(--set run.log_level=DEBUG shows the traceback)", file=sys.stderr)
         return EXIT_CONFIG
     try:
+        for spec in team.agents:  # a missing model directory: say so before making a run dir
+            check_model(spec)
         run_dir = RunDir.create(config)
     except ConfigError as e:
         return _config_error(e)
     print(f"flexmarl: team {team.name!r} ({', '.join(a.name for a in team.agents)}); "
           f"run dir {run_dir.path}", flush=True)
+
     def announce(url: str) -> None:
         print(f"flexmarl: dashboard at {url} (live while the run goes; /metrics for Prometheus)",
               flush=True)

@@ -63,6 +63,15 @@ def resolve_model(spec: AgentSpec) -> str:
     if spec.model in SIZES:
         kwargs = {} if spec.warm_start_steps is None else {"warm_start_steps": spec.warm_start_steps}
         return str(ensure_model(spec.model, seed=MODEL_SEED, **kwargs))
+    return check_model(spec)
+
+
+def check_model(spec: AgentSpec) -> str:
+    """A given model path, checked (ConfigError naming the agent); built-in sizes pass as they
+    are (they are built on demand). Cheap: `flexmarl run` checks every agent before it creates
+    the run directory."""
+    if spec.model in SIZES:
+        return spec.model
     path = Path(spec.model).expanduser()
     # A configuration problem (ConfigError, a ValueError): `flexmarl run` says it in one line.
     if not path.is_dir():

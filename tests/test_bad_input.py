@@ -436,21 +436,23 @@ def test_cli_team_file_that_raises_exits_2_with_one_line(tmp_path, capsys, quiet
     assert not (tmp_path / "run").exists()
 
 
-def fake_run_modules(monkeypatch, train) -> None:
-    team = types.SimpleNamespace(name="duo", agents=[types.SimpleNamespace(name="solver")])
+def fake_run_modules(monkeypatch, train, model: str = "tiny") -> None:
+    from flexmarl.run import check_model
+    team = types.SimpleNamespace(name="duo", agents=[AgentSpec(name="solver", model=model)])
     monkeypatch.setitem(sys.modules, "flexmarl.team",
                         types.SimpleNamespace(load_team=lambda path: team))
-    monkeypatch.setitem(sys.modules, "flexmarl.run", types.SimpleNamespace(train=train))
+    monkeypatch.setitem(sys.modules, "flexmarl.run",
+                        types.SimpleNamespace(train=train, check_model=check_model))
 
 
 def test_cli_missing_model_directory_exits_2_naming_the_agent(tmp_path, capsys, quiet,
                                                             monkeypatch):
     missing = tmp_path / "models" / "solver-7b"
 
-    async def train(team, config, *, run_dir, on_dashboard=None):  # as the real one starts
-        resolve_model(AgentSpec(name="solver", model=str(missing)))
+    async def train(team, config, *, run_dir, on_dashboard=None):
+        raise AssertionError("the model is checked before the run starts")
 
-    fake_run_modules(monkeypatch, train)
+    fake_run_modules(monkeypatch, train, model=str(missing))
     team_file = tmp_path / "team.py"
     team_file.write_text("")
     code, _, err = run_cli(["run", "--team", str(team_file), "--set",
@@ -459,6 +461,7 @@ def test_cli_missing_model_directory_exits_2_naming_the_agent(tmp_path, capsys, 
     [line] = err.strip().splitlines()
     assert line.startswith("flexmarl: config error: agent solver: model ")
     assert str(missing) in line and "Traceback" not in err
+    assert not (tmp_path / "run").exists()  # no run directory for a run that cannot start
 
 
 def test_cli_broken_workflow_exits_1_with_one_line(tmp_path, capsys, quiet, monkeypatch):

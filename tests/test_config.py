@@ -288,7 +288,8 @@ def fake_train_modules(monkeypatch, train) -> None:
     team = types.SimpleNamespace(name="duo", agents=[types.SimpleNamespace(name="solver")])
     monkeypatch.setitem(sys.modules, "flexmarl.team",
                         types.SimpleNamespace(load_team=lambda path: team))
-    monkeypatch.setitem(sys.modules, "flexmarl.run", types.SimpleNamespace(train=train))
+    monkeypatch.setitem(sys.modules, "flexmarl.run",
+                        types.SimpleNamespace(train=train, check_model=lambda spec: spec))
     monkeypatch.delenv("FLEXMARL_LOG", raising=False)
 
 

@@ -70,6 +70,7 @@ def _run(args: argparse.Namespace) -> int:
 
     import uvloop  # entry point only: nothing else installs an event loop policy
 
+    from flexmarl.orchestrator import WorkflowError
     from flexmarl.rundir import RunDir
     from flexmarl.run import check_model, train
     from flexmarl.team import load_team
@@ -105,14 +106,7 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     except ConfigError as e:  # found once the run starts, e.g. an agent's missing model directory
         return _config_error(e)
-    except Exception as e:  # a broken workflow: one line, not the pipeline's task-group traceback
-        from flexmarl.orchestrator import WorkflowError
-
-        broken = e
-        while isinstance(broken, BaseExceptionGroup) and (sub := broken.subgroup(WorkflowError)):
-            broken = sub.exceptions[0]
-        if not isinstance(broken, WorkflowError):
-            raise
+    except WorkflowError as broken:  # PipelineRun raises it bare: one line, not a traceback
         print(f"flexmarl: workflow error: {broken} (what was written so far is in "
               f"{run_dir.path})", file=sys.stderr)
         return 1  # the run failed, as an uncaught error would exit

@@ -6,20 +6,22 @@ the torch rollout backend: sampling is exactly reproducible from each request's 
 the same config and seed, two rollout instances per agent. During the chaos run a killer
 SIGKILLs `--kills` workers, one at a time, each at a random moment of a random step (seeded by
 `--seed`; in the first half of the run, so that replacements, which take seconds to start,
-serve before it ends), chosen among the kinds in `--kinds` (rollout workers; trainer workers, whose
-recovery is not implemented yet: a trainer kill stops the run with the slot named, and the
-table says so). Reported:
+serve before it ends), chosen among the kinds in `--kinds` (rollout workers: their requests are
+re-sent and a replacement starts; trainer workers: the slot gets new processes and its agent
+re-accumulates its batch from the snapshot of its last step). Reported:
 
     kills               workers killed
     steps_completed     steps finished by the chaos run (of --steps)
     samples_lost        samples the fault-free run generated in those steps and the chaos run
                         did not (per agent, summed)
     samples_duplicated  samples the experience store refused as already stored or trained
-    recovery_s_max      longest time from a death to its replacement serving
+    recovery_s_max      longest time from a death to its replacement serving (rollout) or
+                        started (trainer)
     redispatched        requests re-sent to another instance after theirs died
+    restarted_steps     agent steps redone from a snapshot because their trainer died
     same_weights        final weights within lr/100 of the fault-free run's (max abs diff)
 
-    .venv/bin/python bench/chaos.py [--json] [--steps 16] [--kills 3] [--seed 0]
+    .venv/bin/python bench/chaos.py [--json] [--steps 16] [--kills 4] [--seed 0]
                                     [--kinds rollout,trainer]
 
 Targets: nothing lost, nothing duplicated, same weights.
@@ -117,7 +119,9 @@ def compare(chaos: dict, clean: dict) -> dict:
         for name, a in ref["agents"].items():
             lost += max(0, a["samples"] - m["agents"][name]["samples"])
     dup = max((a.get("duplicates", 0) for m in done for a in m["agents"].values()), default=0)
-    replacements = [r for m in done for r in m.get("faults", {}).get("replacements", [])]
+    faults = [m.get("faults", {}) for m in done]
+    replacements = [r for f in faults for r in [*f.get("replacements", []),
+                                                *f.get("trainer", {}).get("replacements", [])]]
     diff = None
     if chaos["checkpoints"] and len(done) == len(clean["metrics"]):
         diff = 0.0
@@ -129,7 +133,8 @@ def compare(chaos: dict, clean: dict) -> dict:
         "kills": len(chaos["kills"]), "killed": [k["worker"] for k in chaos["kills"]],
         "steps_completed": len(done), "samples_lost": lost, "samples_duplicated": dup,
         "recovery_s_max": max((r["seconds"] for r in replacements), default=0.0),
-        "redispatched": sum(m.get("faults", {}).get("redispatched", 0) for m in done),
+        "redispatched": sum(f.get("redispatched", 0) for f in faults),
+        "restarted_steps": sum(f.get("trainer", {}).get("restarted_steps", 0) for f in faults),
         "same_weights": diff is not None and diff <= LR / 100, "max_weight_diff": diff,
         "error": chaos["error"]}
 
@@ -156,14 +161,15 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--steps", type=int, default=16)
-    ap.add_argument("--kills", type=int, default=3)
+    ap.add_argument("--kills", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--kinds", default="rollout", help="comma-separated: rollout, trainer")
+    ap.add_argument("--kinds", default="rollout,trainer",
+                    help="comma-separated: rollout, trainer")
     args = ap.parse_args()
     out = asyncio.run(main(args))
     print(f"{'kills':20s} {out['kills']} ({', '.join(out['killed']) or '-'})")
     for key in ("steps_completed", "samples_lost", "samples_duplicated", "recovery_s_max",
-                "redispatched", "same_weights", "max_weight_diff", "error", "met"):
+                "redispatched", "restarted_steps", "same_weights", "max_weight_diff", "error", "met"):
         value = out[key]
         print(f"{key:20s} {value:.3g}" if isinstance(value, float) else f"{key:20s} {value}")
     if args.json:

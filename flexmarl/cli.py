@@ -1,4 +1,5 @@
 """`flexmarl` command line: `flexmarl run [CONFIG] [--team PATH] [--set section.key=value ...]`,
+`flexmarl run --resume RUN_DIR [--set ...]`,
 `flexmarl report RUN_DIR [--out DIR]`, `flexmarl keygen [--dir DIR] [--name NAME]`.
 
 A thin entry point: resolve the config, load the team, make the run directory, then hand over to
@@ -41,6 +42,9 @@ def _parser() -> argparse.ArgumentParser:
                           "e.g. --set pipeline.tasks_per_step=16 --set trainer.betas=[0.9,0.95]")
     run.add_argument("--dry-run", action="store_true",
                      help="print the resolved config as TOML and exit")
+    run.add_argument("--resume", metavar="RUN_DIR",
+                     help="go on with a run that stopped or was killed, from its config and its "
+                          "last recorded step (--set run.steps=N trains it further)")
     run.set_defaults(command=_run)
     report = commands.add_parser("report", help="write the HTML report of a run", description=(
         "Write report.html and its PNG plots for a run directory (from its metrics.jsonl; a "
@@ -60,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        config = load_config(args.config, args.overrides, team=args.team)
+        config = _run_config(args)
     except ConfigError as e:
         return _config_error(e)
     _configure_logging(config.run.log_level)
@@ -70,6 +74,7 @@ def _run(args: argparse.Namespace) -> int:
 
     import uvloop  # entry point only: nothing else installs an event loop policy
 
+    from flexmarl.checkpoint import CheckpointError
     from flexmarl.orchestrator import WorkflowError
     from flexmarl.rundir import RunDir
     from flexmarl.run import check_model, train
@@ -87,11 +92,11 @@ def _run(args: argparse.Namespace) -> int:
     try:
         for spec in team.agents:  # a missing model directory: say so before making a run dir
             check_model(spec)
-        run_dir = RunDir.create(config)
+        run_dir = RunDir.create(config, resume=bool(args.resume))
     except ConfigError as e:
         return _config_error(e)
     print(f"flexmarl: team {team.name!r} ({', '.join(a.name for a in team.agents)}); "
-          f"run dir {run_dir.path}", flush=True)
+          f"run dir {run_dir.path}{' (resuming)' if args.resume else ''}", flush=True)
 
     def announce(url: str) -> None:
         print(f"flexmarl: dashboard at {url} (live while the run goes; /metrics for Prometheus)",
@@ -99,13 +104,17 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         with run_dir:
-            result = uvloop.run(train(team, config, run_dir=run_dir, on_dashboard=announce))
+            result = uvloop.run(train(team, config, run_dir=run_dir, on_dashboard=announce,
+                                      resume=bool(args.resume)))
     except KeyboardInterrupt:
         print(f"\nflexmarl: interrupted; what was written so far is in {run_dir.path}",
               file=sys.stderr)
         return EXIT_INTERRUPTED
     except ConfigError as e:  # found once the run starts, e.g. an agent's missing model directory
         return _config_error(e)
+    except CheckpointError as e:  # --resume of a run whose saved states are missing or broken
+        print(f"flexmarl: resume error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
     except WorkflowError as broken:  # PipelineRun raises it bare: one line, not a traceback
         print(f"flexmarl: workflow error: {broken} (what was written so far is in "
               f"{run_dir.path})", file=sys.stderr)
@@ -114,6 +123,26 @@ def _run(args: argparse.Namespace) -> int:
     if result.report is not None:
         print(f"flexmarl: report {result.report}")
     return EXIT_OK
+
+
+def _run_config(args: argparse.Namespace) -> Any:
+    """The run's config: CONFIG, or with --resume the run directory's own config.toml (then
+    --set may change it, e.g. run.steps; other changes void the same-weights guarantee)."""
+    if not args.resume:
+        return load_config(args.config, args.overrides, team=args.team)
+    from pathlib import Path
+
+    from flexmarl.rundir import CONFIG_FILE
+
+    if args.config:
+        raise ConfigError(f"give either CONFIG ({args.config}) or --resume RUN_DIR: a resumed "
+                          "run uses the config in its run directory")
+    path = Path(args.resume)
+    if not (path / CONFIG_FILE).is_file():
+        raise ConfigError(f"--resume {args.resume}: no {CONFIG_FILE} there; it must be the run "
+                          "directory of an earlier `flexmarl run`")
+    return load_config(str(path / CONFIG_FILE), [*args.overrides, f"run.dir={path}"],
+                       team=args.team)
 
 
 def _report(args: argparse.Namespace) -> int:

@@ -61,6 +61,9 @@ class RunConfig:
     """Global steps: each samples one batch of tasks and updates every agent once."""
     log_level: str = "WARNING"
     """Python logging level of the driver and of worker processes (case-insensitive)."""
+    save_state: bool = True
+    """After each step, write every agent's whole training state under RUN_DIR/state
+    (atomically; older steps pruned) so `flexmarl run --resume RUN_DIR` can go on."""
 
     def __post_init__(self) -> None:
         _require(bool(self.name) and "/" not in self.name and self.name not in (".", ".."),
@@ -177,6 +180,9 @@ class TrainPlacement:
     slot_ranks: str = ""
     """A shared pool of slots of different sizes, e.g. "1,2": one slot of 1 rank and one of 2
     (overrides `slots`); an agent needs AgentSpec.train_ranks (default ranks_per_agent)."""
+    snapshots: bool = True
+    """Keep each agent's training state after each step in host memory: a dead trainer slot
+    is replaced and its agent's batch re-accumulated from it (off: the run stops)."""
 
     def __post_init__(self) -> None:
         _require(self.ranks_per_agent >= 1, "train.ranks_per_agent", self.ranks_per_agent,
@@ -339,6 +345,7 @@ dir = ""                  # or an explicit run dir (new or empty)
 seed = 0
 steps = 40                # global steps
 log_level = "WARNING"
+save_state = true         # training state per step in RUN_DIR/state: flexmarl run --resume
 
 [team]
 path = "agents/math_duo.py"
@@ -383,6 +390,7 @@ ranks_per_agent = 1
 cpus = "auto"             # cores of trainer processes: "auto" (the other half), a list, or ""
 slots = 0                 # 0: one trainer slot per agent; N: N slots shared, states swapped
 slot_ranks = ""           # or shared slots of these sizes, e.g. "1,2" (AgentSpec.train_ranks)
+snapshots = true          # state after each step kept: a dead trainer is replaced, batch redone
 
 [balance]                 # flexmarl.balancer.BalancerConfig: routing to rollout instances
 strategy = "hierarchical" # round_robin | least_loaded | hierarchical (+ moving instances)

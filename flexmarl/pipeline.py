@@ -27,17 +27,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from flexmarl.clock import now
 from flexmarl.batch import StalenessError, TrainResult
 from flexmarl.orchestrator import Orchestrator, RolloutStats, StepGate
 from flexmarl.protocol import WeightUpdate
 from flexmarl.store import Group
+from runtime.errors import PeerDied
 
 log = logging.getLogger(__name__)
+MAX_TRAIN_ATTEMPTS = 4
+"""Attempts of one agent's step whose trainer slot keeps dying before the run gives up."""
 
 
 @dataclass(frozen=True)
@@ -126,8 +130,20 @@ class PipelineRun:
 
     def __init__(self, orch: Orchestrator, policy: PipelinePolicy, steps: int, tasks_per_step: int,
                  *, emit: Callable[[dict], None] | None = None,
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None, first_step: int = 0,
+                 on_agent_step: Callable[[str, int], Awaitable[None]] | None = None) -> None:
+        """`first_step` > 0 resumes a run (steps before it are done; their tasks are skipped in
+        the data cursor); `on_agent_step(agent, step)` is awaited once the agent has trained
+        step `step` (before its weight sync and record), e.g. to save its state."""
+        if not 0 <= first_step <= steps:
+            raise ValueError(f"first_step must be in [0, {steps}], got {first_step}")
         self.orch = orch
+        self.first_step = first_step
+        self.on_agent_step = on_agent_step
+        self._pending_sync: dict[str, asyncio.Task | None] = {}
+        self.trainer_restarts = 0
+        """Agent steps restarted because their trainer slot died."""
+        self._next_record = first_step
         self.policy = policy
         self.steps = steps
         self.tasks_per_step = tasks_per_step
@@ -144,12 +160,16 @@ class PipelineRun:
         self._moves_seen = 0
         self._swaps_seen = 0
         self._dead_seen = self._redispatched_seen = self._replaced_seen = 0
+        self._trainer_seen = (0, 0, 0)
         self.started = 0.0
 
     async def run(self) -> list[dict]:
         orch = self.orch
         for name, rt in orch.agents.items():
-            rt.gate = StepGate(self.policy.lag if rt.spec.trainable else self.steps)
+            rt.gate = StepGate(self.first_step + self.policy.lag if rt.spec.trainable
+                               else self.steps)
+        if self.first_step:  # the data cursor where the resumed run left it
+            orch.next_tasks(self.first_step * self.tasks_per_step)
         started = self.started = now()
         self._last_team_end = started
         self._finished_at = {name: started for name in orch.agents}
@@ -172,8 +192,8 @@ class PipelineRun:
 
     async def _produce(self) -> None:
         per_task = self.orch.trajectories_per_task
-        for step in range(self.steps):
-            if self.policy.team_barrier and step > 0:
+        for step in range(self.first_step, self.steps):
+            if self.policy.team_barrier and step > self.first_step:
                 await self.step_done[step - 1].wait()
             tasks = self.orch.next_tasks(self.tasks_per_step)
             self.progress.start_step(step, len(tasks) * per_task)
@@ -182,7 +202,7 @@ class PipelineRun:
             self.rollout_done[step].set()
 
     async def _frozen_steps(self) -> None:
-        for step in range(self.steps):
+        for step in range(self.first_step, self.steps):
             await self.rollout_done[step].wait()
             self._agents_finished(step)
 
@@ -191,34 +211,67 @@ class PipelineRun:
     async def _agent_loop(self, agent: str) -> None:
         orch, policy = self.orch, self.policy
         rt = orch.agents[agent]
-        pending_sync: asyncio.Task | None = None
-        for step in range(self.steps):
-            session = orch.train_session(agent, lambda age, s=step: policy.admit(age, s),
-                                         eager=policy.stream)
-            select = orch.of_step(step)
-            if not policy.stream:
-                await self.rollout_done[step].wait()
-            async with contextlib.AsyncExitStack() as binding:
-                while groups := await self._next_groups(agent, select, self.rollout_done[step]):
-                    if rt.trainer is None:  # a trainer slot is bound once there is work
-                        rt.trainer = await binding.enter_async_context(orch.trainers.bind(agent))
-                    await session.add(groups)
-                if pending_sync is not None:
-                    await pending_sync  # the last update is out before this one lands
-                    pending_sync = None
-                result = await session.finish()
-                # Exported while the slot is bound; pushed to the instances after (possibly
-                # later: one_step_off), when the slot may already train another agent.
-                weights = await orch.export(agent) if result is not None else None
-                rt.trainer = None
+        self._pending_sync[agent] = None
+        for step in range(self.first_step, self.steps):
+            taken: list[list[Group]] = []  # the step's groups, to re-feed if the slot dies
+            for attempt in itertools.count():
+                try:
+                    result, weights = await self._train_step(agent, step, taken)
+                    break
+                except PeerDied as exc:  # the trainer slot died (rollout deaths never get here)
+                    rt.trainer = None
+                    if not orch.trainers.recoverable() or attempt + 1 >= MAX_TRAIN_ATTEMPTS:
+                        raise
+                    rt.trainer_version = orch.trainers.restored_version(agent)
+                    self.trainer_restarts += 1
+                    log.warning("agent %s: step %d restarts from its snapshot (version %d) on a "
+                                "new trainer slot, re-feeding %d taken groups: %s", agent, step,
+                                rt.trainer_version, sum(map(len, taken)), exc)
+            if self.on_agent_step is not None:
+                await self.on_agent_step(agent, step)
             if result is not None and policy.defer_sync and step + 1 < self.steps:
-                pending_sync = asyncio.create_task(
+                self._pending_sync[agent] = asyncio.create_task(
                     self._sync(agent, step, result, weights, deferred=True))
             else:
                 await self._sync(agent, step, result, weights)
-        if pending_sync is not None:
-            await pending_sync
+        if (pending := self._pending_sync[agent]) is not None:
+            await pending
         assert rt.version == rt.trainer_version
+
+    async def _train_step(self, agent: str, step: int, taken: list[list[Group]]
+                          ) -> tuple[TrainResult | None, tuple[WeightUpdate, float] | None]:
+        """One global batch of `agent`: `taken` groups first (a restarted attempt), then the
+        step's groups as they come (appended to `taken`), one optimizer step, the weights
+        exported and the state snapshot taken while the slot is bound."""
+        orch, policy = self.orch, self.policy
+        rt = orch.agents[agent]
+        session = orch.train_session(agent, lambda age, s=step: policy.admit(age, s),
+                                     eager=policy.stream)
+        select = orch.of_step(step)
+        if not policy.stream:
+            await self.rollout_done[step].wait()
+        async with contextlib.AsyncExitStack() as binding:
+            async def feed(groups: list[Group]) -> None:
+                if rt.trainer is None:  # a trainer slot is bound once there is work
+                    rt.trainer = await binding.enter_async_context(orch.trainers.bind(agent))
+                await session.add(groups)
+
+            for groups in taken:
+                await feed(groups)
+            while groups := await self._next_groups(agent, select, self.rollout_done[step]):
+                taken.append(groups)
+                await feed(groups)
+            if (pending := self._pending_sync[agent]) is not None:
+                await pending  # the last update is out before this one lands
+                self._pending_sync[agent] = None
+            result = await session.finish()
+            # Exported while the slot is bound; pushed to the instances after (possibly
+            # later: one_step_off), when the slot may already train another agent.
+            weights = await orch.export(agent) if result is not None else None
+            if result is not None:
+                await orch.trainers.snapshot(agent)
+            rt.trainer = None
+        return result, weights
 
     async def _next_groups(self, agent: str, select: Callable[[Group], bool],
                            rollout_done: asyncio.Event) -> list[Group]:
@@ -300,8 +353,9 @@ class PipelineRun:
     def _agents_finished(self, step: int) -> None:
         self.step_done[step].set()
         # Records go out in step order: agents can finish step s+1 before others finish s.
-        while len(self.records) < self.steps and self.step_done[len(self.records)].is_set():
-            self._record(len(self.records))
+        while self._next_record < self.steps and self.step_done[self._next_record].is_set():
+            self._next_record += 1
+            self._record(self._next_record - 1)
 
     def _record(self, step: int) -> None:
         orch = self.orch
@@ -336,6 +390,14 @@ class PipelineRun:
                             "replacements": pool.replacements[self._replaced_seen:]}
         self._dead_seen, self._redispatched_seen = len(pool.dead), pool.redispatched
         self._replaced_seen = len(pool.replacements)
+        # Trainer slots that died and were replaced, agent steps restarted from a snapshot.
+        trainers = orch.trainers
+        record["faults"]["trainer"] = {
+            "dead": trainers.deaths - self._trainer_seen[0],
+            "replacements": trainers.replacements[self._trainer_seen[1]:],
+            "restarted_steps": self.trainer_restarts - self._trainer_seen[2]}
+        self._trainer_seen = (trainers.deaths, len(trainers.replacements),
+                              self.trainer_restarts)
         pool_stats = orch.pool.take_stats()
         record["instance_tokens"] = pool_stats["instance_tokens"]
         for name, rt in orch.agents.items():

@@ -36,6 +36,7 @@ class FlexKind(IntEnum):
     SWAP_IN = 119
     SWAP_OUT = 120
     TRAIN_STATE = 121
+    EXPORT_STATE = 122
 
 
 # ----------------------------------------------------------------------------- rollout
@@ -276,6 +277,15 @@ class SwapIn:
 @dataclass(slots=True)
 class SwapOut:
     """Unbind the slot: reply with the agent's whole training state and free the slot."""
+
+    KIND: ClassVar[int]
+
+
+@message(FlexKind.EXPORT_STATE)
+@dataclass(slots=True)
+class ExportState:
+    """Reply with the agent's whole training state and keep it in the slot: the snapshot a dead
+    slot's agent is restored from, and what a resumable run writes to disk after each step."""
 
     KIND: ClassVar[int]
 

@@ -1,10 +1,13 @@
 """`train(team, config)`: the whole system inside the caller's event loop.
 
     resolve models ─► start processes (rollout instances per agent, a trainer group per trainable
-    agent) ─► PipelineRun (flexmarl.pipeline): tasks from the data cursor, rollout, training and
-    sync of every agent, overlapped as pipeline.mode allows ─► metrics.jsonl, one record per
-    finished global step (also to the live dashboard, /metrics, TensorBoard, W&B) ─► final
-    per-agent checkpoints ─► ordered shutdown ─► the run report ─► RunResult
+    agent) ─► [resume: each agent's saved state after the last recorded step into its trainer
+    and its weights to its instances] ─► PipelineRun (flexmarl.pipeline): tasks from the data
+    cursor, rollout, training and sync of every agent, overlapped as pipeline.mode allows
+    ─► per agent and step: its whole state to RUN_DIR/state (run.save_state)
+    ─► metrics.jsonl, one record per finished global step (also to the live dashboard,
+    /metrics, TensorBoard, W&B) ─► final per-agent checkpoints ─► ordered shutdown ─► the run
+    report ─► RunResult
 
 The CLI (`flexmarl run`) is a thin wrapper over this function.
 """
@@ -22,11 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from flexmarl.checkpoint import STATE_DIR, StateCheckpoints, resume_point
 from flexmarl.config import Config, ConfigError, role_cpus
 from flexmarl.models import SIZES, ensure_model, load_tokenizer
 from flexmarl.monitor import RunMonitor
 from flexmarl.orchestrator import AgentRuntime, Orchestrator
 from flexmarl.pipeline import PipelineRun, make_pipeline
+from flexmarl.protocol import TrainState
 from flexmarl.rollout.pool import InstancePool
 from flexmarl.trainer_pool import AgentTrainer, TrainerPool
 from flexmarl.rundir import Progress, RunDir
@@ -56,6 +61,8 @@ class RunResult:
     report: Path | None = None
     """RUN_DIR/report/report.html (observe.report), if it was written."""
     dashboard_url: str | None = None
+    first_step: int = 0
+    """The step this run started at (> 0: it resumed a run directory)."""
 
 
 def resolve_model(spec: AgentSpec) -> str:
@@ -87,12 +94,17 @@ def check_model(spec: AgentSpec) -> str:
 
 async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
                 progress: bool | None = None,
-                on_dashboard: Callable[[str], None] | None = None) -> RunResult:
+                on_dashboard: Callable[[str], None] | None = None,
+                resume: bool = False) -> RunResult:
     """Train `team` for config.run.steps global steps; returns the run's metrics.
 
     With observe.dashboard the run serves its dashboard, /api/status and /metrics while it
-    trains; `on_dashboard(url)` is called once they are up (default: a log line)."""
+    trains; `on_dashboard(url)` is called once they are up (default: a log line). With
+    `resume`, `run_dir` is a run that stopped (or was killed) part way: training goes on from
+    the step after its last recorded one, from every agent's saved state, and, with fixed
+    seeds, ends with the same weights as an uninterrupted run."""
     started = time.perf_counter()
+    saved, first_step = _saved_states(team, config, run_dir, resume)
     dashboard_url = None
     pipeline = make_pipeline(config.pipeline.mode, max_staleness=config.pipeline.max_staleness)
     log.info("resolving models of team %s", team.name)
@@ -103,7 +115,11 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
     sup = Supervisor(config=SupervisorConfig(ready_timeout_s=config.rollout.ready_timeout_s))
     try:
         async with sup.serving():
-            agents, pool, trainers = await _start_agents(sup, team, config, model_dirs, work)
+            agents, pool, trainers = await _start_agents(sup, team, config, model_dirs, work,
+                                                         snapshots=saved is not None)
+            if first_step:
+                for name in trainers.agents:
+                    trainers.restore(name, saved.load(name, first_step - 1))
             store = ExperienceStore([n for n, rt in agents.items() if rt.spec.trainable])
             p = config.pipeline
             orch = Orchestrator(team, agents, store, pool, trainers,
@@ -119,6 +135,8 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
 
             def emit(record: dict) -> None:
                 record["time"] = time.time()
+                if saved is not None:  # every agent's state of this step is on disk already
+                    saved.prune(keep_from=record["step"])
                 metrics.append(record)
                 monitor.on_record(record)
                 if run_dir is not None:
@@ -127,6 +145,18 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
                     loggers.log(record)
 
             await pool.start()
+            if first_step:  # instances serve what the resumed trainers hold
+                for name in trainers.agents:
+                    weights, _ = await orch.export(name)
+                    await orch.push(name, weights)
+                    agents[name].trainer_version = weights.version
+                log.warning("resuming %s at step %d of %d", run_dir.path, first_step,
+                            config.run.steps)
+
+            async def save_state(agent: str, step: int) -> None:
+                # Fresh (never updated): an empty state, restored as a fresh trainer.
+                state = trainers.snapshots.get(agent) or TrainState(agent, 0, {}, {})
+                await asyncio.to_thread(saved.save, agent, step, state)
             async with contextlib.AsyncExitStack() as observing:
                 if config.observe.dashboard:
                     server = await observing.enter_async_context(StatusServer(
@@ -143,7 +173,10 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
                     async with orch.serving():
                         with Progress(config.run.steps, enabled=progress) as bar:
                             await PipelineRun(orch, pipeline, config.run.steps, p.tasks_per_step,
-                                              emit=emit, progress=_Tee(bar, monitor)).run()
+                                              emit=emit, progress=_Tee(bar, monitor),
+                                              first_step=first_step,
+                                              on_agent_step=save_state if saved else None
+                                              ).run()
                     monitor.state = "finished"
                 except BaseException:
                     monitor.state = "failed"
@@ -173,22 +206,40 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
             log.warning("writing the run report failed: %s: %s", type(exc).__name__, exc)
     return RunResult(metrics, run_dir.path if run_dir else None,
                      {n: rt.version for n, rt in agents.items()}, checkpoints,
-                     time.perf_counter() - started, report, dashboard_url)
+                     time.perf_counter() - started, report, dashboard_url, first_step)
+
+
+def _saved_states(team: Team, config: Config, run_dir: RunDir | None, resume: bool
+                  ) -> tuple[StateCheckpoints | None, int]:
+    """Where each agent's state is saved per step (None: nowhere), and the step to start at."""
+    if resume and (run_dir is None or not config.run.save_state):
+        raise ConfigError("resuming needs the run directory and run.save_state = true (the "
+                          "saved training states are what a resumed run starts from)")
+    if run_dir is None or not config.run.save_state:
+        return None, 0
+    saved = StateCheckpoints(run_dir.path / STATE_DIR)
+    if not resume:
+        return saved, 0
+    first_step = resume_point(run_dir.path, [a.name for a in team.agents if a.trainable])
+    if first_step >= config.run.steps:
+        raise ConfigError(f"run {run_dir.path} has finished all {first_step} steps of "
+                          f"run.steps = {config.run.steps}; to train on, resume with "
+                          f"--set run.steps=N for some N > {first_step}")
+    saved.drop_after(first_step - 1)  # a killed run's later states: this run redoes them
+    return saved, first_step
 
 
 async def _watch_workers(sup: Supervisor, pool: InstancePool, trainers: TrainerPool) -> None:
     """Worker deaths: a rollout instance is replaced (its requests re-sent); a trainer slot's
-    pending requests fail at once with PeerDied, so the run stops with the cause instead of
-    waiting for a reply that will never come."""
+    pending requests fail at once with PeerDied and the slot is replaced, its agent restarting
+    its step from its snapshot (without snapshots the run stops with the cause)."""
     while True:
         event = await sup.events.get()
         if event.name in pool.conns:
             pool.instance_died(event.name, event.reason)
-            continue
-        slot = event.name.rsplit("-", 1)[0]  # trainer-K-RANK -> trainer-K
-        if slot in trainers.slots:
-            trainers.slot_died(slot, f"{event.name} {event.reason} (returncode "
-                                     f"{event.returncode})")
+        elif not trainers.worker_died(event.name, f"{event.reason} (returncode "
+                                                  f"{event.returncode})"):
+            log.info("worker %s ended (%s): already replaced", event.name, event.reason)
 
 
 class _Tee:
@@ -221,7 +272,8 @@ def _loggers(config: Config, team: Team, run_dir: RunDir | None) -> "MetricLogge
 
 
 async def _start_agents(sup: Supervisor, team: Team, config: Config, model_dirs: dict[str, str],
-                        work: str) -> tuple[dict[str, AgentRuntime], InstancePool]:
+                        work: str, *, snapshots: bool = False
+                        ) -> tuple[dict[str, AgentRuntime], InstancePool, TrainerPool]:
     """Start every rollout instance and trainer group at once (engine starts overlap).
 
     Instances are named rollout-K, not after an agent: the balancer may move them."""
@@ -260,14 +312,38 @@ async def _start_agents(sup: Supervisor, team: Team, config: Config, model_dirs:
     trainable = [spec for spec in team.agents if spec.trainable]
     needs = {spec.name: spec.train_ranks or config.train.ranks_per_agent for spec in trainable}
     sizes = _slot_sizes(config, needs)
+    generations = itertools.count(1)
+
+    def trainer_specs(k: int, generation: int = 0) -> list[WorkerSpec]:
+        """The processes of slot trainer-K; a replacement generation gets new names and a new
+        rendezvous file (the old group's is spent)."""
+        suffix = f"-r{generation}" if generation else ""
+        return [WorkerSpec(
+            name=f"trainer-{k}-{rank}{suffix}", entry="flexmarl.trainer_worker:trainer_worker",
+            args={"rank": rank, "world_size": sizes[k],
+                  "init_method": f"file://{work}/trainer-{k}{suffix}.store"},
+            ready_timeout_s=r.ready_timeout_s, cpus=train_cpus) for rank in range(sizes[k])]
+
+    async def respawn_slot(slot: str, old: list[str]) -> tuple[list[str], Connection]:
+        """New processes for a dead slot; what is left of its old group is killed first (a
+        rank whose peer died is stuck in a collective)."""
+        for name in old:
+            sup.kill(name, f"its trainer group {slot} lost a rank")
+        started = await asyncio.gather(*(sup.start_worker(w) for w in
+                                         trainer_specs(int(slot.rsplit("-", 1)[1]),
+                                                       next(generations))),
+                                       return_exceptions=True)
+        failed = [h for h in started if isinstance(h, BaseException)]
+        if failed:
+            for h in started:
+                if not isinstance(h, BaseException):
+                    sup.kill(h.name, "another rank of its replacement group failed to start")
+            raise failed[0]
+        return [h.name for h in started], connect(started[0].address)
+
     # Trainer slots start empty; an agent's trainer is built in a slot when it is bound there.
-    for k, ranks in enumerate(sizes):
-        for rank in range(ranks):
-            starts.append(sup.start_worker(WorkerSpec(
-                name=f"trainer-{k}-{rank}", entry="flexmarl.trainer_worker:trainer_worker",
-                args={"rank": rank, "world_size": ranks,
-                      "init_method": f"file://{work}/trainer-{k}.store"},
-                ready_timeout_s=r.ready_timeout_s, cpus=train_cpus)))
+    for k in range(len(sizes)):
+        starts.extend(sup.start_worker(w) for w in trainer_specs(k))
     handles = {h.name: h for h in await asyncio.gather(*starts)}
     agents = {}
     for spec in team.agents:
@@ -279,7 +355,11 @@ async def _start_agents(sup: Supervisor, team: Team, config: Config, model_dirs:
                                                     _trainer_config(config, spec),
                                                     needs[spec.name])
                             for spec in trainable},
-                           static=not (config.train.slots or config.train.slot_ranks))
+                           static=not (config.train.slots or config.train.slot_ranks),
+                           snapshots=snapshots or config.train.snapshots, respawn=respawn_slot,
+                           workers={f"trainer-{k}-{rank}": f"trainer-{k}"
+                                    for k, n in enumerate(sizes) for rank in range(n)},
+                           kill=lambda name: sup.kill(name, "its trainer slot stopped answering"))
     conns = {name: connect(handles[name].address) for names in placement.values()
              for name in names}
     return agents, InstancePool(conns, placement, model_dirs, config.balance, respawn=respawn,

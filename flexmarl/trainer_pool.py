@@ -14,6 +14,15 @@ runtime transport, so the same code moves it within a process, between processes
 hosts, and a SwapIn restores it bit for bit into any slot with enough ranks. With `static`
 placement every agent owns one slot for good (the baseline: no swaps, slots idle between the
 agent's updates); with a shared pool of fewer slots than agents, slots go where the work is.
+
+Dead slots (with `snapshots` on and a `respawn` callback):
+
+    worker_died(process) ─► slot_died: its requests fail now (PeerDied); the agent whose
+                 state it held gets its snapshot (its state after its last finished step, taken
+                 by `snapshot` or by a SwapOut) put back in host memory, or, if it never
+                 finished a step, may start fresh; new processes replace the slot's (new names)
+    the agent's loop ─► PeerDied ─► binds again: a SwapIn of the snapshot into the new slot (or
+                 any other), then re-accumulates the batch it had taken: the same update
 """
 from __future__ import annotations
 
@@ -23,14 +32,19 @@ import logging
 from collections import OrderedDict
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from flexmarl.clock import now
-from flexmarl.protocol import SwapIn, SwapOut, TrainState
-from runtime.errors import PeerDied
+from flexmarl.protocol import ExportState, SwapIn, SwapOut, TrainState
+from runtime.errors import PeerDied, RequestTimeout
 from runtime.transport import Connection
 
 log = logging.getLogger(__name__)
+REPLACE_ATTEMPTS = 3
+"""Processes started for a dead slot before it is given up (a replacement may die starting)."""
+Respawn = Callable[[str, list[str]], Awaitable[tuple[list[str], Connection]]]
+"""(slot, its old process names) -> the new processes' names and rank 0's connection; kills
+what is left of the old ones first."""
 
 
 @dataclass(frozen=True)
@@ -153,7 +167,13 @@ class TrainerPool:
 
     def __init__(self, slots: dict[str, Connection], slot_ranks: dict[str, int],
                  agents: dict[str, AgentTrainer], *, static: bool = False,
-                 prefetch: bool = True, request_timeout_s: float = 300.0) -> None:
+                 prefetch: bool = True, request_timeout_s: float = 300.0,
+                 snapshots: bool = False, respawn: Respawn | None = None,
+                 workers: dict[str, str] | None = None,
+                 kill: Callable[[str], None] | None = None) -> None:
+        """`snapshots`: keep each agent's state after its last step (`snapshot`) so a dead
+        slot's agent can be restored; `respawn` replaces a dead slot's processes; `workers`:
+        process name -> its slot (to map a death to its slot); `kill(process)` ends a hung one."""
         if static and len(slots) < len(agents):
             raise ValueError(f"static reservation needs one slot per trainable agent: "
                              f"{len(agents)} agents, {len(slots)} slots")
@@ -181,6 +201,17 @@ class TrainerPool:
         """agent -> done when its state, on its way out of a slot, is in `states`."""
         self._started: set[str] = set()
         """Agents whose trainer has been built: a fresh SwapIn would lose their training."""
+        self.snapshots_on = snapshots
+        self.snapshots: dict[str, TrainState] = {}
+        """agent -> its whole state after its last finished step (snapshot or SwapOut)."""
+        self.respawn = respawn
+        self.kill = kill
+        self.workers = dict(workers or {})
+        self._replacing: dict[str, asyncio.Task] = {}
+        self.deaths = 0
+        self.replacements: list[dict] = []
+        """Per replaced slot: {slot, workers, seconds from the death to the new processes}."""
+        self._died_at: dict[str, float] = {}
 
     @asynccontextmanager
     async def bind(self, agent: str, *, prefetch: bool = False) -> AsyncIterator[Connection]:
@@ -268,7 +299,11 @@ class TrainerPool:
                 fut.set_result(grant)
 
     async def _load(self, grant: Grant) -> None:
+        if grant.slot in self._replacing:  # the slot died: wait for its new processes
+            await asyncio.shield(self._replacing[grant.slot])
         conn = self.slots[grant.slot]
+        if conn.dead is not None:
+            raise conn.dead
         loaded = self._loaded.get(grant.slot)
         if loaded == grant.agent:
             return  # its trainer never left this slot
@@ -278,6 +313,8 @@ class TrainerPool:
             try:
                 out: TrainState = await conn.request(SwapOut(), timeout_s=self.request_timeout_s)
                 self.states[loaded] = out
+                if self.snapshots_on:  # an idle agent's state is its state after its last step
+                    self.snapshots[loaded] = out
                 del self._loaded[grant.slot]
                 self._record(loaded, grant.slot, "out", out, started)
             finally:
@@ -313,11 +350,108 @@ class TrainerPool:
                  "out of" if direction == "out" else "into", slot, num_bytes / 1e6,
                  record.seconds)
 
+    async def snapshot(self, agent: str) -> TrainState | None:
+        """Keep the agent's whole state (it must be bound, between batches): what it is
+        restored from if its slot dies before its next snapshot. None when snapshots are off."""
+        if not self.snapshots_on:
+            return None
+        async with self.bind(agent) as conn:
+            state: TrainState = await conn.request(ExportState(),
+                                                   timeout_s=self.request_timeout_s)
+        self.snapshots[agent] = state
+        return state
+
+    def restore(self, agent: str, state: TrainState) -> None:
+        """Start the agent from `state` (a resumed run's checkpoint) at its first SwapIn."""
+        if agent in self._started:
+            raise RuntimeError(f"agent {agent}'s trainer has started already: restore first")
+        self.states[agent] = state
+        if self.snapshots_on:
+            self.snapshots[agent] = state
+
+    def recoverable(self) -> bool:
+        """Can an agent whose slot died go on (from its snapshot, on a replaced slot)?"""
+        return self.snapshots_on and self.respawn is not None
+
+    def restored_version(self, agent: str) -> int:
+        """The trainer version the agent resumes from after its slot died."""
+        state = self.snapshots.get(agent)
+        return state.version if state is not None else 0
+
+    def worker_died(self, name: str, reason: str) -> bool:
+        """A process died; False if it is none of the slots' current processes."""
+        slot = self.workers.get(name)
+        if slot is None:
+            return False
+        self.slot_died(slot, f"{name} {reason}")
+        return True
+
+    def slot_hung(self, slot: str, reason: str) -> None:
+        """A request to the slot timed out: kill its processes and handle it as dead."""
+        if self.kill is not None:
+            for name in [n for n, s in self.workers.items() if s == slot]:
+                self.kill(name)
+        self.slot_died(slot, reason)
+
     def slot_died(self, slot: str, reason: str) -> None:
-        """A process of `slot` died: its requests in flight fail now (PeerDied), naming it."""
-        log.error("trainer slot %s died: %s", slot, reason)
-        self.slots[slot].fail_pending(PeerDied(
-            f"trainer slot {slot} died: {reason}; its agent's update cannot complete"))
+        """A process of `slot` died (or hung): its requests in flight fail now (PeerDied),
+        naming it; with recovery on, its agent's state goes back to its snapshot and new
+        processes are started for the slot."""
+        conn = self.slots[slot]
+        if conn.dead is not None:
+            return  # already handled: this is another rank of the same group
+        self.deaths += 1
+        self._died_at[slot] = now()
+        recover = self.recoverable()
+        log.error("trainer slot %s died: %s%s", slot, reason,
+                  "; replacing it and restoring its agent from its last snapshot" if recover
+                  else "")
+        conn.fail_pending(PeerDied(
+            f"trainer slot {slot} died: {reason}; " + (
+                "its agent restarts the batch from its last snapshot" if recover else
+                "its agent's update cannot complete (train.snapshots and a replacement "
+                "let a run survive this)")))
+        agent = self._loaded.pop(slot, None)
+        if recover and agent:
+            if agent in self.snapshots:
+                self.states.setdefault(agent, self.snapshots[agent])
+            else:  # it never finished a step: its fresh trainer is its state
+                self._started.discard(agent)
+        if recover and slot not in self._replacing:
+            old = [n for n, s in self.workers.items() if s == slot]
+            for name in old:
+                del self.workers[name]  # their deaths, now or when killed, are this one
+            self._replacing[slot] = asyncio.ensure_future(self._replace(slot, old))
+
+    async def _replace(self, slot: str, old: list[str]) -> None:
+        """New processes for a dead slot (up to REPLACE_ATTEMPTS); the slot stays dead if none
+        starts."""
+        error: BaseException | None = None
+        try:
+            for attempt in range(1, REPLACE_ATTEMPTS + 1):
+                try:
+                    names, conn = await self.respawn(slot, old)
+                except Exception as exc:
+                    error = exc
+                    log.warning("trainer slot %s: replacement %d/%d failed: %s", slot, attempt,
+                                REPLACE_ATTEMPTS, exc)
+                    continue
+                dead = self.slots[slot]
+                self.slots[slot] = _TimedConnection(conn, slot, self)
+                self.workers.update(dict.fromkeys(names, slot))
+                self.replacements.append({"slot": slot, "workers": names,
+                                          "seconds": now() - self._died_at[slot]})
+                log.warning("trainer slot %s replaced by %s", slot, ", ".join(names))
+                try:
+                    await dead.aclose()
+                except Exception:  # its peer is gone; closing is best effort
+                    pass
+                return
+            self.slots[slot].dead = PeerDied(
+                f"trainer slot {slot} died and no replacement started ({REPLACE_ATTEMPTS} "
+                f"attempts; last error: {error})")
+        finally:
+            del self._replacing[slot]
 
     @property
     def loaded(self) -> dict[str, str]:
@@ -345,6 +479,12 @@ class _TimedConnection:
         started = now()
         try:
             return await self._conn.request(msg, **kwargs)
+        except RequestTimeout as exc:
+            if self.dead is not None:
+                raise self.dead from exc
+            # A slot that does not answer is treated as dead, not waited on again.
+            self._pool.slot_hung(self._slot, f"{type(msg).__name__} timed out ({exc})")
+            raise (self.dead or exc) from exc
         finally:
             self._pool.busy_s[self._slot] += now() - started
 

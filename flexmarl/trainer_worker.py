@@ -45,9 +45,9 @@ import torch.distributed as dist
 from runtime.actor import Actor, handler
 from runtime.codec import Envelope
 from runtime.worker import WorkerContext
-from flexmarl.protocol import (ExportWeights, Offload, Onload, SwapDone, SwapIn, SwapOut,
-                               TrainBeginBatch, TrainMicroBatch, TrainState, TrainStats, TrainStep,
-                               TrainStepDone, WeightUpdate)
+from flexmarl.protocol import (ExportState, ExportWeights, Offload, Onload, SwapDone, SwapIn,
+                               SwapOut, TrainBeginBatch, TrainMicroBatch, TrainState, TrainStats,
+                               TrainStep, TrainStepDone, WeightUpdate)
 from flexmarl.trainer import GRPOTrainer, TrainerConfig
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,7 @@ class Command(IntEnum):
     STOP = 8
     SWAP_IN = 9  # a = bytes of the JSON spec {agent, model_dir, config} that follows
     SWAP_OUT = 10
+    EXPORT_STATE = 11
 
 
 class CommandThread:
@@ -207,6 +208,16 @@ class _Rank:
         state.seconds = time.perf_counter() - started
         return state
 
+    def export_state(self) -> TrainState:
+        """The agent's whole state (collective); the slot keeps it."""
+        from flexmarl.trainer import export_state
+
+        started = time.perf_counter()
+        tr = self._bound("ExportState")
+        tensors, meta = export_state(tr)
+        return TrainState(self.agent, tr.version, tensors, meta,
+                          seconds=time.perf_counter() - started)
+
     def _bound(self, call: str) -> GRPOTrainer:
         if self.trainer is None:
             raise RuntimeError(f"{call} sent to an empty trainer slot: SwapIn an agent first")
@@ -226,6 +237,8 @@ class _Rank:
             return None
         if cmd is Command.SWAP_OUT:
             return self.swap_out()
+        if cmd is Command.EXPORT_STATE:
+            return self.export_state()
         tr = self._bound(cmd.name.lower())
         if cmd is Command.BEGIN_BATCH:
             return tr.begin_batch(arg)
@@ -334,6 +347,10 @@ class TrainerWorker(Actor):
     async def on_swap_out(self, msg: SwapOut, env: Envelope) -> TrainState:
         return await self._command(Command.SWAP_OUT)
 
+    @handler(ExportState)
+    async def on_export_state(self, msg: ExportState, env: Envelope) -> TrainState:
+        return await self._command(Command.EXPORT_STATE)
+
     @handler(ExportWeights)
     async def on_export(self, msg: ExportWeights, env: Envelope) -> WeightUpdate:
         return await self._command(Command.EXPORT)
@@ -424,6 +441,7 @@ class TrainerFollower(Actor):
     on_onload = _refusing(Onload)
     on_swap_in = _refusing(SwapIn)
     on_swap_out = _refusing(SwapOut)
+    on_export_state = _refusing(ExportState)
 
 
 def _check_micro_batch(mb: TrainMicroBatch) -> None:

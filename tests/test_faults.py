@@ -6,8 +6,10 @@
   equal a fault-free run's within WEIGHT_ATOL.
 - A rollout worker SIGSTOPped (alive, silent): the supervisor's heartbeat timeout treats it as
   dead, kills it, and the same recovery follows.
-- A trainer worker SIGKILLed: the run stops within seconds with an error naming the slot,
-  instead of waiting out the request timeout.
+- A trainer worker SIGKILLed (at a random point, and mid-batch on purpose): its slot is
+  replaced, its agent restored from the snapshot of its last step, the batch re-accumulated:
+  every step and sample, weights within WEIGHT_ATOL. Without snapshots the run stops within
+  seconds with an error naming the slot, instead of waiting out the request timeout.
 """
 from __future__ import annotations
 
@@ -141,14 +143,100 @@ async def test_a_silent_rollout_worker_is_treated_as_dead(tiny_model_dir, tmp_pa
 
 
 @pytest.mark.slow
-async def test_a_dead_trainer_stops_the_run_at_once_naming_the_slot(tiny_model_dir, tmp_path,
-                                                                 no_leftover_children):
+@pytest.mark.parametrize("seed", [2])
+async def test_a_killed_trainer_is_replaced_and_loses_nothing(tiny_model_dir, tmp_path,
+                                                             fault_free, seed,
+                                                             no_leftover_children):
+    """A trainer process SIGKILLed at a seeded random point: its slot gets new processes, its
+    agent's state comes back from the snapshot of its last step, the step completes."""
+    rng = random.Random(seed)
+
+    async def kill(base: str, run: asyncio.Task) -> str:
+        while await _steps_done(base) < 1:
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(rng.uniform(0.0, 0.5))
+        victim = rng.choice(sorted(n for n in running_workers() if n.startswith("trainer-")))
+        os.kill(running_workers()[victim], signal.SIGKILL)
+        return victim
+
+    result, victim = await _run(tiny_model_dir, _config(tmp_path, "run"), kill)
+    assert victim
+    _assert_nothing_lost(result, fault_free)
+    faults = [m["faults"]["trainer"] for m in result.metrics]
+    assert sum(f["dead"] for f in faults) == 1
+    [replaced] = [r for f in faults for r in f["replacements"]]
+    assert replaced["slot"] == victim.rsplit("-", 1)[0] and 0 < replaced["seconds"] < 60
+    assert victim not in running_workers()
+
+
+@pytest.mark.slow
+async def test_a_trainer_killed_mid_batch_re_accumulates_it(tiny_model_dir, tmp_path, fault_free,
+                                                           monkeypatch, no_leftover_children):
+    """The kill lands after the solver's trainer accumulated a micro-batch of step 2: the
+    replacement gets the snapshot of step 1 and the groups already taken are fed again."""
+    from flexmarl.batch import TrainSession
+
+    send, sent = TrainSession._send, []
+
+    async def send_then_die(self, groups):
+        await send(self, groups)
+        if self.rt.spec.name == "solver" and self.version == 2:  # step 2's batch
+            sent.append(len(groups))
+            if len(sent) == 1:
+                os.kill(running_workers()["trainer-0-0"], signal.SIGKILL)
+
+    monkeypatch.setattr(TrainSession, "_send", send_then_die)
+    result, _ = await _run(tiny_model_dir, _config(tmp_path, "run"))
+    _assert_nothing_lost(result, fault_free)
+    assert len(sent) > 1, "the kill did not land mid-batch"
+    step2 = result.metrics[2]["faults"]["trainer"]
+    assert (step2["dead"], len(step2["replacements"]), step2["restarted_steps"]) == (1, 1, 1)
+    assert step2["replacements"][0]["workers"] == ["trainer-0-0-r1"]
+    assert result.metrics[2]["agents"]["solver"]["version"] == 3
+
+
+@pytest.mark.slow
+async def test_without_snapshots_a_dead_trainer_stops_the_run_naming_the_slot(
+        tiny_model_dir, tmp_path, no_leftover_children):
     async def kill(base: str, run: asyncio.Task) -> float:
         while await _steps_done(base) < 1:
             await asyncio.sleep(0.02)
         os.kill(running_workers()["trainer-0-0"], signal.SIGKILL)
         return asyncio.get_running_loop().time()
 
-    config = _config(tmp_path, "run", f"run.steps={50}")
+    config = _config(tmp_path, "run", f"run.steps={50}", "train.snapshots=false",
+                     "run.save_state=false")
     with pytest.raises(PeerDied, match="trainer slot trainer-0 died: trainer-0-0 exited"):
         await asyncio.wait_for(_run(tiny_model_dir, config, kill), 60)
+
+
+@pytest.mark.slow
+async def test_a_dead_follower_rank_of_a_shared_two_rank_slot_is_replaced(
+        tiny_model_dir, tmp_path, monkeypatch, no_leftover_children):
+    """One shared slot of 2 FSDP ranks for both agents (states swapped between them): rank 1
+    SIGKILLed while the checker trains step 1. Rank 0, stuck in a collective with a dead peer,
+    is killed too, two new ranks form a new group, and the run equals a fault-free one."""
+    from flexmarl.batch import TrainSession
+
+    extra = ("train.slot_ranks=2", "rollout.instances_per_agent=1", "run.steps=3")
+    clean, _ = await _run(tiny_model_dir, _config(tmp_path, "clean", *extra))
+    send, killed = TrainSession._send, []
+
+    async def send_then_die(self, groups):
+        await send(self, groups)
+        if self.rt.spec.name == "checker" and self.version == 1 and not killed:
+            killed.append(True)
+            os.kill(running_workers()["trainer-0-1"], signal.SIGKILL)
+
+    monkeypatch.setattr(TrainSession, "_send", send_then_die)
+    result, _ = await _run(tiny_model_dir, _config(tmp_path, "run", *extra))
+    assert killed
+    assert [m["step"] for m in result.metrics] == [0, 1, 2]
+    faults = result.metrics[1]["faults"]["trainer"]
+    assert faults["dead"] == 1 and faults["restarted_steps"] == 1
+    assert sorted(faults["replacements"][0]["workers"]) == ["trainer-0-0-r1", "trainer-0-1-r1"]
+    ours, theirs = _weights(result), _weights(clean)
+    for name in ours:
+        diff = max((ours[name][k] - theirs[name][k]).abs().max().item() for k in ours[name])
+        assert diff <= WEIGHT_ATOL, (name, diff)
+    assert not [n for n in running_workers() if n in ("trainer-0-0", "trainer-0-1")]

@@ -6,9 +6,10 @@ the torch rollout backend: sampling is exactly reproducible from each request's 
 the same config and seed, two rollout instances per agent. During the chaos run a killer
 SIGKILLs `--kills` workers, one at a time, each at a random moment of a random step (seeded by
 `--seed`; in the first half of the run, so that replacements, which take seconds to start,
-serve before it ends), chosen among the kinds in `--kinds` (rollout workers: their requests are
-re-sent and a replacement starts; trainer workers: the slot gets new processes and its agent
-re-accumulates its batch from the snapshot of its last step). Reported:
+serve before it ends): a kind drawn from `--kinds`, then one of its live workers (rollout
+workers: their requests are re-sent and a replacement starts; trainer workers: the slot gets
+new processes and its agent re-accumulates its batch from the snapshot of its last step).
+Reported:
 
     kills               workers killed
     steps_completed     steps finished by the chaos run (of --steps)
@@ -17,6 +18,8 @@ re-accumulates its batch from the snapshot of its last step). Reported:
     samples_duplicated  samples the experience store refused as already stored or trained
     recovery_s_max      longest time from a death to its replacement serving (rollout) or
                         started (trainer)
+    replaced            replacements that finished before the run did (a rollout replacement
+                        takes seconds; a kill near the end may see the run end first)
     redispatched        requests re-sent to another instance after theirs died
     restarted_steps     agent steps redone from a snapshot because their trainer died
     same_weights        final weights within lr/100 of the fault-free run's (max abs diff)
@@ -99,7 +102,8 @@ def make_killer(rng: random.Random, n: int, kinds: list[str], steps: int):
                     await asyncio.sleep(0.01)
                 await asyncio.sleep(rng.uniform(0.0, 0.2))
                 live = running_workers()
-                pool = sorted(w for w in live if any(w.startswith(f"{kind}-") for kind in kinds))
+                kind = rng.choice(kinds)  # the kind first: trainers are fewer than instances
+                pool = sorted(w for w in live if w.startswith(f"{kind}-"))
                 if not pool or task.done():
                     return
                 victim = rng.choice(pool)
@@ -133,6 +137,7 @@ def compare(chaos: dict, clean: dict) -> dict:
         "kills": len(chaos["kills"]), "killed": [k["worker"] for k in chaos["kills"]],
         "steps_completed": len(done), "samples_lost": lost, "samples_duplicated": dup,
         "recovery_s_max": max((r["seconds"] for r in replacements), default=0.0),
+        "replaced": len(replacements),
         "redispatched": sum(f.get("redispatched", 0) for f in faults),
         "restarted_steps": sum(f.get("trainer", {}).get("restarted_steps", 0) for f in faults),
         "same_weights": diff is not None and diff <= LR / 100, "max_weight_diff": diff,
@@ -169,7 +174,8 @@ if __name__ == "__main__":
     out = asyncio.run(main(args))
     print(f"{'kills':20s} {out['kills']} ({', '.join(out['killed']) or '-'})")
     for key in ("steps_completed", "samples_lost", "samples_duplicated", "recovery_s_max",
-                "redispatched", "restarted_steps", "same_weights", "max_weight_diff", "error", "met"):
+                "replaced", "redispatched", "restarted_steps", "same_weights", "max_weight_diff",
+                "error", "met"):
         value = out[key]
         print(f"{key:20s} {value:.3g}" if isinstance(value, float) else f"{key:20s} {value}")
     if args.json:

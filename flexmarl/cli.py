@@ -1,5 +1,5 @@
 """`flexmarl` command line: `flexmarl run [CONFIG] [--team PATH] [--set section.key=value ...]`,
-`flexmarl run --resume RUN_DIR [--set ...]`,
+`flexmarl run --resume RUN_DIR [--set ...]`, `flexmarl run ... --listen tcp://ADDR:PORT`,
 `flexmarl report RUN_DIR [--out DIR]`, `flexmarl keygen [--dir DIR] [--name NAME]`.
 
 A thin entry point: resolve the config, load the team, make the run directory, then hand over to
@@ -42,6 +42,9 @@ def _parser() -> argparse.ArgumentParser:
                           "e.g. --set pipeline.tasks_per_step=16 --set trainer.betas=[0.9,0.95]")
     run.add_argument("--dry-run", action="store_true",
                      help="print the resolved config as TOML and exit")
+    run.add_argument("--listen", metavar="tcp://ADDR:PORT",
+                     help="run the workers on `flexmarl-node`s that join here (sets "
+                          "cluster.listen; see docs/multinode.md)")
     run.add_argument("--resume", metavar="RUN_DIR",
                      help="go on with a run that stopped or was killed, from its config and its "
                           "last recorded step (--set run.steps=N trains it further)")
@@ -128,8 +131,9 @@ def _run(args: argparse.Namespace) -> int:
 def _run_config(args: argparse.Namespace) -> Any:
     """The run's config: CONFIG, or with --resume the run directory's own config.toml (then
     --set may change it, e.g. run.steps; other changes void the same-weights guarantee)."""
+    overrides = [*args.overrides, *([f"cluster.listen={args.listen}"] if args.listen else [])]
     if not args.resume:
-        return load_config(args.config, args.overrides, team=args.team)
+        return load_config(args.config, overrides, team=args.team)
     from pathlib import Path
 
     from flexmarl.rundir import CONFIG_FILE
@@ -141,7 +145,7 @@ def _run_config(args: argparse.Namespace) -> Any:
     if not (path / CONFIG_FILE).is_file():
         raise ConfigError(f"--resume {args.resume}: no {CONFIG_FILE} there; it must be the run "
                           "directory of an earlier `flexmarl run`")
-    return load_config(str(path / CONFIG_FILE), [*args.overrides, f"run.dir={path}"],
+    return load_config(str(path / CONFIG_FILE), [*overrides, f"run.dir={path}"],
                        team=args.team)
 
 

@@ -22,8 +22,10 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from flexmarl.balancer import BalancerConfig
+from flexmarl.nodes import ClusterConfig
 from flexmarl.rollout.engine import BACKENDS, EngineConfig
 from flexmarl.trainer import TrainerConfig
+from runtime.config import TransportConfig
 
 __all__ = ["PIPELINE_MODES", "LOG_LEVELS", "DEFAULT_TOML", "ConfigError", "RunConfig", "TeamRef",
            "PipelineConfig", "RolloutConfig", "TrainerConfig", "TrainPlacement", "Config",
@@ -293,6 +295,8 @@ class Config:
     train: TrainPlacement = field(default_factory=TrainPlacement)
     balance: BalancerConfig = field(default_factory=BalancerConfig)
     observe: ObserveConfig = field(default_factory=ObserveConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    transport: TransportConfig = field(default_factory=TransportConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Plain data (tuples as lists), the inverse of `from_dict`."""
@@ -331,7 +335,8 @@ class Config:
 SECTIONS: dict[str, type] = {"run": RunConfig, "team": TeamRef, "pipeline": PipelineConfig,
                              "rollout": RolloutConfig, "trainer": TrainerConfig,
                              "train": TrainPlacement, "balance": BalancerConfig,
-                             "observe": ObserveConfig}
+                             "observe": ObserveConfig, "cluster": ClusterConfig,
+                             "transport": TransportConfig}
 """TOML section name -> its dataclass, in file order."""
 
 DEFAULT_TOML = """\
@@ -414,6 +419,18 @@ tensorboard = true        # RUN_DIR/tensorboard event files
 wandb = false             # Weights & Biases (pip install wandb)
 wandb_project = "flexmarl"
 wandb_mode = "offline"    # offline (no network; `wandb sync` later) | online
+
+[cluster]                 # workers on other machines: see docs/multinode.md
+listen = ""               # tcp://ADDR:PORT for flexmarl-node processes to join (--listen); "": local
+rollout_nodes = 1         # the run starts once this many rollout (or any) nodes joined
+trainer_nodes = 1         # ... and this many trainer (or any) nodes
+join_timeout_s = 600.0
+node_timeout_s = 10.0     # a node silent this long is lost (its workers handled as dead)
+store_port = 0            # TCPStore for trainer ranks on several nodes; 0: a free port
+instances_per_node = 1    # rollout instances a node joining mid-run gets
+
+[transport]               # runtime.config.TransportConfig: sockets, limits, CURVE
+curve_secret_key_file = "" # `flexmarl keygen` pair: every tcp:// socket encrypted + authenticated
 """
 
 

@@ -39,6 +39,7 @@ from flexmarl.server import StatusServer
 from flexmarl.store import ExperienceStore
 from flexmarl.team import AgentSpec, Team
 from runtime.config import SupervisorConfig
+from runtime.registry import NodeInfo, NodeRegistry
 from runtime.supervisor import Supervisor, WorkerSpec
 from runtime.transport import Connection, connect
 
@@ -112,11 +113,18 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
     for spec in team.agents:  # may build and warm-start (minutes, once): off the event loop
         model_dirs[spec.name] = await asyncio.to_thread(resolve_model, spec)
     work = tempfile.mkdtemp(prefix="flexmarl-run-")
-    sup = Supervisor(config=SupervisorConfig(ready_timeout_s=config.rollout.ready_timeout_s))
+    sup = _launcher(config)
     try:
         async with sup.serving():
+            if isinstance(sup, NodeRegistry):
+                await sup.wait_for({"rollout": config.cluster.rollout_nodes,
+                                    "trainer": config.cluster.trainer_nodes},
+                                   config.cluster.join_timeout_s, report=log.warning)
             agents, pool, trainers = await _start_agents(sup, team, config, model_dirs, work,
                                                          snapshots=saved is not None)
+            if isinstance(sup, NodeRegistry):  # a rollout node joining now gets instances
+                sup.on_join = lambda node: _grow(pool, config, node)
+                sup.started_run()
             if first_step:
                 for name in trainers.agents:
                     trainers.restore(name, saved.load(name, first_step - 1))
@@ -209,6 +217,28 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
                      time.perf_counter() - started, report, dashboard_url, first_step)
 
 
+def _launcher(config: Config) -> "Supervisor | NodeRegistry":
+    """Where workers run: local processes (a Supervisor), or `flexmarl-node`s that join at
+    cluster.listen (a NodeRegistry; see flexmarl/nodes.py)."""
+    if not config.cluster.listen:
+        return Supervisor(config=SupervisorConfig(ready_timeout_s=config.rollout.ready_timeout_s),
+                          transport=config.transport)
+    return NodeRegistry(config.cluster.listen, transport=config.transport,
+                        node_timeout_s=config.cluster.node_timeout_s,
+                        start_timeout_s=config.rollout.ready_timeout_s)
+
+
+def _grow(pool: InstancePool, config: Config, node: NodeInfo) -> None:
+    """A node joined mid-run: if it hosts rollout, start instances on it (the registry places a
+    new worker on the least busy node of its role: this one)."""
+    if not node.serves("rollout") or "trainer" in node.hello.roles:
+        return
+    for _ in range(config.cluster.instances_per_node):
+        agent = min(pool.versions, key=lambda a: len(pool.balancer.instances(a)))
+        log.warning("node %s joined: a new rollout instance for %s", node.name, agent)
+        pool.grow(agent)
+
+
 def _saved_states(team: Team, config: Config, run_dir: RunDir | None, resume: bool
                   ) -> tuple[StateCheckpoints | None, int]:
     """Where each agent's state is saved per step (None: nowhere), and the step to start at."""
@@ -271,14 +301,22 @@ def _loggers(config: Config, team: Team, run_dir: RunDir | None) -> "MetricLogge
                          run_name=run_dir.path.name, config=config.to_dict())
 
 
-async def _start_agents(sup: Supervisor, team: Team, config: Config, model_dirs: dict[str, str],
+async def _start_agents(sup: "Supervisor | NodeRegistry", team: Team, config: Config, model_dirs: dict[str, str],
                         work: str, *, snapshots: bool = False
                         ) -> tuple[dict[str, AgentRuntime], InstancePool, TrainerPool]:
     """Start every rollout instance and trainer group at once (engine starts overlap).
 
     Instances are named rollout-K, not after an agent: the balancer may move them."""
     r = config.rollout
-    rollout_cpus, train_cpus = role_cpus(config)
+    transport = config.transport
+    store = None
+    if isinstance(sup, NodeRegistry):  # trainer ranks on several nodes meet at a TCPStore
+        import torch.distributed as dist
+        store = dist.TCPStore("0.0.0.0", config.cluster.store_port, is_master=True,
+                              wait_for_workers=False)
+        sup.store = store  # kept alive (and closed) with the registry
+    # Cores of this machine: nodes pin their workers themselves (flexmarl-node --cpus).
+    rollout_cpus, train_cpus = role_cpus(config) if store is None else ((), ())
     if rollout_cpus or train_cpus:
         log.info("rollout processes on cores %s, trainer processes on cores %s",
                  list(rollout_cpus) or "all", list(train_cpus) or "all")
@@ -294,12 +332,12 @@ async def _start_agents(sup: Supervisor, team: Team, config: Config, model_dirs:
             args={"backend": r.backend, "model_dir": model_dirs[agent],
                   "max_model_len": r.max_model_len, "kv_cache_bytes": r.kv_cache_bytes,
                   "seed": config.run.seed + k}, ready_timeout_s=r.ready_timeout_s,
-            cpus=rollout_cpus, env=rollout_env)
+            cpus=rollout_cpus, env=rollout_env, role="rollout")
 
     async def respawn(dead: str, agent: str) -> tuple[str, Connection]:
         """A replacement for a dead instance: a new process (and name) with the agent's model."""
         handle = await sup.start_worker(rollout_spec(agent))
-        return handle.name, connect(handle.address)
+        return handle.name, connect(handle.address, transport)
 
     starts = []
     placement: dict[str, list[str]] = {}
@@ -318,11 +356,14 @@ async def _start_agents(sup: Supervisor, team: Team, config: Config, model_dirs:
         """The processes of slot trainer-K; a replacement generation gets new names and a new
         rendezvous file (the old group's is spent)."""
         suffix = f"-r{generation}" if generation else ""
+        # On nodes the node fills in the host it reaches the run at (runtime.node).
+        init = (f"store://{{registry_host}}:{store.port}/trainer-{k}{suffix}" if store else
+                f"file://{work}/trainer-{k}{suffix}.store")
         return [WorkerSpec(
             name=f"trainer-{k}-{rank}{suffix}", entry="flexmarl.trainer_worker:trainer_worker",
-            args={"rank": rank, "world_size": sizes[k],
-                  "init_method": f"file://{work}/trainer-{k}{suffix}.store"},
-            ready_timeout_s=r.ready_timeout_s, cpus=train_cpus) for rank in range(sizes[k])]
+            args={"rank": rank, "world_size": sizes[k], "init_method": init},
+            ready_timeout_s=r.ready_timeout_s, cpus=train_cpus, role="trainer")
+            for rank in range(sizes[k])]
 
     async def respawn_slot(slot: str, old: list[str]) -> tuple[list[str], Connection]:
         """New processes for a dead slot; what is left of its old group is killed first (a
@@ -339,7 +380,7 @@ async def _start_agents(sup: Supervisor, team: Team, config: Config, model_dirs:
                 if not isinstance(h, BaseException):
                     sup.kill(h.name, "another rank of its replacement group failed to start")
             raise failed[0]
-        return [h.name for h in started], connect(started[0].address)
+        return [h.name for h in started], connect(started[0].address, transport)
 
     # Trainer slots start empty; an agent's trainer is built in a slot when it is bound there.
     for k in range(len(sizes)):
@@ -349,7 +390,8 @@ async def _start_agents(sup: Supervisor, team: Team, config: Config, model_dirs:
     for spec in team.agents:
         agents[spec.name] = AgentRuntime(spec, model_dirs[spec.name],
                                          load_tokenizer(model_dirs[spec.name]), None)
-    slots = {f"trainer-{k}": connect(handles[f"trainer-{k}-0"].address) for k in range(len(sizes))}
+    slots = {f"trainer-{k}": connect(handles[f"trainer-{k}-0"].address, transport)
+             for k in range(len(sizes))}
     trainers = TrainerPool(slots, {f"trainer-{k}": n for k, n in enumerate(sizes)},
                            {spec.name: AgentTrainer(model_dirs[spec.name],
                                                     _trainer_config(config, spec),
@@ -360,7 +402,7 @@ async def _start_agents(sup: Supervisor, team: Team, config: Config, model_dirs:
                            workers={f"trainer-{k}-{rank}": f"trainer-{k}"
                                     for k, n in enumerate(sizes) for rank in range(n)},
                            kill=lambda name: sup.kill(name, "its trainer slot stopped answering"))
-    conns = {name: connect(handles[name].address) for names in placement.values()
+    conns = {name: connect(handles[name].address, transport) for names in placement.values()
              for name in names}
     return agents, InstancePool(conns, placement, model_dirs, config.balance, respawn=respawn,
                                 kill=lambda name: sup.kill(name, "unresponsive")), trainers

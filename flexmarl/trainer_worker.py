@@ -148,10 +148,19 @@ class _Rank:
         if self.config.device == "cuda":
             torch.cuda.set_device(self.rank % torch.cuda.device_count())
             self.device = torch.device("cuda", torch.cuda.current_device())
-        dist.init_process_group("nccl" if self.config.device == "cuda" else "gloo",
-                                init_method=args["init_method"], rank=self.rank,
-                                world_size=self.world_size,
-                                timeout=timedelta(seconds=self.timeout_s))
+        backend = "nccl" if self.config.device == "cuda" else "gloo"
+        timeout = timedelta(seconds=self.timeout_s)
+        if args["init_method"].startswith("store://"):
+            # Ranks on several nodes: the run hosts a TCPStore (store://HOST:PORT/PREFIX);
+            # each group (and each replacement of it) has its own key prefix there.
+            where, _, prefix = args["init_method"].removeprefix("store://").partition("/")
+            host, _, port = where.rpartition(":")
+            store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
+            dist.init_process_group(backend, store=dist.PrefixStore(prefix, store),
+                                    rank=self.rank, world_size=self.world_size, timeout=timeout)
+        else:
+            dist.init_process_group(backend, init_method=args["init_method"], rank=self.rank,
+                                    world_size=self.world_size, timeout=timeout)
         if args.get("model_dir"):
             self.trainer = GRPOTrainer(args["model_dir"], self.config)
         self.started = True

@@ -61,6 +61,11 @@ class MsgKind(IntEnum):
     HEARTBEAT = 6
     SHUTDOWN = 7
     TENSORS = 8
+    NODE_HELLO = 9
+    START_WORKER = 10
+    WORKER_STARTED = 11
+    KILL_WORKER = 12
+    WORKER_EXITED = 13
 
 
 @message(MsgKind.ERROR)
@@ -142,3 +147,66 @@ class Tensors:
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- nodes
+# A node (runtime.node) hosts workers for a registry (runtime.registry) on another machine.
+
+@message(MsgKind.NODE_HELLO)
+@dataclass(slots=True)
+class NodeHello:
+    """A node joins: who it is, what it offers, and the address it serves StartWorker at."""
+
+    KIND: ClassVar[int]
+    name: str
+    host: str
+    roles: list[str]
+    address: str
+    pid: int
+    cpus: int = 0
+    memory_bytes: int = 0
+    devices: int = 0
+
+
+@message(MsgKind.START_WORKER)
+@dataclass(slots=True)
+class StartWorker:
+    """Start a worker on the node: WorkerSpec fields (name, entry, args, env, ready_timeout_s).
+    The node checks the entry against its allow-list and binds the worker on its own address."""
+
+    KIND: ClassVar[int]
+    name: str
+    entry: str
+    args: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    ready_timeout_s: float = 0.0
+
+
+@message(MsgKind.WORKER_STARTED)
+@dataclass(slots=True)
+class WorkerStarted:
+    KIND: ClassVar[int]
+    name: str
+    pid: int
+    address: str
+
+
+@message(MsgKind.KILL_WORKER)
+@dataclass(slots=True)
+class KillWorker:
+    KIND: ClassVar[int]
+    name: str
+    reason: str = "killed"
+
+
+@message(MsgKind.WORKER_EXITED)
+@dataclass(slots=True)
+class WorkerExited:
+    """A node's worker died (its supervisor's WorkerDied, forwarded to the registry)."""
+
+    KIND: ClassVar[int]
+    name: str
+    pid: int
+    reason: str
+    returncode: int | None
+    silent_for_s: float

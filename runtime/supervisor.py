@@ -62,6 +62,9 @@ class WorkerSpec:
     cpus: tuple[int, ...] = ()
     """Pin the process (and what it starts) to these CPU cores and size OpenMP's thread pool to
     them, so processes sharing a machine do not oversubscribe it; () leaves both alone."""
+    role: str = ""
+    """The kind of node that hosts it when workers go to nodes (runtime.registry: "rollout",
+    "trainer"); a local Supervisor ignores it."""
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", self.name):

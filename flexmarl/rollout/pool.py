@@ -107,6 +107,8 @@ class InstancePool:
         self.redispatched = 0
         self.replacements: list[dict] = []
         self.failed_replacements = 0
+        self.added: list[dict] = []
+        """Instances started for a node that joined mid-run (`grow`)."""
         self._serving = {agent: asyncio.Event() for agent in placement}
         for event in self._serving.values():
             event.set()
@@ -221,6 +223,21 @@ class InstancePool:
                                   "seconds": now() - started, "version": self.versions[agent]})
         log.warning("instance %s replaces %s for %s (version %d) after %.1f s", name, dead,
                     agent, self.versions[agent], now() - started)
+
+    def grow(self, agent: str) -> None:
+        """Start one more instance for `agent` (a node joined) in the background: it loads the
+        served version and takes requests as a replacement does; `added` records it."""
+        async def add() -> None:
+            started = now()
+            try:
+                name = await self._start_replacement("", agent)
+            except Exception as exc:
+                log.error("a new rollout instance for %s failed to start: %s: %s", agent,
+                          type(exc).__name__, exc)
+                return
+            self.added.append({"new": name, "agent": agent, "seconds": now() - started})
+            log.warning("new instance %s serves %s after %.1f s", name, agent, now() - started)
+        self._tasks.append(asyncio.create_task(add(), name=f"pool.grow[{agent}]"))
 
     async def _start_replacement(self, dead: str, agent: str) -> str:
         name, conn = await self.respawn(dead, agent)

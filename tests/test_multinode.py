@@ -1,0 +1,173 @@
+"""Multi-node: `flexmarl-node` processes join a run over loopback TCP, CURVE-authenticated.
+
+- The registry waits for the nodes a run needs and says which are missing when they do not come.
+- A node refuses entry points outside its allow-list (no code named by the network).
+- A node with another key pair is refused at the handshake and gives up with a clear message;
+  one with the right key joins.
+- A whole run: three nodes (rollout, trainer, any) host every worker of the test team; the one
+  shared trainer slot has 2 ranks, one on each trainer-capable node, which rendezvous through
+  the run's TCPStore; a fourth (rollout) node joins after the first step and its new instance
+  serves requests; all nodes exit when the run ends.
+"""
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from flexmarl.config import load_config
+from flexmarl.rundir import RunDir
+from flexmarl.run import train
+from runtime.config import TransportConfig
+from runtime.keys import write_keys
+from runtime.node import NodeAgent, NodeOptions
+from runtime.protocol import StartWorker
+from runtime.registry import NodeRegistry, NodesMissing
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_e2e import duo  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory) -> dict[str, str]:
+    d = tmp_path_factory.mktemp("keys")
+    return {"good": str(write_keys(d, "node")[1]), "other": str(write_keys(d, "intruder")[1])}
+
+
+def _node(tmp_path: Path, name: str, role: str, port: int, key: str, *extra: str
+          ) -> tuple[subprocess.Popen, Path]:
+    log = tmp_path / f"{name}.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flexmarl.nodes", "--connect", f"tcp://127.0.0.1:{port}",
+         "--role", role, "--name", name, "--key-file", key, "--advertise", "127.0.0.1",
+         "--log-level", "INFO", *extra],
+        cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    return proc, log
+
+
+def _started(log: Path) -> list[str]:
+    """Workers a node's supervisor reported ready, from its log."""
+    return re.findall(r"worker (\S+) ready", log.read_text())
+
+
+async def test_the_registry_names_missing_nodes():
+    async with NodeRegistry("tcp://127.0.0.1:0").serving() as reg:
+        lines = []
+        with pytest.raises(NodesMissing, match=r"lacks 2 rollout node\(s\), 1 trainer node"):
+            await reg.wait_for({"rollout": 2, "trainer": 1}, 0.3, report=lines.append)
+        assert lines and "2 more rollout" in lines[0] and "joined: none" in lines[0]
+
+
+async def test_a_node_starts_only_allowed_entries(keys):
+    curve = TransportConfig(curve_secret_key_file=keys["good"])
+    async with NodeRegistry("tcp://127.0.0.1:0", transport=curve).serving() as reg:
+        node = NodeAgent(NodeOptions(name="n1", registry=reg.address, advertise="127.0.0.1",
+                                     allowed_entries=("tests.workers:echo",), transport=curve))
+        async with node.serving():
+            await asyncio.wait_for(node.joined.wait(), 10)
+            conn = reg.nodes["n1"].conn
+            with pytest.raises(Exception, match="does not start 'os:system'"):
+                await conn.request(StartWorker("w0", "os:system", {}), timeout_s=10)
+            with pytest.raises(Exception, match=r"does not set environment variables \['LD_PRE"):
+                await conn.request(StartWorker("w0", "tests.workers:echo", {},
+                                               {"LD_PRELOAD": "/tmp/x.so"}), timeout_s=10)
+            from runtime.supervisor import WorkerSpec
+            worker = await reg.start_worker(WorkerSpec(name="w1", entry="tests.workers:echo"))
+            assert worker.node == "n1" and worker.address.startswith("tcp://127.0.0.1:")
+            reg.kill("w1", "test")
+            event = await asyncio.wait_for(reg.events.get(), 10)
+            assert (event.name, event.reason) == ("w1", "test")
+
+
+@pytest.mark.slow
+async def test_a_node_with_another_key_is_refused(tmp_path, keys, caplog):
+    port = _free_port()
+    curve = TransportConfig(curve_secret_key_file=keys["good"])
+    async with NodeRegistry(f"tcp://127.0.0.1:{port}", transport=curve).serving() as reg:
+        intruder, intruder_log = _node(tmp_path, "intruder", "rollout", port, keys["other"],
+                                       "--join-timeout", "4")
+        friend, _ = _node(tmp_path, "friend", "rollout", port, keys["good"])
+        try:
+            await asyncio.wait_for(reg.wait_for({"rollout": 1}, 60), 70)
+            code = await asyncio.to_thread(intruder.wait, 60)
+        finally:
+            for p in (intruder, friend):
+                p.terminate()
+                p.wait(30)
+        assert list(reg.nodes) == ["friend"]
+        assert code == 1
+        assert "no answer from" in intruder_log.read_text()
+        assert "same CURVE key pair" in intruder_log.read_text()
+    assert any("refused" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.slow
+async def test_a_run_on_three_nodes_and_one_that_joins_mid_run(tiny_model_dir, tmp_path, keys):
+    port = _free_port()
+    nodes = {name: _node(tmp_path, name, role, port, keys["good"])
+             for name, role in (("r1", "rollout"), ("t1", "trainer"), ("a1", "any"))}
+    late: dict[str, tuple] = {}
+    config = load_config(overrides=[
+        f"run.dir={tmp_path / 'run'}", "run.steps=6", "rollout.backend=torch",
+        "rollout.instances_per_agent=1", "pipeline.mode=sync", "pipeline.tasks_per_step=6",
+        "pipeline.trajectories_per_task=2", "pipeline.micro_batch_groups=2", "trainer.lr=1e-3",
+        "train.slot_ranks=2", "observe.tensorboard=false", "observe.report=false",
+        f"cluster.listen=tcp://127.0.0.1:{port}", "cluster.rollout_nodes=1",
+        "cluster.trainer_nodes=2", "cluster.join_timeout_s=120",
+        f"transport.curve_secret_key_file={keys['good']}"])
+    url: asyncio.Future = asyncio.get_running_loop().create_future()
+
+    async def add_a_node() -> float:
+        import aiohttp
+        async with aiohttp.ClientSession() as http:
+            while True:
+                async with http.get(await url + "api/status") as r:
+                    if (await r.json())["run"]["steps_done"] >= 1:
+                        break
+                await asyncio.sleep(0.05)
+        late["r2"] = _node(tmp_path, "r2", "rollout", port, keys["good"])
+        return time.monotonic()
+
+    joining = asyncio.create_task(add_a_node())
+    try:
+        result = await asyncio.wait_for(train(duo(tiny_model_dir), config,
+                                              run_dir=RunDir.create(config), progress=False,
+                                              on_dashboard=url.set_result), 600)
+        await joining
+        codes = {n: await asyncio.to_thread(p.wait, 60)
+                 for n, (p, _) in {**nodes, **late}.items()}
+    finally:
+        for proc, _ in [*nodes.values(), *late.values()]:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+    assert [m["step"] for m in result.metrics] == list(range(6))
+    assert codes == {"r1": 0, "t1": 0, "a1": 0, "r2": 0}  # released when the run ended
+    started = {n: _started(log) for n, (_, log) in {**nodes, **late}.items()}
+    # Rollout instances on the rollout-capable nodes, the slot's two ranks on two nodes.
+    rollout = {n: [w for w in started[n] if w.startswith("rollout-")] for n in ("r1", "a1")}
+    assert sorted(rollout["r1"] + rollout["a1"]) == ["rollout-0", "rollout-1"]
+    assert len(rollout["r1"]) == len(rollout["a1"]) == 1  # spread, not stacked
+    assert {"trainer-0-0", "trainer-0-1"} == {w for n in ("t1", "a1") for w in started[n]
+                                              if w.startswith("trainer-")}
+    assert not [w for w in started["t1"] if w.startswith("rollout")]
+    [new] = started["r2"]
+    served = [m["instance_tokens"].get(new, 0) for m in result.metrics]
+    assert sum(served) > 0, served  # the late node's instance took requests
+    for m in result.metrics:
+        for agent in ("solver", "checker"):
+            assert m["agents"][agent]["trained_samples"] > 0

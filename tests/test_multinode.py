@@ -171,3 +171,60 @@ async def test_a_run_on_three_nodes_and_one_that_joins_mid_run(tiny_model_dir, t
     for m in result.metrics:
         for agent in ("solver", "checker"):
             assert m["agents"][agent]["trained_samples"] > 0
+
+
+@pytest.mark.slow
+def test_the_documented_commands_survive_a_node_killed_mid_run(tiny_model_dir, tmp_path, keys):
+    """`flexmarl run CONFIG --listen ...` and `flexmarl-node` processes as the docs show them;
+    a rollout node SIGKILLed after step 1: its instance is lost with it (node_lost), replaced
+    on the other rollout node, and the run completes every step."""
+    import psutil
+
+    from flexmarl.rundir import read_metrics
+
+    port = _free_port()
+    team = tmp_path / "team.py"
+    team.write_text(f"import sys\nsys.path.insert(0, {str(ROOT / 'tests')!r})\n"
+                    f"from test_e2e import duo\nteam = duo({tiny_model_dir!r})\n")
+    config = tmp_path / "run.toml"
+    config.write_text(load_config(overrides=[
+        f"run.dir={tmp_path / 'run'}", "run.steps=5", "rollout.backend=torch",
+        "rollout.instances_per_agent=1", "pipeline.mode=sync", "pipeline.tasks_per_step=6",
+        "pipeline.trajectories_per_task=2", "trainer.lr=1e-3", "observe.dashboard=false",
+        "observe.tensorboard=false", "observe.report=false", "cluster.node_timeout_s=3"]
+        ).to_toml())
+    run = subprocess.Popen(
+        [sys.executable, "-m", "flexmarl.cli", "run", str(config), "--team", str(team),
+         "--listen", f"tcp://127.0.0.1:{port}", "--set", "cluster.rollout_nodes=2", "--set",
+         "cluster.trainer_nodes=1", "--set", f"transport.curve_secret_key_file={keys['good']}"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    nodes = {name: _node(tmp_path, name, role, port, keys["good"])
+             for name, role in (("r1", "rollout"), ("r2", "rollout"), ("t1", "trainer"))}
+    try:
+        metrics = tmp_path / "run" / "metrics.jsonl"
+        deadline = time.monotonic() + 300
+        while not (metrics.exists() and len(read_metrics(metrics)) >= 2):
+            assert run.poll() is None, run.communicate()[0]
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        victim = nodes["r2"][0]
+        doomed = [victim.pid] + [c.pid for c in psutil.Process(victim.pid).children(True)]
+        for pid in doomed:
+            psutil.Process(pid).kill()
+        out, _ = run.communicate(timeout=300)
+        assert run.returncode == 0, out
+        codes = {n: p.wait(60) for n, (p, _) in nodes.items() if n != "r2"}
+    finally:
+        for proc, _ in [(run, None), *nodes.values()]:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+    assert codes == {"r1": 0, "t1": 0}
+    records = read_metrics(metrics)
+    assert [m["step"] for m in records] == list(range(5))
+    [gone] = [name for m in records for name in m["faults"]["dead"]]
+    assert f"worker {gone} died: node_lost" in out and gone in _started(nodes["r2"][1])
+    replacement = [r["new"] for m in records for r in m["faults"]["replacements"]]
+    assert replacement and replacement[0] in _started(nodes["r1"][1])
+    assert not [p for p in doomed if psutil.pid_exists(p) and
+                psutil.Process(p).status() != psutil.STATUS_ZOMBIE]

@@ -366,3 +366,50 @@ async def test_a_lost_state_fails_loudly_instead_of_restarting_the_agent():
     with pytest.raises(RemoteError):
         async with pool.bind("b"):  # a's state cannot leave: b does not get the slot
             pass
+
+
+async def test_a_hung_slot_is_killed_replaced_and_its_agent_restored_from_its_snapshot():
+    """A request to the slot times out: its processes are killed (not waited on again), the
+    request fails with PeerDied, new processes take the slot, and the agent's next binding
+    restores its last snapshot there, with the snapshot's version."""
+    from flexmarl.protocol import ExportState, TrainStep
+    from flexmarl.trainer_pool import AgentTrainer, TrainerPool
+    from runtime.errors import PeerDied, RequestTimeout
+
+    class Slot(RecordingSlot):
+        hangs = False
+
+        async def request(self, msg, timeout_s=None):
+            if isinstance(msg, ExportState):
+                return TrainState(self.agent, 3, {"model/w": torch.ones(2)}, {"version": 3})
+            if isinstance(msg, TrainStep) and self.hangs:
+                raise RequestTimeout("TrainStep: no reply within 0.1 s")
+            return await super().request(msg, timeout_s)
+
+        def fail_pending(self, exc):
+            pass
+
+    log: list = []
+    first = Slot(log)
+    first.hangs = True
+    killed, respawned = [], []
+
+    async def respawn(slot, old):
+        respawned.append((slot, old))
+        return [f"{slot}-w1"], Slot(log)
+
+    pool = TrainerPool({"s0": first}, {"s0": 1}, {"a": AgentTrainer("/a", {})},
+                       snapshots=True, respawn=respawn, workers={"s0-w0": "s0"},
+                       kill=killed.append)
+    async with pool.bind("a") as conn:
+        await pool.snapshot("a")
+        with pytest.raises(PeerDied, match="trainer slot s0 died: TrainStep timed out"):
+            await conn.request(TrainStep(10))
+    assert killed == ["s0-w0"] and pool.recoverable()
+    assert pool.restored_version("a") == 3
+    async with pool.bind("a"):
+        pass
+    assert respawned == [("s0", ["s0-w0"])] and pool.workers == {"s0-w1": "s0"}
+    assert log == [("in", "a", False), ("in", "a", True)]  # fresh, then the snapshot
+    assert [r["slot"] for r in pool.replacements] == ["s0"] and pool.deaths == 1
+    assert pool.worker_died("s0-w0", "exited") is False  # the old process: already handled

@@ -105,10 +105,14 @@ def _run(args: argparse.Namespace) -> int:
         print(f"flexmarl: dashboard at {url} (live while the run goes; /metrics for Prometheus)",
               flush=True)
 
+    def announce_gateway(url: str) -> None:
+        print(f"flexmarl: gateway at {url}v1 (OpenAI-compatible: set OPENAI_BASE_URL to it)",
+              flush=True)
+
     try:
         with run_dir:
             result = uvloop.run(train(team, config, run_dir=run_dir, on_dashboard=announce,
-                                      resume=bool(args.resume)))
+                                      resume=bool(args.resume), on_gateway=announce_gateway))
     except KeyboardInterrupt:
         print(f"\nflexmarl: interrupted; what was written so far is in {run_dir.path}",
               file=sys.stderr)

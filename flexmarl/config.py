@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from flexmarl.balancer import BalancerConfig
-from flexmarl.nodes import ClusterConfig
+from flexmarl.sections import ClusterConfig, GatewayConfig
 from flexmarl.rollout.engine import BACKENDS, EngineConfig
 from flexmarl.trainer import TrainerConfig
 from runtime.config import TransportConfig
@@ -296,6 +296,7 @@ class Config:
     balance: BalancerConfig = field(default_factory=BalancerConfig)
     observe: ObserveConfig = field(default_factory=ObserveConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
@@ -336,6 +337,7 @@ SECTIONS: dict[str, type] = {"run": RunConfig, "team": TeamRef, "pipeline": Pipe
                              "rollout": RolloutConfig, "trainer": TrainerConfig,
                              "train": TrainPlacement, "balance": BalancerConfig,
                              "observe": ObserveConfig, "cluster": ClusterConfig,
+                             "gateway": GatewayConfig,
                              "transport": TransportConfig}
 """TOML section name -> its dataclass, in file order."""
 
@@ -429,8 +431,28 @@ node_timeout_s = 10.0     # a node silent this long is lost (its workers handled
 store_port = 0            # TCPStore for trainer ranks on several nodes; 0: a free port
 instances_per_node = 1    # rollout instances a node joining mid-run gets
 
+[gateway]                 # train an existing app through OpenAI-compatible endpoints
+enabled = false           # the app's episodes are the run's trajectories (see flexmarl/gateway.py)
+host = "127.0.0.1"
+port = 0                  # 0: a free port (printed)
+token = ""                # API key the app sends; required beyond loopback
+app = ""                  # shell command started with OPENAI_BASE_URL/OPENAI_API_KEY set
+episode_timeout_s = 300.0 # an idle episode is expired (dropped as a failed trajectory)
+seat_timeout_s = 600.0    # a step's seat no episode took fails (the app stopped)
+
 [transport]               # runtime.config.TransportConfig: sockets, limits, CURVE
+request_timeout_s = 30.0  # default deadline of a request without its own
+max_message_bytes = 2147483648 # larger messages are refused (ProtocolError)
+max_frames = 4096
+inline_tensor_bytes = 512 # smaller tensors travel inside the message body
+sndhwm = 1000             # ZeroMQ high-water marks, messages per peer
+rcvhwm = 1000
+linger_ms = 0
+tcp_buffer_bytes = 0      # 0: the kernel's autotuning
 curve_secret_key_file = "" # `flexmarl keygen` pair: every tcp:// socket encrypted + authenticated
+curve_server_key = ""     # listeners' public key (default: this pair's, one pair per cluster)
+curve_allowed = []        # client public keys listeners accept (default: this pair's)
+plaintext_tcp_beyond_loopback = false # only on a network you trust entirely
 """
 
 

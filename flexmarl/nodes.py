@@ -20,8 +20,9 @@ import os
 import signal
 import socket
 import sys
-from dataclasses import dataclass
 from typing import Sequence
+
+from flexmarl.sections import ClusterConfig  # noqa: F401  (the section, beside its feature)
 
 log = logging.getLogger(__name__)
 
@@ -29,41 +30,6 @@ WORKER_ENTRIES = ("flexmarl.rollout.worker:rollout_worker",
                   "flexmarl.trainer_worker:trainer_worker")
 """The only entry points a flexmarl-node starts (runtime.node checks every StartWorker)."""
 DEFAULT_KEY_FILE = "~/.flexmarl/keys/node.key_secret"
-
-
-@dataclass(kw_only=True, frozen=True)
-class ClusterConfig:
-    """Workers on other machines (section `cluster`); see flexmarl/nodes.py."""
-
-    listen: str = ""
-    """tcp://ADDR:PORT where `flexmarl-node`s join (`flexmarl run --listen`); empty: every
-    worker is a local process."""
-    rollout_nodes: int = 1
-    """Nodes with role rollout (or any) the run waits for before it starts."""
-    trainer_nodes: int = 1
-    """Nodes with role trainer (or any) the run waits for."""
-    join_timeout_s: float = 600.0
-    """How long the run waits for them; then it stops, naming what is missing."""
-    node_timeout_s: float = 10.0
-    """A node silent this long is lost: its workers are handled as dead."""
-    store_port: int = 0
-    """Port of the TCPStore trainer ranks rendezvous at (on the listen host); 0: a free one."""
-    instances_per_node: int = 1
-    """Rollout instances a rollout node that joins mid-run gets (each for the agent with the
-    fewest instances then)."""
-
-    def __post_init__(self) -> None:
-        from flexmarl.config import _require
-        _require(not self.listen or self.listen.startswith("tcp://"), "cluster.listen",
-                 self.listen, "must be tcp://ADDR:PORT (or empty for one machine)")
-        for name in ("rollout_nodes", "trainer_nodes", "instances_per_node"):
-            _require(getattr(self, name) >= 0, f"cluster.{name}", getattr(self, name),
-                     "must be >= 0")
-        for name in ("join_timeout_s", "node_timeout_s"):
-            _require(getattr(self, name) > 0, f"cluster.{name}", getattr(self, name),
-                     "must be > 0")
-        _require(0 <= self.store_port <= 65535, "cluster.store_port", self.store_port,
-                 "must be in 0..65535")
 
 
 def _parser() -> argparse.ArgumentParser:

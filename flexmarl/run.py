@@ -18,14 +18,18 @@ import contextlib
 import dataclasses
 import itertools
 import logging
+import os
 import shutil
+import signal
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 from flexmarl.checkpoint import STATE_DIR, StateCheckpoints, resume_point
+from flexmarl.gateway import Gateway
+from flexmarl.openai_api import GatewayServer
 from flexmarl.config import Config, ConfigError, role_cpus
 from flexmarl.models import SIZES, ensure_model, load_tokenizer
 from flexmarl.monitor import RunMonitor
@@ -96,7 +100,8 @@ def check_model(spec: AgentSpec) -> str:
 async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
                 progress: bool | None = None,
                 on_dashboard: Callable[[str], None] | None = None,
-                resume: bool = False) -> RunResult:
+                resume: bool = False,
+                on_gateway: Callable[[str], None] | None = None) -> RunResult:
     """Train `team` for config.run.steps global steps; returns the run's metrics.
 
     With observe.dashboard the run serves its dashboard, /api/status and /metrics while it
@@ -130,7 +135,14 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
                     trainers.restore(name, saved.load(name, first_step - 1))
             store = ExperienceStore([n for n, rt in agents.items() if rt.spec.trainable])
             p = config.pipeline
-            orch = Orchestrator(team, agents, store, pool, trainers,
+            gateway = None
+            if config.gateway.enabled:  # the app's episodes are the tasks' trajectories
+                g = config.gateway
+                gateway = Gateway(agents, trajectories_per_task=p.trajectories_per_task,
+                                  tasks_per_step=p.tasks_per_step,
+                                  episode_timeout_s=g.episode_timeout_s,
+                                  seat_timeout_s=g.seat_timeout_s)
+            orch = Orchestrator(gateway.team(team) if gateway else team, agents, store, pool, trainers,
                                 trajectories_per_task=p.trajectories_per_task,
                                 max_concurrent_tasks=p.max_concurrent_tasks,
                                 max_concurrent_calls=p.max_concurrent_calls,
@@ -177,14 +189,16 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
                 watcher = asyncio.create_task(_watch_workers(sup, pool, trainers),
                                               name="run.watch_workers")
                 observing.callback(watcher.cancel)
+                app = None
+                if gateway is not None:
+                    app = await _serve_gateway(observing, gateway, config, on_gateway)
                 try:
                     async with orch.serving():
                         with Progress(config.run.steps, enabled=progress) as bar:
-                            await PipelineRun(orch, pipeline, config.run.steps, p.tasks_per_step,
-                                              emit=emit, progress=_Tee(bar, monitor),
-                                              first_step=first_step,
-                                              on_agent_step=save_state if saved else None
-                                              ).run()
+                            await _unless_app_exits(PipelineRun(
+                                orch, pipeline, config.run.steps, p.tasks_per_step, emit=emit,
+                                progress=_Tee(bar, monitor), first_step=first_step,
+                                on_agent_step=save_state if saved else None).run(), app)
                     monitor.state = "finished"
                 except BaseException:
                     monitor.state = "failed"
@@ -215,6 +229,61 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
     return RunResult(metrics, run_dir.path if run_dir else None,
                      {n: rt.version for n, rt in agents.items()}, checkpoints,
                      time.perf_counter() - started, report, dashboard_url, first_step)
+
+
+async def _serve_gateway(stack: contextlib.AsyncExitStack, gateway: Gateway, config: Config,
+                         on_gateway: Callable[[str], None] | None
+                         ) -> asyncio.subprocess.Process | None:
+    """Serve the OpenAI-compatible endpoints (until `stack` closes) and start gateway.app."""
+    g = config.gateway
+    server = await stack.enter_async_context(GatewayServer(gateway, host=g.host, port=g.port,
+                                                           token=g.token))
+    expiry = asyncio.create_task(gateway.expire_loop(), name="gateway.expire")
+    stack.callback(expiry.cancel)
+    stack.callback(gateway.close)  # before the server stops: waiting calls answered at once
+    (on_gateway or (lambda url: log.warning("gateway at %sv1", url)))(server.url)
+    if not g.app:
+        return None
+    env = {**os.environ, "OPENAI_BASE_URL": server.url + "v1",
+           "OPENAI_API_KEY": g.token or "flexmarl", "FLEXMARL_GATEWAY": server.url}
+    app = await asyncio.create_subprocess_shell(g.app, env=env, start_new_session=True)
+    log.warning("gateway app started (pid %d): %s", app.pid, g.app)
+
+    async def stop_app() -> None:
+        if app.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(app.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(app.wait(), 10)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(app.pid, signal.SIGKILL)
+                await app.wait()
+    stack.push_async_callback(stop_app)
+    return app
+
+
+async def _unless_app_exits(run: Awaitable, app: asyncio.subprocess.Process | None) -> None:
+    """Await `run`; if the gateway's app exits first, stop it and say so (its episodes were
+    the run's only data)."""
+    if app is None:
+        await run
+        return
+    work = asyncio.ensure_future(run)
+    ended = asyncio.ensure_future(app.wait())
+    try:
+        await asyncio.wait([work, ended], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        ended.cancel()
+        if not work.done():
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await work
+    if not work.cancelled():
+        work.result()
+        return
+    raise RuntimeError(f"the gateway app (gateway.app, pid {app.pid}) exited with code "
+                       f"{app.returncode} before the run ended; its output is above")
 
 
 def _launcher(config: Config) -> "Supervisor | NodeRegistry":

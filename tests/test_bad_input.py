@@ -447,7 +447,7 @@ def test_cli_missing_model_directory_exits_2_naming_the_agent(tmp_path, capsys, 
                                                             monkeypatch):
     missing = tmp_path / "models" / "solver-7b"
 
-    async def train(team, config, *, run_dir, on_dashboard=None, resume=False):
+    async def train(team, config, *, run_dir, on_dashboard=None, **_):
         raise AssertionError("the model is checked before the run starts")
 
     fake_run_modules(monkeypatch, train, model=str(missing))
@@ -463,7 +463,7 @@ def test_cli_missing_model_directory_exits_2_naming_the_agent(tmp_path, capsys, 
 
 
 def test_cli_broken_workflow_exits_1_with_one_line(tmp_path, capsys, quiet, monkeypatch):
-    async def train(team, config, *, run_dir, on_dashboard=None, resume=False):  # as PipelineRun raises it
+    async def train(team, config, *, run_dir, on_dashboard=None, **_):  # as PipelineRun raises it
         raise WorkflowError("team duo: the workflow failed in 8 of 8 trajectories of step 0")
 
     fake_run_modules(monkeypatch, train)
@@ -478,7 +478,7 @@ def test_cli_broken_workflow_exits_1_with_one_line(tmp_path, capsys, quiet, monk
 
 
 def test_cli_other_errors_keep_their_traceback(tmp_path, capsys, quiet, monkeypatch):
-    async def train(team, config, *, run_dir, on_dashboard=None, resume=False):
+    async def train(team, config, *, run_dir, on_dashboard=None, **_):
         raise ExceptionGroup("pipeline", [RuntimeError("a bug elsewhere")])
 
     fake_run_modules(monkeypatch, train)

@@ -295,7 +295,7 @@ def fake_train_modules(monkeypatch, train) -> None:
 
 def test_cli_run_makes_the_run_dir_and_prints_a_summary(tmp_path, team_file, capsys,
                                                         monkeypatch):
-    async def train(team, config, *, run_dir, on_dashboard=None, resume=False):
+    async def train(team, config, *, run_dir, on_dashboard=None, **_):
         run_dir.metrics.write({"step": 0, "team_reward": 0.75, "agents": {"solver": 1}})
         return types.SimpleNamespace(metrics=read_metrics(run_dir.path / "metrics.jsonl"),
                                      run_dir=run_dir.path, report=None)
@@ -311,7 +311,7 @@ def test_cli_run_makes_the_run_dir_and_prints_a_summary(tmp_path, team_file, cap
 
 
 def test_cli_interrupt_exits_130(tmp_path, team_file, capsys, monkeypatch):
-    async def train(team, config, *, run_dir, on_dashboard=None, resume=False):
+    async def train(team, config, *, run_dir, on_dashboard=None, **_):
         raise KeyboardInterrupt
 
     fake_train_modules(monkeypatch, train)

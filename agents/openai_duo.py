@@ -1,0 +1,28 @@
+"""Two agents of an existing OpenAI-client app, trained through FlexMARL's gateway.
+
+The app (agents/openai_duo_app.py) knows nothing of FlexMARL: it calls the OpenAI chat API with
+`model="solver"` and `model="checker"`, names each episode in the X-Episode-Id header, and
+posts a reward when an episode is over. This file only names the agents and their models; the
+run's tasks and workflow are the app's episodes. One command trains the app:
+
+    flexmarl run --team agents/openai_duo.py --set gateway.enabled=true \\
+        --set gateway.app="python agents/openai_duo_app.py"
+
+FLEXMARL_EXAMPLE_MODEL picks another model for both agents (the tests use a tiny one).
+"""
+from __future__ import annotations
+
+import os
+
+from flexmarl import AgentSpec, SamplingParams
+from flexmarl.gateway import gateway_team
+
+MODEL = os.environ.get("FLEXMARL_EXAMPLE_MODEL", "")
+# As the default team (agents/math_duo.py): built-in models, warm-started part of the way.
+SOLVER = dict(model=MODEL or "small", warm_start_steps=None if MODEL else 250)
+CHECKER = dict(model=MODEL or "medium", warm_start_steps=None if MODEL else 300)
+
+team = gateway_team("openai_duo", [
+    AgentSpec(name="solver", lr=1e-4, sampling=SamplingParams(max_tokens=8), **SOLVER),
+    AgentSpec(name="checker", lr=1e-4, sampling=SamplingParams(max_tokens=8), **CHECKER),
+])

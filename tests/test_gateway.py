@@ -1,0 +1,159 @@
+"""The OpenAI-compatible gateway against a live run: an app on the official `openai` client.
+
+- An in-test app (AsyncOpenAI) drives every trajectory of a 2-step run: calls reach the named
+  agent, each call is stored as that agent's turn with exactly the token ids and log-probs the
+  engine produced (checked against the logprobs the response carries), rewards attach per agent
+  and per team, an episode left open expires and is dropped as a failed trajectory, late or
+  unknown episode operations get OpenAI-style 404/409 errors, and both agents train.
+- The app of gateway.app exiting early fails the run, naming it.
+- The example app (agents/openai_duo_app.py) trains from the one documented command.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+from openai import AsyncOpenAI
+
+from flexmarl.config import load_config
+from flexmarl.models import load_tokenizer
+from flexmarl.rundir import RunDir, read_metrics
+from flexmarl.run import train
+from flexmarl.store import ExperienceStore
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_e2e import duo  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _config(tmp_path: Path, *extra: str):
+    return load_config(overrides=[
+        f"run.dir={tmp_path / 'run'}", "run.steps=2", "rollout.backend=torch",
+        "pipeline.mode=micro_batch", "pipeline.tasks_per_step=2",
+        "pipeline.trajectories_per_task=2", "pipeline.micro_batch_groups=1", "trainer.lr=1e-3",
+        "observe.dashboard=false", "observe.tensorboard=false", "observe.report=false",
+        "gateway.enabled=true", *extra])
+
+
+@pytest.mark.slow
+async def test_an_openai_app_trains_through_the_gateway(tiny_model_dir, tmp_path, monkeypatch):
+    stored, rewards = {}, {}
+    put, set_reward = ExperienceStore.put, ExperienceStore.set_reward
+
+    async def recording_put(self, row):
+        stored[row.sample_id + "@" + row.agent] = row
+        return await put(self, row)
+
+    def recording_set_reward(self, agent, sample_id, value):
+        rewards[sample_id + "@" + agent] = value
+        return set_reward(self, agent, sample_id, value)
+
+    monkeypatch.setattr(ExperienceStore, "put", recording_put)
+    monkeypatch.setattr(ExperienceStore, "set_reward", recording_set_reward)
+    url: asyncio.Future = asyncio.get_running_loop().create_future()
+    team = duo(tiny_model_dir)
+    config = _config(tmp_path, "gateway.episode_timeout_s=1.5")
+    run = asyncio.create_task(train(team, config, run_dir=RunDir.create(config), progress=False,
+                                    on_gateway=url.set_result))
+    base = await asyncio.wait_for(url, 120)
+    client = AsyncOpenAI(base_url=base + "v1", api_key="unused")
+    seen: list[tuple] = []  # (agent, episode, messages, choice)
+    errors: dict[str, int] = {}
+
+    async def episode(http, eid: str, reward: float, *, end: bool = True) -> None:
+        messages = [{"role": "user", "content": "Compute 12+34."}]
+        for agent in ("checker", "solver"):
+            r = await client.chat.completions.create(
+                model=agent, messages=messages, max_tokens=6, logprobs=True,
+                extra_headers={"X-Episode-Id": eid})
+            assert r.model == agent
+            seen.append((agent, eid, messages, r.choices[0]))
+        async with http.post(f"{base}v1/episodes/{eid}/reward", json={
+                "team": reward, "agents": {"checker": 1.0 - reward}}) as resp:
+            assert resp.status == 200, await resp.text()
+        if end:
+            async with http.post(f"{base}v1/episodes/{eid}/end") as resp:
+                assert resp.status == 200, await resp.text()
+
+    async def app() -> None:
+        async with aiohttp.ClientSession() as http:
+            # step 0: one episode is never ended and expires; steps go on
+            await asyncio.gather(episode(http, "a/0", 1.0), episode(http, "a/1", 0.0),
+                                 episode(http, "b/0", 1.0), episode(http, "b/1", 0.0, end=False))
+            async with http.post(f"{base}v1/episodes/nope/reward", json={"team": 1}) as resp:
+                errors["unknown"] = resp.status
+                assert (await resp.json())["error"]["code"] == "episode_not_found"
+            async with http.post(f"{base}v1/episodes/a/0/reward", json={"team": 1}) as resp:
+                errors["ended"] = resp.status
+            k = 0
+            while not run.done():  # later steps: whatever the run still needs
+                await asyncio.gather(*(episode(http, f"c{k}/{j}", float(j)) for j in range(2)))
+                k += 1
+
+    driver = asyncio.create_task(app())
+    result = await asyncio.wait_for(run, 300)
+    driver.cancel()
+    await asyncio.gather(driver, return_exceptions=True)
+
+    assert [m["step"] for m in result.metrics] == [0, 1]
+    assert errors == {"unknown": 404, "ended": 409}
+    assert result.metrics[0]["failed_trajectories"] == 1  # b/1 expired
+    assert "EpisodeExpired" in result.metrics[0]["errors"][0]
+    for m in result.metrics:
+        for agent in ("solver", "checker"):
+            assert m["agents"][agent]["trained_samples"] > 0
+    tok = {a.name: load_tokenizer(a.model) for a in team.agents}
+    checked = 0
+    for agent, eid, messages, choice in seen:
+        # The response names its stored turn: "AGENT-KEY" (KEY: the agent table's sample id).
+        key = choice.flexmarl["sample_id"].removeprefix(agent + "-") + "@" + agent
+        row = stored[key]
+        assert [t.logprob for t in choice.logprobs.content] == pytest.approx(row.logprobs,
+                                                                            abs=1e-6)
+        assert tok[agent].decode(row.response_ids, skip_special_tokens=True) == \
+            choice.message.content
+        text = tok[agent].apply_chat_template(messages, tokenize=False,
+                                              add_generation_prompt=True)
+        assert row.prompt_ids == tok[agent].encode(text, add_special_tokens=False)
+        assert row.policy_version == choice.flexmarl["version"]
+        if eid in ("a/0", "a/1") and key in rewards:
+            expected = (1.0 if eid == "a/0" else 0.0) if agent == "solver" else \
+                (0.0 if eid == "a/0" else 1.0)
+            assert rewards[key] == expected, (eid, agent)
+            checked += 1
+    assert checked == 4  # per-agent reward for the checker, the team's for the solver
+
+
+@pytest.mark.slow
+async def test_the_run_fails_when_its_app_exits(tiny_model_dir, tmp_path):
+    config = _config(tmp_path, "gateway.app=exit 3")
+    with pytest.raises(RuntimeError, match="gateway app .* exited with code 3"):
+        await asyncio.wait_for(train(duo(tiny_model_dir), config,
+                                     run_dir=RunDir.create(config), progress=False), 300)
+
+
+@pytest.mark.slow
+def test_the_example_app_trains_from_the_documented_command(tiny_model_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "flexmarl.cli", "run", "--team", "agents/openai_duo.py",
+         "--set", "gateway.enabled=true",
+         "--set", f"gateway.app={sys.executable} agents/openai_duo_app.py",
+         "--set", f"run.dir={run_dir}", "--set", "run.steps=2",
+         "--set", "rollout.backend=torch", "--set", "pipeline.tasks_per_step=2",
+         "--set", "pipeline.trajectories_per_task=2", "--set", "observe.dashboard=false",
+         "--set", "observe.report=false", "--set", "observe.tensorboard=false"],
+        cwd=ROOT, env={**os.environ, "FLEXMARL_EXAMPLE_MODEL": tiny_model_dir},
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "flexmarl: gateway at http://127.0.0.1:" in proc.stdout
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [m["step"] for m in records] == [0, 1]
+    assert all(m["agents"][a]["samples"] > 0 for m in records for a in ("solver", "checker"))
+    assert "app: " in proc.stdout + proc.stderr  # the app ran and printed its progress

@@ -40,6 +40,7 @@ from typing import Any, Awaitable, Callable, Protocol
 import orjson
 from aiohttp import web
 
+from flexmarl.server import HttpServer
 from flexmarl.team import Completion
 from runtime.curve import is_loopback
 
@@ -450,8 +451,14 @@ def _http_error(request: web.Request, exc: web.HTTPException) -> web.Response:
     return response
 
 
-class GatewayServer:
+class GatewayServer(HttpServer):
     """`async with GatewayServer(backend, host=..., port=0) as server: server.url + "v1"`."""
+
+    what = "gateway"
+    port_hint = "set gateway.port (0 picks a free one)"
+    # A client that gives up cancels its generate() call rather than leaving the engine to
+    # finish a sample nobody will read.
+    handler_cancellation = True
 
     def __init__(self, backend: Backend, *, host: str = "127.0.0.1", port: int = 0,
                  token: str = "", max_body_bytes: int = 8 << 20) -> None:
@@ -462,39 +469,3 @@ class GatewayServer:
         self.host = host
         self.port = port
         self.app = make_app(backend, token=token, max_body_bytes=max_body_bytes)
-        self._runner: web.AppRunner | None = None
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/"
-
-    async def start(self) -> None:
-        # handler_cancellation: a client that gives up cancels its generate() call rather than
-        # leaving the engine to finish a sample nobody will read (aiohttp's default is off).
-        self._runner = web.AppRunner(self.app, access_log=None, handler_cancellation=True)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        try:
-            await site.start()
-        except OSError as exc:
-            await self._runner.cleanup()
-            self._runner = None
-            raise OSError(exc.errno, f"gateway: cannot listen on {self.host}:{self.port} "
-                                     f"({exc.strerror}); pick another port (0 picks a free "
-                                     "one)") from None
-        if self.port == 0:  # the port the OS picked
-            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        log.info("OpenAI-compatible gateway at %sv1", self.url)
-
-    async def close(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> "GatewayServer":
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()

@@ -31,8 +31,60 @@ WEB_DIR = Path(__file__).with_name("web")
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-class StatusServer:
+class HttpServer:
+    """An aiohttp application served on host:port for the duration of `async with` (port 0: a
+    free one, known once started); the dashboard and the OpenAI gateway are two of them."""
+
+    what = "server"
+    """Named in errors and logs."""
+    port_hint = "pick another port (0 picks a free one)"
+    handler_cancellation = False
+    """Cancel a handler whose client went away (aiohttp's default is off)."""
+
+    app: web.Application
+    host: str
+    port: int
+    _runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/"
+
+    async def start(self) -> None:
+        self._runner = web.AppRunner(self.app, access_log=None,
+                                     handler_cancellation=self.handler_cancellation)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        try:
+            await site.start()
+        except OSError as exc:
+            await self._runner.cleanup()
+            self._runner = None
+            raise OSError(exc.errno, f"{self.what}: cannot listen on {self.host}:{self.port} "
+                                     f"({exc.strerror}); {self.port_hint}") from None
+        if self.port == 0:  # the port the OS picked
+            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        log.info("%s at %s", self.what, self.url)
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self):
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class StatusServer(HttpServer):
     """`async with StatusServer(status, metrics, host, port) as server: server.url`."""
+
+    what = "dashboard"
+    port_hint = "set observe.port (0 picks a free port) or observe.dashboard = false"
 
     def __init__(self, status: Callable[[], dict], metrics: Callable[[], bytes], *,
                  host: str = "127.0.0.1", port: int = 0, token: str = "") -> None:
@@ -45,43 +97,10 @@ class StatusServer:
         self.host = host
         self.port = port
         self._token = token.encode()
-        self._runner: web.AppRunner | None = None
         self.app = web.Application(middlewares=[self._check_token] if token else [])
         self.app.add_routes([web.get("/", self._index), web.get("/api/status", self._api_status),
                              web.get("/metrics", self._api_metrics),
                              web.static("/static", WEB_DIR, show_index=False)])
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/"
-
-    async def start(self) -> None:
-        self._runner = web.AppRunner(self.app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        try:
-            await site.start()
-        except OSError as exc:
-            await self._runner.cleanup()
-            raise OSError(exc.errno, f"dashboard: cannot listen on {self.host}:{self.port} "
-                                     f"({exc.strerror}); set dashboard.port (0 picks a free "
-                                     "port) or dashboard.enabled = false") from None
-        if self.port == 0:  # the port the OS picked
-            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        log.info("dashboard at %s", self.url)
-
-    async def close(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> "StatusServer":
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     @web.middleware
     async def _check_token(self, request: web.Request,

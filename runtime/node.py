@@ -192,7 +192,9 @@ class NodeAgent(Actor):
         if bad:
             raise PermissionError(f"node {self.name} does not set environment variables "
                                   f"{bad} (allowed prefixes: {', '.join(ENV_PREFIXES)})")
-        if self.sup is None or not self.joined.is_set():
+        # Not `joined`: the registry may place work here the moment it has our hello, before
+        # its reply to the hello reaches us.
+        if self.sup is None:
             raise RuntimeError(f"node {self.name} has not joined a run")
         host = registry_host(self.options.registry)
         args = {k: v.replace("{registry_host}", host) if isinstance(v, str) else v

@@ -95,6 +95,19 @@ def fault_free(tiny_model_dir, tmp_path_factory):
     return result
 
 
+def _random_kill(rng: random.Random, prefix: str, max_delay_s: float):
+    """A fault for _run: once step 0 is done, after a random delay, SIGKILL a random worker
+    whose name starts with `prefix`; returns its name."""
+    async def kill(base: str, run: asyncio.Task) -> str:
+        while await _steps_done(base) < 1:
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(rng.uniform(0.0, max_delay_s))
+        victim = rng.choice(sorted(n for n in running_workers() if n.startswith(prefix)))
+        os.kill(running_workers()[victim], signal.SIGKILL)
+        return victim
+    return kill
+
+
 def _assert_nothing_lost(result, reference) -> None:
     assert [m["step"] for m in result.metrics] == list(range(STEPS))
     for m, ref in zip(result.metrics, reference.metrics):
@@ -113,16 +126,7 @@ def _assert_nothing_lost(result, reference) -> None:
 @pytest.mark.parametrize("seed", [1])
 async def test_a_killed_rollout_worker_loses_nothing(tiny_model_dir, tmp_path, fault_free, seed,
                                                     no_leftover_children):
-    rng = random.Random(seed)
-
-    async def kill(base: str, run: asyncio.Task) -> str:
-        while await _steps_done(base) < 1:
-            await asyncio.sleep(0.02)
-        await asyncio.sleep(rng.uniform(0.0, 0.3))
-        victim = rng.choice(sorted(n for n in running_workers() if n.startswith("rollout-")))
-        os.kill(running_workers()[victim], signal.SIGKILL)
-        return victim
-
+    kill = _random_kill(random.Random(seed), "rollout-", 0.3)
     result, victim = await _run(tiny_model_dir, _config(tmp_path, "run"), kill)
     assert victim
     _assert_nothing_lost(result, fault_free)
@@ -149,16 +153,7 @@ async def test_a_killed_trainer_is_replaced_and_loses_nothing(tiny_model_dir, tm
                                                              no_leftover_children):
     """A trainer process SIGKILLed at a seeded random point: its slot gets new processes, its
     agent's state comes back from the snapshot of its last step, the step completes."""
-    rng = random.Random(seed)
-
-    async def kill(base: str, run: asyncio.Task) -> str:
-        while await _steps_done(base) < 1:
-            await asyncio.sleep(0.02)
-        await asyncio.sleep(rng.uniform(0.0, 0.5))
-        victim = rng.choice(sorted(n for n in running_workers() if n.startswith("trainer-")))
-        os.kill(running_workers()[victim], signal.SIGKILL)
-        return victim
-
+    kill = _random_kill(random.Random(seed), "trainer-", 0.5)
     result, victim = await _run(tiny_model_dir, _config(tmp_path, "run"), kill)
     assert victim
     _assert_nothing_lost(result, fault_free)

@@ -285,6 +285,8 @@ def test_cli_config_error_exits_2_with_one_message(tmp_path, team_file, capsys, 
 
 def fake_train_modules(monkeypatch, train) -> None:
     """Stand-ins for flexmarl.team and flexmarl.run, which `main` imports when it runs."""
+    import flexmarl.checkpoint  # noqa: F401  (what main also imports: loaded with the real
+    import flexmarl.orchestrator  # noqa: F401  flexmarl.team, before it is replaced below)
     team = types.SimpleNamespace(name="duo", agents=[types.SimpleNamespace(name="solver")])
     monkeypatch.setitem(sys.modules, "flexmarl.team",
                         types.SimpleNamespace(load_team=lambda path: team))

@@ -155,12 +155,15 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
 
             def emit(record: dict) -> None:
                 record["time"] = time.time()
-                if saved is not None:  # every agent's state of this step is on disk already
-                    saved.prune(keep_from=record["step"])
                 metrics.append(record)
                 monitor.on_record(record)
                 if run_dir is not None:
                     run_dir.metrics.write(record)
+                if saved is not None:
+                    # The record is durable before the states it replaces go: a kill between
+                    # the two must leave a resume point whose states are all still on disk.
+                    run_dir.metrics.sync()
+                    saved.prune(keep_from=record["step"])
                 if loggers is not None:
                     loggers.log(record)
 

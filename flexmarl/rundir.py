@@ -114,6 +114,11 @@ class MetricsWriter:
         self._file.flush()
         return record
 
+    def sync(self) -> None:
+        """Make what was written durable (fsync): before deleting what a record supersedes."""
+        if self._file is not None:
+            os.fsync(self._file.fileno())
+
     def close(self) -> None:
         if self._file is not None:
             self._file.close()

@@ -146,3 +146,34 @@ def test_resume_refuses_a_finished_run_and_a_missing_dir(tmp_path):
     proc = _flexmarl("run", "--resume", str(run_dir))
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 2 and "finished all 2 steps" in out, out
+
+
+@pytest.mark.slow
+async def test_states_are_pruned_only_once_their_record_is_durable(tiny_model_dir, tmp_path,
+                                                                  monkeypatch):
+    """A kill between pruning and writing the record that allows it would leave a resume point
+    without its states (seen once in CI): the record must be on disk first."""
+    import asyncio
+    import sys as _sys
+
+    from flexmarl.checkpoint import StateCheckpoints
+    from flexmarl.rundir import RunDir
+    from flexmarl.run import train
+    _sys.path.insert(0, str(ROOT / "tests"))
+    from test_e2e import duo
+
+    config = load_config(overrides=[
+        f"run.dir={tmp_path / 'run'}", "run.steps=3", "rollout.backend=torch",
+        "pipeline.tasks_per_step=3", "pipeline.trajectories_per_task=2", "trainer.lr=1e-3",
+        "observe.dashboard=false", "observe.tensorboard=false", "observe.report=false"])
+    seen, prune = [], StateCheckpoints.prune
+
+    def checking_prune(self, keep_from):
+        recorded = [m["step"] for m in read_metrics(tmp_path / "run" / "metrics.jsonl")]
+        seen.append((keep_from, recorded[-1]))
+        return prune(self, keep_from)
+
+    monkeypatch.setattr(StateCheckpoints, "prune", checking_prune)
+    await asyncio.wait_for(train(duo(tiny_model_dir), config, run_dir=RunDir.create(config),
+                                 progress=False), 300)
+    assert seen == [(0, 0), (1, 1), (2, 2)]

@@ -305,6 +305,8 @@ async def test_pool_takes_turns_and_prefetches_the_swapped_out_agent():
     await tb  # b released, nobody waits, a is out: a is prefetched back in
     await until(5)
     assert log[3:] == [("out", "b"), ("in", "a", True)]
+    while pool._holding:  # the prefetch's binding ends (a slow machine can lag here): else
+        await asyncio.sleep(0.001)  # a's update below would share it and close() end it
     release["a"].clear()
     release["a"].set()
     await update("a")  # already in the slot: no swap for it

@@ -42,7 +42,6 @@ from aiohttp import web
 
 from flexmarl.server import HttpServer
 from flexmarl.team import Completion
-from runtime.curve import is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -462,10 +461,5 @@ class GatewayServer(HttpServer):
 
     def __init__(self, backend: Backend, *, host: str = "127.0.0.1", port: int = 0,
                  token: str = "", max_body_bytes: int = 8 << 20) -> None:
-        if not token and not is_loopback(host):
-            raise ValueError(f"gateway: refusing to serve the OpenAI API on {host} (beyond "
-                             "loopback) without a token; set the gateway's token (e.g. to the "
-                             "output of `openssl rand -hex 16`), or bind it to 127.0.0.1")
-        self.host = host
-        self.port = port
+        self._listen_on(host, port, token, "gateway.token")
         self.app = make_app(backend, token=token, max_body_bytes=max_body_bytes)

@@ -46,6 +46,15 @@ class HttpServer:
     port: int
     _runner: web.AppRunner | None = None
 
+    def _listen_on(self, host: str, port: int, token: str, token_setting: str) -> None:
+        """Where to serve; refused beyond loopback without a token (`token_setting` says
+        where to set one)."""
+        if not token and not is_loopback(host):
+            raise ValueError(f"{self.what}: refusing to serve on {host} (beyond loopback) "
+                             f"without a token; set {token_setting} (e.g. to the output of "
+                             "`openssl rand -hex 16`), or serve on 127.0.0.1")
+        self.host, self.port = host, port
+
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
@@ -88,14 +97,9 @@ class StatusServer(HttpServer):
 
     def __init__(self, status: Callable[[], dict], metrics: Callable[[], bytes], *,
                  host: str = "127.0.0.1", port: int = 0, token: str = "") -> None:
-        if not token and not is_loopback(host):
-            raise ValueError(f"dashboard: refusing to serve run data on {host} (beyond loopback) "
-                             "without a token; set observe.token (e.g. to the output of "
-                             "`openssl rand -hex 16`), or observe.host = \"127.0.0.1\"")
+        self._listen_on(host, port, token, "observe.token")
         self._status = status
         self._metrics = metrics
-        self.host = host
-        self.port = port
         self._token = token.encode()
         self.app = web.Application(middlewares=[self._check_token] if token else [])
         self.app.add_routes([web.get("/", self._index), web.get("/api/status", self._api_status),

@@ -25,7 +25,7 @@ from flexmarl.balancer import BalancerConfig
 from flexmarl.sections import ClusterConfig, GatewayConfig
 from flexmarl.rollout.engine import BACKENDS, EngineConfig
 from flexmarl.trainer import TrainerConfig
-from runtime.config import TransportConfig
+from runtime.config import SupervisorConfig, TransportConfig
 
 __all__ = ["PIPELINE_MODES", "LOG_LEVELS", "DEFAULT_TOML", "ConfigError", "RunConfig", "TeamRef",
            "PipelineConfig", "RolloutConfig", "TrainerConfig", "TrainPlacement", "Config",
@@ -298,6 +298,7 @@ class Config:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
+    supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Plain data (tuples as lists), the inverse of `from_dict`."""
@@ -338,7 +339,7 @@ SECTIONS: dict[str, type] = {"run": RunConfig, "team": TeamRef, "pipeline": Pipe
                              "train": TrainPlacement, "balance": BalancerConfig,
                              "observe": ObserveConfig, "cluster": ClusterConfig,
                              "gateway": GatewayConfig,
-                             "transport": TransportConfig}
+                             "transport": TransportConfig, "supervisor": SupervisorConfig}
 """TOML section name -> its dataclass, in file order."""
 
 DEFAULT_TOML = (Path(__file__).with_name("default.toml")).read_text(encoding="utf-8")

@@ -42,7 +42,6 @@ from flexmarl.rundir import Progress, RunDir
 from flexmarl.server import StatusServer
 from flexmarl.store import ExperienceStore
 from flexmarl.team import AgentSpec, Team
-from runtime.config import SupervisorConfig
 from runtime.registry import NodeInfo, NodeRegistry
 from runtime.supervisor import Supervisor, WorkerSpec
 from runtime.transport import Connection, connect
@@ -293,8 +292,7 @@ def _launcher(config: Config) -> "Supervisor | NodeRegistry":
     """Where workers run: local processes (a Supervisor), or `flexmarl-node`s that join at
     cluster.listen (a NodeRegistry; see flexmarl/nodes.py)."""
     if not config.cluster.listen:
-        return Supervisor(config=SupervisorConfig(ready_timeout_s=config.rollout.ready_timeout_s),
-                          transport=config.transport)
+        return Supervisor(config=config.supervisor, transport=config.transport)
     return NodeRegistry(config.cluster.listen, transport=config.transport,
                         node_timeout_s=config.cluster.node_timeout_s,
                         start_timeout_s=config.rollout.ready_timeout_s)

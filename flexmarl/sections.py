@@ -20,8 +20,11 @@ class ClusterConfig:
     """Nodes with role trainer (or any) the run waits for."""
     join_timeout_s: float = 600.0
     """How long the run waits for them; then it stops, naming what is missing."""
-    node_timeout_s: float = 10.0
-    """A node silent this long is lost: its workers are handled as dead."""
+    node_timeout_s: float = 30.0
+    """A node silent this long is lost: its workers are handled as dead. A node whose process
+    ended is lost at once (its connection closes); this is for one that hangs or is cut off, and
+    is sized so that a busy node on a loaded machine is not taken for dead (heartbeats come
+    from a thread, and the run's own stalls are not counted against the node)."""
     store_port: int = 0
     """Port of the TCPStore trainer ranks rendezvous at (on the listen host); 0: a free one."""
     instances_per_node: int = 1

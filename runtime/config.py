@@ -92,9 +92,12 @@ class SupervisorConfig:
     ready_timeout_s: float = 60.0
     """How long a started worker may take to send Ready (imports, model loading included)."""
     heartbeat_interval_s: float = 0.5
-    """How often a worker sends a heartbeat on the control lane."""
-    heartbeat_timeout_s: float = 3.0
-    """Silence after which a worker is declared dead and killed."""
+    """How often a worker sends a heartbeat on the control lane (from a thread of its own)."""
+    heartbeat_timeout_s: float = 30.0
+    """Silence after which a live worker is declared hung and killed. Only the last resort: an
+    exited worker is reported at once, whatever this says. Sized for real work on a loaded
+    machine (a 2-core machine running a benchmark beside the run starves processes for seconds;
+    3 s killed healthy workers there); time the supervisor itself was stalled is not counted."""
     stop_timeout_s: float = 10.0
     """One deadline for all children to exit after Shutdown and SIGTERM, before SIGKILL."""
 

@@ -6,8 +6,10 @@
       ◄─ StartWorker: an allow-listed entry point ─► the node's own Supervisor starts it, bound
          to tcp://ADVERTISE:0 with the node's transport ─► WorkerStarted(name, pid, address)
       ◄─ KillWorker ─► Supervisor.kill
-      ─► Heartbeat every heartbeat_interval_s; WorkerExited for every local WorkerDied
-      ◄─ Shutdown (the run ended), or no Pong from the registry for registry_timeout_s
+      ─► Heartbeat every heartbeat_interval_s (from a thread); WorkerExited for every local
+         WorkerDied
+      ◄─ Shutdown (the run ended), the registry's connection closed (its process ended), or no
+         Pong from it for registry_timeout_s (our own stalls not counted)
          ─► every worker stopped ─► the node exits, or with `stay` joins the next run
 
 The registry only names entry points the node allows (`allowed_entries`) and environment
@@ -28,6 +30,7 @@ from runtime.actor import Actor, handler
 from runtime.codec import Envelope
 from runtime.config import SupervisorConfig, TransportConfig
 from runtime.errors import RequestTimeout, TransportClosed
+from runtime.heartbeat import HeartbeatSender, Silence
 from runtime.protocol import (Heartbeat, KillWorker, NodeHello, Ping, Shutdown, StartWorker,
                               WorkerExited, WorkerStarted)
 from runtime.supervisor import Supervisor, WorkerSpec
@@ -61,7 +64,10 @@ class NodeOptions:
     """After a run, wait and join the next one instead of exiting."""
     join_timeout_s: float = 600.0
     heartbeat_interval_s: float = 1.0
-    registry_timeout_s: float = 15.0
+    registry_timeout_s: float = 60.0
+    """Silence of the registry after which this node gives up the run and stops its workers. A
+    registry that exited is noticed at once (its connection closes); silence only means a hung
+    or unreachable one, and a busy run process can leave Pings unanswered for a while."""
     transport: TransportConfig = field(default_factory=TransportConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
 
@@ -152,36 +158,45 @@ class NodeAgent(Actor):
         """Heartbeats and worker deaths to the registry until it releases us or goes silent."""
         o = self.options
         self._released = asyncio.Event()
+        gone = asyncio.Event()
+        registry.on_disconnect(gone.set)
         forward = asyncio.create_task(self._forward_deaths(registry))
+        pid = os.getpid()
+        beats = HeartbeatSender(o.registry, o.transport, lambda seq: Heartbeat(self.name, pid, seq),
+                                o.heartbeat_interval_s, name=f"{self.name}.heartbeat")
+        # One round (a Ping, its answer or deadline, a pause) takes up to 3 intervals.
+        silence = Silence(o.registry_timeout_s, 3 * o.heartbeat_interval_s)
+        silence.heard("registry")
         try:
-            seq, silent_since = 0, None
+            seq = 0
             while not self._released.is_set():
-                await registry.send(Heartbeat(self.name, os.getpid(), seq), control=True)
                 seq += 1
                 try:
                     await registry.request(Ping(seq), control=True,
                                            timeout_s=o.heartbeat_interval_s * 2)
-                    silent_since = None
+                    silence.heard("registry")
                 except (RequestTimeout, TransportClosed):
-                    now = asyncio.get_running_loop().time()
-                    silent_since = silent_since or now
-                    if now - silent_since > o.registry_timeout_s:
-                        log.error("node %s: the registry %s has not answered for %.0f s; "
-                                  "stopping this node's workers", self.name, o.registry,
-                                  now - silent_since)
-                        return
+                    pass
+                if gone.is_set() or silence.tick(asyncio.get_running_loop().time()):
+                    why = ("its connection closed" if gone.is_set() else
+                           f"it has not answered for {silence.silent_for('registry'):.0f} s")
+                    log.error("node %s: the registry %s is gone (%s); stopping this node's "
+                              "workers", self.name, o.registry, why)
+                    return
                 try:
                     await asyncio.wait_for(self._released.wait(), o.heartbeat_interval_s)
                 except TimeoutError:
                     pass
         finally:
+            beats.close()
             forward.cancel()
 
     async def _forward_deaths(self, registry) -> None:
         while True:
             event = await self.sup.events.get()
             await registry.send(WorkerExited(event.name, event.pid, event.reason,
-                                             event.returncode, event.silent_for_s))
+                                             event.returncode, event.silent_for_s,
+                                             list(event.stderr_tail)))
 
     @handler(StartWorker, concurrent=True)
     async def on_start_worker(self, msg: StartWorker, env: Envelope) -> WorkerStarted:

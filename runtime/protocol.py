@@ -210,3 +210,5 @@ class WorkerExited:
     reason: str
     returncode: int | None
     silent_for_s: float
+    stderr_tail: list[str] = field(default_factory=list)
+    """Its last stderr lines (a crash's traceback)."""

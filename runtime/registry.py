@@ -5,7 +5,9 @@
                   ──Heartbeat / WorkerExited──► liveness and deaths
     start_worker(spec) ─► a live node whose roles include spec.role (or "any"), the one with
                   fewest workers of that role ─► StartWorker ─► RemoteWorker(name, pid, address)
-    node silent for node_timeout_s ─► each of its workers is reported dead (reason node_lost)
+    node's connection closed (its process ended) ─► at once, or node silent for node_timeout_s
+                  (its heartbeats come from a thread; our own stalls not counted) ─► each of its
+                  workers is reported dead (reason node_lost)
     events: WorkerDied, as a Supervisor's: code that starts and watches workers takes either
 
 `wait_for({"rollout": 2, "trainer": 1})` waits until enough nodes have joined (an "any" node
@@ -24,6 +26,7 @@ from runtime.actor import Actor, handler
 from runtime.codec import Envelope
 from runtime.config import TransportConfig
 from runtime.errors import PeerDied, WorkerStartError
+from runtime.heartbeat import Silence
 from runtime.protocol import (Heartbeat, KillWorker, NodeHello, Shutdown, StartWorker,
                               WorkerExited, WorkerStarted)
 from runtime.supervisor import WorkerDied, WorkerSpec
@@ -41,7 +44,6 @@ class NodeInfo:
     hello: NodeHello
     conn: Connection
     joined_at: float
-    last_seen: float
     workers: dict[str, str] = field(default_factory=dict)
     """worker name -> its role."""
     alive: bool = True
@@ -67,9 +69,10 @@ class NodeRegistry(Actor):
     every node (their workers stop)."""
 
     def __init__(self, address: str, *, transport: TransportConfig = TransportConfig(),
-                 node_timeout_s: float = 10.0, start_timeout_s: float = 600.0) -> None:
+                 node_timeout_s: float = 30.0, start_timeout_s: float = 600.0) -> None:
         super().__init__("registry", address, transport=transport)
         self.node_timeout_s = node_timeout_s
+        self.silence = Silence(node_timeout_s, min(1.0, node_timeout_s / 4))
         self.start_timeout_s = start_timeout_s
         self.nodes: dict[str, NodeInfo] = {}
         self.workers: dict[str, RemoteWorker] = {}
@@ -88,9 +91,11 @@ class NodeRegistry(Actor):
         if old is not None and old.alive:
             raise ValueError(f"a node named {msg.name!r} has joined already (from {old.hello.host}"
                              "); give each node its own --name")
-        now = time.monotonic()
-        node = NodeInfo(msg, self.connect(msg.address), now, now)
+        node = NodeInfo(msg, self.connect(msg.address), time.monotonic())
         self.nodes[msg.name] = node
+        self.silence.heard(msg.name)
+        # Evidence of death that needs no timeout: the node's process ended, its socket closed.
+        node.conn.on_disconnect(lambda: self._lose(node, "its connection closed"))
         log.warning("node %s joined from %s as %s (%d cpus, %.1f GiB, %d devices)", msg.name,
                     msg.host, "/".join(msg.roles), msg.cpus, msg.memory_bytes / 2**30,
                     msg.devices)
@@ -102,7 +107,7 @@ class NodeRegistry(Actor):
     async def on_heartbeat(self, msg: Heartbeat, env: Envelope) -> None:
         node = self.nodes.get(msg.name)
         if node is not None and node.alive:
-            node.last_seen = time.monotonic()
+            self.silence.heard(msg.name)
 
     @handler(WorkerExited)
     async def on_worker_exited(self, msg: WorkerExited, env: Envelope) -> None:
@@ -110,31 +115,37 @@ class NodeRegistry(Actor):
         if worker is None:
             return  # killed through us, or a node lost before: reported already
         self.nodes[worker.node].workers.pop(msg.name, None)
-        self._report(WorkerDied(msg.name, msg.pid, msg.reason, msg.returncode, msg.silent_for_s))
+        self._report(WorkerDied(msg.name, msg.pid, msg.reason, msg.returncode, msg.silent_for_s,
+                                tuple(msg.stderr_tail)))
 
     async def node_watch_loop(self) -> None:
         while True:
-            await asyncio.sleep(min(1.0, self.node_timeout_s / 4))
-            now = time.monotonic()
-            for node in list(self.nodes.values()):
-                if node.alive and now - node.last_seen > self.node_timeout_s:
-                    self._lose(node, f"silent for {now - node.last_seen:.1f} s")
+            await asyncio.sleep(self.silence.tick_s)
+            for name in self.silence.tick(time.monotonic()):
+                node = self.nodes.get(name)
+                if node is not None:
+                    self._lose(node, f"silent for {self.silence.silent_for(name):.1f} s "
+                                     f"(cluster.node_timeout_s = {self.node_timeout_s:g})")
+                self.silence.forget(name)
 
     def _lose(self, node: NodeInfo, why: str) -> None:
+        if not node.alive:
+            return
         node.alive = False
+        silent_s = round(self.silence.silent_for(node.name), 3)
+        self.silence.forget(node.name)
         log.error("node %s lost (%s): its %d workers are dead", node.name, why,
                   len(node.workers))
         node.conn.fail_pending(PeerDied(f"node {node.name} lost: {why}"))
         for name in list(node.workers):
             worker = self.workers.pop(name, None)
             if worker is not None:
-                self._report(WorkerDied(name, worker.pid, "node_lost", None, self.node_timeout_s))
+                self._report(WorkerDied(name, worker.pid, "node_lost", None, silent_s))
         node.workers.clear()
         self._changed.set()
 
     def _report(self, event: WorkerDied) -> None:
-        log.warning("worker %s died: %s (returncode %s)", event.name, event.reason,
-                    event.returncode)
+        log.warning("%s", event.describe())
         self.events.put_nowait(event)
 
     def alive(self) -> list[NodeInfo]:

@@ -2,10 +2,15 @@
 
     start_worker(spec) ──spawn──► python -m runtime.worker SPEC ──► entry(ctx) -> Actor
          │  waits (ready_timeout_s) for          │ Ready(name, pid, address)   (control lane)
-         │◄──────────────────────────────────────┤ Heartbeat every interval    (control lane)
+         │◄──────────────────────────────────────┤ Heartbeat every interval    (a thread's own
+         │◄── stderr pipe ── tee thread: copied to our stderr, last lines kept    socket)
     proc_wait tasks ──► exit seen      ─┐        │
     heartbeat_watch_loop ─► silent     ─┴──► events: WorkerDied (once per worker)
     stop: Shutdown + SIGTERM to each process group ─► join (one deadline) ─► SIGKILL ─► reap
+
+A worker is dead on evidence at once (its process exited: `exited`, with its code and last stderr
+lines, whether before Ready or after); on silence only after heartbeat_timeout_s of silence that
+this process was awake to hear (runtime.heartbeat.Silence: its own stalls are not the worker's).
 
 Workers run in their own session (process group), so grandchildren (e.g. vLLM engine cores) are
 signalled too; each worker also asks the kernel to SIGTERM it if the supervisor dies, so even a
@@ -22,6 +27,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -30,6 +36,7 @@ from runtime.actor import Actor, handler
 from runtime.codec import Envelope
 from runtime.config import SupervisorConfig, TransportConfig
 from runtime.errors import WorkerStartError
+from runtime.heartbeat import Silence
 from runtime.protocol import Heartbeat, Ready, Shutdown
 
 log = logging.getLogger(__name__)
@@ -85,16 +92,75 @@ class WorkerDied:
     """`exited` (the process ended) or `heartbeat_timeout` (silent; it has been killed)."""
     returncode: int | None
     silent_for_s: float
-    """Time since the worker's last heartbeat when the death was detected."""
+    """Silence since the worker's last heartbeat when the death was detected (time this process
+    itself was stalled not counted)."""
+    stderr_tail: tuple[str, ...] = ()
+    """The last lines the worker wrote to stderr (its traceback, when it crashed)."""
+
+    def describe(self) -> str:
+        """One line for a log or an error: what happened, and the worker's last words."""
+        text = (f"worker {self.name} died: {self.reason} (pid {self.pid}, returncode "
+                f"{self.returncode}, silent for {self.silent_for_s:.2f} s)")
+        return text + (f"; its last stderr lines:\n  " + "\n  ".join(self.stderr_tail)
+                       if self.stderr_tail else "")
+
+
+class StderrTail:
+    """Copies a worker's stderr to this process's stderr as it comes and keeps its last lines.
+
+    A thread, not the event loop, reads the pipe: a busy loop must never leave a worker blocked
+    on a full pipe, and a crash's traceback must be readable while the loop is still catching up.
+    """
+
+    def __init__(self, fd: int, keep: int = 20) -> None:
+        self._fd = fd
+        self._lines: list[bytes] = [b""]
+        self._keep = keep
+        self._lock = threading.Lock()
+        self.eof = threading.Event()
+        threading.Thread(target=self._copy, name="stderr-tee", daemon=True).start()
+
+    def _copy(self) -> None:
+        try:
+            while data := os.read(self._fd, 65536):
+                try:
+                    os.write(2, data)
+                except OSError:
+                    pass
+                with self._lock:
+                    *done, rest = data.split(b"\n")
+                    if done:
+                        self._lines[-1] += done[0]
+                        self._lines.extend(done[1:])
+                        self._lines.append(rest)
+                    else:
+                        self._lines[-1] += rest
+                    del self._lines[:-self._keep - 1]
+        except OSError:
+            pass
+        finally:
+            os.close(self._fd)
+            self.eof.set()
+
+    def tail(self) -> tuple[str, ...]:
+        with self._lock:
+            lines = [ln.decode(errors="replace").rstrip() for ln in self._lines]
+        return tuple(ln for ln in lines if ln.strip())[-self._keep:]
+
+    async def settled(self, timeout_s: float = 1.0) -> tuple[str, ...]:
+        """The tail once the pipe is drained (all writers gone) or after `timeout_s` (a
+        grandchild may hold the pipe open)."""
+        await asyncio.to_thread(self.eof.wait, timeout_s)
+        return self.tail()
 
 
 @dataclass
 class WorkerHandle:
     spec: WorkerSpec
     proc: asyncio.subprocess.Process
+    stderr: StderrTail | None = None
     address: str = ""
     peer: Any = None
-    last_seen: float = field(default_factory=time.monotonic)
     ready: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     exited: asyncio.Event = field(default_factory=asyncio.Event)
     stopping: bool = False
@@ -123,6 +189,7 @@ class Supervisor(Actor):
         self.config = config
         self.workers: dict[str, WorkerHandle] = {}
         self.events: asyncio.Queue[WorkerDied] = asyncio.Queue()
+        self.silence = Silence(config.heartbeat_timeout_s, config.heartbeat_interval_s)
         self._ipc_dir: str | None = None
 
     # ------------------------------------------------------------------ start
@@ -148,10 +215,17 @@ class Supervisor(Actor):
         env = {**os.environ, **spec.env}
         if spec.cpus:
             env.setdefault("OMP_NUM_THREADS", str(len(spec.cpus)))
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "runtime.worker", json.dumps(boot), env=env,
-            start_new_session=True)
-        handle = WorkerHandle(spec, proc)
+        read_end, write_end = os.pipe()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "runtime.worker", json.dumps(boot), env=env,
+                stderr=write_end, start_new_session=True)
+        except BaseException:
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)  # the worker (and what it starts) hold the only write ends
+        handle = WorkerHandle(spec, proc, StderrTail(read_end))
         self.workers[spec.name] = handle
         self._tg.create_task(self._proc_wait(handle), name=f"{self.name}.wait[{spec.name}]")
         timeout_s = spec.ready_timeout_s or self.config.ready_timeout_s
@@ -162,26 +236,33 @@ class Supervisor(Actor):
         finally:
             exited.cancel()
         if handle.ready.done():
-            handle.last_seen = time.monotonic()
+            self.silence.heard(spec.name)
             log.info("worker %s ready (pid %d) at %s", spec.name, proc.pid, handle.address)
             return handle
         handle.stopping = True  # its end is reported by this exception, not as an event
-        if handle.alive:
-            self._signal(handle, signal.SIGKILL)
-            await handle.exited.wait()
+        # The process may have exited before the deadline with its exit not yet seen here (this
+        # loop was busy): a zombie is an exit, to be reported as one, not as a slow start.
+        too_slow = handle.alive and pid_alive(proc.pid)
+        self._signal(handle, signal.SIGKILL)  # it, or what it left behind (engine cores)
+        await handle.exited.wait()
+        tail = await handle.stderr.settled()
+        last = ("; its last stderr lines:\n  " + "\n  ".join(tail)) if tail else ""
+        if too_slow and proc.returncode == -signal.SIGKILL:
             raise WorkerStartError(
                 f"worker {spec.name} ({spec.entry}) did not send Ready within {timeout_s:g} s; "
                 "raise supervisor.ready_timeout_s (or WorkerSpec.ready_timeout_s) if it loads "
-                "something large")
+                f"something large{last}")
         raise WorkerStartError(f"worker {spec.name} ({spec.entry}) exited with code "
-                               f"{proc.returncode} before sending Ready; see its stderr above")
+                               f"{proc.returncode} before sending Ready{last}")
 
     async def _proc_wait(self, handle: WorkerHandle) -> None:
         await handle.proc.wait()
         handle.exited.set()
         if not handle.stopping and handle.ready.done():
-            self._report(handle, "exited")
             self._signal(handle, signal.SIGKILL)  # what it started (engine cores) goes too
+            self._report(handle, "exited", await handle.stderr.settled())
+        if self.workers.get(handle.name) is handle:
+            self.silence.forget(handle.name)
 
     def kill(self, name: str, reason: str = "killed") -> None:
         """Treat a live worker as dead (e.g. it stopped answering requests): WorkerDied with
@@ -193,14 +274,13 @@ class Supervisor(Actor):
         handle.stopping = True
         self._signal(handle, signal.SIGKILL)
 
-    def _report(self, handle: WorkerHandle, reason: str) -> None:
+    def _report(self, handle: WorkerHandle, reason: str, tail: tuple[str, ...] = ()) -> None:
         if handle.reported:
             return
         handle.reported = True
         event = WorkerDied(handle.name, handle.pid, reason, handle.proc.returncode,
-                           round(time.monotonic() - handle.last_seen, 3))
-        log.warning("worker %s (pid %d) died: %s (returncode %s, silent for %.2f s)",
-                    event.name, event.pid, reason, event.returncode, event.silent_for_s)
+                           round(self.silence.silent_for(handle.name), 3), tail)
+        log.warning("%s", event.describe())
         self.events.put_nowait(event)
 
     # ------------------------------------------------------------------ watch
@@ -210,7 +290,8 @@ class Supervisor(Actor):
         handle = self.workers.get(msg.name)
         if handle is None or handle.pid != msg.pid:
             raise ValueError(f"Ready from unknown worker {msg.name!r} (pid {msg.pid})")
-        handle.address, handle.peer, handle.last_seen = msg.address, env.peer, time.monotonic()
+        handle.address, handle.peer = msg.address, env.peer
+        self.silence.heard(msg.name)
         if not handle.ready.done():
             handle.ready.set_result(msg)
 
@@ -218,21 +299,21 @@ class Supervisor(Actor):
     async def on_heartbeat(self, msg: Heartbeat, env: Envelope) -> None:
         handle = self.workers.get(msg.name)
         if handle is not None and handle.pid == msg.pid:
-            handle.last_seen = time.monotonic()
+            self.silence.heard(msg.name)
 
     async def heartbeat_watch_loop(self) -> None:
         # A timer, not a poll of sockets: deaths by exit arrive through _proc_wait at once;
         # this only catches workers that are alive but silent (hung, stopped, partitioned).
-        interval = self.config.heartbeat_interval_s
         while True:
-            await asyncio.sleep(interval)
-            now = time.monotonic()
-            for handle in list(self.workers.values()):
-                if (handle.alive and not handle.stopping and handle.ready.done()
-                        and now - handle.last_seen > self.config.heartbeat_timeout_s):
+            await asyncio.sleep(self.config.heartbeat_interval_s)
+            for name in self.silence.tick(time.monotonic()):
+                handle = self.workers.get(name)
+                if (handle is not None and handle.alive and not handle.stopping
+                        and handle.ready.done()):
                     self._report(handle, "heartbeat_timeout")
                     handle.stopping = True
                     self._signal(handle, signal.SIGKILL)
+                self.silence.forget(name)
 
     # ------------------------------------------------------------------ stop
 

@@ -29,10 +29,11 @@ import tempfile
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from runtime.codec import Envelope, decode, decode_header, encode
 from runtime.config import TransportConfig
@@ -183,9 +184,10 @@ def _context() -> zmq.asyncio.Context:
 
 
 def make_socket(kind: int, config: TransportConfig, *, bind: str | None = None,
-                connect: str | None = None) -> zmq.asyncio.Socket:
-    """The one socket factory: limits, linger and buffers are set here and nowhere else."""
-    sock = _context().socket(kind)
+                connect: str | None = None, sync: bool = False) -> zmq.asyncio.Socket:
+    """The one socket factory: limits, linger and buffers are set here and nowhere else.
+    `sync`: a blocking socket of the same context, for a thread of its own (heartbeats)."""
+    sock = _context().socket(kind, socket_class=zmq.Socket) if sync else _context().socket(kind)
     try:
         sock.setsockopt(zmq.LINGER, config.linger_ms)
         sock.setsockopt(zmq.SNDHWM, config.sndhwm)
@@ -395,6 +397,34 @@ class ZmqConnection:
         connection stays open for requests to whatever serves the address next."""
         self._req.fail_pending(exc)
 
+    def on_disconnect(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` once, when the listener's end closes a connection whose handshake
+        had completed (its process exited, or it closed the socket): evidence of death that
+        needs no timeout. A peer that is only slow, or that we never reached, never triggers it
+        (that is left to the caller's timeout)."""
+        self._check_open()
+        sock = self._socks[1]  # control lane: both lanes share the peer's fate
+        mon = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        self._readers.append(asyncio.get_running_loop().create_task(
+            self._watch_link(sock, mon, callback), name=f"conn[{self.address}].link_watch"))
+
+    @staticmethod
+    async def _watch_link(sock: zmq.asyncio.Socket, mon: zmq.asyncio.Socket,
+                          callback: Callable[[], None]) -> None:
+        established = False
+        try:
+            while True:
+                event = parse_monitor_message(await mon.recv_multipart())["event"]
+                if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    established = True
+                elif event == zmq.EVENT_DISCONNECTED and established:
+                    callback()
+                    return
+        finally:
+            if not sock.closed:
+                sock.disable_monitor()
+            mon.close(linger=0)
+
     async def aclose(self) -> None:
         if self._closed:
             return
@@ -522,6 +552,9 @@ class LocalConnection:
         """Fail every request still waiting for a reply (its peer is known to be dead); the
         connection stays open for requests to whatever serves the address next."""
         self._req.fail_pending(exc)
+
+    def on_disconnect(self, callback: Callable[[], None]) -> None:
+        """Nothing to watch: both ends live in this event loop and share its fate."""
 
     async def aclose(self) -> None:
         if not self.closed:

@@ -1,9 +1,9 @@
 """Worker process entry point: `python -m runtime.worker BOOT_JSON` (started by Supervisor).
 
 Builds the actor from an injectable entry point ("package.module:function", called with a
-WorkerContext), serves it, announces Ready to the supervisor on the control lane, heartbeats,
-and stops on a Shutdown message, SIGTERM or SIGINT. The boot JSON comes from the parent process
-on the command line, never from the network.
+WorkerContext), serves it, announces Ready to the supervisor on the control lane, heartbeats
+(from a thread: runtime.heartbeat), and stops on a Shutdown message, SIGTERM or SIGINT. The boot
+JSON comes from the parent process on the command line, never from the network.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from runtime.actor import Actor
 from runtime.config import SupervisorConfig, TransportConfig
+from runtime.heartbeat import HeartbeatSender
 from runtime.protocol import Heartbeat, Ready, Shutdown
 from runtime.transport import Connection, connect
 
@@ -86,21 +87,18 @@ async def serve(boot: dict[str, Any]) -> None:
                 return  # run() failed; the TaskGroup re-raises its error
             await sup.request(Ready(name, os.getpid(), actor.address or ""), control=True,
                               timeout_s=boot.get("ready_timeout_s") or sup_cfg.ready_timeout_s)
-            helpers = [tg.create_task(_heartbeat_loop(sup, name, sup_cfg.heartbeat_interval_s),
-                                      name=f"{name}.heartbeat_loop"),
-                       tg.create_task(_control_loop(sup, actor), name=f"{name}.control_loop")]
-            await run
-            for task in helpers:
-                task.cancel()
-
-
-async def _heartbeat_loop(sup: Connection, name: str, interval_s: float) -> None:
-    pid = os.getpid()
-    seq = 0
-    while True:
-        await sup.send(Heartbeat(name, pid, seq), control=True)
-        seq += 1
-        await asyncio.sleep(interval_s)
+            # From a thread: the actor's handlers may hold this loop for seconds (a model
+            # loading, a long native call), which is work, not death.
+            pid = os.getpid()
+            beats = HeartbeatSender(boot["supervisor"], transport,
+                                    lambda seq: Heartbeat(name, pid, seq),
+                                    sup_cfg.heartbeat_interval_s, name=f"{name}.heartbeat")
+            control = tg.create_task(_control_loop(sup, actor), name=f"{name}.control_loop")
+            try:
+                await run
+            finally:
+                control.cancel()
+                beats.close()
 
 
 async def _control_loop(sup: Connection, actor: Actor) -> None:

@@ -134,16 +134,23 @@ async def test_a_killed_rollout_worker_loses_nothing(tiny_model_dir, tmp_path, f
 
 @pytest.mark.slow
 async def test_a_silent_rollout_worker_is_treated_as_dead(tiny_model_dir, tmp_path, fault_free,
-                                                        no_leftover_children):
+                                                        no_leftover_children, caplog):
     async def stop(base: str, run: asyncio.Task) -> str:
         while await _steps_done(base) < 1:
             await asyncio.sleep(0.02)
         os.kill(running_workers()["rollout-1"], signal.SIGSTOP)  # alive, but never answers again
         return "rollout-1"
 
-    result, _ = await _run(tiny_model_dir, _config(tmp_path, "run"), stop)
+    # 10 s: long enough that no healthy worker of a loaded machine goes that long unheard (they
+    # heartbeat from a thread), short enough to keep the test brief; the default is 30 s.
+    config = _config(tmp_path, "run", "supervisor.heartbeat_timeout_s=10")
+    result, _ = await _run(tiny_model_dir, config, stop)
     _assert_nothing_lost(result, fault_free)
     assert "rollout-1" not in running_workers()
+    # The hang was detected during the run (as a hang), not only ended by the shutdown.
+    assert [name for m in result.metrics for name in m["faults"]["dead"]] == ["rollout-1"]
+    assert any("worker rollout-1 died: heartbeat_timeout" in r.getMessage()
+               for r in caplog.records)
 
 
 @pytest.mark.slow

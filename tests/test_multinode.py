@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from flexmarl.run import train
 from runtime.config import TransportConfig
 from runtime.keys import write_keys
 from runtime.node import NodeAgent, NodeOptions
-from runtime.protocol import StartWorker
+from runtime.protocol import Ping, Pong, StartWorker
 from runtime.registry import NodeRegistry, NodesMissing
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -116,6 +117,63 @@ async def test_a_node_with_another_key_is_refused(tmp_path, keys, caplog):
 
 
 @pytest.mark.slow
+async def test_a_node_whose_process_ends_is_lost_at_once(tmp_path, keys, caplog):
+    """SIGKILL a node: its connection closes, and that is evidence enough; its loss does not
+    wait for cluster.node_timeout_s of silence (here 600 s, past this test's deadline)."""
+    port = _free_port()
+    curve = TransportConfig(curve_secret_key_file=keys["good"])
+    async with NodeRegistry(f"tcp://127.0.0.1:{port}", transport=curve,
+                            node_timeout_s=600).serving() as reg:
+        node, _ = _node(tmp_path, "doomed", "rollout", port, keys["good"])
+        try:
+            await asyncio.wait_for(reg.wait_for({"rollout": 1}, 120), 130)
+            # Our connection to it is up (as once it hosts a worker): a node gone before that
+            # leaves only silence to go by.
+            assert await reg.nodes["doomed"].conn.request(Ping(1), timeout_s=60) == Pong(1)
+            node.kill()
+            node.wait(30)
+            killed_at = time.monotonic()
+            while reg.nodes["doomed"].alive:
+                assert time.monotonic() - killed_at < 60, "the dead node was not noticed"
+                await asyncio.sleep(0.05)
+        finally:
+            if node.poll() is None:
+                node.kill()
+                node.wait(30)
+    assert any("node doomed lost (its connection closed)" in r.getMessage()
+               for r in caplog.records)
+
+
+@pytest.mark.slow
+async def test_a_stalled_registry_keeps_its_nodes_and_a_silent_node_is_lost(tmp_path, keys,
+                                                                          caplog):
+    """The registry's own loop blocked for 3 node timeouts is not its nodes' silence; a node that
+    is really silent (SIGSTOPped: alive, connected, mute) is lost, never before the timeout."""
+    timeout_s = 5.0
+    port = _free_port()
+    curve = TransportConfig(curve_secret_key_file=keys["good"])
+    async with NodeRegistry(f"tcp://127.0.0.1:{port}", transport=curve,
+                            node_timeout_s=timeout_s).serving() as reg:
+        node, _ = _node(tmp_path, "mute", "rollout", port, keys["good"])
+        try:
+            await asyncio.wait_for(reg.wait_for({"rollout": 1}, 120), 130)
+            time.sleep(3 * timeout_s)  # blocks this loop: no await
+            for _ in range(8):
+                await asyncio.sleep(reg.silence.tick_s)
+            assert reg.nodes["mute"].alive
+            node.send_signal(signal.SIGSTOP)
+            stopped_at = time.monotonic()
+            while reg.nodes["mute"].alive:
+                assert time.monotonic() - stopped_at < 3 * timeout_s + 30
+                await asyncio.sleep(0.05)
+            assert time.monotonic() - stopped_at >= timeout_s - reg.silence.tick_s - 1.0
+        finally:
+            node.kill()
+            node.wait(30)
+    assert any("node mute lost (silent for" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.slow
 async def test_a_run_on_three_nodes_and_one_that_joins_mid_run(tiny_model_dir, tmp_path, keys):
     port = _free_port()
     nodes = {name: _node(tmp_path, name, role, port, keys["good"])
@@ -176,8 +234,9 @@ async def test_a_run_on_three_nodes_and_one_that_joins_mid_run(tiny_model_dir, t
 @pytest.mark.slow
 def test_the_documented_commands_survive_a_node_killed_mid_run(tiny_model_dir, tmp_path, keys):
     """`flexmarl run CONFIG --listen ...` and `flexmarl-node` processes as the docs show them;
-    a rollout node SIGKILLed after step 1: its instance is lost with it (node_lost), replaced
-    on the other rollout node, and the run completes every step."""
+    a rollout node SIGKILLed after step 1: its instance is lost with it (node_lost, noticed by
+    its closed connection, under the default cluster.node_timeout_s), replaced on the other
+    rollout node, and the run completes every step."""
     import psutil
 
     from flexmarl.rundir import read_metrics
@@ -191,7 +250,7 @@ def test_the_documented_commands_survive_a_node_killed_mid_run(tiny_model_dir, t
         f"run.dir={tmp_path / 'run'}", "run.steps=5", "rollout.backend=torch",
         "rollout.instances_per_agent=1", "pipeline.mode=sync", "pipeline.tasks_per_step=6",
         "pipeline.trajectories_per_task=2", "trainer.lr=1e-3", "observe.dashboard=false",
-        "observe.tensorboard=false", "observe.report=false", "cluster.node_timeout_s=3"]
+        "observe.tensorboard=false", "observe.report=false"]
         ).to_toml())
     run = subprocess.Popen(
         [sys.executable, "-m", "flexmarl.cli", "run", str(config), "--team", str(team),
@@ -224,6 +283,7 @@ def test_the_documented_commands_survive_a_node_killed_mid_run(tiny_model_dir, t
     assert [m["step"] for m in records] == list(range(5))
     [gone] = [name for m in records for name in m["faults"]["dead"]]
     assert f"worker {gone} died: node_lost" in out and gone in _started(nodes["r2"][1])
+    assert "node r2 lost (its connection closed)" in out  # evidence, not cluster.node_timeout_s
     replacement = [r["new"] for m in records for r in m["faults"]["replacements"]]
     assert replacement and replacement[0] in _started(nodes["r1"][1])
     assert not [p for p in doomed if psutil.pid_exists(p) and

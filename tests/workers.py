@@ -28,6 +28,20 @@ def crash(ctx: WorkerContext) -> Actor:
     raise RuntimeError("this worker fails on purpose before it is ready")
 
 
+class Blocking(Actor):
+    """Holds its event loop for `meta["seconds"]` per Tensors request (as a long native call or
+    a model load in a handler would), then answers."""
+
+    @handler(Tensors)
+    async def on_tensors(self, msg: Tensors, env: Envelope) -> Tensors:
+        time.sleep(msg.meta["seconds"])
+        return msg
+
+
+def blocking(ctx: WorkerContext) -> Actor:
+    return Blocking(ctx.name, ctx.bind, transport=ctx.transport)
+
+
 def never_ready(ctx: WorkerContext) -> Actor:
     time.sleep(3600)  # blocks the entry point: Ready never comes
     raise AssertionError("unreachable")

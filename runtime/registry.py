@@ -88,6 +88,9 @@ class NodeRegistry(Actor):
     @handler(NodeHello, concurrent=True)
     async def on_hello(self, msg: NodeHello, env: Envelope) -> None:
         old = self.nodes.get(msg.name)
+        if old is not None and old.alive and (old.hello.pid, old.hello.address) == (
+                msg.pid, msg.address):
+            return  # the same process again: our answer to its hello came too late for it
         if old is not None and old.alive:
             raise ValueError(f"a node named {msg.name!r} has joined already (from {old.hello.host}"
                              "); give each node its own --name")

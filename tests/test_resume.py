@@ -128,7 +128,7 @@ def test_a_killed_run_resumes_to_the_same_weights(tiny_model_dir, tmp_path, unin
 
 def test_resume_refuses_a_finished_run_and_a_missing_dir(tmp_path):
     proc = _flexmarl("run", "--resume", str(tmp_path / "nope"))
-    out, _ = proc.communicate(timeout=60)
+    out, _ = proc.communicate(timeout=180)  # a CLI start (torch import) on a loaded machine
     assert proc.returncode == 2 and "no config.toml there" in out, out
 
     run_dir = tmp_path / "done"
@@ -137,14 +137,14 @@ def test_resume_refuses_a_finished_run_and_a_missing_dir(tmp_path):
     (run_dir / "config.toml").write_text(config.to_toml())
     (run_dir / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n')
     proc = _flexmarl("run", "--resume", str(run_dir))
-    out, _ = proc.communicate(timeout=120)
+    out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 2 and "no state saved at step 1" in out, out
 
     states = StateCheckpoints(run_dir / "state")
     for agent in ("solver", "checker"):
         states.save(agent, 1, TrainState(agent, 0, {}, {}))
     proc = _flexmarl("run", "--resume", str(run_dir))
-    out, _ = proc.communicate(timeout=120)
+    out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 2 and "finished all 2 steps" in out, out
 
 

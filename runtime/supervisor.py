@@ -99,10 +99,14 @@ class WorkerDied:
 
     def describe(self) -> str:
         """One line for a log or an error: what happened, and the worker's last words."""
-        text = (f"worker {self.name} died: {self.reason} (pid {self.pid}, returncode "
-                f"{self.returncode}, silent for {self.silent_for_s:.2f} s)")
-        return text + (f"; its last stderr lines:\n  " + "\n  ".join(self.stderr_tail)
-                       if self.stderr_tail else "")
+        return (f"worker {self.name} died: {self.reason} (pid {self.pid}, returncode "
+                f"{self.returncode}, silent for {self.silent_for_s:.2f} s)"
+                + last_words(self.stderr_tail))
+
+
+def last_words(tail: tuple[str, ...]) -> str:
+    """A worker's last stderr lines as the end of a message ("" when it wrote none)."""
+    return ("; its last stderr lines:\n  " + "\n  ".join(tail)) if tail else ""
 
 
 class StderrTail:
@@ -158,7 +162,7 @@ class StderrTail:
 class WorkerHandle:
     spec: WorkerSpec
     proc: asyncio.subprocess.Process
-    stderr: StderrTail | None = None
+    stderr: StderrTail
     address: str = ""
     peer: Any = None
     ready: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
@@ -245,8 +249,7 @@ class Supervisor(Actor):
         too_slow = handle.alive and pid_alive(proc.pid)
         self._signal(handle, signal.SIGKILL)  # it, or what it left behind (engine cores)
         await handle.exited.wait()
-        tail = await handle.stderr.settled()
-        last = ("; its last stderr lines:\n  " + "\n  ".join(tail)) if tail else ""
+        last = last_words(await handle.stderr.settled())
         if too_slow and proc.returncode == -signal.SIGKILL:
             raise WorkerStartError(
                 f"worker {spec.name} ({spec.entry}) did not send Ready within {timeout_s:g} s; "

@@ -1,8 +1,8 @@
 """Load-balancing benchmark: round_robin, least_loaded and hierarchical side by side, simulated.
 
-Runs one seeded skewed workload (flexmarl.workload.SkewedWorkload: a solver called 4-8 times per
+Runs one seeded skewed workload (flexmarl.sim.workload.SkewedWorkload: a solver called 4-8 times per
 verifier call, lognormal response lengths) through the discrete-event simulator of rollout
-instances (flexmarl.simulator), once per strategy, with the same Balancer class the rollout pool
+instances (flexmarl.sim.routing), once per strategy, with the same Balancer class the rollout pool
 uses, and reports per strategy:
 
 - **step s**: mean over steps of a step's time (its first call to its last episode's end);
@@ -15,7 +15,7 @@ plus speedup_<strategy>_vs_round_robin = round_robin step s / that strategy's st
 By default `--concurrency 256` episodes run at once, which fills the solver's instances
 (4 x 64 slots): the regime where routing matters. `--concurrency 32` (this project's default
 pipeline: 4 tasks x 8 trajectories) leaves them mostly idle and the strategies close.
-The engine model's numbers and why are in flexmarl/simulator.py. A default run takes ~2 s.
+The engine model's numbers and why are in flexmarl/sim/routing.py. A default run takes ~2 s.
 
     .venv/bin/python bench/balance.py [--json] [--steps 4] [--seed 0] [--instances 4]
                                        [--concurrency 256] [--episodes 512] [--slots 64]
@@ -46,9 +46,9 @@ import time
 if importlib.util.find_spec("flexmarl") is None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from flexmarl.balancer import STRATEGIES, Balancer, BalancerConfig  # noqa: E402
-from flexmarl.simulator import SimConfig, SimResult, placement, simulate  # noqa: E402
-from flexmarl.workload import SkewedWorkload  # noqa: E402
+from flexmarl.rollout.balancer import STRATEGIES, Balancer, BalancerConfig  # noqa: E402
+from flexmarl.sim.routing import SimConfig, SimResult, placement, simulate  # noqa: E402
+from flexmarl.sim.workload import SkewedWorkload  # noqa: E402
 
 
 def simulate_strategies(workload: SkewedWorkload, sim: SimConfig, instances: int,

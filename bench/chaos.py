@@ -51,7 +51,7 @@ LR = 1e-3
 
 
 def config_for(run_dir: Path, steps: int):
-    from flexmarl.config import load_config
+    from flexmarl.config.load import load_config
     return load_config(overrides=[
         f"run.dir={run_dir}", f"run.steps={steps}", "rollout.backend=torch",
         "rollout.instances_per_agent=2", "pipeline.mode=sync", "pipeline.tasks_per_step=8",
@@ -62,8 +62,8 @@ def config_for(run_dir: Path, steps: int):
 async def run(model_dir: str, run_dir: Path, steps: int, killer=None) -> dict:
     from test_e2e import duo
 
-    from flexmarl.rundir import RunDir, read_metrics
-    from flexmarl.run import train
+    from flexmarl.observe.rundir import RunDir, read_metrics
+    from flexmarl.launch.run import train
 
     config = config_for(run_dir, steps)
     url: asyncio.Future = asyncio.get_running_loop().create_future()

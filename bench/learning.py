@@ -45,9 +45,9 @@ def summarize(metrics: list[dict], window: int) -> dict:
 
 
 async def main(args: argparse.Namespace) -> None:
-    from flexmarl.config import load_config
-    from flexmarl.rundir import RunDir
-    from flexmarl.run import train
+    from flexmarl.config.load import load_config
+    from flexmarl.observe.rundir import RunDir
+    from flexmarl.launch.run import train
     from flexmarl.team import load_team
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # CPU-irrelevant warnings  # as `flexmarl run` does

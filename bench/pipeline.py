@@ -11,10 +11,10 @@ the mean step time, trainer and rollout utilisation, and the staleness of traine
 Target: micro_batch reaches >= 80% of ideal_speedup and is never slower than sync.
 
 Threads are budgeted per role, because rollout and training would otherwise fight for the same
-cores and no mode could overlap anything: the config's default `rollout.cpus = train.cpus =
+cores and no mode could overlap anything: the config's default `rollout.cpus = trainer_pool.cpus =
 "auto"` pins rollout processes to the first half of the cores and trainer processes to the
 second (OpenMP pools sized to match, vLLM's OMP binding set to the same cores); `--set
-rollout.cpus= --set train.cpus=` measures without pinning. The first `--warmup` steps of each
+rollout.cpus= --set trainer_pool.cpus=` measures without pinning. The first `--warmup` steps of each
 run (engine and allocator warm-up) are left out of the means.
 
     .venv/bin/python bench/pipeline.py [--json] [--steps 6] [--warmup 1] [--modes ...]
@@ -84,13 +84,13 @@ def summarize(metrics: list[dict], warmup: int) -> dict:
 
 
 def load(mode: str, args: argparse.Namespace, workdir: str = "runs"):
-    from flexmarl.config import load_config
+    from flexmarl.config.load import load_config
     return load_config(overrides=[f"run.out_dir={workdir}", f"run.steps={args.steps}",
                                   f"pipeline.mode={mode}", *DEFAULTS, *args.set])
 
 
 async def run_mode(mode: str, args: argparse.Namespace) -> tuple[dict, float]:
-    from flexmarl.run import train
+    from flexmarl.launch.run import train
     from flexmarl.team import load_team
 
     config = load(mode, args, tempfile.mkdtemp(prefix=f"flexmarl-bench-{mode}-"))
@@ -108,7 +108,7 @@ async def run_mode(mode: str, args: argparse.Namespace) -> tuple[dict, float]:
 async def main(args: argparse.Namespace) -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # CPU-irrelevant warnings
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    from flexmarl.config import role_cpus
+    from flexmarl.launch.placement import role_cpus
     rollout_cpus, train_cpus = (",".join(map(str, c)) or "all"
                                 for c in role_cpus(load(args.modes[0], args)))
     results: dict[str, dict] = {}

@@ -6,7 +6,7 @@
    same tensors in the same run. swap GB/s = state bytes / (out + in seconds) / 2 (the bytes
    cross twice); medians over --swaps rounds.
 2. The default team (agents/math_duo.py, two trainable agents) trained with static reservation
-   (`train.slots = 0`: one slot per agent) and with one shared slot (`train.slots = 1`), same
+   (`trainer_pool.slots = 0`: one slot per agent) and with one shared slot (`trainer_pool.slots = 1`), same
    config and seeds otherwise: trainer utilisation = time the slots' processes spent on requests
    (training, weight export, swaps) / (slots x wall time of the timed steps), step time, swaps.
 
@@ -35,10 +35,10 @@ if importlib.util.find_spec("flexmarl") is None:
 
 
 async def swap_throughput(size: str, swaps: int) -> dict:
-    from flexmarl.batch import micro_batch
+    from flexmarl.orchestrator.batch import micro_batch
     from flexmarl.models import ensure_model
     from flexmarl.protocol import SwapIn, SwapOut, TrainBeginBatch, TrainStep
-    from flexmarl.trainer import TrainerConfig
+    from flexmarl.training.trainer import TrainerConfig
     from runtime.supervisor import Supervisor, WorkerSpec
     from runtime.transport import connect
 
@@ -48,7 +48,7 @@ async def swap_throughput(size: str, swaps: int) -> dict:
     sup = Supervisor()
     async with sup.serving():
         handle = await sup.start_worker(WorkerSpec(
-            name="slot", entry="flexmarl.trainer_worker:trainer_worker",
+            name="slot", entry="flexmarl.training.worker:trainer_worker",
             args={"rank": 0, "world_size": 1, "init_method": f"file://{work}/store"},
             ready_timeout_s=300))
         async with connect(handle.address) as slot:
@@ -79,13 +79,13 @@ async def swap_throughput(size: str, swaps: int) -> dict:
 
 
 async def run_placement(slots: int, args: argparse.Namespace) -> dict:
-    from flexmarl.config import load_config
-    from flexmarl.run import train
+    from flexmarl.config.load import load_config
+    from flexmarl.launch.run import train
     from flexmarl.team import load_team
 
     config = load_config(overrides=[
         f"run.out_dir={tempfile.mkdtemp(prefix='flexmarl-swap-')}", f"run.steps={args.steps}",
-        f"train.slots={slots}", *args.set])
+        f"trainer_pool.slots={slots}", *args.set])
     result = await train(load_team(config.team.path), config, progress=False)
     timed = result.metrics[args.warmup:]
     wall = sum(m["step_s"] for m in timed)

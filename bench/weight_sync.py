@@ -46,7 +46,7 @@ def memcpy_seconds(tensors: dict[str, torch.Tensor], repeats: int) -> float:
 
 async def bench_size(size: str, args: argparse.Namespace, workdir: str) -> dict:
     from flexmarl.models import build_model_dir, load_model
-    from flexmarl.weight_sync import push_weights, weights_nbytes
+    from flexmarl.rollout.weight_sync import push_weights, weights_nbytes
     from runtime.supervisor import Supervisor, WorkerSpec
     from runtime.transport import connect
 

@@ -45,9 +45,9 @@ def screenshot(url: str, path: Path) -> None:
 async def main(args: argparse.Namespace) -> None:
     import aiohttp
 
-    from flexmarl.config import load_config
-    from flexmarl.rundir import RunDir
-    from flexmarl.run import train
+    from flexmarl.config.load import load_config
+    from flexmarl.observe.rundir import RunDir
+    from flexmarl.launch.run import train
     from flexmarl.team import load_team
 
     config = load_config(overrides=[f"run.steps={args.steps}", "run.name=docs"])

@@ -17,8 +17,8 @@ __version__ = "0.1.0"
 __all__ = ["AgentSpec", "Completion", "SamplingParams", "Team", "load_team", "train",
            "load_config", "Config", "RunResult"]
 
-_LAZY = {"train": "flexmarl.run", "RunResult": "flexmarl.run",
-         "load_config": "flexmarl.config", "Config": "flexmarl.config"}
+_LAZY = {"train": "flexmarl.launch.run", "RunResult": "flexmarl.launch.run",
+         "load_config": "flexmarl.config.load", "Config": "flexmarl.config.load"}
 
 
 def __getattr__(name: str) -> Any:

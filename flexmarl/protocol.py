@@ -293,7 +293,7 @@ class ExportState:
 @message(FlexKind.TRAIN_STATE)
 @dataclass(slots=True)
 class TrainState:
-    """An agent's training state out of its slot (flexmarl.trainer.export_state's layout)."""
+    """An agent's training state out of its slot (flexmarl.training.trainer.export_state's layout)."""
 
     KIND: ClassVar[int]
     agent: str

@@ -47,7 +47,7 @@ class AgentSpec:
     """Overrides rollout.instances_per_agent for this agent."""
     train_ranks: int | None = None
     """Ranks (processes or devices) of the trainer slot this agent needs; None: the config's
-    train.ranks_per_agent. A large agent can need a larger slot of a shared pool."""
+    trainer_pool.ranks_per_agent. A large agent can need a larger slot of a shared pool."""
 
     def __post_init__(self) -> None:
         if not _NAME.fullmatch(self.name):

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from flexmarl.algorithms import grpo_advantages, grpo_loss, token_logprobs
+from flexmarl.training.grpo import grpo_advantages, grpo_loss, token_logprobs
 
 
 # ----------------------------------------------------------------------------- advantages

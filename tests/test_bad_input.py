@@ -17,15 +17,15 @@ from dataclasses import dataclass
 
 import pytest
 
-import flexmarl.orchestrator as orchestrator
+import flexmarl.orchestrator.orchestrator as orchestrator
 from flexmarl import AgentSpec, Team
-from flexmarl.cli import main
-from flexmarl.config import ConfigError
-from flexmarl.orchestrator import (AgentRuntime, Orchestrator, StepGate, TrajectoryContext,
-                                   WorkflowError)
+from flexmarl.launch.cli import main
+from flexmarl.config.checks import ConfigError
+from flexmarl.orchestrator.agents import AgentRuntime, StepGate
+from flexmarl.orchestrator.orchestrator import Orchestrator, TrajectoryContext, WorkflowError
 from flexmarl.protocol import GenerateReply, Sample
-from flexmarl.run import resolve_model
-from flexmarl.store import ExperienceStore, StoreClosed, Turn
+from flexmarl.launch.model_dirs import resolve_model
+from flexmarl.orchestrator.store import ExperienceStore, StoreClosed, Turn
 from flexmarl.team import Completion
 from flexmarl.tasks import addition_tasks
 
@@ -116,7 +116,7 @@ async def test_a_failing_trajectory_is_dropped_and_the_others_train(caplog):
 
     orch = make_orch(workflow)
     done = []
-    with caplog.at_level(logging.WARNING, logger="flexmarl.orchestrator"):
+    with caplog.at_level(logging.WARNING, logger="flexmarl.orchestrator.orchestrator"):
         stats = await orch.rollout(0, orch.next_tasks(3), on_task_done=done.append)
     assert stats.failed_trajectories == 1 and stats.tasks == 3 and done == [4, 4, 4]
     assert len(stats.errors) == 1 and stats.errors[0].startswith("RuntimeError: boom (task ")
@@ -170,7 +170,7 @@ async def test_distinct_errors_are_capped_and_each_is_logged_once(caplog):
         ctx.team_reward(1.0)
 
     orch = make_orch(workflow)
-    with caplog.at_level(logging.DEBUG, logger="flexmarl.orchestrator"):
+    with caplog.at_level(logging.DEBUG, logger="flexmarl.orchestrator.orchestrator"):
         stats = await orch.rollout(0, orch.next_tasks(8))
     assert stats.failed_trajectories == 16
     assert len(stats.errors) == orchestrator.MAX_ERRORS
@@ -435,12 +435,11 @@ def test_cli_team_file_that_raises_exits_2_with_one_line(tmp_path, capsys, quiet
 
 
 def fake_run_modules(monkeypatch, train, model: str = "tiny") -> None:
-    from flexmarl.run import check_model
     team = types.SimpleNamespace(name="duo", agents=[AgentSpec(name="solver", model=model)])
     monkeypatch.setitem(sys.modules, "flexmarl.team",
                         types.SimpleNamespace(load_team=lambda path: team))
-    monkeypatch.setitem(sys.modules, "flexmarl.run",
-                        types.SimpleNamespace(train=train, check_model=check_model))
+    monkeypatch.setitem(sys.modules, "flexmarl.launch.run",
+                        types.SimpleNamespace(train=train))
 
 
 def test_cli_missing_model_directory_exits_2_naming_the_agent(tmp_path, capsys, quiet,

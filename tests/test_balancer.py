@@ -6,7 +6,7 @@ Layers:
     episodes and their slack, learnt lengths, config errors, and the inter-agent level
     (patience, ratio, min_load_tokens, min_instances, compatible, cool-down, one move at a time,
     draining, finish/abort, the undo rule, the demand window).
-(b) flexmarl.workload and flexmarl.simulator on seeded workloads (deterministic, well under a
+(b) flexmarl.sim.workload and flexmarl.sim.routing on seeded workloads (deterministic, well under a
     second each): the engine model's timing, least_loaded against round_robin on a long-tailed
     stream, hierarchical moves toward the hot agent without flapping or losing a request.
 """
@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import pytest
 
-from flexmarl.balancer import Balancer, BalancerConfig
-from flexmarl.simulator import SimConfig, percentile, placement, simulate
-from flexmarl.workload import AgentProfile, SkewedWorkload, tokens_by_agent
+from flexmarl.rollout.balancer import Balancer, BalancerConfig
+from flexmarl.rollout.balancer import percentile
+from flexmarl.sim.routing import SimConfig, placement, simulate
+from flexmarl.sim.workload import AgentProfile, SkewedWorkload, tokens_by_agent
 
 # A demand window this short makes plan_move compare the current loads (no averaging), so the
 # inter-agent unit tests below read like the rule they test; the window has its own test.

@@ -1,4 +1,4 @@
-"""flexmarl.checkpoint: per-step training state on disk, bit for bit, atomic under SIGKILL.
+"""flexmarl.launch.checkpoint: per-step training state on disk, bit for bit, atomic under SIGKILL.
 
 The trainer test builds a 2-layer Qwen2 (about 80k parameters) here, never downloaded.
 """
@@ -19,7 +19,7 @@ import orjson
 import pytest
 import torch
 
-from flexmarl.checkpoint import (
+from flexmarl.launch.checkpoint import (
     META_FILE,
     STATE_DIR,
     STATE_FILE,
@@ -28,7 +28,7 @@ from flexmarl.checkpoint import (
     resume_point,
 )
 from flexmarl.protocol import TrainMicroBatch, TrainState
-from flexmarl.rundir import METRICS_FILE, MetricsWriter
+from flexmarl.observe.rundir import METRICS_FILE, MetricsWriter
 
 VOCAB = 64
 
@@ -63,7 +63,7 @@ def test_trainer_state_round_trips_and_resumes_bit_for_bit(tmp_path):
     trainers gives the same state, bit for bit."""
     import transformers
 
-    from flexmarl.trainer import GRPOTrainer, TrainerConfig, export_state, load_state
+    from flexmarl.training.trainer import GRPOTrainer, TrainerConfig, export_state, load_state
 
     cfg = transformers.Qwen2Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
                                    num_attention_heads=2, num_key_value_heads=1,
@@ -210,7 +210,7 @@ def test_a_save_killed_before_its_rename_leaves_no_step(tmp_path, monkeypatch, c
     monkeypatch.undo()
     assert ckpt.steps("a") == [] and ckpt.agents() == []
     assert len(leftovers(tmp_path)) == 1 and leftovers(tmp_path)[0].startswith(".tmp-step-000000")
-    with caplog.at_level(logging.INFO, logger="flexmarl.checkpoint"):
+    with caplog.at_level(logging.INFO, logger="flexmarl.launch.checkpoint"):
         StateCheckpoints(tmp_path)
     assert leftovers(tmp_path) == [] and "interrupted save" in caplog.text
 
@@ -303,7 +303,7 @@ def test_loading_a_step_never_saved_names_the_path(tmp_path):
 
 CRASHING_SAVER = textwrap.dedent("""
     import sys, torch
-    from flexmarl.checkpoint import StateCheckpoints
+    from flexmarl.launch.checkpoint import StateCheckpoints
     from flexmarl.protocol import TrainState
     ckpt = StateCheckpoints(sys.argv[1])
     for step in range(1000):

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from flexmarl.cli import main
-from flexmarl.config import (DEFAULT_TOML, PIPELINE_MODES, SECTIONS, Config, ConfigError,
-                             TeamRef, TrainerConfig, dump_toml, load_config)
-from flexmarl.rundir import MetricsWriter, Progress, RunDir, read_metrics
+from flexmarl.launch.cli import main
+from flexmarl.config.checks import ConfigError
+from flexmarl.config.load import DEFAULT_TOML, SECTIONS, Config, dump_toml, load_config
+from flexmarl.config.sections import PIPELINE_MODES, TeamRef
+from flexmarl.training.trainer import TrainerConfig
+from flexmarl.observe.rundir import MetricsWriter, Progress, RunDir, read_metrics
 
 
 @pytest.fixture
@@ -150,7 +152,7 @@ def test_bad_set_syntax(team_file, override):
     ("pipeline.mode=async", "pipeline.mode must be one of sync, micro_batch, one_step_off, bounded, got 'async'"),
     ("pipeline.max_staleness=0", "pipeline.max_staleness must be >= 1"),
     ("rollout.cpus=0-x", "rollout.cpus must list CPU cores"),
-    ("train.cpus=999", "names cores [999]"),
+    ("trainer_pool.cpus=999", "names cores [999]"),
     ("run.log_level=loud", "run.log_level must be one of"),
     ("run.name=a/b", "run.name must be"),
     ("trainer.lr=0", "trainer.lr must be > 0"),          # TrainerConfig's own check
@@ -284,14 +286,17 @@ def test_cli_config_error_exits_2_with_one_message(tmp_path, team_file, capsys, 
 
 
 def fake_train_modules(monkeypatch, train) -> None:
-    """Stand-ins for flexmarl.team and flexmarl.run, which `main` imports when it runs."""
-    import flexmarl.checkpoint  # noqa: F401  (what main also imports: loaded with the real
-    import flexmarl.orchestrator  # noqa: F401  flexmarl.team, before it is replaced below)
+    """Stand-ins for flexmarl.team, flexmarl.launch.run and flexmarl.launch.model_dirs, which
+    `main` imports when it runs."""
+    import flexmarl.launch.checkpoint  # noqa: F401  (what main also imports: loaded with the real
+    import flexmarl.orchestrator.orchestrator  # noqa: F401  flexmarl.team, before it is replaced below)
     team = types.SimpleNamespace(name="duo", agents=[types.SimpleNamespace(name="solver")])
     monkeypatch.setitem(sys.modules, "flexmarl.team",
                         types.SimpleNamespace(load_team=lambda path: team))
-    monkeypatch.setitem(sys.modules, "flexmarl.run",
-                        types.SimpleNamespace(train=train, check_model=lambda spec: spec))
+    monkeypatch.setitem(sys.modules, "flexmarl.launch.run",
+                        types.SimpleNamespace(train=train))
+    monkeypatch.setitem(sys.modules, "flexmarl.launch.model_dirs",
+                        types.SimpleNamespace(check_model=lambda spec: spec))
     monkeypatch.delenv("FLEXMARL_LOG", raising=False)
 
 
@@ -332,16 +337,16 @@ def test_cli_interrupt_exits_130(tmp_path, team_file, capsys, monkeypatch):
     ("1,3", "0-2", "cpu", ((1, 3), (0, 1, 2))),      # explicit lists are kept as given
 ])
 def test_role_cpus(monkeypatch, rollout, train, device, expected):
-    import flexmarl.config as config_module
-    from flexmarl.config import role_cpus
-    monkeypatch.setattr(config_module, "_available_cpus", lambda: [0, 1, 2, 3])
-    config = load_config(overrides=[f"rollout.cpus={rollout}", f"train.cpus={train}",
+    import flexmarl.config.checks as config_module
+    from flexmarl.launch.placement import role_cpus
+    monkeypatch.setattr(config_module, "available_cpus", lambda: [0, 1, 2, 3])
+    config = load_config(overrides=[f"rollout.cpus={rollout}", f"trainer_pool.cpus={train}",
                                     f"trainer.device={device}"])
     assert role_cpus(config) == expected
 
 
 def test_role_cpus_single_core_pins_nothing(monkeypatch):
-    import flexmarl.config as config_module
-    from flexmarl.config import role_cpus
-    monkeypatch.setattr(config_module, "_available_cpus", lambda: [0])
+    import flexmarl.config.checks as config_module
+    from flexmarl.launch.placement import role_cpus
+    monkeypatch.setattr(config_module, "available_cpus", lambda: [0])
     assert role_cpus(load_config()) == ((), ())

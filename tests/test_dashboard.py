@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from flexmarl.server import StatusServer
+from flexmarl.observe.server import StatusServer
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -227,9 +227,9 @@ async def test_dashboard_of_a_real_run(driver, tiny_model_dir, tmp_path):
 
     from selenium.webdriver.common.by import By
 
-    from flexmarl.config import load_config
-    from flexmarl.rundir import RunDir
-    from flexmarl.run import train
+    from flexmarl.config.load import load_config
+    from flexmarl.observe.rundir import RunDir
+    from flexmarl.launch.run import train
 
     sys.path.insert(0, str(Path(__file__).parent))
     from test_e2e import duo

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 
 from flexmarl import AgentSpec, SamplingParams, Team
-from flexmarl.config import load_config
-from flexmarl.rundir import RunDir, read_metrics
-from flexmarl.run import train
+from flexmarl.config.load import load_config
+from flexmarl.observe.rundir import RunDir, read_metrics
+from flexmarl.launch.run import train
 from flexmarl.tasks import addition_tasks
 
 pytestmark = pytest.mark.slow

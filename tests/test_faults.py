@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from flexmarl.balancer import Balancer
-from flexmarl.config import load_config
-from flexmarl.rundir import RunDir
-from flexmarl.run import train
+from flexmarl.rollout.balancer import Balancer
+from flexmarl.config.load import load_config
+from flexmarl.observe.rundir import RunDir
+from flexmarl.launch.run import train
 from runtime.errors import PeerDied
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -176,7 +176,7 @@ async def test_a_trainer_killed_mid_batch_re_accumulates_it(tiny_model_dir, tmp_
                                                            monkeypatch, no_leftover_children):
     """The kill lands after the solver's trainer accumulated a micro-batch of step 2: the
     replacement gets the snapshot of step 1 and the groups already taken are fed again."""
-    from flexmarl.batch import TrainSession
+    from flexmarl.orchestrator.batch import TrainSession
 
     send, sent = TrainSession._send, []
 
@@ -206,7 +206,7 @@ async def test_without_snapshots_a_dead_trainer_stops_the_run_naming_the_slot(
         os.kill(running_workers()["trainer-0-0"], signal.SIGKILL)
         return asyncio.get_running_loop().time()
 
-    config = _config(tmp_path, "run", f"run.steps={50}", "train.snapshots=false",
+    config = _config(tmp_path, "run", f"run.steps={50}", "trainer_pool.snapshots=false",
                      "run.save_state=false")
     with pytest.raises(PeerDied, match="trainer slot trainer-0 died: trainer-0-0 exited"):
         # Well below the 300 s request timeout the run would wait out without the death event
@@ -220,9 +220,9 @@ async def test_a_dead_follower_rank_of_a_shared_two_rank_slot_is_replaced(
     """One shared slot of 2 FSDP ranks for both agents (states swapped between them): rank 1
     SIGKILLed while the checker trains step 1. Rank 0, stuck in a collective with a dead peer,
     is killed too, two new ranks form a new group, and the run equals a fault-free one."""
-    from flexmarl.batch import TrainSession
+    from flexmarl.orchestrator.batch import TrainSession
 
-    extra = ("train.slot_ranks=2", "rollout.instances_per_agent=1", "run.steps=3")
+    extra = ("trainer_pool.slot_ranks=2", "rollout.instances_per_agent=1", "run.steps=3")
     clean, _ = await _run(tiny_model_dir, _config(tmp_path, "clean", *extra))
     send, killed = TrainSession._send, []
 

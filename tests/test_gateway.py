@@ -20,11 +20,11 @@ import aiohttp
 import pytest
 from openai import AsyncOpenAI
 
-from flexmarl.config import load_config
+from flexmarl.config.load import load_config
 from flexmarl.models import load_tokenizer
-from flexmarl.rundir import RunDir, read_metrics
-from flexmarl.run import train
-from flexmarl.store import ExperienceStore
+from flexmarl.observe.rundir import RunDir, read_metrics
+from flexmarl.launch.run import train
+from flexmarl.orchestrator.store import ExperienceStore
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_e2e import duo  # noqa: E402
@@ -142,7 +142,7 @@ async def test_the_run_fails_when_its_app_exits(tiny_model_dir, tmp_path):
 def test_the_example_app_trains_from_the_documented_command(tiny_model_dir, tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "flexmarl.cli", "run", "--team", "agents/openai_duo.py",
+        [sys.executable, "-m", "flexmarl.launch.cli", "run", "--team", "agents/openai_duo.py",
          "--set", "gateway.enabled=true",
          "--set", f"gateway.app={sys.executable} agents/openai_duo_app.py",
          "--set", f"run.dir={run_dir}", "--set", "run.steps=2",

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from flexmarl.config import load_config
-from flexmarl.rundir import RunDir
-from flexmarl.run import train
+from flexmarl.config.load import load_config
+from flexmarl.observe.rundir import RunDir
+from flexmarl.launch.run import train
 from runtime.config import TransportConfig
 from runtime.keys import write_keys
 from runtime.node import NodeAgent, NodeOptions
@@ -53,7 +53,7 @@ def _node(tmp_path: Path, name: str, role: str, port: int, key: str, *extra: str
           ) -> tuple[subprocess.Popen, Path]:
     log = tmp_path / f"{name}.log"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flexmarl.nodes", "--connect", f"tcp://127.0.0.1:{port}",
+        [sys.executable, "-m", "flexmarl.launch.nodes", "--connect", f"tcp://127.0.0.1:{port}",
          "--role", role, "--name", name, "--key-file", key, "--advertise", "127.0.0.1",
          "--log-level", "INFO", *extra],
         cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT)
@@ -207,7 +207,7 @@ async def test_a_run_on_three_nodes_and_one_that_joins_mid_run(tiny_model_dir, t
         f"run.dir={tmp_path / 'run'}", "run.steps=6", "rollout.backend=torch",
         "rollout.instances_per_agent=1", "pipeline.mode=sync", "pipeline.tasks_per_step=6",
         "pipeline.trajectories_per_task=2", "pipeline.micro_batch_groups=2", "trainer.lr=1e-3",
-        "train.slot_ranks=2", "observe.tensorboard=false", "observe.report=false",
+        "trainer_pool.slot_ranks=2", "observe.tensorboard=false", "observe.report=false",
         f"cluster.listen=tcp://127.0.0.1:{port}", "cluster.rollout_nodes=1",
         "cluster.trainer_nodes=2", "cluster.join_timeout_s=120",
         f"transport.curve_secret_key_file={keys['good']}"])
@@ -264,7 +264,7 @@ def test_the_documented_commands_survive_a_node_killed_mid_run(tiny_model_dir, t
     rollout node, and the run completes every step."""
     import psutil
 
-    from flexmarl.rundir import read_metrics
+    from flexmarl.observe.rundir import read_metrics
 
     port = _free_port()
     team = tmp_path / "team.py"
@@ -278,7 +278,7 @@ def test_the_documented_commands_survive_a_node_killed_mid_run(tiny_model_dir, t
         "observe.tensorboard=false", "observe.report=false"]
         ).to_toml())
     run = subprocess.Popen(
-        [sys.executable, "-m", "flexmarl.cli", "run", str(config), "--team", str(team),
+        [sys.executable, "-m", "flexmarl.launch.cli", "run", str(config), "--team", str(team),
          "--listen", f"tcp://127.0.0.1:{port}", "--set", "cluster.rollout_nodes=2", "--set",
          "cluster.trainer_nodes=1", "--set", f"transport.curve_secret_key_file={keys['good']}"],
         cwd=ROOT, stdout=run_log.open("w"), stderr=subprocess.STDOUT)

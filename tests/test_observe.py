@@ -16,9 +16,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from flexmarl.activity import ActivityLog
-from flexmarl.config import ConfigError, load_config
-from flexmarl.rundir import RunDir
-from flexmarl.run import train
+from flexmarl.config.checks import ConfigError
+from flexmarl.config.load import load_config
+from flexmarl.observe.rundir import RunDir
+from flexmarl.launch.run import train
 from flexmarl.sim import clock
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP layer (flexmarl.openai_api) against an in-memory fake backend.
+"""The OpenAI-compatible HTTP layer (flexmarl.gateway.api) against an in-memory fake backend.
 
 The official `openai` client proves the wire format (requests it builds reach the backend as
 meant, responses it gets parse, errors map to its exception classes); raw aiohttp proves each
@@ -13,7 +13,7 @@ import aiohttp
 import openai
 import pytest
 
-from flexmarl.openai_api import ApiError, GatewayServer
+from flexmarl.gateway.api import ApiError, GatewayServer
 from flexmarl.team import Completion
 
 pytestmark = pytest.mark.timeout(30)

@@ -17,14 +17,15 @@ import pytest
 from safetensors.torch import load_file
 
 from flexmarl import AgentSpec, SamplingParams, Team
-from flexmarl.config import load_config
-from flexmarl.batch import StalenessError, TrainSession
-from flexmarl.orchestrator import AgentRuntime, BusyClock, StepGate
-from flexmarl.pipeline import PIPELINES, make_pipeline
+from flexmarl.config.load import load_config
+from flexmarl.orchestrator.batch import TrainSession
+from flexmarl.orchestrator.policy import StalenessError
+from flexmarl.orchestrator.agents import AgentRuntime, BusyClock, StepGate
+from flexmarl.orchestrator.policy import PIPELINES, make_pipeline
 from flexmarl.protocol import TrainBeginBatch, TrainMicroBatch, TrainStats, TrainStep, TrainStepDone
-from flexmarl.rundir import RunDir
-from flexmarl.run import train
-from flexmarl.store import Group, Turn
+from flexmarl.observe.rundir import RunDir
+from flexmarl.launch.run import train
+from flexmarl.orchestrator.store import Group, Turn
 from flexmarl.tasks import addition_tasks
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -86,7 +87,7 @@ async def test_step_gate_wakes_waiters_in_order():
 
 def test_busy_clock_counts_overlapping_requests_once(monkeypatch):
     now = [0.0]
-    monkeypatch.setattr("flexmarl.orchestrator.now", lambda: now[0])
+    monkeypatch.setattr("flexmarl.orchestrator.agents.now", lambda: now[0])
     clock = BusyClock()
     clock.enter()            # t=0  one request
     now[0] = 1.0

@@ -1,4 +1,4 @@
-"""The run report (flexmarl.report, `flexmarl report`) and the metric loggers (flexmarl.loggers).
+"""The run report (flexmarl.observe.report, `flexmarl report`) and the metric loggers (flexmarl.observe.loggers).
 
 tests/data/metrics_small.jsonl is four records of the cluster simulator, written once with
 
@@ -21,10 +21,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from flexmarl.config import ConfigError
-from flexmarl.loggers import MetricLoggers, scalars
-from flexmarl.report import PLOTS, REPORT_FILE, ReportError, write_report
-from flexmarl.rundir import METRICS_FILE, read_metrics
+from flexmarl.config.checks import ConfigError
+from flexmarl.observe.loggers import MetricLoggers, scalars
+from flexmarl.observe.report import PLOTS, REPORT_FILE, ReportError, write_report
+from flexmarl.observe.rundir import METRICS_FILE, read_metrics
 
 FIXTURE = Path(__file__).parent / "data" / "metrics_small.jsonl"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -184,7 +184,7 @@ def test_report_errors_name_the_path(tmp_path: Path):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "from flexmarl.cli import main; main()",
+    return subprocess.run([sys.executable, "-c", "from flexmarl.launch.cli import main; main()",
                            "report", *args], capture_output=True, text=True, timeout=120)
 
 
@@ -305,7 +305,7 @@ def test_failing_logger_is_switched_off(tmp_path: Path, caplog: pytest.LogCaptur
     loggers = MetricLoggers(tmp_path, tensorboard=True)
     boom = _Boom()
     loggers.sinks.append(boom)
-    with caplog.at_level(logging.WARNING, logger="flexmarl.loggers"):
+    with caplog.at_level(logging.WARNING, logger="flexmarl.observe.loggers"):
         for r in records:
             loggers.log(r)  # does not raise
     assert boom.calls == 1 and boom.closed
@@ -320,7 +320,7 @@ def test_failing_logger_is_switched_off(tmp_path: Path, caplog: pytest.LogCaptur
 
     monkeypatch.setattr(loggers.sinks[0].writer, "add_scalar", gone)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="flexmarl.loggers"):
+    with caplog.at_level(logging.WARNING, logger="flexmarl.observe.loggers"):
         loggers.log(records[0])
         loggers.log(records[1])
     assert loggers.enabled == []

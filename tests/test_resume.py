@@ -19,10 +19,10 @@ import psutil
 import pytest
 from safetensors.torch import load_file
 
-from flexmarl.checkpoint import StateCheckpoints
-from flexmarl.config import load_config
+from flexmarl.launch.checkpoint import StateCheckpoints
+from flexmarl.config.load import load_config
 from flexmarl.protocol import TrainState
-from flexmarl.rundir import read_metrics
+from flexmarl.observe.rundir import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 5
@@ -48,7 +48,7 @@ def _setup(tmp_path: Path, model_dir: str, name: str, *extra: str) -> tuple[Path
 
 
 def _flexmarl(*args: str, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "flexmarl.cli", *args], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "flexmarl.launch.cli", *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             **kwargs)
 
@@ -156,9 +156,9 @@ async def test_states_are_pruned_only_once_their_record_is_durable(tiny_model_di
     import asyncio
     import sys as _sys
 
-    from flexmarl.checkpoint import StateCheckpoints
-    from flexmarl.rundir import RunDir
-    from flexmarl.run import train
+    from flexmarl.launch.checkpoint import StateCheckpoints
+    from flexmarl.observe.rundir import RunDir
+    from flexmarl.launch.run import train
     _sys.path.insert(0, str(ROOT / "tests"))
     from test_e2e import duo
 

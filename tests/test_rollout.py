@@ -8,10 +8,11 @@ import torch
 
 from flexmarl.models import build_model_dir, chat_prompt, load_model, load_tokenizer
 from flexmarl.protocol import (Generate, GenerateReply, LoadReport, SamplingParams, SubscribeLoad)
-from flexmarl.rollout.engine import EngineConfig, make_engine
+from flexmarl.rollout.backends import make_engine
+from flexmarl.rollout.engine import EngineConfig
 from flexmarl.rollout.torch_engine import TorchEngine
 from flexmarl.rollout.worker import RolloutWorker
-from flexmarl.weight_sync import push_weights
+from flexmarl.rollout.weight_sync import push_weights
 from runtime.errors import RemoteError
 from runtime.transport import connect
 

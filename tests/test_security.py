@@ -13,8 +13,8 @@ import pytest
 import zmq
 import zmq.auth
 
-from flexmarl.cli import main as cli_main
-from flexmarl.server import StatusServer
+from flexmarl.launch.cli import main as cli_main
+from flexmarl.observe.server import StatusServer
 from runtime.actor import Actor
 from runtime.errors import RequestTimeout
 from runtime.config import SupervisorConfig, TransportConfig

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from flexmarl.balancer import BalancerConfig
+from flexmarl.rollout.balancer import BalancerConfig
 from flexmarl.clock import now
-from flexmarl.pipeline import make_pipeline
+from flexmarl.orchestrator.policy import make_pipeline
 from flexmarl.protocol import SamplingParams
 from flexmarl.sim import clock
 from flexmarl.sim.cluster import SYSTEMS, compare, simulate

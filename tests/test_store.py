@@ -8,8 +8,8 @@ from collections import Counter
 import pytest
 import torch
 
-from flexmarl.algorithms import grpo_advantages
-from flexmarl.store import ExperienceStore, StoreClosed, Turn, UnknownSample
+from flexmarl.training.grpo import grpo_advantages
+from flexmarl.orchestrator.store import ExperienceStore, StoreClosed, Turn, UnknownSample
 
 
 def make_turn(input_id: str, turn: int = 0, traj: str = "0", *, agent: str = "a",

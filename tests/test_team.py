@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from flexmarl import AgentSpec, Team, load_team
-from flexmarl.orchestrator import task_stream
-from flexmarl.run import resolve_model
+from flexmarl.orchestrator.orchestrator import task_stream
+from flexmarl.launch.model_dirs import resolve_model
 from flexmarl.tasks import addition_tasks
 
 
@@ -57,8 +57,8 @@ def test_task_stream_is_a_seeded_epoch_cursor():
 
 
 async def test_orchestrator_is_an_actor_that_owns_the_cursor():
-    from flexmarl.orchestrator import Orchestrator
-    from flexmarl.store import ExperienceStore
+    from flexmarl.orchestrator.orchestrator import Orchestrator
+    from flexmarl.orchestrator.store import ExperienceStore
     from runtime.protocol import Ping, Pong
     from runtime.transport import connect
 

@@ -23,11 +23,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
-from flexmarl.algorithms import token_logprobs
+from flexmarl.training.grpo import token_logprobs
 from flexmarl.protocol import (ExportWeights, Offload, Onload, SwapDone, TrainBeginBatch,
                                TrainMicroBatch, TrainStats, TrainStep, TrainStepDone,
                                WeightUpdate)
-from flexmarl.trainer import GRPOTrainer, TrainerConfig
+from flexmarl.training.trainer import GRPOTrainer, TrainerConfig
 from runtime.config import SupervisorConfig
 from runtime.errors import RemoteError
 from runtime.supervisor import Supervisor, WorkerSpec, pid_alive
@@ -322,7 +322,7 @@ async def test_trainer_worker_group_over_the_runtime(model_dir, batches, tmp_pat
     sup = Supervisor(config=FAST)
     async with sup.serving():
         handles = [await sup.start_worker(WorkerSpec(
-            name=f"trainer{r}", entry="flexmarl.trainer_worker:trainer_worker",
+            name=f"trainer{r}", entry="flexmarl.training.worker:trainer_worker",
             args={**args, "rank": r})) for r in range(2)]
         async with connect(handles[0].address) as lead, connect(handles[1].address) as follower:
             with pytest.raises(RemoteError, match="rank 0"):

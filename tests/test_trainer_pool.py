@@ -18,14 +18,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
 
-from flexmarl.batch import micro_batch
-from flexmarl.config import load_config
+from flexmarl.orchestrator.batch import micro_batch
+from flexmarl.config.load import load_config
 from flexmarl.protocol import (ExportWeights, SwapIn, SwapOut, TrainBeginBatch, TrainStep,
                                TrainState)
-from flexmarl.rundir import RunDir
-from flexmarl.run import train
-from flexmarl.trainer import TrainerConfig
-from flexmarl.trainer_pool import SlotAllocator
+from flexmarl.observe.rundir import RunDir
+from flexmarl.launch.run import train
+from flexmarl.training.trainer import TrainerConfig
+from flexmarl.training.slots import SlotAllocator
 from runtime.errors import RemoteError
 from runtime.supervisor import Supervisor, WorkerSpec
 from runtime.transport import connect
@@ -140,7 +140,7 @@ async def test_swap_out_and_in_to_another_slot_is_exact(tiny_model_dir, tmp_path
     sup = Supervisor()
     async with sup.serving():
         handles = await asyncio.gather(*(sup.start_worker(WorkerSpec(
-            name=f"slot{i}", entry="flexmarl.trainer_worker:trainer_worker",
+            name=f"slot{i}", entry="flexmarl.training.worker:trainer_worker",
             args={"rank": 0, "world_size": 1, "init_method": f"file://{tmp_path}/s{i}"}))
             for i in range(2)))
         async with connect(handles[0].address) as a, connect(handles[1].address) as b:
@@ -179,7 +179,7 @@ async def test_one_shared_slot_trains_like_one_slot_per_agent(tiny_model_dir, tm
             f"run.dir={tmp_path / f'slots{slots}'}", "run.steps=3", "rollout.backend=torch",
             "pipeline.mode=sync", "pipeline.tasks_per_step=3", "pipeline.trajectories_per_task=2",
             "pipeline.max_concurrent_tasks=1", "pipeline.micro_batch_groups=2",
-            "trainer.lr=1e-3", f"train.slots={slots}"])
+            "trainer.lr=1e-3", f"trainer_pool.slots={slots}"])
         results[slots] = await asyncio.wait_for(
             train(duo(tiny_model_dir), cfg, run_dir=RunDir.create(cfg), progress=False), 300)
     static, shared = results[0], results[1]
@@ -201,10 +201,10 @@ async def test_state_moves_between_slots_of_different_rank_counts(tiny_model_dir
     cfg = dataclasses.asdict(TrainerConfig(lr=1e-3))
     sup = Supervisor()
     async with sup.serving():
-        specs = [WorkerSpec(name=f"two{r}", entry="flexmarl.trainer_worker:trainer_worker",
+        specs = [WorkerSpec(name=f"two{r}", entry="flexmarl.training.worker:trainer_worker",
                             args={"rank": r, "world_size": 2,
                                   "init_method": f"file://{tmp_path}/two"}) for r in range(2)]
-        specs.append(WorkerSpec(name="one", entry="flexmarl.trainer_worker:trainer_worker",
+        specs.append(WorkerSpec(name="one", entry="flexmarl.training.worker:trainer_worker",
                                 args={"rank": 0, "world_size": 1,
                                       "init_method": f"file://{tmp_path}/one"}))
         handles = await asyncio.gather(*(sup.start_worker(s) for s in specs))
@@ -227,7 +227,7 @@ async def test_state_moves_between_slots_of_different_rank_counts(tiny_model_dir
 async def test_heterogeneous_agents_share_a_larger_slot(tiny_model_dir, tmp_path,
                                                         no_leftover_children):
     """The solver needs 2 ranks (AgentSpec.train_ranks), the checker 1. Statically they get a
-    2-rank and a 1-rank slot; in a shared pool of one 2-rank slot (train.slot_ranks="2") they
+    2-rank and a 1-rank slot; in a shared pool of one 2-rank slot (trainer_pool.slot_ranks="2") they
     take turns in it, the checker then sharded over 2 ranks. Same weights within lr / 100 (the
     checker's gradients are summed over another number of ranks, and AdamW magnifies last-bit
     differences of tiny gradient components, as in test_trainer.py; observed 3.2e-6)."""
@@ -240,7 +240,7 @@ async def test_heterogeneous_agents_share_a_larger_slot(tiny_model_dir, tmp_path
             f"run.dir={tmp_path / f'slots{slot_ranks or 0}'}", "run.steps=2",
             "rollout.backend=torch", "pipeline.mode=sync", "pipeline.tasks_per_step=3",
             "pipeline.trajectories_per_task=2", "pipeline.max_concurrent_tasks=1",
-            "pipeline.micro_batch_groups=2", "trainer.lr=1e-3", f"train.slot_ranks={slot_ranks}"])
+            "pipeline.micro_batch_groups=2", "trainer.lr=1e-3", f"trainer_pool.slot_ranks={slot_ranks}"])
         results[slot_ranks] = await asyncio.wait_for(
             train(team, cfg, run_dir=RunDir.create(cfg), progress=False), 300)
     static, shared = results[""], results["2"]
@@ -278,7 +278,7 @@ class RecordingSlot:
 
 
 async def test_pool_takes_turns_and_prefetches_the_swapped_out_agent():
-    from flexmarl.trainer_pool import AgentTrainer, TrainerPool
+    from flexmarl.training.pool import AgentTrainer, TrainerPool
     log: list = []
     pool = TrainerPool({"s0": RecordingSlot(log)}, {"s0": 1},
                        {"a": AgentTrainer("/a", {}), "b": AgentTrainer("/b", {})})
@@ -330,7 +330,7 @@ async def test_an_agent_evicted_a_moment_ago_gets_its_state_not_a_fresh_trainer(
     """Found by the cluster simulator: c's grant evicts a from s0; a asks again while its state
     is still on the way out and is granted s1. Its SwapIn must carry that state (it waited for
     it), not start a fresh trainer that forgets everything a learnt."""
-    from flexmarl.trainer_pool import AgentTrainer, TrainerPool
+    from flexmarl.training.pool import AgentTrainer, TrainerPool
     log: list = []
     pool = TrainerPool({"s0": SlowSwapOutSlot(log), "s1": SlowSwapOutSlot(log)},
                        {"s0": 1, "s1": 1},
@@ -353,7 +353,7 @@ async def test_an_agent_evicted_a_moment_ago_gets_its_state_not_a_fresh_trainer(
 
 
 async def test_a_lost_state_fails_loudly_instead_of_restarting_the_agent():
-    from flexmarl.trainer_pool import AgentTrainer, TrainerPool
+    from flexmarl.training.pool import AgentTrainer, TrainerPool
 
     class FailingSwapOut(RecordingSlot):
         async def request(self, msg, timeout_s=None):
@@ -375,7 +375,7 @@ async def test_a_hung_slot_is_killed_replaced_and_its_agent_restored_from_its_sn
     request fails with PeerDied, new processes take the slot, and the agent's next binding
     restores its last snapshot there, with the snapshot's version."""
     from flexmarl.protocol import ExportState, TrainStep
-    from flexmarl.trainer_pool import AgentTrainer, TrainerPool
+    from flexmarl.training.pool import AgentTrainer, TrainerPool
     from runtime.errors import PeerDied, RequestTimeout
 
     class Slot(RecordingSlot):

@@ -9,14 +9,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flexmarl.algorithms import grpo_advantages, token_logprobs
-from flexmarl.batch import micro_batch
+from flexmarl.training.grpo import grpo_advantages, token_logprobs
+from flexmarl.orchestrator.batch import micro_batch
 from flexmarl.models import chat_prompt, load_model, load_tokenizer
 from flexmarl.protocol import Generate, SamplingParams
 from flexmarl.rollout.engine import EngineConfig
 from flexmarl.rollout.torch_engine import TorchEngine
-from flexmarl.trainer import GRPOTrainer, TrainerConfig
-from flexmarl.weight_sync import push_weights
+from flexmarl.training.trainer import GRPOTrainer, TrainerConfig
+from flexmarl.rollout.weight_sync import push_weights
 from runtime.supervisor import pid_alive
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]

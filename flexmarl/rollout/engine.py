@@ -62,9 +62,3 @@ class RolloutEngine(Protocol):
     async def close(self) -> None: ...
 
 
-def make_engine(config: EngineConfig) -> RolloutEngine:
-    if config.backend == "vllm":
-        from flexmarl.rollout.vllm_engine import VllmEngine  # heavy import, only when asked
-        return VllmEngine(config)
-    from flexmarl.rollout.torch_engine import TorchEngine
-    return TorchEngine(config)

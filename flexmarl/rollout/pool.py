@@ -27,9 +27,9 @@ import torch
 
 from flexmarl.clock import now
 from flexmarl.activity import ActivityLog
-from flexmarl.balancer import Balancer, BalancerConfig, Move, percentile
+from flexmarl.rollout.balancer import Balancer, BalancerConfig, Move, percentile
 from flexmarl.protocol import Generate, GenerateReply, LoadReport, SubscribeLoad, WeightUpdate
-from flexmarl.weight_sync import SyncReport, push_weights, weights_nbytes
+from flexmarl.rollout.weight_sync import SyncReport, push_weights, weights_nbytes
 from runtime.errors import PeerDied, RequestTimeout, TransportClosed
 from runtime.transport import Connection
 

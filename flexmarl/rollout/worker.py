@@ -17,8 +17,9 @@ from typing import Any
 from flexmarl.clock import now
 from flexmarl.protocol import (Generate, GenerateReply, LoadReport, SubscribeLoad, WeightUpdate,
                                WeightUpdateDone)
-from flexmarl.rollout.engine import EngineConfig, RolloutEngine, make_engine
-from flexmarl.weight_sync import weights_nbytes
+from flexmarl.rollout.backends import make_engine
+from flexmarl.rollout.engine import EngineConfig, RolloutEngine
+from flexmarl.rollout.weight_sync import weights_nbytes
 from runtime.actor import Actor, handler
 from runtime.codec import Envelope
 from runtime.config import TransportConfig

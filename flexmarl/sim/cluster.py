@@ -32,18 +32,20 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from flexmarl.balancer import BalancerConfig
+from flexmarl.rollout.balancer import BalancerConfig
 from flexmarl.clock import now
-from flexmarl.orchestrator import AgentRuntime, Orchestrator
-from flexmarl.pipeline import PipelinePolicy, PipelineRun, make_pipeline
+from flexmarl.orchestrator.agents import AgentRuntime
+from flexmarl.orchestrator.orchestrator import Orchestrator
+from flexmarl.orchestrator.loop import PipelineRun
+from flexmarl.orchestrator.policy import PipelinePolicy, make_pipeline
 from flexmarl.rollout.pool import InstancePool
 from flexmarl.rollout.worker import RolloutWorker
 from flexmarl.sim import clock
 from flexmarl.sim.costs import Costs, Model, load_costs
 from flexmarl.sim.engines import DeviceGroup, SimRolloutEngine, SimTokenizer, SimTrainer
 from flexmarl.sim.presets import Preset, get_preset
-from flexmarl.store import ExperienceStore
-from flexmarl.trainer_pool import AgentTrainer, TrainerPool
+from flexmarl.orchestrator.store import ExperienceStore
+from flexmarl.training.pool import AgentTrainer, TrainerPool
 from runtime.transport import connect
 
 FOREVER_S = 1e9  # request timeouts: simulated waits can be long; a hang raises SimulationStalled

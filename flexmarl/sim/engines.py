@@ -6,7 +6,7 @@
                       every `segment_tokens`) instead of token by token
     SimTrainer        an actor that answers the trainer-slot protocol (SwapIn/SwapOut,
                       TrainBeginBatch, TrainMicroBatch, TrainStep, ExportWeights) as
-                      flexmarl.trainer_worker does, waiting the modelled compute time
+                      flexmarl.training.worker does, waiting the modelled compute time
     DeviceGroup       the devices under them: active device-seconds (utilisation), and for
                       colocated systems one resident mode at a time (an agent's rollout
                       weights or its training state), each change paid in host transfers
@@ -246,7 +246,7 @@ class SimRolloutEngine:
 
 
 class SimTrainer(Actor):
-    """A simulated trainer slot of `devices` devices (the protocol of flexmarl.trainer_worker)."""
+    """A simulated trainer slot of `devices` devices (the protocol of flexmarl.training.worker)."""
 
     def __init__(self, name: str, costs: Costs, models: dict[str, Model], group: DeviceGroup,
                  devices: int, address: str) -> None:

@@ -1,0 +1,44 @@
+"""What every config section's validation shares: ConfigError, `require`, CPU core lists.
+
+Kept free of other imports so any component's config (beside the component) can use it.
+"""
+from __future__ import annotations
+
+import os
+
+
+class ConfigError(ValueError):
+    """A config problem the user can fix; the message names `section.key` and the fix."""
+
+
+def require(ok: bool, name: str, value: object, rule: str) -> None:
+    if not ok:
+        raise ConfigError(f"{name} {rule}, got {value!r}")
+
+
+
+def parse_cpus(spec: str, name: str = "cpus") -> tuple[int, ...]:
+    """ "0", "0,2", "0-3" or "0-1,4" as sorted core ids; "" is () (no pinning). "auto" is
+    resolved by `role_cpus`, here it is ()."""
+    if not spec.strip() or spec.strip() == "auto":
+        return ()
+    ids: set[int] = set()
+    try:
+        for part in spec.split(","):
+            lo, _, hi = part.strip().partition("-")
+            first, last = int(lo), int(hi or lo)
+            if first < 0 or last < first:
+                raise ValueError
+            ids.update(range(first, last + 1))
+    except ValueError:
+        raise ConfigError(f"{name} must list CPU cores like \"0\", \"0,2\" or \"0-3\", got "
+                          f"{spec!r}") from None
+    available = available_cpus()
+    if available is not None and not ids <= set(available):
+        raise ConfigError(f"{name} = {spec!r} names cores {sorted(ids - set(available))} that "
+                          f"this process cannot use (available: {available})")
+    return tuple(sorted(ids))
+
+
+def available_cpus() -> list[int] | None:
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None

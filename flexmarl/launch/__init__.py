@@ -1,0 +1,9 @@
+"""Starting runs: wiring the parts together, placing workers, the command lines, checkpoints.
+
+    run.py         train(team, config): builds every component and hands each its collaborators
+    model_dirs.py  which model directory each agent's workers load; weights saved as one
+    placement.py   worker specs and CPU cores of rollout instances and trainer ranks
+    cli.py         `flexmarl run | report | keygen`
+    nodes.py       `flexmarl-node`: a machine that hosts workers of a run elsewhere
+    checkpoint.py  each agent's training state per step on disk (`flexmarl run --resume`)
+"""

@@ -1,0 +1,220 @@
+"""`flexmarl` command line: `flexmarl run [CONFIG] [--team PATH] [--set section.key=value ...]`,
+`flexmarl run --resume RUN_DIR [--set ...]`, `flexmarl run ... --listen tcp://ADDR:PORT`,
+`flexmarl report RUN_DIR [--out DIR]`, `flexmarl keygen [--dir DIR] [--name NAME]`.
+
+A thin entry point: resolve the config, load the team, make the run directory, then hand over to
+`flexmarl.launch.run.train` on uvloop. Exit codes: 0 done, 2 config (or team, or report input) error,
+130 interrupted.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Any, NoReturn, Sequence
+
+from flexmarl.config.checks import ConfigError
+from flexmarl.config.load import load_config
+
+log = logging.getLogger("flexmarl")
+
+EXIT_OK, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 2, 130
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """Parse `argv` (default sys.argv[1:]), run the command, exit with its status."""
+    args = _parser().parse_args(argv)
+    raise SystemExit(args.command(args))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flexmarl", description=(
+        "Train a team of LLM agents with RL, one policy model per agent."))
+    commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
+    run = commands.add_parser("run", help="train a team", description=(
+        "Train a team. The config is the built-in default, merged with CONFIG if given, then "
+        "with each --set in order, then --team."))
+    run.add_argument("config", nargs="?", metavar="CONFIG", help="a TOML config file")
+    run.add_argument("--team", metavar="PATH", help="team file (sets team.path)")
+    run.add_argument("--set", dest="overrides", action="append", default=[],
+                     metavar="SECTION.KEY=VALUE",
+                     help="override one setting; VALUE is a TOML literal or a bare string, "
+                          "e.g. --set pipeline.tasks_per_step=16 --set trainer.betas=[0.9,0.95]")
+    run.add_argument("--dry-run", action="store_true",
+                     help="print the resolved config as TOML and exit")
+    run.add_argument("--listen", metavar="tcp://ADDR:PORT",
+                     help="run the workers on `flexmarl-node`s that join here (sets "
+                          "cluster.listen; see docs/multinode.md)")
+    run.add_argument("--resume", metavar="RUN_DIR",
+                     help="go on with a run that stopped or was killed, from its config and its "
+                          "last recorded step (--set run.steps=N trains it further)")
+    run.set_defaults(command=_run)
+    report = commands.add_parser("report", help="write the HTML report of a run", description=(
+        "Write report.html and its PNG plots for a run directory (from its metrics.jsonl; a "
+        "run still going is reported as far as it got) and print the report's path."))
+    report.add_argument("run_dir", metavar="RUN_DIR", help="the run directory")
+    report.add_argument("--out", metavar="DIR", help="where to write (default RUN_DIR/report)")
+    report.set_defaults(command=_report)
+    keygen = commands.add_parser("keygen", help="make a CURVE key pair for encrypted tcp://",
+                                 description=(
+        "Write NAME.key (public) and NAME.key_secret (mode 0600) into DIR for "
+        "transport.curve_secret_key_file, and print the public key. Never overwrites a secret."))
+    keygen.add_argument("--dir", default="~/.flexmarl/keys", help="where (default %(default)s)")
+    keygen.add_argument("--name", default="node", help="file name stem (default %(default)s)")
+    keygen.set_defaults(command=_keygen)
+    return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        config = _run_config(args)
+    except ConfigError as e:
+        return _config_error(e)
+    _configure_logging(config.run.log_level)
+    if args.dry_run:
+        sys.stdout.write(config.to_toml())
+        return EXIT_OK
+
+    import uvloop  # entry point only: nothing else installs an event loop policy
+
+    from flexmarl.launch.checkpoint import CheckpointError
+    from flexmarl.orchestrator.orchestrator import WorkflowError
+    from flexmarl.observe.rundir import RunDir
+    from flexmarl.launch.model_dirs import check_model
+    from flexmarl.launch.run import train
+    from flexmarl.team import load_team
+
+    try:
+        team = load_team(config.team.path)
+    except ConfigError as e:
+        return _config_error(e)
+    except Exception as e:  # anything the team file raises: no team, NameError, SyntaxError...
+        log.debug("loading team %s failed", config.team.path, exc_info=True)
+        print(f"flexmarl: team error ({config.team.path}): {type(e).__name__}: {e} "
+              "(--set run.log_level=DEBUG shows the traceback)", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        for spec in team.agents:  # a missing model directory: say so before making a run dir
+            check_model(spec)
+        run_dir = RunDir.create(config, resume=bool(args.resume))
+    except ConfigError as e:
+        return _config_error(e)
+    print(f"flexmarl: team {team.name!r} ({', '.join(a.name for a in team.agents)}); "
+          f"run dir {run_dir.path}{' (resuming)' if args.resume else ''}", flush=True)
+
+    def announce(url: str) -> None:
+        print(f"flexmarl: dashboard at {url} (live while the run goes; /metrics for Prometheus)",
+              flush=True)
+
+    def announce_gateway(url: str) -> None:
+        print(f"flexmarl: gateway at {url}v1 (OpenAI-compatible: set OPENAI_BASE_URL to it)",
+              flush=True)
+
+    try:
+        with run_dir:
+            result = uvloop.run(train(team, config, run_dir=run_dir, on_dashboard=announce,
+                                      resume=bool(args.resume), on_gateway=announce_gateway))
+    except KeyboardInterrupt:
+        print(f"\nflexmarl: interrupted; what was written so far is in {run_dir.path}",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except ConfigError as e:  # found once the run starts, e.g. an agent's missing model directory
+        return _config_error(e)
+    except CheckpointError as e:  # --resume of a run whose saved states are missing or broken
+        print(f"flexmarl: resume error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    except WorkflowError as broken:  # PipelineRun raises it bare: one line, not a traceback
+        print(f"flexmarl: workflow error: {broken} (what was written so far is in "
+              f"{run_dir.path})", file=sys.stderr)
+        return 1  # the run failed, as an uncaught error would exit
+    print(_summary(result.metrics, result.run_dir))
+    if result.report is not None:
+        print(f"flexmarl: report {result.report}")
+    return EXIT_OK
+
+
+def _run_config(args: argparse.Namespace) -> Any:
+    """The run's config: CONFIG, or with --resume the run directory's own config.toml (then
+    --set may change it, e.g. run.steps; other changes void the same-weights guarantee)."""
+    overrides = [*args.overrides, *([f"cluster.listen={args.listen}"] if args.listen else [])]
+    if not args.resume:
+        return load_config(args.config, overrides, team=args.team)
+    from pathlib import Path
+
+    from flexmarl.observe.rundir import CONFIG_FILE
+
+    if args.config:
+        raise ConfigError(f"give either CONFIG ({args.config}) or --resume RUN_DIR: a resumed "
+                          "run uses the config in its run directory")
+    path = Path(args.resume)
+    if not (path / CONFIG_FILE).is_file():
+        raise ConfigError(f"--resume {args.resume}: no {CONFIG_FILE} there; it must be the run "
+                          "directory of an earlier `flexmarl run`")
+    return load_config(str(path / CONFIG_FILE), [*overrides, f"run.dir={path}"],
+                       team=args.team)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from flexmarl.observe.report import ReportError, write_report
+
+    try:
+        path = write_report(args.run_dir, out_dir=Path(args.out) if args.out else None)
+    except (ReportError, OSError) as e:
+        print(f"flexmarl: report error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(path)
+    return EXIT_OK
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    from runtime.keys import write_keys
+
+    try:
+        public_path, secret_path, public = write_keys(args.dir, args.name)
+    except (OSError, ValueError) as e:
+        print(f"flexmarl: keygen error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(f"public key {public}\nwritten to {public_path} (share it) and {secret_path} (keep it "
+          "private; give its path as transport.curve_secret_key_file)")
+    return EXIT_OK
+
+
+def _config_error(e: ConfigError) -> int:
+    print(f"flexmarl: config error: {e}", file=sys.stderr)
+    return EXIT_CONFIG
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Worker processes read their level from here at bootstrap (runtime.worker).
+    os.environ["FLEXMARL_LOG"] = level
+    # Worker processes inherit these: vLLM's own logger and Hugging Face's per-load progress
+    # bars follow the run's log level instead of flooding the terminal. vLLM warns at every
+    # engine start and weight reload about things that do not apply on CPU (Triton, tcmalloc,
+    # rotary embeddings having no weights): its warnings show from INFO on, errors always.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", level if level in ("DEBUG", "INFO") else
+                          "ERROR" if level == "WARNING" else level)
+    if level != "DEBUG":
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+def _summary(metrics: list[dict[str, Any]], run_dir: Any) -> str:
+    """'done: N metric records in DIR' and the last record's numbers, one level flattened."""
+    lines = [f"flexmarl: done: {len(metrics)} metric records in {run_dir}"]
+    last = metrics[-1] if metrics else {}
+    numbers = {}
+    for key, value in last.items():
+        items = value.items() if isinstance(value, dict) else [(None, value)]
+        for sub, v in items:
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and key != "time":
+                numbers[key if sub is None else f"{key}.{sub}"] = v
+    if numbers:
+        lines.append("last: " + "  ".join(f"{k}={v:.4g}" for k, v in numbers.items()))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

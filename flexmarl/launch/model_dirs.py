@@ -1,0 +1,63 @@
+"""Which model directory each agent's workers load, and an agent's weights saved as one.
+
+    AgentSpec.model: a built-in size ─► built once and cached (flexmarl.models.ensure_model)
+                     a path ─► checked: a Hugging Face model directory (config.json)
+    save_model_dir: the trainer's current weights + the base model's config and tokenizer files
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from flexmarl.config.checks import ConfigError
+from flexmarl.models import SIZES, ensure_model
+from flexmarl.orchestrator.orchestrator import Orchestrator
+from flexmarl.team import AgentSpec
+
+MODEL_SEED = 0  # built-in models are built with one seed so every run shares the cache
+_MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json",
+                "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+
+
+def resolve_model(spec: AgentSpec) -> str:
+    """The model directory of an agent: a built-in size (built and cached) or a given path."""
+    if spec.model in SIZES:
+        kwargs = {} if spec.warm_start_steps is None else {"warm_start_steps": spec.warm_start_steps}
+        return str(ensure_model(spec.model, seed=MODEL_SEED, **kwargs))
+    return check_model(spec)
+
+
+def check_model(spec: AgentSpec) -> str:
+    """A given model path, checked (ConfigError naming the agent); built-in sizes pass as they
+    are (they are built on demand). Cheap: `flexmarl run` checks every agent before it creates
+    the run directory."""
+    if spec.model in SIZES:
+        return spec.model
+    path = Path(spec.model).expanduser()
+    # A configuration problem (ConfigError, a ValueError): `flexmarl run` says it in one line.
+    if not path.is_dir():
+        raise ConfigError(f"agent {spec.name}: model {spec.model!r} is neither a built-in size "
+                          f"({', '.join(SIZES)}) nor a model directory: {str(path.absolute())!r} "
+                          "does not exist")
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"agent {spec.name}: model directory {str(path.absolute())!r} has no "
+                          f"config.json (neither a built-in size ({', '.join(SIZES)}) nor a "
+                          "Hugging Face model directory)")
+    return str(path)
+
+
+async def save_model_dir(orch: Orchestrator, agent: str, directory: Path) -> Path:
+    """Save the agent's current weights as a loadable model directory."""
+    from safetensors.torch import save_file
+
+    rt = orch.agents[agent]
+    weights, _ = await orch.export(agent)
+    target = directory / f"version-{weights.version}"
+    target.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in weights.tensors.items()},
+              str(target / "model.safetensors"))
+    for name in _MODEL_FILES:
+        src = Path(rt.model_dir) / name
+        if src.is_file():
+            shutil.copy2(src, target / name)
+    return target

@@ -1,0 +1,221 @@
+"""Where the run's workers run and how they start: processes, cores, trainer slot sizes.
+
+    launcher(config): a Supervisor (local processes) or a NodeRegistry (`flexmarl-node`s)
+    start_agents: every rollout instance (rollout-K) and trainer slot (trainer-K-RANK) at once,
+                  each on its role's cores ─► the AgentRuntimes, the InstancePool (with its
+                  respawn) and the TrainerPool (with its slot respawn)
+    watch_workers: a dead worker ─► its pool (instance replaced / slot replaced)
+    grow: a rollout node joining mid-run gets instances for the agents with fewest
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+
+from flexmarl.config import checks
+from flexmarl.config.load import Config
+from flexmarl.models import load_tokenizer
+from flexmarl.orchestrator.agents import AgentRuntime
+from flexmarl.rollout.pool import InstancePool
+from flexmarl.team import AgentSpec, Team
+from flexmarl.training.pool import AgentTrainer, TrainerPool
+from runtime.registry import NodeInfo, NodeRegistry
+from runtime.supervisor import Supervisor, WorkerSpec
+from runtime.transport import Connection, connect
+
+log = logging.getLogger(__name__)
+
+
+def role_cpus(config: "Config") -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The cores of rollout processes and of trainer processes; () means not pinned.
+
+    "auto" (the default of both) splits this process's cores between the roles when trainers
+    run on CPU: rollout gets the first half, training the second (one core each on a 2-core
+    machine), each process's thread pool sized to its role's cores. Without it every torch
+    process starts one thread per core and they fight over all of them: a training step of the
+    default experiment measured about 4x slower unpinned on 2 cores (bench/README.md). With
+    trainers on GPU, or a single core, "auto" pins nothing.
+    """
+    rollout = checks.parse_cpus(config.rollout.cpus, "rollout.cpus")
+    train = checks.parse_cpus(config.trainer_pool.cpus, "trainer_pool.cpus")
+    auto_r, auto_t = config.rollout.cpus.strip() == "auto", config.trainer_pool.cpus.strip() == "auto"
+    cores = checks.available_cpus() or []
+    if not (auto_r or auto_t) or config.trainer.device != "cpu" or len(cores) < 2:
+        return rollout, train
+    half = len(cores) // 2
+    if auto_r and auto_t:
+        return tuple(cores[:half]), tuple(cores[half:])
+    # One role explicit: the auto one gets the cores the other leaves (its half if unpinned).
+    if auto_r:
+        return (tuple(c for c in cores if c not in train) if train else tuple(cores[:half])), train
+    return rollout, (tuple(c for c in cores if c not in rollout) if rollout else
+                     tuple(cores[half:]))
+
+
+
+
+def launcher(config: Config) -> "Supervisor | NodeRegistry":
+    """Where workers run: local processes (a Supervisor), or `flexmarl-node`s that join at
+    cluster.listen (a NodeRegistry; see flexmarl/launch/nodes.py)."""
+    if not config.cluster.listen:
+        return Supervisor(config=config.supervisor, transport=config.transport)
+    return NodeRegistry(config.cluster.listen, transport=config.transport,
+                        node_timeout_s=config.cluster.node_timeout_s,
+                        start_timeout_s=config.rollout.ready_timeout_s)
+
+
+def grow(pool: InstancePool, config: Config, node: NodeInfo) -> None:
+    """A node joined mid-run: if it hosts rollout, start instances on it (the registry places a
+    new worker on the least busy node of its role: this one)."""
+    if not node.serves("rollout") or "trainer" in node.hello.roles:
+        return
+    for _ in range(config.cluster.instances_per_node):
+        agent = min(pool.versions, key=lambda a: len(pool.balancer.instances(a)))
+        log.warning("node %s joined: a new rollout instance for %s", node.name, agent)
+        pool.grow(agent)
+
+
+async def watch_workers(sup: Supervisor, pool: InstancePool, trainers: TrainerPool) -> None:
+    """Worker deaths: a rollout instance is replaced (its requests re-sent); a trainer slot's
+    pending requests fail at once with PeerDied and the slot is replaced, its agent restarting
+    its step from its snapshot (without snapshots the run stops with the cause)."""
+    while True:
+        event = await sup.events.get()
+        if event.name in pool.conns:
+            pool.instance_died(event.name, event.reason)
+        elif not trainers.worker_died(event.name, f"{event.reason} (returncode "
+                                                  f"{event.returncode})"):
+            log.info("worker %s ended (%s): already replaced", event.name, event.reason)
+
+
+async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, config: Config, model_dirs: dict[str, str],
+                        work: str, *, snapshots: bool = False
+                        ) -> tuple[dict[str, AgentRuntime], InstancePool, TrainerPool]:
+    """Start every rollout instance and trainer group at once (engine starts overlap).
+
+    Instances are named rollout-K, not after an agent: the balancer may move them."""
+    r = config.rollout
+    transport = config.transport
+    store = None
+    if isinstance(sup, NodeRegistry):  # trainer ranks on several nodes meet at a TCPStore
+        import torch.distributed as dist
+        store = dist.TCPStore("0.0.0.0", config.cluster.store_port, is_master=True,
+                              wait_for_workers=False)
+        sup.store = store  # kept alive (and closed) with the registry
+    # Cores of this machine: nodes pin their workers themselves (flexmarl-node --cpus).
+    rollout_cpus, train_cpus = role_cpus(config) if store is None else ((), ())
+    if rollout_cpus or train_cpus:
+        log.info("rollout processes on cores %s, trainer processes on cores %s",
+                 list(rollout_cpus) or "all", list(train_cpus) or "all")
+    # vLLM binds its OpenMP threads itself ("auto" picks cores by NUMA node): name ours.
+    rollout_env = ({"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, rollout_cpus))}
+                   if rollout_cpus else {})
+    counter = itertools.count()
+
+    def rollout_spec(agent: str) -> WorkerSpec:
+        k = next(counter)
+        return WorkerSpec(
+            name=f"rollout-{k}", entry="flexmarl.rollout.worker:rollout_worker",
+            args={"backend": r.backend, "model_dir": model_dirs[agent],
+                  "max_model_len": r.max_model_len, "kv_cache_bytes": r.kv_cache_bytes,
+                  "seed": config.run.seed + k}, ready_timeout_s=r.ready_timeout_s,
+            cpus=rollout_cpus, env=rollout_env, role="rollout")
+
+    async def respawn(dead: str, agent: str) -> tuple[str, Connection]:
+        """A replacement for a dead instance: a new process (and name) with the agent's model."""
+        handle = await sup.start_worker(rollout_spec(agent))
+        return handle.name, connect(handle.address, transport)
+
+    starts = []
+    placement: dict[str, list[str]] = {}
+    for spec in team.agents:
+        placement[spec.name] = []
+        for _ in range(spec.instances or r.instances_per_agent):
+            worker = rollout_spec(spec.name)
+            placement[spec.name].append(worker.name)
+            starts.append(sup.start_worker(worker))
+    trainable = [spec for spec in team.agents if spec.trainable]
+    needs = {spec.name: spec.train_ranks or config.trainer_pool.ranks_per_agent for spec in trainable}
+    sizes = _slot_sizes(config, needs)
+    generations = itertools.count(1)
+
+    def trainer_specs(k: int, generation: int = 0) -> list[WorkerSpec]:
+        """The processes of slot trainer-K; a replacement generation gets new names and a new
+        rendezvous file (the old group's is spent)."""
+        suffix = f"-r{generation}" if generation else ""
+        # On nodes the node fills in the host it reaches the run at (runtime.node).
+        init = (f"store://{{registry_host}}:{store.port}/trainer-{k}{suffix}" if store else
+                f"file://{work}/trainer-{k}{suffix}.store")
+        return [WorkerSpec(
+            name=f"trainer-{k}-{rank}{suffix}", entry="flexmarl.training.worker:trainer_worker",
+            args={"rank": rank, "world_size": sizes[k], "init_method": init},
+            ready_timeout_s=r.ready_timeout_s, cpus=train_cpus, role="trainer")
+            for rank in range(sizes[k])]
+
+    async def respawn_slot(slot: str, old: list[str]) -> tuple[list[str], Connection]:
+        """New processes for a dead slot; what is left of its old group is killed first (a
+        rank whose peer died is stuck in a collective)."""
+        for name in old:
+            sup.kill(name, f"its trainer group {slot} lost a rank")
+        started = await asyncio.gather(*(sup.start_worker(w) for w in
+                                         trainer_specs(int(slot.rsplit("-", 1)[1]),
+                                                       next(generations))),
+                                       return_exceptions=True)
+        failed = [h for h in started if isinstance(h, BaseException)]
+        if failed:
+            for h in started:
+                if not isinstance(h, BaseException):
+                    sup.kill(h.name, "another rank of its replacement group failed to start")
+            raise failed[0]
+        return [h.name for h in started], connect(started[0].address, transport)
+
+    # Trainer slots start empty; an agent's trainer is built in a slot when it is bound there.
+    for k in range(len(sizes)):
+        starts.extend(sup.start_worker(w) for w in trainer_specs(k))
+    handles = {h.name: h for h in await asyncio.gather(*starts)}
+    agents = {}
+    for spec in team.agents:
+        agents[spec.name] = AgentRuntime(spec, model_dirs[spec.name],
+                                         load_tokenizer(model_dirs[spec.name]), None)
+    slots = {f"trainer-{k}": connect(handles[f"trainer-{k}-0"].address, transport)
+             for k in range(len(sizes))}
+    trainers = TrainerPool(slots, {f"trainer-{k}": n for k, n in enumerate(sizes)},
+                           {spec.name: AgentTrainer(model_dirs[spec.name],
+                                                    _trainer_config(config, spec),
+                                                    needs[spec.name])
+                            for spec in trainable},
+                           static=not (config.trainer_pool.slots or config.trainer_pool.slot_ranks),
+                           snapshots=snapshots or config.trainer_pool.snapshots, respawn=respawn_slot,
+                           workers={f"trainer-{k}-{rank}": f"trainer-{k}"
+                                    for k, n in enumerate(sizes) for rank in range(n)},
+                           kill=lambda name: sup.kill(name, "its trainer slot stopped answering"))
+    conns = {name: connect(handles[name].address, transport) for names in placement.values()
+             for name in names}
+    return agents, InstancePool(conns, placement, model_dirs, config.balance, respawn=respawn,
+                                kill=lambda name: sup.kill(name, "unresponsive")), trainers
+
+
+def _slot_sizes(config: Config, needs: dict[str, int]) -> list[int]:
+    """Ranks of each trainer slot: one per agent of its size (static), `trainer_pool.slots` of
+    ranks_per_agent each, or the explicit `trainer_pool.slot_ranks` list (a shared pool)."""
+    if not needs:
+        return []
+    if config.trainer_pool.slot_ranks:
+        return [int(x) for x in config.trainer_pool.slot_ranks.split(",")]
+    if config.trainer_pool.slots:
+        return [config.trainer_pool.ranks_per_agent] * config.trainer_pool.slots
+    return list(needs.values())
+
+
+def _trainer_config(config: Config, spec: AgentSpec) -> dict:
+    """TrainerConfig fields of one agent: the `trainer` section with the agent's overrides."""
+    cfg = dataclasses.asdict(config.trainer)
+    cfg["seed"] = config.run.seed
+    cfg["temperature"] = spec.sampling.temperature or 1.0
+    if spec.lr is not None:
+        cfg["lr"] = spec.lr
+    if config.pipeline.mode == "bounded" and not cfg["is_cap"]:
+        cfg["is_cap"] = config.pipeline.is_cap  # correct for stale samples
+    return cfg

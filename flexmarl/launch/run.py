@@ -1,0 +1,249 @@
+"""`train(team, config)`: the whole system inside the caller's event loop.
+
+    resolve models ─► start processes (rollout instances per agent, a trainer group per trainable
+    agent) ─► [resume: each agent's saved state after the last recorded step into its trainer
+    and its weights to its instances] ─► PipelineRun (flexmarl.orchestrator.loop): tasks from the data
+    cursor, rollout, training and sync of every agent, overlapped as pipeline.mode allows
+    ─► per agent and step: its whole state to RUN_DIR/state (run.save_state)
+    ─► metrics.jsonl, one record per finished global step (also to the live dashboard,
+    /metrics, TensorBoard, W&B) ─► final per-agent checkpoints ─► ordered shutdown ─► the run
+    report ─► RunResult
+
+The CLI (`flexmarl run`) is a thin wrapper over this function.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from flexmarl.config.checks import ConfigError
+from flexmarl.config.load import Config
+from flexmarl.gateway.app import serve_gateway, unless_app_exits
+from flexmarl.gateway.backend import Gateway
+from flexmarl.launch.checkpoint import STATE_DIR, StateCheckpoints, resume_point
+from flexmarl.launch.model_dirs import resolve_model, save_model_dir
+from flexmarl.launch.placement import grow, launcher, start_agents, watch_workers
+from flexmarl.observe.monitor import RunMonitor
+from flexmarl.observe.rundir import Progress, RunDir
+from flexmarl.observe.server import StatusServer
+from flexmarl.orchestrator.loop import PipelineRun
+from flexmarl.orchestrator.orchestrator import Orchestrator
+from flexmarl.orchestrator.policy import make_pipeline
+from flexmarl.orchestrator.store import ExperienceStore
+from flexmarl.protocol import TrainState
+from flexmarl.team import Team
+from runtime.registry import NodeRegistry
+
+if TYPE_CHECKING:
+    from flexmarl.observe.loggers import MetricLoggers
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunResult:
+    metrics: list[dict]
+    run_dir: Path | None
+    versions: dict[str, int]
+    checkpoints: dict[str, Path] = field(default_factory=dict)
+    wall_s: float = 0.0
+    report: Path | None = None
+    """RUN_DIR/report/report.html (observe.report), if it was written."""
+    dashboard_url: str | None = None
+    first_step: int = 0
+    """The step this run started at (> 0: it resumed a run directory)."""
+
+
+async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
+                progress: bool | None = None,
+                on_dashboard: Callable[[str], None] | None = None,
+                resume: bool = False,
+                on_gateway: Callable[[str], None] | None = None) -> RunResult:
+    """Train `team` for config.run.steps global steps; returns the run's metrics.
+
+    With observe.dashboard the run serves its dashboard, /api/status and /metrics while it
+    trains; `on_dashboard(url)` is called once they are up (default: a log line). With
+    `resume`, `run_dir` is a run that stopped (or was killed) part way: training goes on from
+    the step after its last recorded one, from every agent's saved state, and, with fixed
+    seeds, ends with the same weights as an uninterrupted run."""
+    started = time.perf_counter()
+    saved, first_step = _saved_states(team, config, run_dir, resume)
+    dashboard_url = None
+    pipeline = make_pipeline(config.pipeline.mode, max_staleness=config.pipeline.max_staleness)
+    log.info("resolving models of team %s", team.name)
+    model_dirs = {}
+    for spec in team.agents:  # may build and warm-start (minutes, once): off the event loop
+        model_dirs[spec.name] = await asyncio.to_thread(resolve_model, spec)
+    work = tempfile.mkdtemp(prefix="flexmarl-run-")
+    sup = launcher(config)
+    try:
+        async with sup.serving():
+            if isinstance(sup, NodeRegistry):
+                await sup.wait_for({"rollout": config.cluster.rollout_nodes,
+                                    "trainer": config.cluster.trainer_nodes},
+                                   config.cluster.join_timeout_s, report=log.warning)
+            agents, pool, trainers = await start_agents(sup, team, config, model_dirs, work,
+                                                         snapshots=saved is not None)
+            if isinstance(sup, NodeRegistry):  # a rollout node joining now gets instances
+                sup.on_join = lambda node: grow(pool, config, node)
+                sup.started_run()
+            if first_step:
+                for name in trainers.agents:
+                    trainers.restore(name, saved.load(name, first_step - 1))
+            store = ExperienceStore([n for n, rt in agents.items() if rt.spec.trainable])
+            p = config.pipeline
+            gateway = None
+            if config.gateway.enabled:  # the app's episodes are the tasks' trajectories
+                g = config.gateway
+                gateway = Gateway(agents, trajectories_per_task=p.trajectories_per_task,
+                                  tasks_per_step=p.tasks_per_step,
+                                  episode_timeout_s=g.episode_timeout_s,
+                                  seat_timeout_s=g.seat_timeout_s)
+            orch = Orchestrator(gateway.team(team) if gateway else team, agents, store, pool, trainers,
+                                trajectories_per_task=p.trajectories_per_task,
+                                max_concurrent_tasks=p.max_concurrent_tasks,
+                                max_concurrent_calls=p.max_concurrent_calls,
+                                micro_batch_groups=p.micro_batch_groups, seed=config.run.seed,
+                                samples_per_request=p.samples_per_request)
+            metrics: list[dict] = []
+            monitor = RunMonitor(orch, mode=pipeline.name, steps=config.run.steps,
+                                 run_dir=str(run_dir.path) if run_dir else "")
+            loggers = _loggers(config, team, run_dir)
+
+            def emit(record: dict) -> None:
+                record["time"] = time.time()
+                metrics.append(record)
+                monitor.on_record(record)
+                if run_dir is not None:
+                    run_dir.metrics.write(record)
+                if saved is not None:
+                    # The record is durable before the states it replaces go: a kill between
+                    # the two must leave a resume point whose states are all still on disk.
+                    run_dir.metrics.sync()
+                    saved.prune(keep_from=record["step"])
+                if loggers is not None:
+                    loggers.log(record)
+
+            await pool.start()
+            if first_step:  # instances serve what the resumed trainers hold
+                for name in trainers.agents:
+                    weights, _ = await orch.export(name)
+                    await orch.push(name, weights)
+                    agents[name].trainer_version = weights.version
+                log.warning("resuming %s at step %d of %d", run_dir.path, first_step,
+                            config.run.steps)
+
+            async def save_state(agent: str, step: int) -> None:
+                # Fresh (never updated): an empty state, restored as a fresh trainer.
+                state = trainers.snapshots.get(agent) or TrainState(agent, 0, {}, {})
+                await asyncio.to_thread(saved.save, agent, step, state)
+            async with contextlib.AsyncExitStack() as observing:
+                if config.observe.dashboard:
+                    server = await observing.enter_async_context(StatusServer(
+                        monitor.status, monitor.metrics, host=config.observe.host,
+                        port=config.observe.port, token=config.observe.token))
+                    dashboard_url = server.url
+                    (on_dashboard or (lambda url: log.warning("dashboard at %s", url)))(server.url)
+                sampler = asyncio.create_task(monitor.sample_loop(), name="monitor.sample")
+                observing.callback(sampler.cancel)
+                watcher = asyncio.create_task(watch_workers(sup, pool, trainers),
+                                              name="run.watch_workers")
+                observing.callback(watcher.cancel)
+                app = None
+                if gateway is not None:
+                    app = await serve_gateway(observing, gateway, config.gateway, on_gateway)
+                try:
+                    async with orch.serving():
+                        with Progress(config.run.steps, enabled=progress) as bar:
+                            await unless_app_exits(PipelineRun(
+                                orch, pipeline, config.run.steps, p.tasks_per_step, emit=emit,
+                                progress=_Tee(bar, monitor), first_step=first_step,
+                                on_agent_step=save_state if saved else None).run(), app)
+                    monitor.state = "finished"
+                except BaseException:
+                    monitor.state = "failed"
+                    raise
+                finally:
+                    await pool.close()
+                    if loggers is not None:
+                        loggers.close()
+                checkpoints = {}
+                if run_dir is not None:
+                    for name, rt in agents.items():
+                        if rt.spec.trainable:
+                            checkpoints[name] = await save_model_dir(orch, name,
+                                                                  run_dir.checkpoint_dir(name))
+            store.close()
+            await trainers.close()
+            for conn in [*pool.conns.values(), *trainers.slots.values()]:
+                await conn.aclose()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    report = None
+    if run_dir is not None and config.observe.report and metrics:
+        from flexmarl.observe.report import write_report
+        try:
+            report = await asyncio.to_thread(write_report, run_dir.path)
+        except Exception as exc:  # the run itself succeeded: say why there is no report
+            log.warning("writing the run report failed: %s: %s", type(exc).__name__, exc)
+    return RunResult(metrics, run_dir.path if run_dir else None,
+                     {n: rt.version for n, rt in agents.items()}, checkpoints,
+                     time.perf_counter() - started, report, dashboard_url, first_step)
+
+
+def _saved_states(team: Team, config: Config, run_dir: RunDir | None, resume: bool
+                  ) -> tuple[StateCheckpoints | None, int]:
+    """Where each agent's state is saved per step (None: nowhere), and the step to start at."""
+    if resume and (run_dir is None or not config.run.save_state):
+        raise ConfigError("resuming needs the run directory and run.save_state = true (the "
+                          "saved training states are what a resumed run starts from)")
+    if run_dir is None or not config.run.save_state:
+        return None, 0
+    saved = StateCheckpoints(run_dir.path / STATE_DIR)
+    if not resume:
+        return saved, 0
+    first_step = resume_point(run_dir.path, [a.name for a in team.agents if a.trainable])
+    if first_step >= config.run.steps:
+        raise ConfigError(f"run {run_dir.path} has finished all {first_step} steps of "
+                          f"run.steps = {config.run.steps}; to train on, resume with "
+                          f"--set run.steps=N for some N > {first_step}")
+    saved.drop_after(first_step - 1)  # a killed run's later states: this run redoes them
+    return saved, first_step
+
+
+class _Tee:
+    """The pipeline's progress reports to the terminal bars and to the monitor."""
+
+    def __init__(self, bar: Progress, monitor: RunMonitor) -> None:
+        self.bar, self.monitor = bar, monitor
+
+    def start_step(self, step: int, total_samples: int) -> None:
+        self.monitor.start_step(step)
+        self.bar.start_step(step, total_samples)
+
+    def add_samples(self, n: int) -> None:
+        self.bar.add_samples(n)
+
+    def end_step(self, step: int, rewards: dict[str, float], seconds: float | None = None
+                 ) -> None:
+        self.bar.end_step(step, rewards, seconds)
+
+
+def _loggers(config: Config, team: Team, run_dir: RunDir | None) -> "MetricLoggers | None":
+    """TensorBoard / W&B sinks of the per-step records (they need a run directory)."""
+    obs = config.observe
+    if run_dir is None or not (obs.tensorboard or obs.wandb):
+        return None
+    from flexmarl.observe.loggers import MetricLoggers
+    return MetricLoggers(run_dir.path, tensorboard=obs.tensorboard, wandb=obs.wandb,
+                         wandb_project=obs.wandb_project, wandb_mode=obs.wandb_mode,
+                         run_name=run_dir.path.name, config=config.to_dict())
+
+

@@ -1,0 +1,254 @@
+"""What a run looks like right now: the data behind /api/status, /metrics and the dashboard.
+
+    orchestrator (agents, versions, samples, ActivityLog) ─┐
+    InstancePool (balancer, load reports, moves) ──────────┼─► RunMonitor.status() ─► JSON
+    TrainerPool (slots, swaps, busy seconds) ──────────────┤                      └► /metrics
+    PipelineRun records (on_record, one per step) ─────────┘    (prometheus_client collector)
+
+A sample_loop() takes every busy counter once a second, so utilisation is "busy fraction over
+the last `window_s`" for each agent's rollout, each rollout instance and each trainer slot.
+The status schema (tests/data/status_sample.json is an example):
+
+    run        team, mode, state (starting|running|finished|failed), steps, steps_done,
+               rollout_step, started_at (unix), elapsed_s, run_dir
+    agents     name -> trainable, version, trainer_version, instances, slot, inflight, samples,
+               reward, staleness, train_s (last finished step), rollout_util
+    instances  name -> agent, queued, running (its last load report), inflight (ours),
+               draining, util
+    slots      name -> ranks, agent (bound now), resident (state held), util
+    history    the finished steps: step, step_s, t_done, team_reward,
+               agents.name.{reward, staleness, version, train_s, sync_s}
+    timeline   now, intervals [[agent, rollout|train|sync|swap, start, end|null], ...]
+    events     [{t, kind: move|swap, text}]
+Times in history, timeline and events are seconds since the run started.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from flexmarl.clock import now
+
+if TYPE_CHECKING:
+    from flexmarl.orchestrator.orchestrator import Orchestrator
+
+
+class RunMonitor:
+    def __init__(self, orch: "Orchestrator", *, mode: str, steps: int, run_dir: str = "",
+                 window_s: float = 30.0, timeline_s: float = 120.0,
+                 history: int = 500) -> None:
+        self.orch = orch
+        self.mode = mode
+        self.steps = steps
+        self.run_dir = run_dir
+        self.window_s = window_s
+        self.timeline_s = timeline_s
+        self.state = "starting"
+        self.rollout_step = -1
+        self.history: deque[dict] = deque(maxlen=history)
+        self.last: dict[str, dict] = {}
+        """agent -> its entry in the last finished step's record."""
+        self.started_at = time.time()
+        self.t0 = now()
+        self._samples: deque[tuple[float, dict]] = deque()
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(self))
+
+    # ------------------------------------------------------------------ inputs
+
+    def start_step(self, step: int) -> None:
+        self.state = "running"
+        self.rollout_step = step
+
+    def on_record(self, record: dict) -> None:
+        """A finished step's record (what goes to metrics.jsonl)."""
+        agents = record.get("agents", {})
+        self.last = agents
+        self.history.append({
+            "step": record["step"], "step_s": record.get("step_s"),
+            "t_done": now() - self.t0, "team_reward": record.get("team_reward"),
+            "agents": {name: {k: a.get(k) for k in ("reward", "staleness", "version",
+                                                    "train_s", "sync_s")}
+                       for name, a in agents.items()}})
+
+    async def sample_loop(self, interval_s: float = 1.0) -> None:
+        while True:
+            self.sample()
+            await asyncio.sleep(interval_s)
+
+    def sample(self) -> None:
+        t = now()
+        self._samples.append((t, self._busy()))
+        while len(self._samples) > 2 and self._samples[1][0] <= t - self.window_s:
+            self._samples.popleft()
+
+    def _busy(self) -> dict[tuple[str, str], float]:
+        orch, act = self.orch, self.orch.activity
+        busy = {("agent", a): act.busy_s(a, "rollout") for a in orch.agents}
+        if orch.pool is not None:
+            busy.update({("instance", i): act.busy_s(i, "instance") for i in orch.pool.conns})
+        if orch.trainers is not None:
+            busy.update({("slot", s): b for s, b in orch.trainers.busy_s.items()})
+        return busy
+
+    def _utilisation(self) -> dict[tuple[str, str], float]:
+        t, busy = now(), self._busy()
+        if not self._samples:
+            return dict.fromkeys(busy, 0.0)
+        t_then, then = self._samples[0]
+        span = t - t_then
+        return {k: (min(1.0, max(0.0, (v - then.get(k, 0.0)) / span)) if span > 0 else 0.0)
+                for k, v in busy.items()}
+
+    # ------------------------------------------------------------------ outputs
+
+    def status(self) -> dict[str, Any]:
+        orch, t = self.orch, now()
+        util = self._utilisation()
+        pool, trainers = orch.pool, orch.trainers
+        bal = pool.balancer if pool is not None else None
+        bound = {a: s for s, a in trainers.allocator.bound.items()} if trainers else {}
+        agents = {}
+        for name, rt in orch.agents.items():
+            insts = bal.instances(name) if bal is not None else []
+            last = self.last.get(name, {})
+            agents[name] = {
+                "trainable": rt.spec.trainable, "version": rt.version,
+                "trainer_version": rt.trainer_version, "instances": insts,
+                "slot": bound.get(name), "inflight": sum(bal.inflight(i) for i in insts)
+                if bal is not None else 0, "samples": orch.samples.get(name, 0),
+                "reward": last.get("reward"), "staleness": last.get("staleness"),
+                "train_s": last.get("train_s"), "rollout_util": util.get(("agent", name), 0.0)}
+        instances = {}
+        if pool is not None:
+            for name in pool.conns:
+                report = pool.reports.get(name)
+                instances[name] = {
+                    "agent": bal.agent_of(name), "queued": report.queued if report else 0,
+                    "running": report.running if report else 0, "inflight": bal.inflight(name),
+                    "draining": bal.is_draining(name),
+                    "util": util.get(("instance", name), 0.0)}
+        slots = {}
+        if trainers is not None:
+            loaded = trainers.loaded
+            for name, ranks in trainers.allocator.slots.items():
+                slots[name] = {"ranks": ranks, "agent": trainers.allocator.bound.get(name),
+                               "resident": loaded.get(name),
+                               "util": util.get(("slot", name), 0.0)}
+        return {
+            "run": {"team": orch.team.name, "mode": self.mode, "state": self.state,
+                    "steps": self.steps, "steps_done": len(self.history) and
+                    self.history[-1]["step"] + 1, "rollout_step": self.rollout_step,
+                    "started_at": self.started_at, "elapsed_s": t - self.t0,
+                    "run_dir": self.run_dir},
+            "agents": agents, "instances": instances, "slots": slots,
+            "history": list(self.history),
+            "timeline": {"now": t - self.t0, "intervals": self._intervals(t)},
+            "events": self._events()}
+
+    def _intervals(self, t: float) -> list[list]:
+        since = t - self.timeline_s
+        out = [[who, kind, start - self.t0, None if end is None else end - self.t0]
+               for who, kind, start, end in self.orch.activity.recent(since)
+               if kind in ("rollout", "train", "sync")]
+        if self.orch.trainers is not None:
+            out += [[sw.agent, "swap", sw.at - sw.seconds - self.t0, sw.at - self.t0]
+                    for sw in self.orch.trainers.swaps[-200:] if sw.at >= since]
+        return out
+
+    def _events(self, limit: int = 100) -> list[dict]:
+        events = []
+        if self.orch.pool is not None:
+            for m in self.orch.pool.moves[-limit:]:
+                events.append({"t": m.at - self.t0, "kind": "move", "text":
+                               f"{m.instance}: {m.src} -> {m.dst} (load {m.src_load:.0f} vs "
+                               f"{m.dst_load:.0f} tokens per instance; drained "
+                               f"{m.drain_s:.2f} s, loaded {m.load_s:.2f} s)"})
+        if self.orch.trainers is not None:
+            for sw in self.orch.trainers.swaps[-limit:]:
+                where = "into" if sw.direction == "in" else "out of"
+                events.append({"t": sw.at - self.t0, "kind": "swap", "text":
+                               f"{sw.agent} {where} {sw.slot} ({sw.num_bytes / 1e6:.1f} MB, "
+                               f"{sw.seconds:.2f} s)"})
+        return sorted(events, key=lambda e: e["t"])[-limit:]
+
+    def metrics(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _Collector:
+    """Prometheus view of RunMonitor.status(), built at scrape time."""
+
+    def __init__(self, monitor: RunMonitor) -> None:
+        self.monitor = monitor
+
+    def collect(self) -> Iterator[Any]:
+        st = self.monitor.status()
+        run = st["run"]
+
+        def gauge(name: str, doc: str, labels: list[str] = ()) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"flexmarl_{name}", doc, labels=list(labels))
+
+        g = gauge("steps_done", "Global steps finished")
+        g.add_metric([], run["steps_done"])
+        yield g
+        g = gauge("steps", "Global steps this run will train")
+        g.add_metric([], run["steps"])
+        yield g
+        g = gauge("elapsed_seconds", "Seconds since the run started")
+        g.add_metric([], run["elapsed_s"])
+        yield g
+        last = st["history"][-1] if st["history"] else {}
+        for key, doc in (("team_reward", "Mean team reward of the last finished step"),
+                         ("step_s", "Duration of the last finished step, seconds")):
+            if last.get(key) is not None:
+                g = gauge("last_" + key.replace("_s", "_seconds"), doc)
+                g.add_metric([], last[key])
+                yield g
+        per_agent = {
+            "version": "Policy version the agent's rollout instances serve",
+            "trainer_version": "Policy version of the agent's trainer",
+            "inflight": "Requests of the agent in flight",
+            "reward": "Mean reward of the agent's turns in the last finished step",
+            "staleness": "Mean staleness of the agent's trained samples, last step",
+            "rollout_util": "Fraction of the last window with a request of the agent in flight"}
+        for key, doc in per_agent.items():
+            g = gauge(f"agent_{key}", doc, ["agent"])
+            for name, a in st["agents"].items():
+                if a[key] is not None:
+                    g.add_metric([name], float(a[key]))
+            yield g
+        c = CounterMetricFamily("flexmarl_agent_samples", "Samples generated", labels=["agent"])
+        for name, a in st["agents"].items():
+            c.add_metric([name], a["samples"])
+        yield c
+        for key, doc in (("queued", "Requests queued at the instance (its last load report)"),
+                         ("running", "Requests running at the instance (its last load report)"),
+                         ("inflight", "This orchestrator's requests in flight at the instance"),
+                         ("util", "Fraction of the last window the instance had a request")):
+            g = gauge(f"instance_{key}", doc, ["instance", "agent"])
+            for name, i in st["instances"].items():
+                g.add_metric([name, i["agent"]], float(i[key]))
+            yield g
+        g = gauge("slot_util", "Fraction of the last window the trainer slot was busy",
+                  ["slot"])
+        for name, s in st["slots"].items():
+            g.add_metric([name], s["util"])
+        yield g
+        g = gauge("slot_bound", "1 while the slot is bound to the agent", ["slot", "agent"])
+        for name, s in st["slots"].items():
+            if s["agent"]:
+                g.add_metric([name, s["agent"]], 1.0)
+        yield g
+        orch = self.monitor.orch
+        c = CounterMetricFamily("flexmarl_moves", "Rollout instances moved between agents")
+        c.add_metric([], len(orch.pool.moves) if orch.pool is not None else 0)
+        yield c
+        c = CounterMetricFamily("flexmarl_swaps", "Training states swapped in or out of slots")
+        c.add_metric([], len(orch.trainers.swaps) if orch.trainers is not None else 0)
+        yield c

@@ -1,0 +1,247 @@
+"""What one run leaves on disk, and what it shows in the terminal.
+
+    run dir/
+      config.toml        the resolved config: `flexmarl run run_dir/config.toml` repeats the run
+      metrics.jsonl      one JSON object per line, appended and flushed as it is written
+      checkpoints/AGENT/ one directory per agent
+
+`Progress` draws two tqdm bars (global steps; samples of the current step) with the latest reward
+per agent, or, when stderr is not a terminal, writes one plain line per step.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from flexmarl.config.checks import ConfigError
+from flexmarl.config.load import Config
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.toml"
+METRICS_FILE = "metrics.jsonl"
+CHECKPOINTS_DIR = "checkpoints"
+TIMESTAMP_FORMAT = "%Y%m%d-%H%M%S"
+
+
+class RunDir:
+    """The directory of one run; make it with `RunDir.create(config)`."""
+
+    def __init__(self, path: Path, config: Config) -> None:
+        self.path = path
+        self.config = config
+        self.metrics = MetricsWriter(path / METRICS_FILE)
+
+    @classmethod
+    def create(cls, config: Config, *, resume: bool = False) -> RunDir:
+        """Make the run directory and write the resolved config.
+
+        `run.dir` if set (it must be new or empty, unless `resume`), else a new
+        `run.out_dir/run.name-YYYYmmdd-HHMMSS` (with `-1`, `-2`, ... if that second is taken).
+        """
+        if config.run.dir:
+            path = Path(config.run.dir)
+            if path.exists() and not path.is_dir():
+                raise ConfigError(f"run.dir {str(path)!r} exists and is not a directory; "
+                                  "set run.dir to a new or empty directory")
+            if path.is_dir() and any(path.iterdir()) and not resume:
+                raise ConfigError(f"run.dir {str(path)!r} exists and is not empty; set run.dir "
+                                  "to a new or empty directory, or leave it empty for a "
+                                  "timestamped one")
+            path.mkdir(parents=True, exist_ok=True)
+        else:
+            parent = Path(config.run.out_dir)
+            parent.mkdir(parents=True, exist_ok=True)
+            stem = f"{config.run.name}-{time.strftime(TIMESTAMP_FORMAT)}"
+            path = parent / stem
+            for n in range(1, 1000):
+                try:
+                    path.mkdir()  # atomic: two runs started in one second get different dirs
+                    break
+                except FileExistsError:
+                    path = parent / f"{stem}-{n}"
+            else:
+                raise ConfigError(f"run.out_dir {str(parent)!r} already holds 1000 runs named "
+                                  f"{stem!r}; choose another run.name")
+        (path / CONFIG_FILE).write_text(config.to_toml(), encoding="utf-8")
+        return cls(path, config)
+
+    def checkpoint_dir(self, agent: str) -> Path:
+        """`path/checkpoints/agent`, created."""
+        if not agent or agent in (".", "..") or "/" in agent or os.sep in agent:
+            raise ValueError(f"agent name {agent!r} cannot name a checkpoint directory")
+        d = self.path / CHECKPOINTS_DIR / agent
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def close(self) -> None:
+        self.metrics.close()
+
+    def __enter__(self) -> RunDir:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+
+class MetricsWriter:
+    """Appends JSON lines to a file, flushing each to the OS: a crash of this process loses
+    nothing already written (a machine crash may still lose the page cache; no fsync per line)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        _drop_torn_tail(self.path)
+        self._file: IO[bytes] | None = open(self.path, "ab")
+
+    def write(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Append `record` and return it. A `time` (unix seconds) is added to `record` itself
+        if it has none, so a caller's list of records equals what `read_metrics` gives back."""
+        if self._file is None:
+            raise ValueError(f"MetricsWriter for {self.path} is closed")
+        record.setdefault("time", time.time())
+        line = orjson.dumps(record, default=_plain,
+                            option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE)
+        self._file.write(line)
+        self._file.flush()
+        return record
+
+    def sync(self) -> None:
+        """Make what was written durable (fsync): before deleting what a record supersedes."""
+        if self._file is not None:
+            os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _plain(obj: Any) -> Any:
+    """orjson fallback: one-element tensors (and arrays) become Python numbers."""
+    if hasattr(obj, "item"):
+        try:
+            return obj.item()
+        except (ValueError, RuntimeError):  # more than one element
+            pass
+    raise TypeError(f"metrics values must be JSON data or scalars, got {type(obj).__name__}")
+
+
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a line left half-written by a crash, so appended lines start on a line of their own."""
+    try:
+        with open(path, "rb+") as f:
+            data = f.read()
+            if data and not data.endswith(b"\n"):
+                keep = data.rfind(b"\n") + 1
+                log.warning("%s: dropping a torn last line (%d bytes) before appending",
+                            path, len(data) - keep)
+                f.truncate(keep)
+    except FileNotFoundError:
+        pass
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of a metrics file; a torn last line (a crash mid-write) is skipped, a
+    malformed line elsewhere raises ValueError naming it."""
+    lines = Path(path).read_bytes().split(b"\n")
+    records = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            records.append(orjson.loads(line))
+        except orjson.JSONDecodeError as e:
+            if i == len(lines) - 1:  # no newline after it: the write was cut short
+                break
+            raise ValueError(f"{path}: line {i + 1} is not JSON ({e})") from None
+    return records
+
+
+class Progress:
+    """Steps and samples of a run in the terminal: `start_step`, `add_samples`*, `end_step`.
+
+    `enabled=None` shows tqdm bars when stderr is a terminal; otherwise (or with
+    `enabled=False`) each `end_step` writes one line to `file` (default stderr). Plain lines
+    rather than logging records, so they show under the default WARNING log level.
+    """
+
+    def __init__(self, total_steps: int, enabled: bool | None = None, *,
+                 file: IO[str] | None = None) -> None:
+        self.total_steps = total_steps
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self._file = file
+        self._step_started = time.perf_counter()
+        self._samples = 0
+        self._total_samples = 0
+        self._rollout_step = -1
+        self._counts: dict[int, list[int]] = {}
+        self._stack = ExitStack()
+        if self.enabled:
+            from tqdm import tqdm
+            from tqdm.contrib.logging import logging_redirect_tqdm
+
+            # Log records go through tqdm.write while the bars are up, not through them.
+            self._stack.enter_context(logging_redirect_tqdm())
+            self._steps_bar = self._stack.enter_context(
+                tqdm(total=total_steps, desc="steps", unit="step", position=0, dynamic_ncols=True))
+            self._samples_bar = self._stack.enter_context(
+                tqdm(total=0, desc="samples", unit="sample", position=1, leave=False,
+                     dynamic_ncols=True))
+
+    def start_step(self, step: int, total_samples: int) -> None:
+        self._step_started = time.perf_counter()
+        self._samples, self._total_samples = 0, total_samples
+        self._rollout_step = step
+        self._counts[step] = [0, total_samples]
+        if self.enabled:
+            self._samples_bar.reset(total=total_samples)
+            self._samples_bar.set_description(f"step {step} samples")
+
+    def add_samples(self, n: int) -> None:
+        """`n` more samples of the step whose rollout started last."""
+        self._samples += n
+        if self._rollout_step in self._counts:
+            self._counts[self._rollout_step][0] += n
+        if self.enabled:
+            self._samples_bar.update(n)
+
+    def end_step(self, step: int, rewards: dict[str, float], seconds: float | None = None
+                 ) -> None:
+        """Step `step` finished (its rollout may have ended steps ago: pipelines overlap)."""
+        done, total = self._counts.pop(step, (self._samples, self._total_samples))
+        if self.enabled:
+            # ordered_dict=, not **rewards: an agent may be named like a tqdm keyword.
+            self._steps_bar.set_postfix(ordered_dict={k: f"{v:.3f}" for k, v in rewards.items()},
+                                        refresh=False)
+            self._steps_bar.update(1)
+            return
+        reward = " ".join(f"{k}={v:.3f}" for k, v in rewards.items())
+        if seconds is None:
+            seconds = time.perf_counter() - self._step_started
+        print(f"step {step}/{self.total_steps}  samples {done}/{total}  "
+              f"reward {reward or '-'}  {seconds:.1f}s", file=self._file or sys.stderr, flush=True)
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

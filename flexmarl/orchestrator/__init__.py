@@ -1,0 +1,13 @@
+"""The joint orchestrator: the team's workflows, the experience store and the one training loop.
+
+    orchestrator.py  Orchestrator: runs the workflow on many tasks at once (ctx.generate),
+                     turns into the store, exports and pushes weights
+    agents.py        one agent's state: versions, step gate, busy clocks (AgentRuntime)
+    store.py         ExperienceStore: one table per agent, GRPO groups as they complete
+    policy.py        PipelinePolicy: sync, micro_batch, one_step_off, bounded (pure)
+    batch.py         TrainSession: an agent's global batch, micro-batch by micro-batch, one step
+    loop.py          PipelineRun: the rollout producer and one loop per agent, step records
+
+Imports only rollout/, training/ and the shared leaves below it; nothing here knows the
+launcher, the gateway or the observers.
+"""

@@ -1,0 +1,96 @@
+"""One agent's live state: the versions it serves and trains, its step gate, its busy clocks.
+
+AgentRuntime is the one owner of an agent's versions (see its `trained`, `synced` and
+`restored` transitions); the loop (flexmarl.orchestrator.loop) calls them, nothing else writes
+the versions.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from flexmarl.clock import now
+from flexmarl.team import AgentSpec
+from runtime.transport import Connection
+
+
+class StepGate:
+    """Which global steps an agent may generate for: every step <= `open_to`.
+
+    Monotone; the pipeline policy opens it as the agent's updates land (step s + 1 + lag once
+    step s is trained and synced), and workflows of later steps wait in `wait()`.
+    """
+
+    def __init__(self, open_to: int) -> None:
+        self.open_to = open_to
+        self._changed = asyncio.Event()
+
+    def open(self, step: int) -> None:
+        if step > self.open_to:
+            self.open_to = step
+            self._changed.set()
+            self._changed = asyncio.Event()  # later waiters wait for the next opening
+
+    async def wait(self, step: int) -> None:
+        while step > self.open_to:
+            await self._changed.wait()
+
+
+class BusyClock:
+    """Wall time during which at least one request was in flight (the union of intervals)."""
+
+    def __init__(self) -> None:
+        self.inflight = 0
+        self._since = 0.0
+        self._total = 0.0
+
+    def enter(self) -> None:
+        if self.inflight == 0:
+            self._since = now()
+        self.inflight += 1
+
+    def exit(self) -> None:
+        self.inflight -= 1
+        if self.inflight == 0:
+            self._total += now() - self._since
+
+    @property
+    def seconds(self) -> float:
+        ongoing = now() - self._since if self.inflight else 0.0
+        return self._total + ongoing
+
+
+@dataclass
+class AgentRuntime:
+    """One agent's live pieces: trainer, versions, gate and clocks (its rollout instances are
+    in the orchestrator's InstancePool, which may move them between agents)."""
+
+    spec: AgentSpec
+    model_dir: str
+    tokenizer: Any
+    trainer: Connection | None
+    """The agent's trainer slot while one is bound to it (flexmarl.training.pool), else None."""
+    version: int = 0
+    """The version the rollout instances serve (last weight sync)."""
+    trainer_version: int = 0
+    """The trainer's version (ahead of `version` between an optimizer step and its sync)."""
+    request_timeout_s: float = 300.0
+    gate: StepGate = field(default_factory=lambda: StepGate(0))
+    rollout_busy: dict[int, BusyClock] = field(default_factory=lambda: defaultdict(BusyClock))
+    """Per global step: time the agent's rollout instances had work of that step."""
+    first_call: dict[int, float] = field(default_factory=dict)
+    """Per global step: perf_counter() when its first request passed the gate."""
+
+    def encode(self, prompt: str | list[dict] | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            prompt = [{"role": "user", "content": prompt}]
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+            text = self.tokenizer.apply_chat_template(prompt, tokenize=False,
+                                                      add_generation_prompt=True)
+            return self.tokenizer.encode(text, add_special_tokens=False)
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return list(prompt)
+        raise TypeError(f"agent {self.spec.name}: a prompt is a str, a list of chat messages "
+                        f"or a list of token ids, got {type(prompt).__name__}")

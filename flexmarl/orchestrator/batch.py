@@ -1,0 +1,178 @@
+"""One agent's global batch on its way to the trainer: groups ─► micro-batches ─► one step.
+
+`micro_batch` turns samples into a trainer micro-batch (right-padded token rows and masks);
+`TrainSession` feeds a global batch to the agent's trainer group by group, within the pipeline
+policy's staleness bound, and steps once.
+"""
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import torch
+
+from flexmarl.clock import now
+from flexmarl.orchestrator.policy import StalenessError
+from flexmarl.protocol import TrainBeginBatch, TrainMicroBatch, TrainStep
+from flexmarl.orchestrator.store import Group
+
+if TYPE_CHECKING:
+    from flexmarl.activity import ActivityLog
+    from flexmarl.orchestrator.agents import AgentRuntime
+
+log = logging.getLogger(__name__)
+
+
+def micro_batch(rows: Sequence[tuple[list[int], list[int], list[float]]],
+                advantages: Sequence[float], *, pad_id: int = 0) -> TrainMicroBatch:
+    """One row per (prompt_ids, response_ids, response_logprobs), with its advantage.
+
+    old_logprobs[b, t] is the behaviour log-probability of input_ids[b, t]; only response
+    positions are trained (response_mask), prompt and padding positions hold 0.
+    """
+    if len(rows) != len(advantages) or not rows:
+        raise ValueError(f"micro_batch needs one advantage per row, got {len(rows)} rows and "
+                         f"{len(advantages)} advantages")
+    width = max(len(p) + len(r) for p, r, _ in rows)
+    n = len(rows)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention = torch.zeros(n, width)
+    response = torch.zeros(n, width)
+    old = torch.zeros(n, width)
+    for b, (prompt, resp, logprobs) in enumerate(rows):
+        if len(resp) != len(logprobs):
+            raise ValueError(f"row {b}: {len(resp)} response tokens but {len(logprobs)} logprobs")
+        p, r = len(prompt), len(resp)
+        input_ids[b, :p + r] = torch.tensor(prompt + resp, dtype=torch.long)
+        attention[b, :p + r] = 1
+        response[b, p:p + r] = 1
+        old[b, p:p + r] = torch.tensor(logprobs)
+    return TrainMicroBatch(input_ids, attention, response, old,
+                           torch.tensor(list(advantages), dtype=torch.float32))
+
+
+@dataclass
+class TrainResult:
+    version: int
+    """The trainer's version after this update."""
+    groups: int
+    samples: int
+    tokens: int
+    loss: float
+    """Mean loss per response token of the global batch."""
+    seconds: float
+    """Trainer busy time of this update: every trainer request's round trip, summed."""
+    staleness: float
+    """Mean of (version trained from - policy_version) over the trained samples."""
+    staleness_hist: dict[int, int]
+    """staleness -> number of trained samples."""
+    dropped_stale: int = 0
+    """Samples refused by the staleness bound (whole groups are dropped)."""
+    skipped: bool = False
+    """The optimizer step was skipped (non-finite gradient); the version still advanced."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """The trainer's per-token metrics over the batch (clip_frac, ratio_mean, kl, and with
+    trainer.is_cap is_weight_mean, is_truncated_frac), token-weighted; and grad_norm."""
+
+
+class TrainSession:
+    """One global batch of one agent, fed group by group, stepped once.
+
+        add(groups)* ─► keep groups within the staleness bound and with a learning signal
+                    ─► every `micro_batch_groups` of them: one micro-batch to the trainer
+                        (eager: also the rest of what this add() brought, at once)
+        finish()     ─► last partial micro-batch ─► TrainStep(num_tokens of the whole batch)
+
+Eager is for streaming: the caller adds whatever groups are ready whenever the trainer is free,
+so the trainer never waits for a micro-batch to fill while groups are ready, and a backlog goes
+out as larger (more efficient) micro-batches of up to `micro_batch_groups`.
+
+    The loss normaliser (the batch's response-token count) is only known at the end, so the
+    trainer accumulates un-normalised and divides once at the step (TrainBeginBatch(0)): the
+    accumulated gradient is the full-batch gradient however the groups were split and ordered.
+    """
+
+    def __init__(self, rt: "AgentRuntime", micro_batch_groups: int,
+                 admit: Callable[[int], bool], *, eager: bool = False,
+                 activity: "ActivityLog | None" = None) -> None:
+        self.rt = rt
+        self.activity = activity
+        self.micro_batch_groups = micro_batch_groups
+        self.admit = admit
+        self.eager = eager
+        self.version = rt.trainer_version
+        """The version this batch updates: each sample's staleness is version - policy_version."""
+        self._buffer: list[Group] = []
+        self._begun = False
+        self.groups = self.samples = self.tokens = self.dropped_stale = 0
+        self.loss_sum = 0.0
+        self.busy_s = 0.0
+        self.hist: Counter[int] = Counter()
+        self._metric_sums: Counter[str] = Counter()
+
+    async def _request(self, msg: Any) -> Any:
+        started = now()
+        if self.activity is not None:
+            self.activity.enter(self.rt.spec.name, "train")
+        try:
+            return await self.rt.trainer.request(msg, timeout_s=self.rt.request_timeout_s)
+        finally:
+            self.busy_s += now() - started
+            if self.activity is not None:
+                self.activity.exit(self.rt.spec.name, "train")
+
+    async def add(self, groups: list[Group]) -> None:
+        for g in groups:
+            ages = [self.version - t.policy_version for t in g.turns]
+            if min(ages) < 0:  # newer than the trainer: the version bookkeeping is broken
+                raise StalenessError(f"agent {g.agent}: group {g.input_id}/{g.turn} has "
+                                     f"versions {sorted(g.versions)} but the trainer is at "
+                                     f"version {self.version}")
+            if not all(self.admit(a) for a in ages):  # the policy raises or drops
+                self.dropped_stale += len(g.turns)
+                continue
+            # Groups whose advantages are all zero carry no GRPO signal: skip their compute.
+            if any(t.advantage for t in g.turns):
+                self._buffer.append(g)
+                self.hist.update(ages)
+        while len(self._buffer) >= self.micro_batch_groups or (self.eager and self._buffer):
+            chunk, self._buffer = (self._buffer[:self.micro_batch_groups],
+                                   self._buffer[self.micro_batch_groups:])
+            await self._send(chunk)
+
+    async def _send(self, groups: list[Group]) -> None:
+        turns = [t for g in groups for t in g.turns]
+        pad = self.rt.tokenizer.pad_token_id or 0
+        mb = micro_batch([(t.prompt_ids, t.response_ids, t.logprobs) for t in turns],
+                         [t.advantage for t in turns], pad_id=pad)
+        if not self._begun:
+            await self._request(TrainBeginBatch(0))  # token count declared at the step
+            self._begun = True
+        stats = await self._request(mb)
+        self.loss_sum += stats.loss
+        for k, v in stats.metrics.items():
+            self._metric_sums[k] += v * stats.num_tokens
+        self.groups += len(groups)
+        self.samples += len(turns)
+        self.tokens += sum(len(t.response_ids) for t in turns)
+
+    async def finish(self) -> TrainResult | None:
+        """Train what is buffered and step; None (no step, no new version) if nothing had a
+        learning signal."""
+        if self._buffer:
+            await self._send(self._buffer)
+            self._buffer = []
+        if not self._begun:
+            log.info("agent %s: no group with a learning signal this step; not stepping",
+                     self.rt.spec.name)
+            return None
+        done = await self._request(TrainStep(self.tokens))
+        self.rt.trainer_version = done.version
+        staleness = sum(a * n for a, n in self.hist.items()) / max(self.samples, 1)
+        return TrainResult(done.version, self.groups, self.samples, self.tokens,
+                           self.loss_sum / self.tokens, self.busy_s, staleness,
+                           dict(sorted(self.hist.items())), self.dropped_stale, done.skipped,
+                           {**{k: v / self.tokens for k, v in self._metric_sums.items()},
+                            "grad_norm": done.grad_norm})

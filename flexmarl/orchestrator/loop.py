@@ -1,0 +1,365 @@
+"""Pipeline policies and the one training loop that runs them, per agent.
+
+Every mode is the same loop with different settings of four knobs (`PipelinePolicy`):
+
+    rollout producer: for step s: [team_barrier: wait until every agent finished step s-1]
+                      ─► orchestrator.rollout(s): each ctx.generate(agent) waits for gate[agent]
+    per agent A:      for step s: take A's groups of step s as they complete
+                      [stream: while the step is still generating | else: once it has ended]
+                      ─► TrainSession (micro-batches, gradient accumulated) ─► one optimizer step
+                      ─► weight sync [defer_sync: only once rollout of step s+1 has ended]
+                      ─► gate[A].open(s + 1 + lag): A's workflows of step s + 1 + lag may go
+
+    mode          stream  lag  team_barrier  defer_sync  staleness of trained samples
+    sync          no      0    yes           no          exactly 0
+    micro_batch   yes     0    no            no          exactly 0 (the paper's mode)
+    one_step_off  yes     1    no            yes         exactly 1 (0 in the first step)
+    bounded       yes     k    no            no          0..k, enforced per sample, with a
+                                                          truncated importance weight
+
+Each agent has its own loop, version and gate: agent A trains and syncs as soon as its own
+batch is in, without waiting for agent B; a team record is written once every agent has
+finished a step. Zero staleness in micro_batch follows from the gate (A generates for step s
+only with the weights trained on step s-1) and is checked per sample by the TrainSession.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import logging
+from typing import Any, Awaitable, Callable
+
+from flexmarl.clock import now
+from flexmarl.orchestrator.batch import TrainResult
+from flexmarl.orchestrator.agents import StepGate
+from flexmarl.orchestrator.policy import PipelinePolicy
+from flexmarl.orchestrator.orchestrator import Orchestrator, RolloutStats
+from flexmarl.protocol import WeightUpdate
+from flexmarl.orchestrator.store import Group
+from runtime.errors import PeerDied
+
+log = logging.getLogger(__name__)
+MAX_TRAIN_ATTEMPTS = 4
+"""Attempts of one agent's step whose trainer slot keeps dying before the run gives up."""
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+class Progress:
+    """What the loop reports while it runs (flexmarl.observe.rundir.Progress fits)."""
+
+    def start_step(self, step: int, total_samples: int) -> None: ...
+    def add_samples(self, n: int) -> None: ...
+    def end_step(self, step: int, rewards: dict[str, float], seconds: float | None = None
+                 ) -> None: ...
+
+
+class PipelineRun:
+    """One run of `steps` global steps under `policy`; `await run()` returns the records."""
+
+    def __init__(self, orch: Orchestrator, policy: PipelinePolicy, steps: int, tasks_per_step: int,
+                 *, emit: Callable[[dict], None] | None = None,
+                 progress: Progress | None = None, first_step: int = 0,
+                 on_agent_step: Callable[[str, int], Awaitable[None]] | None = None) -> None:
+        """`first_step` > 0 resumes a run (steps before it are done; their tasks are skipped in
+        the data cursor); `on_agent_step(agent, step)` is awaited once the agent has trained
+        step `step` (before its weight sync and record), e.g. to save its state."""
+        if not 0 <= first_step <= steps:
+            raise ValueError(f"first_step must be in [0, {steps}], got {first_step}")
+        self.orch = orch
+        self.first_step = first_step
+        self.on_agent_step = on_agent_step
+        self._pending_sync: dict[str, asyncio.Task | None] = {}
+        self.trainer_restarts = 0
+        """Agent steps restarted because their trainer slot died."""
+        self._next_record = first_step
+        self.policy = policy
+        self.steps = steps
+        self.tasks_per_step = tasks_per_step
+        self.emit = emit
+        self.progress = progress or Progress()
+        self.rollout_done = [asyncio.Event() for _ in range(steps)]
+        self.rollouts: dict[int, RolloutStats] = {}
+        self.done: list[dict[str, dict]] = [{} for _ in range(steps)]
+        """Per step: agent -> its record, once the agent has finished the step."""
+        self.step_done = [asyncio.Event() for _ in range(steps)]
+        self.records: list[dict] = []
+        self._finished_at: dict[str, float] = {}
+        self._last_team_end = 0.0
+        self._moves_seen = 0
+        self._swaps_seen = 0
+        self._dead_seen = self._redispatched_seen = self._replaced_seen = 0
+        self._trainer_seen = (0, 0, 0)
+        self.started = 0.0
+
+    async def run(self) -> list[dict]:
+        orch = self.orch
+        for name, rt in orch.agents.items():
+            rt.gate = StepGate(self.first_step + self.policy.lag if rt.spec.trainable
+                               else self.steps)
+        if self.first_step:  # the data cursor where the resumed run left it
+            orch.next_tasks(self.first_step * self.tasks_per_step)
+        started = self.started = now()
+        self._last_team_end = started
+        self._finished_at = {name: started for name in orch.agents}
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._produce(), name="pipeline.rollout")
+                for name in orch.trainable:
+                    tg.create_task(self._agent_loop(name), name=f"pipeline.{name}")
+                if not orch.trainable:  # a frozen team: steps end with their rollouts
+                    tg.create_task(self._frozen_steps(), name="pipeline.frozen")
+        except BaseExceptionGroup as group:
+            # One loop failed and the others were cancelled: raise its error, not the group.
+            leaves = _leaves(group)
+            if len(leaves) == 1:
+                raise leaves[0] from group
+            raise
+        return self.records
+
+    # ------------------------------------------------------------------ rollout
+
+    async def _produce(self) -> None:
+        per_task = self.orch.trajectories_per_task
+        for step in range(self.first_step, self.steps):
+            if self.policy.team_barrier and step > self.first_step:
+                await self.step_done[step - 1].wait()
+            tasks = self.orch.next_tasks(self.tasks_per_step)
+            self.progress.start_step(step, len(tasks) * per_task)
+            self.rollouts[step] = await self.orch.rollout(step, tasks,
+                                                          on_task_done=self.progress.add_samples)
+            self.rollout_done[step].set()
+
+    async def _frozen_steps(self) -> None:
+        for step in range(self.first_step, self.steps):
+            await self.rollout_done[step].wait()
+            self._agents_finished(step)
+
+    # ------------------------------------------------------------------ one agent
+
+    async def _agent_loop(self, agent: str) -> None:
+        orch, policy = self.orch, self.policy
+        rt = orch.agents[agent]
+        self._pending_sync[agent] = None
+        for step in range(self.first_step, self.steps):
+            taken: list[list[Group]] = []  # the step's groups, to re-feed if the slot dies
+            for attempt in itertools.count():
+                try:
+                    result, weights = await self._train_step(agent, step, taken)
+                    break
+                except PeerDied as exc:  # the trainer slot died (rollout deaths never get here)
+                    rt.trainer = None
+                    if not orch.trainers.recoverable() or attempt + 1 >= MAX_TRAIN_ATTEMPTS:
+                        raise
+                    rt.trainer_version = orch.trainers.restored_version(agent)
+                    self.trainer_restarts += 1
+                    log.warning("agent %s: step %d restarts from its snapshot (version %d) on a "
+                                "new trainer slot, re-feeding %d taken groups: %s", agent, step,
+                                rt.trainer_version, sum(map(len, taken)), exc)
+            if self.on_agent_step is not None:
+                await self.on_agent_step(agent, step)
+            if result is not None and policy.defer_sync and step + 1 < self.steps:
+                self._pending_sync[agent] = asyncio.create_task(
+                    self._sync(agent, step, result, weights, deferred=True))
+            else:
+                await self._sync(agent, step, result, weights)
+        if (pending := self._pending_sync[agent]) is not None:
+            await pending
+        assert rt.version == rt.trainer_version
+
+    async def _train_step(self, agent: str, step: int, taken: list[list[Group]]
+                          ) -> tuple[TrainResult | None, tuple[WeightUpdate, float] | None]:
+        """One global batch of `agent`: `taken` groups first (a restarted attempt), then the
+        step's groups as they come (appended to `taken`), one optimizer step, the weights
+        exported and the state snapshot taken while the slot is bound."""
+        orch, policy = self.orch, self.policy
+        rt = orch.agents[agent]
+        session = orch.train_session(agent, lambda age, s=step: policy.admit(age, s),
+                                     eager=policy.stream)
+        select = orch.of_step(step)
+        if not policy.stream:
+            await self.rollout_done[step].wait()
+        async with contextlib.AsyncExitStack() as binding:
+            async def feed(groups: list[Group]) -> None:
+                if rt.trainer is None:  # a trainer slot is bound once there is work
+                    rt.trainer = await binding.enter_async_context(orch.trainers.bind(agent))
+                await session.add(groups)
+
+            for groups in taken:
+                await feed(groups)
+            while groups := await self._next_groups(agent, select, self.rollout_done[step]):
+                taken.append(groups)
+                await feed(groups)
+            if (pending := self._pending_sync[agent]) is not None:
+                await pending  # the last update is out before this one lands
+                self._pending_sync[agent] = None
+            result = await session.finish()
+            # Exported while the slot is bound; pushed to the instances after (possibly
+            # later: one_step_off), when the slot may already train another agent.
+            weights = await orch.export(agent) if result is not None else None
+            if result is not None:
+                await orch.trainers.snapshot(agent)
+            rt.trainer = None
+        return result, weights
+
+    async def _next_groups(self, agent: str, select: Callable[[Group], bool],
+                           rollout_done: asyncio.Event) -> list[Group]:
+        """Up to a micro-batch worth of the step's groups: while the step is generating, as soon
+        as one is ready (with any others ready by then); once it has ended, what is left
+        ([] when all are taken). Called whenever the trainer is free."""
+        store, n = self.orch.store, self.orch.micro_batch_groups
+        while not rollout_done.is_set():
+            take = asyncio.ensure_future(store.take_groups(agent, 1, select=select))
+            ended = asyncio.ensure_future(rollout_done.wait())
+            try:
+                await asyncio.wait([take, ended], return_when=asyncio.FIRST_COMPLETED)
+            except BaseException:  # the run is stopping: leave no orphan waiting on the store
+                take.cancel()
+                ended.cancel()
+                raise
+            ended.cancel()
+            if not take.done():
+                take.cancel()  # nothing was taken: take_groups only takes when it returns
+                try:
+                    await take
+                except asyncio.CancelledError:
+                    continue
+            # Read even if the rollout ended too: taken groups must not be lost.
+            first = take.result()
+            more = await store.take_groups(agent, n - 1, select=select, flush=True) if n > 1 else []
+            return first + more
+        return await store.take_groups(agent, n, select=select, flush=True)
+
+    async def _sync(self, agent: str, step: int, result: TrainResult | None,
+                    weights: tuple[WeightUpdate, float] | None, *, deferred: bool = False
+                    ) -> None:
+        """Push the update (if any), then open the agent's gate and record its step."""
+        orch = self.orch
+        sync_s, sync_bytes = 0.0, 0
+        if result is not None and weights is not None:
+            if deferred:
+                await self.rollout_done[step + 1].wait()
+            update, export_s = weights
+            _, push_s, sync_bytes = await orch.push(agent, update)
+            sync_s = export_s + push_s
+        rt = orch.agents[agent]
+        rt.gate.open(step + 1 + self.policy.lag)
+        t = now()
+        period = t - self._finished_at[agent]
+        self._finished_at[agent] = t
+        rollout_busy = rt.rollout_busy.pop(step).seconds if step in rt.rollout_busy else 0.0
+        first_call = rt.first_call.pop(step, None)
+        train_busy = result.seconds if result else 0.0
+        self.done[step][agent] = {
+            "trained_samples": result.samples if result else 0,
+            "groups": result.groups if result else 0,
+            "loss": result.loss if result else None,
+            "train_s": train_busy,
+            "sync_s": sync_s,
+            "sync_bytes": sync_bytes,
+            "version": rt.version,
+            "staleness": result.staleness if result else None,
+            "staleness_hist": {str(k): v for k, v in result.staleness_hist.items()}
+            if result else {},
+            "dropped_stale": result.dropped_stale if result else 0,
+            "skipped_update": bool(result and result.skipped),
+            "train_metrics": result.metrics if result else {},
+            "step_s": period,
+            "rollout_busy_s": rollout_busy,
+            "train_idle_s": max(0.0, period - train_busy - sync_s),
+            "rollout_idle_s": max(0.0, period - rollout_busy),
+            # Timeline, seconds since the run started: when the agent's first request of the
+            # step passed its gate, and when the agent finished the step (trained and synced).
+            "t_first_call": None if first_call is None else first_call - self.started,
+            "t_done": t - self.started,
+        }
+        if all(a in self.done[step] for a in orch.trainable):
+            await self.rollout_done[step].wait()
+            self._agents_finished(step)
+
+    # ------------------------------------------------------------------ records
+
+    def _agents_finished(self, step: int) -> None:
+        self.step_done[step].set()
+        # Records go out in step order: agents can finish step s+1 before others finish s.
+        while self._next_record < self.steps and self.step_done[self._next_record].is_set():
+            self._next_record += 1
+            self._record(self._next_record - 1)
+
+    def _record(self, step: int) -> None:
+        orch = self.orch
+        rollout = self.rollouts.pop(step)
+        t = now()
+        record: dict[str, Any] = {
+            "step": step, "mode": self.policy.name, "step_s": t - self._last_team_end,
+            "rollout_s": rollout.seconds, "team_reward": _mean(rollout.team_rewards),
+            "tasks": rollout.tasks,
+            # Trajectories whose workflow raised (dropped from training) and the first few
+            # distinct errors, "ExcType: message (task ID, trajectory J)".
+            "failed_trajectories": rollout.failed_trajectories,
+            "errors": list(rollout.errors),
+            # Timeline, seconds since the run started (the agents' own are in their records).
+            "t_rollout_start": rollout.started - self.started,
+            "t_rollout_end": rollout.started + rollout.seconds - self.started,
+            "agents": {}}
+        self._last_team_end = t
+        # Instances the balancer moved between agents since the last record (cause and cost).
+        record["moves"] = orch.pool.take_moves(self._moves_seen, self.started)
+        self._moves_seen += len(record["moves"])
+        # Training states swapped between trainer slots and host memory since the last record.
+        record["swaps"] = [{**dataclasses.asdict(sw), "at": sw.at - self.started}
+                           for sw in orch.trainers.swaps[self._swaps_seen:]]
+        self._swaps_seen += len(record["swaps"])
+        record["trainer_slots_busy_s"] = orch.trainers.take_busy()
+        # Rollout instances that died since the last record, requests re-sent because of
+        # them, and their replacements (seconds from the death to serving).
+        pool = orch.pool
+        record["faults"] = {"dead": list(pool.dead)[self._dead_seen:],
+                            "redispatched": pool.redispatched - self._redispatched_seen,
+                            "replacements": pool.replacements[self._replaced_seen:]}
+        self._dead_seen, self._redispatched_seen = len(pool.dead), pool.redispatched
+        self._replaced_seen = len(pool.replacements)
+        # Trainer slots that died and were replaced, agent steps restarted from a snapshot.
+        trainers = orch.trainers
+        record["faults"]["trainer"] = {
+            "dead": trainers.deaths - self._trainer_seen[0],
+            "replacements": trainers.replacements[self._trainer_seen[1]:],
+            "restarted_steps": self.trainer_restarts - self._trainer_seen[2]}
+        self._trainer_seen = (trainers.deaths, len(trainers.replacements),
+                              self.trainer_restarts)
+        pool_stats = orch.pool.take_stats()
+        record["instance_tokens"] = pool_stats["instance_tokens"]
+        for name, rt in orch.agents.items():
+            record["agents"][name] = {
+                "instances": len(orch.pool.balancer.instances(name)),
+                "latency": pool_stats["latency"][name],
+                "reward": _mean(rollout.rewards.get(name, [])),
+                "samples": rollout.samples.get(name, 0),
+                "tokens": rollout.tokens.get(name, 0),
+                "trainable": rt.spec.trainable,
+                # Samples the store refused as already stored or trained (a re-sent request
+                # must never be trained twice), since the run started.
+                "duplicates": orch.store.stats[name].duplicates if rt.spec.trainable else 0,
+                **self.done[step].get(name, {"version": rt.version}),
+            }
+            if not rt.spec.trainable:
+                busy = rt.rollout_busy.pop(step, None)
+                record["agents"][name]["rollout_busy_s"] = busy.seconds if busy else 0.0
+                rt.first_call.pop(step, None)
+        self.done[step] = {}
+        self.records.append(record)
+        self.progress.end_step(step, {n: a["reward"] for n, a in record["agents"].items()
+                                      if a["reward"] is not None}, record["step_s"])
+        if self.emit is not None:
+            self.emit(record)

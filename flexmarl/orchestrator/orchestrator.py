@@ -1,0 +1,387 @@
+"""The orchestrator: runs the team's workflow on many tasks at once and owns version boundaries.
+
+    tasks ──► rollout(step): ≤ max_concurrent_tasks tasks at once, each as trajectories_per_task
+              trajectories ──► workflow(ctx, task) ──ctx.generate──► gate[agent] (may this step
+              generate yet?) ──► rollout instance of agent
+                                        │ every turn of a trainable agent ──► ExperienceStore
+              all trajectories of a task done ──► store.complete_input (groups + advantages)
+    train_session(agent): complete groups ──► micro-batches ──► trainer (begin, accumulate…,
+              step with the batch's token count): flexmarl.orchestrator.batch.TrainSession
+    export(agent) ──► push(agent): the trainer's weights to every instance of the agent
+
+The pipeline policy (flexmarl.orchestrator.loop) decides when each of these runs and opens the gates.
+Each call goes to an instance of the agent chosen by the hierarchical balancer
+(flexmarl.rollout.pool, flexmarl.rollout.balancer), which also moves instances between agents. Every request carries a seed derived from the run seed and its request id, so
+the same weights give the same samples whatever the scheduling (the torch backend exactly).
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import math
+import random
+import zlib
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from flexmarl.clock import now
+from flexmarl.activity import ActivityLog
+from flexmarl.orchestrator.agents import AgentRuntime
+from flexmarl.orchestrator.batch import TrainSession
+from flexmarl.protocol import ExportWeights, Generate, GenerateReply, WeightUpdate
+from flexmarl.orchestrator.store import ExperienceStore, Group, StoreClosed, Turn
+from flexmarl.team import Completion, Team
+from flexmarl.rollout.pool import InstancePool
+from flexmarl.training.pool import TrainerPool
+from runtime.actor import Actor
+from runtime.errors import PeerDied, TransportClosed
+
+log = logging.getLogger(__name__)
+
+
+def task_stream(tasks: list[Any], seed: int) -> Iterator[Any]:
+    """The data cursor: every task once per epoch, in a fresh seeded order each epoch."""
+    rng = random.Random(seed)
+    while True:
+        order = list(range(len(tasks)))
+        rng.shuffle(order)
+        yield from (tasks[i] for i in order)
+
+
+def request_seed(run_seed: int, request_id: str) -> int:
+    """Sampling seed of one request: stable across runs, modes and schedules."""
+    return zlib.crc32(f"{run_seed}/{request_id}".encode()) & 0x7FFFFFFF
+
+
+MAX_FAILED_FRACTION = 0.5
+"""A step in which more than this fraction of the trajectories failed (their workflow raised),
+or every one did, raises WorkflowError after its rollout: that is a broken workflow, not bad
+luck, and training on what is left would hide it. Below it, failed trajectories are dropped
+and counted (RolloutStats.failed_trajectories, the step record's `failed_trajectories`)."""
+MAX_ERRORS = 5
+"""Distinct error messages kept per step (RolloutStats.errors)."""
+_ERROR_CHARS = 300
+_RUN_ERRORS = (StoreClosed, PeerDied, TransportClosed)
+"""Raised inside a workflow but not its fault: the run's machinery failed or is shutting down.
+They fail the run as before instead of one trajectory."""
+
+
+class WorkflowError(RuntimeError):
+    """Too many trajectories of a step failed (MAX_FAILED_FRACTION); names the first error."""
+
+
+@dataclass
+class RolloutStats:
+    seconds: float = 0.0
+    started: float = 0.0
+    """perf_counter() when the step's first task started."""
+    team_rewards: list[float] = field(default_factory=list)
+    """One per successful trajectory."""
+    rewards: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    samples: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    """Samples generated, failed trajectories' included (work done)."""
+    tokens: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    tasks: int = 0
+    """Tasks completed (each with all its trajectories, failed ones included)."""
+    failed_trajectories: int = 0
+    """Trajectories whose workflow raised: dropped from training (see Orchestrator.rollout)."""
+    errors: list[str] = field(default_factory=list)
+    """The first MAX_ERRORS distinct errors of the step, each with where it first happened."""
+    error_counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    """"ExcType: message" -> failed trajectories of the step with that error."""
+
+
+class TrajectoryContext:
+    """The `ctx` of one workflow run (see flexmarl.team.Context)."""
+
+    def __init__(self, orch: "Orchestrator", task: Any, input_id: str, trajectory: int,
+                 calls: asyncio.Semaphore, step: int = 0) -> None:
+        self.orch = orch
+        self.task = task
+        self.input_id = input_id
+        self.trajectory = trajectory
+        self.step = step
+        self.episode = f"{input_id}/{trajectory}"
+        """Sticky routing key: one trajectory's turns of an agent share a prompt prefix."""
+        self._calls = calls
+        self._turns: dict[str, int] = defaultdict(int)
+        self._own: dict[str, float] = {}
+        self._made: list[Completion] = []
+        self.finished = False
+        """Set by finish(): later replies (calls left running by a failed workflow) are
+        not stored."""
+        self._team: float | None = None
+
+    async def generate(self, agent: str, prompt: str | list[dict] | list[int], *,
+                       n: int = 1, **sampling: Any) -> list[Completion]:
+        rt = self.orch.agents.get(agent)
+        if rt is None:
+            raise ValueError(f"workflow called unknown agent {agent!r}; the team has "
+                             f"{sorted(self.orch.agents)}")
+        prompt_ids = rt.encode(prompt)
+        params = dataclasses.replace(rt.spec.sampling, n=n, **sampling)
+        turn = self._turns[agent]
+        self._turns[agent] += 1
+        request_id = f"{self.input_id}/{self.trajectory}/{agent}/{turn}"
+        if params.seed is None:
+            params = dataclasses.replace(params, seed=request_seed(self.orch.seed, request_id))
+        await rt.gate.wait(self.step)  # the pipeline policy: may this step use the agent yet?
+        rt.first_call.setdefault(self.step, now())
+        clock = rt.rollout_busy[self.step]
+        # Intra-query parallelism: the n samples are independent branches; split them into
+        # requests of at most samples_per_request, which the balancer spreads over instances.
+        per = self.orch.samples_per_request or n
+        sizes = [min(per, n - i) for i in range(0, n, per)]
+
+        async def part(j: int, size: int) -> GenerateReply:
+            rid, p = request_id, params
+            if len(sizes) > 1:
+                rid = f"{request_id}#{j}"
+                p = dataclasses.replace(params, n=size, seed=params.seed + j * per)
+            async with self._calls:
+                clock.enter()
+                self.orch.activity.enter(agent, "rollout")
+                try:
+                    return await self.orch.pool.generate(
+                        agent, Generate(rid, prompt_ids=prompt_ids, params=p),
+                        episode=self.episode)
+                finally:
+                    clock.exit()
+                    self.orch.activity.exit(agent, "rollout")
+
+        replies = await asyncio.gather(*(part(j, size) for j, size in enumerate(sizes)))
+        if self.finished:
+            # A call the workflow left running when it raised (e.g. a sibling in its
+            # asyncio.gather): the trajectory is settled; nothing is stored, nobody reads this.
+            log.debug("trajectory %s already ended; %s's late reply is dropped", self.episode,
+                      agent)
+            return []
+        out = []
+        samples = [(reply, s) for reply in replies for s in reply.samples]
+        self.orch.samples[agent] += len(samples)
+        for k, (reply, s) in enumerate(samples):
+            traj_id = str(self.trajectory) if n == 1 else f"{self.trajectory}.{k}"
+            row = Turn(agent=agent, input_id=self.input_id, turn=turn, traj_id=traj_id,
+                       policy_version=reply.version, prompt_ids=reply.prompt_ids,
+                       response_ids=s.token_ids, logprobs=s.logprobs)
+            if rt.spec.trainable:
+                await self.orch.store.put(row)
+            out.append(Completion(agent, s.text, s.token_ids, s.logprobs, reply.version,
+                                  s.finish_reason, reply.prompt_ids, row.sample_id))
+        self._made.extend(out)
+        return out
+
+    def reward(self, completion: Completion, value: float) -> None:
+        if not isinstance(completion, Completion):
+            raise TypeError(f"ctx.reward (task {self._task_id}, trajectory {self.trajectory}): "
+                            "the first argument is a Completion returned by ctx.generate, got "
+                            f"{type(completion).__name__}")
+        where = (f"ctx.reward: agent {completion.agent!r}, sample {completion.sample_id} "
+                 f"(task {self._task_id}, trajectory {self.trajectory})")
+        self._own[completion.sample_id + "@" + completion.agent] = self._finite(value, where)
+
+    def team_reward(self, value: float) -> None:
+        where = (f"ctx.team_reward: task {self._task_id}, trajectory {self.trajectory} "
+                 f"({self.episode})")
+        self._team = self._finite(value, where)
+
+    @property
+    def _task_id(self) -> str:
+        return str(getattr(self.task, "task_id", "?"))
+
+    @staticmethod
+    def _finite(value: Any, where: str) -> float:
+        """`value` as a float, or ValueError naming `where` (a reward must be a finite number:
+        NaN or inf would poison every advantage of its group)."""
+        number = None
+        if not isinstance(value, (str, bytes)):
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                pass
+        if number is None or not math.isfinite(number):
+            raise ValueError(f"{where}: a reward must be a finite number, got {value!r:.80}"
+                             + ("" if number is None else f" ({number})"))
+        return number
+
+    def finish(self, stats: RolloutStats, error: Exception | None = None) -> None:
+        """Settle every turn's reward: its own, else the team's, else 0. With `error` (the
+        workflow raised it) the trajectory failed: its stored turns are dropped instead (they
+        have no trustworthy reward), and the failure is counted and logged."""
+        self.finished = True
+        for agent in self._turns:
+            self.orch.pool.balancer.end_episode(agent, self.episode)
+        for c in self._made:  # work done, whether or not the trajectory succeeded
+            stats.samples[c.agent] += 1
+            stats.tokens[c.agent] += len(c.token_ids)
+        if error is not None:
+            self._fail(stats, error)
+            return
+        team = self._team if self._team is not None else 0.0
+        stats.team_rewards.append(team)
+        for c in self._made:
+            value = self._own.get(c.sample_id + "@" + c.agent, team)
+            stats.rewards[c.agent].append(value)
+            if self.orch.agents[c.agent].spec.trainable:
+                self.orch.store.set_reward(c.agent, c.sample_id, value)
+
+    def _fail(self, stats: RolloutStats, error: Exception) -> None:
+        # Drop every stored row of this trajectory (also those put but not yet handed to the
+        # workflow when it raised): the input's GRPO groups are formed from the trajectories
+        # that finished. If all of them failed, the input contributes nothing.
+        self.orch.store.discard_trajectory(self.input_id, str(self.trajectory))
+        stats.failed_trajectories += 1
+        message = f"{type(error).__name__}: {error}"
+        if len(message) > _ERROR_CHARS:
+            message = message[:_ERROR_CHARS - 3] + "..."
+        stats.error_counts[message] += 1
+        first = stats.error_counts[message] == 1
+        if first and len(stats.errors) < MAX_ERRORS:
+            stats.errors.append(f"{message} (task {self._task_id}, trajectory {self.trajectory})")
+        if first:  # once per distinct message and step; the traceback at DEBUG
+            log.warning("workflow of team %s failed on task %s, trajectory %d (%s): %s; the "
+                        "trajectory is dropped from training, the run goes on (repeats of "
+                        "this error in step %d are counted, not logged; "
+                        "--set run.log_level=DEBUG shows the traceback)", self.orch.team.name,
+                        self._task_id, self.trajectory, self.episode, message, self.step)
+        log.debug("workflow failure on task %s, trajectory %d", self._task_id, self.trajectory,
+                  exc_info=error)
+
+
+class Orchestrator(Actor):
+    """Rollout, training and weight sync of one team; the pipeline policy sequences them.
+
+    An actor on the caller's event loop (local:// by default): it owns the data cursor and the
+    agents' versions, answers Ping, and is where status and control requests will land.
+    """
+
+    def __init__(self, team: Team, agents: dict[str, AgentRuntime], store: ExperienceStore,
+                 pool: InstancePool | None, trainers: TrainerPool | None = None, *,
+                 trajectories_per_task: int,
+                 max_concurrent_tasks: int,
+                 max_concurrent_calls: int, micro_batch_groups: int, seed: int = 0,
+                 samples_per_request: int = 0, address: str = "local://*") -> None:
+        super().__init__("orchestrator", address)
+        self.cursor = task_stream(list(team.tasks), seed)
+        self.seed = seed
+        self.team = team
+        self.agents = agents
+        self.store = store
+        self.pool = pool
+        self.trainers = trainers
+        self.trajectories_per_task = trajectories_per_task
+        self.max_concurrent_tasks = max_concurrent_tasks
+        self.max_concurrent_calls = max_concurrent_calls
+        self.micro_batch_groups = micro_batch_groups
+        self.samples_per_request = samples_per_request
+        self.input_step: dict[str, int] = {}
+        """input_id -> global step it was sampled for."""
+        self.activity = ActivityLog()
+        """Busy intervals of agents (rollout, train, sync) and instances, for monitoring."""
+        if pool is not None:
+            pool.activity = self.activity
+        self.samples: Counter[str] = Counter()
+        """Samples generated so far, per agent."""
+
+    def next_tasks(self, n: int) -> list[Any]:
+        """The next `n` tasks of the data cursor."""
+        return [next(self.cursor) for _ in range(n)]
+
+    @property
+    def trainable(self) -> list[str]:
+        return [n for n, rt in self.agents.items() if rt.spec.trainable]
+
+    # ------------------------------------------------------------------ rollout
+
+    async def rollout(self, step: int, tasks: list[Any], *,
+                      on_task_done: Callable[[int], None] | None = None) -> RolloutStats:
+        """Run the workflow on every task of `step`; `on_task_done(samples)` after each task."""
+        stats = RolloutStats(started=now())
+        slots = asyncio.Semaphore(self.max_concurrent_tasks)
+
+        async def one_task(i: int, task: Any) -> None:
+            async with slots:
+                input_id = f"s{step}t{i}"
+                self.input_step[input_id] = step
+                calls = asyncio.Semaphore(self.max_concurrent_calls)
+                contexts = [TrajectoryContext(self, task, input_id, j, calls, step)
+                            for j in range(self.trajectories_per_task)]
+
+                async def trajectory(ctx: TrajectoryContext) -> Exception | None:
+                    # A workflow that raises fails its own trajectory, not the run (its reward
+                    # code included: a NaN reward raises in ctx.reward). Cancellation and
+                    # KeyboardInterrupt are not Exceptions and propagate; so do _RUN_ERRORS.
+                    try:
+                        await self.team.workflow(ctx, task)
+                    except _RUN_ERRORS:
+                        raise
+                    except Exception as exc:
+                        return exc
+                    return None
+
+                outcomes = await asyncio.gather(*(trajectory(ctx) for ctx in contexts))
+                # Settled once every trajectory has ended: a failed one's rows are discarded
+                # (TrajectoryContext.finish), also rows its stray calls stored meanwhile.
+                for ctx, error in zip(contexts, outcomes):
+                    ctx.finish(stats, error)
+                self.store.complete_input(input_id, default_reward=0.0)
+                stats.tasks += 1
+                if on_task_done is not None:
+                    on_task_done(len(contexts))
+
+        async with asyncio.TaskGroup() as tg:
+            for i, task in enumerate(tasks):
+                tg.create_task(one_task(i, task), name=f"task[{step}.{i}]")
+        stats.seconds = now() - stats.started
+        total = len(tasks) * self.trajectories_per_task
+        failed = stats.failed_trajectories
+        if failed and (failed == total or failed > MAX_FAILED_FRACTION * total):
+            raise WorkflowError(
+                f"team {self.team.name}: the workflow failed in {failed} of {total} trajectories "
+                f"of step {step} (more than MAX_FAILED_FRACTION={MAX_FAILED_FRACTION:g}): it "
+                f"is broken, not unlucky; first error: {stats.errors[0]}")
+        return stats
+
+    def of_step(self, step: int) -> Callable[[Group], bool]:
+        """Store selector: the groups sampled for global step `step`."""
+        return lambda g: self.input_step.get(g.input_id) == step
+
+    # ------------------------------------------------------------------ training
+
+    def train_session(self, agent: str, admit: Callable[[int], bool], *,
+                      eager: bool = False) -> TrainSession:
+        """A new global batch of `agent`; `admit(staleness)` is the policy's per-sample bound;
+        `eager` sends whatever each add() brings at once (see TrainSession)."""
+        rt = self.agents[agent]
+        if not rt.spec.trainable:
+            raise ValueError(f"agent {agent} is frozen (trainable=False); it has no trainer")
+        return TrainSession(rt, self.micro_batch_groups, admit, eager=eager,
+                            activity=self.activity)
+
+    async def export(self, agent: str) -> tuple[WeightUpdate, float]:
+        """The agent's current weights from its trainer (bound with trainers.bind); seconds."""
+        rt = self.agents[agent]
+        started = now()
+        async with self.trainers.bind(agent) as trainer:
+            self.activity.enter(agent, "sync")
+            try:
+                weights: WeightUpdate = await trainer.request(ExportWeights(),
+                                                              timeout_s=rt.request_timeout_s)
+            finally:
+                self.activity.exit(agent, "sync")
+        return weights, now() - started
+
+    async def push(self, agent: str, weights: WeightUpdate) -> tuple[int, float, int]:
+        """Weight sync: every instance of the agent serves `weights`; (version, seconds, bytes)."""
+        rt = self.agents[agent]
+        started = now()
+        self.activity.enter(agent, "sync")
+        try:
+            report = await self.pool.push(agent, weights.version, weights.tensors)
+        finally:
+            self.activity.exit(agent, "sync")
+        rt.version = weights.version
+        return weights.version, now() - started, report.num_bytes
+

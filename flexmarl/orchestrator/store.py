@@ -1,0 +1,358 @@
+"""Experience store: agent turns in, complete GRPO groups out, one table per agent.
+
+Pure asyncio on one event loop: no sockets, no threads, no locks. No method awaits between
+checking a condition and acting on it, so each step is atomic with respect to the others.
+
+  workflows ──put(turn)──────►  table[agent]                        put() waits while the table
+            ──set_reward()───►    shards: {sample_id: Turn}         holds capacity_per_agent rows
+                                  open:   input_id -> rows
+  orchestrator ──complete_input(input_id)──► rewards checked, GRPO advantages computed,
+                                  ready:  (input_id, turn) -> Group, oldest completed first
+  trainer feed ◄──take_groups(agent, n, version=v)── each group once; its rows are evicted,
+                                                      which wakes blocked put()s
+
+A row lives in its shard from put() until its group is taken. Capacity counts those rows, so the
+orchestrator must keep fewer inputs in flight than fit: if open (incomplete) inputs fill a
+table, nothing can complete and put() waits for ever (the store cannot tell which input to drop).
+"""
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import torch
+
+from flexmarl.training.grpo import grpo_advantages
+
+
+@dataclass(slots=True)
+class Turn:
+    """One stored sample: one agent turn of one trajectory."""
+
+    agent: str
+    input_id: str
+    turn: int
+    traj_id: str
+    """Unique per trajectory of this input ("0", "1", or "2.3" for the 4th of n samples)."""
+    policy_version: int
+    prompt_ids: list[int]
+    """Held by reference, never copied: the n samples of one generate() call share it."""
+    response_ids: list[int]
+    logprobs: list[float]
+    reward: float | None = None
+    """None until set (per-field readiness)."""
+    advantage: float | None = None
+    """Set by complete_input()."""
+
+    @property
+    def sample_id(self) -> str:
+        return f"{self.input_id}_{self.turn}_{self.traj_id}"
+
+
+def _traj_order(turn: Turn) -> tuple:
+    # Numeric where the parts are numbers, so "10" sorts after "2" and "2.3" after "2".
+    return tuple((0, int(p), "") if p.isdecimal() else (1, 0, p) for p in turn.traj_id.split("."))
+
+
+@dataclass(slots=True)
+class Group:
+    """All samples of one agent, one input, one turn: the unit GRPO normalises over."""
+
+    agent: str
+    input_id: str
+    turn: int
+    turns: list[Turn]
+    """Sorted by traj_id (numerically where numeric) for determinism."""
+
+    @property
+    def versions(self) -> set[int]:
+        return {t.policy_version for t in self.turns}
+
+
+@dataclass(slots=True)
+class AgentStats:
+    """Counters of one agent table, since the store was made."""
+
+    stored: int = 0
+    duplicates: int = 0
+    """put() calls refused because the sample_id was already stored or consumed."""
+    consumed_turns: int = 0
+    consumed_groups: int = 0
+    discarded: int = 0
+    """Rows dropped by discard_trajectory() (their trajectory failed)."""
+
+
+class StoreClosed(Exception):
+    """The store was closed while (or before) waiting on it."""
+
+
+class UnknownSample(ValueError, KeyError):
+    """No unconsumed row has this sample_id (catchable as ValueError or KeyError)."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class _Signal:
+    """Wake every current waiter; later waiters wait for the next notify().
+
+    asyncio.Condition would need its lock held to notify, which the synchronous methods
+    (complete_input, close) cannot take; a fresh Event per generation needs no lock.
+    """
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def notify(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+
+@dataclass(slots=True)
+class _Table:
+    shards: list[dict[str, Turn]]
+    open: dict[str, list[Turn]] = field(default_factory=dict)
+    """input_id -> rows of inputs not completed yet."""
+    ready: OrderedDict[tuple[str, int], Group] = field(default_factory=OrderedDict)
+    """(input_id, turn) -> complete, unconsumed group, oldest completed first."""
+    consumed: set[str] = field(default_factory=set)
+    """sample_ids already taken: a late retry of one of them must not be trained on twice."""
+    num_rows: int = 0
+    space_freed: _Signal = field(default_factory=_Signal)
+    groups_ready: _Signal = field(default_factory=_Signal)
+
+    def shard(self, sample_id: str) -> dict[str, Turn]:
+        # crc32, not hash(): hash() of str is salted per process, and shard placement should be
+        # the same in every process (checkpoints, a future multi-process store).
+        return self.shards[zlib.crc32(sample_id.encode()) % len(self.shards)]
+
+
+class ExperienceStore:
+    """In-memory, per-agent, sharded, bounded store of agent turns; see the module docstring."""
+
+    def __init__(self, agents: Iterable[str], *, capacity_per_agent: int = 4096,
+                 num_shards: int = 4) -> None:
+        names = list(agents)
+        if len(set(names)) != len(names):  # none is fine: a team with no trainable agent
+            raise ValueError(f"agents must be distinct names, got {names}")
+        if capacity_per_agent < 1:
+            raise ValueError(f"capacity_per_agent must be >= 1, got {capacity_per_agent}")
+        if num_shards < 1:
+            raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+        self.capacity_per_agent = capacity_per_agent
+        self._tables = {a: _Table([{} for _ in range(num_shards)]) for a in names}
+        self.stats: dict[str, AgentStats] = {a: AgentStats() for a in names}
+        self._completed_inputs: set[str] = set()
+        self._closed = False
+
+    @property
+    def agents(self) -> list[str]:
+        return list(self._tables)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _table(self, agent: str) -> _Table:
+        try:
+            return self._tables[agent]
+        except KeyError:
+            raise ValueError(f"unknown agent {agent!r}; the store knows "
+                             f"{sorted(self._tables)}") from None
+
+    # ------------------------------------------------------------------------- producers
+
+    async def put(self, turn: Turn) -> bool:
+        """Store one turn; False (and nothing stored) if its sample_id was stored or consumed.
+
+        Waits while the agent's table holds capacity_per_agent unconsumed rows. Raises
+        ValueError for an unknown agent or a new sample of an input already completed, and
+        StoreClosed if the store is or becomes closed.
+        """
+        table = self._table(turn.agent)
+        if len(turn.response_ids) != len(turn.logprobs):
+            raise ValueError(f"sample {turn.sample_id}: {len(turn.response_ids)} response tokens "
+                             f"but {len(turn.logprobs)} logprobs")
+        sid = turn.sample_id
+        shard = table.shard(sid)
+        while True:
+            if self._closed:
+                raise StoreClosed("experience store closed")
+            # Re-checked after every wait: a twin put may have stored this id meanwhile.
+            if sid in shard or sid in table.consumed:
+                self.stats[turn.agent].duplicates += 1
+                return False
+            if turn.input_id in self._completed_inputs:
+                raise ValueError(f"sample {sid} of agent {turn.agent!r} arrived after "
+                                 f"complete_input({turn.input_id!r}); its groups are closed")
+            if table.num_rows < self.capacity_per_agent:
+                break
+            await table.space_freed.wait()
+        shard[sid] = turn
+        table.open.setdefault(turn.input_id, []).append(turn)
+        table.num_rows += 1
+        self.stats[turn.agent].stored += 1
+        return True
+
+    def set_reward(self, agent: str, sample_id: str, reward: float) -> None:
+        """Set the reward of a stored row whose input is not completed yet."""
+        table = self._table(agent)
+        row = table.shard(sample_id).get(sample_id)
+        if row is None:
+            state = "was already consumed" if sample_id in table.consumed else "is not stored"
+            raise UnknownSample(f"sample {sample_id!r} of agent {agent!r} {state}")
+        if row.input_id in self._completed_inputs:
+            # Its advantages are computed: a late reward would silently disagree with them.
+            raise ValueError(f"sample {sample_id!r} of agent {agent!r}: input {row.input_id!r} "
+                             f"is already completed; set rewards before complete_input()")
+        row.reward = float(reward)
+
+    def complete_input(self, input_id: str, *, default_reward: float | None = None) -> None:
+        """All trajectories of `input_id` have finished: close its groups in every table.
+
+        Rows without a reward get `default_reward` if given; otherwise any such row raises
+        ValueError naming them, and nothing changes. Then each group's GRPO advantages are
+        stored in its rows and the groups become ready, in (agent, turn) order. Calling it again
+        for the same input does nothing.
+        """
+        if input_id in self._completed_inputs:
+            return
+        rows_by_agent = {a: t.open.get(input_id, []) for a, t in self._tables.items()}
+        if default_reward is None:
+            missing = [f"{a}:{r.sample_id}" for a, rows in rows_by_agent.items()
+                       for r in rows if r.reward is None]
+            if missing:
+                raise ValueError(f"complete_input({input_id!r}): no reward for {missing}; set them "
+                                 f"with set_reward() or pass default_reward")
+        self._completed_inputs.add(input_id)
+        for agent, rows in rows_by_agent.items():
+            if not rows:
+                continue
+            table = self._tables[agent]
+            del table.open[input_id]
+            for r in rows:
+                if r.reward is None:
+                    r.reward = float(default_reward)
+            # Double precision, as grpo_advantages computes its statistics internally.
+            rewards = torch.tensor([r.reward for r in rows], dtype=torch.float64)
+            advantages = grpo_advantages(rewards, [r.turn for r in rows]).tolist()
+            by_turn: dict[int, list[Turn]] = {}
+            for r, adv in zip(rows, advantages):
+                r.advantage = adv
+                by_turn.setdefault(r.turn, []).append(r)
+            for k in sorted(by_turn):
+                table.ready[(input_id, k)] = Group(agent, input_id, k,
+                                                   sorted(by_turn[k], key=_traj_order))
+            table.groups_ready.notify()
+
+    def discard_trajectory(self, input_id: str, traj_id: str) -> int:
+        """Drop the stored rows of one trajectory of an open input, from every table.
+
+        A trajectory's rows are those whose traj_id is `traj_id` or `traj_id.K` (the n samples
+        of one call). For a trajectory that failed: its turns have no trustworthy reward, so
+        they must not be trained; the input's groups are then formed from its other
+        trajectories. Returns how many rows were dropped (their capacity is freed). Raises
+        ValueError once the input is completed: its groups and advantages are fixed.
+        """
+        if input_id in self._completed_inputs:
+            raise ValueError(f"discard_trajectory({input_id!r}, {traj_id!r}): the input is "
+                             "already completed; discard before complete_input()")
+        prefix = traj_id + "."
+        dropped = 0
+        for agent, table in self._tables.items():
+            rows = table.open.get(input_id)
+            if not rows:
+                continue
+            keep = [r for r in rows if r.traj_id != traj_id and not r.traj_id.startswith(prefix)]
+            gone = len(rows) - len(keep)
+            if not gone:
+                continue
+            for r in rows:
+                if r.traj_id == traj_id or r.traj_id.startswith(prefix):
+                    del table.shard(r.sample_id)[r.sample_id]
+            if keep:
+                table.open[input_id] = keep
+            else:
+                del table.open[input_id]
+            table.num_rows -= gone
+            self.stats[agent].discarded += gone
+            dropped += gone
+            table.space_freed.notify()
+        return dropped
+
+    # ------------------------------------------------------------------------- consumers
+
+    async def take_groups(self, agent: str, num_groups: int, *, version: int | None = None,
+                          select: Callable[[Group], bool] | None = None,
+                          flush: bool = False) -> list[Group]:
+        """Wait for `num_groups` complete groups of `agent` and take them, oldest first.
+
+        With `version`, only groups whose every row has that policy_version qualify (a group
+        of mixed versions never does); with `select`, only groups it returns True for (e.g. the
+        groups of one global step). With `flush`, do not wait: take up to `num_groups` of
+        those ready now, possibly none. Each group is returned to exactly one caller; its rows
+        are evicted, freeing capacity. Raises StoreClosed if the store is or becomes closed.
+        """
+        if num_groups < 1:
+            raise ValueError(f"num_groups must be >= 1, got {num_groups}")
+        table = self._table(agent)
+        while True:
+            if self._closed:
+                raise StoreClosed("experience store closed")
+            keys = self._matching(table, version, select, limit=num_groups)
+            if len(keys) == num_groups or flush:
+                break
+            await table.groups_ready.wait()
+        # No await from choosing the keys to here: no other consumer can take them meanwhile.
+        groups = [table.ready.pop(k) for k in keys]
+        for g in groups:
+            for r in g.turns:
+                sid = r.sample_id
+                del table.shard(sid)[sid]
+                table.consumed.add(sid)
+            table.num_rows -= len(g.turns)
+            self.stats[agent].consumed_turns += len(g.turns)
+        self.stats[agent].consumed_groups += len(groups)
+        if groups:
+            table.space_freed.notify()
+        return groups
+
+    @staticmethod
+    def _matching(table: _Table, version: int | None,
+                  select: Callable[[Group], bool] | None = None, limit: int | None = None
+                  ) -> list[tuple[str, int]]:
+        keys = []
+        for key, g in table.ready.items():
+            if (version is None or g.versions == {version}) and (select is None or select(g)):
+                keys.append(key)
+                if limit is not None and len(keys) == limit:
+                    break
+        return keys
+
+    # ------------------------------------------------------------------------- inspection
+
+    def pending(self, agent: str) -> int:
+        """Unconsumed rows stored for `agent` (open and complete): what capacity counts."""
+        return self._table(agent).num_rows
+
+    def ready_groups(self, agent: str, *, version: int | None = None,
+                     select: Callable[[Group], bool] | None = None) -> int:
+        """Complete, unconsumed groups of `agent` (only those wholly of `version`, and those
+        `select` accepts, if given)."""
+        return len(self._matching(self._table(agent), version, select))
+
+    def close(self) -> None:
+        """Wake every waiting put() and take_groups() with StoreClosed; later calls raise it too.
+
+        Synchronous methods (set_reward, complete_input, inspection) keep working.
+        """
+        self._closed = True
+        for table in self._tables.values():
+            table.space_freed.notify()
+            table.groups_ready.notify()

@@ -1,0 +1,408 @@
+"""Trainer slots bound to agents on demand, idle agents' training state swapped out to the host.
+
+    slot = one trainer worker group (its processes, its devices); empty until a SwapIn
+    bind(agent) ─► SlotAllocator (pure): the agent waits its turn (first come, first served)
+                 ─► its granted slot: already holding its state (no swap), empty, or holding an
+                    idle agent's state ─► SwapOut (state to this process's memory) ─► SwapIn
+                    (the agent's stored state, or a fresh trainer the first time)
+                 ─► the slot's connection, until the binding ends (the agent's update is done)
+    release with nobody waiting ─► prefetch: the agent swapped out longest ago is swapped in
+                 now, while rollout runs, instead of when it next needs the slot
+
+A SwapOut returns the whole training state (parameters, AdamW state, RNG, version) through the
+runtime transport, so the same code moves it within a process, between processes or between
+hosts, and a SwapIn restores it bit for bit into any slot with enough ranks. With `static`
+placement every agent owns one slot for good (the baseline: no swaps, slots idle between the
+agent's updates); with a shared pool of fewer slots than agents, slots go where the work is.
+
+Dead slots (with `snapshots` on and a `respawn` callback):
+
+    worker_died(process) ─► slot_died: its requests fail now (PeerDied); the agent whose
+                 state it held gets its snapshot (its state after its last finished step, taken
+                 by `snapshot` or by a SwapOut) put back in host memory, or, if it never
+                 finished a step, may start fresh; new processes replace the slot's (new names)
+    the agent's loop ─► PeerDied ─► binds again: a SwapIn of the snapshot into the new slot (or
+                 any other), then re-accumulates the batch it had taken: the same update
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+from flexmarl.clock import now
+from flexmarl.training.slots import Grant, SlotAllocator
+from flexmarl.protocol import ExportState, SwapIn, SwapOut, TrainState
+from runtime.errors import PeerDied, RequestTimeout
+from runtime.transport import Connection
+
+log = logging.getLogger(__name__)
+REPLACE_ATTEMPTS = 3
+"""Processes started for a dead slot before it is given up (a replacement may die starting)."""
+Respawn = Callable[[str, list[str]], Awaitable[tuple[list[str], Connection]]]
+"""(slot, its old process names) -> the new processes' names and rank 0's connection; kills
+what is left of the old ones first."""
+
+
+@dataclass
+class SwapRecord:
+    agent: str
+    slot: str
+    direction: str
+    """"out" (state to the host) or "in" (state into the slot)."""
+    num_bytes: int
+    seconds: float
+    at: float
+
+
+@dataclass
+class _Hold:
+    ready: asyncio.Future
+    """Resolves to the slot once the agent's state is loaded there."""
+    depth: int = 0
+    prefetch_only: bool = False
+
+
+@dataclass
+class AgentTrainer:
+    """What a slot needs to host an agent."""
+
+    model_dir: str
+    config: dict[str, Any]
+    ranks: int = 1
+
+
+class TrainerPool:
+    """Trainer slots shared by a team's trainable agents; see the module docstring."""
+
+    def __init__(self, slots: dict[str, Connection], slot_ranks: dict[str, int],
+                 agents: dict[str, AgentTrainer], *, static: bool = False,
+                 prefetch: bool = True, request_timeout_s: float = 300.0,
+                 snapshots: bool = False, respawn: Respawn | None = None,
+                 workers: dict[str, str] | None = None,
+                 kill: Callable[[str], None] | None = None) -> None:
+        """`snapshots`: keep each agent's state after its last step (`snapshot`) so a dead
+        slot's agent can be restored; `respawn` replaces a dead slot's processes; `workers`:
+        process name -> its slot (to map a death to its slot); `kill(process)` ends a hung one."""
+        if static and len(slots) < len(agents):
+            raise ValueError(f"static reservation needs one slot per trainable agent: "
+                             f"{len(agents)} agents, {len(slots)} slots")
+        pinned = dict(zip(agents, slots)) if static else None
+        self.allocator = SlotAllocator(slot_ranks, {a: s.ranks for a, s in agents.items()},
+                                       pinned)
+        self.slots = {name: _TimedConnection(conn, name, self) for name, conn in slots.items()}
+        self.agents = dict(agents)
+        self.static = static
+        self.request_timeout_s = request_timeout_s
+        self.states: dict[str, TrainState] = {}
+        """Swapped-out training states, held in this process's memory."""
+        self.swaps: list[SwapRecord] = []
+        self.busy_s: dict[str, float] = dict.fromkeys(slots, 0.0)
+        """Per slot: time its processes spent on requests (training, export, swaps)."""
+        self._busy_taken: dict[str, float] = dict.fromkeys(slots, 0.0)
+        self._granted: dict[str, asyncio.Future] = {}
+        self._holding: dict[str, _Hold] = {}
+        """agent -> its binding (slot once loaded, nesting depth)."""
+        self.prefetch = prefetch
+        self._prefetches: set[asyncio.Future] = set()
+        self._loaded: dict[str, str] = {}
+        """slot -> agent whose trainer the slot's processes hold now."""
+        self._leaving: dict[str, asyncio.Future] = {}
+        """agent -> done when its state, on its way out of a slot, is in `states`."""
+        self._started: set[str] = set()
+        """Agents whose trainer has been built: a fresh SwapIn would lose their training."""
+        self.snapshots_on = snapshots
+        self.snapshots: dict[str, TrainState] = {}
+        """agent -> its whole state after its last finished step (snapshot or SwapOut)."""
+        self.respawn = respawn
+        self.kill = kill
+        self.workers = dict(workers or {})
+        self._replacing: dict[str, asyncio.Task] = {}
+        self.deaths = 0
+        self.replacements: list[dict] = []
+        """Per replaced slot: {slot, workers, seconds from the death to the new processes}."""
+        self._died_at: dict[str, float] = {}
+
+    @asynccontextmanager
+    async def bind(self, agent: str, *, prefetch: bool = False) -> AsyncIterator[Connection]:
+        """The agent's trainer connection, its state in the slot, for the duration.
+
+        Re-entrant per agent (a prefetch and the agent's own update may overlap): the slot is
+        released when the last binding of the agent ends."""
+        hold = self._holding.get(agent)
+        if hold is None:
+            hold = self._holding[agent] = _Hold(asyncio.ensure_future(self._acquire(agent)),
+                                                prefetch_only=prefetch)
+        hold.prefetch_only = hold.prefetch_only and prefetch
+        hold.depth += 1
+        try:
+            slot = await asyncio.shield(hold.ready)
+            yield self.slots[slot]
+        finally:
+            hold.depth -= 1
+            if hold.depth == 0:
+                del self._holding[agent]
+                if hold.ready.done() and not hold.ready.cancelled() and \
+                        hold.ready.exception() is None:
+                    self.allocator.release(agent)
+                    self._dispatch()
+                    if not hold.prefetch_only:  # a prefetch ending must not start another one
+                        self._maybe_prefetch()
+                else:  # still waiting for a slot, or the load failed: give the grant back
+                    hold.ready.cancel()
+
+    async def _acquire(self, agent: str) -> str:
+        """Wait for the allocator to grant the agent a slot, load its state there; the slot."""
+        fut = asyncio.get_running_loop().create_future()
+        self._granted[agent] = fut
+        self.allocator.request(agent)
+        self._dispatch()
+        try:
+            grant: Grant = await fut
+        except asyncio.CancelledError:
+            self._granted.pop(agent, None)
+            if fut.done() and not fut.cancelled():  # granted meanwhile: hand the slot back
+                self.allocator.release(agent)
+                self._dispatch()
+            else:
+                self.allocator.cancel(agent)
+            raise
+        try:
+            await self._load(grant)
+        except BaseException:
+            self.allocator.release(agent)
+            self._dispatch()
+            raise
+        return grant.slot
+
+    def _maybe_prefetch(self) -> None:
+        """A slot fell idle and nobody waits: bring in the swapped-out agent that trained
+        least recently, so its swap happens now (during rollout), not when it needs the slot."""
+        if not self.prefetch or self.allocator.waiting() or not self.states:
+            return
+        if all(s in self.allocator.bound for s in self.slots):
+            return
+        agent = next(iter(self.states))  # swapped out longest ago: states keeps insert order
+        if agent in self._holding:
+            return
+        self._prefetches.add(asyncio.ensure_future(self._prefetch(agent)))
+
+    async def close(self) -> None:
+        """No more prefetching; wait for one in flight (before the slots' connections close)."""
+        self.prefetch = False
+        if self._prefetches:
+            await asyncio.gather(*self._prefetches, return_exceptions=True)
+
+    async def _prefetch(self, agent: str) -> None:
+        try:
+            async with self.bind(agent, prefetch=True):
+                pass
+        except Exception as exc:  # a prefetch is an optimisation: its failure is not fatal
+            log.warning("prefetching %s into a trainer slot failed: %s", agent, exc)
+        finally:
+            self._prefetches.discard(asyncio.current_task())
+
+    def _dispatch(self) -> None:
+        for grant in self.allocator.grant():
+            fut = self._granted.pop(grant.agent)
+            if not fut.done():
+                fut.set_result(grant)
+
+    async def _load(self, grant: Grant) -> None:
+        if grant.slot in self._replacing:  # the slot died: wait for its new processes
+            await asyncio.shield(self._replacing[grant.slot])
+        conn = self.slots[grant.slot]
+        if conn.dead is not None:
+            raise conn.dead
+        loaded = self._loaded.get(grant.slot)
+        if loaded == grant.agent:
+            return  # its trainer never left this slot
+        if loaded:  # an idle agent's trainer: its state goes out to this process's memory
+            leaving = self._leaving[loaded] = asyncio.get_running_loop().create_future()
+            started = now()
+            try:
+                out: TrainState = await conn.request(SwapOut(), timeout_s=self.request_timeout_s)
+                self.states[loaded] = out
+                if self.snapshots_on:  # an idle agent's state is its state after its last step
+                    self.snapshots[loaded] = out
+                del self._loaded[grant.slot]
+                self._record(loaded, grant.slot, "out", out, started)
+            finally:
+                del self._leaving[loaded]
+                leaving.set_result(None)
+        # The agent may have been evicted from another slot a moment ago (by the grant that
+        # chose that slot) and its state still be on the way out: wait for it to land.
+        if grant.agent in self._leaving:
+            await asyncio.shield(self._leaving[grant.agent])
+        state = self.states.get(grant.agent)  # kept until the SwapIn succeeded
+        if state is None and grant.agent in self._started:
+            raise RuntimeError(f"agent {grant.agent}'s training state is in no slot and not in "
+                               "host memory (its SwapOut failed): refusing to restart it from "
+                               "its initial weights")
+        spec = self.agents[grant.agent]
+        started = now()
+        await conn.request(SwapIn(grant.agent, spec.model_dir, spec.config,
+                                  state.tensors if state else {}, state.meta if state else {}),
+                           timeout_s=self.request_timeout_s)
+        self._loaded[grant.slot] = grant.agent
+        self._started.add(grant.agent)
+        if state is not None:
+            del self.states[grant.agent]
+            self._record(grant.agent, grant.slot, "in", state, started)
+
+    def _record(self, agent: str, slot: str, direction: str, state: TrainState,
+                started: float) -> None:
+        num_bytes = sum(t.numel() * t.element_size() for t in state.tensors.values())
+        record = SwapRecord(agent, slot, direction, num_bytes, now() - started,
+                            now())
+        self.swaps.append(record)
+        log.info("swapped %s %s slot %s: %.1f MB in %.3f s", agent,
+                 "out of" if direction == "out" else "into", slot, num_bytes / 1e6,
+                 record.seconds)
+
+    async def snapshot(self, agent: str) -> TrainState | None:
+        """Keep the agent's whole state (it must be bound, between batches): what it is
+        restored from if its slot dies before its next snapshot. None when snapshots are off."""
+        if not self.snapshots_on:
+            return None
+        async with self.bind(agent) as conn:
+            state: TrainState = await conn.request(ExportState(),
+                                                   timeout_s=self.request_timeout_s)
+        self.snapshots[agent] = state
+        return state
+
+    def restore(self, agent: str, state: TrainState) -> None:
+        """Start the agent from `state` (a resumed run's checkpoint) at its first SwapIn."""
+        if agent in self._started:
+            raise RuntimeError(f"agent {agent}'s trainer has started already: restore first")
+        self.states[agent] = state
+        if self.snapshots_on:
+            self.snapshots[agent] = state
+
+    def recoverable(self) -> bool:
+        """Can an agent whose slot died go on (from its snapshot, on a replaced slot)?"""
+        return self.snapshots_on and self.respawn is not None
+
+    def restored_version(self, agent: str) -> int:
+        """The trainer version the agent resumes from after its slot died."""
+        state = self.snapshots.get(agent)
+        return state.version if state is not None else 0
+
+    def worker_died(self, name: str, reason: str) -> bool:
+        """A process died; False if it is none of the slots' current processes."""
+        slot = self.workers.get(name)
+        if slot is None:
+            return False
+        self.slot_died(slot, f"{name} {reason}")
+        return True
+
+    def slot_hung(self, slot: str, reason: str) -> None:
+        """A request to the slot timed out: kill its processes and handle it as dead."""
+        if self.kill is not None:
+            for name in [n for n, s in self.workers.items() if s == slot]:
+                self.kill(name)
+        self.slot_died(slot, reason)
+
+    def slot_died(self, slot: str, reason: str) -> None:
+        """A process of `slot` died (or hung): its requests in flight fail now (PeerDied),
+        naming it; with recovery on, its agent's state goes back to its snapshot and new
+        processes are started for the slot."""
+        conn = self.slots[slot]
+        if conn.dead is not None:
+            return  # already handled: this is another rank of the same group
+        self.deaths += 1
+        self._died_at[slot] = now()
+        recover = self.recoverable()
+        log.error("trainer slot %s died: %s%s", slot, reason,
+                  "; replacing it and restoring its agent from its last snapshot" if recover
+                  else "")
+        conn.fail_pending(PeerDied(
+            f"trainer slot {slot} died: {reason}; " + (
+                "its agent restarts the batch from its last snapshot" if recover else
+                "its agent's update cannot complete (trainer_pool.snapshots and a replacement "
+                "let a run survive this)")))
+        agent = self._loaded.pop(slot, None)
+        if recover and agent:
+            if agent in self.snapshots:
+                self.states.setdefault(agent, self.snapshots[agent])
+            else:  # it never finished a step: its fresh trainer is its state
+                self._started.discard(agent)
+        if recover and slot not in self._replacing:
+            old = [n for n, s in self.workers.items() if s == slot]
+            for name in old:
+                del self.workers[name]  # their deaths, now or when killed, are this one
+            self._replacing[slot] = asyncio.ensure_future(self._replace(slot, old))
+
+    async def _replace(self, slot: str, old: list[str]) -> None:
+        """New processes for a dead slot (up to REPLACE_ATTEMPTS); the slot stays dead if none
+        starts."""
+        error: BaseException | None = None
+        try:
+            for attempt in range(1, REPLACE_ATTEMPTS + 1):
+                try:
+                    names, conn = await self.respawn(slot, old)
+                except Exception as exc:
+                    error = exc
+                    log.warning("trainer slot %s: replacement %d/%d failed: %s", slot, attempt,
+                                REPLACE_ATTEMPTS, exc)
+                    continue
+                dead = self.slots[slot]
+                self.slots[slot] = _TimedConnection(conn, slot, self)
+                self.workers.update(dict.fromkeys(names, slot))
+                self.replacements.append({"slot": slot, "workers": names,
+                                          "seconds": now() - self._died_at[slot]})
+                log.warning("trainer slot %s replaced by %s", slot, ", ".join(names))
+                try:
+                    await dead.aclose()
+                except Exception:  # its peer is gone; closing is best effort
+                    pass
+                return
+            self.slots[slot].dead = PeerDied(
+                f"trainer slot {slot} died and no replacement started ({REPLACE_ATTEMPTS} "
+                f"attempts; last error: {error})")
+        finally:
+            del self._replacing[slot]
+
+    @property
+    def loaded(self) -> dict[str, str]:
+        """slot -> agent whose training state the slot holds (bound or idle)."""
+        return dict(self._loaded)
+
+    def take_busy(self) -> dict[str, float]:
+        """Per slot: busy seconds since the last call."""
+        out = {s: self.busy_s[s] - self._busy_taken[s] for s in self.busy_s}
+        self._busy_taken = dict(self.busy_s)
+        return out
+
+
+class _TimedConnection:
+    """A slot's connection that counts the time its requests take as the slot's busy time."""
+
+    def __init__(self, conn: Connection, slot: str, pool: TrainerPool) -> None:
+        self._conn, self._slot, self._pool = conn, slot, pool
+        self.dead: Exception | None = None
+        """Set when the slot's processes died: every request fails with it at once."""
+
+    async def request(self, msg: Any, **kwargs: Any) -> Any:
+        if self.dead is not None:
+            raise self.dead
+        started = now()
+        try:
+            return await self._conn.request(msg, **kwargs)
+        except RequestTimeout as exc:
+            if self.dead is not None:
+                raise self.dead from exc
+            # A slot that does not answer is treated as dead, not waited on again.
+            self._pool.slot_hung(self._slot, f"{type(msg).__name__} timed out ({exc})")
+            raise (self.dead or exc) from exc
+        finally:
+            self._pool.busy_s[self._slot] += now() - started
+
+    def fail_pending(self, exc: Exception) -> None:
+        self.dead = exc
+        self._conn.fail_pending(exc)
+
+    async def aclose(self) -> None:
+        await self._conn.aclose()

@@ -1,0 +1,97 @@
+"""Which agent gets which trainer slot next: a pure policy over names (no I/O, no clock).
+
+TrainerPool (flexmarl.training.pool) asks it on every bind and release; the simulator
+(flexmarl.sim) drives the same class.
+"""
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Grant:
+    agent: str
+    slot: str
+    evict: str | None
+    """The idle agent whose state must be swapped out of the slot first, if any."""
+
+
+class SlotAllocator:
+    """Pure policy over slot and agent names: who gets which slot next. No I/O, no clock.
+
+    Invariants: a slot is bound to at most one agent at a time; an agent holds at most one slot;
+    waiting agents are served first come, first served among those a free slot fits (so none
+    starves while slots are released). A released slot keeps the agent's state resident until
+    another agent needs the slot: the least recently used idle slot is evicted first.
+    """
+
+    def __init__(self, slots: dict[str, int], needs: dict[str, int],
+                 pinned: dict[str, str] | None = None) -> None:
+        """`slots`: slot -> ranks; `needs`: agent -> ranks it needs; `pinned`: agent -> the
+        only slot it may use (static reservation)."""
+        for agent, need in needs.items():
+            if not any(ranks >= need for ranks in slots.values()):
+                raise ValueError(f"agent {agent!r} needs a slot of {need} ranks; the largest "
+                                 f"has {max(slots.values(), default=0)}")
+        self.slots = dict(slots)
+        self.needs = dict(needs)
+        self.pinned = dict(pinned or {})
+        self.bound: dict[str, str] = {}
+        """slot -> agent currently using it."""
+        self.resident: OrderedDict[str, str] = OrderedDict((s, "") for s in slots)
+        """slot -> agent whose state is in it ("" = empty), least recently released first."""
+        self._queue: OrderedDict[str, int] = OrderedDict()
+        self._order = itertools.count()
+
+    def request(self, agent: str) -> None:
+        if agent not in self.needs:
+            raise ValueError(f"unknown agent {agent!r}")
+        if agent in self._queue or agent in self.bound.values():
+            raise ValueError(f"agent {agent!r} already waits for or holds a slot")
+        self._queue[agent] = next(self._order)
+
+    def release(self, agent: str) -> None:
+        slot = next((s for s, a in self.bound.items() if a == agent), None)
+        if slot is None:
+            raise ValueError(f"agent {agent!r} holds no slot")
+        del self.bound[slot]
+        self.resident.move_to_end(slot)  # most recently used: evicted last
+
+    def cancel(self, agent: str) -> None:
+        """Withdraw a request that has not been granted (nothing happens otherwise)."""
+        self._queue.pop(agent, None)
+
+    def waiting(self) -> list[str]:
+        return list(self._queue)
+
+    def grant(self) -> list[Grant]:
+        """Bind free slots to waiting agents, oldest request first; the grants to carry out."""
+        grants = []
+        for agent in list(self._queue):
+            slot = self._choose(agent)
+            if slot is None:
+                continue
+            del self._queue[agent]
+            previous = self.resident[slot]
+            self.bound[slot] = agent
+            self.resident[slot] = agent
+            grants.append(Grant(agent, slot, previous if previous not in ("", agent) else None))
+        return grants
+
+    def _choose(self, agent: str) -> str | None:
+        free = [s for s in self.resident if s not in self.bound
+                and self.slots[s] >= self.needs[agent]
+                and self.pinned.get(agent, s) == s
+                # a slot pinned to another agent is that agent's alone
+                and all(p != s for a, p in self.pinned.items() if a != agent)]
+        if not free:
+            return None
+        for slot in free:  # its state is already there: no swap at all
+            if self.resident[slot] == agent:
+                return slot
+        empty = [s for s in free if not self.resident[s]]
+        if empty:
+            return min(empty, key=lambda s: self.slots[s])  # the smallest slot that fits
+        return free[0]  # least recently used idle slot: its agent's state goes out

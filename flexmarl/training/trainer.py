@@ -1,0 +1,473 @@
+"""Training engine of one agent: GRPO with FSDP2 on every rank of a torch.distributed group.
+
+One `GRPOTrainer` lives in each rank's process; every rank makes the same calls in the same
+order (the trainer worker, `flexmarl.training.worker`, sees to that), because each call below
+runs collectives:
+
+    begin_batch(num_tokens)     fix the loss normaliser of the global batch, zero gradients
+    accumulate(micro_batch) *   this rank's rows: forward, GRPO loss, backward (gradient adds up)
+    step()                      clip, AdamW step, version += 1
+    export_weights()            full Hugging Face-named state dict on rank 0 (for weight sync)
+    offload() / onload()        parameters, gradients and optimizer state to host memory and back
+
+The model is sharded with `fully_shard` on each decoder block and then the root (`shard_model`);
+gradients are reduced as a plain *sum* across ranks, because each rank's loss is already divided
+by the global token count (see `shard_model`). World size 1 needs no process group: the model is
+then used unsharded. The formulas themselves live in `flexmarl.training.grpo`.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from flexmarl.training.grpo import grpo_loss, token_logprobs
+from flexmarl.protocol import SwapDone, TrainMicroBatch, TrainStats, TrainStepDone
+
+log = logging.getLogger(__name__)
+
+DEVICES = ("cpu", "cuda")
+GRAD_SUM_FACTOR = 1.0
+"""FSDP gradient divide factor: 1 turns the default mean over ranks into a sum."""
+
+
+@dataclass(kw_only=True)
+class TrainerConfig:
+    """Optimizer, GRPO objective and placement of one agent's trainer (section `trainer`)."""
+
+    lr: float = 1e-6
+    """AdamW learning rate."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW moment decay rates, each in [0, 1)."""
+    adam_eps: float = 1e-8
+    """AdamW denominator epsilon."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value; 0 disables clipping (the norm is still
+    reported)."""
+    clip_eps: float = 0.2
+    """PPO ratio clip: the ratio is kept in [1 - clip_eps, 1 + clip_eps_high]."""
+    clip_eps_high: float | None = None
+    """Upper clip (DAPO's "clip higher"); None means clip_eps."""
+    kl_coef: float = 0.0
+    """Weight of the k3 KL estimate to the reference policy; > 0 needs ref_logprobs."""
+    is_cap: float = 0.0
+    """> 0: weight each token by the truncated importance ratio min(pi / pi_behaviour, is_cap)
+    (decoupled objective for stale samples; set by pipeline.mode = "bounded"); 0: plain PPO
+    ratio to the behaviour policy."""
+    temperature: float = 1.0
+    """Sampling temperature of the behaviour policy; logits are divided by it before the
+    log-softmax so the importance ratio compares like with like."""
+    seed: int = 0
+    """Seed of torch's generators on every rank (the same on all ranks)."""
+    device: str = "cpu"
+    """`cpu` (gloo) or `cuda` (nccl, the current CUDA device of each rank)."""
+    reshard_after_forward: bool = True
+    """FSDP: free each block's gathered parameters after its forward (less memory, one more
+    all-gather in backward)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.betas, list):  # from TOML or JSON worker args
+            self.betas = tuple(self.betas)
+        _check(self.lr > 0, "lr", self.lr, "must be > 0")
+        _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "betas",
+               self.betas, "must be two numbers in [0, 1)")
+        _check(self.adam_eps > 0, "adam_eps", self.adam_eps, "must be > 0")
+        _check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "must be >= 0")
+        _check(self.grad_clip >= 0, "grad_clip", self.grad_clip, "must be >= 0 (0 disables)")
+        _check(self.clip_eps > 0, "clip_eps", self.clip_eps, "must be > 0")
+        _check(self.clip_eps_high is None or self.clip_eps_high > 0, "clip_eps_high",
+               self.clip_eps_high, "must be > 0 or None")
+        _check(self.kl_coef >= 0, "kl_coef", self.kl_coef, "must be >= 0")
+        _check(self.is_cap >= 0, "is_cap", self.is_cap, "must be >= 0 (0 disables)")
+        _check(self.temperature > 0, "temperature", self.temperature,
+               "must be > 0 (greedy rollouts are scored at temperature 1)")
+        _check(isinstance(self.seed, int) and not isinstance(self.seed, bool), "seed", self.seed,
+               "must be an int")
+        _check(self.device in DEVICES, "device", self.device, f"must be one of {DEVICES}")
+
+
+def _check(ok: bool, name: str, value: object, rule: str) -> None:
+    if not ok:
+        raise ValueError(f"trainer.{name} {rule}, got {value!r}")
+
+
+def shard_model(model: nn.Module, mesh: "dist.DeviceMesh", *, reshard_after_forward: bool) -> None:
+    """FSDP2: `fully_shard` each decoder block, then the root (embeddings, final norm, head).
+
+    Every rank's loss is already divided by the *global* token count, so the full gradient is the
+    sum of the ranks' gradients. FSDP's default reduction averages (divides by world size); a
+    divide factor of 1 with sum-only collectives makes it a plain sum with no extra scaling pass
+    (gloo has no AVG or PREMUL_SUM reduction, so the sum-only form is also what runs on CPU).
+    """
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    block_names = set(getattr(model, "_no_split_modules", None) or ())
+    blocks = [m for m in model.modules() if type(m).__name__ in block_names]
+    if not blocks:
+        raise ValueError(f"{type(model).__name__} names no decoder block class in "
+                         "_no_split_modules; FSDP needs the blocks to shard one by one")
+    for block in blocks:
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    # The root's parameters are needed again at once by backward: keep them gathered.
+    fully_shard(model, mesh=mesh, reshard_after_forward=False)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(GRAD_SUM_FACTOR)
+            module.set_force_sum_reduction_for_comms(True)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor this rank holds: the local shard of a DTensor, the tensor itself otherwise."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+class GRPOTrainer:
+    """GRPO trainer of one policy model on this rank; see the module docstring for the calls."""
+
+    def __init__(self, model_dir: str, config: TrainerConfig | None = None) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.config = config or TrainerConfig()
+        self.version = 0
+        self.sharded = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.sharded else 0
+        self.world_size = dist.get_world_size() if self.sharded else 1
+        if self.config.device == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError("trainer.device is 'cuda' but no CUDA device is visible; "
+                                   "set trainer.device='cpu'")
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            self.device = torch.device("cpu")
+        torch.manual_seed(self.config.seed)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        # Tied weights (e.g. lm_head = embed_tokens) appear under several names; the checkpoint
+        # (and so the rollout engines) knows only the first, as save_pretrained writes it.
+        unique = {n for n, _ in model.named_parameters()}
+        aliases = {n for n, _ in model.named_parameters(remove_duplicate=False)} - unique
+        self.export_names = [n for n in model.state_dict() if n not in aliases]
+        model.to(self.device).train()
+        with torch.no_grad():
+            # Parameters loaded from safetensors may live in a memory-mapped file, whose storage
+            # cannot be resized (offload frees storages): give each its own, owned memory.
+            for p in model.parameters():
+                if not p.untyped_storage().resizable():
+                    p.data = p.data.clone()
+        if self.sharded:
+            from torch.distributed.device_mesh import init_device_mesh
+            mesh = init_device_mesh(self.device.type, (self.world_size,))
+            shard_model(model, mesh, reshard_after_forward=self.config.reshard_after_forward)
+        self.model = model
+        c = self.config
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=c.lr, betas=c.betas,
+                                           eps=c.adam_eps, weight_decay=c.weight_decay)
+        self._normaliser: float | None = None
+        self._deferred = False
+        self._tokens_seen = 0
+        self._host: list[tuple[torch.UntypedStorage, torch.Tensor]] | None = None
+
+    # ------------------------------------------------------------------ training
+
+    def begin_batch(self, num_tokens: int | None = None) -> None:
+        """Start a global batch of `num_tokens` response tokens (over all its micro-batches).
+
+        None (or 0) defers the count to step(num_tokens): micro-batches then accumulate the
+        un-normalised token sum and step() divides the gradient by the count once. Both give the
+        full-batch gradient; the deferred form is what lets micro-batches be trained while the
+        rest of the batch is still being generated.
+        """
+        self._require_onloaded("begin_batch")
+        if num_tokens is not None and (not isinstance(num_tokens, int) or num_tokens < 0):
+            raise ValueError(f"begin_batch needs the global batch's response-token count (> 0), "
+                             f"or None to declare it at step(); got {num_tokens!r}")
+        self._deferred = not num_tokens
+        self._normaliser = 1.0 if self._deferred else float(num_tokens)
+        self._tokens_seen = 0
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def accumulate(self, mb: TrainMicroBatch) -> TrainStats:
+        """Forward and backward this rank's share of `mb` (every rank gets the same full `mb`)."""
+        self._require_onloaded("accumulate")
+        if self._normaliser is None:
+            raise RuntimeError("accumulate() before begin_batch(): call begin_batch(num_tokens) "
+                               "at the start of each global batch")
+        c = self.config
+        if c.kl_coef > 0 and mb.ref_logprobs is None:
+            raise ValueError("trainer.kl_coef > 0 needs TrainMicroBatch.ref_logprobs; send them "
+                             "or set trainer.kl_coef = 0")
+        rows = self._my_rows(mb)
+        out = self.model(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"],
+                         use_cache=False)
+        logprobs = token_logprobs(out.logits, rows["input_ids"], c.temperature)
+        loss, metrics = grpo_loss(
+            logprobs, rows["old_logprobs"], rows["advantages"], rows["response_mask"],
+            normaliser=self._normaliser, clip_eps=c.clip_eps, clip_eps_high=c.clip_eps_high,
+            ref_logprobs=rows.get("ref_logprobs"), kl_coef=c.kl_coef, is_cap=c.is_cap or None)
+        loss.backward()
+        # Metrics are means over this rank's tokens: sum them up as totals across ranks.
+        n = metrics["num_tokens"]
+        totals = torch.tensor([loss.item(), n, metrics["clip_frac"] * n,
+                               metrics["ratio_mean"] * n, metrics["kl"] * n,
+                               metrics.get("is_weight_mean", 0.0) * n,
+                               metrics.get("is_truncated_frac", 0.0) * n],
+                              dtype=torch.float64, device=self.device)
+        if self.sharded:
+            dist.all_reduce(totals)
+        loss_sum, num_tokens, clipped, ratio_sum, kl_sum, w_sum, trunc = totals.tolist()
+        self._tokens_seen += int(num_tokens)
+        if not self._deferred and self._tokens_seen > self._normaliser:
+            raise ValueError(f"the global batch has {self._tokens_seen} response tokens so far but "
+                             f"begin_batch declared {int(self._normaliser)}: the loss would be "
+                             "over-weighted; pass the true total to begin_batch")
+        denom = max(num_tokens, 1.0)
+        out = {"clip_frac": clipped / denom, "ratio_mean": ratio_sum / denom, "kl": kl_sum / denom}
+        if c.is_cap:
+            out |= {"is_weight_mean": w_sum / denom, "is_truncated_frac": trunc / denom}
+        # With a deferred normaliser (begin_batch(None)) the loss is the batch's token *sum*.
+        return TrainStats(loss=loss_sum, num_tokens=int(num_tokens), metrics=out)
+
+    def _my_rows(self, mb: TrainMicroBatch) -> dict[str, torch.Tensor]:
+        """This rank's contiguous block of rows, padded with fully masked dummy rows.
+
+        Every rank must run forward and backward the same number of times (FSDP's all-gathers
+        and reduce-scatters are collectives), even when the rows do not divide evenly. Dummy rows
+        attend normally (an all-zero attention row would give NaN in softmax) but carry no
+        response token, so they add exactly 0 to loss and gradient.
+        """
+        num_rows = mb.input_ids.shape[0]
+        if num_rows == 0 or mb.input_ids.dim() != 2:
+            raise ValueError(f"TrainMicroBatch.input_ids must be [rows >= 1, T], got "
+                             f"{tuple(mb.input_ids.shape)}")
+        per_rank = math.ceil(num_rows / self.world_size)
+        lo = min(self.rank * per_rank, num_rows)
+        hi = min(lo + per_rank, num_rows)
+        pad = per_rank - (hi - lo)
+        fields = {"input_ids": (mb.input_ids, torch.long, 0),
+                  "attention_mask": (mb.attention_mask, torch.long, 1),
+                  "response_mask": (mb.response_mask, torch.bool, 0),
+                  "old_logprobs": (mb.old_logprobs, torch.float32, 0),
+                  "advantages": (mb.advantages, torch.float32, 0)}
+        if mb.ref_logprobs is not None:
+            fields["ref_logprobs"] = (mb.ref_logprobs, torch.float32, 0)
+        rows = {}
+        for name, (t, dtype, fill) in fields.items():
+            if t.shape[0] != num_rows:
+                raise ValueError(f"TrainMicroBatch.{name} has {t.shape[0]} rows, input_ids "
+                                 f"{num_rows}")
+            part = t[lo:hi].to(self.device, dtype)
+            if pad:
+                filler = torch.full((pad, *t.shape[1:]), fill, dtype=dtype, device=self.device)
+                part = torch.cat([part, filler])
+            rows[name] = part
+        return rows
+
+    def step(self, num_tokens: int | None = None) -> TrainStepDone:
+        """Clip the gradient norm, AdamW step, zero gradients, version += 1.
+
+        `num_tokens` is required when begin_batch() deferred it, and must then equal the
+        response tokens actually accumulated: the gradient is divided by it here.
+        """
+        self._require_onloaded("step")
+        if self._normaliser is None or self._tokens_seen == 0:
+            raise RuntimeError("step() without gradient: call begin_batch() and accumulate() at "
+                               "least once since the last step")
+        start = time.perf_counter()
+        if self._deferred:
+            if num_tokens != self._tokens_seen:
+                raise ValueError(f"step(num_tokens={num_tokens}) but {self._tokens_seen} response "
+                                 "tokens were accumulated since begin_batch(); pass the global "
+                                 "batch's true total")
+            with torch.no_grad():
+                for p in self.model.parameters():
+                    if p.grad is not None:
+                        p.grad.div_(float(num_tokens))
+        elif num_tokens is not None and num_tokens != int(self._normaliser):
+            raise ValueError(f"step(num_tokens={num_tokens}) disagrees with begin_batch("
+                             f"{int(self._normaliser)})")
+        elif self._tokens_seen < self._normaliser:
+            log.warning("global batch declared %d response tokens but %d were trained; the "
+                        "update is scaled down accordingly", int(self._normaliser),
+                        self._tokens_seen)
+        max_norm = self.config.grad_clip if self.config.grad_clip > 0 else math.inf
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        if hasattr(norm, "full_tensor"):  # a DTensor under FSDP: the norm of the whole model
+            norm = norm.full_tensor()
+        grad_norm = float(norm)
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+        else:
+            # One poisoned batch must not destroy the weights; the version still advances so
+            # the pipeline's bookkeeping stays one version per global batch.
+            log.warning("gradient norm is %s: skipping this optimizer step", grad_norm)
+        self.optimizer.zero_grad(set_to_none=True)
+        self._normaliser = None
+        self.version += 1
+        return TrainStepDone(version=self.version, grad_norm=grad_norm,
+                             step_s=time.perf_counter() - start,
+                             skipped=not math.isfinite(grad_norm))
+
+    # ------------------------------------------------------------------ weights
+
+    def export_weights(self) -> dict[str, torch.Tensor]:
+        """Full, unsharded CPU weights named as in the HF checkpoint; {} on ranks other than 0.
+
+        A collective: every rank must call it. The tensors never alias the live parameters, so
+        later steps (or offload) do not change what was exported.
+        """
+        self._require_onloaded("export_weights")
+        if self.sharded:
+            from torch.distributed.checkpoint.state_dict import (StateDictOptions,
+                                                                 get_model_state_dict)
+            full = get_model_state_dict(self.model, options=StateDictOptions(
+                full_state_dict=True, cpu_offload=True))
+        else:
+            full = self.model.state_dict()
+        if self.rank != 0:
+            return {}
+        live = {s.data_ptr() for s in self._live_storages()}
+        out = {}
+        for name in self.export_names:
+            t = full[name].detach()
+            if t.device.type != "cpu" or t.untyped_storage().data_ptr() in live:
+                t = t.to("cpu", copy=True)
+            out[name] = t
+        return out
+
+    # ------------------------------------------------------------------ swap
+
+    def _live_storages(self) -> Iterator[torch.UntypedStorage]:
+        """Storages of this rank's parameters, gradients and optimizer state, each once."""
+        tensors: list[torch.Tensor] = []
+        for p in self.model.parameters():
+            tensors.append(_local(p.detach()))
+            if p.grad is not None:
+                tensors.append(_local(p.grad))
+        for state in self.optimizer.state.values():
+            tensors.extend(_local(v) for v in state.values() if isinstance(v, torch.Tensor))
+        seen: set[int] = set()
+        for t in tensors:
+            storage = t.untyped_storage()
+            if storage.nbytes() and storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                yield storage
+
+    @property
+    def offloaded(self) -> bool:
+        return self._host is not None
+
+    def offload(self) -> SwapDone:
+        """Copy every local storage to host memory and free it; tensors and Parameters stay the
+        same objects (only their storage shrinks to 0 bytes), so the optimizer keeps working.
+
+        Whole storages are saved, not tensor views: FSDP keeps each shard in a padded buffer,
+        and tied or viewed tensors share one storage, which is then saved once.
+        """
+        if self._host is not None:
+            raise RuntimeError("trainer is already offloaded; call onload() first")
+        start = time.perf_counter()
+        pin = self.device.type == "cuda"
+        host: list[tuple[torch.UntypedStorage, torch.Tensor]] = []
+        for storage in list(self._live_storages()):
+            raw = _bytes_of(storage)
+            copy = torch.empty(raw.numel(), dtype=torch.uint8, pin_memory=pin)
+            copy.copy_(raw)
+            host.append((storage, copy))
+        if pin:
+            torch.cuda.synchronize(self.device)
+        for storage, _ in host:
+            storage.resize_(0)
+        if pin:
+            torch.cuda.empty_cache()  # hand the memory back to other agents' trainers
+        self._host = host
+        return SwapDone(num_bytes=sum(c.numel() for _, c in host),
+                        seconds=time.perf_counter() - start)
+
+    def onload(self) -> SwapDone:
+        """Bring back what offload() saved, bit for bit, into the same storages."""
+        if self._host is None:
+            raise RuntimeError("trainer is not offloaded; onload() follows offload()")
+        start = time.perf_counter()
+        for storage, copy in self._host:
+            storage.resize_(copy.numel())
+            _bytes_of(storage).copy_(copy, non_blocking=copy.is_pinned())
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        num_bytes = sum(c.numel() for _, c in self._host)
+        self._host = None
+        return SwapDone(num_bytes=num_bytes, seconds=time.perf_counter() - start)
+
+    def _require_onloaded(self, call: str) -> None:
+        if self._host is not None:
+            raise RuntimeError(f"{call}() while the trainer is offloaded: call onload() first")
+
+
+def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
+    """A uint8 tensor over all of `storage` (whatever the dtypes of the tensors on it)."""
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+
+# ----------------------------------------------------------------------------- state swapping
+
+def export_state(trainer: GRPOTrainer) -> tuple[dict[str, torch.Tensor], dict]:
+    """The whole training state as flat CPU tensors plus JSON-able metadata (rank 0; {} and
+    {} elsewhere). A collective under FSDP: every rank calls it.
+
+    Tensors: "model/<name>" (full parameters), "optim/<name>/<key>" (AdamW's exp_avg,
+    exp_avg_sq, step), "rng/cpu" (torch's CPU generator). Metadata: version, the optimizer's
+    param_groups, and the CUDA generator state's presence. `load_state` restores it bit for bit,
+    into this trainer or a fresh one of the same model, in this process or another.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    trainer._require_onloaded("export_state")
+    if trainer._normaliser is not None:
+        raise RuntimeError("export_state() in the middle of a global batch: step() first (the "
+                           "accumulated gradient is not part of the swapped state)")
+    model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer, options=StateDictOptions(
+        full_state_dict=True, cpu_offload=True))
+    if trainer.rank != 0:
+        return {}, {}
+    tensors = {f"model/{k}": v.detach().clone() for k, v in model_sd.items()}
+    for name, state in optim_sd["state"].items():
+        for key, value in state.items():
+            tensors[f"optim/{name}/{key}"] = torch.as_tensor(value).detach().clone()
+    tensors["rng/cpu"] = torch.get_rng_state()
+    meta = {"version": trainer.version, "param_groups": optim_sd["param_groups"]}
+    return tensors, meta
+
+
+def load_state(trainer: GRPOTrainer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    """Restore what export_state() produced; under FSDP every rank passes the full state (the
+    trainer worker broadcasts it) and keeps its own shards. A collective under FSDP."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    trainer._require_onloaded("load_state")
+    model_sd: dict[str, torch.Tensor] = {}
+    optim_state: dict[str, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        kind, _, rest = key.partition("/")
+        if kind == "model":
+            model_sd[rest] = value
+        elif kind == "optim":
+            name, _, field = rest.rpartition("/")
+            optim_state.setdefault(name, {})[field] = value
+    if not model_sd:
+        raise ValueError("load_state: no model/... tensors in the state")
+    optim_sd = {"state": optim_state, "param_groups": meta.get("param_groups", [])}
+    if not optim_sd["param_groups"]:
+        optim_sd = {"state": {}, "param_groups": trainer.optimizer.state_dict()["param_groups"]}
+    options = StateDictOptions(full_state_dict=True)
+    with torch.no_grad():
+        set_state_dict(trainer.model, trainer.optimizer, model_state_dict=model_sd,
+                       optim_state_dict=optim_sd, options=options)
+    if "rng/cpu" in tensors:
+        torch.set_rng_state(tensors["rng/cpu"])
+    trainer.version = int(meta.get("version", 0))

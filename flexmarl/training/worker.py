@@ -1,0 +1,492 @@
+"""Trainer worker: one agent's GRPOTrainer group (N processes) served as actors over the runtime.
+
+Every rank is a worker process started by `runtime.supervisor.Supervisor` with entry point
+`flexmarl.training.worker:trainer_worker` and WorkerSpec.args {"rank", "world_size",
+"init_method" (e.g. file:///tmp/x/store, a FileStore the caller owns), "model_dir" and "config"
+(TrainerConfig fields) of its agent, optional "agent", "collective_timeout_s", "num_threads"}.
+Without model_dir the group is an empty trainer slot: SwapIn binds it to an agent (building the
+trainer, restoring a state that SwapOut exported, from this slot or another), SwapOut unbinds it. Clients talk to rank 0
+only; rank 0 replays each command to the followers with torch.distributed broadcasts of plain
+tensors (no pickle), so every rank makes the same GRPOTrainer calls in the same order:
+
+    client ──TrainMicroBatch──► rank 0: TrainerWorker mailbox_loop (asyncio; heartbeats go on)
+                                  │ await command thread (one at a time, in arrival order)
+                                  ▼
+            rank 0 command thread                        rank r > 0 follower thread
+            broadcast header [cmd, a, b, c] ──────────► header: which call, which shapes
+            broadcast ints, floats, advantages ───────► the micro-batch's tensors
+            trainer.accumulate(mb) ◄── FSDP collectives ──► trainer.accumulate(mb)
+                                  │
+    client ◄──TrainStats─────── reply
+
+Followers also run an actor (the supervisor needs Ready and heartbeats); it refuses training
+commands and stops itself when rank 0 broadcasts STOP. Blocking torch.distributed calls live in
+a daemon thread per process, never on the event loop. While idle, rank 0 broadcasts a KEEPALIVE
+every collective_timeout_s / KEEPALIVE_FRACTION, so waiting followers never hit the collective
+timeout. Shutdown: rank 0's drain broadcasts STOP, all ranks meet at a barrier and destroy the
+process group; the followers' actors then stop on their own.
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import logging
+import queue
+import threading
+import time
+from datetime import timedelta
+from enum import IntEnum
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from runtime.actor import Actor, handler
+from runtime.codec import Envelope
+from runtime.worker import WorkerContext
+from flexmarl.protocol import (ExportState, ExportWeights, Offload, Onload, SwapDone, SwapIn,
+                               SwapOut, TrainBeginBatch, TrainMicroBatch, TrainState, TrainStats,
+                               TrainStep, TrainStepDone, WeightUpdate)
+from flexmarl.training.trainer import GRPOTrainer, TrainerConfig
+
+log = logging.getLogger(__name__)
+
+DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
+"""torch.distributed's own default for gloo: how long one collective may wait for a peer."""
+KEEPALIVE_FRACTION = 4
+"""Idle followers hear from rank 0 this many times per collective timeout."""
+DRAIN_TIMEOUT_S = 10.0
+"""How long shutdown waits for the STOP broadcast and barrier (the supervisor's default
+stop_timeout_s; past it the process exits anyway)."""
+HEADER_LEN = 4
+
+
+class Command(IntEnum):
+    """Codes of the int64 header that rank 0 broadcasts before each call."""
+
+    BEGIN_BATCH = 1  # a = num_tokens (0: declared at STEP)
+    MICRO_BATCH = 2  # a = rows, b = T, c = 1 if ref_logprobs follow
+    STEP = 3  # a = num_tokens if BEGIN_BATCH deferred it
+    EXPORT = 4
+    OFFLOAD = 5
+    ONLOAD = 6
+    KEEPALIVE = 7
+    STOP = 8
+    SWAP_IN = 9  # a = bytes of the JSON spec {agent, model_dir, config} that follows
+    SWAP_OUT = 10
+    EXPORT_STATE = 11
+
+
+class CommandThread:
+    """Runs blocking calls one at a time in a daemon thread; `submit` returns an asyncio future.
+
+    A daemon thread, not an executor: a thread stuck in a collective whose peer died must not
+    keep the process alive at exit (executors join their threads).
+    """
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[[], Any]) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._jobs.put((fn, loop, fut))
+        return fut
+
+    def _run(self) -> None:
+        while True:
+            fn, loop, fut = self._jobs.get()
+            try:
+                result, error = fn(), None
+            except BaseException as exc:  # handed to the awaiting coroutine
+                result, error = None, exc
+            try:
+                loop.call_soon_threadsafe(_settle, fut, result, error)
+            except RuntimeError:  # the loop has closed: nobody is waiting any more
+                return
+
+
+def _settle(fut: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    if fut.cancelled():
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(result)
+
+
+class _Rank:
+    """What every rank shares: the command thread, process group set-up and the trainer."""
+
+    def __init__(self, args: dict[str, Any]) -> None:
+        missing = [k for k in ("rank", "world_size", "init_method") if k not in args]
+        if missing:
+            raise ValueError(f"trainer worker args lack {missing}; WorkerSpec.args needs "
+                             "rank, world_size, init_method (and model_dir and config, or none "
+                             "for an empty slot that a SwapIn binds to an agent)")
+        self.rank, self.world_size = int(args["rank"]), int(args["world_size"])
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"trainer worker rank {self.rank} is not in [0, world_size="
+                             f"{self.world_size})")
+        self.config = TrainerConfig(**args.get("config", {}))
+        self.timeout_s = float(args.get("collective_timeout_s", DEFAULT_COLLECTIVE_TIMEOUT_S))
+        self.trainer: GRPOTrainer | None = None
+        self.started = False
+        self.agent = str(args.get("agent", ""))
+        self.device = torch.device("cpu")
+        self.thread = CommandThread(f"trainer-rank{self.rank}")
+        self.ready = self.thread.submit(lambda: self._init(args))
+
+    def _init(self, args: dict[str, Any]) -> None:
+        importlib.import_module("transformers.models.auto.modeling_auto")  # seconds: not at SwapIn
+
+        if args.get("num_threads"):
+            torch.set_num_threads(int(args["num_threads"]))
+        if self.config.device == "cuda":
+            torch.cuda.set_device(self.rank % torch.cuda.device_count())
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        backend = "nccl" if self.config.device == "cuda" else "gloo"
+        timeout = timedelta(seconds=self.timeout_s)
+        if args["init_method"].startswith("store://"):
+            # Ranks on several nodes: the run hosts a TCPStore (store://HOST:PORT/PREFIX);
+            # each group (and each replacement of it) has its own key prefix there.
+            where, _, prefix = args["init_method"].removeprefix("store://").partition("/")
+            host, _, port = where.rpartition(":")
+            store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
+            dist.init_process_group(backend, store=dist.PrefixStore(prefix, store),
+                                    rank=self.rank, world_size=self.world_size, timeout=timeout)
+        else:
+            dist.init_process_group(backend, init_method=args["init_method"], rank=self.rank,
+                                    world_size=self.world_size, timeout=timeout)
+        if args.get("model_dir"):
+            self.trainer = GRPOTrainer(args["model_dir"], self.config)
+        self.started = True
+
+    def swap_in(self, spec: dict[str, Any], tensors: dict, meta: dict) -> SwapDone:
+        """Build the agent's trainer in this slot and restore its state (collective)."""
+        from flexmarl.training.trainer import load_state
+
+        if self.trainer is not None:
+            raise RuntimeError(f"slot holds agent {self.agent!r}; SwapOut before SwapIn")
+        started = time.perf_counter()
+        self.config = TrainerConfig(**spec["config"])
+        self.trainer = GRPOTrainer(spec["model_dir"], self.config)
+        self.agent = spec["agent"]
+        if self.world_size > 1:  # every rank gets the full state, then keeps its shards
+            tensors, meta = self._broadcast_state(tensors, meta)
+        if tensors:
+            load_state(self.trainer, tensors, meta)
+        return SwapDone(num_bytes=sum(t.numel() * t.element_size() for t in tensors.values()),
+                        seconds=time.perf_counter() - started)
+
+    def _broadcast_state(self, tensors: dict, meta: dict) -> tuple[dict, dict]:
+        """Rank 0's state on every rank: a JSON index (names, shapes, dtypes, meta) as bytes,
+        then each tensor (no pickle)."""
+        index = json.dumps({"meta": meta, "tensors": [
+            [k, list(t.shape), str(t.dtype).removeprefix("torch.")] for k, t in tensors.items()]})
+        size = torch.tensor([len(index.encode())], dtype=torch.int64)
+        dist.broadcast(size, src=0)
+        blob = (torch.frombuffer(bytearray(index.encode()), dtype=torch.uint8)
+                if self.rank == 0 else torch.empty(int(size.item()), dtype=torch.uint8))
+        dist.broadcast(blob, src=0)
+        spec = json.loads(bytes(blob.numpy()))
+        out = {}
+        for name, shape, dtype in spec["tensors"]:
+            t = (tensors[name].contiguous() if self.rank == 0
+                 else torch.empty(shape, dtype=getattr(torch, dtype)))
+            dist.broadcast(t, src=0)
+            out[name] = t
+        return out, spec["meta"]
+
+    def swap_out(self) -> TrainState:
+        """Export the agent's state (collective) and free the slot."""
+        from flexmarl.training.trainer import export_state
+
+        started = time.perf_counter()
+        tr = self._bound("SwapOut")
+        tensors, meta = export_state(tr)
+        state = TrainState(self.agent, tr.version, tensors, meta)
+        self.trainer = None
+        self.agent = ""
+        del tr
+        import gc
+        gc.collect()
+        state.seconds = time.perf_counter() - started
+        return state
+
+    def export_state(self) -> TrainState:
+        """The agent's whole state (collective); the slot keeps it."""
+        from flexmarl.training.trainer import export_state
+
+        started = time.perf_counter()
+        tr = self._bound("ExportState")
+        tensors, meta = export_state(tr)
+        return TrainState(self.agent, tr.version, tensors, meta,
+                          seconds=time.perf_counter() - started)
+
+    def _bound(self, call: str) -> GRPOTrainer:
+        if self.trainer is None:
+            raise RuntimeError(f"{call} sent to an empty trainer slot: SwapIn an agent first")
+        return self.trainer
+
+    def broadcast(self, t: torch.Tensor) -> torch.Tensor:
+        dist.broadcast(t, src=0)
+        return t
+
+    def execute(self, cmd: Command, mb: TrainMicroBatch | None, arg: int) -> Any:
+        """The GRPOTrainer call behind `cmd`, identical on every rank."""
+        if cmd is Command.KEEPALIVE:
+            return None
+        if cmd is Command.STOP:
+            dist.barrier()
+            dist.destroy_process_group()
+            return None
+        if cmd is Command.SWAP_OUT:
+            return self.swap_out()
+        if cmd is Command.EXPORT_STATE:
+            return self.export_state()
+        tr = self._bound(cmd.name.lower())
+        if cmd is Command.BEGIN_BATCH:
+            return tr.begin_batch(arg)
+        if cmd is Command.MICRO_BATCH:
+            return tr.accumulate(mb)
+        if cmd is Command.STEP:
+            return tr.step(arg or None)
+        if cmd is Command.EXPORT:
+            return WeightUpdate(version=tr.version, tensors=tr.export_weights())
+        if cmd in (Command.OFFLOAD, Command.ONLOAD):
+            done = tr.offload() if cmd is Command.OFFLOAD else tr.onload()
+            # The agent's whole footprint (all ranks) and its slowest rank.
+            total = torch.tensor([float(done.num_bytes)], dtype=torch.float64, device=self.device)
+            slowest = torch.tensor([done.seconds], dtype=torch.float64, device=self.device)
+            dist.all_reduce(total)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            return SwapDone(num_bytes=int(total.item()), seconds=float(slowest.item()))
+        raise AssertionError(f"unhandled command {cmd!r}")
+
+
+def _refusing(msg_type: type) -> Callable:
+    """A follower's handler for `msg_type`: an error reply that points at rank 0."""
+
+    async def refuse(self: "TrainerFollower", msg: Any, env: Envelope) -> None:
+        raise RuntimeError(f"{msg_type.__name__} sent to rank {self.group.rank} of a trainer "
+                           "group: only rank 0 takes training commands; send them to rank 0's "
+                           "address")
+
+    refuse.__name__ = f"refuse_{msg_type.__name__}"
+    return handler(msg_type)(refuse)
+
+
+class TrainerWorker(Actor):
+    """Rank 0: serves the training messages and replays each call to the followers."""
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        super().__init__(ctx.name, ctx.bind, transport=ctx.transport)
+        self.group = _Rank(ctx.args)
+        self._last_command = time.monotonic()
+        self._stopped_group = False
+
+    async def _command(self, cmd: Command, mb: TrainMicroBatch | None = None, arg: int = 0) -> Any:
+        await self.group.ready  # raises why the process group or the model failed to start
+        if self._stopped_group:
+            if cmd is Command.KEEPALIVE:
+                return None
+            raise RuntimeError("the trainer group has been stopped (its worker is shutting "
+                               "down); start a new group")
+        self._last_command = time.monotonic()
+        if cmd is Command.STOP:
+            self._stopped_group = True
+        return await self.group.thread.submit(lambda: self._lead(cmd, mb, arg))
+
+    def _lead(self, cmd: Command, mb: TrainMicroBatch | None, arg: int) -> Any:
+        g = self.group
+        header = [int(cmd), arg, 0, 0]
+        if mb is not None:
+            rows, width = mb.input_ids.shape
+            header = [int(cmd), rows, width, int(mb.ref_logprobs is not None)]
+        if g.world_size > 1:
+            g.broadcast(torch.tensor(header, dtype=torch.int64, device=g.device))
+            if mb is not None:
+                for t in _pack(mb, g.device):
+                    g.broadcast(t)
+        return g.execute(cmd, mb, arg)
+
+    @handler(TrainBeginBatch)
+    async def on_begin_batch(self, msg: TrainBeginBatch, env: Envelope) -> None:
+        if msg.num_tokens < 0:
+            raise ValueError(f"TrainBeginBatch.num_tokens must be > 0, or 0 to declare it at "
+                             f"TrainStep; got {msg.num_tokens}")
+        await self._command(Command.BEGIN_BATCH, arg=msg.num_tokens)
+
+    @handler(TrainMicroBatch)
+    async def on_micro_batch(self, msg: TrainMicroBatch, env: Envelope) -> TrainStats:
+        _check_micro_batch(msg)  # before any broadcast: a bad batch must not desync the ranks
+        return await self._command(Command.MICRO_BATCH, mb=msg)
+
+    @handler(TrainStep)
+    async def on_step(self, msg: TrainStep, env: Envelope) -> TrainStepDone:
+        if msg.num_tokens < 0:
+            raise ValueError(f"TrainStep.num_tokens must be >= 0, got {msg.num_tokens}")
+        return await self._command(Command.STEP, arg=msg.num_tokens)
+
+    @handler(SwapIn)
+    async def on_swap_in(self, msg: SwapIn, env: Envelope) -> SwapDone:
+        spec = {"agent": msg.agent, "model_dir": msg.model_dir, "config": msg.config}
+        TrainerConfig(**msg.config)  # a bad config is refused here, before any broadcast
+        blob = json.dumps(spec).encode()
+        await self.group.ready
+        if self._stopped_group:
+            raise RuntimeError("the trainer group has been stopped; start a new group")
+        self._last_command = time.monotonic()
+
+        def lead() -> SwapDone:
+            g = self.group
+            if g.world_size > 1:  # followers build the same trainer, then take rank 0's state
+                g.broadcast(torch.tensor([int(Command.SWAP_IN), len(blob), 0, 0],
+                                         dtype=torch.int64, device=g.device))
+                g.broadcast(torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(g.device))
+            return g.swap_in(spec, msg.tensors, msg.meta)
+
+        return await self.group.thread.submit(lead)
+
+    @handler(SwapOut)
+    async def on_swap_out(self, msg: SwapOut, env: Envelope) -> TrainState:
+        return await self._command(Command.SWAP_OUT)
+
+    @handler(ExportState)
+    async def on_export_state(self, msg: ExportState, env: Envelope) -> TrainState:
+        return await self._command(Command.EXPORT_STATE)
+
+    @handler(ExportWeights)
+    async def on_export(self, msg: ExportWeights, env: Envelope) -> WeightUpdate:
+        return await self._command(Command.EXPORT)
+
+    @handler(Offload)
+    async def on_offload(self, msg: Offload, env: Envelope) -> SwapDone:
+        return await self._command(Command.OFFLOAD)
+
+    @handler(Onload)
+    async def on_onload(self, msg: Onload, env: Envelope) -> SwapDone:
+        return await self._command(Command.ONLOAD)
+
+    async def keepalive_loop(self) -> None:
+        try:
+            await self.group.ready
+        except Exception:
+            return  # nothing to keep alive; each request reports the start failure
+        interval_s = self.group.timeout_s / KEEPALIVE_FRACTION
+        while True:
+            await asyncio.sleep(max(0.0, self._last_command + interval_s - time.monotonic()))
+            if self._stopped_group:
+                return
+            if time.monotonic() - self._last_command >= interval_s:
+                # A failure here means a broken group: let it end the process, so the
+                # supervisor reports the death instead of requests failing one by one.
+                await self._command(Command.KEEPALIVE)
+
+    async def on_drain(self) -> None:
+        if self._stopped_group:
+            return
+        try:
+            await asyncio.wait_for(self._command(Command.STOP), DRAIN_TIMEOUT_S)
+        except Exception as exc:  # a dead follower or a failed start: exit regardless
+            log.warning("trainer rank 0: clean group stop failed (%s: %s)",
+                        type(exc).__name__, exc)
+
+
+class TrainerFollower(Actor):
+    """Rank > 0: mirrors rank 0's calls; its own mailbox only refuses training commands."""
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        super().__init__(ctx.name, ctx.bind, transport=ctx.transport)
+        self.group = _Rank(ctx.args)
+        self._done = self.group.thread.submit(self._follow)
+
+    def _follow(self) -> None:
+        g = self.group
+        if not g.started:  # init failed; the ready future carries why
+            return
+        header = torch.empty(HEADER_LEN, dtype=torch.int64, device=g.device)
+        while True:
+            cmd_code, a, b, c = g.broadcast(header).tolist()
+            cmd = Command(cmd_code)
+            mb = _unpack(g, a, b, bool(c)) if cmd is Command.MICRO_BATCH else None
+            try:
+                if cmd is Command.SWAP_IN:
+                    blob = g.broadcast(torch.empty(a, dtype=torch.uint8, device=g.device))
+                    g.swap_in(json.loads(bytes(blob.cpu().numpy())), {}, {})
+                    continue
+                g.execute(cmd, mb, a)
+            except Exception as exc:  # rank 0 failed alike and told its client, with traceback
+                log.warning("trainer rank %d: %s failed: %s: %s", g.rank, cmd.name,
+                            type(exc).__name__, exc)
+            if cmd is Command.STOP:
+                return
+
+    async def follow_loop(self) -> None:
+        try:
+            await self.group.ready
+        except Exception:
+            log.exception("trainer rank %d failed to start", self.group.rank)
+            raise
+        await self._done
+        self.stop()  # rank 0 ended the group: nothing is left to do here
+
+    async def on_drain(self) -> None:
+        try:
+            await asyncio.wait_for(asyncio.shield(self._done), DRAIN_TIMEOUT_S)
+        except Exception as exc:  # rank 0 is gone or hung: exit without the clean barrier
+            log.warning("trainer rank %d: rank 0 did not stop the group (%s)", self.group.rank,
+                        type(exc).__name__)
+
+    on_begin_batch = _refusing(TrainBeginBatch)
+    on_micro_batch = _refusing(TrainMicroBatch)
+    on_step = _refusing(TrainStep)
+    on_export = _refusing(ExportWeights)
+    on_offload = _refusing(Offload)
+    on_onload = _refusing(Onload)
+    on_swap_in = _refusing(SwapIn)
+    on_swap_out = _refusing(SwapOut)
+    on_export_state = _refusing(ExportState)
+
+
+def _check_micro_batch(mb: TrainMicroBatch) -> None:
+    if mb.input_ids.dim() != 2 or mb.input_ids.shape[0] < 1:
+        raise ValueError(f"TrainMicroBatch.input_ids must be [rows >= 1, T], got "
+                         f"{tuple(mb.input_ids.shape)}")
+    shape = tuple(mb.input_ids.shape)
+    for name in ("attention_mask", "response_mask", "old_logprobs", "ref_logprobs"):
+        t = getattr(mb, name)
+        if t is not None and tuple(t.shape) != shape:
+            raise ValueError(f"TrainMicroBatch.{name} has shape {tuple(t.shape)}, input_ids "
+                             f"{shape}")
+    if tuple(mb.advantages.shape) != shape[:1]:
+        raise ValueError(f"TrainMicroBatch.advantages must be [rows]={shape[:1]}, got "
+                         f"{tuple(mb.advantages.shape)}")
+
+
+def _pack(mb: TrainMicroBatch, device: torch.device) -> list[torch.Tensor]:
+    """The micro-batch as three broadcastable tensors: ints [3,B,T], floats [k,B,T], adv [B]."""
+    ints = torch.stack([mb.input_ids.long(), mb.attention_mask.long(), mb.response_mask.long()])
+    floats = [mb.old_logprobs.float()] + ([mb.ref_logprobs.float()] if mb.ref_logprobs is not None
+                                          else [])
+    return [ints.to(device), torch.stack(floats).to(device), mb.advantages.float().to(device)]
+
+
+def _unpack(g: _Rank, rows: int, width: int, has_ref: bool) -> TrainMicroBatch:
+    ints = g.broadcast(torch.empty(3, rows, width, dtype=torch.int64, device=g.device))
+    floats = g.broadcast(torch.empty(1 + has_ref, rows, width, dtype=torch.float32,
+                                     device=g.device))
+    adv = g.broadcast(torch.empty(rows, dtype=torch.float32, device=g.device))
+    return TrainMicroBatch(input_ids=ints[0], attention_mask=ints[1], response_mask=ints[2],
+                           old_logprobs=floats[0], advantages=adv,
+                           ref_logprobs=floats[1] if has_ref else None)
+
+
+def trainer_worker(ctx: WorkerContext) -> Actor:
+    """Supervisor entry point: rank 0 serves clients, other ranks follow it."""
+    rank = int(ctx.args.get("rank", -1))
+    return TrainerWorker(ctx) if rank == 0 else TrainerFollower(ctx)

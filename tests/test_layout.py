@@ -1,0 +1,141 @@
+"""The house's rules, checked on the source: every module imports, no import cycles, and each
+folder of `flexmarl` imports only the folders below it (docs/architecture.md, "The layers").
+
+Imports are read from the source (every `import` statement, also those inside functions and
+under TYPE_CHECKING), so a cycle that only a late import hides still counts.
+"""
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("runtime", "flexmarl")
+LAYERS = {  # folder (or "leaves": flexmarl's top-level modules) -> rank; higher imports lower
+    "runtime": 0, "leaves": 1, "training": 2, "rollout": 3, "orchestrator": 4, "config": 4,
+    "observe": 5, "sim": 5, "gateway": 6, "launch": 7}
+MAX_TOP_LEVEL_MODULES = 8
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            out[name] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """The project modules `name` imports anywhere in its source."""
+    is_package = path.name == "__init__.py"
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = name.split(".") if is_package else name.split(".")[:-1]
+                parent = parent[:len(parent) - node.level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            # `from package import module` imports the module; `from module import name`
+            # depends on the module.
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base
+                       for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in MODULES:  # `import a.b.c` names a.b.c's module
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] == "runtime":
+        return "runtime"
+    if len(parts) >= 2 and (ROOT / "flexmarl" / parts[1]).is_dir():
+        return parts[1]
+    return "leaves"
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    """The check below can fail: a made-up graph with a cycle is reported."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles():
+    assert _cycles(GRAPH) == []
+
+
+def test_folders_import_only_folders_below_them():
+    wrong = [f"{m} ({_layer(m)}) imports {t} ({_layer(t)})"
+             for m, targets in GRAPH.items() for t in sorted(targets)
+             if _layer(m) != _layer(t) and LAYERS[_layer(t)] >= LAYERS[_layer(m)]]
+    assert wrong == [], "\n".join(wrong)
+
+
+def test_every_folder_is_a_known_layer():
+    folders = {p.name for p in (ROOT / "flexmarl").iterdir()
+               if p.is_dir() and (p / "__init__.py").exists()}
+    assert folders == set(LAYERS) - {"runtime", "leaves"}
+
+
+def test_few_modules_at_the_top_level():
+    top = sorted(p.name for p in (ROOT / "flexmarl").glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, top
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_every_module_imports(module):
+    importlib.import_module(module)

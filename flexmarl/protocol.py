@@ -30,8 +30,7 @@ class FlexKind(IntEnum):
     TRAIN_STEP = 113
     TRAIN_STEP_DONE = 114
     EXPORT_WEIGHTS = 115
-    OFFLOAD = 116
-    ONLOAD = 117
+    # 116, 117: the retired Offload/Onload (one swap path: SwapOut/SwapIn); not reused
     SWAP_DONE = 118
     SWAP_IN = 119
     SWAP_OUT = 120
@@ -231,22 +230,6 @@ class TrainStepDone:
 @dataclass(slots=True)
 class ExportWeights:
     """Ask a trainer for its full weights; the reply is a WeightUpdate."""
-
-    KIND: ClassVar[int]
-
-
-@message(FlexKind.OFFLOAD)
-@dataclass(slots=True)
-class Offload:
-    """Move parameters and optimizer state out of the trainer's device memory."""
-
-    KIND: ClassVar[int]
-
-
-@message(FlexKind.ONLOAD)
-@dataclass(slots=True)
-class Onload:
-    """Bring parameters and optimizer state back from host memory."""
 
     KIND: ClassVar[int]
 

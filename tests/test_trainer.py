@@ -8,7 +8,8 @@ so GRAD_ATOL is 1e-6. Weights are compared after 2 AdamW steps, and Adam divides
 component by its own magnitude (+ eps 1e-8): for the smallest components a last-bit difference
 of the gradient becomes a visible relative difference of the update, so weights differ by up to
 a few lr * 1e-3 (observed 4e-7 .. 1.1e-6 at lr 1e-3, mostly in k_proj) and WEIGHT_ATOL is lr/100.
-Offload/onload in one process is compared bit for bit.
+A state swapped out and into a fresh trainer (export_state / load_state, what a slot's
+SwapOut and SwapIn do) is compared bit for bit, in one process and per FSDP shard.
 """
 from __future__ import annotations
 
@@ -24,10 +25,10 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
 from flexmarl.training.grpo import token_logprobs
-from flexmarl.protocol import (ExportWeights, Offload, Onload, SwapDone, TrainBeginBatch,
+from flexmarl.protocol import (ExportWeights, SwapIn, SwapOut, TrainBeginBatch,
                                TrainMicroBatch, TrainStats, TrainStep, TrainStepDone,
                                WeightUpdate)
-from flexmarl.training.trainer import GRPOTrainer, TrainerConfig
+from flexmarl.training.trainer import GRPOTrainer, TrainerConfig, export_state, load_state
 from runtime.config import SupervisorConfig
 from runtime.errors import RemoteError
 from runtime.supervisor import Supervisor, WorkerSpec, pid_alive
@@ -94,10 +95,9 @@ def tokens(mb: TrainMicroBatch) -> int:
     return int(mb.response_mask.sum())
 
 
-def train(trainer: GRPOTrainer, batches: list[TrainMicroBatch], num_micro: int = 1,
-          mid_batch=None) -> list[float]:
-    """One step per global batch, each split into `num_micro` micro-batches; the losses.
-    `mid_batch()` runs after the first micro-batch of each global batch (gradient half-built)."""
+def train(trainer: GRPOTrainer, batches: list[TrainMicroBatch], num_micro: int = 1
+          ) -> list[float]:
+    """One step per global batch, each split into `num_micro` micro-batches; the losses."""
     losses = []
     for i, mb in enumerate(batches):
         trainer.begin_batch(tokens(mb))
@@ -105,8 +105,6 @@ def train(trainer: GRPOTrainer, batches: list[TrainMicroBatch], num_micro: int =
         loss = 0.0
         for j in range(0, mb.input_ids.shape[0], size):
             loss += trainer.accumulate(rows(mb, j, j + size)).loss
-            if j == 0 and mid_batch is not None:
-                mid_batch()
         losses.append(loss)
         done = trainer.step()
         assert done.version == i + 1 and math.isfinite(done.grad_norm)
@@ -211,51 +209,71 @@ def test_batch_bookkeeping_errors(model_dir, batches):
         trainer.accumulate(no_ref)
 
 
-def _state(trainer: GRPOTrainer) -> list[torch.Tensor]:
-    """Parameters, gradients and optimizer state (copies)."""
-    tensors = [p.detach().clone() for p in trainer.model.parameters()]
-    tensors += [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
+def _weights_and_moments(trainer: GRPOTrainer) -> list[torch.Tensor]:
+    """Parameters and optimizer state (copies): what a swap must carry (gradients are zero
+    between global batches)."""
+    tensors = [_local(p.detach()).clone() for p in trainer.model.parameters()]
     for st in trainer.optimizer.state.values():
-        tensors += [v.clone() for v in st.values()]
+        tensors += [_local(torch.as_tensor(v)).clone() for v in st.values()]
     return tensors
 
 
-def test_offload_onload_is_bit_exact_and_training_goes_on(model_dir, batches):
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def step_batch(trainer: GRPOTrainer, mb: TrainMicroBatch, num_micro: int = 2) -> float:
+    """One global batch in `num_micro` micro-batches, stepped; its loss (as `train` does)."""
+    trainer.begin_batch(tokens(mb))
+    size = mb.input_ids.shape[0] // num_micro
+    loss = sum(trainer.accumulate(rows(mb, j, j + size)).loss
+               for j in range(0, mb.input_ids.shape[0], size))
+    trainer.step()
+    return loss
+
+
+def test_swapped_state_is_bit_exact_and_training_goes_on(model_dir, batches):
+    """The one swap path in one process: after a step, the whole state out (SwapOut's
+    export_state) and into a fresh trainer (SwapIn's load_state); the fresh one holds the same
+    tensors bit for bit and its next step equals that of a trainer that never swapped. In the
+    middle of a global batch a swap is refused (the half-built gradient is not in the state)."""
     trainer = GRPOTrainer(model_dir, TrainerConfig(**CONFIG))
-    params = list(trainer.model.parameters())
-    swaps: list[SwapDone] = []
+    step_batch(trainer, batches[0])
+    saved = _weights_and_moments(trainer)
+    tensors, meta = export_state(trainer)
+    fresh = GRPOTrainer(model_dir, TrainerConfig(**CONFIG))
+    load_state(fresh, tensors, meta)
+    restored = _weights_and_moments(fresh)
+    assert fresh.version == trainer.version == 1
+    assert len(saved) == len(restored) and all(map(torch.equal, saved, restored))
+    num_params = sum(p.numel() for p in trainer.model.parameters())
+    num_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    # Parameters and Adam's two moments in float32 (plus step counters and the RNG state).
+    assert num_bytes >= 3 * 4 * num_params
 
-    def swap() -> None:
-        saved = _state(trainer)
-        swaps.append(trainer.offload())
-        assert all(p.untyped_storage().nbytes() == 0 for p in params)  # memory really freed
-        for call in (lambda: trainer.accumulate(batches[1]), trainer.step,
-                     lambda: trainer.begin_batch(1), trainer.export_weights):
-            with pytest.raises(RuntimeError, match=r"onload\(\)"):
-                call()
-        swaps.append(trainer.onload())
-        assert all(a is b for a, b in zip(params, trainer.model.parameters()))
-        assert trainer.optimizer.param_groups[0]["params"][0] is params[0]
-        restored = _state(trainer)
-        assert len(saved) == len(restored) and all(map(torch.equal, saved, restored))
-
-    train(trainer, batches, num_micro=2, mid_batch=swap)
+    fresh.begin_batch(tokens(batches[1]))
+    fresh.accumulate(rows(batches[1], 0, 2))
+    with pytest.raises(RuntimeError, match=r"step\(\) first"):
+        export_state(fresh)
+    fresh.accumulate(rows(batches[1], 2, batches[1].input_ids.shape[0]))
+    fresh.step()
     reference = GRPOTrainer(model_dir, TrainerConfig(**CONFIG))
-    train(reference, batches, num_micro=2)
-    a, b = trainer.export_weights(), reference.export_weights()
+    step_batch(reference, batches[0])
+    reference.begin_batch(tokens(batches[1]))
+    reference.accumulate(rows(batches[1], 0, 2))
+    reference.accumulate(rows(batches[1], 2, batches[1].input_ids.shape[0]))
+    reference.step()
+    a, b = fresh.export_weights(), reference.export_weights()
     assert all(torch.equal(a[k], b[k]) for k in a)  # same process, same ops: bit for bit
-    num_params = sum(p.numel() for p in params)
-    # First swap: parameters and gradients; second: also Adam's two moments and step counters.
-    assert swaps[0].num_bytes == swaps[1].num_bytes == 2 * 4 * num_params
-    assert swaps[2].num_bytes == swaps[3].num_bytes >= 4 * 4 * num_params
-    print(f"offload {swaps[2].num_bytes} B in {swaps[2].seconds * 1e3:.2f} ms, "
-          f"onload in {swaps[3].seconds * 1e3:.2f} ms")
+    print(f"state {num_bytes} B for {num_params} parameters")
 
 
 # ----------------------------------------------------------------------------- 2 gloo ranks
 
 def _rank_main(rank: int, world_size: int, model_dir: str, work: str) -> None:
-    """One rank of the FSDP test: 2 steps, offload/onload in mid-batch; rank 0 writes."""
+    """One rank of the FSDP test: a step, the state swapped out and into a fresh trainer (as a
+    slot's SwapOut and SwapIn do: rank 0 holds the full state, every rank restores its shards
+    from it), a second step on the fresh trainer; rank 0 writes."""
     torch.set_num_threads(1)  # two ranks share the box's two cores
     dist.init_process_group("gloo", init_method=f"file://{work}/store", rank=rank,
                             world_size=world_size)
@@ -263,24 +281,25 @@ def _rank_main(rank: int, world_size: int, model_dir: str, work: str) -> None:
         trainer = GRPOTrainer(model_dir, TrainerConfig(**CONFIG))
         data = load_file(f"{work}/batches.safetensors")
         batches = [TrainMicroBatch(*(data[f"{i}.{f}"] for f in FIELDS)) for i in range(2)]
-        exact = []
-
-        def local_state() -> list[torch.Tensor]:  # this rank's shards of every DTensor
-            return [t.to_local() if hasattr(t, "to_local") else t for t in _state(trainer)]
-
-        def swap() -> None:
-            saved = local_state()
-            trainer.offload()
-            trainer.onload()
-            exact.append(all(map(torch.equal, saved, local_state())))
-
-        losses = train(trainer, batches, num_micro=2, mid_batch=swap)
-        weights = trainer.export_weights()
+        losses = [step_batch(trainer, batches[0])]
+        saved = _weights_and_moments(trainer)
+        tensors, meta = export_state(trainer)  # a collective; the full state on rank 0
+        if rank == 0:
+            save_file(tensors, f"{work}/state.safetensors")
+            with open(f"{work}/state.json", "w") as f:
+                json.dump(meta, f)
+        dist.barrier()
+        fresh = GRPOTrainer(model_dir, TrainerConfig(**CONFIG))
+        with open(f"{work}/state.json") as f:
+            load_state(fresh, load_file(f"{work}/state.safetensors"), json.load(f))
+        exact = all(map(torch.equal, saved, _weights_and_moments(fresh)))
+        losses.append(step_batch(fresh, batches[1]))
+        weights = fresh.export_weights()
         if rank == 0:
             save_file(weights, f"{work}/weights.safetensors")
         with open(f"{work}/rank{rank}.json", "w") as f:
             json.dump({"losses": losses, "exact": exact, "num_exported": len(weights),
-                       "sharded": trainer.sharded}, f)
+                       "sharded": fresh.sharded}, f)
     finally:
         # Meet before tearing down: a rank destroying the group while its peer's gloo thread
         # still talks to it aborts the peer ("terminate called without an active exception").
@@ -299,7 +318,7 @@ def test_two_gloo_ranks_match_one_rank(model_dir, batches, tmp_path):
     mp.spawn(_rank_main, args=(2, model_dir, str(tmp_path)), nprocs=2, join=True)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["sharded"] for r in results] == [True, True]
-    assert [r["exact"] for r in results] == [[True] * 2] * 2  # FSDP shards swap bit for bit
+    assert [r["exact"] for r in results] == [True, True]  # FSDP shards swap bit for bit
     assert [r["num_exported"] for r in results] == [26, 0]  # full dict on rank 0 only
     single = GRPOTrainer(model_dir, TrainerConfig(**CONFIG))
     losses = train(single, batches, num_micro=2)
@@ -332,11 +351,12 @@ async def test_trainer_worker_group_over_the_runtime(model_dir, batches, tmp_pat
             assert all(isinstance(s, TrainStats) for s in stats)
             done = await lead.request(TrainStep())
             assert isinstance(done, TrainStepDone) and done.version == 1
-            off = await lead.request(Offload())
-            with pytest.raises(RemoteError, match=r"onload\(\)"):
+            state = await lead.request(SwapOut())  # both ranks' shards, whole, on rank 0
+            with pytest.raises(RemoteError, match="SwapIn an agent first"):
                 await lead.request(TrainBeginBatch(1))
-            on = await lead.request(Onload())
-            assert off.num_bytes == on.num_bytes > 0  # both ranks' shards together
+            swapped = await lead.request(SwapIn("solver", model_dir, CONFIG, state.tensors,
+                                                state.meta))
+            assert state.version == 1 and swapped.num_bytes > 0
             update = await lead.request(ExportWeights())
             assert isinstance(update, WeightUpdate) and update.version == 1
         pids = [h.pid for h in handles]

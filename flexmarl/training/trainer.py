@@ -8,7 +8,8 @@ runs collectives:
     accumulate(micro_batch) *   this rank's rows: forward, GRPO loss, backward (gradient adds up)
     step()                      clip, AdamW step, version += 1
     export_weights()            full Hugging Face-named state dict on rank 0 (for weight sync)
-    offload() / onload()        parameters, gradients and optimizer state to host memory and back
+    export_state / load_state   the whole training state out and back in, bit for bit (what a
+                                trainer slot's SwapOut and SwapIn do: the one swap path)
 
 The model is sharded with `fully_shard` on each decoder block and then the root (`shard_model`);
 gradients are reduced as a plain *sum* across ranks, because each rank's loss is already divided
@@ -28,7 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from flexmarl.training.grpo import grpo_loss, token_logprobs
-from flexmarl.protocol import SwapDone, TrainMicroBatch, TrainStats, TrainStepDone
+from flexmarl.protocol import TrainMicroBatch, TrainStats, TrainStepDone
 
 log = logging.getLogger(__name__)
 
@@ -156,8 +157,8 @@ class GRPOTrainer:
         self.export_names = [n for n in model.state_dict() if n not in aliases]
         model.to(self.device).train()
         with torch.no_grad():
-            # Parameters loaded from safetensors may live in a memory-mapped file, whose storage
-            # cannot be resized (offload frees storages): give each its own, owned memory.
+            # Parameters loaded from safetensors may live in a memory-mapped file: give each its
+            # own, owned memory, so that updates in place never touch the model's file.
             for p in model.parameters():
                 if not p.untyped_storage().resizable():
                     p.data = p.data.clone()
@@ -172,7 +173,6 @@ class GRPOTrainer:
         self._normaliser: float | None = None
         self._deferred = False
         self._tokens_seen = 0
-        self._host: list[tuple[torch.UntypedStorage, torch.Tensor]] | None = None
 
     # ------------------------------------------------------------------ training
 
@@ -184,7 +184,6 @@ class GRPOTrainer:
         full-batch gradient; the deferred form is what lets micro-batches be trained while the
         rest of the batch is still being generated.
         """
-        self._require_onloaded("begin_batch")
         if num_tokens is not None and (not isinstance(num_tokens, int) or num_tokens < 0):
             raise ValueError(f"begin_batch needs the global batch's response-token count (> 0), "
                              f"or None to declare it at step(); got {num_tokens!r}")
@@ -195,7 +194,6 @@ class GRPOTrainer:
 
     def accumulate(self, mb: TrainMicroBatch) -> TrainStats:
         """Forward and backward this rank's share of `mb` (every rank gets the same full `mb`)."""
-        self._require_onloaded("accumulate")
         if self._normaliser is None:
             raise RuntimeError("accumulate() before begin_batch(): call begin_batch(num_tokens) "
                                "at the start of each global batch")
@@ -275,7 +273,6 @@ class GRPOTrainer:
         `num_tokens` is required when begin_batch() deferred it, and must then equal the
         response tokens actually accumulated: the gradient is divided by it here.
         """
-        self._require_onloaded("step")
         if self._normaliser is None or self._tokens_seen == 0:
             raise RuntimeError("step() without gradient: call begin_batch() and accumulate() at "
                                "least once since the last step")
@@ -320,9 +317,8 @@ class GRPOTrainer:
         """Full, unsharded CPU weights named as in the HF checkpoint; {} on ranks other than 0.
 
         A collective: every rank must call it. The tensors never alias the live parameters, so
-        later steps (or offload) do not change what was exported.
+        later steps do not change what was exported.
         """
-        self._require_onloaded("export_weights")
         if self.sharded:
             from torch.distributed.checkpoint.state_dict import (StateDictOptions,
                                                                  get_model_state_dict)
@@ -341,8 +337,6 @@ class GRPOTrainer:
             out[name] = t
         return out
 
-    # ------------------------------------------------------------------ swap
-
     def _live_storages(self) -> Iterator[torch.UntypedStorage]:
         """Storages of this rank's parameters, gradients and optimizer state, each once."""
         tensors: list[torch.Tensor] = []
@@ -359,60 +353,6 @@ class GRPOTrainer:
                 seen.add(storage.data_ptr())
                 yield storage
 
-    @property
-    def offloaded(self) -> bool:
-        return self._host is not None
-
-    def offload(self) -> SwapDone:
-        """Copy every local storage to host memory and free it; tensors and Parameters stay the
-        same objects (only their storage shrinks to 0 bytes), so the optimizer keeps working.
-
-        Whole storages are saved, not tensor views: FSDP keeps each shard in a padded buffer,
-        and tied or viewed tensors share one storage, which is then saved once.
-        """
-        if self._host is not None:
-            raise RuntimeError("trainer is already offloaded; call onload() first")
-        start = time.perf_counter()
-        pin = self.device.type == "cuda"
-        host: list[tuple[torch.UntypedStorage, torch.Tensor]] = []
-        for storage in list(self._live_storages()):
-            raw = _bytes_of(storage)
-            copy = torch.empty(raw.numel(), dtype=torch.uint8, pin_memory=pin)
-            copy.copy_(raw)
-            host.append((storage, copy))
-        if pin:
-            torch.cuda.synchronize(self.device)
-        for storage, _ in host:
-            storage.resize_(0)
-        if pin:
-            torch.cuda.empty_cache()  # hand the memory back to other agents' trainers
-        self._host = host
-        return SwapDone(num_bytes=sum(c.numel() for _, c in host),
-                        seconds=time.perf_counter() - start)
-
-    def onload(self) -> SwapDone:
-        """Bring back what offload() saved, bit for bit, into the same storages."""
-        if self._host is None:
-            raise RuntimeError("trainer is not offloaded; onload() follows offload()")
-        start = time.perf_counter()
-        for storage, copy in self._host:
-            storage.resize_(copy.numel())
-            _bytes_of(storage).copy_(copy, non_blocking=copy.is_pinned())
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        num_bytes = sum(c.numel() for _, c in self._host)
-        self._host = None
-        return SwapDone(num_bytes=num_bytes, seconds=time.perf_counter() - start)
-
-    def _require_onloaded(self, call: str) -> None:
-        if self._host is not None:
-            raise RuntimeError(f"{call}() while the trainer is offloaded: call onload() first")
-
-
-def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
-    """A uint8 tensor over all of `storage` (whatever the dtypes of the tensors on it)."""
-    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
-
 
 # ----------------------------------------------------------------------------- state swapping
 
@@ -427,7 +367,6 @@ def export_state(trainer: GRPOTrainer) -> tuple[dict[str, torch.Tensor], dict]:
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-    trainer._require_onloaded("export_state")
     if trainer._normaliser is not None:
         raise RuntimeError("export_state() in the middle of a global batch: step() first (the "
                            "accumulated gradient is not part of the swapped state)")
@@ -449,7 +388,6 @@ def load_state(trainer: GRPOTrainer, tensors: dict[str, torch.Tensor], meta: dic
     trainer worker broadcasts it) and keeps its own shards. A collective under FSDP."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-    trainer._require_onloaded("load_state")
     model_sd: dict[str, torch.Tensor] = {}
     optim_state: dict[str, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():

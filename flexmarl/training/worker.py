@@ -45,7 +45,7 @@ import torch.distributed as dist
 from runtime.actor import Actor, handler
 from runtime.codec import Envelope
 from runtime.worker import WorkerContext
-from flexmarl.protocol import (ExportState, ExportWeights, Offload, Onload, SwapDone, SwapIn,
+from flexmarl.protocol import (ExportState, ExportWeights, SwapDone, SwapIn,
                                SwapOut, TrainBeginBatch, TrainMicroBatch, TrainState, TrainStats,
                                TrainStep, TrainStepDone, WeightUpdate)
 from flexmarl.training.trainer import GRPOTrainer, TrainerConfig
@@ -69,8 +69,6 @@ class Command(IntEnum):
     MICRO_BATCH = 2  # a = rows, b = T, c = 1 if ref_logprobs follow
     STEP = 3  # a = num_tokens if BEGIN_BATCH deferred it
     EXPORT = 4
-    OFFLOAD = 5
-    ONLOAD = 6
     KEEPALIVE = 7
     STOP = 8
     SWAP_IN = 9  # a = bytes of the JSON spec {agent, model_dir, config} that follows
@@ -257,14 +255,6 @@ class _Rank:
             return tr.step(arg or None)
         if cmd is Command.EXPORT:
             return WeightUpdate(version=tr.version, tensors=tr.export_weights())
-        if cmd in (Command.OFFLOAD, Command.ONLOAD):
-            done = tr.offload() if cmd is Command.OFFLOAD else tr.onload()
-            # The agent's whole footprint (all ranks) and its slowest rank.
-            total = torch.tensor([float(done.num_bytes)], dtype=torch.float64, device=self.device)
-            slowest = torch.tensor([done.seconds], dtype=torch.float64, device=self.device)
-            dist.all_reduce(total)
-            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-            return SwapDone(num_bytes=int(total.item()), seconds=float(slowest.item()))
         raise AssertionError(f"unhandled command {cmd!r}")
 
 
@@ -364,14 +354,6 @@ class TrainerWorker(Actor):
     async def on_export(self, msg: ExportWeights, env: Envelope) -> WeightUpdate:
         return await self._command(Command.EXPORT)
 
-    @handler(Offload)
-    async def on_offload(self, msg: Offload, env: Envelope) -> SwapDone:
-        return await self._command(Command.OFFLOAD)
-
-    @handler(Onload)
-    async def on_onload(self, msg: Onload, env: Envelope) -> SwapDone:
-        return await self._command(Command.ONLOAD)
-
     async def keepalive_loop(self) -> None:
         try:
             await self.group.ready
@@ -446,8 +428,6 @@ class TrainerFollower(Actor):
     on_micro_batch = _refusing(TrainMicroBatch)
     on_step = _refusing(TrainStep)
     on_export = _refusing(ExportWeights)
-    on_offload = _refusing(Offload)
-    on_onload = _refusing(Onload)
     on_swap_in = _refusing(SwapIn)
     on_swap_out = _refusing(SwapOut)
     on_export_state = _refusing(ExportState)

@@ -20,8 +20,9 @@ import pytest
 import flexmarl.orchestrator.orchestrator as orchestrator
 from flexmarl import AgentSpec, Team
 from flexmarl.launch.cli import main
-from flexmarl.config.checks import ConfigError
+from flexmarl.checks import ConfigError
 from flexmarl.orchestrator.agents import AgentRuntime, StepGate
+from flexmarl.orchestrator.policy import PipelineConfig
 from flexmarl.orchestrator.orchestrator import Orchestrator, TrajectoryContext, WorkflowError
 from flexmarl.protocol import GenerateReply, Sample
 from flexmarl.launch.model_dirs import resolve_model
@@ -55,10 +56,11 @@ def make_orch(workflow, *, tasks=None, trajectories: int = 4, frozen: bool = Fal
         specs.append(AgentSpec(name="f", model="tiny", trainable=False))
     team = Team(name="flaky", agents=specs, workflow=workflow,
                 tasks=tasks or addition_tasks(8, seed=1))
-    agents = {s.name: AgentRuntime(s, "", None, None, gate=StepGate(1 << 30)) for s in specs}
+    agents = {s.name: AgentRuntime(s, "", None, gate=StepGate(1 << 30)) for s in specs}
     store = ExperienceStore([s.name for s in specs if s.trainable])
-    return Orchestrator(team, agents, store, FakePool(), trajectories_per_task=trajectories,
-                        max_concurrent_tasks=4, max_concurrent_calls=8, micro_batch_groups=1)
+    return Orchestrator(team, agents, store, FakePool(), PipelineConfig(
+        trajectories_per_task=trajectories, max_concurrent_tasks=4, max_concurrent_calls=8,
+        micro_batch_groups=1))
 
 
 async def take_all(orch: Orchestrator, agent: str = "a"):

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from flexmarl.launch.cli import main
-from flexmarl.config.checks import ConfigError
+from flexmarl.checks import ConfigError
 from flexmarl.config.load import DEFAULT_TOML, SECTIONS, Config, dump_toml, load_config
-from flexmarl.config.sections import PIPELINE_MODES, TeamRef
+from flexmarl.config.sections import TeamRef
+from flexmarl.orchestrator.policy import PIPELINE_MODES
 from flexmarl.training.trainer import TrainerConfig
 from flexmarl.observe.rundir import MetricsWriter, Progress, RunDir, read_metrics
 
@@ -99,6 +100,35 @@ def test_to_toml_round_trips(tmp_path, team_file):
     assert load_config(str(path)) == config
     assert tomllib.loads(dump_toml({"s": {"x": "tab\there\x7f", "n": None}})) == {
         "s": {"x": "tab\there\x7f"}}
+
+
+# ------------------------------------------------------------------------------ old names
+
+def test_old_train_section_is_read_with_a_warning_naming_the_new_key(tmp_path, team_file):
+    """[train] was renamed [trainer_pool]: a file or --set with the old name still works for
+    one release, and each old key's warning names its new one (never silently ignored)."""
+    path = tmp_path / "old.toml"
+    path.write_text("[train]\nslots = 2\n")
+    with pytest.warns(FutureWarning, match=r"train\.slots .* is now trainer_pool\.slots"):
+        config = load_config(str(path), ["train.snapshots=false"], team=team_file)
+    assert (config.trainer_pool.slots, config.trainer_pool.snapshots) == (2, False)
+    assert "train" not in config.to_dict() and "[trainer_pool]" in config.to_toml()
+
+
+def test_old_and_new_name_of_one_key_is_an_error(tmp_path, team_file):
+    path = tmp_path / "both.toml"
+    path.write_text("[train]\nslots = 2\n")
+    with pytest.raises(ConfigError) as info:  # refused before any warning
+        load_config(str(path), ["trainer_pool.slots=3"], team=team_file)
+    msg = str(info.value)
+    assert "train.slots" in msg and "trainer_pool.slots" in msg and str(path) in msg
+    assert "keep only trainer_pool.slots" in msg
+
+
+def test_old_section_errors_name_the_new_key(team_file):
+    with pytest.warns(FutureWarning):
+        msg = error(overrides=["train.slots=-1"], team=team_file)
+    assert "trainer_pool.slots" in msg
 
 
 # ------------------------------------------------------------------------------ errors
@@ -337,7 +367,7 @@ def test_cli_interrupt_exits_130(tmp_path, team_file, capsys, monkeypatch):
     ("1,3", "0-2", "cpu", ((1, 3), (0, 1, 2))),      # explicit lists are kept as given
 ])
 def test_role_cpus(monkeypatch, rollout, train, device, expected):
-    import flexmarl.config.checks as config_module
+    import flexmarl.checks as config_module
     from flexmarl.launch.placement import role_cpus
     monkeypatch.setattr(config_module, "available_cpus", lambda: [0, 1, 2, 3])
     config = load_config(overrides=[f"rollout.cpus={rollout}", f"trainer_pool.cpus={train}",
@@ -346,7 +376,7 @@ def test_role_cpus(monkeypatch, rollout, train, device, expected):
 
 
 def test_role_cpus_single_core_pins_nothing(monkeypatch):
-    import flexmarl.config.checks as config_module
+    import flexmarl.checks as config_module
     from flexmarl.launch.placement import role_cpus
     monkeypatch.setattr(config_module, "available_cpus", lambda: [0])
     assert role_cpus(load_config()) == ((), ())

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from flexmarl.activity import ActivityLog
-from flexmarl.config.checks import ConfigError
+from flexmarl.checks import ConfigError
 from flexmarl.config.load import load_config
 from flexmarl.observe.rundir import RunDir
 from flexmarl.launch.run import train

@@ -10,6 +10,7 @@ agents) that prove the guarantees from the samples actually trained:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from safetensors.torch import load_file
 from flexmarl import AgentSpec, SamplingParams, Team
 from flexmarl.config.load import load_config
 from flexmarl.orchestrator.batch import TrainSession
-from flexmarl.orchestrator.policy import StalenessError
+from flexmarl.orchestrator.agents import StalenessError
 from flexmarl.orchestrator.agents import AgentRuntime, BusyClock, StepGate
 from flexmarl.orchestrator.policy import PIPELINES, make_pipeline
 from flexmarl.protocol import TrainBeginBatch, TrainMicroBatch, TrainStats, TrainStep, TrainStepDone
@@ -126,6 +127,19 @@ class _Tok:
     pad_token_id = 0
 
 
+class OneSlot:
+    """Stands in for the TrainerPool: every bind of the agent yields the same trainer."""
+
+    def __init__(self, trainer: RecordingTrainer) -> None:
+        self.trainer = trainer
+        self.binds = 0
+
+    @contextlib.asynccontextmanager
+    async def bind(self, agent: str):
+        self.binds += 1
+        yield self.trainer
+
+
 def group(i: int, version: int, rewards=(0.0, 1.0), agent: str = "a") -> Group:
     turns = [Turn(agent, f"s0t{i}", 0, str(j), version, [1, 2], [3] * (j + 1), [-0.5] * (j + 1),
                   reward=r, advantage=r - sum(rewards) / len(rewards))
@@ -135,9 +149,9 @@ def group(i: int, version: int, rewards=(0.0, 1.0), agent: str = "a") -> Group:
 
 def session(trainer_version: int, admit, micro_batch_groups: int = 2):
     trainer = RecordingTrainer(trainer_version)
-    rt = AgentRuntime(AgentSpec(name="a", model="tiny"), "", _Tok(), trainer,
+    rt = AgentRuntime(AgentSpec(name="a", model="tiny"), "", _Tok(),
                       trainer_version=trainer_version, version=trainer_version)
-    return TrainSession(rt, micro_batch_groups, admit), trainer
+    return TrainSession(rt, OneSlot(trainer), micro_batch_groups, admit), trainer
 
 
 async def test_session_micro_batches_and_declares_tokens_at_the_step():
@@ -155,7 +169,12 @@ async def test_session_micro_batches_and_declares_tokens_at_the_step():
     assert result.loss == pytest.approx(1.0)  # token sum / tokens
     assert (result.version, result.groups, result.samples) == (4, 3, 6)
     assert result.staleness_hist == {0: 6} and result.staleness == 0.0
+    assert s.rt.trainer_version == 3  # the loop moves the version (AgentRuntime.trained)
+    s.rt.trained(result.version)
     assert s.rt.trainer_version == 4
+    with pytest.raises(StalenessError, match="at 4 already"):  # a version never goes back
+        s.rt.trained(4)
+    assert s.trainers.binds == 1  # one slot binding for the whole batch
 
 
 async def test_session_strict_mode_refuses_a_stale_sample():

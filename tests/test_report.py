@@ -21,7 +21,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from flexmarl.config.checks import ConfigError
+from flexmarl.checks import ConfigError
 from flexmarl.observe.loggers import MetricLoggers, scalars
 from flexmarl.observe.report import PLOTS, REPORT_FILE, ReportError, write_report
 from flexmarl.observe.rundir import METRICS_FILE, read_metrics

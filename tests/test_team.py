@@ -58,15 +58,16 @@ def test_task_stream_is_a_seeded_epoch_cursor():
 
 async def test_orchestrator_is_an_actor_that_owns_the_cursor():
     from flexmarl.orchestrator.orchestrator import Orchestrator
+    from flexmarl.orchestrator.policy import PipelineConfig
     from flexmarl.orchestrator.store import ExperienceStore
     from runtime.protocol import Ping, Pong
     from runtime.transport import connect
 
     team = Team(name="t", agents=[AgentSpec(name="a", model="tiny")], workflow=noop,
                 tasks=addition_tasks(5, seed=2))
-    orch = Orchestrator(team, {}, ExperienceStore([]), None, trajectories_per_task=2,
-                        max_concurrent_tasks=1, max_concurrent_calls=1, micro_batch_groups=1,
-                        seed=4)
+    orch = Orchestrator(team, {}, ExperienceStore([]), None, PipelineConfig(
+        trajectories_per_task=2, max_concurrent_tasks=1, max_concurrent_calls=1,
+        micro_batch_groups=1), seed=4)
     async with orch.serving(), connect(orch.address) as conn:
         assert await conn.request(Ping(3)) == Pong(3)
         assert orch.next_tasks(7) == [next(s) for s in [task_stream(list(team.tasks), 4)]

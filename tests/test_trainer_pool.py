@@ -25,6 +25,7 @@ from flexmarl.protocol import (ExportWeights, SwapIn, SwapOut, TrainBeginBatch, 
 from flexmarl.observe.rundir import RunDir
 from flexmarl.launch.run import train
 from flexmarl.training.trainer import TrainerConfig
+from flexmarl.training.pool import TrainerPoolConfig
 from flexmarl.training.slots import SlotAllocator
 from runtime.errors import RemoteError
 from runtime.supervisor import Supervisor, WorkerSpec
@@ -33,6 +34,8 @@ from runtime.transport import connect
 sys.path.insert(0, str(Path(__file__).parent))
 from test_e2e import duo  # noqa: E402
 
+SHARED = TrainerPoolConfig(slots=1, snapshots=False)
+"""A shared pool (not one slot per agent), no snapshots: what the unit tests below drive."""
 CROSS_RANKS_ATOL = 1e-3 / 100
 """Weights trained on different numbers of FSDP ranks (lr 1e-3): the gradient is summed in
 another order, and AdamW turns last-bit differences of tiny components into up to lr-scale
@@ -281,7 +284,7 @@ async def test_pool_takes_turns_and_prefetches_the_swapped_out_agent():
     from flexmarl.training.pool import AgentTrainer, TrainerPool
     log: list = []
     pool = TrainerPool({"s0": RecordingSlot(log)}, {"s0": 1},
-                       {"a": AgentTrainer("/a", {}), "b": AgentTrainer("/b", {})})
+                       {"a": AgentTrainer("/a", {}), "b": AgentTrainer("/b", {})}, SHARED)
     release = {"a": asyncio.Event(), "b": asyncio.Event()}
 
     async def update(agent: str) -> None:
@@ -334,7 +337,7 @@ async def test_an_agent_evicted_a_moment_ago_gets_its_state_not_a_fresh_trainer(
     log: list = []
     pool = TrainerPool({"s0": SlowSwapOutSlot(log), "s1": SlowSwapOutSlot(log)},
                        {"s0": 1, "s1": 1},
-                       {a: AgentTrainer(f"/{a}", {}) for a in "abc"}, prefetch=False)
+                       {a: AgentTrainer(f"/{a}", {}) for a in "abc"}, SHARED, prefetch=False)
     for agent in "ab":  # a resident in s0, b in s1, both idle
         async with pool.bind(agent):
             pass
@@ -362,7 +365,7 @@ async def test_a_lost_state_fails_loudly_instead_of_restarting_the_agent():
             return await super().request(msg, timeout_s)
 
     pool = TrainerPool({"s0": FailingSwapOut([])}, {"s0": 1},
-                       {a: AgentTrainer(f"/{a}", {}) for a in "ab"}, prefetch=False)
+                       {a: AgentTrainer(f"/{a}", {}) for a in "ab"}, SHARED, prefetch=False)
     async with pool.bind("a"):
         pass
     with pytest.raises(RemoteError):
@@ -401,7 +404,8 @@ async def test_a_hung_slot_is_killed_replaced_and_its_agent_restored_from_its_sn
         return [f"{slot}-w1"], Slot(log)
 
     pool = TrainerPool({"s0": first}, {"s0": 1}, {"a": AgentTrainer("/a", {})},
-                       snapshots=True, respawn=respawn, workers={"s0-w0": "s0"},
+                       TrainerPoolConfig(slots=1, snapshots=True), respawn=respawn,
+                       workers={"s0-w0": "s0"},
                        kill=killed.append)
     async with pool.bind("a") as conn:
         await pool.snapshot("a")

@@ -8,7 +8,7 @@
     load.py       Config (all sections), load_config, TOML reading and writing, old names
     default.toml  the default experiment, every key with its default and why
 """
-from flexmarl.config.checks import ConfigError
+from flexmarl.checks import ConfigError
 from flexmarl.config.load import Config, load_config
 
 __all__ = ["Config", "ConfigError", "load_config"]

@@ -21,11 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from flexmarl.config.checks import ConfigError
-from flexmarl.config.sections import (ClusterConfig, GatewayConfig, ObserveConfig,
-                                      PipelineConfig, RolloutConfig, RunConfig, TeamRef,
-                                      TrainerPoolConfig)
+from flexmarl.checks import ConfigError
+from flexmarl.config.sections import (ClusterConfig, GatewayConfig, ObserveConfig, RunConfig,
+                                      TeamRef)
+from flexmarl.orchestrator.policy import PipelineConfig
 from flexmarl.rollout.balancer import BalancerConfig
+from flexmarl.rollout.pool import RolloutConfig
+from flexmarl.training.pool import TrainerPoolConfig
 from flexmarl.training.trainer import TrainerConfig
 from runtime.config import SupervisorConfig, TransportConfig
 

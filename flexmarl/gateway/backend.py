@@ -25,7 +25,8 @@ from typing import Any
 
 from flexmarl.clock import now
 from flexmarl.gateway.api import ApiError
-from flexmarl.config.sections import GatewayConfig  # noqa: F401  (the section, beside its feature)
+from flexmarl.config.sections import GatewayConfig
+from flexmarl.orchestrator.policy import PipelineConfig
 from flexmarl.team import AgentSpec, Completion, Team
 
 log = logging.getLogger(__name__)
@@ -79,15 +80,16 @@ def gateway_team(name: str, agents: list[AgentSpec]) -> Team:
 class Gateway:
     """The backend of flexmarl.gateway.api for one run (see the module docstring)."""
 
-    def __init__(self, agents: dict[str, Any], *, trajectories_per_task: int,
-                 tasks_per_step: int, episode_timeout_s: float = 300.0,
-                 seat_timeout_s: float = 600.0) -> None:
-        """`agents`: name -> flexmarl.orchestrator.orchestrator.AgentRuntime (its tokenizer is used)."""
+    def __init__(self, agents: dict[str, Any], config: GatewayConfig,
+                 pipeline: PipelineConfig) -> None:
+        """`agents`: name -> flexmarl.orchestrator.agents.AgentRuntime (its tokenizer is used);
+        `config` (section `gateway`): the episode and seat timeouts; `pipeline`: the batch
+        shape the app's episodes fill (tasks per step, trajectories per task)."""
         self.agents = agents
-        self.trajectories_per_task = trajectories_per_task
-        self.tasks_per_step = tasks_per_step
-        self.episode_timeout_s = episode_timeout_s
-        self.seat_timeout_s = seat_timeout_s
+        self.trajectories_per_task = pipeline.trajectories_per_task
+        self.tasks_per_step = pipeline.tasks_per_step
+        self.episode_timeout_s = config.episode_timeout_s
+        self.seat_timeout_s = config.seat_timeout_s
         self.episodes: dict[str, Episode] = {}
         self._seats: list[Seat] = []
         self._labels: dict[str, str | None] = {}

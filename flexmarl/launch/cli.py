@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any, NoReturn, Sequence
 
-from flexmarl.config.checks import ConfigError
+from flexmarl.checks import ConfigError
 from flexmarl.config.load import load_config
 
 log = logging.getLogger("flexmarl")

@@ -9,10 +9,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from flexmarl.config.checks import ConfigError
+from flexmarl.checks import ConfigError
 from flexmarl.models import SIZES, ensure_model
-from flexmarl.orchestrator.orchestrator import Orchestrator
 from flexmarl.team import AgentSpec
+from flexmarl.training.pool import TrainerPool
 
 MODEL_SEED = 0  # built-in models are built with one seed so every run shares the cache
 _MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json",
@@ -46,18 +46,19 @@ def check_model(spec: AgentSpec) -> str:
     return str(path)
 
 
-async def save_model_dir(orch: Orchestrator, agent: str, directory: Path) -> Path:
-    """Save the agent's current weights as a loadable model directory."""
+async def save_model_dir(trainers: TrainerPool, agent: str, model_dir: str,
+                         directory: Path) -> Path:
+    """Save the agent's current weights (from its trainer) as a loadable model directory beside
+    the config and tokenizer files of its base model `model_dir`."""
     from safetensors.torch import save_file
 
-    rt = orch.agents[agent]
-    weights, _ = await orch.export(agent)
+    weights = await trainers.export(agent)
     target = directory / f"version-{weights.version}"
     target.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in weights.tensors.items()},
               str(target / "model.safetensors"))
     for name in _MODEL_FILES:
-        src = Path(rt.model_dir) / name
+        src = Path(model_dir) / name
         if src.is_file():
             shutil.copy2(src, target / name)
     return target

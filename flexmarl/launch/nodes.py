@@ -67,7 +67,7 @@ def node_main(argv: Sequence[str] | None = None) -> int:
                                             "%(name)s: %(message)s")
     os.environ["FLEXMARL_LOG"] = level  # its workers log at the same level
 
-    from flexmarl.config.checks import parse_cpus
+    from flexmarl.checks import parse_cpus
     from runtime.config import TransportConfig
     from runtime.node import NodeAgent, NodeJoinError, NodeOptions
 

@@ -14,7 +14,8 @@ import dataclasses
 import itertools
 import logging
 
-from flexmarl.config import checks
+from flexmarl import checks
+from flexmarl.activity import ActivityLog
 from flexmarl.config.load import Config
 from flexmarl.models import load_tokenizer
 from flexmarl.orchestrator.agents import AgentRuntime
@@ -72,7 +73,7 @@ def grow(pool: InstancePool, config: Config, node: NodeInfo) -> None:
     if not node.serves("rollout") or "trainer" in node.hello.roles:
         return
     for _ in range(config.cluster.instances_per_node):
-        agent = min(pool.versions, key=lambda a: len(pool.balancer.instances(a)))
+        agent = min(pool.versions, key=lambda a: len(pool.instances(a)))
         log.warning("node %s joined: a new rollout instance for %s", node.name, agent)
         pool.grow(agent)
 
@@ -90,10 +91,13 @@ async def watch_workers(sup: Supervisor, pool: InstancePool, trainers: TrainerPo
             log.info("worker %s ended (%s): already replaced", event.name, event.reason)
 
 
-async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, config: Config, model_dirs: dict[str, str],
-                        work: str, *, snapshots: bool = False
-                        ) -> tuple[dict[str, AgentRuntime], InstancePool, TrainerPool]:
-    """Start every rollout instance and trainer group at once (engine starts overlap).
+async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, config: Config,
+                       model_dirs: dict[str, str], work: str, activity: ActivityLog, *,
+                       snapshots: bool = False
+                       ) -> tuple[dict[str, AgentRuntime], InstancePool, TrainerPool]:
+    """Start every rollout instance and trainer group at once (engine starts overlap); the
+    agents' runtimes and the two pools over them (`snapshots`: keep every agent's state after
+    each step even if trainer_pool.snapshots is off, because the run saves it).
 
     Instances are named rollout-K, not after an agent: the balancer may move them."""
     r = config.rollout
@@ -178,7 +182,7 @@ async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, config: Con
     agents = {}
     for spec in team.agents:
         agents[spec.name] = AgentRuntime(spec, model_dirs[spec.name],
-                                         load_tokenizer(model_dirs[spec.name]), None)
+                                         load_tokenizer(model_dirs[spec.name]))
     slots = {f"trainer-{k}": connect(handles[f"trainer-{k}-0"].address, transport)
              for k in range(len(sizes))}
     trainers = TrainerPool(slots, {f"trainer-{k}": n for k, n in enumerate(sizes)},
@@ -186,15 +190,17 @@ async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, config: Con
                                                     _trainer_config(config, spec),
                                                     needs[spec.name])
                             for spec in trainable},
-                           static=not (config.trainer_pool.slots or config.trainer_pool.slot_ranks),
-                           snapshots=snapshots or config.trainer_pool.snapshots, respawn=respawn_slot,
+                           (dataclasses.replace(config.trainer_pool, snapshots=True) if snapshots
+                            else config.trainer_pool), respawn=respawn_slot,
                            workers={f"trainer-{k}-{rank}": f"trainer-{k}"
                                     for k, n in enumerate(sizes) for rank in range(n)},
                            kill=lambda name: sup.kill(name, "its trainer slot stopped answering"))
     conns = {name: connect(handles[name].address, transport) for names in placement.values()
              for name in names}
-    return agents, InstancePool(conns, placement, model_dirs, config.balance, respawn=respawn,
-                                kill=lambda name: sup.kill(name, "unresponsive")), trainers
+    pool = InstancePool(conns, placement, model_dirs, config.rollout, config.balance,
+                        activity=activity, respawn=respawn,
+                        kill=lambda name: sup.kill(name, "unresponsive"))
+    return agents, pool, trainers
 
 
 def _slot_sizes(config: Config, needs: dict[str, int]) -> list[int]:

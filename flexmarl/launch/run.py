@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from flexmarl.config.checks import ConfigError
+from flexmarl.checks import ConfigError
 from flexmarl.config.load import Config
 from flexmarl.gateway.app import serve_gateway, unless_app_exits
 from flexmarl.gateway.backend import Gateway
@@ -37,9 +37,14 @@ from flexmarl.orchestrator.loop import PipelineRun
 from flexmarl.orchestrator.orchestrator import Orchestrator
 from flexmarl.orchestrator.policy import make_pipeline
 from flexmarl.orchestrator.store import ExperienceStore
+from flexmarl.activity import ActivityLog
+from flexmarl.orchestrator.agents import AgentRuntime
 from flexmarl.protocol import TrainState
+from flexmarl.rollout.pool import InstancePool
 from flexmarl.team import Team
+from flexmarl.training.pool import TrainerPool
 from runtime.registry import NodeRegistry
+from runtime.supervisor import Supervisor
 
 if TYPE_CHECKING:
     from flexmarl.observe.loggers import MetricLoggers
@@ -75,8 +80,6 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
     seeds, ends with the same weights as an uninterrupted run."""
     started = time.perf_counter()
     saved, first_step = _saved_states(team, config, run_dir, resume)
-    dashboard_url = None
-    pipeline = make_pipeline(config.pipeline.mode, max_staleness=config.pipeline.max_staleness)
     log.info("resolving models of team %s", team.name)
     model_dirs = {}
     for spec in team.agents:  # may build and warm-start (minutes, once): off the event loop
@@ -85,117 +88,172 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
     sup = launcher(config)
     try:
         async with sup.serving():
-            if isinstance(sup, NodeRegistry):
-                await sup.wait_for({"rollout": config.cluster.rollout_nodes,
-                                    "trainer": config.cluster.trainer_nodes},
-                                   config.cluster.join_timeout_s, report=log.warning)
-            agents, pool, trainers = await start_agents(sup, team, config, model_dirs, work,
-                                                         snapshots=saved is not None)
-            if isinstance(sup, NodeRegistry):  # a rollout node joining now gets instances
-                sup.on_join = lambda node: grow(pool, config, node)
-                sup.started_run()
-            if first_step:
-                for name in trainers.agents:
-                    trainers.restore(name, saved.load(name, first_step - 1))
-            store = ExperienceStore([n for n, rt in agents.items() if rt.spec.trainable])
-            p = config.pipeline
-            gateway = None
-            if config.gateway.enabled:  # the app's episodes are the tasks' trajectories
-                g = config.gateway
-                gateway = Gateway(agents, trajectories_per_task=p.trajectories_per_task,
-                                  tasks_per_step=p.tasks_per_step,
-                                  episode_timeout_s=g.episode_timeout_s,
-                                  seat_timeout_s=g.seat_timeout_s)
-            orch = Orchestrator(gateway.team(team) if gateway else team, agents, store, pool, trainers,
-                                trajectories_per_task=p.trajectories_per_task,
-                                max_concurrent_tasks=p.max_concurrent_tasks,
-                                max_concurrent_calls=p.max_concurrent_calls,
-                                micro_batch_groups=p.micro_batch_groups, seed=config.run.seed,
-                                samples_per_request=p.samples_per_request)
-            metrics: list[dict] = []
-            monitor = RunMonitor(orch, mode=pipeline.name, steps=config.run.steps,
-                                 run_dir=str(run_dir.path) if run_dir else "")
-            loggers = _loggers(config, team, run_dir)
-
-            def emit(record: dict) -> None:
-                record["time"] = time.time()
-                metrics.append(record)
-                monitor.on_record(record)
-                if run_dir is not None:
-                    run_dir.metrics.write(record)
-                if saved is not None:
-                    # The record is durable before the states it replaces go: a kill between
-                    # the two must leave a resume point whose states are all still on disk.
-                    run_dir.metrics.sync()
-                    saved.prune(keep_from=record["step"])
-                if loggers is not None:
-                    loggers.log(record)
-
-            await pool.start()
-            if first_step:  # instances serve what the resumed trainers hold
-                for name in trainers.agents:
-                    weights, _ = await orch.export(name)
-                    await orch.push(name, weights)
-                    agents[name].trainer_version = weights.version
-                log.warning("resuming %s at step %d of %d", run_dir.path, first_step,
-                            config.run.steps)
-
-            async def save_state(agent: str, step: int) -> None:
-                # Fresh (never updated): an empty state, restored as a fresh trainer.
-                state = trainers.snapshots.get(agent) or TrainState(agent, 0, {}, {})
-                await asyncio.to_thread(saved.save, agent, step, state)
-            async with contextlib.AsyncExitStack() as observing:
-                if config.observe.dashboard:
-                    server = await observing.enter_async_context(StatusServer(
-                        monitor.status, monitor.metrics, host=config.observe.host,
-                        port=config.observe.port, token=config.observe.token))
-                    dashboard_url = server.url
-                    (on_dashboard or (lambda url: log.warning("dashboard at %s", url)))(server.url)
-                sampler = asyncio.create_task(monitor.sample_loop(), name="monitor.sample")
-                observing.callback(sampler.cancel)
-                watcher = asyncio.create_task(watch_workers(sup, pool, trainers),
-                                              name="run.watch_workers")
-                observing.callback(watcher.cancel)
-                app = None
-                if gateway is not None:
-                    app = await serve_gateway(observing, gateway, config.gateway, on_gateway)
-                try:
-                    async with orch.serving():
-                        with Progress(config.run.steps, enabled=progress) as bar:
-                            await unless_app_exits(PipelineRun(
-                                orch, pipeline, config.run.steps, p.tasks_per_step, emit=emit,
-                                progress=_Tee(bar, monitor), first_step=first_step,
-                                on_agent_step=save_state if saved else None).run(), app)
-                    monitor.state = "finished"
-                except BaseException:
-                    monitor.state = "failed"
-                    raise
-                finally:
-                    await pool.close()
-                    if loggers is not None:
-                        loggers.close()
-                checkpoints = {}
-                if run_dir is not None:
-                    for name, rt in agents.items():
-                        if rt.spec.trainable:
-                            checkpoints[name] = await save_model_dir(orch, name,
-                                                                  run_dir.checkpoint_dir(name))
-            store.close()
-            await trainers.close()
-            for conn in [*pool.conns.values(), *trainers.slots.values()]:
-                await conn.aclose()
+            parts = await _build(sup, team, config, model_dirs, work, saved, first_step)
+            try:
+                result = await _steps(parts, config, run_dir, saved, first_step, progress,
+                                      on_dashboard, on_gateway)
+            finally:
+                parts.store.close()
+                await parts.trainers.close()
+                for conn in [*parts.pool.conns.values(), *parts.trainers.slots.values()]:
+                    await conn.aclose()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    report = None
-    if run_dir is not None and config.observe.report and metrics:
+    if run_dir is not None and config.observe.report and result.metrics:
         from flexmarl.observe.report import write_report
         try:
-            report = await asyncio.to_thread(write_report, run_dir.path)
+            result.report = await asyncio.to_thread(write_report, run_dir.path)
         except Exception as exc:  # the run itself succeeded: say why there is no report
             log.warning("writing the run report failed: %s: %s", type(exc).__name__, exc)
+    result.wall_s = time.perf_counter() - started
+    return result
+
+
+@dataclass
+class _Parts:
+    """The run's components once its workers are up, each built with what it uses."""
+
+    sup: "Supervisor | NodeRegistry"
+    agents: dict[str, AgentRuntime]
+    pool: InstancePool
+    trainers: TrainerPool
+    store: ExperienceStore
+    activity: ActivityLog
+    orch: Orchestrator
+    gateway: Gateway | None
+
+
+async def _build(sup: "Supervisor | NodeRegistry", team: Team, config: Config,
+                 model_dirs: dict[str, str], work: str, saved: StateCheckpoints | None,
+                 first_step: int) -> _Parts:
+    """Workers started (on nodes once enough have joined), saved states restored into the
+    trainer pool, and the store, gateway and orchestrator over them."""
+    if isinstance(sup, NodeRegistry):
+        await sup.wait_for({"rollout": config.cluster.rollout_nodes,
+                            "trainer": config.cluster.trainer_nodes},
+                           config.cluster.join_timeout_s, report=log.warning)
+    activity = ActivityLog()
+    agents, pool, trainers = await start_agents(sup, team, config, model_dirs, work, activity,
+                                                snapshots=saved is not None)
+    if isinstance(sup, NodeRegistry):  # a rollout node joining now gets instances
+        sup.on_join = lambda node: grow(pool, config, node)
+        sup.started_run()
+    if first_step:
+        for name in trainers.agents:
+            trainers.restore(name, saved.load(name, first_step - 1))
+    store = ExperienceStore([n for n, rt in agents.items() if rt.spec.trainable])
+    # With the gateway, the app's episodes are the tasks' trajectories.
+    gateway = Gateway(agents, config.gateway, config.pipeline) if config.gateway.enabled else None
+    orch = Orchestrator(gateway.team(team) if gateway else team, agents, store, pool,
+                        config.pipeline, seed=config.run.seed, activity=activity)
+    return _Parts(sup, agents, pool, trainers, store, activity, orch, gateway)
+
+
+async def _steps(parts: _Parts, config: Config, run_dir: RunDir | None,
+                 saved: StateCheckpoints | None, first_step: int, progress: bool | None,
+                 on_dashboard: Callable[[str], None] | None,
+                 on_gateway: Callable[[str], None] | None) -> RunResult:
+    """The instances up, the observers and the gateway on, the loop's steps; the final
+    checkpoints."""
+    pipeline = make_pipeline(config.pipeline.mode, max_staleness=config.pipeline.max_staleness)
+    monitor = RunMonitor(parts.orch, parts.pool, parts.trainers, parts.activity,
+                         mode=pipeline.name, steps=config.run.steps,
+                         run_dir=str(run_dir.path) if run_dir else "")
+    loggers = _loggers(config, run_dir)
+    metrics: list[dict] = []
+    emit = _emitter(metrics, monitor, run_dir, saved, loggers)
+    await parts.pool.start()
+    if first_step:
+        await _serve_restored(parts)
+        log.warning("resuming %s at step %d of %d", run_dir.path, first_step, config.run.steps)
+
+    async def save_state(agent: str, step: int) -> None:
+        # Fresh (never updated): an empty state, restored as a fresh trainer.
+        state = parts.trainers.snapshots.get(agent) or TrainState(agent, 0, {}, {})
+        await asyncio.to_thread(saved.save, agent, step, state)
+
+    async with contextlib.AsyncExitStack() as observing:
+        dashboard_url, app = await _observe(observing, parts, monitor, config, on_dashboard,
+                                            on_gateway)
+        try:
+            async with parts.orch.serving():
+                with Progress(config.run.steps, enabled=progress) as bar:
+                    loop = PipelineRun(parts.orch, parts.store, parts.pool, parts.trainers,
+                                       parts.activity, config.pipeline, config.run.steps,
+                                       policy=pipeline, emit=emit, progress=_Tee(bar, monitor),
+                                       first_step=first_step,
+                                       on_agent_step=save_state if saved else None)
+                    await unless_app_exits(loop.run(), app)
+            monitor.state = "finished"
+        except BaseException:
+            monitor.state = "failed"
+            raise
+        finally:
+            await parts.pool.close()
+            if loggers is not None:
+                loggers.close()
+        checkpoints = {}
+        if run_dir is not None:
+            for name, rt in parts.agents.items():
+                if rt.spec.trainable:
+                    checkpoints[name] = await save_model_dir(parts.trainers, name, rt.model_dir,
+                                                             run_dir.checkpoint_dir(name))
     return RunResult(metrics, run_dir.path if run_dir else None,
-                     {n: rt.version for n, rt in agents.items()}, checkpoints,
-                     time.perf_counter() - started, report, dashboard_url, first_step)
+                     {n: rt.version for n, rt in parts.agents.items()}, checkpoints,
+                     dashboard_url=dashboard_url, first_step=first_step)
+
+
+async def _serve_restored(parts: _Parts) -> None:
+    """A resumed run: every instance serves what its agent's restored trainer holds."""
+    for name in parts.trainers.agents:
+        rt = parts.agents[name]
+        weights = await parts.trainers.export(name)
+        rt.restored(weights.version)
+        await parts.pool.push(name, weights.version, weights.tensors)
+        rt.synced(weights.version)
+
+
+async def _observe(stack: contextlib.AsyncExitStack, parts: _Parts, monitor: RunMonitor,
+                   config: Config, on_dashboard: Callable[[str], None] | None,
+                   on_gateway: Callable[[str], None] | None
+                   ) -> tuple[str | None, "asyncio.subprocess.Process | None"]:
+    """Until `stack` closes: the dashboard (observe.dashboard), the monitor's sampling, the
+    watch on worker deaths, and the gateway with its app; (dashboard url, the app process)."""
+    url = None
+    if config.observe.dashboard:
+        server = await stack.enter_async_context(StatusServer(
+            monitor.status, monitor.metrics, host=config.observe.host,
+            port=config.observe.port, token=config.observe.token))
+        url = server.url
+        (on_dashboard or (lambda u: log.warning("dashboard at %s", u)))(server.url)
+    for coro, name in ((monitor.sample_loop(), "monitor.sample"),
+                       (watch_workers(parts.sup, parts.pool, parts.trainers), "run.watch_workers")):
+        task = asyncio.create_task(coro, name=name)
+        stack.callback(task.cancel)
+    app = None
+    if parts.gateway is not None:
+        app = await serve_gateway(stack, parts.gateway, config.gateway, on_gateway)
+    return url, app
+
+
+def _emitter(metrics: list[dict], monitor: RunMonitor, run_dir: RunDir | None,
+             saved: StateCheckpoints | None, loggers: "MetricLoggers | None"
+             ) -> Callable[[dict], None]:
+    """Where each step record goes: the result, the monitor, metrics.jsonl, the loggers."""
+    def emit(record: dict) -> None:
+        record["time"] = time.time()
+        metrics.append(record)
+        monitor.on_record(record)
+        if run_dir is not None:
+            run_dir.metrics.write(record)
+        if saved is not None:
+            # The record is durable before the states it replaces go: a kill between the
+            # two must leave a resume point whose states are all still on disk.
+            run_dir.metrics.sync()
+            saved.prune(keep_from=record["step"])
+        if loggers is not None:
+            loggers.log(record)
+    return emit
 
 
 def _saved_states(team: Team, config: Config, run_dir: RunDir | None, resume: bool
@@ -236,7 +294,7 @@ class _Tee:
         self.bar.end_step(step, rewards, seconds)
 
 
-def _loggers(config: Config, team: Team, run_dir: RunDir | None) -> "MetricLoggers | None":
+def _loggers(config: Config, run_dir: RunDir | None) -> "MetricLoggers | None":
     """TensorBoard / W&B sinks of the per-step records (they need a run directory)."""
     obs = config.observe
     if run_dir is None or not (obs.tensorboard or obs.wandb):

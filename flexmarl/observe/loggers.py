@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 from typing import Any, Protocol
 
-from flexmarl.config.checks import ConfigError
+from flexmarl.checks import ConfigError
 
 log = logging.getLogger(__name__)
 

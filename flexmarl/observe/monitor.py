@@ -1,9 +1,13 @@
 """What a run looks like right now: the data behind /api/status, /metrics and the dashboard.
 
-    orchestrator (agents, versions, samples, ActivityLog) ─┐
-    InstancePool (balancer, load reports, moves) ──────────┼─► RunMonitor.status() ─► JSON
-    TrainerPool (slots, swaps, busy seconds) ──────────────┤                      └► /metrics
-    PipelineRun records (on_record, one per step) ─────────┘    (prometheus_client collector)
+    Orchestrator.status() (agents, versions, samples) ──┐
+    InstancePool.status() (instances, loads, moves) ────┤
+    TrainerPool.status() (slots, swaps, busy seconds) ──┼─► RunMonitor.status() ─► JSON
+    ActivityLog (busy intervals) ───────────────────────┤                      └► /metrics
+    PipelineRun records (on_record, one per step) ──────┘    (prometheus_client collector)
+
+Each part is read through its one status() method (the `StatusSource` protocol), never
+through its attributes: a part's internals can change without the monitor knowing.
 
 A sample_loop() takes every busy counter once a second, so utilisation is "busy fraction over
 the last `window_s`" for each agent's rollout, each rollout instance and each trainer slot.
@@ -18,6 +22,7 @@ The status schema (tests/data/status_sample.json is an example):
     slots      name -> ranks, agent (bound now), resident (state held), util
     history    the finished steps: step, step_s, t_done, team_reward,
                agents.name.{reward, staleness, version, train_s, sync_s}
+    totals     moves, swaps (since the run started)
     timeline   now, intervals [[agent, rollout|train|sync|swap, start, end|null], ...]
     events     [{t, kind: move|swap, text}]
 Times in history, timeline and events are seconds since the run started.
@@ -27,22 +32,28 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator, Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from flexmarl.activity import ActivityLog
 from flexmarl.clock import now
 
-if TYPE_CHECKING:
-    from flexmarl.orchestrator.orchestrator import Orchestrator
+
+class StatusSource(Protocol):
+    """A part of the run that says how it is: Orchestrator, InstancePool, TrainerPool."""
+
+    def status(self) -> dict[str, Any]: ...
 
 
 class RunMonitor:
-    def __init__(self, orch: "Orchestrator", *, mode: str, steps: int, run_dir: str = "",
-                 window_s: float = 30.0, timeline_s: float = 120.0,
-                 history: int = 500) -> None:
-        self.orch = orch
+    def __init__(self, orch: StatusSource, pool: StatusSource | None,
+                 trainers: StatusSource | None, activity: ActivityLog, *, mode: str,
+                 steps: int, run_dir: str = "", window_s: float = 30.0,
+                 timeline_s: float = 120.0, history: int = 500) -> None:
+        self.orch, self.pool, self.trainers = orch, pool, trainers
+        self.activity = activity
         self.mode = mode
         self.steps = steps
         self.run_dir = run_dir
@@ -87,17 +98,24 @@ class RunMonitor:
         while len(self._samples) > 2 and self._samples[1][0] <= t - self.window_s:
             self._samples.popleft()
 
-    def _busy(self) -> dict[tuple[str, str], float]:
-        orch, act = self.orch, self.orch.activity
-        busy = {("agent", a): act.busy_s(a, "rollout") for a in orch.agents}
-        if orch.pool is not None:
-            busy.update({("instance", i): act.busy_s(i, "instance") for i in orch.pool.conns})
-        if orch.trainers is not None:
-            busy.update({("slot", s): b for s, b in orch.trainers.busy_s.items()})
+    def _parts(self) -> tuple[dict, dict, dict]:
+        """The status of the orchestrator, the rollout pool and the trainer pool, now."""
+        empty_pool = {"instances": {}, "agents": {}, "moves": [], "moves_total": 0}
+        empty_slots = {"slots": {}, "bound": {}, "swaps": [], "swaps_total": 0}
+        return (self.orch.status(), self.pool.status() if self.pool else empty_pool,
+                self.trainers.status() if self.trainers else empty_slots)
+
+    def _busy(self, parts: tuple[dict, dict, dict] | None = None
+              ) -> dict[tuple[str, str], float]:
+        orch, pool, trainers = parts or self._parts()
+        act = self.activity
+        busy = {("agent", a): act.busy_s(a, "rollout") for a in orch["agents"]}
+        busy.update({("instance", i): act.busy_s(i, "instance") for i in pool["instances"]})
+        busy.update({("slot", s): v["busy_s"] for s, v in trainers["slots"].items()})
         return busy
 
-    def _utilisation(self) -> dict[tuple[str, str], float]:
-        t, busy = now(), self._busy()
+    def _utilisation(self, parts: tuple[dict, dict, dict]) -> dict[tuple[str, str], float]:
+        t, busy = now(), self._busy(parts)
         if not self._samples:
             return dict.fromkeys(busy, 0.0)
         t_then, then = self._samples[0]
@@ -108,73 +126,59 @@ class RunMonitor:
     # ------------------------------------------------------------------ outputs
 
     def status(self) -> dict[str, Any]:
-        orch, t = self.orch, now()
-        util = self._utilisation()
-        pool, trainers = orch.pool, orch.trainers
-        bal = pool.balancer if pool is not None else None
-        bound = {a: s for s, a in trainers.allocator.bound.items()} if trainers else {}
+        t = now()
+        parts = self._parts()
+        orch, pool, trainers = parts
+        util = self._utilisation(parts)
         agents = {}
-        for name, rt in orch.agents.items():
-            insts = bal.instances(name) if bal is not None else []
+        for name, a in orch["agents"].items():
+            served = pool["agents"].get(name, {"instances": [], "inflight": 0})
             last = self.last.get(name, {})
             agents[name] = {
-                "trainable": rt.spec.trainable, "version": rt.version,
-                "trainer_version": rt.trainer_version, "instances": insts,
-                "slot": bound.get(name), "inflight": sum(bal.inflight(i) for i in insts)
-                if bal is not None else 0, "samples": orch.samples.get(name, 0),
-                "reward": last.get("reward"), "staleness": last.get("staleness"),
-                "train_s": last.get("train_s"), "rollout_util": util.get(("agent", name), 0.0)}
-        instances = {}
-        if pool is not None:
-            for name in pool.conns:
-                report = pool.reports.get(name)
-                instances[name] = {
-                    "agent": bal.agent_of(name), "queued": report.queued if report else 0,
-                    "running": report.running if report else 0, "inflight": bal.inflight(name),
-                    "draining": bal.is_draining(name),
-                    "util": util.get(("instance", name), 0.0)}
-        slots = {}
-        if trainers is not None:
-            loaded = trainers.loaded
-            for name, ranks in trainers.allocator.slots.items():
-                slots[name] = {"ranks": ranks, "agent": trainers.allocator.bound.get(name),
-                               "resident": loaded.get(name),
-                               "util": util.get(("slot", name), 0.0)}
+                "trainable": a["trainable"], "version": a["version"],
+                "trainer_version": a["trainer_version"], "instances": served["instances"],
+                "slot": trainers["bound"].get(name), "inflight": served["inflight"],
+                "samples": a["samples"], "reward": last.get("reward"),
+                "staleness": last.get("staleness"), "train_s": last.get("train_s"),
+                "rollout_util": util.get(("agent", name), 0.0)}
+        instances = {name: {**i, "util": util.get(("instance", name), 0.0)}
+                     for name, i in pool["instances"].items()}
+        slots = {name: {"ranks": s["ranks"], "agent": s["agent"], "resident": s["resident"],
+                        "util": util.get(("slot", name), 0.0)}
+                 for name, s in trainers["slots"].items()}
         return {
-            "run": {"team": orch.team.name, "mode": self.mode, "state": self.state,
+            "run": {"team": orch["team"], "mode": self.mode, "state": self.state,
                     "steps": self.steps, "steps_done": len(self.history) and
                     self.history[-1]["step"] + 1, "rollout_step": self.rollout_step,
                     "started_at": self.started_at, "elapsed_s": t - self.t0,
                     "run_dir": self.run_dir},
             "agents": agents, "instances": instances, "slots": slots,
             "history": list(self.history),
-            "timeline": {"now": t - self.t0, "intervals": self._intervals(t)},
-            "events": self._events()}
+            "timeline": {"now": t - self.t0, "intervals": self._intervals(t, trainers)},
+            "events": self._events(pool, trainers),
+            "totals": {"moves": pool["moves_total"], "swaps": trainers["swaps_total"]}}
 
-    def _intervals(self, t: float) -> list[list]:
+    def _intervals(self, t: float, trainers: dict) -> list[list]:
         since = t - self.timeline_s
         out = [[who, kind, start - self.t0, None if end is None else end - self.t0]
-               for who, kind, start, end in self.orch.activity.recent(since)
+               for who, kind, start, end in self.activity.recent(since)
                if kind in ("rollout", "train", "sync")]
-        if self.orch.trainers is not None:
-            out += [[sw.agent, "swap", sw.at - sw.seconds - self.t0, sw.at - self.t0]
-                    for sw in self.orch.trainers.swaps[-200:] if sw.at >= since]
+        out += [[sw.agent, "swap", sw.at - sw.seconds - self.t0, sw.at - self.t0]
+                for sw in trainers["swaps"] if sw.at >= since]
         return out
 
-    def _events(self, limit: int = 100) -> list[dict]:
+    def _events(self, pool: dict, trainers: dict, limit: int = 100) -> list[dict]:
         events = []
-        if self.orch.pool is not None:
-            for m in self.orch.pool.moves[-limit:]:
-                events.append({"t": m.at - self.t0, "kind": "move", "text":
-                               f"{m.instance}: {m.src} -> {m.dst} (load {m.src_load:.0f} vs "
-                               f"{m.dst_load:.0f} tokens per instance; drained "
-                               f"{m.drain_s:.2f} s, loaded {m.load_s:.2f} s)"})
-        if self.orch.trainers is not None:
-            for sw in self.orch.trainers.swaps[-limit:]:
-                where = "into" if sw.direction == "in" else "out of"
-                events.append({"t": sw.at - self.t0, "kind": "swap", "text":
-                               f"{sw.agent} {where} {sw.slot} ({sw.num_bytes / 1e6:.1f} MB, "
-                               f"{sw.seconds:.2f} s)"})
+        for m in pool["moves"][-limit:]:
+            events.append({"t": m.at - self.t0, "kind": "move", "text":
+                           f"{m.instance}: {m.src} -> {m.dst} (load {m.src_load:.0f} vs "
+                           f"{m.dst_load:.0f} tokens per instance; drained "
+                           f"{m.drain_s:.2f} s, loaded {m.load_s:.2f} s)"})
+        for sw in trainers["swaps"][-limit:]:
+            where = "into" if sw.direction == "in" else "out of"
+            events.append({"t": sw.at - self.t0, "kind": "swap", "text":
+                           f"{sw.agent} {where} {sw.slot} ({sw.num_bytes / 1e6:.1f} MB, "
+                           f"{sw.seconds:.2f} s)"})
         return sorted(events, key=lambda e: e["t"])[-limit:]
 
     def metrics(self) -> bytes:
@@ -245,10 +249,9 @@ class _Collector:
             if s["agent"]:
                 g.add_metric([name, s["agent"]], 1.0)
         yield g
-        orch = self.monitor.orch
         c = CounterMetricFamily("flexmarl_moves", "Rollout instances moved between agents")
-        c.add_metric([], len(orch.pool.moves) if orch.pool is not None else 0)
+        c.add_metric([], st["totals"]["moves"])
         yield c
         c = CounterMetricFamily("flexmarl_swaps", "Training states swapped in or out of slots")
-        c.add_metric([], len(orch.trainers.swaps) if orch.trainers is not None else 0)
+        c.add_metric([], st["totals"]["swaps"])
         yield c

@@ -20,7 +20,7 @@ from typing import IO, Any
 
 import orjson
 
-from flexmarl.config.checks import ConfigError
+from flexmarl.checks import ConfigError
 from flexmarl.config.load import Config
 
 log = logging.getLogger(__name__)

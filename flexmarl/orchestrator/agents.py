@@ -1,8 +1,9 @@
 """One agent's live state: the versions it serves and trains, its step gate, its busy clocks.
 
-AgentRuntime is the one owner of an agent's versions (see its `trained`, `synced` and
-`restored` transitions); the loop (flexmarl.orchestrator.loop) calls them, nothing else writes
-the versions.
+AgentRuntime is the one owner of an agent's versions and of the rule that no sample is newer
+than its trainer (see its transitions); the loop (flexmarl.orchestrator.loop) calls them, nothing
+else writes the versions. Which older samples may train is the pipeline policy's rule
+(flexmarl.orchestrator.policy.PipelinePolicy.admit).
 """
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from typing import Any
 
 from flexmarl.clock import now
 from flexmarl.team import AgentSpec
-from runtime.transport import Connection
 
 
 class StepGate:
@@ -62,26 +62,65 @@ class BusyClock:
         return self._total + ongoing
 
 
+class StalenessError(RuntimeError):
+    """A sample outside the pipeline's staleness guarantee reached the trainer (a bug)."""
+
+
 @dataclass
 class AgentRuntime:
-    """One agent's live pieces: trainer, versions, gate and clocks (its rollout instances are
-    in the orchestrator's InstancePool, which may move them between agents)."""
+    """One agent's live state: its versions, gate and clocks (its rollout instances are in the
+    InstancePool, which may move them between agents; its trainer slot in the TrainerPool).
+
+    The only writer of the versions, through explicit transitions:
+
+        start(first_step, lag, steps)  a run begins: the gate opens to its first steps
+        trained(v)    the trainer stepped to version v (v > trainer_version)
+        synced(v)     every instance serves v (v == trainer_version: nothing newer is served)
+        restored(v)   the trainer was rebuilt from a snapshot or a saved state at version v
+        staleness(pv) trainer_version - pv for a sample generated at policy version pv; a
+                      negative one is a bookkeeping bug and raises StalenessError
+    """
 
     spec: AgentSpec
     model_dir: str
     tokenizer: Any
-    trainer: Connection | None
-    """The agent's trainer slot while one is bound to it (flexmarl.training.pool), else None."""
     version: int = 0
     """The version the rollout instances serve (last weight sync)."""
     trainer_version: int = 0
     """The trainer's version (ahead of `version` between an optimizer step and its sync)."""
-    request_timeout_s: float = 300.0
     gate: StepGate = field(default_factory=lambda: StepGate(0))
     rollout_busy: dict[int, BusyClock] = field(default_factory=lambda: defaultdict(BusyClock))
     """Per global step: time the agent's rollout instances had work of that step."""
     first_call: dict[int, float] = field(default_factory=dict)
     """Per global step: perf_counter() when its first request passed the gate."""
+
+    def start(self, first_step: int, lag: int, steps: int) -> None:
+        """A run of `steps` steps starts at `first_step`: a trainable agent may generate up to
+        `lag` steps ahead of its last update, a frozen one for every step at once."""
+        self.gate = StepGate(first_step + lag if self.spec.trainable else steps)
+
+    def trained(self, version: int) -> None:
+        if version <= self.trainer_version:
+            raise StalenessError(f"agent {self.spec.name}: trainer stepped to version {version} "
+                                 f"but it was at {self.trainer_version} already")
+        self.trainer_version = version
+
+    def synced(self, version: int) -> None:
+        if version != self.trainer_version:
+            raise StalenessError(f"agent {self.spec.name}: instances got version {version} but "
+                                 f"the trainer is at {self.trainer_version}")
+        self.version = version
+
+    def restored(self, version: int) -> None:
+        self.trainer_version = version
+
+    def staleness(self, policy_version: int) -> int:
+        age = self.trainer_version - policy_version
+        if age < 0:  # newer than the trainer: the version bookkeeping is broken
+            raise StalenessError(f"agent {self.spec.name}: a sample of version "
+                                 f"{policy_version} but the trainer is at version "
+                                 f"{self.trainer_version}")
+        return age
 
     def encode(self, prompt: str | list[dict] | list[int]) -> list[int]:
         if isinstance(prompt, str):

@@ -2,10 +2,12 @@
 
 `micro_batch` turns samples into a trainer micro-batch (right-padded token rows and masks);
 `TrainSession` feeds a global batch to the agent's trainer group by group, within the pipeline
-policy's staleness bound, and steps once.
+policy's staleness bound, steps once and exports the new weights; it binds a trainer slot of the
+TrainerPool when its first micro-batch goes out and releases it when the session closes.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
@@ -14,13 +16,14 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 
 from flexmarl.clock import now
-from flexmarl.orchestrator.policy import StalenessError
-from flexmarl.protocol import TrainBeginBatch, TrainMicroBatch, TrainStep
+from flexmarl.protocol import ExportWeights, TrainBeginBatch, TrainMicroBatch, TrainStep, WeightUpdate
 from flexmarl.orchestrator.store import Group
 
 if TYPE_CHECKING:
     from flexmarl.activity import ActivityLog
     from flexmarl.orchestrator.agents import AgentRuntime
+    from flexmarl.training.pool import TrainerPool
+    from runtime.transport import Connection
 
 log = logging.getLogger(__name__)
 
@@ -94,16 +97,19 @@ out as larger (more efficient) micro-batches of up to `micro_batch_groups`.
     accumulated gradient is the full-batch gradient however the groups were split and ordered.
     """
 
-    def __init__(self, rt: "AgentRuntime", micro_batch_groups: int,
+    def __init__(self, rt: "AgentRuntime", trainers: "TrainerPool", micro_batch_groups: int,
                  admit: Callable[[int], bool], *, eager: bool = False,
                  activity: "ActivityLog | None" = None) -> None:
         self.rt = rt
+        self.trainers = trainers
         self.activity = activity
         self.micro_batch_groups = micro_batch_groups
         self.admit = admit
         self.eager = eager
         self.version = rt.trainer_version
         """The version this batch updates: each sample's staleness is version - policy_version."""
+        self._binding = contextlib.AsyncExitStack()
+        self._trainer: "Connection | None" = None
         self._buffer: list[Group] = []
         self._begun = False
         self.groups = self.samples = self.tokens = self.dropped_stale = 0
@@ -112,24 +118,29 @@ out as larger (more efficient) micro-batches of up to `micro_batch_groups`.
         self.hist: Counter[int] = Counter()
         self._metric_sums: Counter[str] = Counter()
 
+    async def __aenter__(self) -> "TrainSession":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._binding.aclose()  # the trainer slot goes back to the pool
+
     async def _request(self, msg: Any) -> Any:
         started = now()
         if self.activity is not None:
             self.activity.enter(self.rt.spec.name, "train")
         try:
-            return await self.rt.trainer.request(msg, timeout_s=self.rt.request_timeout_s)
+            return await self._trainer.request(msg)  # the pool's trainer_pool.request_timeout_s
         finally:
             self.busy_s += now() - started
             if self.activity is not None:
                 self.activity.exit(self.rt.spec.name, "train")
 
     async def add(self, groups: list[Group]) -> None:
+        if groups and self._trainer is None:  # a trainer slot is bound once there is work
+            self._trainer = await self._binding.enter_async_context(
+                self.trainers.bind(self.rt.spec.name))
         for g in groups:
-            ages = [self.version - t.policy_version for t in g.turns]
-            if min(ages) < 0:  # newer than the trainer: the version bookkeeping is broken
-                raise StalenessError(f"agent {g.agent}: group {g.input_id}/{g.turn} has "
-                                     f"versions {sorted(g.versions)} but the trainer is at "
-                                     f"version {self.version}")
+            ages = [self.rt.staleness(t.policy_version) for t in g.turns]
             if not all(self.admit(a) for a in ages):  # the policy raises or drops
                 self.dropped_stale += len(g.turns)
                 continue
@@ -169,10 +180,24 @@ out as larger (more efficient) micro-batches of up to `micro_batch_groups`.
                      self.rt.spec.name)
             return None
         done = await self._request(TrainStep(self.tokens))
-        self.rt.trainer_version = done.version
         staleness = sum(a * n for a, n in self.hist.items()) / max(self.samples, 1)
         return TrainResult(done.version, self.groups, self.samples, self.tokens,
                            self.loss_sum / self.tokens, self.busy_s, staleness,
                            dict(sorted(self.hist.items())), self.dropped_stale, done.skipped,
                            {**{k: v / self.tokens for k, v in self._metric_sums.items()},
                             "grad_norm": done.grad_norm})
+
+    async def export(self) -> tuple[WeightUpdate, float]:
+        """The trainer's weights after `finish` stepped (the slot still bound: this binding
+        nests in the session's); seconds."""
+        agent = self.rt.spec.name
+        started = now()
+        async with self.trainers.bind(agent) as trainer:
+            if self.activity is not None:
+                self.activity.enter(agent, "sync")
+            try:
+                weights: WeightUpdate = await trainer.request(ExportWeights())
+            finally:
+                if self.activity is not None:
+                    self.activity.exit(agent, "sync")
+        return weights, now() - started

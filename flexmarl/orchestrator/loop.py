@@ -1,43 +1,64 @@
-"""Pipeline policies and the one training loop that runs them, per agent.
+"""The one training loop: a rollout producer and one loop per agent, under a pipeline policy.
 
-Every mode is the same loop with different settings of four knobs (`PipelinePolicy`):
+                         ┌──────────────────────── rollout producer ────────────────────────┐
+     data cursor ──────► │ for step s: [team_barrier: wait step_done[s-1]]                  │
+                         │   Orchestrator.rollout(s): every ctx.generate(A) waits gate[A]   │
+                         │   ─► InstancePool ─► turns ─► ExperienceStore ─► rollout_done[s] │
+                         └──────────────────────────────────────────────────────────────────┘
+                                  │ complete GRPO groups of agent A, step s
+                                  ▼
+                         ┌──────────────────────── loop of agent A (one each) ──────────────┐
+                         │ for step s: [not stream: wait rollout_done[s]]                   │
+                         │   TrainSession: take groups as they complete ─► micro-batches ─► │
+                         │   TrainerPool slot (bound on the first) ─► one optimizer step    │
+                         │   ─► export ─► snapshot ─► slot released                         │
+                         │   ─► weight sync to A's instances [defer_sync: after rollout s+1] │
+                         │   ─► gate[A].open(s + 1 + lag) ─► A's record of step s           │
+                         └──────────────────────────────────────────────────────────────────┘
+                                  │ every agent's record of step s
+                                  ▼
+                         team record of step s (in step order) ─► emit ─► step_done[s]
 
-    rollout producer: for step s: [team_barrier: wait until every agent finished step s-1]
-                      ─► orchestrator.rollout(s): each ctx.generate(agent) waits for gate[agent]
-    per agent A:      for step s: take A's groups of step s as they complete
-                      [stream: while the step is still generating | else: once it has ended]
-                      ─► TrainSession (micro-batches, gradient accumulated) ─► one optimizer step
-                      ─► weight sync [defer_sync: only once rollout of step s+1 has ended]
-                      ─► gate[A].open(s + 1 + lag): A's workflows of step s + 1 + lag may go
+    loop        consumes              produces              waits for            unblocked by
+    producer    tasks (data cursor)   turns, groups in the  gate[A] per call;    A's sync of
+                                      store; rollout_done   step_done[s-1]       step s-1 (opens
+                                                            (team_barrier)       gate[A]); records
+    agent A     A's groups of step s  A's update (version   groups in the store; a group done;
+                                      +1), weights on A's   rollout_done[s];     the rollout of
+                                      instances, A's record a free trainer slot; s (or s+1 for
+                                      of step s             the previous sync    defer_sync); a
+                                                                                 slot released
+    records     every agent's record  the team record       step_done[s] in      the last agent's
+                of step s                                   step order           record of s
 
-    mode          stream  lag  team_barrier  defer_sync  staleness of trained samples
-    sync          no      0    yes           no          exactly 0
-    micro_batch   yes     0    no            no          exactly 0 (the paper's mode)
-    one_step_off  yes     1    no            yes         exactly 1 (0 in the first step)
-    bounded       yes     k    no            no          0..k, enforced per sample, with a
-                                                          truncated importance weight
+Every mode is this loop with different settings of four knobs (`PipelinePolicy`, see
+flexmarl.orchestrator.policy for the table of modes). Each agent has its own loop, version and
+gate: agent A trains and syncs as soon as its own batch is in, without waiting for agent B.
+Zero staleness in micro_batch follows from the gate (A generates for step s only with the weights
+trained on step s-1) and is checked per sample: AgentRuntime.staleness (never negative) and
+PipelinePolicy.admit (within the mode's bound). The versions change only through AgentRuntime's
+transitions (trained, synced, restored), all called here.
 
-Each agent has its own loop, version and gate: agent A trains and syncs as soon as its own
-batch is in, without waiting for agent B; a team record is written once every agent has
-finished a step. Zero staleness in micro_batch follows from the gate (A generates for step s
-only with the weights trained on step s-1) and is checked per sample by the TrainSession.
+The loop is handed what it uses: the orchestrator (rollouts), the store (groups), the rollout
+pool (weight sync), the trainer pool (slots), the activity log, and the `pipeline` section.
 """
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
 import itertools
 import logging
 from typing import Any, Awaitable, Callable
 
+from flexmarl.activity import ActivityLog
 from flexmarl.clock import now
-from flexmarl.orchestrator.batch import TrainResult
-from flexmarl.orchestrator.agents import StepGate
-from flexmarl.orchestrator.policy import PipelinePolicy
+from flexmarl.orchestrator.batch import TrainResult, TrainSession
 from flexmarl.orchestrator.orchestrator import Orchestrator, RolloutStats
+from flexmarl.orchestrator.policy import PipelineConfig, PipelinePolicy, make_pipeline
+from flexmarl.orchestrator.records import StepRecorder
+from flexmarl.orchestrator.store import ExperienceStore, Group
 from flexmarl.protocol import WeightUpdate
-from flexmarl.orchestrator.store import Group
+from flexmarl.rollout.pool import InstancePool
+from flexmarl.training.pool import TrainerPool
 from runtime.errors import PeerDied
 
 log = logging.getLogger(__name__)
@@ -68,25 +89,33 @@ class Progress:
 class PipelineRun:
     """One run of `steps` global steps under `policy`; `await run()` returns the records."""
 
-    def __init__(self, orch: Orchestrator, policy: PipelinePolicy, steps: int, tasks_per_step: int,
-                 *, emit: Callable[[dict], None] | None = None,
+    def __init__(self, orch: Orchestrator, store: ExperienceStore, pool: InstancePool,
+                 trainers: TrainerPool, activity: ActivityLog, config: PipelineConfig,
+                 steps: int, *, policy: PipelinePolicy | None = None,
+                 emit: Callable[[dict], None] | None = None,
                  progress: Progress | None = None, first_step: int = 0,
                  on_agent_step: Callable[[str, int], Awaitable[None]] | None = None) -> None:
-        """`first_step` > 0 resumes a run (steps before it are done; their tasks are skipped in
-        the data cursor); `on_agent_step(agent, step)` is awaited once the agent has trained
-        step `step` (before its weight sync and record), e.g. to save its state."""
+        """`config` (section `pipeline`) gives the batch shape and, unless `policy` is given,
+        the policy. `first_step` > 0 resumes a run (steps before it are done; their tasks are
+        skipped in the data cursor); `on_agent_step(agent, step)` is awaited once the agent has
+        trained step `step` (before its weight sync and record), e.g. to save its state."""
         if not 0 <= first_step <= steps:
             raise ValueError(f"first_step must be in [0, {steps}], got {first_step}")
         self.orch = orch
+        self.store = store
+        self.pool = pool
+        self.trainers = trainers
+        self.activity = activity
+        self.policy = policy or make_pipeline(config.mode, max_staleness=config.max_staleness)
+        self.tasks_per_step = config.tasks_per_step
+        self.micro_batch_groups = config.micro_batch_groups
+        self.steps = steps
         self.first_step = first_step
         self.on_agent_step = on_agent_step
         self._pending_sync: dict[str, asyncio.Task | None] = {}
         self.trainer_restarts = 0
         """Agent steps restarted because their trainer slot died."""
         self._next_record = first_step
-        self.policy = policy
-        self.steps = steps
-        self.tasks_per_step = tasks_per_step
         self.emit = emit
         self.progress = progress or Progress()
         self.rollout_done = [asyncio.Event() for _ in range(steps)]
@@ -97,20 +126,17 @@ class PipelineRun:
         self.records: list[dict] = []
         self._finished_at: dict[str, float] = {}
         self._last_team_end = 0.0
-        self._moves_seen = 0
-        self._swaps_seen = 0
-        self._dead_seen = self._redispatched_seen = self._replaced_seen = 0
-        self._trainer_seen = (0, 0, 0)
+        self._recorder: StepRecorder | None = None
         self.started = 0.0
 
     async def run(self) -> list[dict]:
         orch = self.orch
-        for name, rt in orch.agents.items():
-            rt.gate = StepGate(self.first_step + self.policy.lag if rt.spec.trainable
-                               else self.steps)
+        for rt in orch.agents.values():
+            rt.start(self.first_step, self.policy.lag, self.steps)
         if self.first_step:  # the data cursor where the resumed run left it
             orch.next_tasks(self.first_step * self.tasks_per_step)
         started = self.started = now()
+        self._recorder = StepRecorder(self.store, self.pool, self.trainers, started)
         self._last_team_end = started
         self._finished_at = {name: started for name in orch.agents}
         try:
@@ -159,10 +185,9 @@ class PipelineRun:
                     result, weights = await self._train_step(agent, step, taken)
                     break
                 except PeerDied as exc:  # the trainer slot died (rollout deaths never get here)
-                    rt.trainer = None
-                    if not orch.trainers.recoverable() or attempt + 1 >= MAX_TRAIN_ATTEMPTS:
+                    if not self.trainers.recoverable() or attempt + 1 >= MAX_TRAIN_ATTEMPTS:
                         raise
-                    rt.trainer_version = orch.trainers.restored_version(agent)
+                    rt.restored(self.trainers.restored_version(agent))
                     self.trainer_restarts += 1
                     log.warning("agent %s: step %d restarts from its snapshot (version %d) on a "
                                 "new trainer slot, re-feeding %d taken groups: %s", agent, step,
@@ -176,7 +201,7 @@ class PipelineRun:
                 await self._sync(agent, step, result, weights)
         if (pending := self._pending_sync[agent]) is not None:
             await pending
-        assert rt.version == rt.trainer_version
+        rt.synced(rt.version)  # raises unless the last update reached the instances
 
     async def _train_step(self, agent: str, step: int, taken: list[list[Group]]
                           ) -> tuple[TrainResult | None, tuple[WeightUpdate, float] | None]:
@@ -185,32 +210,30 @@ class PipelineRun:
         exported and the state snapshot taken while the slot is bound."""
         orch, policy = self.orch, self.policy
         rt = orch.agents[agent]
-        session = orch.train_session(agent, lambda age, s=step: policy.admit(age, s),
-                                     eager=policy.stream)
+        if not rt.spec.trainable:
+            raise ValueError(f"agent {agent} is frozen (trainable=False); it has no trainer")
         select = orch.of_step(step)
         if not policy.stream:
             await self.rollout_done[step].wait()
-        async with contextlib.AsyncExitStack() as binding:
-            async def feed(groups: list[Group]) -> None:
-                if rt.trainer is None:  # a trainer slot is bound once there is work
-                    rt.trainer = await binding.enter_async_context(orch.trainers.bind(agent))
-                await session.add(groups)
-
+        async with TrainSession(rt, self.trainers, self.micro_batch_groups,
+                                lambda age, s=step: policy.admit(age, s), eager=policy.stream,
+                                activity=self.activity) as session:
             for groups in taken:
-                await feed(groups)
+                await session.add(groups)
             while groups := await self._next_groups(agent, select, self.rollout_done[step]):
                 taken.append(groups)
-                await feed(groups)
+                await session.add(groups)
             if (pending := self._pending_sync[agent]) is not None:
                 await pending  # the last update is out before this one lands
                 self._pending_sync[agent] = None
             result = await session.finish()
-            # Exported while the slot is bound; pushed to the instances after (possibly
-            # later: one_step_off), when the slot may already train another agent.
-            weights = await orch.export(agent) if result is not None else None
+            weights = None
             if result is not None:
-                await orch.trainers.snapshot(agent)
-            rt.trainer = None
+                rt.trained(result.version)
+                # Exported while the slot is bound; pushed to the instances after (possibly
+                # later: one_step_off), when the slot may already train another agent.
+                weights = await session.export()
+                await self.trainers.snapshot(agent)
         return result, weights
 
     async def _next_groups(self, agent: str, select: Callable[[Group], bool],
@@ -218,7 +241,7 @@ class PipelineRun:
         """Up to a micro-batch worth of the step's groups: while the step is generating, as soon
         as one is ready (with any others ready by then); once it has ended, what is left
         ([] when all are taken). Called whenever the trainer is free."""
-        store, n = self.orch.store, self.orch.micro_batch_groups
+        store, n = self.store, self.micro_batch_groups
         while not rollout_done.is_set():
             take = asyncio.ensure_future(store.take_groups(agent, 1, select=select))
             ended = asyncio.ensure_future(rollout_done.wait())
@@ -251,7 +274,7 @@ class PipelineRun:
             if deferred:
                 await self.rollout_done[step + 1].wait()
             update, export_s = weights
-            _, push_s, sync_bytes = await orch.push(agent, update)
+            push_s, sync_bytes = await self._push(agent, update)
             sync_s = export_s + push_s
         rt = orch.agents[agent]
         rt.gate.open(step + 1 + self.policy.lag)
@@ -288,6 +311,17 @@ class PipelineRun:
             await self.rollout_done[step].wait()
             self._agents_finished(step)
 
+    async def _push(self, agent: str, weights: WeightUpdate) -> tuple[float, int]:
+        """Weight sync: every instance of the agent serves `weights`; (seconds, bytes)."""
+        started = now()
+        self.activity.enter(agent, "sync")
+        try:
+            report = await self.pool.push(agent, weights.version, weights.tensors)
+        finally:
+            self.activity.exit(agent, "sync")
+        self.orch.agents[agent].synced(weights.version)
+        return now() - started, report.num_bytes
+
     # ------------------------------------------------------------------ records
 
     def _agents_finished(self, step: int) -> None:
@@ -314,43 +348,19 @@ class PipelineRun:
             "t_rollout_end": rollout.started + rollout.seconds - self.started,
             "agents": {}}
         self._last_team_end = t
-        # Instances the balancer moved between agents since the last record (cause and cost).
-        record["moves"] = orch.pool.take_moves(self._moves_seen, self.started)
-        self._moves_seen += len(record["moves"])
-        # Training states swapped between trainer slots and host memory since the last record.
-        record["swaps"] = [{**dataclasses.asdict(sw), "at": sw.at - self.started}
-                           for sw in orch.trainers.swaps[self._swaps_seen:]]
-        self._swaps_seen += len(record["swaps"])
-        record["trainer_slots_busy_s"] = orch.trainers.take_busy()
-        # Rollout instances that died since the last record, requests re-sent because of
-        # them, and their replacements (seconds from the death to serving).
-        pool = orch.pool
-        record["faults"] = {"dead": list(pool.dead)[self._dead_seen:],
-                            "redispatched": pool.redispatched - self._redispatched_seen,
-                            "replacements": pool.replacements[self._replaced_seen:]}
-        self._dead_seen, self._redispatched_seen = len(pool.dead), pool.redispatched
-        self._replaced_seen = len(pool.replacements)
-        # Trainer slots that died and were replaced, agent steps restarted from a snapshot.
-        trainers = orch.trainers
-        record["faults"]["trainer"] = {
-            "dead": trainers.deaths - self._trainer_seen[0],
-            "replacements": trainers.replacements[self._trainer_seen[1]:],
-            "restarted_steps": self.trainer_restarts - self._trainer_seen[2]}
-        self._trainer_seen = (trainers.deaths, len(trainers.replacements),
-                              self.trainer_restarts)
-        pool_stats = orch.pool.take_stats()
-        record["instance_tokens"] = pool_stats["instance_tokens"]
+        self._recorder.machinery(record, self.trainer_restarts)
+        loads = self._recorder.loads(record)
         for name, rt in orch.agents.items():
             record["agents"][name] = {
-                "instances": len(orch.pool.balancer.instances(name)),
-                "latency": pool_stats["latency"][name],
+                "instances": loads[name]["instances"],
+                "latency": loads[name]["latency"],
                 "reward": _mean(rollout.rewards.get(name, [])),
                 "samples": rollout.samples.get(name, 0),
                 "tokens": rollout.tokens.get(name, 0),
                 "trainable": rt.spec.trainable,
                 # Samples the store refused as already stored or trained (a re-sent request
                 # must never be trained twice), since the run started.
-                "duplicates": orch.store.stats[name].duplicates if rt.spec.trainable else 0,
+                "duplicates": loads[name]["duplicates"],
                 **self.done[step].get(name, {"version": rt.version}),
             }
             if not rt.spec.trainable:

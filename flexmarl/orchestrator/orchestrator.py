@@ -1,18 +1,16 @@
-"""The orchestrator: runs the team's workflow on many tasks at once and owns version boundaries.
+"""The orchestrator: runs the team's workflow on many tasks at once, turn by turn into the store.
 
     tasks ──► rollout(step): ≤ max_concurrent_tasks tasks at once, each as trajectories_per_task
               trajectories ──► workflow(ctx, task) ──ctx.generate──► gate[agent] (may this step
-              generate yet?) ──► rollout instance of agent
+              generate yet?) ──► InstancePool.generate: an instance of the agent chosen by the
+              hierarchical balancer (flexmarl.rollout.pool, flexmarl.rollout.balancer)
                                         │ every turn of a trainable agent ──► ExperienceStore
               all trajectories of a task done ──► store.complete_input (groups + advantages)
-    train_session(agent): complete groups ──► micro-batches ──► trainer (begin, accumulate…,
-              step with the batch's token count): flexmarl.orchestrator.batch.TrainSession
-    export(agent) ──► push(agent): the trainer's weights to every instance of the agent
 
-The pipeline policy (flexmarl.orchestrator.loop) decides when each of these runs and opens the gates.
-Each call goes to an instance of the agent chosen by the hierarchical balancer
-(flexmarl.rollout.pool, flexmarl.rollout.balancer), which also moves instances between agents. Every request carries a seed derived from the run seed and its request id, so
-the same weights give the same samples whatever the scheduling (the torch backend exactly).
+What happens to the groups next (training, weight sync) and when each agent's gate opens is the
+loop's (flexmarl.orchestrator.loop). Every request carries a seed derived from the run seed and
+its request id, so the same weights give the same samples whatever the scheduling (the torch
+backend exactly).
 """
 from __future__ import annotations
 
@@ -29,12 +27,11 @@ from typing import Any, Callable, Iterator
 from flexmarl.clock import now
 from flexmarl.activity import ActivityLog
 from flexmarl.orchestrator.agents import AgentRuntime
-from flexmarl.orchestrator.batch import TrainSession
-from flexmarl.protocol import ExportWeights, Generate, GenerateReply, WeightUpdate
+from flexmarl.orchestrator.policy import PipelineConfig
+from flexmarl.protocol import Generate, GenerateReply
 from flexmarl.orchestrator.store import ExperienceStore, Group, StoreClosed, Turn
 from flexmarl.team import Completion, Team
 from flexmarl.rollout.pool import InstancePool
-from flexmarl.training.pool import TrainerPool
 from runtime.actor import Actor
 from runtime.errors import PeerDied, TransportClosed
 
@@ -251,18 +248,19 @@ class TrajectoryContext:
 
 
 class Orchestrator(Actor):
-    """Rollout, training and weight sync of one team; the pipeline policy sequences them.
+    """The team's rollouts: workflows on the step's tasks, their turns into the store.
 
     An actor on the caller's event loop (local:// by default): it owns the data cursor and the
-    agents' versions, answers Ping, and is where status and control requests will land.
+    agents' runtimes (their versions change only through AgentRuntime's transitions), answers
+    Ping, and is where status and control requests will land.
     """
 
     def __init__(self, team: Team, agents: dict[str, AgentRuntime], store: ExperienceStore,
-                 pool: InstancePool | None, trainers: TrainerPool | None = None, *,
-                 trajectories_per_task: int,
-                 max_concurrent_tasks: int,
-                 max_concurrent_calls: int, micro_batch_groups: int, seed: int = 0,
-                 samples_per_request: int = 0, address: str = "local://*") -> None:
+                 pool: InstancePool | None, config: PipelineConfig, *, seed: int = 0,
+                 activity: ActivityLog | None = None, address: str = "local://*") -> None:
+        """`config` (section `pipeline`): trajectories per task and the parallelism of tasks,
+        calls and samples; `activity` records the agents' rollout intervals (shared with the
+        pool and the loop, read by the monitor)."""
         super().__init__("orchestrator", address)
         self.cursor = task_stream(list(team.tasks), seed)
         self.seed = seed
@@ -270,20 +268,24 @@ class Orchestrator(Actor):
         self.agents = agents
         self.store = store
         self.pool = pool
-        self.trainers = trainers
-        self.trajectories_per_task = trajectories_per_task
-        self.max_concurrent_tasks = max_concurrent_tasks
-        self.max_concurrent_calls = max_concurrent_calls
-        self.micro_batch_groups = micro_batch_groups
-        self.samples_per_request = samples_per_request
+        self.trajectories_per_task = config.trajectories_per_task
+        self.max_concurrent_tasks = config.max_concurrent_tasks
+        self.max_concurrent_calls = config.max_concurrent_calls
+        self.samples_per_request = config.samples_per_request
         self.input_step: dict[str, int] = {}
         """input_id -> global step it was sampled for."""
-        self.activity = ActivityLog()
+        self.activity = activity if activity is not None else ActivityLog()
         """Busy intervals of agents (rollout, train, sync) and instances, for monitoring."""
-        if pool is not None:
-            pool.activity = self.activity
         self.samples: Counter[str] = Counter()
         """Samples generated so far, per agent."""
+
+    def status(self) -> dict[str, Any]:
+        """The team's agents now: {team, agents: name -> {trainable, version, trainer_version,
+        samples}} (flexmarl.observe.monitor reads it)."""
+        return {"team": self.team.name, "agents": {
+            name: {"trainable": rt.spec.trainable, "version": rt.version,
+                   "trainer_version": rt.trainer_version, "samples": self.samples.get(name, 0)}
+            for name, rt in self.agents.items()}}
 
     def next_tasks(self, n: int) -> list[Any]:
         """The next `n` tasks of the data cursor."""
@@ -347,41 +349,3 @@ class Orchestrator(Actor):
     def of_step(self, step: int) -> Callable[[Group], bool]:
         """Store selector: the groups sampled for global step `step`."""
         return lambda g: self.input_step.get(g.input_id) == step
-
-    # ------------------------------------------------------------------ training
-
-    def train_session(self, agent: str, admit: Callable[[int], bool], *,
-                      eager: bool = False) -> TrainSession:
-        """A new global batch of `agent`; `admit(staleness)` is the policy's per-sample bound;
-        `eager` sends whatever each add() brings at once (see TrainSession)."""
-        rt = self.agents[agent]
-        if not rt.spec.trainable:
-            raise ValueError(f"agent {agent} is frozen (trainable=False); it has no trainer")
-        return TrainSession(rt, self.micro_batch_groups, admit, eager=eager,
-                            activity=self.activity)
-
-    async def export(self, agent: str) -> tuple[WeightUpdate, float]:
-        """The agent's current weights from its trainer (bound with trainers.bind); seconds."""
-        rt = self.agents[agent]
-        started = now()
-        async with self.trainers.bind(agent) as trainer:
-            self.activity.enter(agent, "sync")
-            try:
-                weights: WeightUpdate = await trainer.request(ExportWeights(),
-                                                              timeout_s=rt.request_timeout_s)
-            finally:
-                self.activity.exit(agent, "sync")
-        return weights, now() - started
-
-    async def push(self, agent: str, weights: WeightUpdate) -> tuple[int, float, int]:
-        """Weight sync: every instance of the agent serves `weights`; (version, seconds, bytes)."""
-        rt = self.agents[agent]
-        started = now()
-        self.activity.enter(agent, "sync")
-        try:
-            report = await self.pool.push(agent, weights.version, weights.tensors)
-        finally:
-            self.activity.exit(agent, "sync")
-        rt.version = weights.version
-        return weights.version, now() - started, report.num_bytes
-

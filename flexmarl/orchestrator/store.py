@@ -168,6 +168,12 @@ class ExperienceStore:
 
     # ------------------------------------------------------------------------- producers
 
+    def duplicates(self, agent: str) -> int:
+        """Turns of `agent` refused as already stored or trained (0 for an agent without a
+        table: a frozen one)."""
+        stats = self.stats.get(agent)
+        return stats.duplicates if stats is not None else 0
+
     async def put(self, turn: Turn) -> bool:
         """Store one turn; False (and nothing stored) if its sample_id was stored or consumed.
 

@@ -27,13 +27,55 @@ import torch
 
 from flexmarl.clock import now
 from flexmarl.activity import ActivityLog
+from flexmarl.checks import parse_cpus, require
 from flexmarl.rollout.balancer import Balancer, BalancerConfig, Move, percentile
+from flexmarl.rollout.engine import BACKENDS, EngineConfig
 from flexmarl.protocol import Generate, GenerateReply, LoadReport, SubscribeLoad, WeightUpdate
 from flexmarl.rollout.weight_sync import SyncReport, push_weights, weights_nbytes
 from runtime.errors import PeerDied, RequestTimeout, TransportClosed
 from runtime.transport import Connection
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True, frozen=True)
+class RolloutConfig:
+    """Rollout instances of every agent (section `rollout`)."""
+
+    backend: str = "vllm"
+    """`vllm` or `torch` (plain PyTorch generation, for small models and machines without vLLM)."""
+    instances_per_agent: int = 1
+    """Rollout worker processes serving each agent's policy."""
+    kv_cache_bytes: int = 256 << 20
+    """vLLM KV-cache size of each instance, in bytes."""
+    max_model_len: int = 512
+    """Longest prompt + completion, in tokens."""
+    ready_timeout_s: float = 600.0
+    """How long an instance may take to start (a cold vLLM start takes minutes on CPU)."""
+    request_timeout_s: float = 300.0
+    """Longest wait for one request to an instance (a generate call, a weight push); past it
+    the instance is taken for hung: killed and replaced, its requests re-sent. Sized for a long
+    generation on a loaded CPU machine."""
+    cpus: str = "auto"
+    """CPU cores of every rollout process, as "0", "0,2" or "0-3" (threads sized to match);
+    "auto": half the cores when trainers run on CPU (see `role_cpus`); "": no pinning."""
+
+    def __post_init__(self) -> None:
+        require(self.backend in BACKENDS, "rollout.backend", self.backend,
+                 f"must be one of {', '.join(BACKENDS)}")
+        for name in ("instances_per_agent", "kv_cache_bytes", "max_model_len"):
+            require(getattr(self, name) >= 1, f"rollout.{name}", getattr(self, name),
+                     "must be >= 1")
+        for name in ("ready_timeout_s", "request_timeout_s"):
+            require(getattr(self, name) > 0, f"rollout.{name}", getattr(self, name),
+                    "must be > 0")
+        parse_cpus(self.cpus, "rollout.cpus")
+
+    def engine_config(self, model_dir: str, *, seed: int) -> EngineConfig:
+        """The settings of one instance serving the model in `model_dir`."""
+        return EngineConfig(backend=self.backend, model_dir=model_dir, seed=seed,
+                            max_model_len=self.max_model_len, kv_cache_bytes=self.kv_cache_bytes)
+
 REPLACE_ATTEMPTS = 3
 """Processes started, one after another, to replace one dead instance."""
 _MODEL_KEYS_IGNORED = {"_name_or_path", "transformers_version"}
@@ -69,12 +111,14 @@ class MoveRecord:
 
 class InstancePool:
     def __init__(self, instances: dict[str, Connection], placement: dict[str, list[str]],
-                 model_dirs: dict[str, str], config: BalancerConfig | None = None, *,
-                 request_timeout_s: float = 300.0, signatures: dict[str, str] | None = None,
+                 model_dirs: dict[str, str], config: RolloutConfig, balance: BalancerConfig, *,
+                 activity: ActivityLog | None = None, signatures: dict[str, str] | None = None,
                  weights: dict[str, dict[str, torch.Tensor]] | None = None,
                  respawn: Callable[[str, str], Awaitable[tuple[str, Connection]]] | None = None,
                  kill: Callable[[str], None] | None = None) -> None:
-        """`signatures` (agent -> model signature) and `weights` (agent -> the weights its
+        """`config` (section `rollout`) gives the request timeout, `balance` the balancer's
+        settings; `activity` records each instance's busy intervals (its requests in flight).
+        `signatures` (agent -> model signature) and `weights` (agent -> the weights its
         instances start with) default to what the model directories hold (the simulator,
         whose models have no files, passes both). `respawn(dead, agent)` starts a replacement
         of a dead instance for `agent` and returns its (new name, connection); `kill(name)`
@@ -83,9 +127,9 @@ class InstancePool:
         self.model_dirs = dict(model_dirs)
         if signatures is None:
             signatures = {a: model_signature(d) for a, d in model_dirs.items()}
-        self.balancer = Balancer(placement, config,
+        self.balancer = Balancer(placement, balance,
                                  compatible=lambda src, dst: signatures[src] == signatures[dst])
-        self.request_timeout_s = request_timeout_s
+        self.request_timeout_s = config.request_timeout_s
         self.versions = {agent: 0 for agent in placement}
         self._weights: dict[str, dict[str, torch.Tensor]] = dict(weights or {})
         self._locks = {agent: asyncio.Lock() for agent in placement}
@@ -96,8 +140,7 @@ class InstancePool:
         self._tokens: dict[str, int] = {name: 0 for name in instances}
         self.reports: dict[str, LoadReport] = {}
         """Each instance's last load report (queued, running: from every client)."""
-        self.activity: ActivityLog | None = None
-        """Set by the orchestrator: each instance's busy intervals (its requests in flight)."""
+        self.activity = activity
         self._drains: dict[str, asyncio.Event] = {}
         """Instances being moved, set once their last in-flight request has finished."""
         self.respawn = respawn
@@ -266,6 +309,29 @@ class InstancePool:
         drain = self._drains.get(name)
         if drain is not None and not self.balancer.inflight(name):
             drain.set()
+
+    def instances(self, agent: str) -> list[str]:
+        """The instances serving `agent` now (the balancer may move them)."""
+        return self.balancer.instances(agent)
+
+    def status(self, recent: int = 200) -> dict:
+        """The instances now and the latest moves, as plain data (flexmarl.observe.monitor):
+        {instances: name -> {agent, queued, running (its last load report), inflight (ours),
+        draining}, agents: name -> {instances, inflight}, moves: the last `recent` MoveRecords,
+        moves_total}."""
+        bal = self.balancer
+        instances = {}
+        for name in self.conns:
+            report = self.reports.get(name)
+            instances[name] = {"agent": bal.agent_of(name),
+                               "queued": report.queued if report else 0,
+                               "running": report.running if report else 0,
+                               "inflight": bal.inflight(name), "draining": bal.is_draining(name)}
+        agents = {a: {"instances": bal.instances(a),
+                      "inflight": sum(bal.inflight(i) for i in bal.instances(a))}
+                  for a in self.versions}
+        return {"instances": instances, "agents": agents, "moves": self.moves[-recent:],
+                "moves_total": len(self.moves)}
 
     def take_stats(self) -> dict:
         """Since the last call: per agent request latency p50/p99 (s) and count, and tokens

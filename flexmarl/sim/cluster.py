@@ -32,20 +32,21 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from flexmarl.rollout.balancer import BalancerConfig
+from flexmarl.activity import ActivityLog
 from flexmarl.clock import now
+from flexmarl.rollout.balancer import BalancerConfig
 from flexmarl.orchestrator.agents import AgentRuntime
 from flexmarl.orchestrator.orchestrator import Orchestrator
 from flexmarl.orchestrator.loop import PipelineRun
-from flexmarl.orchestrator.policy import PipelinePolicy, make_pipeline
-from flexmarl.rollout.pool import InstancePool
+from flexmarl.orchestrator.policy import PipelineConfig, PipelinePolicy, make_pipeline
+from flexmarl.rollout.pool import InstancePool, RolloutConfig
 from flexmarl.rollout.worker import RolloutWorker
 from flexmarl.sim import clock
 from flexmarl.sim.costs import Costs, Model, load_costs
 from flexmarl.sim.engines import DeviceGroup, SimRolloutEngine, SimTokenizer, SimTrainer
 from flexmarl.sim.presets import Preset, get_preset
 from flexmarl.orchestrator.store import ExperienceStore
-from flexmarl.training.pool import AgentTrainer, TrainerPool
+from flexmarl.training.pool import AgentTrainer, TrainerPool, TrainerPoolConfig
 from runtime.transport import connect
 
 FOREVER_S = 1e9  # request timeouts: simulated waits can be long; a hang raises SimulationStalled
@@ -161,23 +162,25 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
             await stack.enter_async_context(actor.serving())
         conns = {w.name: connect(w.address) for w in workers}
         placement = {a: [name for name, _ in insts] for a, insts in layout.instances.items()}
+        activity = ActivityLog()
         pool = InstancePool(conns, placement, {a: f"sim:{s}" for a, s in preset.models.items()},
-                            balance or BalancerConfig(strategy=system.balance),
-                            request_timeout_s=FOREVER_S,
+                            RolloutConfig(request_timeout_s=FOREVER_S),
+                            balance or BalancerConfig(strategy=system.balance), activity=activity,
                             signatures=dict(preset.models), weights={a: {} for a in models})
         slot_conns = {t.name: connect(t.address) for t in trainers}
         tpool = TrainerPool(slot_conns, {n: d for n, (d, _) in layout.slots.items()},
                             {a: AgentTrainer(f"sim:{preset.models[a]}", {}, m.train_devices)
                              for a, m in models.items()},
-                            static=layout.static, request_timeout_s=FOREVER_S)
-        agents = {spec.name: AgentRuntime(spec, f"sim:{preset.models[spec.name]}",
-                                          SimTokenizer(), None, request_timeout_s=FOREVER_S)
+                            TrainerPoolConfig(slots=0 if layout.static else len(layout.slots),
+                                              snapshots=False, request_timeout_s=FOREVER_S))
+        agents = {spec.name: AgentRuntime(spec, f"sim:{preset.models[spec.name]}", SimTokenizer())
                   for spec in team.agents}
         store = ExperienceStore(list(models))
-        orch = Orchestrator(team, agents, store, pool, tpool,
-                            trajectories_per_task=preset.trajectories_per_task,
-                            max_concurrent_tasks=preset.tasks_per_step,
-                            max_concurrent_calls=1 << 20, micro_batch_groups=1, seed=seed)
+        pipeline = PipelineConfig(tasks_per_step=preset.tasks_per_step,
+                                  trajectories_per_task=preset.trajectories_per_task,
+                                  max_concurrent_tasks=preset.tasks_per_step,
+                                  max_concurrent_calls=1 << 20, micro_batch_groups=1)
+        orch = Orchestrator(team, agents, store, pool, pipeline, seed=seed, activity=activity)
         engines = [e for insts in layout.instances.values() for _, e in insts]
         marks: list[tuple[float, float, float]] = []
 
@@ -192,8 +195,9 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
         await pool.start()
         try:
             async with orch.serving():
-                records = await PipelineRun(orch, policy or make_pipeline(system.pipeline),
-                                            steps, preset.tasks_per_step, emit=emit).run()
+                records = await PipelineRun(
+                    orch, store, pool, tpool, activity, pipeline, steps,
+                    policy=policy or make_pipeline(system.pipeline), emit=emit).run()
         finally:
             await pool.close()
             await tpool.close()

@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from flexmarl.clock import now
+from flexmarl.checks import parse_cpus, require
 from flexmarl.training.slots import Grant, SlotAllocator
-from flexmarl.protocol import ExportState, SwapIn, SwapOut, TrainState
+from flexmarl.protocol import ExportState, ExportWeights, SwapIn, SwapOut, TrainState, WeightUpdate
 from runtime.errors import PeerDied, RequestTimeout
 from runtime.transport import Connection
 
@@ -44,6 +45,51 @@ REPLACE_ATTEMPTS = 3
 Respawn = Callable[[str, list[str]], Awaitable[tuple[list[str], Connection]]]
 """(slot, its old process names) -> the new processes' names and rank 0's connection; kills
 what is left of the old ones first."""
+
+
+@dataclass(kw_only=True, frozen=True)
+class TrainerPoolConfig:
+    """Where each agent trains (section `trainer_pool`, flexmarl.training.pool.TrainerPool): slot
+    sizes, sharing, snapshots and cores. The optimizer and loss are section `trainer`.
+    Until FlexMARL 0.2 the old section name `[train]` is read too, with a warning."""
+
+    ranks_per_agent: int = 1
+    """FSDP ranks (processes) of each agent's trainer group."""
+    cpus: str = "auto"
+    """CPU cores of every trainer process, as in rollout.cpus; "auto": the other half."""
+    slots: int = 0
+    """0: static reservation, one trainer slot (a group of ranks_per_agent processes) per
+    trainable agent. N >= 1: a pool of N slots shared by all trainable agents, bound to an agent
+    while it trains, idle agents' training state swapped out to host memory."""
+    slot_ranks: str = ""
+    """A shared pool of slots of different sizes, e.g. "1,2": one slot of 1 rank and one of 2
+    (overrides `slots`); an agent needs AgentSpec.train_ranks (default ranks_per_agent)."""
+    request_timeout_s: float = 300.0
+    """Longest wait for one request to a trainer slot (a micro-batch, a step, a swap, an export);
+    past it the slot is taken for hung and replaced (with snapshots) or the run stops."""
+    snapshots: bool = True
+    """Keep each agent's training state after each step in host memory: a dead trainer slot
+    is replaced and its agent's batch re-accumulated from it (off: the run stops)."""
+
+    def __post_init__(self) -> None:
+        require(self.ranks_per_agent >= 1, "trainer_pool.ranks_per_agent", self.ranks_per_agent,
+                 "must be >= 1")
+        require(self.slots >= 0, "trainer_pool.slots", self.slots,
+                 "must be >= 0 (0: one slot per trainable agent)")
+        try:
+            sizes = [int(x) for x in self.slot_ranks.split(",")] if self.slot_ranks else []
+        except ValueError:
+            sizes = [0]
+        require(all(n >= 1 for n in sizes), "trainer_pool.slot_ranks", self.slot_ranks,
+                 'must list the ranks of each shared slot, like "1,2" (or be empty)')
+        require(self.request_timeout_s > 0, "trainer_pool.request_timeout_s",
+                self.request_timeout_s, "must be > 0")
+        parse_cpus(self.cpus, "trainer_pool.cpus")
+
+    @property
+    def static(self) -> bool:
+        """One slot per trainable agent for the whole run (no sharing, no swaps)."""
+        return not (self.slots or self.slot_ranks)
 
 
 @dataclass
@@ -78,14 +124,16 @@ class TrainerPool:
     """Trainer slots shared by a team's trainable agents; see the module docstring."""
 
     def __init__(self, slots: dict[str, Connection], slot_ranks: dict[str, int],
-                 agents: dict[str, AgentTrainer], *, static: bool = False,
-                 prefetch: bool = True, request_timeout_s: float = 300.0,
-                 snapshots: bool = False, respawn: Respawn | None = None,
+                 agents: dict[str, AgentTrainer], config: TrainerPoolConfig, *,
+                 prefetch: bool = True, respawn: Respawn | None = None,
                  workers: dict[str, str] | None = None,
                  kill: Callable[[str], None] | None = None) -> None:
-        """`snapshots`: keep each agent's state after its last step (`snapshot`) so a dead
-        slot's agent can be restored; `respawn` replaces a dead slot's processes; `workers`:
-        process name -> its slot (to map a death to its slot); `kill(process)` ends a hung one."""
+        """`slot_ranks`: each slot's ranks (the slots' sizes, from config.slots / slot_ranks or
+        one per agent); `config.static`: every agent owns one slot; `config.snapshots`: keep
+        each agent's state after its last step (`snapshot`) so a dead slot's agent can be
+        restored; `respawn` replaces a dead slot's processes; `workers`: process name -> its
+        slot (to map a death to its slot); `kill(process)` ends a hung one."""
+        static = config.static
         if static and len(slots) < len(agents):
             raise ValueError(f"static reservation needs one slot per trainable agent: "
                              f"{len(agents)} agents, {len(slots)} slots")
@@ -95,7 +143,7 @@ class TrainerPool:
         self.slots = {name: _TimedConnection(conn, name, self) for name, conn in slots.items()}
         self.agents = dict(agents)
         self.static = static
-        self.request_timeout_s = request_timeout_s
+        self.request_timeout_s = config.request_timeout_s
         self.states: dict[str, TrainState] = {}
         """Swapped-out training states, held in this process's memory."""
         self.swaps: list[SwapRecord] = []
@@ -113,7 +161,7 @@ class TrainerPool:
         """agent -> done when its state, on its way out of a slot, is in `states`."""
         self._started: set[str] = set()
         """Agents whose trainer has been built: a fresh SwapIn would lose their training."""
-        self.snapshots_on = snapshots
+        self.snapshots_on = config.snapshots
         self.snapshots: dict[str, TrainState] = {}
         """agent -> its whole state after its last finished step (snapshot or SwapOut)."""
         self.respawn = respawn
@@ -262,6 +310,11 @@ class TrainerPool:
                  "out of" if direction == "out" else "into", slot, num_bytes / 1e6,
                  record.seconds)
 
+    async def export(self, agent: str) -> WeightUpdate:
+        """The agent's current weights from its trainer (bound for the request)."""
+        async with self.bind(agent) as trainer:
+            return await trainer.request(ExportWeights())
+
     async def snapshot(self, agent: str) -> TrainState | None:
         """Keep the agent's whole state (it must be bound, between batches): what it is
         restored from if its slot dies before its next snapshot. None when snapshots are off."""
@@ -370,6 +423,17 @@ class TrainerPool:
         """slot -> agent whose training state the slot holds (bound or idle)."""
         return dict(self._loaded)
 
+    def status(self, recent: int = 200) -> dict:
+        """The slots now and the latest swaps, as plain data (flexmarl.observe.monitor):
+        {slots: name -> {ranks, agent (bound now), resident (state held), busy_s},
+        bound: agent -> slot, swaps: the last `recent` SwapRecords, swaps_total}."""
+        bound = self.allocator.bound
+        slots = {name: {"ranks": ranks, "agent": bound.get(name),
+                        "resident": self._loaded.get(name), "busy_s": self.busy_s.get(name, 0.0)}
+                 for name, ranks in self.allocator.slots.items()}
+        return {"slots": slots, "bound": {a: s for s, a in bound.items()},
+                "swaps": self.swaps[-recent:], "swaps_total": len(self.swaps)}
+
     def take_busy(self) -> dict[str, float]:
         """Per slot: busy seconds since the last call."""
         out = {s: self.busy_s[s] - self._busy_taken[s] for s in self.busy_s}
@@ -378,7 +442,8 @@ class TrainerPool:
 
 
 class _TimedConnection:
-    """A slot's connection that counts the time its requests take as the slot's busy time."""
+    """A slot's connection that counts the time its requests take as the slot's busy time;
+    a request without its own deadline gets trainer_pool.request_timeout_s."""
 
     def __init__(self, conn: Connection, slot: str, pool: TrainerPool) -> None:
         self._conn, self._slot, self._pool = conn, slot, pool
@@ -389,6 +454,7 @@ class _TimedConnection:
         if self.dead is not None:
             raise self.dead
         started = now()
+        kwargs.setdefault("timeout_s", self._pool.request_timeout_s)
         try:
             return await self._conn.request(msg, **kwargs)
         except RequestTimeout as exc:

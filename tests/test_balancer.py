@@ -6,18 +6,24 @@ Layers:
     episodes and their slack, learnt lengths, config errors, and the inter-agent level
     (patience, ratio, min_load_tokens, min_instances, compatible, cool-down, one move at a time,
     draining, finish/abort, the undo rule, the demand window).
-(b) flexmarl.sim.workload and flexmarl.sim.routing on seeded workloads (deterministic, well under a
-    second each): the engine model's timing, least_loaded against round_robin on a long-tailed
-    stream, hierarchical moves toward the hot agent without flapping or losing a request.
+(b) flexmarl.sim.workload, and flexmarl.sim.routing driving it through the real InstancePool on
+    the cluster simulator's engines (virtual clock, cost model; deterministic, about a second
+    each): the engine's timing as the routing runs see it, least_loaded against round_robin on
+    a long-tailed stream, hierarchical moves toward the hot agent without flapping or losing a
+    request.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import pytest
 
 from flexmarl.rollout.balancer import Balancer, BalancerConfig
 from flexmarl.rollout.balancer import percentile
-from flexmarl.sim.routing import SimConfig, placement, simulate
-from flexmarl.sim.workload import AgentProfile, SkewedWorkload, tokens_by_agent
+from flexmarl.sim.costs import load_costs
+from flexmarl.sim.routing import RoutingConfig, initial_placement, move_times, run_routing
+from flexmarl.sim.workload import (AgentProfile, Call, CallChain, SkewedWorkload,
+                                   tokens_by_agent)
 
 # A demand window this short makes plan_move compare the current loads (no averaging), so the
 # inter-agent unit tests below read like the rule they test; the window has its own test.
@@ -346,7 +352,13 @@ def test_workload_is_seeded_skewed_and_long_tailed():
         AgentProfile("x", calls=(3, 2))
 
 
-# ============================================================================ (b) simulator
+# ============================================================================ (b) routing runs
+
+COSTS = load_costs()
+MODEL = COSTS.models["14b"]
+PROMPT = 100
+REL = 1e-9
+
 
 def fixed(calls: int = 1, n: int = 1, length: int = 10, episodes: int = 1) -> SkewedWorkload:
     """One agent, every sample exactly `length` tokens."""
@@ -355,51 +367,75 @@ def fixed(calls: int = 1, n: int = 1, length: int = 10, episodes: int = 1) -> Sk
                           rounds=(1, 1), episodes_per_step=episodes)
 
 
-ENGINE = SimConfig(step_base_s=0.01, step_per_seq_s=0.001, steps=1)
+def on_one_instance(workload, **config):
+    return run_routing(workload, {"a": ["r0"]}, BalancerConfig(strategy="least_loaded"),
+                       RoutingConfig(**{"steps": 1, "prompt_tokens": PROMPT, **config}))
 
 
-def one_instance() -> Balancer:
-    return Balancer({"a": ["r0"]}, BalancerConfig(strategy="least_loaded"))
+def prefill() -> float:
+    return COSTS.prefill_s(MODEL, PROMPT)
+
+
+def decode(batch: int) -> float:
+    """One decode step of `batch` sequences of PROMPT-token prompts (under one segment, the
+    engine keeps the step time of the batch's arrival)."""
+    return COSTS.decode_step_s(MODEL, batch, batch * PROMPT)
 
 
 def test_engine_model_timing():
-    # One sequence of 10 tokens: 10 steps of 10 + 1 ms.
-    r = simulate(fixed(), one_instance(), ENGINE)
-    assert r.step_s == [pytest.approx(0.11)] and r.requests[0].queue_wait == 0.0
-    assert r.tokens_served == {"r0": 10} and r.busy_s["r0"] == pytest.approx(0.11)
-    # One slot: the second request waits in the queue for the first to finish.
-    r = simulate(fixed(episodes=2), one_instance(), SimConfig(**{**vars(ENGINE), "slots": 1}))
-    assert sorted(r.waits()) == [0.0, pytest.approx(0.11)] and r.step_s == [pytest.approx(0.22)]
-    # n samples are n sequences decoded together: 10 steps of 13 ms.
-    r = simulate(fixed(n=3), one_instance(), ENGINE)
-    assert r.step_s == [pytest.approx(0.13)] and r.tokens_served == {"r0": 30}
+    # One sequence of 10 tokens: its prefill, then 10 decode steps (the cost model's).
+    single = prefill() + 10 * decode(1)
+    r = on_one_instance(fixed())
+    assert r.step_s == [pytest.approx(single, rel=REL)] and r.requests[0].queue_wait == 0.0
+    assert r.tokens_served == {"r0": 10} and r.busy_s["r0"] == pytest.approx(single, rel=REL)
+    # One sequence at a time: the second request waits in the queue for the first to finish.
+    r = on_one_instance(fixed(episodes=2), max_num_seqs=1)
+    assert sorted(r.waits()) == [0.0, pytest.approx(single, rel=REL)]
+    assert r.step_s == [pytest.approx(2 * single, rel=REL)]
+    # n samples are n sequences decoded together, each prefilled: 3 prefills, 10 steps of 3.
+    r = on_one_instance(fixed(n=3))
+    assert r.step_s == [pytest.approx(3 * prefill() + 10 * decode(3), rel=REL)]
+    assert r.tokens_served == {"r0": 30}
     # The calls of an episode run one after the other; an idle instance starts at once.
-    r = simulate(fixed(calls=2), one_instance(), SimConfig(**{**vars(ENGINE), "steps": 2}))
-    assert r.step_s == [pytest.approx(0.22)] * 2 and len(r.requests) == 4
+    r = on_one_instance(fixed(calls=2), steps=2)
+    assert r.step_s == [pytest.approx(2 * single, rel=REL)] * 2 and len(r.requests) == 4
     assert r.waits() == [0.0] * 4 and r.all_finished
 
 
-def test_requests_arriving_while_an_instance_decodes_join_at_the_next_step():
-    # Two at once: the first starts the engine; the second joins at the end of that first
-    # 11 ms step, then both decode (12 ms steps) and the second finishes one step later.
-    r = simulate(fixed(episodes=2), one_instance(), ENGINE)
-    assert r.waits() == [0.0, pytest.approx(0.011)]
-    assert r.step_s == [pytest.approx(0.011 + 9 * 0.012 + 0.011)]
-    # A follow-up call sent when a request finishes reaches the engine after it has begun its
-    # next step, and waits for that step to end: 11 ms, one sequence decoding.
-    r = simulate(fixed(calls=2, episodes=2), one_instance(), ENGINE)
-    assert [q.id for q in r.requests] == ["s0e0c0", "s0e1c0", "s0e0c1", "s0e1c1"]
-    assert r.waits() == [0.0] + [pytest.approx(0.011)] * 3
-    assert r.requests[2].dispatched == pytest.approx(0.011 + 9 * 0.012)
-    assert r.step_s == [pytest.approx(0.011 + 9 * 0.012 + 2 * 0.011 + 9 * 0.012 + 0.011)]
+@dataclass(frozen=True)
+class Script:
+    """A workload of hand-written episodes, the same every step."""
+
+    chains: tuple[CallChain, ...]
+
+    def episodes(self, step: int) -> list[CallChain]:
+        return list(self.chains)
+
+
+def test_a_request_arriving_while_an_instance_decodes_joins_its_batch_at_once():
+    """Continuous batching: a call that reaches a busy instance starts at once (its queue wait
+    is 0); its prefill stalls the running sequence, which then decodes in a batch of two."""
+    long = CallChain("long", (Call("a", 1, 256, (100,)),))
+    late = CallChain("late", (Call("b", 1, 256, (5,)), Call("a", 1, 256, (10,))))
+    r = run_routing(Script((long, late)), {"a": ["r0"], "b": ["r1"]},
+                    BalancerConfig(strategy="least_loaded"),
+                    RoutingConfig(steps=1, prompt_tokens=PROMPT))
+    first, joined = r.requests[0], r.requests[2]
+    assert (first.id, joined.id) == ("longc0", "latec1") and joined.instance == "r0"
+    assert joined.dispatched == pytest.approx(prefill() + 5 * decode(1), rel=REL)
+    assert joined.queue_wait == 0.0 and joined.finished < first.finished
+    alone = prefill() + 100 * decode(1)
+    assert alone + prefill() < first.finished < alone + prefill() + 10 * decode(2) + 1e-9
+    assert r.tokens_served == {"r0": 110, "r1": 5} and r.all_finished
 
 
 def test_simulation_is_deterministic():
     def run():
         w = SkewedWorkload(seed=5, episodes_per_step=32)
-        bal = Balancer(placement(w.agent_names, 2), BalancerConfig())
-        r = simulate(w, bal, SimConfig(steps=2))
-        return r.step_s, r.waits(), [(m.move, m.planned_at) for m in r.moves], r.tokens_served
+        r = run_routing(w, initial_placement(w.agent_names, 2), BalancerConfig(),
+                        RoutingConfig(steps=2))
+        return r.step_s, r.waits(), [(m.instance, m.src, m.dst, m.at) for m in r.moves], \
+            r.tokens_served
     assert run() == run()
 
 
@@ -411,15 +447,16 @@ def long_tailed_stream(seed: int) -> SkewedWorkload:
 
 
 def test_least_outstanding_work_beats_round_robin_on_a_long_tailed_stream():
-    """4 instances of 4 slots each, 16 episodes at once: a long sample holds a slot for long,
-    round robin keeps sending to an instance that has them, least_loaded sees it still busy."""
-    sim = SimConfig(slots=4, max_concurrent_episodes=16, steps=2)
+    """4 instances of 4 sequences each, 16 episodes at once: a long sample holds a sequence
+    slot for long, round robin keeps sending to an instance that has them, least_loaded sees
+    it still busy."""
+    config = RoutingConfig(max_num_seqs=4, max_concurrent_episodes=16, steps=2)
     waits, steps = {}, {}
     for strategy in ("round_robin", "least_loaded"):
         waits[strategy], steps[strategy] = [], 0.0
         for seed in range(3):
-            bal = Balancer({"a": ["r0", "r1", "r2", "r3"]}, BalancerConfig(strategy=strategy))
-            r = simulate(long_tailed_stream(seed), bal, sim)
+            r = run_routing(long_tailed_stream(seed), {"a": ["r0", "r1", "r2", "r3"]},
+                            BalancerConfig(strategy=strategy), config)
             assert r.all_finished
             waits[strategy] += r.waits()
             steps[strategy] += sum(r.step_s)
@@ -436,68 +473,74 @@ def test_least_outstanding_work_beats_round_robin_on_a_long_tailed_stream():
 
 def skewed_run(strategy: str, **balance):
     w = SkewedWorkload(seed=0, episodes_per_step=128)
-    bal = Balancer(placement(w.agent_names, 4), BalancerConfig(strategy=strategy, **balance))
-    return bal, simulate(w, bal, SimConfig(max_concurrent_episodes=64, slots=16, steps=4))
+    return run_routing(w, initial_placement(w.agent_names, 4),
+                       BalancerConfig(strategy=strategy, **balance),
+                       RoutingConfig(max_concurrent_episodes=64, max_num_seqs=16, steps=4))
 
 
 def test_hierarchical_moves_toward_the_hot_agent_and_loses_nothing():
-    bal, r = skewed_run("hierarchical")
-    _, rr = skewed_run("round_robin")
+    r = skewed_run("hierarchical")
+    rr = skewed_run("round_robin")
     print(f"hierarchical: {len(r.moves)} moves, step {r.mean_step_s:.1f} s vs round_robin "
           f"{rr.mean_step_s:.1f} s; load ratio {r.load_ratio:.2f} vs {rr.load_ratio:.2f}; "
-          + "; ".join(f"{m.move.instance} {m.move.src}->{m.move.dst} at {m.planned_at:.0f} s "
-                      f"(loads {m.move.src_load:.0f}/{m.move.dst_load:.0f}, drain "
-                      f"{m.drain_s:.2f} s + reload {m.reload_s:.2f} s)" for m in r.moves))
+          + "; ".join(f"{m.instance} {m.src}->{m.dst} at {move_times(m)[0]:.0f} s "
+                      f"(loads {m.src_load:.0f}/{m.dst_load:.0f}, drain "
+                      f"{m.drain_s:.2f} s + load {m.load_s:.2f} s)" for m in r.moves))
     # Toward the hot agent only, each instance once, never below min_instances, then no more.
-    assert r.moves and all((m.move.src, m.move.dst) == ("verifier", "solver") for m in r.moves)
-    assert len({m.move.instance for m in r.moves}) == len(r.moves) <= 3
+    assert r.moves and all((m.src, m.dst) == ("verifier", "solver") for m in r.moves)
+    assert len({m.instance for m in r.moves}) == len(r.moves) <= 3
     assert {a: len(v) for a, v in r.placement.items()} == {"solver": 4 + len(r.moves),
                                                            "verifier": 4 - len(r.moves)}
-    assert all(m.move.dst_load > 5 * max(m.move.src_load, 1.0) for m in r.moves)
+    assert all(m.dst_load > 5 * max(m.src_load, 1.0) for m in r.moves)
     assert r.mean_step_s < rr.mean_step_s and r.load_ratio < rr.load_ratio
     # Nothing lost: every dispatched request finished, the balancer holds none.
     assert r.all_finished and set(r.inflight_at_end.values()) == {0}
     # Each move drained: nothing routed to the instance from plan to done, its earlier
-    # requests finished before the reload, later ones are the new agent's.
+    # requests finished before the weights loaded, later ones are the new agent's. The load
+    # takes the cost model's time for the agent's weights.
     assert any(m.drain_s > 0 for m in r.moves)
+    eps = 1e-9   # move_times recomputes the instants from the pool's durations
     for m in r.moves:
-        assert m.reload_s == pytest.approx(SimConfig().move_cost_s)
-        assert m.cost_s == pytest.approx(m.drain_s + m.reload_s)
-        mine = [q for q in r.requests if q.instance == m.move.instance]
-        assert not [q for q in mine if m.planned_at <= q.dispatched < m.done_at]
-        assert all(q.finished <= m.drained_at for q in mine if q.dispatched < m.planned_at)
-        assert all(q.agent == m.move.dst for q in mine if q.dispatched >= m.done_at)
+        planned, drained, done = move_times(m)
+        assert m.load_s == pytest.approx(COSTS.weight_load_s(MODEL), rel=REL)
+        mine = [q for q in r.requests if q.instance == m.instance]
+        assert not [q for q in mine if planned + eps < q.dispatched < done - eps]
+        assert all(q.finished <= drained + eps for q in mine if q.dispatched < planned - eps)
+        assert all(q.agent == m.dst for q in mine if q.dispatched >= done - eps)
 
 
 def two_phase_workload(hot_calls: int, seed: int) -> SkewedWorkload:
     """Episodes of `hot_calls` calls of one agent, then one of another, all alike: the hot
-    agent's demand is hot_calls x the cold one's, in phases (every step starts hot)."""
-    profile = dict(n=1, max_tokens=256, median_tokens=64, sigma=0.5)
+    agent's demand is hot_calls x the cold one's, in phases (every step starts hot). Calls
+    are short (16 tokens median: ~0.4 s on the 14b model), so a step's opening phase, when
+    only the hot agent has calls, lasts a few checks, not a demand window: what the balancer
+    sees is the sustained demand the tests are about."""
+    profile = dict(n=1, max_tokens=64, median_tokens=16, sigma=0.5)
     return SkewedWorkload(agents=(AgentProfile("hot", calls=(hot_calls, hot_calls), **profile),
                                   AgentProfile("cold", calls=(1, 1), **profile)),
                           rounds=(1, 1), episodes_per_step=128, seed=seed)
 
 
 def phase_run(hot_calls: int, seed: int, steps: int = 4):
-    bal = Balancer(placement(["hot", "cold"], 4), BalancerConfig(strategy="hierarchical"))
-    return simulate(two_phase_workload(hot_calls, seed), bal,
-                    SimConfig(max_concurrent_episodes=32, slots=16, steps=steps))
+    return run_routing(two_phase_workload(hot_calls, seed), initial_placement(["hot", "cold"], 4),
+                       BalancerConfig(strategy="hierarchical"),
+                       RoutingConfig(max_concurrent_episodes=32, max_num_seqs=16, steps=steps))
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_hierarchical_stops_under_the_ratio_and_does_not_flap(seed):
     """Demand 6:1 on 4 + 4 instances: moves go to the hot agent until its load per instance is
     under 5x the cold one's, well before the cold agent is down to one instance; none back."""
-    r = phase_run(6, seed, steps=6)
-    print(f"seed {seed}: moves " + ", ".join(f"{m.move.src}->{m.move.dst} at "
-                                             f"{m.planned_at:.0f} s" for m in r.moves)
+    r = phase_run(6, seed, steps=8)
+    print(f"seed {seed}: moves " + ", ".join(f"{m.src}->{m.dst} at {move_times(m)[0]:.0f} s"
+                                             for m in r.moves)
           + f"; run {r.makespan_s:.0f} s")
-    assert r.moves and all((m.move.src, m.move.dst) == ("cold", "hot") for m in r.moves)
-    assert len({m.move.instance for m in r.moves}) == len(r.moves)
+    assert r.moves and all((m.src, m.dst) == ("cold", "hot") for m in r.moves)
+    assert len({m.instance for m in r.moves}) == len(r.moves)
     assert len(r.placement["cold"]) >= 2                  # stopped by the ratio, not the floor
-    last = r.moves[-1].done_at
-    after = [c for c in r.checks if c.t > last]
-    assert len(after) > 0.7 * len(r.checks)               # it settled early and stayed
+    last = r.moves[-1].at
+    after = [c for c in r.samples if c.t > last]
+    assert len(after) > 0.7 * len(r.samples)              # it settled early and stayed
     mean = {a: sum(c.loads[a] for c in after) / len(after) for a in ("hot", "cold")}
     assert mean["hot"] < 5.0 * mean["cold"]
     assert r.all_finished
@@ -506,4 +549,4 @@ def test_hierarchical_stops_under_the_ratio_and_does_not_flap(seed):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_demand_under_the_ratio_moves_nothing(seed):
     r = phase_run(2, seed)                                # demand 2:1, ratio 5
-    assert r.moves == [], [(m.move, m.planned_at) for m in r.moves]
+    assert r.moves == [], [(m.instance, m.src, m.dst, m.at) for m in r.moves]

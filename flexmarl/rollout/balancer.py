@@ -16,8 +16,9 @@ Two levels, as in the paper:
                  drains it: no new requests; waits for inflight(instance) == 0; loads the hot
                  agent's weights) ─► finish_move.
 
-The caller owns time and I/O: the orchestrator feeds it real requests and load reports, the
-simulator (flexmarl.sim.routing) feeds it a model of instances; both use this class unchanged.
+The caller owns time and I/O: the rollout pool (flexmarl.rollout.pool.InstancePool) feeds it
+real requests and load reports, on real engines or on the simulator's (flexmarl.sim), which
+drives the same pool on a virtual clock; this class is the same in both.
 Strategies: `round_robin` (baseline), `least_loaded` (intra only), `hierarchical` (both).
 """
 from __future__ import annotations

@@ -122,20 +122,23 @@ class DeviceGroup:
 
 
 class _Seq:
-    __slots__ = ("remaining", "context", "prompt", "done")
+    __slots__ = ("remaining", "context", "prompt", "done", "seed")
 
-    def __init__(self, prompt: int, length: int, done: asyncio.Future) -> None:
+    def __init__(self, prompt: int, length: int, done: asyncio.Future,
+                 seed: int | None = None) -> None:
         self.prompt = prompt
         self.remaining = float(length)
         self.context = float(prompt)
         self.done = done
+        self.seed = seed
+        """Its request's SamplingParams.seed: the one request identity an engine is given."""
 
 
 class SimRolloutEngine:
     """One rollout instance of model `model` on `devices` of `group` (continuous batching)."""
 
     def __init__(self, costs: Costs, model: Model, group: DeviceGroup, *,
-                 agent_of: Any = None) -> None:
+                 agent_of: Any = None, on_admit: Any = None) -> None:
         self.costs = costs
         self.model = model
         self.group = group
@@ -150,6 +153,10 @@ class SimRolloutEngine:
         self._stall_until = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._step_s = 0.0
+        self.on_admit = on_admit
+        """(seed) -> None, called when a sequence of the request with that SamplingParams.seed
+        joins the batch (its prefill starts): how long it queued, for routing measurements
+        (flexmarl.sim.routing). None: not observed (the cluster simulator)."""
 
     async def start(self) -> None:
         self._last = now()
@@ -179,7 +186,8 @@ class SimRolloutEngine:
         await self.group.acquire(mode)
         try:
             loop = asyncio.get_running_loop()
-            seqs = [_Seq(len(prompt_ids), n, loop.create_future()) for n in lengths]
+            seqs = [_Seq(len(prompt_ids), n, loop.create_future(), params.seed)
+                    for n in lengths]
             self._advance()
             self.waiting.extend(seqs)
             self._admit()
@@ -224,6 +232,8 @@ class SimRolloutEngine:
             self.waiting.popleft()
             used += s.context + s.remaining
             self.running.append(s)
+            if self.on_admit is not None:
+                self.on_admit(s.seed)
             self._stall_until = max(self._stall_until, self._last) + \
                 self.costs.prefill_s(self.model, s.prompt)
 

@@ -1,9 +1,10 @@
-"""Skewed multi-agent workloads for the load-balancing simulator: pure and seeded.
+"""Skewed multi-agent workloads for the routing comparison (flexmarl.sim.routing): pure, seeded.
 
-A step is a batch of episodes; an episode is a causal chain of calls (the next starts when the
-previous returns), each `Call(agent, n, max_tokens, lengths)`. `lengths` are the response
-lengths its n samples will actually have: the simulator decodes exactly that many tokens, the
-balancer never sees them (it only learns from finished requests, as with a real engine).
+A step is a batch of episodes; an episode is a `CallChain`, a causal chain of calls (the next
+starts when the previous returns), each `Call(agent, n, max_tokens, lengths)`. `lengths` are
+the response lengths its n samples will actually have: the simulated engines decode exactly
+that many tokens, the balancer never sees them (it only learns from finished requests, as with
+a real engine).
 
 Two kinds of skew, as in multi-agent RL workflows:
 - between agents: per round of an episode each agent is called a number of times drawn from its
@@ -59,7 +60,9 @@ class Call:
 
 
 @dataclass(frozen=True)
-class Episode:
+class CallChain:
+    """One episode: its calls in order (named apart from the gateway's Episode)."""
+
     id: str
     calls: tuple[Call, ...]
 
@@ -96,7 +99,7 @@ class SkewedWorkload:
     def agent_names(self) -> list[str]:
         return [a.name for a in self.agents]
 
-    def episodes(self, step: int) -> list[Episode]:
+    def episodes(self, step: int) -> list[CallChain]:
         """The episodes of one step, in issue order."""
         # One generator per step: step k's episodes do not depend on how many steps ran before.
         rng = random.Random(self.seed * 1_000_003 + step)
@@ -108,7 +111,7 @@ class SkewedWorkload:
                     for _ in range(rng.randint(*a.calls)):
                         calls.append(Call(a.name, a.n, a.max_tokens, tuple(
                             self._length(rng, a) for _ in range(a.n))))
-            out.append(Episode(f"s{step}e{e}", tuple(calls)))
+            out.append(CallChain(f"s{step}e{e}", tuple(calls)))
         return out
 
     @staticmethod
@@ -117,7 +120,7 @@ class SkewedWorkload:
         return max(1, min(a.max_tokens, round(x)))
 
 
-def tokens_by_agent(episodes: list[Episode]) -> dict[str, int]:
+def tokens_by_agent(episodes: list[CallChain]) -> dict[str, int]:
     """Total response tokens per agent (the work a step asks of each agent's instances)."""
     out: dict[str, int] = {}
     for ep in episodes:

@@ -31,6 +31,7 @@ if importlib.util.find_spec("flexmarl") is None:
 import torch
 
 READY_TIMEOUT_S = 600.0
+TIMEOUT_S = 300.0  # rollout.request_timeout_s's default: one push of the largest model
 
 
 def memcpy_seconds(tensors: dict[str, torch.Tensor], repeats: int) -> float:
@@ -65,8 +66,9 @@ async def bench_size(size: str, args: argparse.Namespace, workdir: str) -> dict:
         print(f"[bench] {size}: {args.backend} instance up in {time.perf_counter() - started:.1f} s",
               file=sys.stderr)
         async with connect(handle.address) as conn:
-            await push_weights([conn], 1, tensors)  # warm-up
-            reports = [await push_weights([conn], v, tensors) for v in range(2, args.pushes + 2)]
+            await push_weights([conn], 1, tensors, timeout_s=TIMEOUT_S)  # warm-up
+            reports = [await push_weights([conn], v, tensors, timeout_s=TIMEOUT_S)
+                       for v in range(2, args.pushes + 2)]
     sync_s = statistics.median(r.seconds for r in reports)
     load_s = statistics.median(next(iter(r.load_s.values())) for r in reports)
     copy_s = memcpy_seconds(tensors, max(args.pushes, 5))

@@ -2,7 +2,27 @@
 
 Built on the runtime's codec (`runtime.protocol.message`): msgpack bodies, tensors as zero-copy
 frames, no pickle. Rollout, training and weight-sync messages live here; the runtime's own kinds
-(1-99) stay in `runtime.protocol`.
+(1-99) stay in `runtime.protocol`. Who sends each request, who handles it, and its reply:
+
+    request          sent by                                   handled by         reply
+    Generate         InstancePool.generate (rollout/pool.py),  RolloutWorker      GenerateReply
+                     for every ctx.generate of a workflow      (rollout/worker.py)
+    SubscribeLoad    InstancePool.start / a replacement        RolloutWorker      LoadReport,
+                                                                                   then pushed
+                                                                                   on change
+    WeightUpdate     push_weights (rollout/weight_sync.py):    RolloutWorker      WeightUpdate-
+                     the loop's sync, a moved or replacement                      Done
+                     instance loading its agent's weights
+    TrainBeginBatch  TrainSession (orchestrator/batch.py)      TrainerWorker,     None
+    TrainMicroBatch  TrainSession                              rank 0 (training/  TrainStats
+    TrainStep        TrainSession                              worker.py), which  TrainStepDone
+    ExportWeights    TrainSession.export, TrainerPool.export   runs the call on   WeightUpdate
+    SwapIn           TrainerPool (binding an agent to a slot)  every rank;        SwapDone
+    SwapOut          TrainerPool (evicting an idle agent)      followers refuse   TrainState
+    ExportState      TrainerPool.snapshot                      requests           TrainState
+
+Kinds 116 and 117 (Offload, Onload: an in-place swap that nothing but tests sent) are retired;
+SwapOut/SwapIn are the one swap path.
 """
 from __future__ import annotations
 

@@ -16,6 +16,9 @@ from flexmarl.rollout.weight_sync import push_weights
 from runtime.errors import RemoteError
 from runtime.transport import connect
 
+PUSH_TIMEOUT_S = 120.0
+"""Generous: a push of these tiny models takes well under a second, even on a loaded machine."""
+
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
@@ -92,7 +95,8 @@ async def test_weight_update_waits_for_running_requests_and_bumps_version(model_
         before = asyncio.ensure_future(conn.request(Generate("a", prompt_ids=prompt, params=params)))
         await asyncio.sleep(0.1)
         assert worker.running == 1
-        update = asyncio.ensure_future(push_weights([conn], 1, perturbed(model_dir, 1)))
+        update = asyncio.ensure_future(push_weights([conn], 1, perturbed(model_dir, 1),
+                                                       timeout_s=PUSH_TIMEOUT_S))
         await asyncio.sleep(0.1)
         after = asyncio.ensure_future(conn.request(Generate("b", prompt_ids=prompt, params=params)))
         await asyncio.sleep(0.1)
@@ -103,7 +107,7 @@ async def test_weight_update_waits_for_running_requests_and_bumps_version(model_
         assert report.num_bytes > 0 and report.seconds > 0
         assert first.samples[0].logprobs != second.samples[0].logprobs  # new weights in use
         with pytest.raises(RemoteError, match="stale weight update"):
-            await push_weights([conn], 1, perturbed(model_dir, 2))
+            await push_weights([conn], 1, perturbed(model_dir, 2), timeout_s=PUSH_TIMEOUT_S)
 
 
 async def test_load_reports_are_pushed_to_subscribers(model_dir, prompt):

@@ -83,7 +83,8 @@ async def test_trainer_update_reaches_vllm_in_place(vllm_instance, tiny_model_di
     assert done.version == 1
     weights = trainer.export_weights()
 
-    sync = await push_weights([conn], done.version, weights)
+    sync = await push_weights([conn], done.version, weights,
+                              timeout_s=300.0)  # generous: a push takes well under a second
     assert sync.version == 1 and sync.num_bytes > 0
     assert handle.pid == pid and pid_alive(pid)  # in place: same process, no restart
 

@@ -22,9 +22,10 @@ log = logging.getLogger(__name__)
 
 
 async def serve_gateway(stack: contextlib.AsyncExitStack, gateway: Gateway, g: GatewayConfig,
-                        on_gateway: Callable[[str], None] | None
-                         ) -> asyncio.subprocess.Process | None:
-    """Serve the OpenAI-compatible endpoints (until `stack` closes) and start gateway.app."""
+                        on_gateway: Callable[[str], None] | None, *, stop_timeout_s: float
+                        ) -> asyncio.subprocess.Process | None:
+    """Serve the OpenAI-compatible endpoints (until `stack` closes) and start gateway.app;
+    at the end the app gets `stop_timeout_s` (supervisor.stop_timeout_s) after SIGTERM."""
     server = await stack.enter_async_context(GatewayServer(gateway, host=g.host, port=g.port,
                                                            token=g.token))
     expiry = asyncio.create_task(gateway.expire_loop(), name="gateway.expire")
@@ -43,7 +44,7 @@ async def serve_gateway(stack: contextlib.AsyncExitStack, gateway: Gateway, g: G
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(app.pid, signal.SIGTERM)
             try:
-                await asyncio.wait_for(app.wait(), 10)
+                await asyncio.wait_for(app.wait(), stop_timeout_s)
             except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(app.pid, signal.SIGKILL)

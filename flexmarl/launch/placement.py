@@ -91,115 +91,124 @@ async def watch_workers(sup: Supervisor, pool: InstancePool, trainers: TrainerPo
             log.info("worker %s ended (%s): already replaced", event.name, event.reason)
 
 
+class _Workers:
+    """The run's worker processes: their specs (names, args, cores) and their replacements.
+
+    Instances are named rollout-K, not after an agent: the balancer may move them. Slot K's
+    ranks are trainer-K-RANK; a replacement generation G gets names trainer-K-RANK-rG and a new
+    rendezvous (the old group's is spent)."""
+
+    def __init__(self, sup: "Supervisor | NodeRegistry", config: Config,
+                 model_dirs: dict[str, str], work: str, sizes: list[int]) -> None:
+        self.sup, self.config, self.model_dirs, self.work, self.sizes = (
+            sup, config, model_dirs, work, sizes)
+        self.store = None
+        if isinstance(sup, NodeRegistry):  # trainer ranks on several nodes meet at a TCPStore
+            import torch.distributed as dist
+            self.store = dist.TCPStore("0.0.0.0", config.cluster.store_port, is_master=True,
+                                       wait_for_workers=False)
+            sup.store = self.store  # kept alive (and closed) with the registry
+        # Cores of this machine: nodes pin their workers themselves (flexmarl-node --cpus).
+        self.rollout_cpus, self.train_cpus = (role_cpus(config) if self.store is None
+                                              else ((), ()))
+        if self.rollout_cpus or self.train_cpus:
+            log.info("rollout processes on cores %s, trainer processes on cores %s",
+                     list(self.rollout_cpus) or "all", list(self.train_cpus) or "all")
+        # vLLM binds its OpenMP threads itself ("auto" picks cores by NUMA node): name ours.
+        self.rollout_env = ({"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, self.rollout_cpus))}
+                            if self.rollout_cpus else {})
+        self._instances = itertools.count()
+        self._generations = itertools.count(1)
+
+    def connect(self, address: str) -> Connection:
+        return connect(address, self.config.transport)
+
+    def rollout(self, agent: str) -> WorkerSpec:
+        """The next rollout instance, serving `agent`'s model."""
+        k, r = next(self._instances), self.config.rollout
+        return WorkerSpec(
+            name=f"rollout-{k}", entry="flexmarl.rollout.worker:rollout_worker",
+            args={"backend": r.backend, "model_dir": self.model_dirs[agent],
+                  "max_model_len": r.max_model_len, "kv_cache_bytes": r.kv_cache_bytes,
+                  "seed": self.config.run.seed + k}, ready_timeout_s=r.ready_timeout_s,
+            cpus=self.rollout_cpus, env=self.rollout_env, role="rollout")
+
+    def trainer_slot(self, k: int, generation: int = 0) -> list[WorkerSpec]:
+        """The processes of slot trainer-K (empty until a SwapIn binds it to an agent)."""
+        suffix = f"-r{generation}" if generation else ""
+        # On nodes the node fills in the host it reaches the run at (runtime.node).
+        init = (f"store://{{registry_host}}:{self.store.port}/trainer-{k}{suffix}" if self.store
+                else f"file://{self.work}/trainer-{k}{suffix}.store")
+        c = self.config
+        return [WorkerSpec(
+            name=f"trainer-{k}-{rank}{suffix}", entry="flexmarl.training.worker:trainer_worker",
+            args={"rank": rank, "world_size": self.sizes[k], "init_method": init,
+                  "collective_timeout_s": c.trainer_pool.collective_timeout_s,
+                  "drain_timeout_s": c.supervisor.stop_timeout_s},
+            ready_timeout_s=c.rollout.ready_timeout_s, cpus=self.train_cpus, role="trainer")
+            for rank in range(self.sizes[k])]
+
+    async def respawn(self, dead: str, agent: str) -> tuple[str, Connection]:
+        """A replacement for a dead instance: a new process (and name) with the agent's model."""
+        handle = await self.sup.start_worker(self.rollout(agent))
+        return handle.name, self.connect(handle.address)
+
+    async def respawn_slot(self, slot: str, old: list[str]) -> tuple[list[str], Connection]:
+        """New processes for a dead slot; what is left of its old group is killed first (a
+        rank whose peer died is stuck in a collective)."""
+        for name in old:
+            self.sup.kill(name, f"its trainer group {slot} lost a rank")
+        specs = self.trainer_slot(int(slot.rsplit("-", 1)[1]), next(self._generations))
+        started = await asyncio.gather(*(self.sup.start_worker(w) for w in specs),
+                                       return_exceptions=True)
+        failed = [h for h in started if isinstance(h, BaseException)]
+        if failed:
+            for h in started:
+                if not isinstance(h, BaseException):
+                    self.sup.kill(h.name, "another rank of its replacement group failed to start")
+            raise failed[0]
+        return [h.name for h in started], self.connect(started[0].address)
+
+
 async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, config: Config,
                        model_dirs: dict[str, str], work: str, activity: ActivityLog, *,
                        snapshots: bool = False
                        ) -> tuple[dict[str, AgentRuntime], InstancePool, TrainerPool]:
     """Start every rollout instance and trainer group at once (engine starts overlap); the
     agents' runtimes and the two pools over them (`snapshots`: keep every agent's state after
-    each step even if trainer_pool.snapshots is off, because the run saves it).
-
-    Instances are named rollout-K, not after an agent: the balancer may move them."""
-    r = config.rollout
-    transport = config.transport
-    store = None
-    if isinstance(sup, NodeRegistry):  # trainer ranks on several nodes meet at a TCPStore
-        import torch.distributed as dist
-        store = dist.TCPStore("0.0.0.0", config.cluster.store_port, is_master=True,
-                              wait_for_workers=False)
-        sup.store = store  # kept alive (and closed) with the registry
-    # Cores of this machine: nodes pin their workers themselves (flexmarl-node --cpus).
-    rollout_cpus, train_cpus = role_cpus(config) if store is None else ((), ())
-    if rollout_cpus or train_cpus:
-        log.info("rollout processes on cores %s, trainer processes on cores %s",
-                 list(rollout_cpus) or "all", list(train_cpus) or "all")
-    # vLLM binds its OpenMP threads itself ("auto" picks cores by NUMA node): name ours.
-    rollout_env = ({"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, rollout_cpus))}
-                   if rollout_cpus else {})
-    counter = itertools.count()
-
-    def rollout_spec(agent: str) -> WorkerSpec:
-        k = next(counter)
-        return WorkerSpec(
-            name=f"rollout-{k}", entry="flexmarl.rollout.worker:rollout_worker",
-            args={"backend": r.backend, "model_dir": model_dirs[agent],
-                  "max_model_len": r.max_model_len, "kv_cache_bytes": r.kv_cache_bytes,
-                  "seed": config.run.seed + k}, ready_timeout_s=r.ready_timeout_s,
-            cpus=rollout_cpus, env=rollout_env, role="rollout")
-
-    async def respawn(dead: str, agent: str) -> tuple[str, Connection]:
-        """A replacement for a dead instance: a new process (and name) with the agent's model."""
-        handle = await sup.start_worker(rollout_spec(agent))
-        return handle.name, connect(handle.address, transport)
-
-    starts = []
-    placement: dict[str, list[str]] = {}
-    for spec in team.agents:
-        placement[spec.name] = []
-        for _ in range(spec.instances or r.instances_per_agent):
-            worker = rollout_spec(spec.name)
-            placement[spec.name].append(worker.name)
-            starts.append(sup.start_worker(worker))
+    each step even if trainer_pool.snapshots is off, because the run saves it)."""
     trainable = [spec for spec in team.agents if spec.trainable]
-    needs = {spec.name: spec.train_ranks or config.trainer_pool.ranks_per_agent for spec in trainable}
+    needs = {spec.name: spec.train_ranks or config.trainer_pool.ranks_per_agent
+             for spec in trainable}
     sizes = _slot_sizes(config, needs)
-    generations = itertools.count(1)
-
-    def trainer_specs(k: int, generation: int = 0) -> list[WorkerSpec]:
-        """The processes of slot trainer-K; a replacement generation gets new names and a new
-        rendezvous file (the old group's is spent)."""
-        suffix = f"-r{generation}" if generation else ""
-        # On nodes the node fills in the host it reaches the run at (runtime.node).
-        init = (f"store://{{registry_host}}:{store.port}/trainer-{k}{suffix}" if store else
-                f"file://{work}/trainer-{k}{suffix}.store")
-        return [WorkerSpec(
-            name=f"trainer-{k}-{rank}{suffix}", entry="flexmarl.training.worker:trainer_worker",
-            args={"rank": rank, "world_size": sizes[k], "init_method": init},
-            ready_timeout_s=r.ready_timeout_s, cpus=train_cpus, role="trainer")
-            for rank in range(sizes[k])]
-
-    async def respawn_slot(slot: str, old: list[str]) -> tuple[list[str], Connection]:
-        """New processes for a dead slot; what is left of its old group is killed first (a
-        rank whose peer died is stuck in a collective)."""
-        for name in old:
-            sup.kill(name, f"its trainer group {slot} lost a rank")
-        started = await asyncio.gather(*(sup.start_worker(w) for w in
-                                         trainer_specs(int(slot.rsplit("-", 1)[1]),
-                                                       next(generations))),
-                                       return_exceptions=True)
-        failed = [h for h in started if isinstance(h, BaseException)]
-        if failed:
-            for h in started:
-                if not isinstance(h, BaseException):
-                    sup.kill(h.name, "another rank of its replacement group failed to start")
-            raise failed[0]
-        return [h.name for h in started], connect(started[0].address, transport)
-
-    # Trainer slots start empty; an agent's trainer is built in a slot when it is bound there.
-    for k in range(len(sizes)):
-        starts.extend(sup.start_worker(w) for w in trainer_specs(k))
-    handles = {h.name: h for h in await asyncio.gather(*starts)}
-    agents = {}
-    for spec in team.agents:
-        agents[spec.name] = AgentRuntime(spec, model_dirs[spec.name],
-                                         load_tokenizer(model_dirs[spec.name]))
-    slots = {f"trainer-{k}": connect(handles[f"trainer-{k}-0"].address, transport)
-             for k in range(len(sizes))}
-    trainers = TrainerPool(slots, {f"trainer-{k}": n for k, n in enumerate(sizes)},
-                           {spec.name: AgentTrainer(model_dirs[spec.name],
-                                                    _trainer_config(config, spec),
-                                                    needs[spec.name])
-                            for spec in trainable},
-                           (dataclasses.replace(config.trainer_pool, snapshots=True) if snapshots
-                            else config.trainer_pool), respawn=respawn_slot,
-                           workers={f"trainer-{k}-{rank}": f"trainer-{k}"
-                                    for k, n in enumerate(sizes) for rank in range(n)},
-                           kill=lambda name: sup.kill(name, "its trainer slot stopped answering"))
-    conns = {name: connect(handles[name].address, transport) for names in placement.values()
-             for name in names}
-    pool = InstancePool(conns, placement, model_dirs, config.rollout, config.balance,
-                        activity=activity, respawn=respawn,
-                        kill=lambda name: sup.kill(name, "unresponsive"))
+    workers = _Workers(sup, config, model_dirs, work, sizes)
+    placement = {spec.name: [workers.rollout(spec.name)
+                             for _ in range(spec.instances or config.rollout.instances_per_agent)]
+                 for spec in team.agents}
+    slot_specs = [workers.trainer_slot(k) for k in range(len(sizes))]
+    handles = {h.name: h for h in await asyncio.gather(*(
+        sup.start_worker(w) for w in [*(w for ws in placement.values() for w in ws),
+                                      *(w for ws in slot_specs for w in ws)]))}
+    agents = {spec.name: AgentRuntime(spec, model_dirs[spec.name],
+                                      load_tokenizer(model_dirs[spec.name]))
+              for spec in team.agents}
+    section = (dataclasses.replace(config.trainer_pool, snapshots=True) if snapshots
+               else config.trainer_pool)
+    trainers = TrainerPool(
+        {f"trainer-{k}": workers.connect(handles[f"trainer-{k}-0"].address)
+         for k in range(len(sizes))},
+        {f"trainer-{k}": n for k, n in enumerate(sizes)},
+        {spec.name: AgentTrainer(model_dirs[spec.name], _trainer_config(config, spec),
+                                 needs[spec.name]) for spec in trainable},
+        section, respawn=workers.respawn_slot,
+        workers={w.name: f"trainer-{k}" for k, ws in enumerate(slot_specs) for w in ws},
+        kill=lambda name: sup.kill(name, "its trainer slot stopped answering"))
+    pool = InstancePool(
+        {w.name: workers.connect(handles[w.name].address)
+         for ws in placement.values() for w in ws},
+        {agent: [w.name for w in ws] for agent, ws in placement.items()}, model_dirs,
+        config.rollout, config.balance, activity=activity, respawn=workers.respawn,
+        kill=lambda name: sup.kill(name, "unresponsive"))
     return agents, pool, trainers
 
 

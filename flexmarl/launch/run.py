@@ -232,7 +232,8 @@ async def _observe(stack: contextlib.AsyncExitStack, parts: _Parts, monitor: Run
         stack.callback(task.cancel)
     app = None
     if parts.gateway is not None:
-        app = await serve_gateway(stack, parts.gateway, config.gateway, on_gateway)
+        app = await serve_gateway(stack, parts.gateway, config.gateway, on_gateway,
+                                  stop_timeout_s=config.supervisor.stop_timeout_s)
     return url, app
 
 

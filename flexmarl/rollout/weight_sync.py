@@ -19,7 +19,6 @@ from flexmarl.clock import now
 from flexmarl.protocol import WeightUpdate
 from runtime.transport import Connection
 
-DEFAULT_SYNC_TIMEOUT_S = 300.0
 
 
 @dataclass
@@ -44,9 +43,10 @@ def weights_nbytes(tensors: dict[str, torch.Tensor]) -> int:
 
 async def push_weights(instances: Sequence[Connection], version: int,
                        tensors: dict[str, torch.Tensor], *,
-                       timeout_s: float = DEFAULT_SYNC_TIMEOUT_S,
+                       timeout_s: float,
                        tolerate: tuple[type[BaseException], ...] = ()) -> SyncReport:
-    """Send `tensors` as `version` to every instance at once; return when all have loaded.
+    """Send `tensors` as `version` to every instance at once; return when all have loaded
+    (each within `timeout_s`: the rollout section's request_timeout_s in a run).
 
     An instance whose request fails with one of `tolerate` (e.g. PeerDied: its replacement
     loads the served weights itself) is listed in the report's `skipped`; any other failure

@@ -3,7 +3,8 @@
 Every rank is a worker process started by `runtime.supervisor.Supervisor` with entry point
 `flexmarl.training.worker:trainer_worker` and WorkerSpec.args {"rank", "world_size",
 "init_method" (e.g. file:///tmp/x/store, a FileStore the caller owns), "model_dir" and "config"
-(TrainerConfig fields) of its agent, optional "agent", "collective_timeout_s", "num_threads"}.
+(TrainerConfig fields) of its agent, optional "agent", "collective_timeout_s",
+"drain_timeout_s", "num_threads"}.
 Without model_dir the group is an empty trainer slot: SwapIn binds it to an agent (building the
 trainer, restoring a state that SwapOut exported, from this slot or another), SwapOut unbinds it. Clients talk to rank 0
 only; rank 0 replays each command to the followers with torch.distributed broadcasts of plain
@@ -56,9 +57,9 @@ DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
 """torch.distributed's own default for gloo: how long one collective may wait for a peer."""
 KEEPALIVE_FRACTION = 4
 """Idle followers hear from rank 0 this many times per collective timeout."""
-DRAIN_TIMEOUT_S = 10.0
-"""How long shutdown waits for the STOP broadcast and barrier (the supervisor's default
-stop_timeout_s; past it the process exits anyway)."""
+DEFAULT_DRAIN_TIMEOUT_S = 10.0
+"""How long shutdown waits for the STOP broadcast and barrier, unless args "drain_timeout_s"
+says (a run passes supervisor.stop_timeout_s); past it the process exits anyway."""
 HEADER_LEN = 4
 
 
@@ -131,6 +132,7 @@ class _Rank:
                              f"{self.world_size})")
         self.config = TrainerConfig(**args.get("config", {}))
         self.timeout_s = float(args.get("collective_timeout_s", DEFAULT_COLLECTIVE_TIMEOUT_S))
+        self.drain_timeout_s = float(args.get("drain_timeout_s", DEFAULT_DRAIN_TIMEOUT_S))
         self.trainer: GRPOTrainer | None = None
         self.started = False
         self.agent = str(args.get("agent", ""))
@@ -373,7 +375,7 @@ class TrainerWorker(Actor):
         if self._stopped_group:
             return
         try:
-            await asyncio.wait_for(self._command(Command.STOP), DRAIN_TIMEOUT_S)
+            await asyncio.wait_for(self._command(Command.STOP), self.group.drain_timeout_s)
         except Exception as exc:  # a dead follower or a failed start: exit regardless
             log.warning("trainer rank 0: clean group stop failed (%s: %s)",
                         type(exc).__name__, exc)
@@ -419,7 +421,7 @@ class TrainerFollower(Actor):
 
     async def on_drain(self) -> None:
         try:
-            await asyncio.wait_for(asyncio.shield(self._done), DRAIN_TIMEOUT_S)
+            await asyncio.wait_for(asyncio.shield(self._done), self.group.drain_timeout_s)
         except Exception as exc:  # rank 0 is gone or hung: exit without the clean barrier
             log.warning("trainer rank %d: rank 0 did not stop the group (%s)", self.group.rank,
                         type(exc).__name__)

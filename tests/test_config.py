@@ -109,8 +109,12 @@ def test_old_train_section_is_read_with_a_warning_naming_the_new_key(tmp_path, t
     one release, and each old key's warning names its new one (never silently ignored)."""
     path = tmp_path / "old.toml"
     path.write_text("[train]\nslots = 2\n")
-    with pytest.warns(FutureWarning, match=r"train\.slots .* is now trainer_pool\.slots"):
+    with pytest.warns(FutureWarning) as warned:
         config = load_config(str(path), ["train.snapshots=false"], team=team_file)
+    messages = sorted(str(w.message) for w in warned)
+    assert len(messages) == 2, messages
+    assert f"train.slots (in {path}) is now trainer_pool.slots" in messages[0]
+    assert "train.snapshots (from --set) is now trainer_pool.snapshots" in messages[1]
     assert (config.trainer_pool.slots, config.trainer_pool.snapshots) == (2, False)
     assert "train" not in config.to_dict() and "[trainer_pool]" in config.to_toml()
 

@@ -64,7 +64,8 @@ def launcher(config: Config) -> "Supervisor | NodeRegistry":
         return Supervisor(config=config.supervisor, transport=config.transport)
     return NodeRegistry(config.cluster.listen, transport=config.transport,
                         node_timeout_s=config.cluster.node_timeout_s,
-                        start_timeout_s=config.rollout.ready_timeout_s)
+                        start_timeout_s=max(config.rollout.ready_timeout_s,
+                                            config.trainer_pool.ready_timeout_s))
 
 
 def grow(pool: InstancePool, config: Config, node: NodeInfo) -> None:
@@ -145,7 +146,8 @@ class _Workers:
             args={"rank": rank, "world_size": self.sizes[k], "init_method": init,
                   "collective_timeout_s": c.trainer_pool.collective_timeout_s,
                   "drain_timeout_s": c.supervisor.stop_timeout_s},
-            ready_timeout_s=c.rollout.ready_timeout_s, cpus=self.train_cpus, role="trainer")
+            ready_timeout_s=c.trainer_pool.ready_timeout_s, cpus=self.train_cpus,
+            role="trainer")
             for rank in range(self.sizes[k])]
 
     async def respawn(self, dead: str, agent: str) -> tuple[str, Connection]:

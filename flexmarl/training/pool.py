@@ -64,6 +64,8 @@ class TrainerPoolConfig:
     slot_ranks: str = ""
     """A shared pool of slots of different sizes, e.g. "1,2": one slot of 1 rank and one of 2
     (overrides `slots`); an agent needs AgentSpec.train_ranks (default ranks_per_agent)."""
+    ready_timeout_s: float = 600.0
+    """How long a trainer rank may take to start (its process, torch, the process group)."""
     collective_timeout_s: float = 1800.0
     """How long one torch.distributed collective of a trainer group may wait for a peer
     (torch's own default for gloo); idle followers hear from rank 0 well within it."""
@@ -85,7 +87,7 @@ class TrainerPoolConfig:
             sizes = [0]
         require(all(n >= 1 for n in sizes), "trainer_pool.slot_ranks", self.slot_ranks,
                  'must list the ranks of each shared slot, like "1,2" (or be empty)')
-        for name in ("request_timeout_s", "collective_timeout_s"):
+        for name in ("ready_timeout_s", "request_timeout_s", "collective_timeout_s"):
             require(getattr(self, name) > 0, f"trainer_pool.{name}", getattr(self, name),
                     "must be > 0")
         parse_cpus(self.cpus, "trainer_pool.cpus")

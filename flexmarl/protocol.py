@@ -69,6 +69,10 @@ class SamplingParams:
     temperature: float = 1.0
     """0 means greedy."""
     top_p: float = 1.0
+    """Nucleus sampling: keep the most likely tokens whose probability adds up to top_p."""
+    top_k: int = 0
+    """Keep the k most likely tokens (ties kept); 0 (or -1, as in vLLM) keeps all. Top-k is
+    applied before top-p, as vLLM does; the trainer scores each sample the same way."""
     max_tokens: int = 64
     stop: list[str] = field(default_factory=list)
     """Generation of a sample ends after any of these strings (kept out of the text)."""
@@ -83,6 +87,11 @@ class SamplingParams:
             raise ValueError(f"sampling.temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == -1:
+            self.top_k = 0
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"sampling.top_k must be an int >= 0 (0 or -1: off), got "
+                             f"{self.top_k!r}")
         if self.max_tokens < 1:
             raise ValueError(f"sampling.max_tokens must be >= 1, got {self.max_tokens}")
 
@@ -93,8 +102,8 @@ class Sample:
 
     token_ids: list[int]
     logprobs: list[float]
-    """Log-probability of each sampled token under the sampling distribution (temperature
-    applied; the raw model distribution when greedy): the behaviour policy for training."""
+    """Log-probability of each sampled token under the sampling distribution (temperature,
+    top-k and top-p applied; the raw model distribution when greedy): the behaviour policy."""
     finish_reason: str
     """`stop` (end of sequence or a stop string) or `length` (max_tokens reached)."""
     text: str
@@ -212,6 +221,9 @@ class TrainMicroBatch:
     advantages: torch.Tensor
     """[rows]: one advantage per sequence (GRPO), broadcast over its response tokens."""
     ref_logprobs: torch.Tensor | None = None
+    sampling: torch.Tensor | None = None
+    """[rows, 3]: each row's temperature, top_k and top_p as sampled (greedy: 1, 0, 1); the
+    trainer scores the row under that distribution. None: trainer.temperature, untruncated."""
 
 
 @message(FlexKind.TRAIN_STATS)

@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from flexmarl.training.grpo import grpo_advantages, grpo_loss, token_logprobs
+from flexmarl.training.grpo import (grpo_advantages, grpo_loss, token_entropy, token_logprobs,
+                                    truncate)
 
 
 # ----------------------------------------------------------------------------- advantages
@@ -54,6 +55,55 @@ def test_token_logprobs_against_hand_computation():
                 z = logits[b, t - 1] / temperature
                 expected = z[ids[b, t]] - torch.log(torch.exp(z).sum())
                 assert abs(out[b, t].item() - expected.item()) < 1e-5
+
+
+def test_truncate_by_hand():
+    """logits 3, 2, 1, 0: probabilities 0.644, 0.237, 0.087, 0.032."""
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0]] * 4)
+    out = truncate(logits, torch.tensor([2, 0, 0, 3]), torch.tensor([1.0, 0.8, 0.5, 0.9]))
+    kept = ~torch.isinf(out)
+    assert kept.tolist() == [[True, True, False, False],   # top-k 2
+                             [True, True, False, False],   # top-p 0.8: 0.644 + 0.237 >= 0.8
+                             [True, False, False, False],  # top-p 0.5: the first is enough
+                             [True, True, False, False]]   # top-k 3, then p 0.9 of the rest
+    assert torch.equal(out[kept], logits[kept])  # kept logits unchanged
+    assert torch.equal(truncate(logits, torch.zeros(4), torch.ones(4)), logits)  # both off
+
+
+def test_truncate_matches_vllms_sampler():
+    """The trainer's truncation is vLLM's own (apply_top_k_top_p_pytorch), mask for mask."""
+    ops = pytest.importorskip("vllm.v1.sample.ops.topk_topp_sampler")
+    torch.manual_seed(0)
+    k = torch.tensor([0, 20, 5, 1, 300, 20, 0])
+    p = torch.tensor([0.9, 1.0, 0.5, 0.9, 0.3, 0.9, 1.0])
+    for _ in range(20):
+        logits = torch.randn(7, 300) * 3
+        ours = truncate(logits.clone(), k, p)
+        theirs = ops.apply_top_k_top_p_pytorch(logits.clone(), torch.where(k > 0, k, 300), p)
+        assert torch.equal(torch.isinf(ours), torch.isinf(theirs))
+        assert torch.equal(ours[~torch.isinf(ours)], theirs[~torch.isinf(theirs)])
+
+
+def test_token_logprobs_per_row_settings_and_gradient():
+    torch.manual_seed(1)
+    logits = torch.randn(3, 5, 40, requires_grad=True)
+    ids = torch.randint(0, 40, (3, 5))
+    temps, ks = torch.tensor([0.7, 1.0, 1.3]), torch.tensor([20, 0, 5])
+    ps = torch.tensor([0.9, 0.8, 1.0])
+    out = token_logprobs(logits, ids, temps, top_k=ks, top_p=ps)
+    for b in range(3):
+        alone = token_logprobs(logits[b:b + 1], ids[b:b + 1], float(temps[b]),
+                               top_k=ks[b:b + 1], top_p=ps[b:b + 1])
+        assert torch.allclose(out[b:b + 1], alone)
+        z = truncate((logits[b].detach() / temps[b]), ks[b].repeat(5), ps[b].repeat(5))
+        direct = torch.log_softmax(z, -1)[:-1].gather(1, ids[b, 1:, None])[:, 0]
+        assert torch.allclose(out[b, 1:], direct)
+    finite = torch.isfinite(out)
+    out[finite].sum().backward()  # a token outside the set has -inf; gradients stay finite
+    assert torch.isfinite(logits.grad).all()
+    ent = token_entropy(logits, temps)
+    assert ent.shape == (3, 5) and (ent[:, 1:] > 0).all()
+    assert (ent[:, 1:] <= math.log(40) + 1e-5).all()
 
 
 def test_token_logprobs_computes_in_float32_for_bf16_logits():

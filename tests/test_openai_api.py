@@ -167,8 +167,9 @@ async def test_chat_reaches_backend_and_parses(client, fake):
 async def test_chat_logprobs_and_unknown_finish_reason(client, fake):
     r = await client.chat.completions.create(
         model="checker", messages=[{"role": "user", "content": "x"}], n=3, logprobs=True,
-        max_completion_tokens=9, max_tokens=4, top_p=0.5)
-    assert fake.generated()[0][4] == {"top_p": 0.5, "max_tokens": 9}  # the newer name wins
+        max_completion_tokens=9, max_tokens=4, top_p=0.5, extra_body={"top_k": 20})
+    # The newer name wins; top_k is vLLM's extension, passed on for the trainer's scoring.
+    assert fake.generated()[0][4] == {"top_p": 0.5, "top_k": 20, "max_tokens": 9}
     assert r.choices[2].finish_reason == "stop"  # the backend said "abort"
     content = r.choices[0].logprobs.content
     assert [(t.token, t.logprob, t.bytes, t.top_logprobs) for t in content] == [
@@ -303,6 +304,7 @@ async def test_body_not_a_json_object(http):
      "messages[1].content", "image_url"),
     ({"n": 0}, "n", "n"), ({"n": 17}, "n", "n"), ({"n": True}, "n", "n"),
     ({"top_p": 0}, "top_p", "top_p"), ({"temperature": "hot"}, "temperature", "temperature"),
+    ({"top_k": -2}, "top_k", "top_k"), ({"top_k": 1.5}, "top_k", "top_k"),
     ({"max_tokens": 0}, "max_tokens", ">= 1"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
     ({"stream": "yes"}, "stream", "boolean"),

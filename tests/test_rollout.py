@@ -13,6 +13,9 @@ from flexmarl.rollout.engine import EngineConfig
 from flexmarl.rollout.torch_engine import TorchEngine
 from flexmarl.rollout.worker import RolloutWorker
 from flexmarl.rollout.weight_sync import push_weights
+from flexmarl.orchestrator.batch import micro_batch
+from flexmarl.training.grpo import token_logprobs
+from flexmarl.training.trainer import GRPOTrainer, TrainerConfig
 from runtime.errors import RemoteError
 from runtime.transport import connect
 
@@ -71,20 +74,48 @@ async def test_generate_samples_and_prompt_logprobs(model_dir, prompt, address):
                 max_tokens=10_000)))
 
 
-async def test_sampled_logprobs_are_the_behaviour_policy(model_dir, prompt):
-    """Each reported log-probability equals a recomputation with temperature applied."""
+SETTINGS = [dict(temperature=0.7), dict(temperature=1.0, top_p=0.9),
+            dict(temperature=1.0, top_k=20), dict(temperature=0.7, top_k=20, top_p=0.9)]
+RATIO_ATOL = 1e-4
+"""On-policy importance ratio vs 1: engine and trainer in float32 on one CPU (observed ~1e-6)."""
+
+
+def _name(setting: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in setting.items())
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=_name)
+async def test_sampled_logprobs_are_the_behaviour_policy(model_dir, prompt, setting):
+    """Each reported log-probability equals the trainer's scoring of the sample under the
+    distribution it was sampled from (temperature, then top-k and top-p), and a trainer fed the
+    samples with their settings sees an on-policy ratio of 1. Scored without the truncation,
+    the same samples are off (the bug this guards against)."""
     engine = TorchEngine(EngineConfig(model_dir=model_dir))
     await engine.start()
-    params = SamplingParams(n=2, temperature=0.7, max_tokens=8, seed=3)
+    params = SamplingParams(n=4, max_tokens=8, seed=3, **setting)
     samples, _ = await engine.generate(prompt, params)
+    await engine.close()
     model = load_model(model_dir)
+    scored = (params.temperature, params.top_k, params.top_p)
     for s in samples:
         ids = torch.tensor([prompt + s.token_ids])
         with torch.no_grad():
-            logits = model(ids).logits[0, len(prompt) - 1:-1] / params.temperature
-        lp = torch.log_softmax(logits, -1).gather(1, torch.tensor(s.token_ids)[:, None])[:, 0]
+            logits = model(ids).logits
+        lp = token_logprobs(logits, ids, params.temperature, top_k=torch.tensor([params.top_k]),
+                            top_p=torch.tensor([params.top_p]))[0, len(prompt):]
         assert torch.allclose(lp, torch.tensor(s.logprobs), atol=1e-5)
-    await engine.close()
+    rows = [(prompt, s.token_ids, s.logprobs) for s in samples]
+    advantages = [1.0, -1.0, 0.5, -0.5]
+    trainer = GRPOTrainer(model_dir, TrainerConfig(lr=1e-3))
+    trainer.begin_batch(sum(len(s.token_ids) for s in samples))
+    stats = trainer.accumulate(micro_batch(rows, advantages, sampling=[scored] * len(rows)))
+    assert abs(stats.metrics["ratio_mean"] - 1.0) < RATIO_ATOL
+    assert stats.metrics["clip_frac"] == 0.0
+    if params.top_k or params.top_p < 1:  # truncated: scoring it untruncated is biased
+        plain = GRPOTrainer(model_dir, TrainerConfig(lr=1e-3, temperature=params.temperature))
+        plain.begin_batch(sum(len(s.token_ids) for s in samples))
+        biased = plain.accumulate(micro_batch(rows, advantages))
+        assert biased.metrics["ratio_mean"] < 1.0 - 10 * RATIO_ATOL
 
 
 async def test_weight_update_waits_for_running_requests_and_bumps_version(model_dir, prompt):

@@ -268,6 +268,30 @@ def test_swapped_state_is_bit_exact_and_training_goes_on(model_dir, batches):
     print(f"state {num_bytes} B for {num_params} parameters")
 
 
+def test_kl_to_the_initial_weights_without_ref_logprobs(model_dir, batches):
+    """trainer.kl_coef > 0 with micro-batches that bring no reference log-probabilities (what
+    the orchestrator sends): the trainer scores them under its frozen initial weights. Before
+    any step the policy is the reference (KL 0); after one it has moved (KL > 0). Entropy is
+    reported per token."""
+    def no_ref(mb: TrainMicroBatch) -> TrainMicroBatch:
+        return TrainMicroBatch(mb.input_ids, mb.attention_mask, mb.response_mask,
+                               mb.old_logprobs, mb.advantages)
+
+    trainer = GRPOTrainer(model_dir, TrainerConfig(**{**CONFIG, "kl_coef": 0.5}))
+    assert trainer.reference is not None
+    trainer.begin_batch(tokens(batches[0]))
+    first = trainer.accumulate(no_ref(batches[0]))
+    trainer.step()
+    assert first.metrics["kl"] < 1e-9 and first.metrics["entropy"] > 0
+    trainer.begin_batch(tokens(batches[1]))
+    second = trainer.accumulate(no_ref(batches[1]))
+    assert second.metrics["kl"] > 1e-9
+    without = GRPOTrainer(model_dir, TrainerConfig(**{**CONFIG, "kl_coef": 0.0}))
+    assert without.reference is None
+    without.begin_batch(tokens(batches[0]))
+    assert without.accumulate(no_ref(batches[0])).metrics["kl"] == 0.0
+
+
 # ----------------------------------------------------------------------------- 2 gloo ranks
 
 def _rank_main(rank: int, world_size: int, model_dir: str, work: str) -> None:

@@ -44,6 +44,28 @@ async def test_vllm_samples_carry_logprobs_and_version(vllm_instance, tiny_model
         assert torch.allclose(ours, torch.tensor(s.logprobs), atol=LOGPROB_ATOL)
 
 
+@pytest.mark.parametrize("setting", [dict(temperature=0.7), dict(top_p=0.9), dict(top_k=20),
+                                     dict(temperature=0.7, top_k=20, top_p=0.9)],
+                         ids=["temperature=0.7", "top_p=0.9", "top_k=20", "all three"])
+async def test_vllm_logprobs_are_the_distribution_sampled_from(vllm_instance, tiny_model_dir,
+                                                               setting):
+    """vLLM's processed log-probabilities equal the trainer's scoring of each sample under the
+    setting it was sampled with (temperature, top-k, top-p): the on-policy ratio is 1."""
+    handle, conn = vllm_instance
+    prompt = chat_prompt(load_tokenizer(tiny_model_dir), PROMPTS[1])
+    params = SamplingParams(n=4, max_tokens=16, seed=2, **setting)
+    reply = await conn.request(Generate("t", prompt_ids=prompt, params=params))
+    model = load_model(tiny_model_dir)
+    for s in reply.samples:
+        ids = torch.tensor([prompt + s.token_ids])
+        with torch.no_grad():
+            logits = model(ids).logits.float()
+        ours = token_logprobs(logits, ids, params.temperature, top_k=torch.tensor([params.top_k]),
+                              top_p=torch.tensor([params.top_p]))[0, len(prompt):]
+        assert torch.isfinite(ours).all()  # every sampled token is inside the trainer's set
+        assert torch.allclose(ours, torch.tensor(s.logprobs), atol=LOGPROB_ATOL)
+
+
 async def test_vllm_and_torch_backends_agree_on_greedy_tokens(vllm_instance, tiny_model_dir):
     handle, conn = vllm_instance
     tok = load_tokenizer(tiny_model_dir)

@@ -128,6 +128,11 @@ def _sampling(body: dict) -> tuple[int, dict]:
             if not (isinstance(v, (int, float)) and not isinstance(v, bool) and ok(v)):
                 raise _bad(name, f"`{name}` must be a number {bounds}, got {v!r}")
             params[name] = float(v)
+    # top_k is vLLM's extension of the OpenAI API (-1 or 0: off); the trainer scores every
+    # sample under the temperature, top_k and top_p it was sampled with.
+    top_k = _opt_int(body, "top_k", -1)
+    if top_k is not None:
+        params["top_k"] = max(top_k, 0)
     max_tokens = _opt_int(body, "max_tokens", 1)
     max_completion_tokens = _opt_int(body, "max_completion_tokens", 1)
     if max_completion_tokens is not None:  # the newer name wins, as in OpenAI's API

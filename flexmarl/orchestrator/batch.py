@@ -29,12 +29,17 @@ log = logging.getLogger(__name__)
 
 
 def micro_batch(rows: Sequence[tuple[list[int], list[int], list[float]]],
-                advantages: Sequence[float], *, pad_id: int = 0) -> TrainMicroBatch:
-    """One row per (prompt_ids, response_ids, response_logprobs), with its advantage.
+                advantages: Sequence[float], *, pad_id: int = 0,
+                sampling: Sequence[tuple[float, int, float]] | None = None) -> TrainMicroBatch:
+    """One row per (prompt_ids, response_ids, response_logprobs), with its advantage and, if
+    given, the (temperature, top_k, top_p) it was sampled with (TrainMicroBatch.sampling).
 
     old_logprobs[b, t] is the behaviour log-probability of input_ids[b, t]; only response
     positions are trained (response_mask), prompt and padding positions hold 0.
     """
+    if sampling is not None and len(sampling) != len(rows):
+        raise ValueError(f"micro_batch needs one sampling setting per row, got {len(rows)} rows "
+                         f"and {len(sampling)} settings")
     if len(rows) != len(advantages) or not rows:
         raise ValueError(f"micro_batch needs one advantage per row, got {len(rows)} rows and "
                          f"{len(advantages)} advantages")
@@ -53,7 +58,9 @@ def micro_batch(rows: Sequence[tuple[list[int], list[int], list[float]]],
         response[b, p:p + r] = 1
         old[b, p:p + r] = torch.tensor(logprobs)
     return TrainMicroBatch(input_ids, attention, response, old,
-                           torch.tensor(list(advantages), dtype=torch.float32))
+                           torch.tensor(list(advantages), dtype=torch.float32),
+                           sampling=None if sampling is None else
+                           torch.tensor([list(s) for s in sampling], dtype=torch.float32))
 
 
 @dataclass
@@ -157,7 +164,8 @@ out as larger (more efficient) micro-batches of up to `micro_batch_groups`.
         turns = [t for g in groups for t in g.turns]
         pad = self.rt.tokenizer.pad_token_id or 0
         mb = micro_batch([(t.prompt_ids, t.response_ids, t.logprobs) for t in turns],
-                         [t.advantage for t in turns], pad_id=pad)
+                         [t.advantage for t in turns], pad_id=pad,
+                         sampling=[t.sampling for t in turns])
         if not self._begun:
             await self._request(TrainBeginBatch(0))  # token count declared at the step
             self._begun = True

@@ -156,13 +156,16 @@ class TrajectoryContext:
                       agent)
             return []
         out = []
+        # What each sample's logprobs are under, so the trainer scores it the same way.
+        scored = ((params.temperature, params.top_k, params.top_p) if params.temperature > 0
+                  else (1.0, 0, 1.0))
         samples = [(reply, s) for reply in replies for s in reply.samples]
         self.orch.samples[agent] += len(samples)
         for k, (reply, s) in enumerate(samples):
             traj_id = str(self.trajectory) if n == 1 else f"{self.trajectory}.{k}"
             row = Turn(agent=agent, input_id=self.input_id, turn=turn, traj_id=traj_id,
                        policy_version=reply.version, prompt_ids=reply.prompt_ids,
-                       response_ids=s.token_ids, logprobs=s.logprobs)
+                       response_ids=s.token_ids, logprobs=s.logprobs, sampling=scored)
             if rt.spec.trainable:
                 await self.orch.store.put(row)
             out.append(Completion(agent, s.text, s.token_ids, s.logprobs, reply.version,

@@ -46,6 +46,9 @@ class Turn:
     """None until set (per-field readiness)."""
     advantage: float | None = None
     """Set by complete_input()."""
+    sampling: tuple[float, int, float] = (1.0, 0, 1.0)
+    """(temperature, top_k, top_p) of the distribution it was sampled from, as the trainer
+    scores it: a greedy sample is (1.0, 0, 1.0), the raw model distribution."""
 
     @property
     def sample_id(self) -> str:

@@ -3,8 +3,9 @@
 The `n` samples of a request decode together as one batch over a shared prompt (no padding is
 needed); requests run one at a time on a single thread, so the event loop stays free and two
 requests never fight for the same cores. Log-probabilities follow vLLM's `processed_logprobs`:
-the sampled token's log-probability under the distribution actually sampled from (temperature
-and top-p applied); greedy requests report the raw model distribution.
+the sampled token's log-probability under the distribution actually sampled from (temperature,
+then top-k and top-p with vLLM's rules: flexmarl.training.grpo.truncate); greedy requests report
+the raw model distribution.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 
 from flexmarl.protocol import Sample, SamplingParams
 from flexmarl.rollout.engine import EngineConfig
+from flexmarl.training.grpo import truncate
 
 
 class TorchEngine:
@@ -104,12 +106,9 @@ class TorchEngine:
             token = lp.argmax(dim=-1)
             return token, lp.gather(1, token[:, None])[:, 0]
         scaled = logits / params.temperature
-        if params.top_p < 1.0:
-            sorted_logits, order = scaled.sort(dim=-1, descending=True)
-            cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-            drop = cum - sorted_logits.softmax(dim=-1) >= params.top_p  # keep the first past p
-            sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-            scaled = torch.full_like(scaled, float("-inf")).scatter(1, order, sorted_logits)
+        rows = scaled.shape[0]
+        scaled = truncate(scaled, torch.full((rows,), params.top_k),
+                          torch.full((rows,), params.top_p))
         lp = torch.log_softmax(scaled, dim=-1)
         token = torch.multinomial(lp.exp(), 1, generator=gen)[:, 0]
         return token, lp.gather(1, token[:, None])[:, 0]

@@ -74,6 +74,7 @@ class VllmEngine:
         from vllm.sampling_params import RequestOutputKind
 
         sp = VllmParams(n=params.n, temperature=params.temperature, top_p=params.top_p,
+                        top_k=params.top_k or -1,
                         max_tokens=params.max_tokens, stop=params.stop or None,
                         seed=params.seed, logprobs=0,
                         prompt_logprobs=0 if params.prompt_logprobs else None,

@@ -57,31 +57,86 @@ def grpo_advantages(rewards: Tensor, group_ids: Sequence | Tensor, *, eps: float
     return adv.to(out_dtype)
 
 
-def token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float = 1.0) -> Tensor:
-    """out[b, t] = log p(input_ids[b, t] | input_ids[b, :t]) from logits[b, t-1] / temperature.
+def truncate(logits: Tensor, top_k: Tensor | None = None, top_p: Tensor | None = None) -> Tensor:
+    """Rows of logits [N, V] with vLLM's top-k then top-p masks applied (-inf outside), as its
+    sampler does (vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p_pytorch): top-k keeps
+    every logit >= the k-th largest (ties kept); top-p then keeps, of the renormalised rest, the
+    largest whose ascending cumulative probability exceeds 1 - p (at least one). Per row:
+    top_k[n] = 0 and top_p[n] = 1 switch each off. The masks are decided on detached values, so
+    gradients flow to the kept logits only."""
+    want_k = top_k is not None and bool((top_k > 0).any())
+    want_p = top_p is not None and bool((top_p < 1).any())
+    if not (want_k or want_p):
+        return logits
+    sorted_, order = logits.detach().sort(dim=-1)
+    vocab = logits.shape[-1]
+    if want_k:
+        k = top_k.to(torch.long).clamp(0, vocab)
+        threshold = sorted_.gather(-1, (vocab - k.clamp(min=1)).unsqueeze(-1))
+        threshold = torch.where((k > 0).unsqueeze(-1), threshold,
+                                torch.full_like(threshold, float("-inf")))
+        sorted_ = sorted_.masked_fill(sorted_ < threshold, float("-inf"))
+    mask = torch.isinf(sorted_) & (sorted_ < 0)
+    if want_p:
+        cum = sorted_.softmax(dim=-1).cumsum(dim=-1)
+        drop = cum <= (1 - top_p.to(cum.dtype)).unsqueeze(-1)
+        drop[..., -1] = False
+        mask = mask | drop
+    return logits.masked_fill(torch.zeros_like(mask).scatter(-1, order, mask), float("-inf"))
+
+
+def token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float | Tensor = 1.0, *,
+                   top_k: Tensor | None = None, top_p: Tensor | None = None) -> Tensor:
+    """out[b, t] = log p(input_ids[b, t] | input_ids[b, :t]) under the distribution row b was
+    sampled from: logits[b, t-1] / temperature[b], then row b's top-k and top-p truncation
+    (`truncate`, vLLM's rules; top_k[b] = 0 and top_p[b] = 1 are off).
 
     Position 0 has no prediction and holds 0. The log-softmax runs in float32 at least, so bf16
-    logits do not lose the small differences the importance ratio is made of. `temperature` must
-    match the one the behaviour policy sampled with, or the ratio is biased from the start.
+    logits do not lose the small differences the importance ratio is made of. The sampling
+    settings must be the ones each row was sampled with, or the ratio is biased from the start
+    (a top_p of 0.5 scored without truncation gave a ratio of 0.5). `temperature` is one number
+    or one per row; it must be > 0 (greedy rows are scored at 1, untruncated).
     """
     if logits.dim() != 3 or input_ids.shape != logits.shape[:2]:
         raise ValueError(f"logits must be [B, T, V] and input_ids [B, T]; got "
                          f"{tuple(logits.shape)} and {tuple(input_ids.shape)}")
-    if temperature <= 0:
+    temps = torch.as_tensor(temperature, dtype=torch.float32, device=logits.device)
+    if bool((temps <= 0).any()):
         raise ValueError(f"temperature must be > 0, got {temperature}")
     work_dtype = torch.promote_types(logits.dtype, torch.float32)
     shifted = logits[:, :-1].to(work_dtype)
-    if temperature != 1.0:
-        shifted = shifted / temperature
+    if temps.dim() == 0:
+        if float(temps) != 1.0:
+            shifted = shifted / temps
+    else:
+        shifted = shifted / temps.to(work_dtype).view(-1, 1, 1)
+    if top_k is not None or top_p is not None:
+        b, t, v = shifted.shape
+
+        def per_position(x: Tensor | None) -> Tensor | None:
+            return None if x is None else x.to(logits.device).repeat_interleave(t)
+        shifted = truncate(shifted.reshape(b * t, v), per_position(top_k),
+                           per_position(top_p)).view(b, t, v)
     logp = F.log_softmax(shifted, dim=-1)
     picked = logp.gather(-1, input_ids[:, 1:].unsqueeze(-1).long()).squeeze(-1)
     return F.pad(picked, (1, 0), value=0.0)
 
 
+def token_entropy(logits: Tensor, temperature: float | Tensor = 1.0) -> Tensor:
+    """out[b, t]: entropy (nats) of the untruncated distribution predicting position t, at the
+    row's temperature; position 0 holds 0 (as in token_logprobs)."""
+    temps = torch.as_tensor(temperature, dtype=torch.float32, device=logits.device)
+    shifted = logits[:, :-1].detach().float()
+    shifted = shifted / (temps.view(-1, 1, 1) if temps.dim() else temps)
+    logp = F.log_softmax(shifted, dim=-1)
+    return F.pad(-(logp.exp() * logp).sum(-1), (1, 0), value=0.0)
+
+
 def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor,
               *, normaliser: float, clip_eps: float = 0.2, clip_eps_high: float | None = None,
               ref_logprobs: Tensor | None = None, kl_coef: float = 0.0,
-              is_cap: float | None = None) -> tuple[Tensor, dict[str, float]]:
+              is_cap: float | None = None, kl_logprobs: Tensor | None = None
+              ) -> tuple[Tensor, dict[str, float]]:
     """PPO-style clipped GRPO objective, summed over response tokens and divided by `normaliser`.
 
     Per token: max(-A * ratio, -A * clip(ratio, 1 - clip_eps, 1 + clip_eps_high)) with
@@ -137,7 +192,10 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, respon
         per_token = per_token * is_weight
     kl = None
     if ref_logprobs is not None:
-        ref_gap = torch.where(mask, ref_logprobs.to(logprobs.dtype) - logprobs, zero)
+        # The KL term may score the policy differently from the ratio (kl_logprobs: without
+        # top-k/top-p truncation, which can put a sampled token outside the reference's set).
+        policy = logprobs if kl_logprobs is None else kl_logprobs
+        ref_gap = torch.where(mask, ref_logprobs.to(logprobs.dtype) - policy, zero)
         kl = torch.exp(ref_gap) - ref_gap - 1.0
         if kl_coef > 0:
             per_token = per_token + kl_coef * kl

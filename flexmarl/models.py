@@ -21,10 +21,13 @@ import math
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from tqdm import tqdm
 
 import torch
 from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig,
@@ -373,7 +376,10 @@ def warm_start(model_dir: str | os.PathLike, *, steps: int, batch_size: int, lr:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, steps))
     model.train()
     start = time.perf_counter()
-    for step in range(steps):
+    # A bar with an ETA on a terminal (tqdm stays quiet when stderr is not one).
+    bar = tqdm(range(steps), desc=f"warm-starting {Path(model_dir).name[:40]}", unit="step",
+               disable=None, leave=False, dynamic_ncols=True)
+    for step in bar:
         rows = torch.randint(len(ids), (batch_size,), generator=generator)
         loss = _answer_loss(model, ids[rows], labels[rows])
         optimizer.zero_grad(set_to_none=True)
@@ -384,15 +390,23 @@ def warm_start(model_dir: str | os.PathLike, *, steps: int, batch_size: int, lr:
         if (step + 1) % log_every_steps == 0 or step + 1 == steps:
             log.info("warm start %s: step %d/%d loss %.4f (%.0f s)", Path(model_dir).name,
                      step + 1, steps, loss.item(), time.perf_counter() - start)
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+    bar.close()
     train_s = time.perf_counter() - start
     accuracy = evaluate(model, tokenizer, held_out)
     model.save_pretrained(model_dir)
     return {"final_loss": loss.item(), "accuracy": accuracy, "seconds": train_s, "steps": steps}
 
 
+def notice(text: str) -> None:
+    """A line on the terminal even when logging shows only warnings (the CLI's default): a long
+    preparation (a model build, a conversion, workers starting) must not look like a hang."""
+    print(f"flexmarl: {text}", file=sys.stderr, flush=True)
+
+
 # --- cache -----------------------------------------------------------------------------------
 
-def _cache_root(cache_dir: str | os.PathLike | None) -> Path:
+def cache_root(cache_dir: str | os.PathLike | None) -> Path:
     if cache_dir is not None:
         return Path(cache_dir)
     if os.environ.get("FLEXMARL_CACHE"):
@@ -425,13 +439,16 @@ def ensure_model(size: str, *, warm_start_steps: int = DEFAULT_WARM_START_STEPS,
         raise ValueError(f"warm_start_steps must be an int >= 0, got {warm_start_steps!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed must be an int, got {seed!r}")
-    root = _cache_root(cache_dir)
+    root = cache_root(cache_dir)
     final = root / (f"{spec.name}-s{seed}-w{warm_start_steps}-"
                     f"{cache_key(size, warm_start_steps=warm_start_steps, seed=seed)}")
     if final.is_dir():
         log.info("model %s: cached at %s (%s)", size, final, _describe_warm_start(final))
         return final
     log.info("model %s: not in the cache; building %s", size, final)
+    notice(f"building model {size!r} (once: cached in {root})"
+           + (f", then {warm_start_steps} warm-start steps" if warm_start_steps else ""))
+    started = time.perf_counter()
     root.mkdir(parents=True, exist_ok=True)
     _remove_stale_builds(root, final.name)
     tmp: Path | None = Path(tempfile.mkdtemp(prefix=_build_prefix(final.name), suffix=".tmp",
@@ -457,6 +474,7 @@ def ensure_model(size: str, *, warm_start_steps: int = DEFAULT_WARM_START_STEPS,
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     log.info("model %s: ready at %s", size, final)
+    notice(f"model {size!r} ready in {time.perf_counter() - started:.0f} s")
     return final
 
 

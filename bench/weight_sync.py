@@ -9,6 +9,11 @@ are medians over the pushes.
 
     .venv/bin/python bench/weight_sync.py [--json] [--sizes tiny,small,medium] [--pushes 5]
                                           [--backend vllm|torch] [--transport ipc|tcp]
+                                          [--model smollm2-135m|DIR|FILE.gguf] [--train-layers N]
+
+`--model` measures that model (any AgentSpec.model) instead of the built-in sizes; with
+`--train-layers N` the same instance also gets partial pushes of only the last N blocks and the
+final norm (what a sync sends with AgentSpec.train_layers = N), side by side with full pushes.
 
 With --json the last line is one JSON object: `sync_gbps` and `memcpy_gbps` for the largest size
 measured, and per size its bytes, sync seconds and GB/s, engine load seconds and memcpy GB/s.
@@ -45,16 +50,29 @@ def memcpy_seconds(tensors: dict[str, torch.Tensor], repeats: int) -> float:
     return statistics.median(times)
 
 
-async def bench_size(size: str, args: argparse.Namespace, workdir: str) -> dict:
-    from flexmarl.models import build_model_dir, load_model
-    from flexmarl.rollout.weight_sync import push_weights, weights_nbytes
+async def bench_size(size: str, args: argparse.Namespace, workdir: str) -> list[dict]:
+    from flexmarl.models import build_model_dir
+
+    return await bench_dir(size, str(build_model_dir(size, os.path.join(workdir, size))), args)
+
+
+async def bench_dir(size: str, model_dir: str, args: argparse.Namespace) -> list[dict]:
+    """Full pushes of `model_dir`'s weights (and with --train-layers, partial ones) into one
+    instance; a row for each."""
+    from flexmarl.models import load_model
+    from flexmarl.rollout.weight_sync import push_weights
+    from flexmarl.training.trainer import freeze_all_but
     from runtime.supervisor import Supervisor, WorkerSpec
     from runtime.transport import connect
 
-    model_dir = str(build_model_dir(size, os.path.join(workdir, size)))
-    tensors = {k: v.detach().clone() for k, v in load_model(model_dir).state_dict().items()
+    model = load_model(model_dir)
+    tensors = {k: v.detach().clone() for k, v in model.state_dict().items()
                if k != "lm_head.weight"}  # tied to the embeddings, as a trainer exports them
-    nbytes = weights_nbytes(tensors)
+    variants = [(size, tensors)]
+    if args.train_layers:
+        trained = set(freeze_all_but(model, args.train_layers))
+        variants.append((f"{size} last {args.train_layers}",
+                         {k: v for k, v in tensors.items() if k in trained}))
     bind = "tcp://127.0.0.1:0" if args.transport == "tcp" else "ipc://*"
     sup = Supervisor()
     async with sup.serving():
@@ -67,23 +85,35 @@ async def bench_size(size: str, args: argparse.Namespace, workdir: str) -> dict:
               file=sys.stderr)
         async with connect(handle.address) as conn:
             await push_weights([conn], 1, tensors, timeout_s=TIMEOUT_S)  # warm-up
-            reports = [await push_weights([conn], v, tensors, timeout_s=TIMEOUT_S)
-                       for v in range(2, args.pushes + 2)]
+            rows, version = [], 2
+            for name, part in variants:
+                reports = []
+                for _ in range(args.pushes):
+                    reports.append(await push_weights([conn], version, part, timeout_s=TIMEOUT_S))
+                    version += 1
+                rows.append(_row(name, part, reports, args))
+    return rows
+
+
+def _row(name: str, tensors: dict[str, torch.Tensor], reports: list, args) -> dict:
+    from flexmarl.rollout.weight_sync import weights_nbytes
+
+    nbytes = weights_nbytes(tensors)
     sync_s = statistics.median(r.seconds for r in reports)
     load_s = statistics.median(next(iter(r.load_s.values())) for r in reports)
     copy_s = memcpy_seconds(tensors, max(args.pushes, 5))
-    return {"size": size, "bytes": nbytes, "sync_s": sync_s, "sync_gbps": nbytes / sync_s / 1e9,
+    return {"size": name, "bytes": nbytes, "sync_s": sync_s, "sync_gbps": nbytes / sync_s / 1e9,
             "load_s": load_s, "memcpy_s": copy_s, "memcpy_gbps": nbytes / copy_s / 1e9}
 
 
 def table(rows: list[dict], args: argparse.Namespace) -> str:
     out = [f"weight sync to one {args.backend} rollout instance over {args.transport} "
            f"(median of {args.pushes} pushes)",
-           f"{'size':<8} {'MB':>8} {'sync s':>9} {'sync GB/s':>10} {'engine load s':>14} "
+           f"{'size':<22} {'MB':>8} {'sync s':>9} {'sync GB/s':>10} {'engine load s':>14} "
            f"{'wire s':>8} {'memcpy GB/s':>12} {'sync/memcpy':>12}",
-           "-" * 88]
+           "-" * 102]
     for r in rows:
-        out.append(f"{r['size']:<8} {r['bytes'] / 1e6:>8.2f} {r['sync_s']:>9.4f} "
+        out.append(f"{r['size']:<22} {r['bytes'] / 1e6:>8.2f} {r['sync_s']:>9.4f} "
                    f"{r['sync_gbps']:>10.3f} {r['load_s']:>14.4f} {r['sync_s'] - r['load_s']:>8.4f} "
                    f"{r['memcpy_gbps']:>12.2f} "
                    f"{r['sync_gbps'] / r['memcpy_gbps']:>11.3f}x")
@@ -95,12 +125,18 @@ def table(rows: list[dict], args: argparse.Namespace) -> str:
 async def main(args: argparse.Namespace) -> None:
     from flexmarl.models import SIZES
 
-    sizes = args.sizes.split(",") if args.sizes else list(SIZES)
-    unknown = [s for s in sizes if s not in SIZES]
-    if unknown:
-        raise SystemExit(f"unknown sizes {unknown}; choose from {sorted(SIZES)}")
-    with tempfile.TemporaryDirectory(prefix="flexmarl-bench-") as workdir:
-        rows = [await bench_size(size, args, workdir) for size in sizes]
+    if args.model:
+        from flexmarl.launch.model_dirs import resolve_model
+        from flexmarl.team import AgentSpec
+        model_dir = resolve_model(AgentSpec(name="bench", model=args.model))
+        rows = await bench_dir(os.path.basename(args.model.rstrip("/")), model_dir, args)
+    else:
+        sizes = args.sizes.split(",") if args.sizes else list(SIZES)
+        unknown = [s for s in sizes if s not in SIZES]
+        if unknown:
+            raise SystemExit(f"unknown sizes {unknown}; choose from {sorted(SIZES)}")
+        with tempfile.TemporaryDirectory(prefix="flexmarl-bench-") as workdir:
+            rows = [r for size in sizes for r in await bench_size(size, args, workdir)]
     print(table(rows, args))
     if args.json:
         largest = max(rows, key=lambda r: r["bytes"])
@@ -117,6 +153,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--backend", choices=["vllm", "torch"],
                     default="vllm" if importlib.util.find_spec("vllm") else "torch")
     ap.add_argument("--transport", choices=["ipc", "tcp"], default="ipc")
+    ap.add_argument("--model", default="", help="an AgentSpec.model (e.g. smollm2-135m) "
+                    "instead of the built-in sizes")
+    ap.add_argument("--train-layers", type=int, default=0,
+                    help="also push only the last N blocks + final norm, side by side")
     return ap.parse_args(argv)
 
 

@@ -177,6 +177,8 @@ class WeightUpdate:
     version: int
     tensors: dict[str, torch.Tensor]
     force: bool = False
+    complete: bool = True
+    """False: only the tensors that train (trainer.train_layers); the rest stay as served."""
 
 
 @message(FlexKind.WEIGHT_UPDATE_DONE)

@@ -50,6 +50,9 @@ class AgentSpec:
     train_ranks: int | None = None
     """Ranks (processes or devices) of the trainer slot this agent needs; None: the config's
     trainer_pool.ranks_per_agent. A large agent can need a larger slot of a shared pool."""
+    train_layers: int | None = None
+    """Train only the last N decoder blocks and the final norm (the rest, embeddings and LM head
+    included, frozen; optimizer state and weight syncs only for what trains); None: all."""
 
     def __post_init__(self) -> None:
         if not _NAME.fullmatch(self.name):
@@ -62,6 +65,10 @@ class AgentSpec:
             raise ValueError(f"agent {self.name}: AgentSpec.instances must be >= 1")
         if self.train_ranks is not None and self.train_ranks < 1:
             raise ValueError(f"agent {self.name}: AgentSpec.train_ranks must be >= 1")
+        if self.train_layers is not None and (not isinstance(self.train_layers, int)
+                                              or self.train_layers < 1):
+            raise ValueError(f"agent {self.name}: AgentSpec.train_layers must be an int >= 1 "
+                             f"(or None: every layer), got {self.train_layers!r}")
         if self.lr is not None and self.lr <= 0:
             raise ValueError(f"agent {self.name}: AgentSpec.lr must be > 0")
 

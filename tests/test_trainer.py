@@ -232,16 +232,19 @@ def step_batch(trainer: GRPOTrainer, mb: TrainMicroBatch, num_micro: int = 2) ->
     return loss
 
 
-def test_swapped_state_is_bit_exact_and_training_goes_on(model_dir, batches):
+@pytest.mark.parametrize("train_layers", [0, 1])
+def test_swapped_state_is_bit_exact_and_training_goes_on(model_dir, batches, train_layers):
     """The one swap path in one process: after a step, the whole state out (SwapOut's
     export_state) and into a fresh trainer (SwapIn's load_state); the fresh one holds the same
     tensors bit for bit and its next step equals that of a trainer that never swapped. In the
-    middle of a global batch a swap is refused (the half-built gradient is not in the state)."""
-    trainer = GRPOTrainer(model_dir, TrainerConfig(**CONFIG))
+    middle of a global batch a swap is refused (the half-built gradient is not in the state).
+    With train_layers the state holds optimizer moments for the trained part only."""
+    config = {**CONFIG, "train_layers": train_layers}
+    trainer = GRPOTrainer(model_dir, TrainerConfig(**config))
     step_batch(trainer, batches[0])
     saved = _weights_and_moments(trainer)
     tensors, meta = export_state(trainer)
-    fresh = GRPOTrainer(model_dir, TrainerConfig(**CONFIG))
+    fresh = GRPOTrainer(model_dir, TrainerConfig(**config))
     load_state(fresh, tensors, meta)
     restored = _weights_and_moments(fresh)
     assert fresh.version == trainer.version == 1
@@ -249,7 +252,8 @@ def test_swapped_state_is_bit_exact_and_training_goes_on(model_dir, batches):
     num_params = sum(p.numel() for p in trainer.model.parameters())
     num_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
     # Parameters and Adam's two moments in float32 (plus step counters and the RNG state).
-    assert num_bytes >= 3 * 4 * num_params
+    trained = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    assert num_bytes >= 4 * num_params + 2 * 4 * trained
 
     fresh.begin_batch(tokens(batches[1]))
     fresh.accumulate(rows(batches[1], 0, 2))
@@ -257,7 +261,7 @@ def test_swapped_state_is_bit_exact_and_training_goes_on(model_dir, batches):
         export_state(fresh)
     fresh.accumulate(rows(batches[1], 2, batches[1].input_ids.shape[0]))
     fresh.step()
-    reference = GRPOTrainer(model_dir, TrainerConfig(**CONFIG))
+    reference = GRPOTrainer(model_dir, TrainerConfig(**config))
     step_batch(reference, batches[0])
     reference.begin_batch(tokens(batches[1]))
     reference.accumulate(rows(batches[1], 0, 2))
@@ -290,6 +294,31 @@ def test_kl_to_the_initial_weights_without_ref_logprobs(model_dir, batches):
     assert without.reference is None
     without.begin_batch(tokens(batches[0]))
     assert without.accumulate(no_ref(batches[0])).metrics["kl"] == 0.0
+
+
+def test_train_layers_trains_and_exports_only_the_last_blocks(model_dir, batches):
+    """trainer.train_layers = 1: only the last decoder block and the final norm train; the
+    optimizer holds state for them only, a step changes nothing else, and the export (what a
+    weight sync sends) is just them."""
+    trainer = GRPOTrainer(model_dir, TrainerConfig(**{**CONFIG, "train_layers": 1}))
+    trained = set(trainer.trained_names)
+    assert trained and all(n.startswith(("model.layers.1.", "model.norm.")) for n in trained)
+    assert "model.norm.weight" in trained
+    assert "model.layers.0.self_attn.q_proj.weight" not in trained
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    train(trainer, batches[:1], num_micro=2)
+    after = dict(trainer.model.named_parameters())
+    changed = {n for n in before if not torch.equal(before[n], after[n].detach())}
+    assert changed and changed <= trained
+    assert len(trainer.optimizer.state) == len(trained)
+    exported = trainer.export_weights()
+    assert set(exported) == trained and all(torch.equal(exported[n], after[n].detach())
+                                            for n in exported)
+    full = GRPOTrainer(model_dir, TrainerConfig(**CONFIG)).export_weights()
+    print(f"train_layers=1 exports {sum(t.numel() for t in exported.values())} of "
+          f"{sum(t.numel() for t in full.values())} parameters")
+    with pytest.raises(ValueError, match="train_layers = 3 but the model has 2 decoder blocks"):
+        GRPOTrainer(model_dir, TrainerConfig(**{**CONFIG, "train_layers": 3}))
 
 
 # ----------------------------------------------------------------------------- 2 gloo ranks

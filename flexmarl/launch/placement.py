@@ -233,6 +233,8 @@ def _trainer_config(config: Config, spec: AgentSpec) -> dict:
     cfg["temperature"] = spec.sampling.temperature or 1.0
     if spec.lr is not None:
         cfg["lr"] = spec.lr
+    if spec.train_layers is not None:
+        cfg["train_layers"] = spec.train_layers
     if config.pipeline.mode == "bounded" and not cfg["is_cap"]:
         cfg["is_cap"] = config.pipeline.is_cap  # correct for stale samples
     return cfg

@@ -217,7 +217,7 @@ async def _serve_restored(parts: _Parts) -> None:
         rt = parts.agents[name]
         weights = await parts.trainers.export(name)
         rt.restored(weights.version)
-        await parts.pool.push(name, weights.version, weights.tensors)
+        await parts.pool.push(name, weights.version, weights.tensors, complete=weights.complete)
         rt.synced(weights.version)
 
 

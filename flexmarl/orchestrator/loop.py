@@ -316,7 +316,8 @@ class PipelineRun:
         started = now()
         self.activity.enter(agent, "sync")
         try:
-            report = await self.pool.push(agent, weights.version, weights.tensors)
+            report = await self.pool.push(agent, weights.version, weights.tensors,
+                                          complete=weights.complete)
         finally:
             self.activity.exit(agent, "sync")
         self.orch.agents[agent].synced(weights.version)

@@ -347,14 +347,17 @@ class InstancePool:
 
     # ------------------------------------------------------------------ weights
 
-    async def push(self, agent: str, version: int, tensors: dict[str, torch.Tensor]
-                   ) -> SyncReport:
-        """Weight sync: every instance of `agent` serves `version` when this returns."""
+    async def push(self, agent: str, version: int, tensors: dict[str, torch.Tensor], *,
+                   complete: bool = True) -> SyncReport:
+        """Weight sync: every instance of `agent` serves `version` when this returns.
+        `complete` False: `tensors` are only those that changed (the trained layers); the
+        served weights a replacement or a moved instance loads are the rest plus them."""
         async with self._locks[agent]:
             report = await push_weights(self.of(agent), version, tensors,
                                         timeout_s=self.request_timeout_s, tolerate=(PeerDied,))
             self.versions[agent] = version
-            self._weights[agent] = tensors
+            self._weights[agent] = (tensors if complete else
+                                    {**await self._served_weights(agent), **tensors})
             return report
 
     async def _served_weights(self, agent: str) -> dict[str, torch.Tensor]:

@@ -118,12 +118,12 @@ class TorchEngine:
 
     @torch.inference_mode()
     def _load(self, tensors: dict[str, torch.Tensor]) -> None:
-        missing, unexpected = self.model.load_state_dict(tensors, strict=False)
+        _, unexpected = self.model.load_state_dict(tensors, strict=False)
+        # A partial update (trainer.train_layers) names only the trained tensors; the rest stay.
         # Tied embeddings: a checkpoint may carry embed_tokens only, and lm_head follows it.
-        missing = [m for m in missing if not (m == "lm_head.weight" and self.model.config.tie_word_embeddings)]
-        if missing or unexpected:
-            raise ValueError(f"weight update does not match the model: missing {missing[:5]}, "
-                             f"unexpected {unexpected[:5]}")
+        if unexpected or not tensors:
+            raise ValueError(f"weight update does not match the model: unexpected "
+                             f"{unexpected[:5]} of {len(tensors)} tensors")
 
     async def close(self) -> None:
         self._executor.shutdown(wait=True)

@@ -71,6 +71,10 @@ class TrainerConfig:
     """Sampling temperature of the behaviour policy for micro-batches that do not say their
     rows' own (TrainMicroBatch.sampling, which the orchestrator always sends): logits are
     divided by it before the log-softmax so the importance ratio compares like with like."""
+    train_layers: int = 0
+    """> 0: train only the last `train_layers` decoder blocks and the final norm (embeddings
+    and the LM head, tied in most small models, stay frozen); the optimizer holds state for
+    those only and a weight sync sends only them. 0: train everything."""
     seed: int = 0
     """Seed of torch's generators on every rank (the same on all ranks)."""
     device: str = "cpu"
@@ -92,6 +96,8 @@ class TrainerConfig:
         _check(self.clip_eps_high is None or self.clip_eps_high > 0, "clip_eps_high",
                self.clip_eps_high, "must be > 0 or None")
         _check(self.kl_coef >= 0, "kl_coef", self.kl_coef, "must be >= 0")
+        _check(isinstance(self.train_layers, int) and self.train_layers >= 0, "train_layers",
+               self.train_layers, "must be an int >= 0 (0: train every layer)")
         _check(self.is_cap >= 0, "is_cap", self.is_cap, "must be >= 0 (0 disables)")
         _check(self.temperature > 0, "temperature", self.temperature,
                "must be > 0 (greedy rollouts are scored at temperature 1)")
@@ -130,6 +136,29 @@ def shard_model(model: nn.Module, mesh: "dist.DeviceMesh", *, reshard_after_forw
             module.set_force_sum_reduction_for_comms(True)
 
 
+def freeze_all_but(model: nn.Module, train_layers: int) -> list[str]:
+    """Freeze every parameter but those of the last `train_layers` decoder blocks and the final
+    norm (train_layers = 0: freeze nothing); the names of those that train."""
+    if train_layers == 0:
+        return [n for n, _ in model.named_parameters()]
+    block_names = set(getattr(model, "_no_split_modules", None) or ())
+    blocks = [(n, m) for n, m in model.named_modules() if type(m).__name__ in block_names]
+    if train_layers > len(blocks):
+        raise ValueError(f"trainer.train_layers = {train_layers} but the model has "
+                         f"{len(blocks)} decoder blocks")
+    keep = [n + "." for n, _ in blocks[-train_layers:]]
+    # The final norm: the one norm outside every block (model.norm in Llama and Qwen2).
+    inside = tuple(n + "." for n, _ in blocks)
+    norms = [n + "." for n, m in model.named_modules()
+             if "norm" in type(m).__name__.lower() and not n.startswith(inside) and n]
+    trained = []
+    for name, p in model.named_parameters():
+        p.requires_grad_(name.startswith(tuple(keep + norms)))
+        if p.requires_grad:
+            trained.append(name)
+    return trained
+
+
 def _local(t: torch.Tensor) -> torch.Tensor:
     """The tensor this rank holds: the local shard of a DTensor, the tensor itself otherwise."""
     return t.to_local() if hasattr(t, "to_local") else t
@@ -160,6 +189,8 @@ class GRPOTrainer:
         unique = {n for n, _ in model.named_parameters()}
         aliases = {n for n, _ in model.named_parameters(remove_duplicate=False)} - unique
         self.export_names = [n for n in model.state_dict() if n not in aliases]
+        self.trained_names = freeze_all_but(model, self.config.train_layers)
+        """Parameter names that train (all of them unless trainer.train_layers)."""
         model.to(self.device).train()
         with torch.no_grad():
             # Parameters loaded from safetensors may live in a memory-mapped file: give each its
@@ -175,8 +206,9 @@ class GRPOTrainer:
         self.reference = self._reference(model_dir) if self.config.kl_coef > 0 else None
         """The agent's initial weights, frozen: the KL term's reference policy."""
         c = self.config
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=c.lr, betas=c.betas,
-                                           eps=c.adam_eps, weight_decay=c.weight_decay)
+        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
+                                           lr=c.lr, betas=c.betas, eps=c.adam_eps,
+                                           weight_decay=c.weight_decay)
         self._normaliser: float | None = None
         self._deferred = False
         self._tokens_seen = 0
@@ -373,7 +405,11 @@ class GRPOTrainer:
             return {}
         live = {s.data_ptr() for s in self._live_storages()}
         out = {}
-        for name in self.export_names:
+        names = self.export_names
+        if self.config.train_layers:  # the frozen rest is what the instances serve already
+            trained = set(self.trained_names)
+            names = [n for n in names if n in trained]
+        for name in names:
             t = full[name].detach()
             if t.device.type != "cpu" or t.untyped_storage().data_ptr() in live:
                 t = t.to("cpu", copy=True)

@@ -256,7 +256,8 @@ class _Rank:
         if cmd is Command.STEP:
             return tr.step(arg or None)
         if cmd is Command.EXPORT:
-            return WeightUpdate(version=tr.version, tensors=tr.export_weights())
+            return WeightUpdate(version=tr.version, tensors=tr.export_weights(),
+                                complete=not tr.config.train_layers)
         raise AssertionError(f"unhandled command {cmd!r}")
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from flexmarl import AgentSpec, SamplingParams, Team
 from flexmarl.config.load import load_config
@@ -85,6 +86,16 @@ async def test_two_steps_end_to_end(backend, tiny_model_dir, tmp_path, no_leftov
         for m in result.metrics:
             solver, checker = m["agents"]["solver"], m["agents"]["checker"]
             assert 0 < solver["sync_bytes"] < checker["sync_bytes"] / 2
+        # The solver's checkpoint is a whole model: its frozen first block is the base's, its
+        # trained last block is not.
+        from transformers import AutoModelForCausalLM
+        saved = AutoModelForCausalLM.from_pretrained(result.checkpoints["solver"]).state_dict()
+        base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+        assert saved.keys() == base.keys()
+        frozen = [k for k in base if k.startswith("model.layers.0.")]
+        trained = [k for k in base if k.startswith("model.layers.1.")]
+        assert frozen and all(torch.equal(saved[k], base[k]) for k in frozen)
+        assert any(not torch.equal(saved[k], base[k]) for k in trained)
     if backend == "torch":
         kls = [m["agents"]["solver"]["train_metrics"]["kl"] for m in result.metrics]
         assert kls[0] < 1e-6 < kls[1], kls  # the reference is the initial weights

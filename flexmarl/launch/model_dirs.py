@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import asyncio
 import shutil
 from pathlib import Path
 
@@ -66,14 +67,18 @@ def check_model(spec: AgentSpec) -> str:
 async def save_model_dir(trainers: TrainerPool, agent: str, model_dir: str,
                          directory: Path) -> Path:
     """Save the agent's current weights (from its trainer) as a loadable model directory beside
-    the config and tokenizer files of its base model `model_dir`."""
-    from safetensors.torch import save_file
+    the config and tokenizer files of its base model `model_dir`. A partial export (only the
+    trained layers, AgentSpec.train_layers) is completed with the base model's frozen rest."""
+    from safetensors.torch import load_file, save_file
 
     weights = await trainers.export(agent)
+    tensors = weights.tensors
+    if not weights.complete:
+        base = await asyncio.to_thread(load_file, str(Path(model_dir) / "model.safetensors"))
+        tensors = {**base, **tensors}
     target = directory / f"version-{weights.version}"
     target.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in weights.tensors.items()},
-              str(target / "model.safetensors"))
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(target / "model.safetensors"))
     for name in _MODEL_FILES:
         src = Path(model_dir) / name
         if src.is_file():

@@ -23,6 +23,7 @@ from flexmarl.tasks import addition_tasks, exact_match
 
 MAX_ATTEMPTS = 3
 NUM_TASKS = 4096
+NUM_HELDOUT = 200
 # The solver stops short of mastering addition, so RL has room to improve it; the larger
 # checker is warm-started to a reliable referee (about 98% on held-out sums).
 WARM_START_STEPS = {"solver": 250, "checker": 300}
@@ -47,6 +48,19 @@ async def workflow(ctx, task) -> None:
     ctx.team_reward(exact_match(answer.text, task))
 
 
+TRAIN_TASKS = addition_tasks(NUM_TASKS, seed=0)
+_seen = {t.prompt for t in TRAIN_TASKS}
+# Sums the run never trains on (2-digit addition has 8,100 of them; the training draw repeats
+# some of its 4,096), to tell learning the task from learning the training set.
+HELDOUT = [t for t in addition_tasks(4 * NUM_HELDOUT, seed=99) if t.prompt not in _seen][
+    :NUM_HELDOUT]
+
+
+def score(agent: str, text: str, task) -> float:
+    """Both agents answer the sum; right means exact_match, as in training."""
+    return exact_match(text, task)
+
+
 team = Team(
     name="math_duo",
     agents=[
@@ -56,5 +70,7 @@ team = Team(
                   lr=LEARNING_RATE, sampling=SamplingParams(temperature=1.0, max_tokens=8)),
     ],
     workflow=workflow,
-    tasks=addition_tasks(NUM_TASKS, seed=0),
+    tasks=TRAIN_TASKS,
+    heldout=HELDOUT,
+    score=score,
 )

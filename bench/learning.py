@@ -1,14 +1,19 @@
-"""Learning benchmark: run the default experiment and report whether the team's reward rises.
+"""Learning benchmark: train a team and report whether its reward and held-out accuracy rise.
 
-Runs `flexmarl.train` on the default team (agents/math_duo.py) with the embedded default config
-(plus any --set overrides), then reports per agent, and for the team reward, the mean reward of
-the first and last `--window` steps, the number of steps and the wall time (model warm starts
-included when they are not cached yet; they are reported separately when they happen).
+Runs `flexmarl.train` on a team (default: agents/math_duo.py, `--team PATH` another) with the
+embedded default config (plus any --set overrides), then reports per agent, and for the team
+reward, the mean reward of the first and last `--window` steps, the number of steps and the wall
+time (model builds included when they are not cached yet). When the team has held-out tasks
+(Team.heldout, Team.score), each trainable agent is also measured on them before training (its
+starting weights) and after (its final checkpoint): greedy and sampled accuracy, by
+flexmarl.launch.heldout.
 
-    .venv/bin/python bench/learning.py [--json] [--window 3] [--set section.key=value ...]
+    .venv/bin/python bench/learning.py [--json] [--team PATH] [--window 3] [--heldout 200]
+                                       [--set section.key=value ...]
 
 With --json the last line is one JSON object: {"first_reward": {agent|"team": r}, "last_reward":
-{...}, "steps": n, "wall_s": s, "seed": run.seed, ...}.
+{...}, "agents": {name: {"heldout": {"greedy"|"sampled": {"before": a, "after": a}}}},
+"models": {name: model}, "steps": n, "wall_s": s, "seed": run.seed, ...}.
 """
 from __future__ import annotations
 
@@ -48,37 +53,69 @@ async def main(args: argparse.Namespace) -> None:
     from flexmarl.config.load import load_config
     from flexmarl.observe.rundir import RunDir
     from flexmarl.launch.run import train
+    from flexmarl.launch.heldout import heldout_accuracy
+    from flexmarl.launch.model_dirs import resolve_model
     from flexmarl.team import load_team
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # CPU-irrelevant warnings  # as `flexmarl run` does
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     workdir = tempfile.mkdtemp(prefix="flexmarl-learning-")
-    config = load_config(overrides=[f"run.out_dir={workdir}", *args.set])
+    config = load_config(overrides=[f"run.out_dir={workdir}", *args.set], team=args.team)
     team = load_team(config.team.path)
     run_dir = RunDir.create(config)
     started = time.perf_counter()
+    measured = [s for s in team.agents if s.trainable] if team.heldout and args.heldout else []
+    before = {}
+    for spec in measured:  # the starting weights (built or converted now if not cached)
+        before[spec.name] = await heldout_accuracy(team, spec, resolve_model(spec),
+                                                   limit=args.heldout)
     result = await train(team, config, run_dir=run_dir, progress=args.progress)
     wall_s = time.perf_counter() - started
     summary = summarize(result.metrics, args.window)
+    summary["agents"] = {}
+    for spec in measured:
+        after = await heldout_accuracy(team, spec, str(result.checkpoints[spec.name]),
+                                       limit=args.heldout)
+        summary["agents"][spec.name] = {"heldout": {
+            mode: {"before": before[spec.name][mode], "after": after[mode]}
+            for mode in ("greedy", "sampled")}}
     summary.update(wall_s=wall_s, train_wall_s=result.wall_s, seed=config.run.seed,
-                   backend=config.rollout.backend, run_dir=str(run_dir.path))
-    rows = ["team"] + sorted(result.metrics[0]["agents"])
-    print(f"default experiment: {summary['steps']} steps, {wall_s:.0f} s wall, seed "
-          f"{config.run.seed}, {config.rollout.backend} rollout; mean reward of the first and "
-          f"last {args.window} steps")
-    print(f"{'':<10} {'first':>8} {'last':>8} {'change':>8}")
-    for name in rows:
-        a, b = summary["first_reward"][name], summary["last_reward"][name]
-        print(f"{name:<10} {a:>8.3f} {b:>8.3f} {b - a:>+8.3f}")
+                   backend=config.rollout.backend, run_dir=str(run_dir.path), team=team.name,
+                   models={s.name: s.model for s in team.agents},
+                   heldout_tasks=min(len(team.heldout), args.heldout) if measured else 0)
+    print(table(summary, config, args))
     print(f"run dir: {run_dir.path}")
     if args.json:
         print(json.dumps(summary))
+
+
+def table(summary: dict, config, args: argparse.Namespace) -> str:
+    rows = ["team"] + sorted(k for k in summary["first_reward"] if k != "team")
+    out = [f"team {summary['team']}: {summary['steps']} steps, {summary['wall_s']:.0f} s wall, "
+           f"seed {config.run.seed}, {config.rollout.backend} rollout; mean reward of the first "
+           f"and last {args.window} steps",
+           f"{'':<10} {'first':>8} {'last':>8} {'change':>8}"]
+    for name in rows:
+        a, b = summary["first_reward"][name], summary["last_reward"][name]
+        out.append(f"{name:<10} {a:>8.3f} {b:>8.3f} {b - a:>+8.3f}")
+    if summary["agents"]:
+        out.append(f"held-out accuracy ({summary['heldout_tasks']} tasks never trained on), "
+                   f"before -> after training")
+        out.append(f"{'':<10} {'greedy':>18} {'sampled':>18}")
+        for name, a in sorted(summary["agents"].items()):
+            cells = [f"{a['heldout'][m]['before']:.3f} -> {a['heldout'][m]['after']:.3f}"
+                     for m in ("greedy", "sampled")]
+            out.append(f"{name:<10} {cells[0]:>18} {cells[1]:>18}")
+    return "\n".join(out)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--window", type=int, default=3, help="steps averaged at each end")
+    ap.add_argument("--team", default=None, help="team file (default: the config's team.path)")
+    ap.add_argument("--heldout", type=int, default=200,
+                    help="held-out tasks per agent before and after (0: skip)")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     ap.add_argument("--progress", action="store_true", help="show progress bars")
     return ap.parse_args(argv)

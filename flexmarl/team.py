@@ -126,6 +126,14 @@ class Team:
     tasks: Sequence[Any]
     """Task objects handed to the workflow; each needs a unique, stable `task_id` (str). A task's
     `prompt` attribute, if it has one, must be something ctx.generate takes (checked here)."""
+    heldout: Sequence[Any] = ()
+    """Tasks never trained on, to measure each agent before and after training
+    (flexmarl.launch.heldout; bench/learning.py). Empty: no held-out measurement."""
+    score: Callable[[str, str, Any], float] | None = None
+    """(agent, completion text, held-out task) -> 1.0 if the agent got it right (0..1); the
+    agent is asked `task.prompt`, or `prompts(agent, task)` when given."""
+    prompts: Callable[[str, Any], Any] | None = None
+    """(agent, held-out task) -> what to ask the agent; default: task.prompt."""
 
     def __post_init__(self) -> None:
         if not self.agents:

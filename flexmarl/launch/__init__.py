@@ -2,6 +2,8 @@
 
     run.py         train(team, config): builds every component and hands each its collaborators
     model_dirs.py  which model directory each agent's workers load; weights saved as one
+    gguf.py        pretrained GGUF models converted once to cached float32 model directories
+    heldout.py     held-out accuracy of an agent before and after training
     placement.py   worker specs and CPU cores of rollout instances and trainer ranks
     cli.py         `flexmarl run | report | keygen`
     nodes.py       `flexmarl-node`: a machine that hosts workers of a run elsewhere

@@ -11,8 +11,7 @@ weights give the same numbers). It runs after (or before) a run, never during on
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
-
+from flexmarl.orchestrator.agents import AgentRuntime
 from flexmarl.rollout.engine import EngineConfig
 from flexmarl.rollout.torch_engine import TorchEngine
 from flexmarl.team import AgentSpec, Team
@@ -30,11 +29,13 @@ async def heldout_accuracy(team: Team, spec: AgentSpec, model_dir: str, *,
     tasks = list(team.heldout)[:limit]
     engine = TorchEngine(EngineConfig(model_dir=model_dir, max_model_len=1024))
     await engine.start()
+    agent = AgentRuntime(spec, model_dir, engine.tokenizer)
     try:
         greedy = dataclasses.replace(spec.sampling, n=1, temperature=0.0, seed=None)
         right = {"greedy": 0.0, "sampled": 0.0}
         for i, task in enumerate(tasks):
-            prompt = _prompt_ids(engine, team, spec.name, task)
+            asked = team.prompts(spec.name, task) if team.prompts is not None else task.prompt
+            prompt = agent.encode(asked)  # as ctx.generate encodes it
             for mode, params in (("greedy", greedy), ("sampled", dataclasses.replace(
                     spec.sampling, n=1, seed=SEED + i))):
                 [sample], _ = await engine.generate(prompt, params)
@@ -42,16 +43,6 @@ async def heldout_accuracy(team: Team, spec: AgentSpec, model_dir: str, *,
     finally:
         await engine.close()
     return {mode: total / len(tasks) for mode, total in right.items()}
-
-
-def _prompt_ids(engine: TorchEngine, team: Team, agent: str, task: Any) -> list[int]:
-    prompt = team.prompts(agent, task) if team.prompts is not None else task.prompt
-    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-        return prompt
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-    text = engine.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                add_generation_prompt=True)
-    return engine.tokenizer.encode(text, add_special_tokens=False)
 
 
 __all__ = ["heldout_accuracy"]

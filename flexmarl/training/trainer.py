@@ -198,10 +198,7 @@ class GRPOTrainer:
             for p in model.parameters():
                 if not p.untyped_storage().resizable():
                     p.data = p.data.clone()
-        if self.sharded:
-            from torch.distributed.device_mesh import init_device_mesh
-            mesh = init_device_mesh(self.device.type, (self.world_size,))
-            shard_model(model, mesh, reshard_after_forward=self.config.reshard_after_forward)
+        self._shard(model, reshard_after_forward=self.config.reshard_after_forward)
         self.model = model
         self.reference = self._reference(model_dir) if self.config.kl_coef > 0 else None
         """The agent's initial weights, frozen: the KL term's reference policy."""
@@ -218,11 +215,16 @@ class GRPOTrainer:
 
         ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         ref.to(self.device).eval().requires_grad_(False)
-        if self.sharded:  # the same shards as the policy: its forward is collective too
+        # The same shards as the policy: its forward is collective too.
+        self._shard(ref, reshard_after_forward=True)
+        return ref
+
+    def _shard(self, model: nn.Module, *, reshard_after_forward: bool) -> None:
+        """FSDP2 over this process group's ranks (nothing at world size 1)."""
+        if self.sharded:
             from torch.distributed.device_mesh import init_device_mesh
             mesh = init_device_mesh(self.device.type, (self.world_size,))
-            shard_model(ref, mesh, reshard_after_forward=True)
-        return ref
+            shard_model(model, mesh, reshard_after_forward=reshard_after_forward)
 
     # ------------------------------------------------------------------ training
 

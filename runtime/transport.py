@@ -150,11 +150,14 @@ class _Requests:
             self.inbox.put(env, bool(env.flags & FLAG_CONTROL))
 
     async def wait(self, req_id: int, fut: asyncio.Future, msg: Any,
-                   timeout_s: float | None) -> Any:
+                   timeout_s: float | None, *, deadline_s: float | None = None) -> Any:
+        """Wait `timeout_s` for the reply; the error names `deadline_s`, the request's whole
+        deadline, when part of it was already spent sending."""
         timeout_s = self.config.request_timeout_s if timeout_s is None else timeout_s
+        deadline_s = timeout_s if deadline_s is None else deadline_s
         # A timer on the future itself: cheaper than asyncio.wait_for on the hot path.
         timer = asyncio.get_running_loop().call_later(timeout_s, _expire, fut, RequestTimeout(
-            f"no reply to {type(msg).__name__} from {self.address} within {timeout_s:g} s; "
+            f"no reply to {type(msg).__name__} from {self.address} within {deadline_s:g} s; "
             "check that the peer is alive, or raise transport.request_timeout_s"))
         try:
             reply = await fut
@@ -376,7 +379,7 @@ class ZmqConnection:
             self._req.forget(req_id)
             raise
         remaining = max(0.0, timeout_s - (asyncio.get_running_loop().time() - started))
-        return await self._req.wait(req_id, fut, msg, remaining)
+        return await self._req.wait(req_id, fut, msg, remaining, deadline_s=timeout_s)
 
     async def send(self, msg: Any, *, control: bool = False) -> None:
         """One-way message: no reply is expected."""

@@ -46,7 +46,7 @@ run: setup
 	PYTHONWARNINGS="ignore:resource_tracker:UserWarning" $(VENV)/bin/flexmarl run
 
 test: setup
-	PYTHONWARNINGS="ignore:resource_tracker:UserWarning" $(PY) -m pytest -q
+	PYTHONWARNINGS="ignore:resource_tracker:UserWarning" $(PY) -m pytest -q --durations=15
 
 bench: setup
 	$(PY) bench/transport.py

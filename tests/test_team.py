@@ -72,3 +72,65 @@ async def test_orchestrator_is_an_actor_that_owns_the_cursor():
         assert await conn.request(Ping(3)) == Pong(3)
         assert orch.next_tasks(7) == [next(s) for s in [task_stream(list(team.tasks), 4)]
                                       for _ in range(7)]
+
+
+class ScriptedContext:
+    """A workflow ctx that answers each agent from a script and records prompts and rewards."""
+
+    def __init__(self, **answers: list[str]) -> None:
+        self.answers = {agent: list(texts) for agent, texts in answers.items()}
+        self.calls: list[tuple[str, str]] = []
+        self.rewards: list[tuple[str, float]] = []
+        self.team: float | None = None
+
+    async def generate(self, agent, prompt, n=1, **sampling):
+        from flexmarl.team import Completion
+        self.calls.append((agent, prompt))
+        text = self.answers[agent].pop(0)
+        return [Completion(agent, text, [], [], 0, "stop", [], f"{agent}-{len(self.calls)}")]
+
+    def reward(self, completion, value):
+        self.rewards.append((completion.agent, value))
+
+    def team_reward(self, value):
+        self.team = value
+
+
+def test_the_real_model_team_file():
+    """agents/smol_duo.py: two SmolLM2 copies; held-out sums never trained on, half of their
+    checker claims wrong; right means the last number is the sum."""
+    team = load_team("agents/smol_duo.py")
+    assert [(a.name, a.model, a.train_layers) for a in team.agents] == [
+        ("solver", "smollm2-135m", 6), ("checker", "smollm2-135m", 6)]
+    train = {(t.a, t.b) for t in team.tasks}
+    held = {(t.a, t.b) for t in team.heldout}
+    assert len(train) == 300 and len(held) == 100 and not train & held
+    wrong = [t for t in team.heldout if t.claim != t.a + t.b]
+    assert len(wrong) == 50 and all(0 < abs(t.claim - t.a - t.b) <= 3 for t in wrong)
+    task = team.heldout[1]
+    assert str(task.claim) in team.prompts("checker", task)
+    assert str(task.claim) not in team.prompts("solver", task).replace(str(task.a), "")
+    assert team.score("solver", f"{task.a} + {task.b} = {task.a + task.b}", task) == 1.0
+    assert team.score("solver", f"{task.a + task.b}, since {task.a} + {task.b}", task) == 0.0
+
+
+async def test_the_real_model_team_workflow():
+    """The solver retries when the checker's sum is not its claim; every turn is rewarded for
+    being right; the team reward is the solver's last answer."""
+    team = load_team("agents/smol_duo.py")
+    task = team.tasks[0]
+    s = task.a + task.b
+    ctx = ScriptedContext(solver=[f"{s + 1}", f"{task.a} + {task.b} = {s}"],
+                          checker=[f"It is {s}.", f"{s}"])
+    await team.workflow(ctx, task)
+    assert [a for a, _ in ctx.calls] == ["solver", "checker", "solver", "checker"]
+    assert f"= {s + 1}" in ctx.calls[1][1]  # the checker is told the claim
+    assert ctx.rewards == [("solver", 0.0), ("checker", 1.0), ("solver", 1.0), ("checker", 1.0)]
+    assert ctx.team == 1.0
+    accepted = ScriptedContext(solver=[f"{s}"], checker=[f"{s}"])
+    await team.workflow(accepted, task)
+    assert len(accepted.calls) == 2 and accepted.team == 1.0
+    silent = ScriptedContext(solver=["I think", "no idea"], checker=[f"{s}", f"{s}"])
+    await team.workflow(silent, task)  # no number: the checker is asked the plain sum
+    assert "student" not in silent.calls[1][1] and len(silent.calls) == 4
+    assert silent.team == 0.0

@@ -3,7 +3,8 @@
     AgentSpec.model: a built-in size ─► built once and cached (flexmarl.models.ensure_model)
                      "smollm2-135m" or a .gguf file ─► converted once and cached (launch/gguf.py)
                      a path ─► checked: a Hugging Face model directory (config.json)
-    save_model_dir: the trainer's current weights + the base model's config and tokenizer files
+    save_model_dir / write_model_dir: an agent's weights + its base model's config and tokenizer
+        files, as a directory transformers and vLLM load
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 from flexmarl.checks import ConfigError
 from flexmarl.launch.gguf import PRETRAINED, gguf_dir, is_gguf, pretrained_gguf
 from flexmarl.models import SIZES, ensure_model
+from flexmarl.protocol import WeightUpdate
 from flexmarl.team import AgentSpec
 from flexmarl.training.pool import TrainerPool
 
@@ -66,17 +68,22 @@ def check_model(spec: AgentSpec) -> str:
 
 async def save_model_dir(trainers: TrainerPool, agent: str, model_dir: str,
                          directory: Path) -> Path:
-    """Save the agent's current weights (from its trainer) as a loadable model directory beside
-    the config and tokenizer files of its base model `model_dir`. A partial export (only the
-    trained layers, AgentSpec.train_layers) is completed with the base model's frozen rest."""
+    """Save the agent's current weights (from its trainer) as a loadable model directory:
+    directory/version-N (write_model_dir)."""
+    return await asyncio.to_thread(write_model_dir, await trainers.export(agent), model_dir,
+                                   directory)
+
+
+def write_model_dir(weights: WeightUpdate, model_dir: str, directory: Path) -> Path:
+    """`weights` as directory/version-N beside the config and tokenizer files of its base model
+    `model_dir`, loadable by transformers and vLLM. A partial export (only the trained layers,
+    AgentSpec.train_layers) is completed with the base model's frozen rest."""
     from safetensors.torch import load_file, save_file
 
-    weights = await trainers.export(agent)
     tensors = weights.tensors
     if not weights.complete:
-        base = await asyncio.to_thread(load_file, str(Path(model_dir) / "model.safetensors"))
-        tensors = {**base, **tensors}
-    target = directory / f"version-{weights.version}"
+        tensors = {**load_file(str(Path(model_dir) / "model.safetensors")), **tensors}
+    target = Path(directory) / f"version-{weights.version}"
     target.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(target / "model.safetensors"))
     for name in _MODEL_FILES:

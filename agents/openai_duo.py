@@ -23,6 +23,6 @@ SOLVER = dict(model=MODEL or "small", warm_start_steps=None if MODEL else 250)
 CHECKER = dict(model=MODEL or "medium", warm_start_steps=None if MODEL else 300)
 
 team = gateway_team("openai_duo", [
-    AgentSpec(name="solver", lr=1e-4, sampling=SamplingParams(max_tokens=8), **SOLVER),
-    AgentSpec(name="checker", lr=1e-4, sampling=SamplingParams(max_tokens=8), **CHECKER),
+    AgentSpec(name="solver", lr=1e-5, sampling=SamplingParams(max_tokens=8), **SOLVER),
+    AgentSpec(name="checker", lr=1e-5, sampling=SamplingParams(max_tokens=8), **CHECKER),
 ])

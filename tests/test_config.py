@@ -269,7 +269,24 @@ def test_progress_without_a_terminal_writes_one_line_per_step(capsys):
         progress.add_samples(3)
         progress.end_step(1, {"solver": 0.25, "verifier": 1.0})
     err = capsys.readouterr().err
-    assert err.startswith("step 1/2  samples 8/8  reward solver=0.250 verifier=1.000")
+    assert err.startswith("step 1/2  trajectories 8/8  reward solver=0.250 verifier=1.000")
+
+
+def test_progress_names_the_agents_without_a_learning_signal(capsys):
+    """A step in which an agent did not update says so, naming the agent and why; the run's
+    summary names the agents that never updated at all."""
+    from flexmarl.launch.cli import _summary
+
+    with Progress(1, enabled=False) as progress:
+        progress.start_step(0, total_samples=2)
+        progress.end_step(0, {"solver": 1.0}, 0.5, ["solver"])
+    assert "no learning signal: solver (equal rewards in every group)" in capsys.readouterr().err
+    agents = lambda n: {"solver": {"trainable": True, "trained_samples": n},  # noqa: E731
+                        "judge": {"trainable": False}}
+    quiet = _summary([{"step": 0, "agents": agents(0)}, {"step": 1, "agents": agents(0)}], "R")
+    assert "never updated: solver" in quiet and "judge" not in quiet.split("never updated")[1]
+    assert "never updated" not in _summary([{"step": 0, "agents": agents(0)},
+                                            {"step": 1, "agents": agents(4)}], "R")
 
 
 def test_progress_bars(capsys):
@@ -296,6 +313,23 @@ def test_cli_dry_run_prints_the_merged_config(tmp_path, team_file, capsys, monke
     assert printed["trainer"]["betas"] == [0.9, 0.95]
     assert printed["team"]["path"] == str(Path(team_file).resolve())
     assert not (tmp_path / "runs").exists()  # a dry run makes no run directory
+
+
+def test_cli_dry_run_shows_what_each_agent_trainer_really_gets(capsys, monkeypatch):
+    """trainer.lr is the default for agents without AgentSpec.lr; trainer.seed and
+    trainer.temperature are replaced by run.seed and each agent's sampling temperature: the dry
+    run says so per agent (as TOML comments, so it still reads back)."""
+    monkeypatch.delenv("FLEXMARL_LOG", raising=False)
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--team", "agents/math_duo.py", "--set", "trainer.lr=3e-4",
+              "--set", "run.seed=7", "--dry-run"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert tomllib.loads(out)["trainer"]["lr"] == 3e-4
+    solver = next(line for line in out.splitlines() if line.startswith("# solver: "))
+    assert "lr = 1e-05 (AgentSpec.lr; [trainer] says 0.0003)" in solver
+    assert "seed = 7 (run.seed; [trainer] says 0)" in solver
+    assert "temperature = 1.0 (AgentSpec.sampling.temperature" in solver
 
 
 @pytest.mark.parametrize("argv, expected", [

@@ -46,9 +46,9 @@ async def test_an_openai_app_trains_through_the_gateway(tiny_model_dir, tmp_path
     stored, rewards = {}, {}
     put, set_reward = ExperienceStore.put, ExperienceStore.set_reward
 
-    async def recording_put(self, row):
+    async def recording_put(self, row, **kwargs):
         stored[row.sample_id + "@" + row.agent] = row
-        return await put(self, row)
+        return await put(self, row, **kwargs)
 
     def recording_set_reward(self, agent, sample_id, value):
         rewards[sample_id + "@" + agent] = value

@@ -404,3 +404,27 @@ async def test_samples_of_one_call_are_spread_over_instances(tiny_model_dir, tmp
         assert a["trained_samples"] % 8 == 0 and hist(m, "solver") == {0: a["trained_samples"]}
         assert sorted(m["instance_tokens"]) == ["rollout-0", "rollout-1"]
         assert all(t > 0 for t in m["instance_tokens"].values()), m["instance_tokens"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "micro_batch"])
+async def test_a_step_larger_than_the_store_capacity_completes(mode, tiny_model_dir, tmp_path,
+                                                               monkeypatch, no_leftover_children):
+    """A step's rows never wait for store capacity: in `sync` mode nothing is consumed before
+    the whole step is stored, so a step of 8 solver rows against a capacity of 3 used to wait
+    for ever. Rows sampled ahead (the next step's) are still held to the capacity."""
+    import flexmarl.launch.run as run_module
+    from flexmarl.orchestrator.store import ExperienceStore
+
+    stores = []
+
+    def small_store(*args, **kwargs):
+        stores.append(ExperienceStore(*args, **{**kwargs, "capacity_per_agent": 3}))
+        return stores[-1]
+
+    monkeypatch.setattr(run_module, "ExperienceStore", small_store)
+    result = await run(duo(tiny_model_dir), config(tmp_path, mode, "run.steps=2"))
+    assert [m["step"] for m in result.metrics] == [0, 1]
+    for m in result.metrics:  # 4 tasks x 2 trajectories: 8 checker rows, 16 solver rows
+        assert m["agents"]["checker"]["samples"] == 8 and m["agents"]["solver"]["samples"] == 16
+    assert stores[0].capacity_per_agent == 3

@@ -85,7 +85,18 @@ async def trained(smollm2_dir, tmp_path_factory) -> dict:
         await sup.stop_workers()
     base = load_model(smollm2_dir).state_dict()
     export = write_model_dir(two_w, smollm2_dir, tmp / "export")
-    return {"state": state, "exact": exact, "one": one_w, "two": two_w, "base": base, "dir": str(export)}
+    # Facts, not tensors: the session keeps this fixture, and a full state is 1.6 GB.
+    params = {k.removeprefix("model/"): v for k, v in state.tensors.items()
+              if k.startswith("model/")}
+    return {
+        "state_version": state.version, "params": set(params), "base_names": set(base),
+        "state_keys": list(state.tensors), "exact": exact,
+        "tied": torch.equal(params["lm_head.weight"], params["model.embed_tokens.weight"]),
+        "versions": (one_w.version, two_w.version), "complete": one_w.complete and two_w.complete,
+        "cross_ranks": max((one_w.tensors[k] - two_w.tensors[k]).abs().max().item()
+                           for k in two_w.tensors),
+        "moved": max((two_w.tensors[k] - base[k]).abs().max().item() for k in two_w.tensors),
+        "weights": two_w.tensors, "dir": str(export)}
 
 
 async def _train_step(conn, seed: int) -> None:
@@ -111,26 +122,21 @@ async def test_fsdp2_training_swaps_and_export_on_the_real_model(trained, smollm
     tied, with the base model's tokenizer and chat template."""
     from transformers import AutoTokenizer
 
-    state, base = trained["state"], trained["base"]
-    params = {k.removeprefix("model/"): v for k, v in state.tensors.items()
-              if k.startswith("model/")}
-    assert state.version == 2 and set(params) | {"lm_head.weight"} == set(base) | {
-        "lm_head.weight"}
-    assert torch.equal(params["lm_head.weight"], params["model.embed_tokens.weight"])  # tied
-    for name in set(params) - {"lm_head.weight"}:  # one tied parameter, one optimizer state
-        assert sum(k.startswith("optim/") and name in k for k in state.tensors) >= 2, name
+    params = trained["params"]
+    assert trained["state_version"] == 2
+    assert params | {"lm_head.weight"} == trained["base_names"] | {"lm_head.weight"}
+    assert trained["tied"]  # lm_head is the embeddings: one parameter, one optimizer state
+    for name in params - {"lm_head.weight"}:
+        assert sum(k.startswith("optim/") and name in k for k in trained["state_keys"]) >= 2, name
     assert trained["exact"] == {"one": True, "two": True}
-    one, two = trained["one"], trained["two"]
-    assert one.version == two.version == 3 and one.complete and two.complete
-    assert max((one.tensors[k] - two.tensors[k]).abs().max().item()
-               for k in two.tensors) <= CROSS_RANKS_ATOL
-    moved = max((two.tensors[k] - base[k]).abs().max().item() for k in two.tensors)
-    assert moved > 1e-6  # three steps did change the weights
+    assert trained["versions"] == (3, 3) and trained["complete"]
+    assert trained["cross_ranks"] <= CROSS_RANKS_ATOL
+    assert trained["moved"] > 1e-6  # three steps did change the weights
 
     exported = load_model(trained["dir"])
     assert type(exported).__name__ == "LlamaForCausalLM"
-    weights = exported.state_dict()
-    assert all(torch.equal(weights[k], two.tensors[k]) for k in two.tensors)
+    weights, trainer = exported.state_dict(), trained.pop("weights")  # 538 MB: not kept
+    assert all(torch.equal(weights[k], trainer[k]) for k in trainer)
     assert torch.equal(weights["lm_head.weight"], weights["model.embed_tokens.weight"])
     question = [{"role": "user", "content": "What is 2+3?"}]
     assert AutoTokenizer.from_pretrained(trained["dir"]).apply_chat_template(question) == \
@@ -279,9 +285,9 @@ async def test_an_openai_app_trains_the_real_model_through_the_gateway(smollm2_d
     stored = []
     put = ExperienceStore.put
 
-    async def recording_put(self, row):
+    async def recording_put(self, row, **kwargs):
         stored.append(row)
-        return await put(self, row)
+        return await put(self, row, **kwargs)
 
     monkeypatch.setattr(ExperienceStore, "put", recording_put)
     team = gateway_team("smol", [AgentSpec(name="assistant", model=smollm2_dir, train_layers=2,

@@ -177,3 +177,30 @@ async def test_states_are_pruned_only_once_their_record_is_durable(tiny_model_di
     await asyncio.wait_for(train(duo(tiny_model_dir), config, run_dir=RunDir.create(config),
                                  progress=False), 300)
     assert seen == [(0, 0), (1, 1), (2, 2)]
+
+
+@pytest.mark.slow
+def test_a_run_resumes_when_an_agent_never_updated(tiny_model_dir, tmp_path):
+    """The checker's reward is constant, so it stays at version 0 (no learning signal); the run
+    still resumes (its trainer's version-0 state is what the instances start with: nothing is
+    pushed for it), and both the step lines and the summary say it never learnt."""
+    team = tmp_path / "flat_team.py"
+    team.write_text(
+        f"import sys\nsys.path.insert(0, {str(ROOT / 'tests')!r})\n"
+        "from test_e2e import duo, varied\nfrom flexmarl import Team\n"
+        f"base = duo({tiny_model_dir!r})\n\n"
+        "async def workflow(ctx, task):\n"
+        "    [reference] = await ctx.generate('checker', task.prompt)\n"
+        "    ctx.reward(reference, 1.0)  # constant: the checker never has a learning signal\n"
+        "    answers = await ctx.generate('solver', task.prompt, n=2)\n"
+        "    ctx.team_reward(max(varied(a) for a in answers))\n\n"
+        "team = Team(name='flat', agents=base.agents, workflow=workflow, tasks=base.tasks)\n")
+    config, run_dir = _setup(tmp_path, tiny_model_dir, "run", f"team.path={team}", "run.steps=1")
+    first = _finish(_flexmarl("run", str(config)))
+    assert "no learning signal: checker" in first and "never updated: checker" in first
+    out = _finish(_flexmarl("run", "--resume", str(run_dir), "--set", "run.steps=2"))
+    assert "(resuming)" in out and "stale weight update" not in out
+    metrics = read_metrics(run_dir / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [0, 1]
+    assert [m["agents"]["checker"]["version"] for m in metrics] == [0, 0]
+    assert metrics[-1]["agents"]["solver"]["version"] >= 1

@@ -167,3 +167,67 @@ def test_engine_config_names_the_field():
         EngineConfig()
     with pytest.raises(ValueError, match="sampling.top_p"):
         SamplingParams(top_p=0)
+
+
+class VersionBumpingEngine(TorchEngine):
+    """A broken gate, simulated: the worker's version changes while a request runs."""
+
+    worker: RolloutWorker
+
+    async def generate(self, prompt_ids, params):
+        self.worker.version += 1
+        return await super().generate(prompt_ids, params)
+
+
+async def test_a_sample_that_would_mix_versions_is_refused_with_a_named_error(model_dir, prompt):
+    """The no-mixed-versions invariant is an explicit check (InvariantError), not an assert,
+    so it holds under python -O too; the request fails instead of returning the sample."""
+    engine = VersionBumpingEngine(EngineConfig(model_dir=model_dir))
+    worker = RolloutWorker("r0", "inproc://mixed", engine)
+    engine.worker = worker
+    async with worker.serving(), connect(worker.address) as conn:
+        with pytest.raises(RemoteError, match="InvariantError.*mix two versions"):
+            await conn.request(Generate("a", prompt_ids=prompt,
+                                        params=SamplingParams(max_tokens=2)))
+
+
+def test_framework_guarantees_are_not_asserts():
+    """`python -O` strips asserts: no module of flexmarl/ may rely on one."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "flexmarl"
+    found = [f"{path.relative_to(root.parent)}:{node.lineno}"
+             for path in sorted(root.rglob("*.py"))
+             for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.Assert)]
+    assert not found, f"asserts in framework code (use an explicit check): {found}"
+
+
+def test_weights_of_a_sharded_model_directory(model_dir, tmp_path):
+    """A Hugging Face directory saved in shards (model.safetensors.index.json) gives the same
+    tensors as a single-file one: what an instance move or a partial export completes from."""
+    from flexmarl.rollout.pool import model_weights
+
+    model = load_model(model_dir)
+    model.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    assert not (tmp_path / "sharded" / "model.safetensors").exists()
+    assert len(list((tmp_path / "sharded").glob("model-*.safetensors"))) > 1
+    whole, sharded = model_weights(model_dir), model_weights(str(tmp_path / "sharded"))
+    assert sharded.keys() == whole.keys()
+    assert all(torch.equal(whole[k], sharded[k]) for k in whole)
+    with pytest.raises(FileNotFoundError, match="neither model.safetensors"):
+        model_weights(str(tmp_path))
+
+
+def test_a_staging_dir_without_room_names_the_size_and_the_setting(monkeypatch, tmp_path):
+    import shutil
+
+    from flexmarl.rollout import vllm_engine
+
+    monkeypatch.setattr(shutil, "disk_usage",
+                        lambda path: shutil._ntuple_diskusage(64 << 20, 60 << 20, 4 << 20))
+    with pytest.raises(RuntimeError, match=r"538 MB weight update.*4 MB free.*rollout.staging_dir"):
+        vllm_engine.check_staging_room(str(tmp_path), 538_000_000)
+    monkeypatch.undo()
+    vllm_engine.check_staging_room(str(tmp_path), 1000)  # room enough: no error

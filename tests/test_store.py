@@ -265,3 +265,20 @@ async def test_close_wakes_blocked_take_and_put():
         await store.put(make_turn("y"))
     with pytest.raises(StoreClosed):
         await store.take_groups("a", 1, flush=True)
+
+
+async def test_urgent_rows_are_stored_past_the_capacity_and_others_wait():
+    """put(urgent=...) stores the rows a trainer waits for whatever the capacity; other rows
+    wait for space, and wake() makes them ask again when what is urgent changes."""
+    store = ExperienceStore(["a"], capacity_per_agent=1)
+    await store.put(make_turn("x", 0, "0"))
+    await asyncio.wait_for(store.put(make_turn("x", 0, "1"), urgent=lambda: True), 1)
+    assert store.pending("a") == 2
+    now_urgent = False
+    waiting = asyncio.ensure_future(store.put(make_turn("y", 0, "0"),
+                                              urgent=lambda: now_urgent))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # full, and not urgent
+    now_urgent = True
+    store.wake()
+    assert await asyncio.wait_for(waiting, 1) is True and store.pending("a") == 3

@@ -9,6 +9,7 @@ A thin entry point: resolve the config, load the team, make the run directory, t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -73,7 +74,7 @@ def _run(args: argparse.Namespace) -> int:
         return _config_error(e)
     _configure_logging(config.run.log_level)
     if args.dry_run:
-        sys.stdout.write(config.to_toml())
+        sys.stdout.write(config.to_toml() + _per_agent_settings(config))
         return EXIT_OK
 
     import uvloop  # entry point only: nothing else installs an event loop policy
@@ -82,6 +83,7 @@ def _run(args: argparse.Namespace) -> int:
     from flexmarl.orchestrator.orchestrator import WorkflowError
     from flexmarl.observe.rundir import RunDir
     from flexmarl.launch.model_dirs import check_model
+    from flexmarl.launch.placement import check_backend
     from flexmarl.launch.run import train
     from flexmarl.team import load_team
 
@@ -97,6 +99,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         for spec in team.agents:  # a missing model directory: say so before making a run dir
             check_model(spec)
+        check_backend(config)
         run_dir = RunDir.create(config, resume=bool(args.resume))
     except ConfigError as e:
         return _config_error(e)
@@ -201,6 +204,29 @@ def _configure_logging(level: str) -> None:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
+def _per_agent_settings(config: Any) -> str:
+    """TOML comments: per agent, the trainer settings that differ from [trainer], and why."""
+    from flexmarl.launch.placement import trainer_settings
+    from flexmarl.team import load_team
+
+    try:
+        team = load_team(config.team.path)
+    except Exception as e:  # the dry run still shows the config
+        why = " ".join(str(e).split())
+        return f"# (per-agent settings not shown: team {config.team.path} did not load: {why})\n"
+    section = dataclasses.asdict(config.trainer)
+    lines = ["# Per agent, the trainer settings taken from elsewhere than the [trainer] section:"]
+    for spec in team.agents:
+        if not spec.trainable:
+            lines.append(f"# {spec.name}: frozen (no trainer)")
+            continue
+        changed = [f"{k} = {v!r} ({src}; [trainer] says {section[k]!r})"
+                   for k, (v, src) in trainer_settings(config, spec).items()
+                   if src != "[trainer]"]
+        lines.append(f"# {spec.name}: " + (", ".join(changed) or "as [trainer]"))
+    return "\n".join(lines) + "\n"
+
+
 def _summary(metrics: list[dict[str, Any]], run_dir: Any) -> str:
     """'done: N metric records in DIR' and the last record's numbers, one level flattened."""
     lines = [f"flexmarl: done: {len(metrics)} metric records in {run_dir}"]
@@ -213,6 +239,15 @@ def _summary(metrics: list[dict[str, Any]], run_dir: Any) -> str:
                 numbers[key if sub is None else f"{key}.{sub}"] = v
     if numbers:
         lines.append("last: " + "  ".join(f"{k}={v:.4g}" for k, v in numbers.items()))
+    never = [name for name, a in last.get("agents", {}).items()
+             if isinstance(a, dict) and a.get("trainable")
+             and not any(m.get("agents", {}).get(name, {}).get("trained_samples")
+                         for m in metrics)]
+    if never:
+        lines.append(f"flexmarl: never updated: {', '.join(never)}: in every step every group's "
+                     "rewards were equal, so GRPO had no learning signal (check the reward "
+                     "function, or sample more varied answers: more trajectories per task, a "
+                     "higher temperature)")
     return "\n".join(lines)
 
 

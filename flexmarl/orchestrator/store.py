@@ -11,9 +11,11 @@ checking a condition and acting on it, so each step is atomic with respect to th
   trainer feed ◄──take_groups(agent, n, version=v)── each group once; its rows are evicted,
                                                       which wakes blocked put()s
 
-A row lives in its shard from put() until its group is taken. Capacity counts those rows, so the
-orchestrator must keep fewer inputs in flight than fit: if open (incomplete) inputs fill a
-table, nothing can complete and put() waits for ever (the store cannot tell which input to drop).
+A row lives in its shard from put() until its group is taken. Capacity counts those rows. The
+store cannot tell which rows a trainer is waiting for, so the caller says it (put's `urgent`):
+those are stored whatever the capacity, and capacity only holds back rows sampled ahead (the
+next step's, while this one trains). Without that, open inputs filling a table would wait for
+ever: nothing could complete.
 """
 from __future__ import annotations
 
@@ -177,12 +179,16 @@ class ExperienceStore:
         stats = self.stats.get(agent)
         return stats.duplicates if stats is not None else 0
 
-    async def put(self, turn: Turn) -> bool:
+    async def put(self, turn: Turn, *, urgent: Callable[[], bool] | None = None) -> bool:
         """Store one turn; False (and nothing stored) if its sample_id was stored or consumed.
 
-        Waits while the agent's table holds capacity_per_agent unconsumed rows. Raises
-        ValueError for an unknown agent or a new sample of an input already completed, and
-        StoreClosed if the store is or becomes closed.
+        Waits while the agent's table holds capacity_per_agent unconsumed rows, unless
+        `urgent()` is true: the caller's way to say that the rows the trainer waits for now
+        must be stored whatever the capacity (a step's own rows always fit, so a batch larger
+        than the capacity slows nothing and cannot deadlock). `urgent` is asked again whenever
+        space is freed or `wake()` is called. Raises ValueError for an unknown agent or a new
+        sample of an input already completed, and StoreClosed if the store is or becomes
+        closed.
         """
         table = self._table(turn.agent)
         if len(turn.response_ids) != len(turn.logprobs):
@@ -200,7 +206,7 @@ class ExperienceStore:
             if turn.input_id in self._completed_inputs:
                 raise ValueError(f"sample {sid} of agent {turn.agent!r} arrived after "
                                  f"complete_input({turn.input_id!r}); its groups are closed")
-            if table.num_rows < self.capacity_per_agent:
+            if table.num_rows < self.capacity_per_agent or (urgent is not None and urgent()):
                 break
             await table.space_freed.wait()
         shard[sid] = turn
@@ -208,6 +214,11 @@ class ExperienceStore:
         table.num_rows += 1
         self.stats[turn.agent].stored += 1
         return True
+
+    def wake(self) -> None:
+        """Have every put() waiting for space ask its `urgent` again (what is urgent changed)."""
+        for table in self._tables.values():
+            table.space_freed.notify()
 
     def set_reward(self, agent: str, sample_id: str, reward: float) -> None:
         """Set the reward of a stored row whose input is not completed yet."""

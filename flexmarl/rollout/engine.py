@@ -29,6 +29,8 @@ class EngineConfig:
     """vLLM: most sequences decoded together."""
     dtype: str = "float32"
     """Weights and activations; float32 keeps log-probabilities comparable to the trainer's."""
+    staging_dir: str = ""
+    """vLLM: directory weight updates are staged in ("": /dev/shm; rollout.staging_dir)."""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

@@ -59,6 +59,9 @@ class RolloutConfig:
     cpus: str = "auto"
     """CPU cores of every rollout process, as "0", "0,2" or "0-3" (threads sized to match);
     "auto": half the cores when trainers run on CPU (see `role_cpus`); "": no pinning."""
+    staging_dir: str = ""
+    """vLLM: where a weight update is written for the engine core to read; "": /dev/shm (a
+    container's /dev/shm may be too small: Docker's default is 64 MB)."""
 
     def __post_init__(self) -> None:
         require(self.backend in BACKENDS, "rollout.backend", self.backend,
@@ -74,7 +77,27 @@ class RolloutConfig:
     def engine_config(self, model_dir: str, *, seed: int) -> EngineConfig:
         """The settings of one instance serving the model in `model_dir`."""
         return EngineConfig(backend=self.backend, model_dir=model_dir, seed=seed,
-                            max_model_len=self.max_model_len, kv_cache_bytes=self.kv_cache_bytes)
+                            max_model_len=self.max_model_len, kv_cache_bytes=self.kv_cache_bytes,
+                            staging_dir=self.staging_dir)
+
+def model_weights(model_dir: str) -> dict[str, torch.Tensor]:
+    """Every tensor of a model directory: model.safetensors, or all the shards its
+    model.safetensors.index.json names (save_pretrained's max_shard_size)."""
+    from safetensors.torch import load_file
+
+    root = Path(model_dir)
+    if (root / "model.safetensors").is_file():
+        return load_file(str(root / "model.safetensors"))
+    index = root / "model.safetensors.index.json"
+    if not index.is_file():
+        raise FileNotFoundError(f"model directory {model_dir} has neither model.safetensors nor "
+                                "model.safetensors.index.json")
+    shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    out: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        out.update(load_file(str(root / shard)))
+    return out
+
 
 REPLACE_ATTEMPTS = 3
 """Processes started, one after another, to replace one dead instance."""
@@ -362,9 +385,8 @@ class InstancePool:
 
     async def _served_weights(self, agent: str) -> dict[str, torch.Tensor]:
         if agent not in self._weights:  # never synced: the model directory's weights
-            from safetensors.torch import load_file
-            path = str(Path(self.model_dirs[agent]) / "model.safetensors")
-            self._weights[agent] = await asyncio.to_thread(load_file, path)
+            self._weights[agent] = await asyncio.to_thread(model_weights,
+                                                           self.model_dirs[agent])
         return self._weights[agent]
 
     # ------------------------------------------------------------------ load reports, moves

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import tempfile
 
 import torch
@@ -21,6 +22,18 @@ from flexmarl.rollout.engine import EngineConfig
 
 _SHM = "/dev/shm" if os.path.isdir("/dev/shm") else None
 _EMBED = "model.embed_tokens.weight"
+
+
+def check_staging_room(directory: str | None, needed: int) -> None:
+    """A clear error, before writing, when the staging directory cannot hold an update."""
+    where = directory or tempfile.gettempdir()
+    free = shutil.disk_usage(where).free
+    if free < needed + (1 << 20):  # the safetensors header and a little slack
+        raise RuntimeError(
+            f"staging a {needed / 1e6:.0f} MB weight update for vLLM needs that much room in "
+            f"{where}, which has {free / 1e6:.0f} MB free (Docker's default /dev/shm is 64 MB): "
+            "give it more (docker run --shm-size=2g) or set rollout.staging_dir to a "
+            "directory with room, e.g. /tmp")
 
 
 class WeightLoaderExtension:
@@ -80,10 +93,13 @@ class VllmEngine:
                         prompt_logprobs=0 if params.prompt_logprobs else None,
                         output_kind=RequestOutputKind.FINAL_ONLY)
         final = None
+        request_id = f"r{next(self._ids)}"
         async for out in self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), sp,
-                                           request_id=f"r{next(self._ids)}"):
+                                           request_id=request_id):
             final = out
-        assert final is not None and final.finished
+        if final is None or not final.finished:
+            raise RuntimeError(f"vLLM ended request {request_id} without a finished output "
+                               f"({'no output' if final is None else 'unfinished'})")
         samples = []
         for c in sorted(final.outputs, key=lambda c: c.index):
             ids = list(c.token_ids)
@@ -103,7 +119,10 @@ class VllmEngine:
             # vLLM's reload keeps the LM head as its own layer: without this alias a tied
             # model would keep sampling from the old embeddings.
             aliases["lm_head.weight"] = _EMBED
-        fd, path = tempfile.mkstemp(prefix="flexmarl-weights-", suffix=".safetensors", dir=_SHM)
+        staging = self.config.staging_dir or _SHM
+        check_staging_room(staging, sum(t.numel() * t.element_size() for t in tensors.values()))
+        fd, path = tempfile.mkstemp(prefix="flexmarl-weights-", suffix=".safetensors",
+                                    dir=staging)
         os.close(fd)
         try:
             save_file({k: v.contiguous() for k, v in tensors.items()}, path)

@@ -14,6 +14,7 @@ import asyncio
 import logging
 from typing import Any
 
+from flexmarl.checks import InvariantError
 from flexmarl.clock import now
 from flexmarl.protocol import (Generate, GenerateReply, LoadReport, SubscribeLoad, WeightUpdate,
                                WeightUpdateDone)
@@ -73,7 +74,11 @@ class RolloutWorker(Actor):
         finally:
             self._account(queued=0 if admitted else -1, running=-1 if admitted else 0,
                           tokens=-budget)
-        assert version == self.version, "a weight update overlapped a running request"
+        if version != self.version:  # the gate makes this impossible; if not, refuse the sample
+            raise InvariantError(
+                f"{self.name}: request {msg.request_id} started under policy version {version} "
+                f"and finished under {self.version}; a weight update overlapped it, so its "
+                "samples would mix two versions (a FlexMARL bug: please report it)")
         return GenerateReply(msg.request_id, version, list(prompt_ids), samples, prompt_lp,
                              self.name)
 

@@ -227,6 +227,25 @@ def load_model(model_dir: str | os.PathLike, *,
     return AutoModelForCausalLM.from_pretrained(_existing_dir(model_dir), dtype=dtype).eval()
 
 
+def model_weights(model_dir: str) -> dict[str, torch.Tensor]:
+    """Every tensor of a model directory: model.safetensors, or all the shards its
+    model.safetensors.index.json names (save_pretrained's max_shard_size)."""
+    from safetensors.torch import load_file
+
+    root = Path(model_dir)
+    if (root / "model.safetensors").is_file():
+        return load_file(str(root / "model.safetensors"))
+    index = root / "model.safetensors.index.json"
+    if not index.is_file():
+        raise FileNotFoundError(f"model directory {model_dir} has neither model.safetensors nor "
+                                "model.safetensors.index.json")
+    shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    out: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        out.update(load_file(str(root / shard)))
+    return out
+
+
 def load_tokenizer(model_dir: str | os.PathLike) -> PreTrainedTokenizerFast:
     return AutoTokenizer.from_pretrained(_existing_dir(model_dir))
 

@@ -207,7 +207,7 @@ def test_framework_guarantees_are_not_asserts():
 def test_weights_of_a_sharded_model_directory(model_dir, tmp_path):
     """A Hugging Face directory saved in shards (model.safetensors.index.json) gives the same
     tensors as a single-file one: what an instance move or a partial export completes from."""
-    from flexmarl.rollout.pool import model_weights
+    from flexmarl.models import model_weights
 
     model = load_model(model_dir)
     model.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")

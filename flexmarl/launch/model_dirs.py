@@ -14,9 +14,8 @@ from pathlib import Path
 
 from flexmarl.checks import ConfigError
 from flexmarl.launch.gguf import PRETRAINED, gguf_dir, is_gguf, pretrained_gguf
-from flexmarl.models import SIZES, ensure_model
+from flexmarl.models import SIZES, ensure_model, model_weights
 from flexmarl.protocol import WeightUpdate
-from flexmarl.rollout.pool import model_weights
 from flexmarl.team import AgentSpec
 from flexmarl.training.pool import TrainerPool
 

@@ -133,7 +133,8 @@ class _Workers:
             name=f"rollout-{k}", entry="flexmarl.rollout.worker:rollout_worker",
             args={"backend": r.backend, "model_dir": self.model_dirs[agent],
                   "max_model_len": r.max_model_len, "kv_cache_bytes": r.kv_cache_bytes,
-                  "staging_dir": r.staging_dir, "seed": self.config.run.seed + k}, ready_timeout_s=r.ready_timeout_s,
+                  "staging_dir": r.staging_dir, "seed": self.config.run.seed + k},
+            ready_timeout_s=r.ready_timeout_s,
             cpus=self.rollout_cpus, env=self.rollout_env, role="rollout")
 
     def trainer_slot(self, k: int, generation: int = 0) -> list[WorkerSpec]:

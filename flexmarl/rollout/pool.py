@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from flexmarl.clock import now
+from flexmarl.models import model_weights
 from flexmarl.activity import ActivityLog
 from flexmarl.checks import parse_cpus, require
 from flexmarl.rollout.balancer import Balancer, BalancerConfig, Move, percentile
@@ -79,25 +80,6 @@ class RolloutConfig:
         return EngineConfig(backend=self.backend, model_dir=model_dir, seed=seed,
                             max_model_len=self.max_model_len, kv_cache_bytes=self.kv_cache_bytes,
                             staging_dir=self.staging_dir)
-
-def model_weights(model_dir: str) -> dict[str, torch.Tensor]:
-    """Every tensor of a model directory: model.safetensors, or all the shards its
-    model.safetensors.index.json names (save_pretrained's max_shard_size)."""
-    from safetensors.torch import load_file
-
-    root = Path(model_dir)
-    if (root / "model.safetensors").is_file():
-        return load_file(str(root / "model.safetensors"))
-    index = root / "model.safetensors.index.json"
-    if not index.is_file():
-        raise FileNotFoundError(f"model directory {model_dir} has neither model.safetensors nor "
-                                "model.safetensors.index.json")
-    shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    out: dict[str, torch.Tensor] = {}
-    for shard in shards:
-        out.update(load_file(str(root / shard)))
-    return out
-
 
 REPLACE_ATTEMPTS = 3
 """Processes started, one after another, to replace one dead instance."""

@@ -19,6 +19,7 @@ import torch
 
 from flexmarl.protocol import Sample, SamplingParams
 from flexmarl.rollout.engine import EngineConfig
+from flexmarl.rollout.weight_sync import weights_nbytes
 
 _SHM = "/dev/shm" if os.path.isdir("/dev/shm") else None
 _EMBED = "model.embed_tokens.weight"
@@ -120,7 +121,7 @@ class VllmEngine:
             # model would keep sampling from the old embeddings.
             aliases["lm_head.weight"] = _EMBED
         staging = self.config.staging_dir or _SHM
-        check_staging_room(staging, sum(t.numel() * t.element_size() for t in tensors.values()))
+        check_staging_room(staging, weights_nbytes(tensors))
         fd, path = tempfile.mkstemp(prefix="flexmarl-weights-", suffix=".safetensors",
                                     dir=staging)
         os.close(fd)

@@ -136,6 +136,13 @@ def main(argv: list[str] | None = None) -> None:
         uvloop.run(serve(boot))
     except ImportError:
         asyncio.run(serve(boot))
+    # Stopped cleanly: the actor's on_stop released what it owns. Skip interpreter
+    # finalization, which for a process that imported torch and vLLM is seconds of garbage
+    # collection (and native atexit hooks) that only delay the supervisor's join.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

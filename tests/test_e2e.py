@@ -30,10 +30,11 @@ async def duo_workflow(ctx, task) -> None:
     ctx.team_reward(max(varied(a) for a in answers))
 
 
-def duo(model_dir: str, train_layers: int | None = None, **sampling) -> Team:
+def duo(model_dir: str, train_layers: int | None = None, solver_instances: int | None = None,
+        **sampling) -> Team:
     return Team(name="duo", workflow=duo_workflow, tasks=addition_tasks(64, seed=3), agents=[
         AgentSpec(name="solver", model=model_dir, train_layers=train_layers,
-                  sampling=SamplingParams(max_tokens=6, **sampling)),
+                  instances=solver_instances, sampling=SamplingParams(max_tokens=6, **sampling)),
         AgentSpec(name="checker", model=model_dir, sampling=SamplingParams(max_tokens=6))])
 
 

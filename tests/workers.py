@@ -132,3 +132,63 @@ def running_workers() -> dict[str, int]:
         if len(cmd) >= 4 and cmd[1:3] == ["-m", "runtime.worker"]:
             out[json.loads(cmd[3])["name"]] = child.pid
     return out
+
+
+class StoredSamples:
+    """Records every sample a run's experience store accepts (ExperienceStore.put returned
+    True), for tests and benchmarks that compare what two runs generated:
+    `with StoredSamples() as rec: ...`; then rec.rows = [(agent, sample_id, version, tokens)]."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str, int, tuple[int, ...]]] = []
+
+    def __enter__(self) -> "StoredSamples":
+        from flexmarl.orchestrator.store import ExperienceStore
+
+        self._cls, self._put = ExperienceStore, ExperienceStore.put
+        put, rows = self._put, self.rows
+
+        async def recording_put(store, turn, **kwargs):
+            stored = await put(store, turn, **kwargs)
+            if stored:
+                rows.append((turn.agent, turn.sample_id, turn.policy_version,
+                             tuple(turn.response_ids)))
+            return stored
+
+        ExperienceStore.put = recording_put
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._cls.put = self._put
+
+    def keys(self) -> list[tuple[str, str, int]]:
+        """(agent, sample_id, version) of each stored sample, sorted: what must match."""
+        return sorted(r[:3] for r in self.rows)
+
+    def tokens(self) -> dict[tuple[str, str], tuple[int, ...]]:
+        return {(r[0], r[1]): r[3] for r in self.rows}
+
+
+async def kill_a_busy_instance(base: str, prefix: str = "rollout-", after_steps: int = 1,
+                               agent: str | None = None) -> str:
+    """SIGKILL a rollout worker while it has requests in flight (seen on the run's dashboard
+    at `base`), once `after_steps` steps are done; returns its name. So that the kill lands on
+    work to re-send, not on an idle instance."""
+    import os
+    import signal
+
+    import aiohttp
+    async with aiohttp.ClientSession() as http:
+        while True:
+            async with http.get(base + "api/status") as r:
+                st = await r.json()
+            if st["run"]["steps_done"] >= after_steps:
+                busy = sorted(name for name, i in st["instances"].items()
+                              if i["inflight"] > 0 and name.startswith(prefix)
+                              and (agent is None or i["agent"] == agent))
+                live = running_workers()
+                busy = [name for name in busy if name in live]
+                if busy:
+                    os.kill(live[busy[0]], signal.SIGKILL)
+                    return busy[0]
+            await asyncio.sleep(0.01)

@@ -52,6 +52,9 @@ class WeightLoaderExtension:
         return len(names)
 
 
+ENGINE_STOP_GRACE_S = 1.0
+
+
 class VllmEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -136,5 +139,10 @@ class VllmEngine:
 
     async def close(self) -> None:
         if self.llm is not None:
-            self.llm.shutdown()
+            # A rollout engine has nothing to save at stop (its in-flight requests were
+            # answered or failed already), so it gets a short grace before vLLM kills its
+            # process tree. vLLM's default waits 5 s for EngineCore, which itself waits 5 s for
+            # its worker; with several engines on a loaded core that outlasted
+            # supervisor.stop_timeout_s and every instance was SIGKILLed at the end of a run.
+            self.llm.shutdown(timeout=ENGINE_STOP_GRACE_S)
             self.llm = None

@@ -219,6 +219,25 @@ def test_dashboard_survives_edge_cases(driver, status):
         assert not driver.find_elements(By.CSS_SELECTOR, "#events b")
 
 
+def test_dashboard_says_when_a_run_has_stalled(driver):
+    from selenium.webdriver.common.by import By
+
+    moving = copy.deepcopy(SAMPLE)
+    stalled = copy.deepcopy(SAMPLE)
+    stalled["run"]["stalled"] = {"for_s": 312.0,
+                                 "waiting_for": "3 requests of solver in flight (rollout-0: 3)"}
+    for status, shown in ((moving, False), (stalled, True)):
+        driver.get_log("browser")
+        with serve(lambda: status) as server:
+            driver.get(server.url)
+            wait_renders(driver, 1)
+            banner = driver.find_element(By.ID, "stall")
+            assert banner.is_displayed() == shown and not severe(driver)
+            if shown:
+                assert banner.text.startswith("No progress for 5:12: ")
+                assert "waiting for 3 requests of solver in flight (rollout-0: 3)" in banner.text
+
+
 async def test_dashboard_of_a_real_run(driver, tiny_model_dir, tmp_path):
     """The page against the server of a real training run (two agents, torch backend): it
     renders repeatedly with one timeline row per agent and no console error while the run

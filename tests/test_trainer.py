@@ -158,6 +158,92 @@ def test_accumulating_micro_batches_equals_one_full_batch(model_dir, batches):
     assert diff <= WEIGHT_ATOL
 
 
+def _ragged_rows(model_dir: str, n: int = 12, seed: int = 5):
+    """n (prompt_ids, response_ids, behaviour logprobs) rows of different prompt and response
+    lengths, as the store holds them before micro_batch() pads them; and their advantages."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        p, r = (int(x) for x in torch.randint(2, 7, (2,), generator=g))
+        ids = torch.randint(1, VOCAB, (1, p + r), generator=g)
+        with torch.no_grad():
+            lp = token_logprobs(model(input_ids=ids).logits, ids)[0, p:]
+        lp = lp + 0.2 * torch.randn(r, generator=g)
+        out.append((ids[0, :p].tolist(), ids[0, p:].tolist(), lp.tolist()))
+    return out, torch.randn(n, generator=g).tolist()
+
+
+def _accumulated(model_dir: str, rows, advantages, splits, normaliser=None) -> GRPOTrainer:
+    """A trainer that accumulated `rows` as micro_batch()es of the index lists in `splits`
+    (each padded to its own longest row), normalised by the batch's token count."""
+    from flexmarl.orchestrator.batch import micro_batch
+
+    trainer = GRPOTrainer(model_dir, TrainerConfig(**{**CONFIG, "kl_coef": 0.0}))
+    trainer.begin_batch(normaliser or sum(len(r[1]) for r in rows))
+    for idx in splits:
+        trainer.accumulate(micro_batch([rows[i] for i in idx], [advantages[i] for i in idx]))
+    return trainer
+
+
+def _grads(trainer: GRPOTrainer) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
+
+
+def relative_distance(a: dict, b: dict, start: dict) -> float:
+    """L2 distance of weights `a` and `b` over the distance `a` moved from `start`."""
+    norm = lambda x, y: sum(((x[k] - y[k]).double() ** 2).sum().item() for k in x) ** 0.5  # noqa: E731
+    return norm(a, b) / norm(a, start)
+
+
+MIXED_REL_TOL = 1e-3
+"""Weights of two runs fed the same samples in micro-batches of another composition, as
+relative_distance() (tests/test_pipeline.py, micro_batch vs sync): gradients agree to the last
+float32 bits (observed <= 5e-8), but AdamW divides each component by its own running
+magnitude, so for the tiniest components a last-bit difference becomes an lr-scale one: a
+max-abs bound would have to be about lr itself, while the distance ratio stays small (observed
+1.7e-5 after 3 steps; a per-micro-batch normaliser gives > 1e-1, below)."""
+
+
+def test_micro_batches_of_any_composition_and_padding_give_the_same_gradient(model_dir,
+                                                                            monkeypatch):
+    """What micro_batch mode relies on: the groups ready when the trainer is free form the
+    micro-batches, so their composition, order and padding width differ from sync's. Any split
+    of the same rows, each re-padded by micro_batch(), accumulates the same gradient (GRAD_ATOL)
+    and steps to the same weights (MIXED_REL_TOL). The control: normalising each micro-batch by
+    its own tokens (a per-call mean) fails both."""
+    from flexmarl.training import trainer as trainer_module
+
+    rows, adv = _ragged_rows(model_dir)
+    in_order, regrouped = [range(0, 4), range(4, 8), range(8, 12)], [[7, 2, 11],
+                                                                    [0, 5, 9, 3, 10], [1],
+                                                                    [4, 6, 8]]
+    a, b, whole = (_accumulated(model_dir, rows, adv, s)
+                   for s in (in_order, regrouped, [range(12)]))
+    start = a.export_weights()
+    assert max_diff(_grads(a), _grads(b)) <= GRAD_ATOL
+    assert max_diff(_grads(a), _grads(whole)) <= GRAD_ATOL
+    assert max(g.abs().max().item() for g in _grads(a).values()) > 1e-3  # not a zero gradient
+    a.step(), b.step()
+    assert relative_distance(a.export_weights(), b.export_weights(), start) <= MIXED_REL_TOL
+
+    real = trainer_module.grpo_loss
+
+    def per_call_mean(*args, normaliser, **kwargs):  # the wrong normaliser
+        return real(*args, normaliser=float(args[3].sum()), **kwargs)
+
+    monkeypatch.setattr(trainer_module, "grpo_loss", per_call_mean)
+    wa, wb = (_accumulated(model_dir, rows, adv, s, normaliser=10**6)
+              for s in (in_order, regrouped))
+    assert max_diff(_grads(wa), _grads(wb)) > 100 * GRAD_ATOL
+    wa.step(), wb.step()
+    wrong = relative_distance(wa.export_weights(), wb.export_weights(), start)
+    print(f"a per-micro-batch normaliser: relative weight distance {wrong:.3g}")
+    assert wrong > 100 * MIXED_REL_TOL
+
+
 def test_deferred_normaliser_gives_the_same_update(model_dir, batches):
     """begin_batch(None) + step(num_tokens): micro-batches trained before the batch's token count
     is known end with the update of the declared form (one division at the step)."""

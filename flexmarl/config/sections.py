@@ -82,8 +82,13 @@ class ObserveConfig:
     wandb_project: str = "flexmarl"
     wandb_mode: str = "offline"
     """`offline` (files under RUN_DIR/wandb, no network; `wandb sync` later) or `online`."""
+    stall_warn_s: float = 300.0
+    """A run that stores no sample, finishes no step and updates no agent for this long is
+    reported (log and dashboard) with what it waits for, again every stall_warn_s; 0: off."""
 
     def __post_init__(self) -> None:
+        require(self.stall_warn_s >= 0, "observe.stall_warn_s", self.stall_warn_s,
+                "must be >= 0 (0 turns the warning off)")
         require(0 <= self.port <= 65535, "observe.port", self.port, "must be in 0..65535")
         require(bool(self.host), "observe.host", self.host, "must not be empty")
         require(self.wandb_mode in ("offline", "online"), "observe.wandb_mode",

@@ -167,7 +167,8 @@ async def _steps(parts: _Parts, config: Config, run_dir: RunDir | None,
     pipeline = make_pipeline(config.pipeline.mode, max_staleness=config.pipeline.max_staleness)
     monitor = RunMonitor(parts.orch, parts.pool, parts.trainers, parts.activity,
                          mode=pipeline.name, steps=config.run.steps,
-                         run_dir=str(run_dir.path) if run_dir else "")
+                         run_dir=str(run_dir.path) if run_dir else "",
+                         stall_after_s=config.observe.stall_warn_s)
     loggers = _loggers(config, run_dir)
     metrics: list[dict] = []
     emit = _emitter(metrics, monitor, run_dir, saved, loggers)

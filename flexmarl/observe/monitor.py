@@ -14,7 +14,8 @@ the last `window_s`" for each agent's rollout, each rollout instance and each tr
 The status schema (tests/data/status_sample.json is an example):
 
     run        team, mode, state (starting|running|finished|failed), steps, steps_done,
-               rollout_step, started_at (unix), elapsed_s, run_dir
+               rollout_step, started_at (unix), elapsed_s, run_dir, stalled (null, or
+               {for_s, waiting_for}: no sample stored and no step finished for stall_after_s)
     agents     name -> trainable, version, trainer_version, instances, slot, inflight, samples,
                reward, staleness, train_s (last finished step), rollout_util
     instances  name -> agent, queued, running (its last load report), inflight (ours),
@@ -26,10 +27,17 @@ The status schema (tests/data/status_sample.json is an example):
     timeline   now, intervals [[agent, rollout|train|sync|swap, start, end|null], ...]
     events     [{t, kind: move|swap, text}]
 Times in history, timeline and events are seconds since the run started.
+
+The same once-a-second sampling watches for a run that has stopped moving: no sample stored,
+no step finished and no agent updated for `stall_after_s` (observe.stall_warn_s). That is
+logged, again every stall_after_s while it lasts, naming what the run waits for (requests in
+flight per instance, trainer work under way, or nothing FlexMARL holds: then the workflow awaits
+something of its own), and shown on the dashboard, so a hung run does not look alive.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from typing import Any, Iterator, Protocol
@@ -40,6 +48,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from flexmarl.activity import ActivityLog
 from flexmarl.clock import now
 
+log = logging.getLogger(__name__)
+
 
 class StatusSource(Protocol):
     """A part of the run that says how it is: Orchestrator, InstancePool, TrainerPool."""
@@ -47,11 +57,58 @@ class StatusSource(Protocol):
     def status(self) -> dict[str, Any]: ...
 
 
+class StallWatch:
+    """Pure: is the run still moving? `observe(progress, t)` with any value that changes
+    whenever the run makes progress; `stalled_s(t)` is how long it has not (0 while it moves)
+    once that exceeds `after_s` (0: never)."""
+
+    def __init__(self, after_s: float) -> None:
+        self.after_s = after_s
+        self._progress: Any = None
+        self._since = 0.0
+        self._warned_at: float | None = None
+
+    def observe(self, progress: Any, t: float) -> None:
+        if progress != self._progress:
+            self._progress, self._since, self._warned_at = progress, t, None
+
+    def stalled_s(self, t: float) -> float:
+        quiet = t - self._since
+        return quiet if self.after_s > 0 and quiet >= self.after_s else 0.0
+
+    def due(self, t: float) -> bool:
+        """Stalled and not said in the last `after_s`: time to say it (again)."""
+        if not self.stalled_s(t) or (self._warned_at is not None
+                                     and t - self._warned_at < self.after_s):
+            return False
+        self._warned_at = t
+        return True
+
+
+def waiting_for(status: dict[str, Any]) -> str:
+    """What a run whose status is `status` (RunMonitor.status()) is waiting for, in words."""
+    parts = []
+    for agent, a in status["agents"].items():
+        if a.get("inflight"):
+            where = ", ".join(f"{name}: {i['inflight']}"
+                              for name, i in sorted(status["instances"].items())
+                              if i["agent"] == agent and i["inflight"])
+            parts.append(f"{a['inflight']} requests of {agent} in flight ({where or 'none'})")
+    for who, kind, start, end in status["timeline"]["intervals"]:
+        if end is None and kind in ("train", "sync"):
+            parts.append(f"{who} {kind} under way for {status['timeline']['now'] - start:.0f} s")
+    if not parts:
+        return ("nothing FlexMARL holds: no request in flight, no trainer work under way; the "
+                "workflow awaits something of its own (a reward function, a tool, a service)")
+    return "; ".join(parts)
+
+
 class RunMonitor:
     def __init__(self, orch: StatusSource, pool: StatusSource | None,
                  trainers: StatusSource | None, activity: ActivityLog, *, mode: str,
                  steps: int, run_dir: str = "", window_s: float = 30.0,
-                 timeline_s: float = 120.0, history: int = 500) -> None:
+                 timeline_s: float = 120.0, history: int = 500,
+                 stall_after_s: float = 0.0) -> None:
         self.orch, self.pool, self.trainers = orch, pool, trainers
         self.activity = activity
         self.mode = mode
@@ -67,6 +124,7 @@ class RunMonitor:
         self.started_at = time.time()
         self.t0 = now()
         self._samples: deque[tuple[float, dict]] = deque()
+        self.stall = StallWatch(stall_after_s)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
 
@@ -94,9 +152,18 @@ class RunMonitor:
 
     def sample(self) -> None:
         t = now()
-        self._samples.append((t, self._busy()))
+        parts = self._parts()
+        self._samples.append((t, self._busy(parts)))
         while len(self._samples) > 2 and self._samples[1][0] <= t - self.window_s:
             self._samples.popleft()
+        # Progress: a sample stored, a step finished, an agent updated.
+        agents = parts[0]["agents"]
+        self.stall.observe((len(self.history), sum(a["samples"] for a in agents.values()),
+                            tuple(a["trainer_version"] for a in agents.values())), t)
+        if self.state in ("starting", "running") and self.stall.due(t):
+            log.warning("no progress for %.0f s (no sample stored, no step finished, no agent "
+                        "updated; observe.stall_warn_s = %g): waiting for %s",
+                        self.stall.stalled_s(t), self.stall.after_s, waiting_for(self.status()))
 
     def _parts(self) -> tuple[dict, dict, dict]:
         """The status of the orchestrator, the rollout pool and the trainer pool, now."""
@@ -146,17 +213,23 @@ class RunMonitor:
         slots = {name: {"ranks": s["ranks"], "agent": s["agent"], "resident": s["resident"],
                         "util": util.get(("slot", name), 0.0)}
                  for name, s in trainers["slots"].items()}
-        return {
+        return self._with_stall({
             "run": {"team": orch["team"], "mode": self.mode, "state": self.state,
                     "steps": self.steps, "steps_done": len(self.history) and
                     self.history[-1]["step"] + 1, "rollout_step": self.rollout_step,
                     "started_at": self.started_at, "elapsed_s": t - self.t0,
-                    "run_dir": self.run_dir},
+                    "run_dir": self.run_dir, "stalled": None},
             "agents": agents, "instances": instances, "slots": slots,
             "history": list(self.history),
             "timeline": {"now": t - self.t0, "intervals": self._intervals(t, trainers)},
             "events": self._events(pool, trainers),
-            "totals": {"moves": pool["moves_total"], "swaps": trainers["swaps_total"]}}
+            "totals": {"moves": pool["moves_total"], "swaps": trainers["swaps_total"]}}, t)
+
+    def _with_stall(self, status: dict[str, Any], t: float) -> dict[str, Any]:
+        stalled = self.stall.stalled_s(t)
+        if stalled and self.state in ("starting", "running"):
+            status["run"]["stalled"] = {"for_s": stalled, "waiting_for": waiting_for(status)}
+        return status
 
     def _intervals(self, t: float, trainers: dict) -> list[list]:
         since = t - self.timeline_s
@@ -206,6 +279,10 @@ class _Collector:
         yield g
         g = gauge("elapsed_seconds", "Seconds since the run started")
         g.add_metric([], run["elapsed_s"])
+        yield g
+        g = gauge("stalled_seconds", "Seconds without progress, once past observe.stall_warn_s "
+                  "(0 while the run moves)")
+        g.add_metric([], (run["stalled"] or {}).get("for_s", 0.0))
         yield g
         last = st["history"][-1] if st["history"] else {}
         for key, doc in (("team_reward", "Mean team reward of the last finished step"),

@@ -106,6 +106,11 @@ function renderHeader(run) {
   document.getElementById("progress-fill").style.width = `${(frac * 100).toFixed(1)}%`;
   setText("elapsed", fmtDuration(run.elapsed_s));
   setText("run-dir", str(run.run_dir));
+  // A run that stored no sample and finished no step for observe.stall_warn_s: say so, and what
+  // it waits for, instead of looking alive.
+  const stall = document.getElementById("stall"), st = run.stalled;
+  stall.hidden = !(st && isNum(st.for_s));
+  if (!stall.hidden) stall.textContent = `No progress for ${fmtDuration(st.for_s)}: waiting for ${str(st.waiting_for)}`;
   document.title = `FlexMARL · ${team} · ${done}/${total}`;
 }
 

@@ -1,5 +1,6 @@
-"""What every config section's validation shares: ConfigError, `require`, CPU core lists; and
-InvariantError, for a broken internal guarantee.
+"""What every config section's validation shares: ConfigError, `require`, CPU core lists;
+RequestError, for a call its caller can fix; and InvariantError, for a broken internal
+guarantee.
 
 Kept free of other imports so any component's config (beside the component) can use it.
 """
@@ -10,6 +11,16 @@ import os
 
 class ConfigError(ValueError):
     """A config problem the user can fix; the message names `section.key` and the fix."""
+
+
+class RequestError(ValueError):
+    """A generate() call its caller can fix: a prompt out of the vocabulary or too long for
+    the context, max_tokens past what is left of it. Refused where the call enters, before
+    any engine sees it; the gateway answers 400 invalid_request_error naming `param`."""
+
+    def __init__(self, message: str, *, param: str) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class InvariantError(RuntimeError):

@@ -75,8 +75,14 @@ async def serve(boot: dict[str, Any]) -> None:
         # stop_timeout_s), do not linger as a half-dead process.
         loop.call_later(2 * sup_cfg.stop_timeout_s, os._exit, 1)
 
+    def exit_while_starting(signum: int, frame: Any) -> None:
+        # Before it is started a worker has nothing to drain, and its start may hold the event
+        # loop for a long while (a vLLM engine loading), during which a loop signal handler
+        # would not run: a stop then waited out supervisor.stop_timeout_s and a SIGKILL.
+        os._exit(128 + signum)
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal)
+        signal.signal(sig, exit_while_starting)
     async with connect(boot["supervisor"], transport) as sup:
         async with asyncio.TaskGroup() as tg:
             run = tg.create_task(actor.run(), name=f"{name}.run")
@@ -85,6 +91,8 @@ async def serve(boot: dict[str, Any]) -> None:
             if not actor.started.is_set():
                 started.cancel()
                 return  # run() failed; the TaskGroup re-raises its error
+            for sig in (signal.SIGTERM, signal.SIGINT):  # from now on: stop and drain
+                loop.add_signal_handler(sig, on_signal)
             await sup.request(Ready(name, os.getpid(), actor.address or ""), control=True,
                               timeout_s=boot.get("ready_timeout_s") or sup_cfg.ready_timeout_s)
             # From a thread: the actor's handlers may hold this loop for seconds (a model

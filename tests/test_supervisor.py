@@ -120,6 +120,31 @@ async def test_start_failures_are_typed_and_name_the_fix(no_leftover_children):
         assert sup.events.empty()
 
 
+async def test_a_worker_stopped_while_its_start_blocks_exits_at_once(tmp_path, caplog,
+                                                                   no_leftover_children):
+    """A stop during a long blocking start (a vLLM replacement still loading at the end of a
+    run) ends the worker at once: it has nothing to drain yet. Its loop signal handler could
+    not run, so it used to be SIGKILLed after stop_timeout_s with an "ignored SIGTERM"."""
+    marker = tmp_path / "starting"
+    sup = Supervisor(config=SupervisorConfig(stop_timeout_s=30.0))
+    async with sup.serving():
+        start = asyncio.create_task(sup.start_worker(WorkerSpec(
+            name="loading", entry="tests.workers:slow_start", args={"marker": str(marker)},
+            ready_timeout_s=3600.0)))
+        for _ in range(600):  # the worker's start is under way (a loaded machine: seconds)
+            if marker.exists():
+                break
+            await asyncio.sleep(0.1)
+        assert marker.exists()
+        t0 = time.monotonic()
+        await sup.stop_workers()
+        # Well under stop_timeout_s (30 s), which is what a worker deaf to SIGTERM costs.
+        assert time.monotonic() - t0 < 15.0
+        start.cancel()
+        await asyncio.gather(start, return_exceptions=True)
+    assert not [r for r in caplog.records if "ignored SIGTERM" in r.getMessage()]
+
+
 async def test_an_exit_noticed_after_the_ready_deadline_is_reported_as_an_exit(
         no_leftover_children, monkeypatch):
     """The worker crashes before it is ready, but this event loop is busy and learns of the exit

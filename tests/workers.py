@@ -115,6 +115,23 @@ def blocked_start(ctx: WorkerContext) -> Actor:
     return actor
 
 
+class SlowStart(Echo):
+    """Its start holds the event loop (as a vLLM engine loading does) for an hour."""
+
+    marker = ""
+
+    async def on_start(self) -> None:
+        import pathlib
+        pathlib.Path(self.marker).write_text("starting")
+        time.sleep(3600)
+
+
+def slow_start(ctx: WorkerContext) -> Actor:
+    actor = SlowStart(ctx.name, ctx.bind, transport=ctx.transport)
+    actor.marker = ctx.args["marker"]
+    return actor
+
+
 def running_workers() -> dict[str, int]:
     """name -> pid of this process's runtime workers, found among its descendants by their
     command line (`python -m runtime.worker BOOT_JSON`, whose JSON names them). For tests and

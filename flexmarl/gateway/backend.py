@@ -202,7 +202,12 @@ class Gateway:
             try:
                 out = await ep.seat.ctx.generate(agent, prompt, n=n, **params)
             except (TypeError, ValueError) as exc:  # a prompt or parameter the agent refuses
-                raise ApiError(400, str(exc)) from exc
+                # RequestError names its field; a chat request's prompt is its messages.
+                param = getattr(exc, "param", None)
+                if param == "prompt" and isinstance(prompt, list) and prompt \
+                        and isinstance(prompt[0], dict):
+                    param = "messages"
+                raise ApiError(400, str(exc), param=param) from exc
         finally:
             ep.active_calls -= 1
             ep.last_active = now()

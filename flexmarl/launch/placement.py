@@ -195,7 +195,8 @@ async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, config: Con
         sup.start_worker(w) for w in [*(w for ws in placement.values() for w in ws),
                                       *(w for ws in slot_specs for w in ws)]))}
     agents = {spec.name: AgentRuntime(spec, model_dirs[spec.name],
-                                      load_tokenizer(model_dirs[spec.name]))
+                                      load_tokenizer(model_dirs[spec.name]),
+                                      max_model_len=config.rollout.max_model_len)
               for spec in team.agents}
     section = (dataclasses.replace(config.trainer_pool, snapshots=True) if snapshots
                else config.trainer_pool)

@@ -12,6 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from flexmarl.checks import RequestError
 from flexmarl.clock import now
 from flexmarl.team import AgentSpec
 
@@ -93,6 +94,8 @@ class AgentRuntime:
     """Per global step: time the agent's rollout instances had work of that step."""
     first_call: dict[int, float] = field(default_factory=dict)
     """Per global step: perf_counter() when its first request passed the gate."""
+    max_model_len: int | None = None
+    """The context its instances hold (rollout.max_model_len); None: not checked here."""
 
     def start(self, first_step: int, lag: int, steps: int) -> None:
         """A run of `steps` steps starts at `first_step`: a trainable agent may generate up to
@@ -132,14 +135,32 @@ class AgentRuntime:
         if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool)
                                             for t in prompt):
             if not prompt:
-                raise ValueError(f"agent {self.spec.name}: the prompt is empty; a prompt needs "
-                                 "at least one token")
+                raise RequestError(f"agent {self.spec.name}: the prompt is empty; a prompt "
+                                   "needs at least one token", param="prompt")
             # A tokenizer without a length (tests', the simulator's) leaves the upper bound out.
             vocab = len(self.tokenizer) if hasattr(self.tokenizer, "__len__") else None
             bad = [t for t in prompt if t < 0 or (vocab is not None and t >= vocab)]
             if bad:  # the client's mistake: refused here, before any engine sees it
-                raise ValueError(f"agent {self.spec.name}: prompt token ids must be in [0, "
-                                 f"{vocab}) (the tokenizer's vocabulary), got {bad[:5]}")
+                raise RequestError(f"agent {self.spec.name}: prompt token ids must be in [0, "
+                                   f"{vocab}) (the tokenizer's vocabulary), got {bad[:5]}",
+                                   param="prompt")
             return list(prompt)
         raise TypeError(f"agent {self.spec.name}: a prompt is a str, a list of chat messages "
                         f"or a list of token ids, got {type(prompt).__name__}")
+
+    def check_room(self, prompt_ids: list[int], max_tokens: int) -> None:
+        """A call must fit the context: prompt + max_tokens <= max_model_len. Refused, as
+        OpenAI and vLLM's server refuse it, rather than cut short: a completion that stops at
+        the context end would look like one that chose to stop there."""
+        limit = self.max_model_len
+        if limit is None or len(prompt_ids) + max_tokens <= limit:
+            return
+        where = "rollout.max_model_len sets the context"
+        if len(prompt_ids) >= limit:
+            raise RequestError(f"agent {self.spec.name}: the prompt has {len(prompt_ids)} "
+                               f"tokens, the model's context holds {limit} ({where}): shorten "
+                               "the prompt", param="prompt")
+        raise RequestError(f"agent {self.spec.name}: the prompt has {len(prompt_ids)} tokens "
+                           f"and max_tokens asks for {max_tokens} more, past the model's context "
+                           f"of {limit} ({where}): set max_tokens to at most "
+                           f"{limit - len(prompt_ids)}", param="max_tokens")

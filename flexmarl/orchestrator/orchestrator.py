@@ -119,6 +119,7 @@ class TrajectoryContext:
                              f"{sorted(self.orch.agents)}")
         prompt_ids = rt.encode(prompt)
         params = dataclasses.replace(rt.spec.sampling, n=n, **sampling)
+        rt.check_room(prompt_ids, params.max_tokens)
         turn = self._turns[agent]
         self._turns[agent] += 1
         request_id = f"{self.input_id}/{self.trajectory}/{agent}/{turn}"

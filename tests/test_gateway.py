@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import subprocess
 import sys
@@ -181,10 +182,12 @@ async def test_requests_the_client_must_fix_are_400s_naming_the_field(backend, t
          "prompt", f"prompt token ids must be in [0, {vocab})"),
         ("e0/1", "completions", {"model": "solver", "prompt": [5, 6], "max_tokens": 600},
          "max_tokens", "set max_tokens to at most 510"),
-        ("e1/0", "chat/completions", {"model": "checker", "max_tokens": 4, "messages": [
+        ("e1/0", "chat/completions", {"model": "solver", "max_tokens": 4, "messages": [
             {"role": "user", "content": "word " * 200}]}, "messages", "shorten the prompt")]
     url: asyncio.Future = asyncio.get_running_loop().create_future()
-    run = asyncio.create_task(train(duo(tiny_model_dir), config, run_dir=RunDir.create(config),
+    # One agent (one engine to start): what is checked happens before any engine.
+    team = dataclasses.replace(duo(tiny_model_dir), agents=duo(tiny_model_dir).agents[:1])
+    run = asyncio.create_task(train(team, config, run_dir=RunDir.create(config),
                                     progress=False, on_gateway=url.set_result))
     base = await asyncio.wait_for(url, 600)
     answers = []
@@ -202,10 +205,9 @@ async def test_requests_the_client_must_fix_are_400s_naming_the_field(backend, t
             while True:  # the same episodes go on with good calls, then more until the run ends
                 for eid in (["e0/0", "e0/1", "e1/0", "e1/1"] if k == 0 else
                             [f"f{k}/0", f"f{k}/1"]):
-                    for agent in ("checker", "solver"):
-                        await post(eid, "chat/completions", {
-                            "model": agent, "max_tokens": 4,
-                            "messages": [{"role": "user", "content": "Compute 1+2."}]})
+                    await post(eid, "chat/completions", {
+                        "model": "solver", "max_tokens": 4,
+                        "messages": [{"role": "user", "content": "Compute 1+2."}]})
                     await post(eid, f"episodes/{eid}/reward", {"team": float(k % 2)})
                     await post(eid, f"episodes/{eid}/end", {})
                 k += 1

@@ -1,7 +1,8 @@
 """Chaos benchmark: a multi-step run with workers killed at seeded random points, against the
 same run without faults.
 
-Both runs train the test team of tests/test_e2e.py (two agents, "tiny" models built locally)
+Every run (the fault-free one, the chaos one, and with `--clean-twice` a second fault-free one)
+trains the test team of tests/test_e2e.py (two agents, "tiny" models built locally)
 with the same config and seed, two rollout instances per agent, on `--backend` (torch: sampling
 is exactly reproducible from each request's seed; vllm, the default engine of `flexmarl run`)
 in `--mode` (sync, or micro_batch, the default of `flexmarl run`). During the chaos run a killer

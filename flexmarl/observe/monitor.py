@@ -160,7 +160,7 @@ class RunMonitor:
         agents = parts[0]["agents"]
         self.stall.observe((len(self.history), sum(a["samples"] for a in agents.values()),
                             tuple(a["trainer_version"] for a in agents.values())), t)
-        if self.state in ("starting", "running") and self.stall.due(t):
+        if self._live and self.stall.due(t):
             log.warning("no progress for %.0f s (no sample stored, no step finished, no agent "
                         "updated; observe.stall_warn_s = %g): waiting for %s",
                         self.stall.stalled_s(t), self.stall.after_s, waiting_for(self.status()))
@@ -225,9 +225,14 @@ class RunMonitor:
             "events": self._events(pool, trainers),
             "totals": {"moves": pool["moves_total"], "swaps": trainers["swaps_total"]}}, t)
 
+    @property
+    def _live(self) -> bool:
+        """Still running (a finished or failed run is not stalled)."""
+        return self.state in ("starting", "running")
+
     def _with_stall(self, status: dict[str, Any], t: float) -> dict[str, Any]:
         stalled = self.stall.stalled_s(t)
-        if stalled and self.state in ("starting", "running"):
+        if stalled and self._live:
             status["run"]["stalled"] = {"for_s": stalled, "waiting_for": waiting_for(status)}
         return status
 

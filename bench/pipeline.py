@@ -1,7 +1,9 @@
 """Pipeline benchmark: the same workload in sync, one_step_off and micro_batch, side by side.
 
 Runs `flexmarl.train` once per mode with one config (team, seeds, steps, batch shape; only
-`pipeline.mode` differs) on real rollout engines and trainer processes, then reports per mode
+`pipeline.mode` differs) on real rollout engines and trainer processes, each with a run
+directory in a temp dir written as `flexmarl run` writes it (metrics, every agent's state per
+step, final checkpoints; removed afterwards), then reports per mode
 the mean step time, trainer and rollout utilisation, and the staleness of trained samples, plus
 
     speedup_micro_batch_vs_sync = sync step time / micro_batch step time
@@ -29,6 +31,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -91,13 +94,24 @@ def load(mode: str, args: argparse.Namespace, workdir: str = "runs"):
 
 async def run_mode(mode: str, args: argparse.Namespace) -> tuple[dict, float]:
     from flexmarl.launch.run import train
+    from flexmarl.observe.rundir import RunDir
     from flexmarl.team import load_team
 
-    config = load(mode, args, tempfile.mkdtemp(prefix=f"flexmarl-bench-{mode}-"))
-    team = load_team(config.team.path)
-    started, cpu = time.perf_counter(), time.process_time()
-    result = await train(team, config, progress=args.progress)
-    wall = time.perf_counter() - started
+    workdir = tempfile.mkdtemp(prefix=f"flexmarl-bench-{mode}-")
+    try:
+        config = load(mode, args, workdir)
+        team = load_team(config.team.path)
+        # A run directory as `flexmarl run` writes it (metrics.jsonl, every agent's state per
+        # step, final checkpoints): the bench pays for the saves users pay for.
+        run_dir = RunDir.create(config)
+        started, cpu = time.perf_counter(), time.process_time()
+        try:
+            result = await train(team, config, run_dir=run_dir, progress=args.progress)
+        finally:
+            run_dir.close()
+        wall = time.perf_counter() - started
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
     summary = summarize(result.metrics, args.warmup)
     # This process (orchestrator, store, micro-batch building) is not pinned: its share of a
     # core over the run, start-up included, is CPU the pinned roles lose to it.

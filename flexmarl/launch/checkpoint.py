@@ -30,6 +30,7 @@ from pathlib import Path
 
 import orjson
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from flexmarl.protocol import TrainState
@@ -62,7 +63,8 @@ class StateCheckpoints:
 
     def save(self, agent: str, step: int, state: TrainState) -> Path:
         """Write `state` as `agent`'s state at global `step`, replacing any saved before, and
-        return its step dir. CheckpointError if the state cannot be written as it is."""
+        return its step dir. CheckpointError (naming the step dir) if the state cannot be
+        written as it is or the disk refuses it (full, read-only, permissions)."""
         target = self._step_dir(agent, step)
         where = f"agent {agent!r} step {step} ({target})"
         if state.agent != agent:
@@ -84,12 +86,18 @@ class StateCheckpoints:
                 t = t.clone()
             storages.add(t.untyped_storage().data_ptr())
             tensors[name] = t
-        target.parent.mkdir(exist_ok=True)
-        _fsync(self.root)  # a new agent dir must survive a machine crash too
-        tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}-", dir=target.parent))
+        try:
+            target.parent.mkdir(exist_ok=True)
+            _fsync(self.root)  # a new agent dir must survive a machine crash too
+            tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}-", dir=target.parent))
+        except OSError as e:
+            raise CheckpointError(f"{where}: cannot write the state ({e}); free space on that "
+                                  "disk or fix its permissions, then resume the run") from e
         try:
             try:
                 save_file(tensors, tmp / STATE_FILE)
+            except SafetensorError as e:  # its I/O errors (disk full, ...) are not OSErrors
+                raise OSError(f"safetensors: {e}") from e
             except (ValueError, TypeError, RuntimeError) as e:  # a dtype it lacks, ...
                 raise CheckpointError(f"{where}: safetensors cannot write the tensors ({e}); "
                                       "convert them to a dtype it has") from e
@@ -110,6 +118,10 @@ class StateCheckpoints:
             os.rename(tmp, target)
             _fsync(target.parent)
             shutil.rmtree(old, ignore_errors=True)
+        except OSError as e:  # disk full, read-only, permissions: often without a file name
+            _recover(target.parent)
+            raise CheckpointError(f"{where}: cannot write the state ({e}); free space on that "
+                                  "disk or fix its permissions, then resume the run") from e
         except Exception:
             _recover(target.parent)  # a kill (or KeyboardInterrupt) leaves it to __init__
             raise

@@ -4,10 +4,12 @@
     agent) ─► [resume: each agent's saved state after the last recorded step into its trainer
     and its weights to its instances] ─► PipelineRun (flexmarl.orchestrator.loop): tasks from the data
     cursor, rollout, training and sync of every agent, overlapped as pipeline.mode allows
-    ─► per agent and step: its whole state to RUN_DIR/state (run.save_state)
-    ─► metrics.jsonl, one record per finished global step (also to the live dashboard,
-    /metrics, TensorBoard, W&B) ─► final per-agent checkpoints ─► ordered shutdown ─► the run
-    report ─► RunResult
+    ─► per agent and step, off the critical path (after the weight push has opened its gate):
+    its whole state to RUN_DIR/state (run.save_state, fsynced, in step order)
+    ─► metrics.jsonl, one record per finished global step, written once every agent's state of
+    that step is on disk (also to the live dashboard, /metrics, TensorBoard, W&B); then the
+    states it supersedes are pruned ─► [the loop returns once every save is done] ─► final
+    per-agent checkpoints ─► ordered shutdown ─► the run report ─► RunResult
 
 The CLI (`flexmarl run`) is a thin wrapper over this function.
 """
@@ -177,9 +179,11 @@ async def _steps(parts: _Parts, config: Config, run_dir: RunDir | None,
         await _serve_restored(parts)
         log.warning("resuming %s at step %d of %d", run_dir.path, first_step, config.run.steps)
 
-    async def save_state(agent: str, step: int) -> None:
+    async def save_state(agent: str, step: int, state: TrainState | None) -> None:
+        # The loop's writer task calls this off the critical path, in step order, and emits
+        # step `step`'s record only once every agent's save of it returned (the fsync is done).
         # Fresh (never updated): an empty state, restored as a fresh trainer.
-        state = parts.trainers.snapshots.get(agent) or TrainState(agent, 0, {}, {})
+        state = state or TrainState(agent, 0, {}, {})
         await asyncio.to_thread(saved.save, agent, step, state)
 
     async with contextlib.AsyncExitStack() as observing:

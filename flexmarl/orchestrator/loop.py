@@ -11,13 +11,16 @@
                          │ for step s: [not stream: wait rollout_done[s]]                   │
                          │   TrainSession: take groups as they complete ─► micro-batches ─► │
                          │   TrainerPool slot (bound on the first) ─► one optimizer step    │
-                         │   ─► export ─► snapshot ─► slot released                         │
-                         │   ─► weight sync to A's instances [defer_sync: after rollout s+1] │
-                         │   ─► gate[A].open(s + 1 + lag) ─► A's record of step s           │
+                         │   ─► export ─┬─► sync task: weight push to A's instances         │
+                         │              │   [defer_sync: after rollout s+1] ─► gate[A].open │
+                         │              │   (s + 1 + lag) ─► A's record of step s           │
+                         │              └─► snapshot (slot still bound) ─► slot released    │
+                         │   ─► A's writer (own task, step order): on_agent_step(A, s, state)│
                          └──────────────────────────────────────────────────────────────────┘
                                   │ every agent's record of step s
                                   ▼
-                         team record of step s (in step order) ─► emit ─► step_done[s]
+                         team record of step s (in step order) ─► step_done[s]
+                         ─► emit, once every agent's on_agent_step of step s has returned
 
     loop        consumes              produces              waits for            unblocked by
     producer    tasks (data cursor)   turns, groups in the  gate[A] per call;    A's sync of
@@ -39,12 +42,27 @@ trained on step s-1) and is checked per sample: AgentRuntime.staleness (never ne
 PipelinePolicy.admit (within the mode's bound). The versions change only through AgentRuntime's
 transitions (trained, synced, restored), all called here.
 
+After A's optimizer step only the weight push is on the critical path: it is what opens A's
+gate, i.e. what A's next rollout waits for. The recovery snapshot runs beside the push, in the
+slot the agent still holds (its state is resident: a copy out, no swap), so the slot is held
+for export + snapshot as before and never for the push; releasing it before the snapshot would
+only make a waiting agent's swap carry the same bytes out, or force a swap back in to take it.
+The durable save (`on_agent_step`, e.g. flexmarl.launch.run's fsynced state write) runs in the
+agent's own writer task, in step order; a step's record is emitted only once every agent's save
+of that step has returned, so a record never names a step whose states are not on disk (the
+resume point, flexmarl.launch.checkpoint.resume_point), and the run returns only when every
+save is done. A failing save fails the run. A slot that dies after the step's weights went out
+but before its snapshot landed: the push is let finish, then the step is re-trained from the
+previous snapshot on the same groups (the same update) and pushed again, so the trainer never
+goes on from an older state than its instances serve.
+
 The loop is handed what it uses: the orchestrator (rollouts), the store (groups), the rollout
 pool (weight sync), the trainer pool (slots), the activity log, and the `pipeline` section.
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 from typing import Any, Awaitable, Callable, Sequence
@@ -56,7 +74,7 @@ from flexmarl.orchestrator.orchestrator import Orchestrator, RolloutStats
 from flexmarl.orchestrator.policy import PipelineConfig, PipelinePolicy, make_pipeline
 from flexmarl.orchestrator.records import StepRecorder
 from flexmarl.orchestrator.store import ExperienceStore, Group
-from flexmarl.protocol import WeightUpdate
+from flexmarl.protocol import TrainState, WeightUpdate
 from flexmarl.rollout.pool import InstancePool
 from flexmarl.training.pool import TrainerPool
 from runtime.errors import PeerDied
@@ -94,11 +112,14 @@ class PipelineRun:
                  steps: int, *, policy: PipelinePolicy | None = None,
                  emit: Callable[[dict], None] | None = None,
                  progress: Progress | None = None, first_step: int = 0,
-                 on_agent_step: Callable[[str, int], Awaitable[None]] | None = None) -> None:
+                 on_agent_step: Callable[[str, int, TrainState | None], Awaitable[None]]
+                 | None = None) -> None:
         """`config` (section `pipeline`) gives the batch shape and, unless `policy` is given,
         the policy. `first_step` > 0 resumes a run (steps before it are done; their tasks are
-        skipped in the data cursor); `on_agent_step(agent, step)` is awaited once the agent has
-        trained step `step` (before its weight sync and record), e.g. to save its state."""
+        skipped in the data cursor); `on_agent_step(agent, step, state)` is awaited with the
+        agent's state after step `step` (its snapshot; None with snapshots off or before its
+        first update), e.g. to save it: in the agent's writer task, in step order, off the
+        critical path; the step's record is emitted once every agent's call has returned."""
         if not 0 <= first_step <= steps:
             raise ValueError(f"first_step must be in [0, {steps}], got {first_step}")
         self.orch = orch
@@ -116,6 +137,12 @@ class PipelineRun:
         self.trainer_restarts = 0
         """Agent steps restarted because their trainer slot died."""
         self._next_record = first_step
+        self._unemitted: collections.deque[dict] = collections.deque()
+        """Built records (in step order) waiting for their step's saves before `emit`."""
+        self._saves_left: dict[int, set[str]] = {}
+        """step -> agents whose on_agent_step of that step has not returned yet."""
+        self._writes: dict[str, asyncio.Queue] = {}
+        self._tg: asyncio.TaskGroup | None = None
         self.emit = emit
         self.progress = progress or Progress()
         self.rollout_done = [asyncio.Event() for _ in range(steps)]
@@ -139,19 +166,30 @@ class PipelineRun:
         self._recorder = StepRecorder(self.store, self.pool, self.trainers, started)
         self._last_team_end = started
         self._finished_at = {name: started for name in orch.agents}
+        saving = set(orch.trainable) if self.on_agent_step is not None else set()
+        self._saves_left = {s: set(saving) for s in range(self.first_step, self.steps)}
         try:
             async with asyncio.TaskGroup() as tg:
+                self._tg = tg  # sync tasks and writers fail the run like the loops do
                 tg.create_task(self._produce(), name="pipeline.rollout")
                 for name in orch.trainable:
                     tg.create_task(self._agent_loop(name), name=f"pipeline.{name}")
+                    if name in saving:
+                        # maxsize 1: at most one state waits while one is written, so a slow
+                        # disk holds back the agent's next step, never grows its memory.
+                        self._writes[name] = asyncio.Queue(maxsize=1)
+                        tg.create_task(self._writer(name), name=f"pipeline.{name}.writer")
                 if not orch.trainable:  # a frozen team: steps end with their rollouts
                     tg.create_task(self._frozen_steps(), name="pipeline.frozen")
         except BaseExceptionGroup as group:
             # One loop failed and the others were cancelled: raise its error, not the group.
-            leaves = _leaves(group)
-            if len(leaves) == 1:
+            leaves = list({id(e): e for e in _leaves(group)}.values())  # a loop awaiting a
+            if len(leaves) == 1:                                      # failed task re-raises it
                 raise leaves[0] from group
             raise
+        if self._unemitted:  # every save returned, so every record was emitted
+            raise RuntimeError(f"records of steps {[r['step'] for r in self._unemitted]} were "
+                               "never emitted")
         return self.records
 
     # ------------------------------------------------------------------ rollout
@@ -175,35 +213,48 @@ class PipelineRun:
     # ------------------------------------------------------------------ one agent
 
     async def _agent_loop(self, agent: str) -> None:
-        orch, policy = self.orch, self.policy
+        orch = self.orch
         rt = orch.agents[agent]
         self._pending_sync[agent] = None
         for step in range(self.first_step, self.steps):
             self._awaiting(agent, step)
             taken: list[list[Group]] = []  # the step's groups, to re-feed if the slot dies
+            synced: list[asyncio.Task] = []  # the step's sync task, once its weights went out
             for attempt in itertools.count():
                 try:
-                    result, weights = await self._train_step(agent, step, taken)
+                    result, state = await self._train_step(agent, step, taken, synced)
                     break
                 except PeerDied as exc:  # the trainer slot died (rollout deaths never get here)
                     if not self.trainers.recoverable() or attempt + 1 >= MAX_TRAIN_ATTEMPTS:
                         raise
+                    if synced:  # it died after the export, before the snapshot landed: the
+                        await synced[0]  # push lands first (it checks the trainer's version)
                     rt.restored(self.trainers.restored_version(agent))
                     self.trainer_restarts += 1
                     log.warning("agent %s: step %d restarts from its snapshot (version %d) on a "
                                 "new trainer slot, re-feeding %d taken groups: %s", agent, step,
                                 rt.trainer_version, sum(map(len, taken)), exc)
-            if self.on_agent_step is not None:
-                await self.on_agent_step(agent, step)
-            if result is not None and policy.defer_sync and step + 1 < self.steps:
-                self._pending_sync[agent] = asyncio.create_task(
-                    self._sync(agent, step, result, weights, deferred=True))
-            else:
-                await self._sync(agent, step, result, weights)
+            if result is None:  # no update: nothing to push; the gate opens, the record goes
+                await self._sync(agent, step, None, None)
+                state = self.trainers.snapshots.get(agent)  # its state is that of step - 1
+            if (writes := self._writes.get(agent)) is not None:
+                await writes.put((step, state))
         if (pending := self._pending_sync[agent]) is not None:
             await pending
         self._awaiting(agent, self.steps)
         rt.synced(rt.version)  # raises unless the last update reached the instances
+        if (writes := self._writes.get(agent)) is not None:
+            await writes.put(None)  # the writer ends after the last save: the run waits for it
+
+    async def _writer(self, agent: str) -> None:
+        """`agent`'s saves, one at a time in step order; each one returned lets the records of
+        its step go out."""
+        writes = self._writes[agent]
+        while (item := await writes.get()) is not None:
+            step, state = item
+            await self.on_agent_step(agent, step, state)
+            self._saves_left[step].discard(agent)
+            self._flush()
 
     def _awaiting(self, agent: str, step: int) -> None:
         """`agent` now trains `step`: its rows of that step must never wait for store capacity
@@ -211,11 +262,14 @@ class PipelineRun:
         self.orch.training_step[agent] = step
         self.store.wake()
 
-    async def _train_step(self, agent: str, step: int, taken: list[list[Group]]
-                          ) -> tuple[TrainResult | None, tuple[WeightUpdate, float] | None]:
+    async def _train_step(self, agent: str, step: int, taken: list[list[Group]],
+                          synced: list[asyncio.Task]) -> tuple[TrainResult | None,
+                                                               TrainState | None]:
         """One global batch of `agent`: `taken` groups first (a restarted attempt), then the
         step's groups as they come (appended to `taken`), one optimizer step, the weights
-        exported and the state snapshot taken while the slot is bound."""
+        exported and sent out by a sync task (appended to `synced`; a restarted attempt after
+        it pushes the re-trained weights again), and, beside that push, the state snapshot
+        taken while the slot is still bound; (the result, the snapshot)."""
         orch, policy = self.orch, self.policy
         rt = orch.agents[agent]
         if not rt.spec.trainable:
@@ -235,14 +289,23 @@ class PipelineRun:
                 await pending  # the last update is out before this one lands
                 self._pending_sync[agent] = None
             result = await session.finish()
-            weights = None
-            if result is not None:
-                rt.trained(result.version)
-                # Exported while the slot is bound; pushed to the instances after (possibly
-                # later: one_step_off), when the slot may already train another agent.
-                weights = await session.export()
-                await self.trainers.snapshot(agent)
-        return result, weights
+            if result is None:
+                return None, None
+            rt.trained(result.version)
+            # Exported while the slot is bound; pushed to the instances by the sync task (later
+            # for defer_sync), which opens the gate without waiting for the snapshot.
+            weights = await session.export()
+            if not synced:
+                deferred = policy.defer_sync and step + 1 < self.steps
+                task = self._tg.create_task(self._sync(agent, step, result, weights,
+                                                       deferred=deferred),
+                                            name=f"pipeline.{agent}.sync")
+                synced.append(task)
+                self._pending_sync[agent] = task
+            else:  # the gate is open and the record made: only the re-trained weights go out
+                await self._push(agent, weights[0])
+            state = await self.trainers.snapshot(agent)
+        return result, state
 
     async def _next_groups(self, agent: str, select: Callable[[Group], bool],
                            rollout_done: asyncio.Event) -> list[Group]:
@@ -378,9 +441,17 @@ class PipelineRun:
                 rt.first_call.pop(step, None)
         self.done[step] = {}
         self.records.append(record)
+        self._unemitted.append(record)
         no_signal = [n for n, a in record["agents"].items()
                      if a.get("trainable") and not a.get("trained_samples")]
         self.progress.end_step(step, {n: a["reward"] for n, a in record["agents"].items()
                                       if a["reward"] is not None}, record["step_s"], no_signal)
-        if self.emit is not None:
-            self.emit(record)
+        self._flush()
+
+    def _flush(self) -> None:
+        """Emit the built records whose step's saves have all returned, in step order: a
+        record (the resume point) is never out before the states it names."""
+        while self._unemitted and not self._saves_left.get(self._unemitted[0]["step"]):
+            record = self._unemitted.popleft()
+            if self.emit is not None:
+                self.emit(record)

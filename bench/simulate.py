@@ -1,7 +1,7 @@
 """Cluster simulation: the paper's comparison table, from the product's own scheduling code.
 
-Every system (flexmarl.sim.cluster.SYSTEMS: mas_rl, marti, one_step_off, flexmarl and its
-three ablations) runs the same preset workload (flexmarl.sim.presets) with the same seed on
+Every system (flexmarl.sim.cluster.SYSTEMS: mas_rl, marti, sync_static, one_step_off,
+flexmarl and its four variants) runs the same preset workload (flexmarl.sim.presets) with the same seed on
 simulated hardware (cost model flexmarl/sim/costs.toml) on a virtual clock: the real
 orchestrator, experience store, pipeline policies, balancer and trainer pool, over local://.
 Deterministic: two runs print the same numbers. Step time and tokens/s are over the steady
@@ -12,15 +12,17 @@ state (the first and last of the simulated steps are not measured).
     .venv/bin/python bench/simulate.py --preset all     # every preset, one table each
 
 Columns: step time (s), generated tokens/s, accelerator utilisation (active device-seconds:
-decoding, prefilling, training / all devices x time), ratios of step time against mas_rl and
-marti (their step / this step: > 1 is faster), moves (instances moved between agents), swaps
-(training states in or out of trainer slots), switches (colocated mode changes). The ideal
-bound is FlexMARL with perfect overlap: its step with training, swaps and syncs free, or its
-trainer work spread over its slots, whichever is longer.
+decoding, prefilling, training / all devices x time), ratios of step time against mas_rl, marti
+and sync_static (their step / this step: > 1 is faster), the gaps to the two bounds
+(flexmarl.sim.bounds: perfect overlap, the least over the compared layouts, which no system
+can beat; zero staleness, rollout span + the least tail of a zero-staleness step), moves
+(instances moved between agents), swaps (training states in or out of trainer slots),
+switches (colocated mode changes).
 
 With --json the last line is one JSON object: preset, systems.<name>.{step_s, tokens_per_s,
-utilisation, ...}, ideal_step_s, flexmarl_gap_to_ideal, wall_s (for --preset all: presets.<name>
-of those).
+utilisation, perfect_overlap_s (its own layout's), gap_to_perfect_overlap,
+gap_to_zero_staleness, snapshot_s, write_s, ...}, bounds.{perfect_overlap_s, zero_staleness_s,
+rollout_only_s}, nodes, wall_s (for --preset all: presets.<name> of those).
 """
 from __future__ import annotations
 
@@ -48,22 +50,23 @@ def _value(text: str) -> float | int:
 
 def table(out: dict) -> str:
     systems = out["systems"]
-    base = {b: systems[b]["step_s"] for b in ("mas_rl", "marti") if b in systems}
-    util = systems.get("mas_rl", {}).get("utilisation")
+    bases = ("mas_rl", "marti", "sync_static")
+    base = {b: systems[b]["step_s"] for b in bases if b in systems}
+    b = out["bounds"]
     lines = [f"preset {out['preset']} on {out['nodes']} nodes: "
              f"{get_preset(out['preset']).description}",
-             f"{'system':22s} {'step s':>8s} {'tokens/s':>9s} {'util':>6s} {'util/mas':>8s} "
-             f"{'vs mas_rl':>9s} {'vs marti':>8s} {'moves':>6s} {'swaps':>6s} {'switch':>6s}"]
+             f"{'system':22s} {'step s':>8s} {'tokens/s':>9s} {'util':>6s} "
+             + " ".join(f"{'vs ' + x:>9s}" for x in ("mas_rl", "marti", "sync_st"))
+             + f" {'to p.o.':>8s} {'to z.s.':>8s} {'moves':>6s} {'swaps':>6s} {'switch':>6s}"]
     for name, r in systems.items():
-        ratios = [f"{base[b] / r['step_s']:8.2f}x" if b in base else f"{'-':>9s}"
-                  for b in ("mas_rl", "marti")]
-        u = f"{r['utilisation'] / util:7.2f}x" if util else f"{'-':>8s}"
+        ratios = [f"{base[x] / r['step_s']:8.2f}x" if x in base else f"{'-':>9s}"
+                  for x in bases]
         lines.append(f"{name:22s} {r['step_s']:8.1f} {r['tokens_per_s']:9.1f} "
-                     f"{r['utilisation']:6.1%} {u} {ratios[0]} {ratios[1]:>8s} "
+                     f"{r['utilisation']:6.1%} {' '.join(ratios)} "
+                     f"{r['gap_to_perfect_overlap']:+8.1%} {r['gap_to_zero_staleness']:+8.1%} "
                      f"{r['moves']:6d} {r['swaps']:6d} {r['switches']:6d}")
-    if "ideal_step_s" in out:
-        lines.append(f"ideal (perfect overlap) {out['ideal_step_s']:7.1f} s; flexmarl is "
-                     f"{out['flexmarl_gap_to_ideal']:+.1%} from it")
+    lines.append(f"bounds: perfect overlap {b['perfect_overlap_s']:.1f} s (the least over the "
+                 f"layouts; p.o.), zero staleness {b['zero_staleness_s']:.1f} s (z.s.)")
     return "\n".join(lines)
 
 

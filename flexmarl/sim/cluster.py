@@ -10,25 +10,40 @@
 Systems differ only in policy objects and placement, so every comparison is one workload, one
 seed, one cost model:
 
-    system                pipeline      balancing      trainers
-    mas_rl                sync          round_robin    colocated: every device hosts every
+    system                 pipeline      balancing     trainers
+    mas_rl                 sync          round_robin   colocated: every device hosts every
                                                        agent's instances and one trainer slot;
                                                        one mode resident at a time (agents
                                                        generate and train in turn)
-    marti                 sync          round_robin    one dedicated slot per agent
-    one_step_off          one_step_off  round_robin    one dedicated slot per agent
-    flexmarl              micro_batch   hierarchical   shared pool (preset.shared_slots)
-    flexmarl-no_pipeline  sync          hierarchical   shared pool
-    flexmarl-no_balance   micro_batch   round_robin    shared pool
-    flexmarl-no_pool      micro_batch   hierarchical   one dedicated slot per agent
+    marti                  sync          round_robin   per agent: each agent's own devices hold
+                                                       its instances and its trainer, one mode
+                                                       at a time (vLLM asleep while it trains);
+                                                       agents train in parallel, their weights
+                                                       are broadcast one agent after another
+    sync_static            sync          round_robin   one dedicated slot per agent
+    one_step_off           one_step_off  round_robin   one dedicated slot per agent
+    flexmarl               micro_batch   hierarchical  shared pool (preset.shared_slots)
+    flexmarl-one_step_off  one_step_off  hierarchical  shared pool
+    flexmarl-no_pipeline   sync          hierarchical  shared pool
+    flexmarl-no_balance    micro_batch   round_robin   shared pool
+    flexmarl-no_pool       micro_batch   hierarchical  one dedicated slot per agent
+
+The `marti` row follows MARTI's driver (TsinghuaC3I/MARTI, marti/trainer/
+multi_agent_ppotrainer.py `ppo_train`: every agent's `reload_states`, then every agent's `fit`
+issued together and joined, then `offload_states`; then `_broadcast_to_vllm` agent by agent:
+wake_up, broadcast, sleep) and its launcher (marti/cli/multi_agent_train_ppo_ray.py: one
+placement group per agent, vLLM and the actor on it with `colocate_all_models` and
+`vllm_enable_sleep`). The FlexMARL rows pay what `flexmarl run` does after every step: the
+recovery snapshot (ExportState; trainer_pool.snapshots) and the durable state write
+(run.save_state); the baselines checkpoint at intervals, which is not priced.
 
 Devices not in trainer slots serve rollout, split equally between agents at the start.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -41,7 +56,7 @@ from flexmarl.orchestrator.loop import PipelineRun
 from flexmarl.orchestrator.policy import PipelineConfig, PipelinePolicy, make_pipeline
 from flexmarl.rollout.pool import InstancePool, RolloutConfig
 from flexmarl.rollout.worker import RolloutWorker
-from flexmarl.sim import clock
+from flexmarl.sim import bounds, clock
 from flexmarl.sim.costs import Costs, Model, load_costs
 from flexmarl.sim.engines import DeviceGroup, SimRolloutEngine, SimTokenizer, SimTrainer
 from flexmarl.sim.presets import Preset, get_preset
@@ -58,17 +73,22 @@ class System:
     pipeline: str
     balance: str
     trainers: str
-    """colocated, static (one slot per agent) or shared (preset.shared_slots)."""
+    """colocated (one group for everything), per_agent (each agent's own colocated group),
+    static (one slot per agent) or shared (preset.shared_slots)."""
+    flexmarl: bool = False
+    """Pays FlexMARL's per-step snapshot and state write (see the module docstring)."""
 
 
 SYSTEMS: dict[str, System] = {s.name: s for s in (
     System("mas_rl", "sync", "round_robin", "colocated"),
-    System("marti", "sync", "round_robin", "static"),
+    System("marti", "sync", "round_robin", "per_agent"),
+    System("sync_static", "sync", "round_robin", "static"),
     System("one_step_off", "one_step_off", "round_robin", "static"),
-    System("flexmarl", "micro_batch", "hierarchical", "shared"),
-    System("flexmarl-no_pipeline", "sync", "hierarchical", "shared"),
-    System("flexmarl-no_balance", "micro_batch", "round_robin", "shared"),
-    System("flexmarl-no_pool", "micro_batch", "hierarchical", "static"),
+    System("flexmarl", "micro_batch", "hierarchical", "shared", True),
+    System("flexmarl-one_step_off", "one_step_off", "hierarchical", "shared", True),
+    System("flexmarl-no_pipeline", "sync", "hierarchical", "shared", True),
+    System("flexmarl-no_balance", "micro_batch", "round_robin", "shared", True),
+    System("flexmarl-no_pool", "micro_batch", "hierarchical", "static", True),
 )}
 
 
@@ -77,7 +97,9 @@ class SystemResult:
     system: str
     step_s: float
     """Mean step time over the measured steps (all but the first, which starts cold, and the
-    last, which has no next rollout to overlap with)."""
+    last, which has no next rollout to overlap with), timed from the end of the rollout
+    before the first to the end of the last one's rollout: every mode's window then holds
+    the same rollouts (a record's emission lags its rollout by a step in one_step_off)."""
     tokens_per_s: float
     utilisation: float
     """Active device-seconds (decoding, prefilling, training) / (devices x measured time)."""
@@ -90,10 +112,21 @@ class SystemResult:
     switches: int = 0
     train_compute_s: float = 0.0
     """Trainer compute seconds per measured step, all slots together."""
+    snapshot_s: float = 0.0
+    """Slot seconds per measured step spent taking recovery snapshots."""
+    write_s: float = 0.0
+    """Disk seconds per measured step spent writing states (one disk: writes queue)."""
     records: list[dict] = field(default_factory=list, repr=False)
+    micro_batches: list[tuple[float, str, int, int]] = field(default_factory=list, repr=False)
+    """(time, agent, rows, tokens) of every micro-batch any slot trained."""
+    marks: list[float] = field(default_factory=list, repr=False)
+    """The simulated time at which each step's rollout ended."""
+    emits: list[float] = field(default_factory=list, repr=False)
+    """The simulated time at which each step's record was emitted."""
 
     def summary(self) -> dict:
-        return {k: v for k, v in dataclasses.asdict(self).items() if k != "records"}
+        return {k: v for k, v in dataclasses.asdict(self).items()
+                if k not in ("records", "micro_batches", "marks", "emits")}
 
 
 @dataclass
@@ -125,6 +158,27 @@ def _layout(preset: Preset, system: System, costs: Costs) -> _Layout:
             for _ in range(per[agent]):
                 add(agent, group, model)
         return _Layout([group], instances, {"trainer-0": (total, group)}, static=False)
+
+    if system.trainers == "per_agent":
+        share = total // len(models)
+        groups, slots = [], {}
+        for k, (agent, model) in enumerate(models.items()):
+            count = share // model.rollout_devices
+            group = DeviceGroup(f"agent-{agent}", share, costs, colocated=True)
+            # Waking vLLM loads the agent's weights onto every instance; reloading the
+            # trainer loads its whole training state (each offloaded by the other mode).
+            group.switch_bytes = lambda mode, n=count, m=model: (
+                n * m.weight_bytes if mode[0] == "rollout" else costs.state_bytes(m))
+            for _ in range(count):
+                add(agent, group, model)
+            groups.append(group)
+            slots[f"trainer-{k}"] = (share, group)
+        broadcasts = DeviceGroup("driver", 0, costs, colocated=True,
+                                 switch_bytes=lambda mode: 0.0)
+        for insts in instances.values():
+            for _, engine in insts:
+                engine.broadcasts = broadcasts
+        return _Layout(groups, instances, slots, static=True)
 
     if system.trainers == "static":
         sizes = [m.train_devices for m in models.values()]
@@ -172,7 +226,8 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
                             {a: AgentTrainer(f"sim:{preset.models[a]}", {}, m.train_devices)
                              for a, m in models.items()},
                             TrainerPoolConfig(slots=0 if layout.static else len(layout.slots),
-                                              snapshots=False, request_timeout_s=FOREVER_S))
+                                              snapshots=system.flexmarl,
+                                              request_timeout_s=FOREVER_S))
         agents = {spec.name: AgentRuntime(spec, f"sim:{preset.models[spec.name]}", SimTokenizer())
                   for spec in team.agents}
         store = ExperienceStore(list(models))
@@ -182,22 +237,45 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
                                   max_concurrent_calls=1 << 20, micro_batch_groups=1)
         orch = Orchestrator(team, agents, store, pool, pipeline, seed=seed, activity=activity)
         engines = [e for insts in layout.instances.values() for _, e in insts]
-        marks: list[tuple[float, float, float]] = []
+        marks: list[tuple[float, float, float, float, float]] = []
+        disk = asyncio.Lock()  # the run directory's one disk: state writes queue on it
+        written = [0.0]
+
+        async def write_state(agent: str, step: int, state: Any = None) -> None:
+            """flexmarl run's durable write of the agent's state (run.save_state)."""
+            async with disk:
+                seconds = costs.state_write_s(models[agent])
+                await asyncio.sleep(seconds)
+                written[0] += seconds
+
+        emits: list[float] = []
 
         def emit(record: dict) -> None:
+            emits.append(now())
+            record["sim"] = {"t": now()}
+
+        rollout = orch.rollout
+
+        async def timed_rollout(*args: Any, **kwargs: Any) -> Any:
+            """The orchestrator's rollout, with the accounting taken when it ends."""
+            stats = await rollout(*args, **kwargs)
             for e in engines:  # bring their device accounting up to now
                 e._advance()
                 e._schedule()
             compute = sum(t.compute_s for t in trainers)
-            marks.append((now(), sum(g.active_device_s for g in layout.groups), compute))
-            record["sim"] = {"t": now()}
+            marks.append((now(), sum(g.active_device_s for g in layout.groups), compute,
+                          sum(t.snapshot_s for t in trainers), written[0]))
+            return stats
+
+        orch.rollout = timed_rollout  # type: ignore[method-assign]
 
         await pool.start()
         try:
             async with orch.serving():
                 records = await PipelineRun(
                     orch, store, pool, tpool, activity, pipeline, steps,
-                    policy=policy or make_pipeline(system.pipeline), emit=emit).run()
+                    policy=policy or make_pipeline(system.pipeline), emit=emit,
+                    on_agent_step=write_state if system.flexmarl else None).run()
         finally:
             await pool.close()
             await tpool.close()
@@ -205,12 +283,12 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
             for conn in [*conns.values(), *slot_conns.values()]:
                 await conn.aclose()
     total = preset.nodes * costs.device.devices_per_node
-    # Steady state: from the end of step 0 (which starts cold) to the end of the step before
-    # the last (which has no next rollout to overlap with).
+    # Steady state: from the end of step 0's rollout (it starts cold) to the end of the
+    # rollout of the step before the last (which has no next rollout to overlap with).
     first, last = (1, len(records) - 2) if len(records) >= 3 else (0, len(records) - 1)
     measured = records[first:last + 1]
-    t0, a0, c0 = marks[first - 1] if first else (0.0, 0.0, 0.0)
-    t1, a1, c1 = marks[last]
+    t0, a0, c0, s0, w0 = marks[first - 1] if first else (0.0,) * 5
+    t1, a1, c1, s1, w1 = marks[last]
     elapsed = t1 - t0
     tokens = sum(a["tokens"] for r in measured for a in r["agents"].values())
     return SystemResult(
@@ -225,7 +303,9 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
         swaps=sum(len(r["swaps"]) for r in records),
         switches=sum(g.switches for g in layout.groups),
         train_compute_s=(c1 - c0) / len(measured),
-        records=records)
+        snapshot_s=(s1 - s0) / len(measured), write_s=(w1 - w0) / len(measured),
+        records=records, micro_batches=sorted(m for t in trainers for m in t.micro_batches),
+        marks=[m[0] for m in marks], emits=emits)
 
 
 def simulate(preset: str | Preset, system: str | System, *, costs: Costs | None = None,
@@ -242,24 +322,20 @@ def simulate(preset: str | Preset, system: str | System, *, costs: Costs | None 
                           policy, balance))
 
 
-def ideal_step_s(preset: str | Preset, flexmarl: SystemResult, *, costs: Costs | None = None,
-                 steps: int | None = None, seed: int = 0) -> float:
-    """Perfect overlap: FlexMARL's step with training, swaps and syncs free (rollout alone),
-    or its trainer work spread over its slots, whichever is longer."""
-    costs = costs or load_costs()
-    free = dataclasses.replace(
-        costs, train=dataclasses.replace(costs.train, flops_per_token_per_param=0.0,
-                                         optimizer_passes=0.0),
-        links=dataclasses.replace(costs.links, host_bandwidth_per_node=math.inf,
-                                  sync_bandwidth=math.inf))
-    rollout_only = simulate(preset, "flexmarl", costs=free, steps=steps, seed=seed)
-    return max(rollout_only.step_s, flexmarl.train_compute_s / len(flexmarl.trainer_slots))
+def rollout_only(preset: Preset, system: System, *, costs: Costs, steps: int | None = None,
+                 seed: int = 0) -> SystemResult:
+    """`system`'s layout and balancer serving the workload with all else free
+    (flexmarl.sim.bounds)."""
+    free = dataclasses.replace(system, name=f"{system.name}/rollout_only",
+                               pipeline="one_step_off")
+    return simulate(preset, free, costs=bounds.free_training(costs), steps=steps, seed=seed)
 
 
 def compare(preset: str | Preset, systems: list[str] | None = None, *,
             costs: Costs | None = None, steps: int | None = None, seed: int = 0,
             progress: Callable[[str, SystemResult], Any] | None = None) -> dict:
-    """Every system on one workload and seed; the JSON-ready comparison."""
+    """Every system on one workload and seed, with the preset's bounds; the JSON-ready
+    comparison."""
     preset = get_preset(preset) if isinstance(preset, str) else preset
     costs = costs or load_costs()
     results = {}
@@ -267,12 +343,29 @@ def compare(preset: str | Preset, systems: list[str] | None = None, *,
         results[name] = simulate(preset, name, costs=costs, steps=steps, seed=seed)
         if progress is not None:
             progress(name, results[name])
+    # One rollout-only run per layout and balancer among the systems, and FlexMARL's (the
+    # zero-staleness bound is on its layout even when it is not compared).
+    flex = SYSTEMS["flexmarl"]
+    only: dict[tuple[str, str], SystemResult] = {}
+    for system in [SYSTEMS[n] for n in results] + [flex]:
+        key = (system.trainers, system.balance)
+        if key not in only:
+            only[key] = rollout_only(preset, system, costs=costs, steps=steps, seed=seed)
     out: dict[str, Any] = {"preset": preset.name, "seed": seed,
                            "steps": steps or preset.steps, "systems": {}}
+    own = {name: bounds.perfect_overlap_s(r, only[(SYSTEMS[name].trainers,
+                                                    SYSTEMS[name].balance)])
+           for name, r in results.items()}
+    flex_only = only[(flex.trainers, flex.balance)]
+    out["bounds"] = {
+        "perfect_overlap_s": min(own.values()),
+        "zero_staleness_s": flex_only.step_s + bounds.least_tail_s(preset, flex_only, costs),
+        "rollout_only_s": {f"{t}/{b}": r.step_s for (t, b), r in only.items()},
+    }
     for name, r in results.items():
-        out["systems"][name] = r.summary()
-    if "flexmarl" in results:
-        out["ideal_step_s"] = ideal_step_s(preset, results["flexmarl"], costs=costs,
-                                           steps=steps, seed=seed)
-        out["flexmarl_gap_to_ideal"] = results["flexmarl"].step_s / out["ideal_step_s"] - 1
+        row = r.summary()
+        row["perfect_overlap_s"] = own[name]
+        row["gap_to_perfect_overlap"] = r.step_s / out["bounds"]["perfect_overlap_s"] - 1
+        row["gap_to_zero_staleness"] = r.step_s / out["bounds"]["zero_staleness_s"] - 1
+        out["systems"][name] = row
     return out

@@ -8,6 +8,9 @@
     swap         = training state bytes / (nodes x host bandwidth per node)
     weight sync  = weight bytes / sync bandwidth (per instance, instances in parallel)
     colocation   = bytes the devices must hold for the next mode / (nodes x host bandwidth)
+    snapshot     = training state bytes / sync bandwidth (gathered on rank 0, one link to the
+                   orchestrator's host: ExportState as the product does it)
+    state write  = training state bytes / storage write bandwidth (the run directory's disk)
 
 Attention FLOPs, prefix caching and preemption are left out (see bench/README.md).
 """
@@ -58,6 +61,11 @@ class Links:
 
 
 @dataclass(frozen=True)
+class Storage:
+    write_bandwidth: float
+
+
+@dataclass(frozen=True)
 class Model:
     name: str
     params: float
@@ -82,6 +90,7 @@ class Costs:
     rollout: Rollout
     train: Train
     links: Links
+    storage: Storage
     models: dict[str, Model]
 
     # ------------------------------------------------------------------ rollout
@@ -122,6 +131,12 @@ class Costs:
     def state_bytes(self, m: Model) -> float:
         return self.train.state_bytes_per_param * m.params
 
+    def snapshot_s(self, m: Model) -> float:
+        return self.state_bytes(m) / self.links.sync_bandwidth
+
+    def state_write_s(self, m: Model) -> float:
+        return self.state_bytes(m) / self.storage.write_bandwidth
+
     def host_transfer_s(self, num_bytes: float, devices: int) -> float:
         nodes = max(1, math.ceil(devices / self.device.devices_per_node))
         return num_bytes / (nodes * self.links.host_bandwidth_per_node)
@@ -149,4 +164,5 @@ def load_costs(path: str | Path = DEFAULT_PATH, **overrides: Any) -> Costs:
     return Costs(Device(**build(Device, raw["device"], "device")),
                  Rollout(**build(Rollout, raw["rollout"], "rollout")),
                  Train(**build(Train, raw["train"], "train")),
-                 Links(**build(Links, raw["links"], "links")), models)
+                 Links(**build(Links, raw["links"], "links")),
+                 Storage(**build(Storage, raw["storage"], "storage")), models)

@@ -5,8 +5,9 @@
                       every running sequence, advanced event to event (arrival, completion,
                       every `segment_tokens`) instead of token by token
     SimTrainer        an actor that answers the trainer-slot protocol (SwapIn/SwapOut,
-                      TrainBeginBatch, TrainMicroBatch, TrainStep, ExportWeights) as
-                      flexmarl.training.worker does, waiting the modelled compute time
+                      TrainBeginBatch, TrainMicroBatch, TrainStep, ExportWeights,
+                      ExportState) as flexmarl.training.worker does, waiting the modelled
+                      compute and transfer times
     DeviceGroup       the devices under them: active device-seconds (utilisation), and for
                       colocated systems one resident mode at a time (an agent's rollout
                       weights or its training state), each change paid in host transfers
@@ -27,7 +28,8 @@ from typing import Any
 import torch
 
 from flexmarl.clock import now
-from flexmarl.protocol import (ExportWeights, Sample, SamplingParams, SwapDone, SwapIn, SwapOut,
+from flexmarl.protocol import (ExportState, ExportWeights, Sample, SamplingParams, SwapDone,
+                               SwapIn, SwapOut,
                                TrainBeginBatch, TrainMicroBatch, TrainState, TrainStats,
                                TrainStep, TrainStepDone, WeightUpdate)
 from flexmarl.sim.costs import Costs, Model
@@ -157,6 +159,10 @@ class SimRolloutEngine:
         """(seed) -> None, called when a sequence of the request with that SamplingParams.seed
         joins the batch (its prefill starts): how long it queued, for routing measurements
         (flexmarl.sim.routing). None: not observed (the cluster simulator)."""
+        self.broadcasts: DeviceGroup | None = None
+        """A colocated group the weight loads pass through as mode ("sync", agent): one agent's
+        instances load together, agents one after another (a driver that broadcasts to each
+        agent's engines in turn, as MARTI's does). None: every load is independent."""
 
     async def start(self) -> None:
         self._last = now()
@@ -169,7 +175,15 @@ class SimRolloutEngine:
             self._timer.cancel()
 
     async def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
-        await asyncio.sleep(self.costs.weight_load_s(self.model))
+        if self.broadcasts is None:
+            await asyncio.sleep(self.costs.weight_load_s(self.model))
+            return
+        mode = ("sync", self.agent_of() if self.agent_of else "")
+        await self.broadcasts.acquire(mode)
+        try:
+            await asyncio.sleep(self.costs.weight_load_s(self.model))
+        finally:
+            self.broadcasts.release(mode)
 
     def lengths(self, prompt_ids: list[int], params: SamplingParams) -> list[int]:
         median = max(1, prompt_ids[0]) if prompt_ids else 1
@@ -269,6 +283,10 @@ class SimTrainer(Actor):
         self.agent = ""
         self.version = 0
         self.compute_s = 0.0
+        self.micro_batches: list[tuple[float, str, int, int]] = []
+        """(time, agent, rows, tokens) of every micro-batch received: what the bounds of
+        flexmarl.sim.bounds price with the real cost model after a run with free training."""
+        self.snapshot_s = 0.0
 
     async def _compute(self, seconds: float, active: int) -> None:
         mode = ("train", self.agent)
@@ -318,6 +336,7 @@ class SimTrainer(Actor):
         model = self._model()
         rows = int(msg.input_ids.shape[0])
         tokens = int(msg.attention_mask.sum().item())
+        self.micro_batches.append((now(), self.agent, rows, tokens))
         await self._compute(self.costs.train_s(model, self.devices, rows, tokens),
                             self.costs.active_train_devices(self.devices, rows))
         return TrainStats(loss=0.0, num_tokens=int(msg.response_mask.sum().item()))
@@ -333,3 +352,13 @@ class SimTrainer(Actor):
     async def on_export(self, msg: ExportWeights, env: Envelope) -> WeightUpdate:
         self._model()  # the transfer itself is paid by each instance's load (sync_bandwidth)
         return WeightUpdate(self.version, {})
+
+    @handler(ExportState)
+    async def on_export_state(self, msg: ExportState, env: Envelope) -> TrainState:
+        """The recovery snapshot as the product takes it: the whole state gathered on rank 0
+        and sent to the orchestrator's host (flexmarl.training.worker.export_state)."""
+        model = self._model()
+        seconds = self.costs.snapshot_s(model)
+        await asyncio.sleep(seconds)
+        self.snapshot_s += seconds
+        return TrainState(self.agent, self.version, {}, {"version": self.version}, seconds)

@@ -452,3 +452,60 @@ async def test_a_step_larger_than_the_store_capacity_completes(mode, tiny_model_
     for m in result.metrics:  # 4 tasks x 2 trajectories: 8 checker rows, 16 solver rows
         assert m["agents"]["checker"]["samples"] == 8 and m["agents"]["solver"]["samples"] == 16
     assert stores[0].capacity_per_agent == 3
+
+
+# ----------------------------------------------------------------------------- off the critical path
+
+SLOW_SAVE_S = 1.0
+
+
+@pytest.mark.slow
+async def test_the_gate_opens_before_the_state_is_saved(tiny_model_dir, tmp_path, monkeypatch,
+                                                        no_leftover_children):
+    """Every state save takes SLOW_SAVE_S: each agent's next rollout passes its gate while the
+    saves of its previous step are still running; one agent's saves run one at a time in step
+    order; a step's record is never written before its states; the run returns only once the
+    last save is done."""
+    import time
+
+    from flexmarl.launch.checkpoint import StateCheckpoints
+    from flexmarl.observe.rundir import read_metrics
+
+    saves: list[tuple[str, int, float, float]] = []  # agent, step, started, ended
+    passes: list[tuple[int, float]] = []  # gate passes: step, when
+    save, wait = StateCheckpoints.save, StepGate.wait
+    cfg = config(tmp_path, "micro_batch")
+    metrics = Path(cfg.run.dir) / "metrics.jsonl"
+
+    def slow_save(self, agent, step, state):  # runs in a worker thread (asyncio.to_thread)
+        started = time.perf_counter()
+        recorded = [m["step"] for m in read_metrics(metrics)] if metrics.exists() else []
+        assert step not in recorded, (agent, step, recorded)  # the record waits for its states
+        time.sleep(SLOW_SAVE_S)
+        out = save(self, agent, step, state)
+        saves.append((agent, step, started, time.perf_counter()))
+        return out
+
+    async def timed_wait(self, step):
+        await wait(self, step)
+        passes.append((step, time.perf_counter()))
+
+    monkeypatch.setattr(StateCheckpoints, "save", slow_save)
+    monkeypatch.setattr(StepGate, "wait", timed_wait)
+    result = await run(duo(tiny_model_dir), cfg)
+    returned = time.perf_counter()
+
+    assert [m["step"] for m in result.metrics] == [0, 1, 2]
+    for agent in ("solver", "checker"):
+        own = [s for s in saves if s[0] == agent]
+        assert [s[1] for s in own] == [0, 1, 2]  # in step order
+        assert all(a[3] <= b[2] for a, b in zip(own, own[1:]))  # one at a time
+    # Step s+1's calls passed their gates before step s's saves were done (both agents' gates
+    # count: a call of the duo's workflow waits for the checker's, then the solver's).
+    for step in (0, 1):
+        saved = min(end for _, s, _, end in saves if s == step)
+        first_pass = min(t for s, t in passes if s == step + 1)
+        assert first_pass < saved - SLOW_SAVE_S / 2, (step, saved - first_pass)
+    assert max(end for *_, end in saves) < returned  # the run waited for the last save
+    state = Path(cfg.run.dir) / "state"
+    assert {p.name for p in (state / "solver").iterdir()} == {"step-000002"}

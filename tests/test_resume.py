@@ -103,6 +103,12 @@ def test_a_killed_run_resumes_to_the_same_weights(tiny_model_dir, tmp_path, unin
     done_before = len(read_metrics(metrics))
     assert done_before < STEPS, "the run finished before it could be killed"
 
+    _assert_resumes_like(run_dir, uninterrupted)
+
+
+def _assert_resumes_like(run_dir: Path, uninterrupted: Path) -> None:
+    """`flexmarl run --resume run_dir` ends like the uninterrupted run, every step once."""
+    metrics = run_dir / "metrics.jsonl"
     out = _finish(_flexmarl("run", "--resume", str(run_dir)))
     assert "(resuming)" in out
 
@@ -124,6 +130,34 @@ def test_a_killed_run_resumes_to_the_same_weights(tiny_model_dir, tmp_path, unin
     # Nothing of the killed run is left running.
     assert not [p for p in psutil.process_iter(["cmdline"])
                 if str(run_dir) in " ".join(p.info["cmdline"] or [])]
+
+
+@pytest.mark.slow
+def test_a_run_killed_during_a_state_write_resumes(tiny_model_dir, tmp_path, uninterrupted):
+    """Saves run in the background (each made 0.5 s slow by the team file, which runs in the
+    `flexmarl run` process): the run is SIGKILLed while a state of step 2 is being written, so
+    step 2 has no record yet; the resumed run redoes it and ends like an uninterrupted one."""
+    team = tmp_path / "slow_team.py"
+    team.write_text(
+        f"import sys, time\nsys.path.insert(0, {str(ROOT / 'tests')!r})\n"
+        "from test_e2e import duo\nfrom flexmarl.launch import checkpoint\n"
+        "_save_file = checkpoint.save_file\n\n"
+        "def slow_save_file(tensors, path):\n"
+        "    time.sleep(0.5)  # inside the save's temp dir: a kill now leaves it half done\n"
+        "    return _save_file(tensors, path)\n\n"
+        "checkpoint.save_file = slow_save_file\n"
+        f"team = duo({tiny_model_dir!r})\n")
+    config, run_dir = _setup(tmp_path, tiny_model_dir, "run", f"team.path={team}")
+    proc = _flexmarl("run", str(config))
+    deadline = time.monotonic() + 300
+    while not [p for p in (run_dir / "state").glob("*/.tmp-step-*")
+               if int(p.name.split("-")[2]) >= 2]:
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.monotonic() < deadline, "no state of step 2 was written in 300 s"
+        time.sleep(0.02)
+    _kill_everything(proc)
+    assert not [m for m in read_metrics(run_dir / "metrics.jsonl") if m["step"] >= 2]
+    _assert_resumes_like(run_dir, uninterrupted)
 
 
 def test_resume_refuses_a_finished_run_and_a_missing_dir(tmp_path):
@@ -204,3 +238,103 @@ def test_a_run_resumes_when_an_agent_never_updated(tiny_model_dir, tmp_path):
     assert [m["step"] for m in metrics] == [0, 1]
     assert [m["agents"]["checker"]["version"] for m in metrics] == [0, 0]
     assert metrics[-1]["agents"]["solver"]["version"] >= 1
+
+
+def _in_process_config(tmp_path: Path, *extra: str):
+    from flexmarl.observe.rundir import RunDir
+    config = load_config(overrides=[
+        f"run.dir={tmp_path / 'run'}", "rollout.backend=torch", "pipeline.tasks_per_step=3",
+        "pipeline.trajectories_per_task=2", "trainer.lr=1e-3", "observe.dashboard=false",
+        "observe.tensorboard=false", "observe.report=false", *extra])
+    return config, RunDir.create(config)
+
+
+@pytest.mark.slow
+async def test_a_failing_state_write_fails_the_run_naming_its_path(tiny_model_dir, tmp_path,
+                                                                   monkeypatch):
+    """The writes run in the background, but a full disk at step 1 still stops the run, with an
+    error naming the agent, the step and its dir; step 1's record is never written."""
+    import asyncio
+    import sys as _sys
+
+    from safetensors import SafetensorError
+
+    from flexmarl.launch import checkpoint
+    from flexmarl.launch.checkpoint import CheckpointError
+    from flexmarl.launch.run import train
+    _sys.path.insert(0, str(ROOT / "tests"))
+    from test_e2e import duo
+
+    real = checkpoint.save_file
+
+    def full_at_step_1(tensors, path):
+        if ".tmp-step-000001-" in str(path):
+            raise SafetensorError("Error while serializing: I/O error: No space left on device "
+                                  "(os error 28)")
+        return real(tensors, path)
+
+    monkeypatch.setattr(checkpoint, "save_file", full_at_step_1)
+    config, run_dir = _in_process_config(tmp_path, "run.steps=4")
+    with pytest.raises(CheckpointError, match=r"agent '(solver|checker)' step 1 \(.*/run/state/"
+                                              r"(solver|checker)/step-000001\): cannot write the "
+                                              r"state .*No space left on device"):
+        await asyncio.wait_for(train(duo(tiny_model_dir), config, run_dir=run_dir,
+                                     progress=False), 300)
+    assert [m["step"] for m in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [0]
+
+
+@pytest.mark.slow
+async def test_a_trainer_killed_after_its_push_before_its_snapshot(tiny_model_dir, tmp_path,
+                                                                   uninterrupted, monkeypatch):
+    """The solver's step-2 weights reach its instances (its gate opens), then its trainer is
+    SIGKILLed before the step's snapshot lands: the step is re-trained from step 1's snapshot
+    on the same groups, so the trainer goes on from the state its instances serve; the run
+    equals an uninterrupted one (samples, versions, rewards, final weights)."""
+    import asyncio
+    import sys as _sys
+
+    from flexmarl.launch.run import train
+    from flexmarl.observe.rundir import RunDir
+    from flexmarl.orchestrator.loop import PipelineRun
+    from flexmarl.training.pool import TrainerPool
+    _sys.path.insert(0, str(ROOT / "tests"))
+    from test_e2e import duo
+    from workers import running_workers
+
+    real_push, real_snapshot = PipelineRun._push, TrainerPool.snapshot
+    pushed, killed, snapshots = asyncio.Event(), [], []
+
+    async def push(self, agent, weights):
+        out = await real_push(self, agent, weights)
+        if agent == "solver" and weights.version == 3:  # step 2's update
+            pushed.set()
+        return out
+
+    async def snapshot(self, agent):
+        if agent == "solver":
+            snapshots.append(agent)
+            if len(snapshots) == 3:  # step 2's (every step updates: versions 1, 2, 3, ...)
+                await asyncio.wait_for(pushed.wait(), 120)
+                os.kill(running_workers()["trainer-0-0"], signal.SIGKILL)  # the solver's slot
+                killed.append(True)
+        return await real_snapshot(self, agent)
+
+    monkeypatch.setattr(PipelineRun, "_push", push)
+    monkeypatch.setattr(TrainerPool, "snapshot", snapshot)
+    path, run_dir = _setup(tmp_path, tiny_model_dir, "run")
+    config = load_config(str(path))
+    result = await asyncio.wait_for(train(duo(tiny_model_dir), config,
+                                          run_dir=RunDir.create(config), progress=False), 300)
+    assert killed and len(snapshots) == STEPS + 1  # step 2's taken twice
+    ref = read_metrics(uninterrupted / "metrics.jsonl")
+    assert [m["step"] for m in result.metrics] == list(range(STEPS))
+    assert sum(m["faults"]["trainer"]["restarted_steps"] for m in result.metrics) == 1
+    for m, r in zip(result.metrics, ref):
+        assert m["team_reward"] == pytest.approx(r["team_reward"], rel=1e-12), m["step"]
+        for agent in ("solver", "checker"):
+            assert m["agents"][agent]["samples"] == r["agents"][agent]["samples"]
+            assert m["agents"][agent]["version"] == r["agents"][agent]["version"]
+    a, b = _final_weights(run_dir), _final_weights(uninterrupted)
+    for agent in a:
+        diff = max((a[agent][k] - b[agent][k]).abs().max().item() for k in a[agent])
+        assert diff <= WEIGHT_ATOL, (agent, diff)

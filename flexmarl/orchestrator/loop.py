@@ -52,9 +52,11 @@ agent's own writer task, in step order; a step's record is emitted only once eve
 of that step has returned, so a record never names a step whose states are not on disk (the
 resume point, flexmarl.launch.checkpoint.resume_point), and the run returns only when every
 save is done. A failing save fails the run. A slot that dies after the step's weights went out
-but before its snapshot landed: the push is let finish, then the step is re-trained from the
-previous snapshot on the same groups (the same update) and pushed again, so the trainer never
-goes on from an older state than its instances serve.
+but before its snapshot landed: the push is let finish (the gate opens, the record is made),
+then the step is re-trained from the previous snapshot on the same groups fed in the same
+micro-batches (the same update, as for a slot dying mid-batch) and snapshotted; it is not
+pushed again (instances refuse a version they serve), so the trainer never goes on from an
+older state than its instances serve.
 
 The loop is handed what it uses: the orchestrator (rollouts), the store (groups), the rollout
 pool (weight sync), the trainer pool (slots), the activity log, and the `pipeline` section.
@@ -182,11 +184,10 @@ class PipelineRun:
                 if not orch.trainable:  # a frozen team: steps end with their rollouts
                     tg.create_task(self._frozen_steps(), name="pipeline.frozen")
         except BaseExceptionGroup as group:
-            # One loop failed and the others were cancelled: raise its error, not the group.
-            leaves = list({id(e): e for e in _leaves(group)}.values())  # a loop awaiting a
-            if len(leaves) == 1:                                      # failed task re-raises it
-                raise leaves[0] from group
-            raise
+            # One task failed and the others were cancelled: raise its error, not the group.
+            # Tasks failing at once (two agents' saves on one full disk) raise the first; the
+            # group, their cause, holds the others.
+            raise _leaves(group)[0] from group
         if self._unemitted:  # every save returned, so every record was emitted
             raise RuntimeError(f"records of steps {[r['step'] for r in self._unemitted]} were "
                                "never emitted")
@@ -267,9 +268,9 @@ class PipelineRun:
                                                                TrainState | None]:
         """One global batch of `agent`: `taken` groups first (a restarted attempt), then the
         step's groups as they come (appended to `taken`), one optimizer step, the weights
-        exported and sent out by a sync task (appended to `synced`; a restarted attempt after
-        it pushes the re-trained weights again), and, beside that push, the state snapshot
-        taken while the slot is still bound; (the result, the snapshot)."""
+        exported and sent out by a sync task (appended to `synced`; not again by a restarted
+        attempt), and, beside that push, the state snapshot taken while the slot is still
+        bound; (the result, the snapshot)."""
         orch, policy = self.orch, self.policy
         rt = orch.agents[agent]
         if not rt.spec.trainable:
@@ -292,18 +293,18 @@ class PipelineRun:
             if result is None:
                 return None, None
             rt.trained(result.version)
-            # Exported while the slot is bound; pushed to the instances by the sync task (later
-            # for defer_sync), which opens the gate without waiting for the snapshot.
-            weights = await session.export()
             if not synced:
+                # Exported while the slot is bound; pushed to the instances by the sync task
+                # (later for defer_sync), which opens the gate without waiting for the snapshot.
+                weights = await session.export()
                 deferred = policy.defer_sync and step + 1 < self.steps
                 task = self._tg.create_task(self._sync(agent, step, result, weights,
                                                        deferred=deferred),
                                             name=f"pipeline.{agent}.sync")
                 synced.append(task)
                 self._pending_sync[agent] = task
-            else:  # the gate is open and the record made: only the re-trained weights go out
-                await self._push(agent, weights[0])
+            # else: a restart after the step's weights went out: the instances serve them
+            # already (a version is pushed once), and the re-trained state is the same update.
             state = await self.trainers.snapshot(agent)
         return result, state
 

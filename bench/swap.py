@@ -1,20 +1,30 @@
 """Swap benchmark: training state in and out of trainer slots, and what sharing slots buys.
 
-1. Per model size: one trainer slot (a real trainer worker process) trains the model one step
-   (so AdamW state exists), then its whole training state is swapped out to this process and
-   back in through the runtime (SwapOut / SwapIn), beside a plain in-memory copy (clone) of the
-   same tensors in the same run. swap GB/s = state bytes / (out + in seconds) / 2 (the bytes
-   cross twice); medians over --swaps rounds.
+1. Per model size, the one swap path against a plain memcpy of the same bytes, in the same run.
+   Two trainer slots (real trainer worker processes, 1 rank each); the agent trains one step in
+   slot a (so AdamW state exists), then, --swaps rounds each (medians):
+   - same slot: SwapOut (offload: the rank's shards to host memory of its process) and SwapIn
+     back into slot a (onload: copied back in place);
+   - cross slot: SwapOut from one slot, SwapIn into the other (its rank pulls the shards rank
+     to rank through the runtime transport, into modules built empty), alternating a -> b ->
+     a, the old copy dropped each time;
+   - memcpy: clone() of the state's tensors (ExportState's, the same bytes) in this process,
+     the fastest of 3 back to back, beside each round's swaps.
+   GB/s = state bytes / seconds of that step, timed at this client (so a swap includes its
+   request's round trip); ratio = GB/s / memcpy GB/s (what flexmarl/sim/costs.toml's swap
+   efficiencies are calibrated from).
 2. The default team (agents/math_duo.py, two trainable agents) trained with static reservation
-   (`trainer_pool.slots = 0`: one slot per agent) and with one shared slot (`trainer_pool.slots = 1`), same
-   config and seeds otherwise: trainer utilisation = time the slots' processes spent on requests
-   (training, weight export, swaps) / (slots x wall time of the timed steps), step time, swaps.
+   (`trainer_pool.slots = 0`: one slot per agent) and with one shared slot
+   (`trainer_pool.slots = 1`), same config and seeds otherwise: trainer utilisation = time the
+   slots' processes spent on requests (training, weight export, swaps) / (slots x wall time of
+   the timed steps), step time, swaps.
 
     .venv/bin/python bench/swap.py [--json] [--sizes tiny,small,medium] [--swaps 3]
                                    [--steps 6] [--warmup 1] [--set section.key=value ...]
 
-With --json the last line is one JSON object: swap_gbps and memcpy_gbps (largest size),
-per size its numbers, util_static, util_shared, and per placement step_s and swaps.
+With --json the last line is one JSON object: offload_gbps, onload_gbps, move_gbps and
+memcpy_gbps (largest size), per size its numbers, util_static, util_shared, and per placement
+step_s and swaps.
 """
 from __future__ import annotations
 
@@ -34,10 +44,17 @@ if importlib.util.find_spec("flexmarl") is None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+async def timed(coro) -> tuple[object, float]:
+    started = time.perf_counter()
+    out = await coro
+    return out, time.perf_counter() - started
+
+
 async def swap_throughput(size: str, swaps: int) -> dict:
     from flexmarl.orchestrator.batch import micro_batch
     from flexmarl.models import ensure_model
-    from flexmarl.protocol import SwapIn, SwapOut, TrainBeginBatch, TrainStep
+    from flexmarl.protocol import (DropParked, ExportState, SwapIn, SwapOut, TrainBeginBatch,
+                                   TrainStep)
     from flexmarl.training.trainer import TrainerConfig
     from runtime.supervisor import Supervisor, WorkerSpec
     from runtime.transport import connect
@@ -47,35 +64,61 @@ async def swap_throughput(size: str, swaps: int) -> dict:
     work = tempfile.mkdtemp(prefix="flexmarl-swap-")
     sup = Supervisor()
     async with sup.serving():
-        handle = await sup.start_worker(WorkerSpec(
-            name="slot", entry="flexmarl.training.worker:trainer_worker",
-            args={"rank": 0, "world_size": 1, "init_method": f"file://{work}/store"},
-            ready_timeout_s=300))
-        async with connect(handle.address) as slot:
-            await slot.request(SwapIn(size, model_dir, cfg), timeout_s=300)
+        handles = await asyncio.gather(*(sup.start_worker(WorkerSpec(
+            name=f"slot-{k}", entry="flexmarl.training.worker:trainer_worker",
+            args={"rank": 0, "world_size": 1, "init_method": f"file://{work}/{k}"},
+            ready_timeout_s=300)) for k in "ab"))
+        async with connect(handles[0].address) as a, connect(handles[1].address) as b:
+            await a.request(SwapIn(size, model_dir, cfg), timeout_s=300)
             mb = micro_batch([([1, 2, 3], [4, 5, 6, 7], [-1.0] * 4)] * 2, [1.0, -1.0])
-            await slot.request(TrainBeginBatch(0))
-            await slot.request(mb)
-            await slot.request(TrainStep(8))
-            outs, ins, copies, num_bytes = [], [], [], 0
+            await a.request(TrainBeginBatch(0))
+            await a.request(mb)
+            await a.request(TrainStep(8))
+            state = await a.request(ExportState(), timeout_s=300)
+
+            def memcpy() -> float:
+                """The fastest of 3 clones: the first ones of a size pay this VM's page faults
+                of fresh memory, which would flatter the ratio."""
+                times = []
+                for _ in range(3):
+                    started = time.perf_counter()
+                    copy = {k: v.clone() for k, v in state.tensors.items()}
+                    times.append(time.perf_counter() - started)
+                    del copy
+                return min(times)
+
+            # Each round times a memcpy beside its swaps, so a busy machine slows both alike.
+            outs, ins, moves, copies, num_bytes = [], [], [], [], 0
             for _ in range(swaps):
-                started = time.perf_counter()
-                state = await slot.request(SwapOut(), timeout_s=300)
-                outs.append(time.perf_counter() - started)
-                num_bytes = sum(t.numel() * t.element_size() for t in state.tensors.values())
-                started = time.perf_counter()
-                copy = {k: v.clone() for k, v in state.tensors.items()}
-                copies.append(time.perf_counter() - started)
-                del copy
-                started = time.perf_counter()
-                await slot.request(SwapIn(size, model_dir, cfg, state.tensors, state.meta),
-                                   timeout_s=300)
-                ins.append(time.perf_counter() - started)
+                copies.append(memcpy())
+                parked, out_s = await timed(a.request(SwapOut(), timeout_s=300))
+                done, in_s = await timed(a.request(SwapIn(size, model_dir, cfg,
+                                                          source=parked.ranks), timeout_s=300))
+                assert done.how == "here", done  # same slot: offload, onload in place
+                outs.append(out_s)
+                ins.append(in_s)
+                num_bytes = parked.num_bytes
+                copies.append(memcpy())
+                parked = await a.request(SwapOut(), timeout_s=300)  # cross slot: a -> b -> a
+                done, ab_s = await timed(b.request(SwapIn(size, model_dir, cfg,
+                                                          source=parked.ranks), timeout_s=300))
+                await a.request(DropParked(size))
+                parked = await b.request(SwapOut(), timeout_s=300)
+                done, ba_s = await timed(a.request(SwapIn(size, model_dir, cfg,
+                                                          source=parked.ranks), timeout_s=300))
+                assert done.how == "pulled", done
+                await b.request(DropParked(size))
+                moves += [ab_s, ba_s]
         await sup.stop_workers()
-    out_s, in_s, copy_s = (statistics.median(v) for v in (outs, ins, copies))
-    return {"size": size, "bytes": num_bytes, "out_s": out_s, "in_s": in_s,
-            "swap_gbps": 2 * num_bytes / (out_s + in_s) / 1e9,
-            "memcpy_gbps": num_bytes / copy_s / 1e9}
+    out_s, in_s, move_s, copy_s = (statistics.median(v) for v in (outs, ins, moves, copies))
+    memcpy = num_bytes / copy_s / 1e9
+    r = {"size": size, "bytes": num_bytes, "out_s": out_s, "in_s": in_s, "move_s": move_s,
+         "offload_gbps": num_bytes / out_s / 1e9, "onload_gbps": num_bytes / in_s / 1e9,
+         "move_gbps": num_bytes / move_s / 1e9, "memcpy_gbps": memcpy,
+         "swap_gbps": 2 * num_bytes / (out_s + in_s) / 1e9}
+    for k in ("offload", "onload", "move", "swap"):
+        r[f"{k}_ratio"] = r[f"{k}_gbps"] / memcpy
+    return r
 
 
 async def run_placement(slots: int, args: argparse.Namespace) -> dict:
@@ -102,13 +145,17 @@ async def main(args: argparse.Namespace) -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     sizes = [await swap_throughput(s, args.swaps) for s in args.sizes.split(",")]
-    print(f"{'size':<8} {'state MB':>9} {'out s':>7} {'in s':>7} {'swap GB/s':>10} "
-          f"{'memcpy GB/s':>12}")
+    print("GB/s (x memcpy): offload and onload = same slot, move = cross slot, rank to rank")
+    print(f"{'size':<8} {'state MB':>9} {'offload':>15} {'onload':>15} {'move':>15} "
+          f"{'memcpy':>7}")
     for r in sizes:
-        print(f"{r['size']:<8} {r['bytes'] / 1e6:>9.2f} {r['out_s']:>7.3f} {r['in_s']:>7.3f} "
-              f"{r['swap_gbps']:>10.3f} {r['memcpy_gbps']:>12.2f}")
-    out = {"sizes": sizes, "swap_gbps": sizes[-1]["swap_gbps"],
-           "memcpy_gbps": sizes[-1]["memcpy_gbps"]}
+        cells = [f"{r[k + '_gbps']:.3f} ({r[k + '_ratio']:.3f})"
+                 for k in ("offload", "onload", "move")]
+        print(f"{r['size']:<8} {r['bytes'] / 1e6:>9.2f} " + " ".join(f"{c:>15}" for c in cells)
+              + f" {r['memcpy_gbps']:>7.2f}")
+    last = sizes[-1]
+    out = {"sizes": sizes, **{k: last[k] for k in (
+        "offload_gbps", "onload_gbps", "move_gbps", "memcpy_gbps", "swap_gbps")}}
     if args.steps:
         placements = {"static": await run_placement(0, args),
                       "shared": await run_placement(1, args)}

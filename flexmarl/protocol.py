@@ -18,11 +18,20 @@ frames, no pickle. Rollout, training and weight-sync messages live here; the run
     TrainStep        TrainSession                              worker.py), which  TrainStepDone
     ExportWeights    TrainSession.export, TrainerPool.export   runs the call on   WeightUpdate
     SwapIn           TrainerPool (binding an agent to a slot)  every rank;        SwapDone
-    SwapOut          TrainerPool (evicting an idle agent)      followers refuse   TrainState
-    ExportState      TrainerPool.snapshot                      requests           TrainState
+    SwapOut          TrainerPool (evicting an idle agent)      followers refuse   Parked
+    DropParked       TrainerPool (the agent moved elsewhere)   requests           None
+    ExportState      TrainerPool.snapshot                      (rank 0)           TrainState
+    FetchShards      a trainer rank pulling a parked agent     every rank, its    ShardData
+                     (SwapIn with a source)                    own shards
 
-Kinds 116 and 117 (Offload, Onload: an in-place swap that nothing but tests sent) are retired;
-SwapOut/SwapIn are the one swap path.
+The one swap path: SwapOut parks the agent in the slot, each rank's own shards to host memory
+of that rank's process (pinned on CUDA), and answers where they are (Parked.ranks, no tensors).
+A SwapIn into the same slot copies them back in place; into another slot, its ranks pull the
+slices they need straight from those ranks (FetchShards, rank to rank, in parallel, resharded
+when the rank counts differ), and the pool then frees the old copy (DropParked). No tensor of a
+swap passes through the process that sends these messages. A whole TrainState (ExportState:
+snapshots and checkpoints) goes back into a slot only to restore one (a resumed run, a dead
+slot's agent): SwapIn.tensors. Kinds 116 and 117 (the retired Offload/Onload) are not reused.
 """
 from __future__ import annotations
 
@@ -58,6 +67,10 @@ class FlexKind(IntEnum):
     SWAP_OUT = 120
     TRAIN_STATE = 121
     EXPORT_STATE = 122
+    PARKED = 123
+    FETCH_SHARDS = 124
+    SHARD_DATA = 125
+    DROP_PARKED = 126
 
 
 # ----------------------------------------------------------------------------- rollout
@@ -276,19 +289,27 @@ class ExportWeights:
 class SwapDone:
     KIND: ClassVar[int]
     num_bytes: int
+    """Bytes that moved into the slot's device memory (all ranks)."""
     seconds: float
+    how: str = ""
+    """"here" (parked in this slot: copied back in place), "pulled" (from another slot's
+    ranks), "fresh" (built from model_dir) or "restored" (a whole TrainState)."""
 
 
 @message(FlexKind.SWAP_IN)
 @dataclass(slots=True)
 class SwapIn:
-    """Bind a trainer slot to an agent: build its trainer (model_dir, TrainerConfig fields) and,
-    when `tensors` is not empty, restore the training state a SwapOut returned (anywhere)."""
+    """Bind a trainer slot to an agent (model_dir, TrainerConfig fields). Its state comes from:
+    its shards parked in this slot (copied back in place); else `source`, the shard-server
+    addresses of the ranks it is parked on (Parked.ranks of another slot: every rank here pulls
+    its slices from them, resharded); else `tensors`/`meta`, a whole TrainState to restore (a
+    snapshot or checkpoint, not a swap); else nothing: a fresh trainer from model_dir."""
 
     KIND: ClassVar[int]
     agent: str
     model_dir: str
     config: dict[str, Any]
+    source: list[str] = field(default_factory=list)
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
 
@@ -296,9 +317,55 @@ class SwapIn:
 @message(FlexKind.SWAP_OUT)
 @dataclass(slots=True)
 class SwapOut:
-    """Unbind the slot: reply with the agent's whole training state and free the slot."""
+    """Park the slot's agent: every rank copies its own shards to host memory of its process
+    and frees the device; the slot is then empty (the parked agent's state stays in it)."""
 
     KIND: ClassVar[int]
+
+
+@message(FlexKind.PARKED)
+@dataclass(slots=True)
+class Parked:
+    """Where a SwapOut left the agent's state: on the slot's ranks, `ranks[r]` the address of
+    rank r (send it FetchShards). Carries no tensor."""
+
+    KIND: ClassVar[int]
+    agent: str
+    version: int
+    num_bytes: int
+    """All ranks' shard bytes together."""
+    seconds: float
+    ranks: list[str]
+
+
+@message(FlexKind.FETCH_SHARDS)
+@dataclass(slots=True)
+class FetchShards:
+    """Ask one rank for slices of an agent parked on it: `pieces` [[name, lo, hi, _], ...]
+    rows [lo, hi) of dim 0 of its local tensor `name` (hi -1: all of it); [] asks for the
+    state's layout, metadata and RNG (flexmarl.training.trainer.pull_plan)."""
+
+    KIND: ClassVar[int]
+    agent: str
+    pieces: list[list[Any]] = field(default_factory=list)
+
+
+@message(FlexKind.SHARD_DATA)
+@dataclass(slots=True)
+class ShardData:
+    KIND: ClassVar[int]
+    tensors: dict[str, torch.Tensor]
+    layout: dict[str, list[Any]] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@message(FlexKind.DROP_PARKED)
+@dataclass(slots=True)
+class DropParked:
+    """Free the host copy of an agent parked in this slot (it now lives in another slot)."""
+
+    KIND: ClassVar[int]
+    agent: str
 
 
 @message(FlexKind.EXPORT_STATE)
@@ -313,7 +380,8 @@ class ExportState:
 @message(FlexKind.TRAIN_STATE)
 @dataclass(slots=True)
 class TrainState:
-    """An agent's training state out of its slot (flexmarl.training.trainer.export_state's layout)."""
+    """An agent's whole training state gathered on rank 0 (flexmarl.training.trainer.
+    export_state's layout): ExportState's reply, a snapshot or a checkpoint."""
 
     KIND: ClassVar[int]
     agent: str

@@ -21,8 +21,8 @@ from flexmarl.checks import ConfigError
 from flexmarl.launch import gguf
 from flexmarl.launch.model_dirs import check_model, resolve_model, write_model_dir
 from flexmarl.orchestrator.batch import micro_batch
-from flexmarl.protocol import (ExportWeights, Generate, SamplingParams, SwapIn, SwapOut,
-                               TrainBeginBatch, TrainStep)
+from flexmarl.protocol import (ExportState, ExportWeights, Generate, SamplingParams, SwapIn,
+                               SwapOut, TrainBeginBatch, TrainStep)
 from flexmarl.rollout.engine import EngineConfig
 from flexmarl.rollout.torch_engine import TorchEngine
 from flexmarl.models import load_model
@@ -48,8 +48,8 @@ def smollm2_dir() -> str:
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def trained(smollm2_dir, tmp_path_factory) -> dict:
     """SmolLM2 trained in real trainer processes: two steps on a 2-rank FSDP2 slot, its state
-    (parameters, AdamW moments, RNG) swapped out and into a 1-rank slot and back into the
-    2-rank one, a third step on each, then exported to a model directory."""
+    (parameters, AdamW moments, RNG) parked, pulled into a 1-rank slot and put back in place in
+    the 2-rank one, a third step on each, then exported to a model directory."""
     from runtime.supervisor import Supervisor, WorkerSpec
     from runtime.transport import connect
 
@@ -68,16 +68,15 @@ async def trained(smollm2_dir, tmp_path_factory) -> dict:
             await two.request(SwapIn("x", smollm2_dir, cfg), timeout_s=600)
             for seed in (1, 2):
                 await _train_step(two, seed)
-            state = await two.request(SwapOut(), timeout_s=600)
+            state = await two.request(ExportState(), timeout_s=600)  # the whole state
+            parked = await two.request(SwapOut(), timeout_s=600)
             exact = {}
-            for name, conn in (("one", one), ("two", two)):
-                await conn.request(SwapIn("x", smollm2_dir, cfg, state.tensors, state.meta),
+            for name, conn in (("one", one), ("two", two)):  # pulled 2 -> 1; back in place
+                await conn.request(SwapIn("x", smollm2_dir, cfg, source=parked.ranks),
                                    timeout_s=600)
-                back = await conn.request(SwapOut(), timeout_s=600)  # out again, untouched
+                back = await conn.request(ExportState(), timeout_s=600)
                 exact[name] = back.tensors.keys() == state.tensors.keys() and all(
                     torch.equal(back.tensors[k], state.tensors[k]) for k in state.tensors)
-                await conn.request(SwapIn("x", smollm2_dir, cfg, back.tensors, back.meta),
-                                   timeout_s=600)
                 del back
                 await _train_step(conn, 3)
             one_w = await one.request(ExportWeights(), timeout_s=600)
@@ -116,8 +115,9 @@ async def _train_step(conn, seed: int) -> None:
 @pytest.mark.asyncio(loop_scope="session")
 async def test_fsdp2_training_swaps_and_export_on_the_real_model(trained, smollm2_dir):
     """All 134.5M parameters train under FSDP2 on 2 ranks and on 1: the 2-rank slot's state
-    comes out whole (every parameter with both AdamW moments), goes into a 1-rank and a 2-rank
-    slot and out again bit for bit, and the agent continues alike on both (CROSS_RANKS_ATOL).
+    comes out whole (every parameter with both AdamW moments), is parked, pulled into a 1-rank
+    slot and put back into the 2-rank one bit for bit, and the agent continues alike on both
+    (CROSS_RANKS_ATOL).
     The export holds exactly the trainer's weights; transformers loads it, embeddings still
     tied, with the base model's tokenizer and chat template."""
     from transformers import AutoTokenizer

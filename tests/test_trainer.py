@@ -8,8 +8,10 @@ so GRAD_ATOL is 1e-6. Weights are compared after 2 AdamW steps, and Adam divides
 component by its own magnitude (+ eps 1e-8): for the smallest components a last-bit difference
 of the gradient becomes a visible relative difference of the update, so weights differ by up to
 a few lr * 1e-3 (observed 4e-7 .. 1.1e-6 at lr 1e-3, mostly in k_proj) and WEIGHT_ATOL is lr/100.
-A state swapped out and into a fresh trainer (export_state / load_state, what a slot's
-SwapOut and SwapIn do) is compared bit for bit, in one process and per FSDP shard.
+A state exported and loaded into a fresh trainer (export_state / load_state: snapshots and
+checkpoints) is compared bit for bit, in one process and per FSDP shard; so is a state parked
+and brought back (park / unpark, what a slot's SwapOut and SwapIn do) and one pulled slice by
+slice into a trainer built empty (pull_plan, what a SwapIn from another slot does).
 """
 from __future__ import annotations
 
@@ -25,10 +27,15 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
 from flexmarl.training.grpo import token_logprobs
-from flexmarl.protocol import (ExportWeights, SwapIn, SwapOut, TrainBeginBatch,
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flexmarl.protocol import (ExportState, ExportWeights, SwapIn, SwapOut, TrainBeginBatch,
                                TrainMicroBatch, TrainStats, TrainStep, TrainStepDone,
                                WeightUpdate)
-from flexmarl.training.trainer import GRPOTrainer, TrainerConfig, export_state, load_state
+from flexmarl.training.trainer import (GRPOTrainer, TrainerConfig, chunk_rows, export_state,
+                                       fill, load_state, local_tensors, park, prepare_pull,
+                                       pull_plan, set_rng, sharded_here, slices, unpark)
 from runtime.config import SupervisorConfig
 from runtime.errors import RemoteError
 from runtime.supervisor import Supervisor, WorkerSpec, pid_alive
@@ -321,11 +328,11 @@ def step_batch(trainer: GRPOTrainer, mb: TrainMicroBatch, num_micro: int = 2) ->
 
 @pytest.mark.parametrize("train_layers", [0, 1])
 def test_swapped_state_is_bit_exact_and_training_goes_on(model_dir, batches, train_layers):
-    """The one swap path in one process: after a step, the whole state out (SwapOut's
-    export_state) and into a fresh trainer (SwapIn's load_state); the fresh one holds the same
-    tensors bit for bit and its next step equals that of a trainer that never swapped. In the
-    middle of a global batch a swap is refused (the half-built gradient is not in the state).
-    With train_layers the state holds optimizer moments for the trained part only."""
+    """Snapshots and checkpoints in one process: after a step, the whole state out
+    (export_state) and into a fresh trainer (load_state); the fresh one holds the same tensors
+    bit for bit and its next step equals that of a trainer that never left. In the middle of a
+    global batch an export is refused (the half-built gradient is not in the state). With
+    train_layers the state holds optimizer moments for the trained part only."""
     config = {**CONFIG, "train_layers": train_layers}
     trainer = GRPOTrainer(model_dir, TrainerConfig(**config))
     step_batch(trainer, batches[0])
@@ -357,6 +364,71 @@ def test_swapped_state_is_bit_exact_and_training_goes_on(model_dir, batches, tra
     a, b = fresh.export_weights(), reference.export_weights()
     assert all(torch.equal(a[k], b[k]) for k in a)  # same process, same ops: bit for bit
     print(f"state {num_bytes} B for {num_params} parameters")
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.05])
+def test_a_parked_trainer_holds_no_device_memory_and_comes_back_bit_for_bit(model_dir,
+                                                                          batches, kl_coef):
+    """The swap path in one process: park() copies every storage (parameters, buffers, the KL
+    reference, AdamW state) to host buffers and frees the device's (here: the CPU's own
+    storages, resized to 0 bytes); unpark() copies them back in place. A trainer built empty
+    (no weight file read) and filled from the parked copy by pull_plan's slices equals it too.
+    Both then train exactly like a trainer that never left."""
+    config = TrainerConfig(**{**CONFIG, "kl_coef": kl_coef})
+    trainer = GRPOTrainer(model_dir, config)
+    step_batch(trainer, batches[0])
+    before = {k: v.clone() for k, v in local_tensors(trainer).items()}
+    assert any(k.startswith("ref/") for k in before) == (kl_coef > 0)
+    host = park(trainer)
+    assert all(t.untyped_storage().nbytes() == 0 for t in local_tensors(trainer).values())
+    assert host.num_bytes >= sum(t.numel() * t.element_size() for t in before.values()) / 2
+
+    empty = GRPOTrainer(model_dir, config, empty=True)
+    tensors = prepare_pull(empty, host.layout, host.meta)
+    [pieces] = pull_plan(host.layout, sharded_here(empty), 1, 1, 0).values()
+    fill(tensors, pieces, slices(host, pieces))
+    set_rng(empty, host.rng)
+    back = unpark(host)
+    for other in (back, empty):
+        assert other.version == 1
+        now = local_tensors(other)
+        assert now.keys() == before.keys() and all(torch.equal(before[k], now[k]) for k in now)
+    step_batch(back, batches[1])
+    step_batch(empty, batches[1])
+    a, b = export_state(back)[0], export_state(empty)[0]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    trainer.begin_batch(tokens(batches[1]))
+    with pytest.raises(RuntimeError, match=r"step\(\) first"):
+        park(trainer)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 5), st.integers(1, 5), st.booleans(), st.booleans())
+def test_pull_plans_cover_each_rank_s_rows_exactly_once(rows, src_world, world_size,
+                                                        src_sharded, sharded):
+    """Resharding: for any dim-0 size and rank counts, the slices each rank pulls tile its own
+    rows (FSDP2's torch.chunk shards) exactly, and each lies within its source rank's shard."""
+    layout = {"t": [[rows, 3], "float32", src_sharded, False], "s": [[], "float32", False, False]}
+    for rank in range(world_size):
+        plan = pull_plan(layout, {"t": sharded, "s": False}, src_world, world_size, rank)
+        lo, hi = chunk_rows(rows, world_size, rank) if sharded else (0, rows)
+        covered = []
+        for w, pieces in plan.items():
+            src = chunk_rows(rows, src_world, w) if src_sharded else (0, rows)
+            for name, a, b, mine in pieces:
+                if name == "s" or b == -1:  # replicated on both sides (or 0-dim): all of it
+                    assert (a, b) == (0, -1) and (name == "s" or not (sharded or src_sharded))
+                    covered += range(lo, hi) if name == "t" else []
+                    continue
+                assert 0 <= a < b <= src[1] - src[0]
+                covered += range(lo + mine, lo + mine + b - a)
+                assert list(range(src[0] + a, src[0] + b)) == list(range(lo + mine,
+                                                                         lo + mine + b - a))
+        assert sorted(covered) == list(range(lo, hi))
+        assert sum(p[0] == "s" for ps in plan.values() for p in ps) == 1
+    assert [len(c) for c in torch.arange(rows).chunk(world_size)] == [
+        hi - lo for lo, hi in (chunk_rows(rows, world_size, r) for r in range(world_size))
+        if hi > lo]
 
 
 def test_kl_to_the_initial_weights_without_ref_logprobs(model_dir, batches):
@@ -491,12 +563,16 @@ async def test_trainer_worker_group_over_the_runtime(model_dir, batches, tmp_pat
             assert all(isinstance(s, TrainStats) for s in stats)
             done = await lead.request(TrainStep())
             assert isinstance(done, TrainStepDone) and done.version == 1
-            state = await lead.request(SwapOut())  # both ranks' shards, whole, on rank 0
+            state = await lead.request(ExportState())  # both ranks' shards, whole, on rank 0
+            parked = await lead.request(SwapOut())  # each rank's own shards, in its process
+            assert parked.version == state.version == 1 and len(set(parked.ranks)) == 2
             with pytest.raises(RemoteError, match="SwapIn an agent first"):
                 await lead.request(TrainBeginBatch(1))
-            swapped = await lead.request(SwapIn("solver", model_dir, CONFIG, state.tensors,
-                                                state.meta))
-            assert state.version == 1 and swapped.num_bytes > 0
+            swapped = await lead.request(SwapIn("solver", model_dir, CONFIG,
+                                                source=parked.ranks))
+            assert swapped.how == "here" and swapped.num_bytes == parked.num_bytes > 0
+            again = await lead.request(ExportState())
+            assert all(torch.equal(state.tensors[k], again.tensors[k]) for k in state.tensors)
             update = await lead.request(ExportWeights())
             assert isinstance(update, WeightUpdate) and update.version == 1
         pids = [h.pid for h in handles]

@@ -1,9 +1,13 @@
-"""Trainer slots shared by agents: the allocator's invariants, exact swaps between real slots,
-and a shared one-slot pool training like one slot per agent.
+"""Trainer slots shared by agents: the allocator's invariants, exact swaps within and between
+real slots (of equal and of different rank counts), no tensor of a swap through the pool, a
+parked agent's dead slot, and a shared one-slot pool training like one slot per agent.
 
-Tolerance: none between slots of the same size. A swap moves float32 parameters, AdamW state
-and the RNG state as raw tensors, so a swapped agent continues bit for bit as if it had never
-left (asserted with torch.equal). Between slots of different rank counts: CROSS_RANKS_ATOL.
+Tolerance: none for a swapped state. A swap moves float32 parameters, AdamW state and the RNG
+state as raw bytes (parked, copied back, or pulled slice by slice and resharded), so the state
+after it equals the state before bit for bit (ExportState compared with torch.equal), and an
+agent swapped between slots of the same size continues bit for bit as if it had never left.
+Training on after a move to another rank count sums gradients in another order:
+CROSS_RANKS_ATOL.
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,8 +25,8 @@ from safetensors.torch import load_file
 
 from flexmarl.orchestrator.batch import micro_batch
 from flexmarl.config.load import load_config
-from flexmarl.protocol import (ExportWeights, SwapIn, SwapOut, TrainBeginBatch, TrainStep,
-                               TrainState)
+from flexmarl.protocol import (DropParked, ExportState, ExportWeights, FetchShards, Parked,
+                               SwapDone, SwapIn, SwapOut, TrainBeginBatch, TrainStep, TrainState)
 from flexmarl.observe.rundir import RunDir
 from flexmarl.launch.run import train
 from flexmarl.training.trainer import TrainerConfig
@@ -136,41 +141,178 @@ async def train_step(conn, seed: int) -> None:
     await conn.request(TrainStep(int(mb.response_mask.sum())))
 
 
-@pytest.mark.slow
-async def test_swap_out_and_in_to_another_slot_is_exact(tiny_model_dir, tmp_path,
-                                                        no_leftover_children):
-    cfg = dataclasses.asdict(TrainerConfig(lr=1e-3))
+MODULE_LOOP = pytest.mark.asyncio(loop_scope="module")
+CFG = dataclasses.asdict(TrainerConfig(lr=1e-3))
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def slots(tiny_model_dir, tmp_path_factory):
+    """Three real, empty trainer slots shared by the tests below (4 processes, started once):
+    "one" and "other" of 1 rank, "two" of 2 ranks. Each test leaves them empty."""
+    work = tmp_path_factory.mktemp("slots")
+    specs = [WorkerSpec(name=f"two{r}", entry="flexmarl.training.worker:trainer_worker",
+                        args={"rank": r, "world_size": 2, "init_method": f"file://{work}/two"})
+             for r in range(2)]
+    specs += [WorkerSpec(name=n, entry="flexmarl.training.worker:trainer_worker",
+                         args={"rank": 0, "world_size": 1, "init_method": f"file://{work}/{n}"})
+              for n in ("one", "other")]
     sup = Supervisor()
     async with sup.serving():
-        handles = await asyncio.gather(*(sup.start_worker(WorkerSpec(
-            name=f"slot{i}", entry="flexmarl.training.worker:trainer_worker",
-            args={"rank": 0, "world_size": 1, "init_method": f"file://{tmp_path}/s{i}"}))
-            for i in range(2)))
-        async with connect(handles[0].address) as a, connect(handles[1].address) as b:
-            with pytest.raises(RemoteError, match="empty trainer slot"):
-                await a.request(ExportWeights())
-            await a.request(SwapIn("x", tiny_model_dir, cfg))
-            await train_step(a, 1)
-            await train_step(a, 2)
-            state: TrainState = await a.request(SwapOut())
-            assert (state.agent, state.version) == ("x", 2)
-            assert any(k.startswith("optim/") for k in state.tensors)  # AdamW moments too
-            done = await b.request(SwapIn("x", tiny_model_dir, cfg, state.tensors, state.meta))
-            assert done.num_bytes == sum(t.numel() * t.element_size()
-                                         for t in state.tensors.values())
-            await a.request(SwapIn("x", tiny_model_dir, cfg, state.tensors, state.meta))
-            for conn in (a, b):  # both continue from the swapped state
-                await train_step(conn, 3)
-            wa, wb = await a.request(ExportWeights()), await b.request(ExportWeights())
-            assert wa.version == wb.version == 3
-            assert all(torch.equal(wa.tensors[k], wb.tensors[k]) for k in wa.tensors)
-            again_a, again_b = await a.request(SwapOut()), await b.request(SwapOut())
-            assert again_a.tensors.keys() == again_b.tensors.keys()
-            assert all(torch.equal(again_a.tensors[k], again_b.tensors[k])
-                       for k in again_a.tensors)  # optimizer state and RNG as well
-            with pytest.raises(RemoteError, match="empty trainer slot"):
-                await a.request(SwapOut())
-        await sup.stop_workers()
+        handles = {h.name: h for h in await asyncio.gather(*(sup.start_worker(w)
+                                                               for w in specs))}
+        conns = {name: connect(handles[rank0].address)
+                 for name, rank0 in (("one", "one"), ("other", "other"), ("two", "two0"))}
+        try:
+            yield conns
+        finally:
+            for conn in conns.values():
+                await conn.aclose()
+            await sup.stop_workers()
+
+
+async def state_of(conn) -> TrainState:
+    return await conn.request(ExportState())
+
+
+def assert_same(a: TrainState, b: TrainState) -> None:
+    """Bit for bit: parameters, AdamW state, RNG, version."""
+    assert a.version == b.version and a.tensors.keys() == b.tensors.keys()
+    assert [k for k in a.tensors if not torch.equal(a.tensors[k], b.tensors[k])] == []
+
+
+async def move(src, dst, agent: str, model_dir: str, *, drop: bool = True) -> SwapDone:
+    """SwapOut of `agent` from `src`, SwapIn into `dst` (the same slot or another)."""
+    parked: Parked = await src.request(SwapOut())
+    assert parked.agent == agent and parked.num_bytes > 0
+    done = await dst.request(SwapIn(agent, model_dir, CFG, source=parked.ranks))
+    if drop and dst is not src:
+        await src.request(DropParked(agent))
+    return done
+
+
+@pytest.mark.slow
+@MODULE_LOOP
+async def test_a_parked_agent_comes_back_bit_for_bit_in_its_slot_and_in_another(
+        slots, tiny_model_dir):
+    """Same slot: copied back in place. Another slot of equal ranks: pulled rank to rank into
+    modules built empty. Both equal the state before, and an agent pulled while its old copy
+    is still parked continues exactly like that copy put back in place."""
+    one, other = slots["one"], slots["other"]
+    with pytest.raises(RemoteError, match="empty trainer slot"):
+        await one.request(ExportWeights())
+    assert (await one.request(SwapIn("x", tiny_model_dir, CFG))).how == "fresh"
+    await train_step(one, 1)
+    await train_step(one, 2)
+    before = await state_of(one)
+    assert before.version == 2 and any(k.startswith("optim/") for k in before.tensors)
+    assert (await move(one, one, "x", tiny_model_dir)).how == "here"
+    assert_same(before, await state_of(one))
+    done = await move(one, other, "x", tiny_model_dir, drop=False)
+    assert done.how == "pulled" and done.num_bytes > 0
+    assert_same(before, await state_of(other))
+    # The old copy is still parked in `one`: put back there, both continue alike.
+    await one.request(SwapIn("x", tiny_model_dir, CFG))
+    for conn in (one, other):
+        await train_step(conn, 3)
+    assert_same(await state_of(one), await state_of(other))
+    for conn in (one, other):  # leave the slots empty
+        await conn.request(SwapOut())
+        await conn.request(DropParked("x"))
+    with pytest.raises(RemoteError, match="empty trainer slot"):
+        await one.request(SwapOut())
+
+
+@pytest.mark.slow
+@MODULE_LOOP
+async def test_a_state_moves_bit_for_bit_between_rank_counts(slots, tiny_model_dir):
+    """1 -> 2 ranks (each rank of the 2-rank slot pulls its half of every dim-0 row range
+    from the 1-rank slot), in place within the 2-rank slot, 2 -> 1 (the 1-rank slot pulls
+    from both ranks): the state each time equal to the state before, bit for bit; training
+    goes on after each move."""
+    one, two = slots["one"], slots["two"]
+    await one.request(SwapIn("y", tiny_model_dir, CFG))
+    await train_step(one, 1)
+    before = await state_of(one)
+    assert (await move(one, two, "y", tiny_model_dir)).how == "pulled"
+    assert_same(before, await state_of(two))
+    await train_step(two, 2)
+    before = await state_of(two)
+    assert (await move(two, two, "y", tiny_model_dir)).how == "here"
+    assert_same(before, await state_of(two))
+    assert (await move(two, one, "y", tiny_model_dir)).how == "pulled"
+    assert_same(before, await state_of(one))
+    await train_step(one, 3)
+    assert (await state_of(one)).version == 3
+    with pytest.raises(RemoteError, match="not parked"):  # DropParked freed the old copy
+        await two.request(FetchShards("y"))
+    await one.request(SwapOut())
+    await one.request(DropParked("y"))
+
+
+class Recorder:
+    """A slot connection that keeps every request and reply passing through the pool."""
+
+    def __init__(self, conn, log: list) -> None:
+        self._conn, self.log = conn, log
+
+    async def request(self, msg, **kwargs):
+        reply = await self._conn.request(msg, **kwargs)
+        self.log.append((msg, reply))
+        return reply
+
+    def fail_pending(self, exc) -> None:
+        self._conn.fail_pending(exc)
+
+    async def aclose(self) -> None:
+        pass
+
+
+def tensors_in(obj) -> int:
+    """Tensors anywhere in a message (its fields, dicts and lists in them)."""
+    if isinstance(obj, torch.Tensor):
+        return 1
+    if isinstance(obj, dict):
+        return sum(tensors_in(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensors_in(v) for v in obj)
+    if dataclasses.is_dataclass(obj):
+        return sum(tensors_in(getattr(obj, f.name)) for f in dataclasses.fields(obj))
+    return 0
+
+
+@pytest.mark.slow
+@MODULE_LOOP
+async def test_the_pool_swaps_between_real_slots_with_no_tensor_through_it(slots,
+                                                                           tiny_model_dir):
+    """Three agents, two 1-rank slots: c evicts a (parked in one), then a gets the other slot
+    (pulled from one), then b comes back in place. Everything the pool sent and received on a
+    swap is control data: no tensor, either way; each agent's state is where the pool says."""
+    from flexmarl.training.pool import AgentTrainer, TrainerPool
+    log: list = []
+    pool = TrainerPool({"one": Recorder(slots["one"], log), "other": Recorder(slots["other"], log)},
+                       {"one": 1, "other": 1},
+                       {a: AgentTrainer(tiny_model_dir, CFG) for a in "abc"}, SHARED,
+                       prefetch=False)
+    states = {}
+    for agent in "abc":  # a into one, b into other, c evicts a (least recently used)
+        async with pool.bind(agent) as conn:
+            await train_step(conn, ord(agent))
+            states[agent] = await conn.request(ExportState())
+    assert pool.where("a") == ("parked", "one") and pool.where("c") == ("loaded", "one")
+    async with pool.bind("a") as conn:  # evicts b from other, pulls a from one
+        assert_same(states["a"], await conn.request(ExportState()))
+    assert pool.where("a") == ("loaded", "other") and pool.where("b") == ("parked", "other")
+    async with pool.bind("b") as conn:  # evicts c from one (least recently used), pulls b
+        assert_same(states["b"], await conn.request(ExportState()))
+    swaps = [(m, r) for m, r in log if isinstance(m, (SwapIn, SwapOut, DropParked))]
+    assert {type(m) for m, _ in swaps} == {SwapIn, SwapOut, DropParked}
+    assert [sw.source for sw in pool.swaps if sw.direction == "in"] == ["one", "other"]
+    assert sum(tensors_in(m) + tensors_in(r) for m, r in swaps) == 0
+    await pool.close()
+    for name in ("one", "other"):  # leave the slots empty
+        await slots[name].request(SwapOut())
+        for a in "abc":
+            await slots[name].request(DropParked(a))
 
 
 @pytest.mark.slow
@@ -194,36 +336,6 @@ async def test_one_shared_slot_trains_like_one_slot_per_agent(tiny_model_dir, tm
         wp = load_file(str(shared.checkpoints[name] / "model.safetensors"))
         assert all(torch.equal(ws[k], wp[k]) for k in ws), name
         assert [m["agents"][name]["version"] for m in shared.metrics] == [1, 2, 3]
-
-
-@pytest.mark.slow
-async def test_state_moves_between_slots_of_different_rank_counts(tiny_model_dir, tmp_path,
-                                                                  no_leftover_children):
-    """A 2-rank FSDP slot's state swapped into a 1-rank slot (and back into the 2-rank one):
-    both continue alike, within CROSS_RANKS_ATOL (observed: 0.0)."""
-    cfg = dataclasses.asdict(TrainerConfig(lr=1e-3))
-    sup = Supervisor()
-    async with sup.serving():
-        specs = [WorkerSpec(name=f"two{r}", entry="flexmarl.training.worker:trainer_worker",
-                            args={"rank": r, "world_size": 2,
-                                  "init_method": f"file://{tmp_path}/two"}) for r in range(2)]
-        specs.append(WorkerSpec(name="one", entry="flexmarl.training.worker:trainer_worker",
-                                args={"rank": 0, "world_size": 1,
-                                      "init_method": f"file://{tmp_path}/one"}))
-        handles = await asyncio.gather(*(sup.start_worker(s) for s in specs))
-        async with connect(handles[0].address) as two, connect(handles[2].address) as one:
-            await two.request(SwapIn("x", tiny_model_dir, cfg))
-            await train_step(two, 1)
-            await train_step(two, 2)
-            state = await two.request(SwapOut())
-            for conn in (one, two):
-                await conn.request(SwapIn("x", tiny_model_dir, cfg, state.tensors, state.meta))
-                await train_step(conn, 3)
-            a, b = await one.request(ExportWeights()), await two.request(ExportWeights())
-            assert a.version == b.version == 3
-            assert max((a.tensors[k] - b.tensors[k]).abs().max().item()
-                       for k in a.tensors) <= CROSS_RANKS_ATOL
-        await sup.stop_workers()
 
 
 @pytest.mark.slow
@@ -257,7 +369,8 @@ async def test_heterogeneous_agents_share_a_larger_slot(tiny_model_dir, tmp_path
 
 
 class RecordingSlot:
-    """Stands in for a trainer slot's connection: answers SwapIn/SwapOut like the worker."""
+    """Stands in for a trainer slot's connection: answers SwapIn/SwapOut like the worker. The
+    log says for each SwapIn whether the agent came with a state (parked, or restored)."""
 
     def __init__(self, log: list) -> None:
         self.log = log
@@ -268,12 +381,12 @@ class RecordingSlot:
         if isinstance(msg, SwapIn):
             assert not self.agent, "SwapIn into a busy slot"
             self.agent = msg.agent
-            self.log.append(("in", msg.agent, bool(msg.tensors)))
-            return None
+            self.log.append(("in", msg.agent, bool(msg.source or msg.tensors)))
+            return SwapDone(8, 0.0)
         if isinstance(msg, SwapOut):
             agent, self.agent = self.agent, ""
             self.log.append(("out", agent))
-            return TrainState(agent, 1, {"model/w": torch.zeros(2)}, {})
+            return Parked(agent, 1, 8, 0.0, [f"ipc://{id(self)}"])
         return None
 
     async def aclose(self) -> None:
@@ -419,3 +532,41 @@ async def test_a_hung_slot_is_killed_replaced_and_its_agent_restored_from_its_sn
     assert log == [("in", "a", False), ("in", "a", True)]  # fresh, then the snapshot
     assert [r["slot"] for r in pool.replacements] == ["s0"] and pool.deaths == 1
     assert pool.worker_died("s0-w0", "exited") is False  # the old process: already handled
+
+
+async def test_a_parked_agent_whose_slot_dies_restarts_from_its_snapshot():
+    """a is parked in s0 (b evicted it) when s0 dies: a's shards died with it, so a's next
+    binding restores its snapshot (the whole state, SwapIn.tensors) in the replaced slot, as
+    for b, the agent loaded there. An agent parked in a live slot is not touched."""
+    from flexmarl.training.pool import AgentTrainer, TrainerPool
+
+    class Slot(RecordingSlot):
+        async def request(self, msg, timeout_s=None):
+            if isinstance(msg, ExportState):
+                return TrainState(self.agent, 5, {"model/w": torch.ones(2)}, {"version": 5})
+            return await super().request(msg, timeout_s)
+
+        def fail_pending(self, exc):
+            pass
+
+    log: list = []
+
+    async def respawn(slot, old):
+        return [f"{slot}-w1"], Slot(log)
+
+    pool = TrainerPool({"s0": Slot(log)}, {"s0": 1},
+                       {a: AgentTrainer(f"/{a}", {}) for a in "ab"},
+                       TrainerPoolConfig(slots=1, snapshots=True), respawn=respawn,
+                       workers={"s0-w0": "s0"}, prefetch=False)
+    for agent in "ab":
+        async with pool.bind(agent):
+            await pool.snapshot(agent)
+    assert pool.where("a") == ("parked", "s0") and pool.where("b") == ("loaded", "s0")
+    assert pool.worker_died("s0-w0", "exited with -9")
+    assert pool.where("a") is None and pool.where("b") is None
+    assert all(isinstance(pool.states[a], TrainState) for a in "ab")  # their snapshots
+    async with pool.bind("a"):
+        pass
+    assert log[-1] == ("in", "a", True) and pool.restored_version("a") == 5
+    assert [sw.source for sw in pool.swaps if sw.direction == "in"] == [""]  # a restore
+    await pool.close()

@@ -5,7 +5,13 @@
     prefill      = 2 x params x prompt tokens / (devices x peak x prefill_mfu)
     train        = 6 x params x tokens / (active devices x peak x mfu), active devices =
                    min(slot devices, rows x max_devices_per_sequence); step = state passes
-    swap         = training state bytes / (nodes x host bandwidth per node)
+    swap out     = offload: each rank's shard to host memory of its node; the nodes in
+                   parallel, a node's ranks sharing its host link: state bytes / (nodes x host
+                   bandwidth per node x swap_host_efficiency)
+    swap in      = onload (the same, back) when the agent is parked in the slot; from another
+                   slot: move (rank to rank over the network, the nodes of the smaller side
+                   limiting: state bytes / (min(nodes) x move bandwidth per node x
+                   swap_move_efficiency)) + onload
     weight sync  = weight bytes / sync bandwidth (per instance, instances in parallel)
     colocation   = bytes the devices must hold for the next mode / (nodes x host bandwidth)
     snapshot     = training state bytes / sync bandwidth (gathered on rank 0, one link to the
@@ -58,6 +64,9 @@ class Train:
 class Links:
     host_bandwidth_per_node: float
     sync_bandwidth: float
+    move_bandwidth_per_node: float
+    swap_host_efficiency: float
+    swap_move_efficiency: float
 
 
 @dataclass(frozen=True)
@@ -138,8 +147,29 @@ class Costs:
         return self.state_bytes(m) / self.storage.write_bandwidth
 
     def host_transfer_s(self, num_bytes: float, devices: int) -> float:
-        nodes = max(1, math.ceil(devices / self.device.devices_per_node))
-        return num_bytes / (nodes * self.links.host_bandwidth_per_node)
+        return num_bytes / (self.nodes(devices) * self.links.host_bandwidth_per_node)
+
+    def nodes(self, devices: int) -> int:
+        return max(1, math.ceil(devices / self.device.devices_per_node))
+
+    # ------------------------------------------------------------------ swaps
+
+    def offload_s(self, num_bytes: float, devices: int) -> float:
+        """A slot's SwapOut: every rank's shard to host memory of its own node, nodes in
+        parallel (the ranks of a node share its host link)."""
+        return self.host_transfer_s(num_bytes, devices) / self.links.swap_host_efficiency
+
+    def onload_s(self, num_bytes: float, devices: int) -> float:
+        """A SwapIn of an agent parked in the slot: the same bytes back, in place."""
+        return self.offload_s(num_bytes, devices)
+
+    def move_s(self, num_bytes: float, src_devices: int, devices: int) -> float:
+        """A SwapIn from another slot, before its onload: every rank pulls its slices from the
+        source's ranks, all at once; each node's network link carries its ranks' share, so the
+        side with fewer nodes limits."""
+        nodes = min(self.nodes(src_devices), self.nodes(devices))
+        return num_bytes / (nodes * self.links.move_bandwidth_per_node
+                            * self.links.swap_move_efficiency)
 
 
 def load_costs(path: str | Path = DEFAULT_PATH, **overrides: Any) -> Costs:

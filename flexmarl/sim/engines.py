@@ -28,8 +28,8 @@ from typing import Any
 import torch
 
 from flexmarl.clock import now
-from flexmarl.protocol import (ExportState, ExportWeights, Sample, SamplingParams, SwapDone,
-                               SwapIn, SwapOut,
+from flexmarl.protocol import (DropParked, ExportState, ExportWeights, FetchShards, Parked,
+                               Sample, SamplingParams, ShardData, SwapDone, SwapIn, SwapOut,
                                TrainBeginBatch, TrainMicroBatch, TrainState, TrainStats,
                                TrainStep, TrainStepDone, WeightUpdate)
 from flexmarl.sim.costs import Costs, Model
@@ -282,6 +282,9 @@ class SimTrainer(Actor):
         self.devices = devices
         self.agent = ""
         self.version = 0
+        self.parked: dict[str, int] = {}
+        """Agents parked in this slot's host memory -> their version."""
+        self._sources: dict[str, Any] = {}
         self.compute_s = 0.0
         self.micro_batches: list[tuple[float, str, int, int]] = []
         """(time, agent, rows, tokens) of every micro-batch received: what the bounds of
@@ -304,28 +307,56 @@ class SimTrainer(Actor):
                                "SwapIn an agent first")
         return self.models[self.agent]
 
-    @handler(SwapIn)
+    # Concurrent, as in the trainer worker: two slots may pull from each other at once.
+    @handler(SwapIn, concurrent=True)
     async def on_swap_in(self, msg: SwapIn, env: Envelope) -> SwapDone:
+        """As the trainer worker: the agent's shards parked here back onto the devices (each
+        node's host link, nodes in parallel), or pulled from another slot's ranks (the network,
+        rank to rank; then onto the devices), or a whole state restored / a fresh trainer
+        (onto the devices from host memory)."""
         if self.agent:
             raise RuntimeError(f"slot holds agent {self.agent!r}; SwapOut before SwapIn")
-        model = self.models[msg.agent]
-        num_bytes = self.costs.state_bytes(model)
-        seconds = self.costs.host_transfer_s(num_bytes, self.devices)
+        num_bytes = self.costs.state_bytes(self.models[msg.agent])
+        if msg.agent in self.parked:
+            version, how = self.parked.pop(msg.agent), "here"
+            seconds = self.costs.onload_s(num_bytes, self.devices)
+        elif msg.source:
+            if msg.source[0] not in self._sources:
+                self._sources[msg.source[0]] = self.connect(msg.source[0])
+            # As a real rank, ask the source for the state's layout (here: its version).
+            head: ShardData = await self._sources[msg.source[0]].request(FetchShards(msg.agent))
+            version, how = int(head.meta["version"]), "pulled"
+            seconds = (self.costs.move_s(num_bytes, len(msg.source), self.devices)
+                       + self.costs.onload_s(num_bytes, self.devices))
+        else:
+            version = int(msg.meta.get("version", 0))
+            how = "restored" if msg.meta else "fresh"
+            seconds = self.costs.onload_s(num_bytes, self.devices)
         await asyncio.sleep(seconds)
-        self.agent = msg.agent
-        self.version = int(msg.meta.get("version", 0))
-        return SwapDone(int(num_bytes), seconds)
+        self.agent, self.version = msg.agent, version
+        return SwapDone(int(num_bytes), seconds, how)
 
     @handler(SwapOut)
-    async def on_swap_out(self, msg: SwapOut, env: Envelope) -> TrainState:
-        model = self._model()
-        num_bytes = self.costs.state_bytes(model)
-        seconds = self.costs.host_transfer_s(num_bytes, self.devices)
+    async def on_swap_out(self, msg: SwapOut, env: Envelope) -> Parked:
+        """The agent parked here: its shards to host memory over each node's host link."""
+        num_bytes = self.costs.state_bytes(self._model())
+        seconds = self.costs.offload_s(num_bytes, self.devices)
         await asyncio.sleep(seconds)
-        state = TrainState(self.agent, self.version, {}, {"version": self.version,
-                                                          "sim_bytes": num_bytes}, seconds)
-        self.agent = ""
-        return state
+        self.parked[self.agent] = self.version
+        agent, self.agent = self.agent, ""
+        # One rank per device, each at this actor's address (a real slot lists its ranks').
+        return Parked(agent, self.version, int(num_bytes), seconds, [self.address] * self.devices)
+
+    @handler(FetchShards, concurrent=True)
+    async def on_fetch_shards(self, msg: FetchShards, env: Envelope) -> ShardData:
+        """The parked agent's version (the transfer itself is priced by the puller)."""
+        if msg.agent not in self.parked:
+            raise ValueError(f"agent {msg.agent!r} is not parked in {self.name}")
+        return ShardData({}, meta={"version": self.parked[msg.agent]})
+
+    @handler(DropParked)
+    async def on_drop_parked(self, msg: DropParked, env: Envelope) -> None:
+        self.parked.pop(msg.agent, None)
 
     @handler(TrainBeginBatch)
     async def on_begin_batch(self, msg: TrainBeginBatch, env: Envelope) -> None:

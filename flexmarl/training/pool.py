@@ -1,28 +1,34 @@
-"""Trainer slots bound to agents on demand, idle agents' training state swapped out to the host.
+"""Trainer slots bound to agents on demand, idle agents' training state parked in host memory.
 
     slot = one trainer worker group (its processes, its devices); empty until a SwapIn
     bind(agent) ─► SlotAllocator (pure): the agent waits its turn (first come, first served)
                  ─► its granted slot: already holding its state (no swap), empty, or holding an
-                    idle agent's state ─► SwapOut (state to this process's memory) ─► SwapIn
-                    (the agent's stored state, or a fresh trainer the first time)
+                    idle agent's state ─► SwapOut (that agent parked in the slot's own
+                    processes) ─► SwapIn (the agent's parked shards, or a fresh trainer the
+                    first time)
                  ─► the slot's connection, until the binding ends (the agent's update is done)
     release with nobody waiting ─► prefetch: the agent swapped out longest ago is swapped in
                  now, while rollout runs, instead of when it next needs the slot
 
-A SwapOut returns the whole training state (parameters, AdamW state, RNG, version) through the
-runtime transport, so the same code moves it within a process, between processes or between
-hosts, and a SwapIn restores it bit for bit into any slot with enough ranks. With `static`
-placement every agent owns one slot for good (the baseline: no swaps, slots idle between the
-agent's updates); with a shared pool of fewer slots than agents, slots go where the work is.
+A swap moves no tensor through this process: SwapOut leaves each rank's own shards in host
+memory of that rank's process (pinned on CUDA) and answers where (Parked: the ranks'
+addresses); a SwapIn into the same slot copies them back in place; into another slot, its ranks
+pull them rank to rank from those addresses (resharded when the rank counts differ), and the
+old slot then frees its copy (DropParked). `states` says where each swapped-out agent's state
+is. With `static` placement every agent owns one slot for good (the baseline: no swaps, slots
+idle between the agent's updates); with a shared pool of fewer slots than agents, slots go
+where the work is.
 
 Dead slots (with `snapshots` on and a `respawn` callback):
 
-    worker_died(process) ─► slot_died: its requests fail now (PeerDied); the agent whose
-                 state it held gets its snapshot (its state after its last finished step, taken
-                 by `snapshot` or by a SwapOut) put back in host memory, or, if it never
-                 finished a step, may start fresh; new processes replace the slot's (new names)
-    the agent's loop ─► PeerDied ─► binds again: a SwapIn of the snapshot into the new slot (or
-                 any other), then re-accumulates the batch it had taken: the same update
+    worker_died(process) ─► slot_died: its requests fail now (PeerDied); the agents whose
+                 state it held (the one loaded, and those parked there) get their snapshot (their
+                 state after their last finished step, taken by `snapshot`) put in `states` to
+                 restore, or, if they never finished a step, may start fresh; new processes
+                 replace the slot's (new names)
+    the agent's loop ─► PeerDied ─► binds again: a SwapIn of the snapshot (SwapIn.tensors, the
+                 restore path) into the new slot (or any other), then re-accumulates the batch it
+                 had taken: the same update
 """
 from __future__ import annotations
 
@@ -35,7 +41,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 from flexmarl.clock import now
 from flexmarl.checks import parse_cpus, require
 from flexmarl.training.slots import Grant, SlotAllocator
-from flexmarl.protocol import ExportState, ExportWeights, SwapIn, SwapOut, TrainState, WeightUpdate
+from flexmarl.protocol import (DropParked, ExportState, ExportWeights, Parked, SwapDone, SwapIn,
+                               SwapOut, TrainState, WeightUpdate)
 from runtime.errors import PeerDied, RequestTimeout
 from runtime.transport import Connection
 
@@ -107,6 +114,19 @@ class SwapRecord:
     num_bytes: int
     seconds: float
     at: float
+    source: str = ""
+    """"in" only: the slot it was parked in (its own name: copied back in place; another:
+    pulled from there), or "" (a restored TrainState)."""
+
+
+@dataclass
+class ParkedState:
+    """Where a swapped-out agent's state is: parked in `slot`'s processes (Parked.ranks)."""
+
+    slot: str
+    ranks: list[str]
+    version: int
+    num_bytes: int
 
 
 @dataclass
@@ -150,8 +170,10 @@ class TrainerPool:
         self.agents = dict(agents)
         self.static = static
         self.request_timeout_s = config.request_timeout_s
-        self.states: dict[str, TrainState] = {}
-        """Swapped-out training states, held in this process's memory."""
+        self.states: dict[str, ParkedState | TrainState] = {}
+        """Swapped-out agents, oldest first -> where their state is: parked in a slot's
+        processes (ParkedState), or a whole TrainState to restore (a resumed run's checkpoint,
+        the snapshot of an agent whose slot died)."""
         self.swaps: list[SwapRecord] = []
         self.busy_s: dict[str, float] = dict.fromkeys(slots, 0.0)
         """Per slot: time its processes spent on requests (training, export, swaps)."""
@@ -164,12 +186,12 @@ class TrainerPool:
         self._loaded: dict[str, str] = {}
         """slot -> agent whose trainer the slot's processes hold now."""
         self._leaving: dict[str, asyncio.Future] = {}
-        """agent -> done when its state, on its way out of a slot, is in `states`."""
+        """agent -> done when its state, on its way out of a slot, is parked (in `states`)."""
         self._started: set[str] = set()
         """Agents whose trainer has been built: a fresh SwapIn would lose their training."""
         self.snapshots_on = config.snapshots
         self.snapshots: dict[str, TrainState] = {}
-        """agent -> its whole state after its last finished step (snapshot or SwapOut)."""
+        """agent -> its whole state after its last finished step (`snapshot`)."""
         self.respawn = respawn
         self.kill = kill
         self.workers = dict(workers or {})
@@ -273,16 +295,15 @@ class TrainerPool:
         loaded = self._loaded.get(grant.slot)
         if loaded == grant.agent:
             return  # its trainer never left this slot
-        if loaded:  # an idle agent's trainer: its state goes out to this process's memory
+        if loaded:  # an idle agent's trainer: parked in the slot's own processes
             leaving = self._leaving[loaded] = asyncio.get_running_loop().create_future()
             started = now()
             try:
-                out: TrainState = await conn.request(SwapOut(), timeout_s=self.request_timeout_s)
-                self.states[loaded] = out
-                if self.snapshots_on:  # an idle agent's state is its state after its last step
-                    self.snapshots[loaded] = out
+                out: Parked = await conn.request(SwapOut(), timeout_s=self.request_timeout_s)
+                self.states[loaded] = ParkedState(grant.slot, list(out.ranks), out.version,
+                                                  out.num_bytes)
                 del self._loaded[grant.slot]
-                self._record(loaded, grant.slot, "out", out, started)
+                self._record(loaded, grant.slot, "out", out.num_bytes, started)
             finally:
                 del self._leaving[loaded]
                 leaving.set_result(None)
@@ -292,28 +313,41 @@ class TrainerPool:
             await asyncio.shield(self._leaving[grant.agent])
         state = self.states.get(grant.agent)  # kept until the SwapIn succeeded
         if state is None and grant.agent in self._started:
-            raise RuntimeError(f"agent {grant.agent}'s training state is in no slot and not in "
-                               "host memory (its SwapOut failed): refusing to restart it from "
-                               "its initial weights")
+            raise RuntimeError(f"agent {grant.agent}'s training state is in no slot and parked "
+                               "nowhere (its SwapOut failed, or its slot died without a "
+                               "snapshot): refusing to restart it from its initial weights")
         spec = self.agents[grant.agent]
         started = now()
-        await conn.request(SwapIn(grant.agent, spec.model_dir, spec.config,
-                                  state.tensors if state else {}, state.meta if state else {}),
-                           timeout_s=self.request_timeout_s)
+        if isinstance(state, ParkedState):
+            msg = SwapIn(grant.agent, spec.model_dir, spec.config, source=state.ranks)
+        elif state is not None:  # restore a whole state: a checkpoint or a snapshot
+            msg = SwapIn(grant.agent, spec.model_dir, spec.config, tensors=state.tensors,
+                         meta=state.meta)
+        else:
+            msg = SwapIn(grant.agent, spec.model_dir, spec.config)
+        done: SwapDone = await conn.request(msg, timeout_s=self.request_timeout_s)
         self._loaded[grant.slot] = grant.agent
         self._started.add(grant.agent)
-        if state is not None:
-            del self.states[grant.agent]
-            self._record(grant.agent, grant.slot, "in", state, started)
+        if state is None:
+            return
+        del self.states[grant.agent]
+        source = state.slot if isinstance(state, ParkedState) else ""
+        self._record(grant.agent, grant.slot, "in", done.num_bytes, started, source)
+        if source and source != grant.slot:  # pulled from there: free the old copy
+            try:
+                await self.slots[source].request(DropParked(grant.agent),
+                                                 timeout_s=self.request_timeout_s)
+            except Exception as exc:  # only host memory of that slot is at stake
+                log.warning("trainer slot %s: freeing %s's old copy failed: %s", source,
+                            grant.agent, exc)
 
-    def _record(self, agent: str, slot: str, direction: str, state: TrainState,
-                started: float) -> None:
-        num_bytes = sum(t.numel() * t.element_size() for t in state.tensors.values())
-        record = SwapRecord(agent, slot, direction, num_bytes, now() - started,
-                            now())
+    def _record(self, agent: str, slot: str, direction: str, num_bytes: int,
+                started: float, source: str = "") -> None:
+        record = SwapRecord(agent, slot, direction, num_bytes, now() - started, now(), source)
         self.swaps.append(record)
-        log.info("swapped %s %s slot %s: %.1f MB in %.3f s", agent,
-                 "out of" if direction == "out" else "into", slot, num_bytes / 1e6,
+        how = ("out of" if direction == "out" else
+               "into" if source in ("", slot) else f"from slot {source} into")
+        log.info("swapped %s %s slot %s: %.1f MB in %.3f s", agent, how, slot, num_bytes / 1e6,
                  record.seconds)
 
     async def export(self, agent: str) -> WeightUpdate:
@@ -349,6 +383,14 @@ class TrainerPool:
         state = self.snapshots.get(agent)
         return state.version if state is not None else 0
 
+    def where(self, agent: str) -> tuple[str, str] | None:
+        """("loaded" or "parked", slot) of the agent's state, None if no slot holds it."""
+        slot = next((s for s, a in self._loaded.items() if a == agent), None)
+        if slot is not None:
+            return "loaded", slot
+        state = self.states.get(agent)
+        return ("parked", state.slot) if isinstance(state, ParkedState) else None
+
     def worker_died(self, name: str, reason: str) -> bool:
         """A process died; False if it is none of the slots' current processes."""
         slot = self.workers.get(name)
@@ -382,10 +424,15 @@ class TrainerPool:
                 "its agent restarts the batch from its last snapshot" if recover else
                 "its agent's update cannot complete (trainer_pool.snapshots and a replacement "
                 "let a run survive this)")))
-        agent = self._loaded.pop(slot, None)
-        if recover and agent:
+        lost = [self._loaded.pop(slot)] if slot in self._loaded else []
+        lost += [a for a, st in self.states.items()
+                 if isinstance(st, ParkedState) and st.slot == slot]
+        for agent in lost:  # their shards died with the slot's processes
+            self.states.pop(agent, None)
+            if not recover:
+                continue
             if agent in self.snapshots:
-                self.states.setdefault(agent, self.snapshots[agent])
+                self.states[agent] = self.snapshots[agent]
             else:  # it never finished a step: its fresh trainer is its state
                 self._started.discard(agent)
         if recover and slot not in self._replacing:

@@ -5,10 +5,10 @@ Every rank is a worker process started by `runtime.supervisor.Supervisor` with e
 "init_method" (e.g. file:///tmp/x/store, a FileStore the caller owns), "model_dir" and "config"
 (TrainerConfig fields) of its agent, optional "agent", "collective_timeout_s",
 "drain_timeout_s", "num_threads"}.
-Without model_dir the group is an empty trainer slot: SwapIn binds it to an agent (building the
-trainer, restoring a state that SwapOut exported, from this slot or another), SwapOut unbinds it. Clients talk to rank 0
-only; rank 0 replays each command to the followers with torch.distributed broadcasts of plain
-tensors (no pickle), so every rank makes the same GRPOTrainer calls in the same order:
+Without model_dir the group is an empty trainer slot: SwapIn binds it to an agent, SwapOut
+parks it. Clients talk to rank 0 only; rank 0 replays each command to the followers with
+torch.distributed broadcasts of plain tensors (no pickle), so every rank makes the same
+GRPOTrainer calls in the same order:
 
     client ──TrainMicroBatch──► rank 0: TrainerWorker mailbox_loop (asyncio; heartbeats go on)
                                   │ await command thread (one at a time, in arrival order)
@@ -20,8 +20,24 @@ tensors (no pickle), so every rank makes the same GRPOTrainer calls in the same 
                                   │
     client ◄──TrainStats─────── reply
 
-Followers also run an actor (the supervisor needs Ready and heartbeats); it refuses training
-commands and stops itself when rank 0 broadcasts STOP. Blocking torch.distributed calls live in
+Swaps (the one swap path; flexmarl.training.trainer.park/unpark/pull_plan):
+
+    SwapOut ─► every rank parks its own shards (parameters, buffers, the KL reference, AdamW
+               state, RNG, version) in host memory of its own process, device storages freed;
+               reply Parked: the agent, its bytes, the address of each rank (no tensor)
+    SwapIn, agent parked here ─► every rank copies its shards back in place (same objects)
+    SwapIn, source = another slot's ranks ─► every rank builds the agent's modules empty (meta
+               device, sharded, no weight file read) and pulls the rows it needs from the
+               source ranks (FetchShards, all ranks and sources at once, rank to rank through
+               the runtime transport; resharded when the rank counts differ); the pool then
+               sends the old slot DropParked
+    SwapIn, tensors ─► restore a whole TrainState (snapshot or checkpoint): built from
+               model_dir, rank 0 broadcasts it, each rank keeps its shards (not a swap)
+
+Every rank's actor serves FetchShards for the agents parked on it, concurrently with whatever
+its group is doing (the parked copies are never written). A pull runs on the rank's event
+loop while its command thread waits, so two slots pulling from each other cannot deadlock.
+Followers' actors otherwise refuse training commands, and stop when rank 0 broadcasts STOP. Blocking torch.distributed calls live in
 a daemon thread per process, never on the event loop. While idle, rank 0 broadcasts a KEEPALIVE
 every collective_timeout_s / KEEPALIVE_FRACTION, so waiting followers never hit the collective
 timeout. Shutdown: rank 0's drain broadcasts STOP, all ranks meet at a barrier and destroy the
@@ -33,6 +49,7 @@ import asyncio
 import importlib
 import json
 import logging
+import math
 import queue
 import threading
 import time
@@ -46,10 +63,14 @@ import torch.distributed as dist
 from runtime.actor import Actor, handler
 from runtime.codec import Envelope
 from runtime.worker import WorkerContext
-from flexmarl.protocol import (ExportState, ExportWeights, SwapDone, SwapIn,
-                               SwapOut, TrainBeginBatch, TrainMicroBatch, TrainState, TrainStats,
-                               TrainStep, TrainStepDone, WeightUpdate)
-from flexmarl.training.trainer import GRPOTrainer, TrainerConfig
+from flexmarl.protocol import (DropParked, ExportState, ExportWeights, FetchShards, Parked,
+                               ShardData, SwapDone, SwapIn, SwapOut, TrainBeginBatch,
+                               TrainMicroBatch, TrainState, TrainStats, TrainStep,
+                               TrainStepDone, WeightUpdate)
+from flexmarl.training.trainer import (GRPOTrainer, HostState, TrainerConfig, fill, park,
+                                       prepare_pull, pull_plan, set_rng, sharded_here, slices,
+                                       unpark)
+from runtime.transport import connect
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +82,13 @@ DEFAULT_DRAIN_TIMEOUT_S = 10.0
 """How long shutdown waits for the STOP broadcast and barrier, unless args "drain_timeout_s"
 says (a run passes supervisor.stop_timeout_s); past it the process exits anyway."""
 HEADER_LEN = 4
+ADDRESS_BYTES = 512
+"""Room for one rank's address in the all-gather that a SwapOut makes."""
+PULL_BATCH_BYTES = 16 << 20
+PULL_BATCH_PIECES = 1024
+PULL_IN_FLIGHT = 4
+"""One FetchShards asks for at most this much (well under transport.max_message_bytes and
+max_frames); up to PULL_IN_FLIGHT of them at a time per source rank, all sources at once."""
 
 
 class Command(IntEnum):
@@ -75,6 +103,7 @@ class Command(IntEnum):
     SWAP_IN = 9  # a = bytes of the JSON spec {agent, model_dir, config} that follows
     SWAP_OUT = 10
     EXPORT_STATE = 11
+    DROP = 12  # a = bytes of the agent's name that follows
 
 
 class CommandThread:
@@ -136,6 +165,13 @@ class _Rank:
         self.trainer: GRPOTrainer | None = None
         self.started = False
         self.agent = str(args.get("agent", ""))
+        self.parked: dict[str, HostState] = {}
+        """Agents parked in this slot: this rank's shards in host memory (read by the event
+        loop's FetchShards handler, written by the command thread)."""
+        self.address = ""
+        """This rank's actor address (set once it serves): where other slots pull from."""
+        self.transport = None
+        self.loop = asyncio.get_running_loop()
         self.device = torch.device("cpu")
         self.thread = CommandThread(f"trainer-rank{self.rank}")
         self.ready = self.thread.submit(lambda: self._init(args))
@@ -166,56 +202,124 @@ class _Rank:
         self.started = True
 
     def swap_in(self, spec: dict[str, Any], tensors: dict, meta: dict) -> SwapDone:
-        """Build the agent's trainer in this slot and restore its state (collective)."""
-        from flexmarl.training.trainer import load_state
-
+        """Bind this slot to the agent (a collective): its shards parked here back in place,
+        pulled from spec["source"], restored from a whole state, or a fresh trainer."""
         if self.trainer is not None:
             raise RuntimeError(f"slot holds agent {self.agent!r}; SwapOut before SwapIn")
         started = time.perf_counter()
         self.config = TrainerConfig(**spec["config"])
-        self.trainer = GRPOTrainer(spec["model_dir"], self.config)
-        self.agent = spec["agent"]
+        agent = spec["agent"]
+        if agent in self.parked:  # every rank parked it: the same branch on every rank
+            host = self.parked.pop(agent)
+            num_bytes = host.num_bytes
+            self.trainer, how = unpark(host), "here"
+        elif spec.get("source"):
+            (self.trainer, num_bytes), how = self._pull(spec), "pulled"
+        else:
+            self.trainer, num_bytes, how = self._restore(spec, tensors, meta)
+        self.agent = agent
+        return SwapDone(num_bytes=self._sum(num_bytes), seconds=time.perf_counter() - started,
+                        how=how)
+
+    def _restore(self, spec: dict[str, Any], tensors: dict, meta: dict
+                 ) -> tuple[GRPOTrainer, int, str]:
+        """A fresh trainer from model_dir and, with a whole TrainState (a snapshot or a
+        checkpoint; rank 0 has it), that state restored on every rank."""
+        from flexmarl.training.trainer import load_state
+
+        trainer = GRPOTrainer(spec["model_dir"], self.config)
         if self.world_size > 1:  # every rank gets the full state, then keeps its shards
             tensors, meta = self._broadcast_state(tensors, meta)
-        if tensors:
-            load_state(self.trainer, tensors, meta)
-        return SwapDone(num_bytes=sum(t.numel() * t.element_size() for t in tensors.values()),
-                        seconds=time.perf_counter() - started)
+        if not tensors:
+            return trainer, 0, "fresh"
+        load_state(trainer, tensors, meta)
+        # Each rank counts its share: the sum is the state's bytes, once.
+        mine = sum(t.numel() * t.element_size() for t in tensors.values())
+        return trainer, mine if self.rank == 0 else 0, "restored"
 
-    def _broadcast_state(self, tensors: dict, meta: dict) -> tuple[dict, dict]:
-        """Rank 0's state on every rank: a JSON index (names, shapes, dtypes, meta) as bytes,
-        then each tensor (no pickle)."""
-        index = json.dumps({"meta": meta, "tensors": [
-            [k, list(t.shape), str(t.dtype).removeprefix("torch.")] for k, t in tensors.items()]})
-        size = torch.tensor([len(index.encode())], dtype=torch.int64)
-        dist.broadcast(size, src=0)
-        blob = (torch.frombuffer(bytearray(index.encode()), dtype=torch.uint8)
-                if self.rank == 0 else torch.empty(int(size.item()), dtype=torch.uint8))
-        dist.broadcast(blob, src=0)
-        spec = json.loads(bytes(blob.numpy()))
-        out = {}
-        for name, shape, dtype in spec["tensors"]:
-            t = (tensors[name].contiguous() if self.rank == 0
-                 else torch.empty(shape, dtype=getattr(torch, dtype)))
-            dist.broadcast(t, src=0)
-            out[name] = t
-        return out, spec["meta"]
+    def _pull(self, spec: dict[str, Any]) -> tuple[GRPOTrainer, int]:
+        """The agent's modules built empty, then every tensor of this rank filled from the
+        source slot's ranks (run on the event loop; this thread waits); the bytes pulled."""
+        trainer = GRPOTrainer(spec["model_dir"], self.config, empty=True)
+        num_bytes = asyncio.run_coroutine_threadsafe(
+            self._pull_shards(trainer, spec["agent"], list(spec["source"])), self.loop).result()
+        return trainer, num_bytes
 
-    def swap_out(self) -> TrainState:
-        """Export the agent's state (collective) and free the slot."""
-        from flexmarl.training.trainer import export_state
+    async def _pull_shards(self, trainer: GRPOTrainer, agent: str, source: list[str]) -> int:
+        conns = [connect(address, self.transport) for address in source]
+        try:
+            head: ShardData = await conns[0].request(FetchShards(agent), timeout_s=self.timeout_s)
+            tensors = prepare_pull(trainer, head.layout, head.meta)
+            plan = pull_plan(head.layout, sharded_here(trainer), len(source), self.world_size,
+                             self.rank)
 
+            async def one(w: int, batch: list[list]) -> int:
+                async with in_flight[w]:
+                    got: ShardData = await conns[w].request(FetchShards(agent, batch),
+                                                            timeout_s=self.timeout_s)
+                return fill(tensors, batch, got.tensors)
+
+            # A few requests in flight per source rank: its serving, the socket and this
+            # rank's copies overlap.
+            in_flight = {w: asyncio.Semaphore(PULL_IN_FLIGHT) for w in plan}
+            pulled = await asyncio.gather(*(one(w, batch) for w, pieces in plan.items()
+                                            for batch in _batches(pieces, head.layout)))
+            set_rng(trainer, head.tensors)
+        finally:
+            for conn in conns:
+                await conn.aclose()
+        if trainer.device.type == "cuda":
+            torch.cuda.synchronize(trainer.device)
+        return sum(pulled)
+
+    def serve_shards(self, msg: FetchShards) -> ShardData:
+        """This rank's slices of a parked agent (no collective, no copy: host memory views)."""
+        host = self.parked.get(msg.agent)
+        if host is None:
+            raise ValueError(f"agent {msg.agent!r} is not parked on trainer rank {self.rank} "
+                             f"({self.address}); parked here: {sorted(self.parked) or 'none'}")
+        if not msg.pieces:
+            return ShardData(dict(host.rng), host.layout, host.meta)
+        return ShardData(slices(host, msg.pieces))
+
+    def drop(self, agent: str) -> None:
+        """Free this rank's host copy of a parked agent (it moved to another slot)."""
+        if self.parked.pop(agent, None) is not None and self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def swap_out(self) -> Parked:
+        """Park the agent (a collective only for the ranks' addresses): this rank's shards to
+        host memory, the slot empty."""
         started = time.perf_counter()
         tr = self._bound("SwapOut")
-        tensors, meta = export_state(tr)
-        state = TrainState(self.agent, tr.version, tensors, meta)
-        self.trainer = None
-        self.agent = ""
-        del tr
-        import gc
-        gc.collect()
-        state.seconds = time.perf_counter() - started
-        return state
+        host = park(tr)
+        agent, self.agent, self.trainer = self.agent, "", None
+        self.parked[agent] = host
+        ranks = self._addresses()
+        return Parked(agent, tr.version, self._sum(host.num_bytes),
+                      time.perf_counter() - started, ranks)
+
+    def _addresses(self) -> list[str]:
+        """Every rank's actor address, in rank order (an all-gather of fixed-size bytes)."""
+        mine = self.address.encode()
+        if len(mine) > ADDRESS_BYTES:
+            raise RuntimeError(f"trainer rank address {self.address!r} is longer than "
+                               f"{ADDRESS_BYTES} bytes")
+        if self.world_size == 1:
+            return [self.address]
+        buf = torch.zeros(ADDRESS_BYTES, dtype=torch.uint8)
+        buf[:len(mine)] = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
+        out = [torch.zeros_like(buf, device=self.device) for _ in range(self.world_size)]
+        dist.all_gather(out, buf.to(self.device))
+        return [bytes(t.cpu().numpy()).rstrip(b"\0").decode() for t in out]
+
+    def _sum(self, n: int) -> int:
+        """n summed over the group's ranks."""
+        if self.world_size == 1:
+            return n
+        t = torch.tensor([n], dtype=torch.int64, device=self.device)
+        dist.all_reduce(t)
+        return int(t.item())
 
     def export_state(self) -> TrainState:
         """The agent's whole state (collective); the slot keeps it."""
@@ -325,29 +429,48 @@ class TrainerWorker(Actor):
             raise ValueError(f"TrainStep.num_tokens must be >= 0, got {msg.num_tokens}")
         return await self._command(Command.STEP, arg=msg.num_tokens)
 
-    @handler(SwapIn)
+    async def on_start(self) -> None:
+        self.group.address, self.group.transport = self.address, self.transport
+
+    # Concurrent: a SwapIn may pull from a slot that pulls from this one at the same time, and
+    # this mailbox must go on serving FetchShards meanwhile (the command thread keeps order).
+    @handler(SwapIn, concurrent=True)
     async def on_swap_in(self, msg: SwapIn, env: Envelope) -> SwapDone:
-        spec = {"agent": msg.agent, "model_dir": msg.model_dir, "config": msg.config}
+        spec = {"agent": msg.agent, "model_dir": msg.model_dir, "config": msg.config,
+                "source": list(msg.source)}
         TrainerConfig(**msg.config)  # a bad config is refused here, before any broadcast
+        return await self._with_spec(Command.SWAP_IN, spec,
+                                     lambda g: g.swap_in(spec, msg.tensors, msg.meta))
+
+    async def _with_spec(self, cmd: Command, spec: Any, call: Callable[[_Rank], Any]) -> Any:
+        """Broadcast `cmd` and its JSON `spec` to the followers, then `call` on this rank."""
         blob = json.dumps(spec).encode()
         await self.group.ready
         if self._stopped_group:
             raise RuntimeError("the trainer group has been stopped; start a new group")
         self._last_command = time.monotonic()
 
-        def lead() -> SwapDone:
+        def lead() -> Any:
             g = self.group
-            if g.world_size > 1:  # followers build the same trainer, then take rank 0's state
-                g.broadcast(torch.tensor([int(Command.SWAP_IN), len(blob), 0, 0],
+            if g.world_size > 1:
+                g.broadcast(torch.tensor([int(cmd), len(blob), 0, 0],
                                          dtype=torch.int64, device=g.device))
                 g.broadcast(torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(g.device))
-            return g.swap_in(spec, msg.tensors, msg.meta)
+            return call(g)
 
         return await self.group.thread.submit(lead)
 
     @handler(SwapOut)
-    async def on_swap_out(self, msg: SwapOut, env: Envelope) -> TrainState:
+    async def on_swap_out(self, msg: SwapOut, env: Envelope) -> Parked:
         return await self._command(Command.SWAP_OUT)
+
+    @handler(DropParked, concurrent=True)
+    async def on_drop_parked(self, msg: DropParked, env: Envelope) -> None:
+        await self._with_spec(Command.DROP, msg.agent, lambda g: g.drop(msg.agent))
+
+    @handler(FetchShards, concurrent=True)
+    async def on_fetch_shards(self, msg: FetchShards, env: Envelope) -> ShardData:
+        return self.group.serve_shards(msg)
 
     @handler(ExportState)
     async def on_export_state(self, msg: ExportState, env: Envelope) -> TrainState:
@@ -400,9 +523,10 @@ class TrainerFollower(Actor):
             cmd = Command(cmd_code)
             mb = _unpack(g, a, b, c) if cmd is Command.MICRO_BATCH else None
             try:
-                if cmd is Command.SWAP_IN:
+                if cmd in (Command.SWAP_IN, Command.DROP):
                     blob = g.broadcast(torch.empty(a, dtype=torch.uint8, device=g.device))
-                    g.swap_in(json.loads(bytes(blob.cpu().numpy())), {}, {})
+                    spec = json.loads(bytes(blob.cpu().numpy()))
+                    g.swap_in(spec, {}, {}) if cmd is Command.SWAP_IN else g.drop(spec)
                     continue
                 g.execute(cmd, mb, a)
             except Exception as exc:  # rank 0 failed alike and told its client, with traceback
@@ -410,6 +534,13 @@ class TrainerFollower(Actor):
                             type(exc).__name__, exc)
             if cmd is Command.STOP:
                 return
+
+    async def on_start(self) -> None:
+        self.group.address, self.group.transport = self.address, self.transport
+
+    @handler(FetchShards, concurrent=True)
+    async def on_fetch_shards(self, msg: FetchShards, env: Envelope) -> ShardData:
+        return self.group.serve_shards(msg)
 
     async def follow_loop(self) -> None:
         try:
@@ -433,6 +564,7 @@ class TrainerFollower(Actor):
     on_export = _refusing(ExportWeights)
     on_swap_in = _refusing(SwapIn)
     on_swap_out = _refusing(SwapOut)
+    on_drop_parked = _refusing(DropParked)
     on_export_state = _refusing(ExportState)
 
 
@@ -452,6 +584,24 @@ def _check_micro_batch(mb: TrainMicroBatch) -> None:
     if mb.sampling is not None and tuple(mb.sampling.shape) != (shape[0], 3):
         raise ValueError(f"TrainMicroBatch.sampling must be [rows, 3]=({shape[0]}, 3) "
                          f"(temperature, top_k, top_p), got {tuple(mb.sampling.shape)}")
+
+
+def _batches(pieces: list[list], layout: dict[str, list]) -> list[list[list]]:
+    """`pieces` in groups of at most PULL_BATCH_BYTES and PULL_BATCH_PIECES each."""
+    out: list[list[list]] = [[]]
+    size = 0
+    for piece in pieces:
+        name, lo, hi, _ = piece
+        shape, dtype = layout[name][0], getattr(torch, layout[name][1])
+        row = math.prod(shape[1:]) if shape else 1
+        n = row * ((hi - lo) if hi >= 0 else (shape[0] if shape else 1))
+        n *= torch.empty(0, dtype=dtype).element_size()
+        if out[-1] and (size + n > PULL_BATCH_BYTES or len(out[-1]) >= PULL_BATCH_PIECES):
+            out.append([])
+            size = 0
+        out[-1].append(piece)
+        size += n
+    return [b for b in out if b]
 
 
 def _flags(mb: TrainMicroBatch) -> int:

@@ -23,7 +23,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Awaitable, Callable, Sequence
 
 from flexmarl.checks import ConfigError
 from flexmarl.config.load import Config
@@ -255,19 +255,23 @@ async def _observe(stack: contextlib.AsyncExitStack, parts: _Parts, monitor: Run
 
 def _emitter(metrics: list[dict], monitor: RunMonitor, run_dir: RunDir | None,
              saved: StateCheckpoints | None, loggers: "MetricLoggers | None"
-             ) -> Callable[[dict], None]:
-    """Where each step record goes: the result, the monitor, metrics.jsonl, the loggers."""
-    def emit(record: dict) -> None:
-        record["time"] = time.time()
-        metrics.append(record)
-        monitor.on_record(record)
-        if run_dir is not None:
-            run_dir.metrics.write(record)
+             ) -> Callable[[dict], Awaitable[None]]:
+    """Where each step record goes: the result, the monitor, metrics.jsonl, the loggers. The
+    loop awaits one record's emit before the next one's."""
+    def write(record: dict) -> None:  # in a thread: fsync and deletes take ms to seconds
+        run_dir.metrics.write(record)
         if saved is not None:
             # The record is durable before the states it replaces go: a kill between the
             # two must leave a resume point whose states are all still on disk.
             run_dir.metrics.sync()
             saved.prune(keep_from=record["step"])
+
+    async def emit(record: dict) -> None:
+        record["time"] = time.time()
+        metrics.append(record)
+        monitor.on_record(record)
+        if run_dir is not None:
+            await asyncio.to_thread(write, record)
         if loggers is not None:
             loggers.log(record)
     return emit

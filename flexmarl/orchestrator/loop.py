@@ -112,12 +112,13 @@ class PipelineRun:
     def __init__(self, orch: Orchestrator, store: ExperienceStore, pool: InstancePool,
                  trainers: TrainerPool, activity: ActivityLog, config: PipelineConfig,
                  steps: int, *, policy: PipelinePolicy | None = None,
-                 emit: Callable[[dict], None] | None = None,
+                 emit: Callable[[dict], Awaitable[None] | None] | None = None,
                  progress: Progress | None = None, first_step: int = 0,
                  on_agent_step: Callable[[str, int, TrainState | None], Awaitable[None]]
                  | None = None) -> None:
         """`config` (section `pipeline`) gives the batch shape and, unless `policy` is given,
-        the policy. `first_step` > 0 resumes a run (steps before it are done; their tasks are
+        the policy. `emit(record)` gets each step's record, in step order, from one task (it
+        may be a coroutine function: the next record waits for it). `first_step` > 0 resumes a run (steps before it are done; their tasks are
         skipped in the data cursor); `on_agent_step(agent, step, state)` is awaited with the
         agent's state after step `step` (its snapshot; None with snapshots off or before its
         first update), e.g. to save it: in the agent's writer task, in step order, off the
@@ -144,6 +145,8 @@ class PipelineRun:
         self._saves_left: dict[int, set[str]] = {}
         """step -> agents whose on_agent_step of that step has not returned yet."""
         self._writes: dict[str, asyncio.Queue] = {}
+        self._ready: asyncio.Queue[dict] = asyncio.Queue()
+        """Records whose states are saved, in step order, for `_emitter`."""
         self._tg: asyncio.TaskGroup | None = None
         self.emit = emit
         self.progress = progress or Progress()
@@ -174,6 +177,7 @@ class PipelineRun:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg  # sync tasks and writers fail the run like the loops do
                 tg.create_task(self._produce(), name="pipeline.rollout")
+                tg.create_task(self._emitter(), name="pipeline.emit")
                 for name in orch.trainable:
                     tg.create_task(self._agent_loop(name), name=f"pipeline.{name}")
                     if name in saving:
@@ -188,9 +192,6 @@ class PipelineRun:
             # Tasks failing at once (two agents' saves on one full disk) raise the first; the
             # group, their cause, holds the others.
             raise _leaves(group)[0] from group
-        if self._unemitted:  # every save returned, so every record was emitted
-            raise RuntimeError(f"records of steps {[r['step'] for r in self._unemitted]} were "
-                               "never emitted")
         return self.records
 
     # ------------------------------------------------------------------ rollout
@@ -450,9 +451,15 @@ class PipelineRun:
         self._flush()
 
     def _flush(self) -> None:
-        """Emit the built records whose step's saves have all returned, in step order: a
+        """Pass on the built records whose step's saves have all returned, in step order: a
         record (the resume point) is never out before the states it names."""
         while self._unemitted and not self._saves_left.get(self._unemitted[0]["step"]):
-            record = self._unemitted.popleft()
-            if self.emit is not None:
-                self.emit(record)
+            self._ready.put_nowait(self._unemitted.popleft())
+
+    async def _emitter(self) -> None:
+        """`emit` every record, one at a time: a launcher's emit writes and fsyncs it in a
+        thread (flexmarl.launch.run), so the event loop never waits for the disk."""
+        for _ in range(self.first_step, self.steps):
+            record = await self._ready.get()
+            if self.emit is not None and (pending := self.emit(record)) is not None:
+                await pending

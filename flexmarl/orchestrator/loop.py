@@ -15,7 +15,7 @@
                          │              │   [defer_sync: after rollout s+1] ─► gate[A].open │
                          │              │   (s + 1 + lag) ─► A's record of step s           │
                          │              └─► snapshot (slot still bound) ─► slot released    │
-                         │   ─► A's writer (own task, step order): on_agent_step(A, s, state)│
+                         │   ─► A's writer task, in step order: on_agent_step(A, s, state)  │
                          └──────────────────────────────────────────────────────────────────┘
                                   │ every agent's record of step s
                                   ▼

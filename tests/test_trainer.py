@@ -548,7 +548,8 @@ def test_two_gloo_ranks_match_one_rank(model_dir, batches, tmp_path):
 async def test_trainer_worker_group_over_the_runtime(model_dir, batches, tmp_path,
                                                      no_leftover_children):
     mb = batches[0]
-    args = {"model_dir": model_dir, "world_size": 2, "init_method": f"file://{tmp_path}/store",
+    args = {"model_dir": model_dir, "agent": "solver", "world_size": 2,
+            "init_method": f"file://{tmp_path}/store",
             "config": CONFIG, "num_threads": 1, "collective_timeout_s": 60}
     sup = Supervisor(config=FAST)
     async with sup.serving():

@@ -443,15 +443,15 @@ class SlowSwapOutSlot(RecordingSlot):
 
 
 async def test_an_agent_evicted_a_moment_ago_gets_its_state_not_a_fresh_trainer():
-    """Found by the cluster simulator: c's grant evicts a from s0; a asks again while its state
-    is still on the way out and is granted s1. Its SwapIn must carry that state (it waited for
+    """Found by the cluster simulator: c's grant evicts a from s1; a asks again while its state
+    is still on the way out and is granted s0. Its SwapIn must carry that state (it waited for
     it), not start a fresh trainer that forgets everything a learnt."""
     from flexmarl.training.pool import AgentTrainer, TrainerPool
     log: list = []
     pool = TrainerPool({"s0": SlowSwapOutSlot(log), "s1": SlowSwapOutSlot(log)},
                        {"s0": 1, "s1": 1},
                        {a: AgentTrainer(f"/{a}", {}) for a in "abc"}, SHARED, prefetch=False)
-    for agent in "ab":  # a resident in s0, b in s1, both idle
+    for agent in "ba":  # b resident in s0, a in s1, both idle
         async with pool.bind(agent):
             pass
 
@@ -459,9 +459,11 @@ async def test_an_agent_evicted_a_moment_ago_gets_its_state_not_a_fresh_trainer(
         async with pool.bind(agent):
             pass
 
-    c = asyncio.ensure_future(update("c"))  # evicts a (least recently used) from s0
+    # The team's order so far is b, a, c: after c, b is expected first, a next; c evicts the
+    # idle agent expected last, a, from s1.
+    c = asyncio.ensure_future(update("c"))
     await asyncio.sleep(0.01)  # a's SwapOut is under way
-    await update("a")  # granted s1: evicts b; a's state must come in
+    await update("a")  # granted s0: evicts b; a's state must come in
     await c
     ins = [e for e in log if e[0] == "in"]
     assert ("in", "a", True) in ins and ins.count(("in", "a", False)) == 1, log
@@ -569,4 +571,92 @@ async def test_a_parked_agent_whose_slot_dies_restarts_from_its_snapshot():
         pass
     assert log[-1] == ("in", "a", True) and pool.restored_version("a") == 5
     assert [sw.source for sw in pool.swaps if sw.direction == "in"] == [""]  # a restore
+    await pool.close()
+
+
+def test_the_simulated_slot_prices_the_swap_path_step_by_step():
+    """flexmarl.sim's trainer slot answers the same swap protocol and waits exactly the cost
+    model's time for each step: offload, onload in place, and a move to a slot of another size
+    (rank to rank over the network, the side with fewer nodes limiting, then onload), the
+    agent's version carried along."""
+    from flexmarl.clock import now
+    from flexmarl.sim.clock import run
+    from flexmarl.sim.costs import load_costs
+    from flexmarl.sim.engines import DeviceGroup, SimTrainer
+
+    costs = load_costs()
+    model = costs.models["32b"]
+    state = costs.state_bytes(model)
+
+    async def main() -> list[float]:
+        slots = [SimTrainer(f"sim-{n}", costs, {"x": model}, DeviceGroup(f"g{n}", n, costs), n,
+                            f"local://sim-slot-{n}") for n in (16, 32)]
+        async with slots[0].serving(), slots[1].serving():
+            small, big = connect(slots[0].address), connect(slots[1].address)
+            seconds = []
+            for conn, msg in ((small, SwapIn("x", "", {}, meta={"version": 7})),
+                              (small, SwapOut()), (small, "back"), (small, SwapOut()),
+                              (big, "moved")):
+                if msg in ("back", "moved"):
+                    msg = SwapIn("x", "", {}, source=parked.ranks)
+                started = now()
+                reply = await conn.request(msg, timeout_s=1e6)
+                if isinstance(reply, Parked):
+                    parked = reply
+                    assert reply.version == 7 and len(reply.ranks) == 16
+                seconds.append(now() - started)
+                assert reply.seconds == pytest.approx(seconds[-1])
+            assert reply.how == "pulled" and slots[1].version == 7
+            await small.request(DropParked("x"))
+            assert not slots[0].parked
+            return seconds
+
+    restored, out, back, _, moved = run(main())
+    assert out == pytest.approx(costs.offload_s(state, 16)) and back == pytest.approx(out)
+    assert restored == pytest.approx(costs.onload_s(state, 16))
+    assert moved == pytest.approx(costs.move_s(state, 16, 32) + costs.onload_s(state, 32))
+    assert costs.move_s(state, 16, 32) == costs.move_s(state, 32, 16) == pytest.approx(
+        state / (costs.links.move_bandwidth_per_node * costs.links.swap_move_efficiency))
+    assert costs.offload_s(state, 32) == pytest.approx(costs.offload_s(state, 16) / 2)
+
+
+def test_allocator_evicts_the_idle_agent_expected_last():
+    """a and b idle in the two slots, c asks: LRU would evict a (released first), but the team's
+    order says a asks next (a, b, c, a, ...): b leaves. Without an expected order: LRU."""
+    def two_idle(order):
+        alloc = SlotAllocator({"s0": 1, "s1": 1}, {"a": 1, "b": 1, "c": 1})
+        for agent in "ab":
+            alloc.request(agent)
+            alloc.grant()
+            alloc.release(agent)
+        if order is not None:
+            alloc.expect(order)
+        alloc.request("c")
+        [grant] = alloc.grant()
+        return grant.evict
+
+    assert two_idle(["a", "b"]) == "b"
+    assert two_idle(None) == "a"
+    assert two_idle(["b"]) == "a"  # a not named: expected after every named agent
+
+
+async def test_pool_learns_the_order_agents_ask_in_and_prefetches_the_next():
+    """After one cycle (a, b, c) on one slot, the pool expects the same order again: when c's
+    update ends, a (expected next) is prefetched, not b (swapped out longest ago too)."""
+    from flexmarl.training.pool import AgentTrainer, TrainerPool
+    log: list = []
+    pool = TrainerPool({"s0": RecordingSlot(log)}, {"s0": 1},
+                       {x: AgentTrainer(f"/{x}", {}) for x in "abc"}, SHARED, prefetch=False)
+    for agent in "abc":
+        async with pool.bind(agent):
+            pass
+    assert pool.expected_order() == ["a", "b", "c"]
+    async with pool.bind("a"):
+        assert pool.expected_order() == ["b", "c", "a"]
+    pool.prefetch = True
+    async with pool.bind("b"):
+        pass
+    while pool._holding or pool._prefetches:
+        await asyncio.sleep(0.001)
+    assert log[-2:] == [("out", "b"), ("in", "c", True)]  # c comes next after b
     await pool.close()

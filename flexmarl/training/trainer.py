@@ -520,6 +520,12 @@ def load_state(trainer: GRPOTrainer, tensors: dict[str, torch.Tensor], meta: dic
     with torch.no_grad():
         set_state_dict(trainer.model, trainer.optimizer, model_state_dict=model_sd,
                        optim_state_dict=optim_sd, options=options)
+    # set_state_dict may keep the given tensors as AdamW's state (on rank 0 they can be views
+    # of a received message's buffer): give each its own memory, which park() can free.
+    for state in trainer.optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and not _local(value).untyped_storage().resizable():
+                state[key] = value.clone()
     if "rng/cpu" in tensors:
         torch.set_rng_state(tensors["rng/cpu"])
     trainer.version = int(meta.get("version", 0))

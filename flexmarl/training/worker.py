@@ -203,23 +203,34 @@ class _Rank:
 
     def swap_in(self, spec: dict[str, Any], tensors: dict, meta: dict) -> SwapDone:
         """Bind this slot to the agent (a collective): its shards parked here back in place,
-        pulled from spec["source"], restored from a whole state, or a fresh trainer."""
+        pulled from spec["source"], restored from a whole state, or a fresh trainer. A rank
+        that fails still meets the others at the end, so all of them fail alike and the
+        group stays in step (the slot then stays empty)."""
         if self.trainer is not None:
             raise RuntimeError(f"slot holds agent {self.agent!r}; SwapOut before SwapIn")
         started = time.perf_counter()
         self.config = TrainerConfig(**spec["config"])
         agent = spec["agent"]
-        if agent in self.parked:  # every rank parked it: the same branch on every rank
-            host = self.parked.pop(agent)
-            num_bytes = host.num_bytes
-            self.trainer, how = unpark(host), "here"
-        elif spec.get("source"):
-            (self.trainer, num_bytes), how = self._pull(spec), "pulled"
-        else:
-            self.trainer, num_bytes, how = self._restore(spec, tensors, meta)
-        self.agent = agent
-        return SwapDone(num_bytes=self._sum(num_bytes), seconds=time.perf_counter() - started,
-                        how=how)
+        error: Exception | None = None
+        trainer, num_bytes, how = None, 0, ""
+        try:
+            if agent in self.parked:  # every rank parked it: the same branch on every rank
+                num_bytes = self.parked[agent].num_bytes
+                trainer, how = unpark(self.parked.pop(agent)), "here"
+            elif spec.get("source"):
+                (trainer, num_bytes), how = self._pull(spec), "pulled"
+            else:
+                trainer, num_bytes, how = self._restore(spec, tensors, meta)
+        except Exception as exc:  # reported after the others have been told
+            error = exc
+        total, failed = self._agree(num_bytes, error is not None)
+        if error is not None:
+            raise error
+        if failed:
+            raise RuntimeError(f"SwapIn of {agent}: another rank of this trainer group failed "
+                               "(its log says why); the slot stays empty")
+        self.trainer, self.agent = trainer, agent
+        return SwapDone(num_bytes=total, seconds=time.perf_counter() - started, how=how)
 
     def _restore(self, spec: dict[str, Any], tensors: dict, meta: dict
                  ) -> tuple[GRPOTrainer, int, str]:
@@ -236,6 +247,25 @@ class _Rank:
         # Each rank counts its share: the sum is the state's bytes, once.
         mine = sum(t.numel() * t.element_size() for t in tensors.values())
         return trainer, mine if self.rank == 0 else 0, "restored"
+
+    def _broadcast_state(self, tensors: dict, meta: dict) -> tuple[dict, dict]:
+        """Rank 0's whole state on every rank (the restore path only, never a swap): a JSON
+        index (names, shapes, dtypes, meta) as bytes, then each tensor (no pickle)."""
+        index = json.dumps({"meta": meta, "tensors": [
+            [k, list(t.shape), str(t.dtype).removeprefix("torch.")] for k, t in tensors.items()]})
+        size = torch.tensor([len(index.encode())], dtype=torch.int64)
+        dist.broadcast(size, src=0)
+        blob = (torch.frombuffer(bytearray(index.encode()), dtype=torch.uint8)
+                if self.rank == 0 else torch.empty(int(size.item()), dtype=torch.uint8))
+        dist.broadcast(blob, src=0)
+        spec = json.loads(bytes(blob.numpy()))
+        out = {}
+        for name, shape, dtype in spec["tensors"]:
+            t = (tensors[name].contiguous() if self.rank == 0
+                 else torch.empty(shape, dtype=getattr(torch, dtype)))
+            dist.broadcast(t, src=0)
+            out[name] = t
+        return out, spec["meta"]
 
     def _pull(self, spec: dict[str, Any]) -> tuple[GRPOTrainer, int]:
         """The agent's modules built empty, then every tensor of this rank filled from the
@@ -288,38 +318,55 @@ class _Rank:
             torch.cuda.empty_cache()
 
     def swap_out(self) -> Parked:
-        """Park the agent (a collective only for the ranks' addresses): this rank's shards to
-        host memory, the slot empty."""
+        """Park the agent: this rank's shards to host memory, the slot empty. One collective,
+        after the copy: every rank's address, bytes and success; if any rank failed, those that
+        parked put their shards back, so the agent stays loaded on every rank."""
         started = time.perf_counter()
         tr = self._bound("SwapOut")
-        host = park(tr)
+        if not self.agent:  # the same on every rank: refused before any collective
+            raise RuntimeError("SwapOut of a trainer group started with a model_dir but no "
+                               'agent name: give WorkerSpec.args "agent" to swap it')
+        error: Exception | None = None
+        try:
+            host = park(tr)
+        except Exception as exc:
+            error, host = exc, None
+        ranks, total, failed = self._gather(host.num_bytes if host else 0, error is not None)
+        if failed:
+            if host is not None:
+                unpark(host)
+            raise error or RuntimeError("SwapOut: another rank of this trainer group failed "
+                                        "(its log says why); the agent stays in the slot")
         agent, self.agent, self.trainer = self.agent, "", None
         self.parked[agent] = host
-        ranks = self._addresses()
-        return Parked(agent, tr.version, self._sum(host.num_bytes),
-                      time.perf_counter() - started, ranks)
+        return Parked(agent, tr.version, total, time.perf_counter() - started, ranks)
 
-    def _addresses(self) -> list[str]:
-        """Every rank's actor address, in rank order (an all-gather of fixed-size bytes)."""
+    def _gather(self, n: int, failed: bool) -> tuple[list[str], int, bool]:
+        """Every rank's actor address (rank order), the sum of `n` and whether any rank
+        `failed`: one all-gather of fixed-size rows [address bytes, n, failed]."""
         mine = self.address.encode()
         if len(mine) > ADDRESS_BYTES:
             raise RuntimeError(f"trainer rank address {self.address!r} is longer than "
                                f"{ADDRESS_BYTES} bytes")
         if self.world_size == 1:
-            return [self.address]
-        buf = torch.zeros(ADDRESS_BYTES, dtype=torch.uint8)
-        buf[:len(mine)] = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
-        out = [torch.zeros_like(buf, device=self.device) for _ in range(self.world_size)]
-        dist.all_gather(out, buf.to(self.device))
-        return [bytes(t.cpu().numpy()).rstrip(b"\0").decode() for t in out]
+            return [self.address], n, failed
+        row = torch.zeros(ADDRESS_BYTES + 16, dtype=torch.uint8)
+        row[:len(mine)] = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
+        row[ADDRESS_BYTES:].view(torch.int64)[:] = torch.tensor([n, int(failed)])
+        rows = [torch.zeros_like(row, device=self.device) for _ in range(self.world_size)]
+        dist.all_gather(rows, row.to(self.device))
+        rows = [r.cpu() for r in rows]
+        counts = [r[ADDRESS_BYTES:].view(torch.int64).tolist() for r in rows]
+        return ([bytes(r[:ADDRESS_BYTES].numpy()).rstrip(b"\0").decode() for r in rows],
+                sum(c[0] for c in counts), any(c[1] for c in counts))
 
-    def _sum(self, n: int) -> int:
-        """n summed over the group's ranks."""
+    def _agree(self, n: int, failed: bool) -> tuple[int, bool]:
+        """The sum of `n` over the group's ranks, and whether any rank `failed`."""
         if self.world_size == 1:
-            return n
-        t = torch.tensor([n], dtype=torch.int64, device=self.device)
+            return n, failed
+        t = torch.tensor([n, int(failed)], dtype=torch.int64, device=self.device)
         dist.all_reduce(t)
-        return int(t.item())
+        return int(t[0]), bool(t[1])
 
     def export_state(self) -> TrainState:
         """The agent's whole state (collective); the slot keeps it."""

@@ -1,8 +1,8 @@
 """Cluster simulation: the paper's comparison table, from the product's own scheduling code.
 
 Every system (flexmarl.sim.cluster.SYSTEMS: mas_rl, marti, sync_static, one_step_off,
-flexmarl and its four variants) runs the same preset workload (flexmarl.sim.presets) with the same seed on
-simulated hardware (cost model flexmarl/sim/costs.toml) on a virtual clock: the real
+flexmarl and its four variants) runs the same preset workload (flexmarl.sim.presets) with the
+same seed on simulated hardware (cost model flexmarl/sim/costs.toml) on a virtual clock: the real
 orchestrator, experience store, pipeline policies, balancer and trainer pool, over local://.
 Deterministic: two runs print the same numbers. Step time and tokens/s are over the steady
 state (the first and last of the simulated steps are not measured).
@@ -10,6 +10,9 @@ state (the first and last of the simulated steps are not measured).
     .venv/bin/python bench/simulate.py --preset merchant [--json] [--steps 6] [--seed 0]
         [--nodes 48] [--systems mas_rl,marti,...] [--costs PATH] [--set section.key=value ...]
     .venv/bin/python bench/simulate.py --preset all     # every preset, one table each
+    .venv/bin/python bench/simulate.py --preset merchant --nodes 8 --plan [--write FILE]
+        # FlexMARL's shared trainer slots planned (flexmarl.sim.plan): the placements tried,
+        # best first; --write puts the chosen one in a config file ([trainer_pool])
 
 Columns: step time (s), generated tokens/s, accelerator utilisation (active device-seconds:
 decoding, prefilling, training / all devices x time), ratios of step time against mas_rl, marti
@@ -38,7 +41,7 @@ import time
 if importlib.util.find_spec("flexmarl") is None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from flexmarl.sim.cluster import SYSTEMS, compare  # noqa: E402
+from flexmarl.sim.cluster import SYSTEMS, compare, plan_slots  # noqa: E402
 from flexmarl.sim.costs import DEFAULT_PATH, load_costs  # noqa: E402
 from flexmarl.sim.presets import PRESETS, get_preset  # noqa: E402
 
@@ -65,9 +68,41 @@ def table(out: dict) -> str:
                      f"{r['utilisation']:6.1%} {' '.join(ratios)} "
                      f"{r['gap_to_perfect_overlap']:+8.1%} {r['gap_to_zero_staleness']:+8.1%} "
                      f"{r['moves']:6d} {r['swaps']:6d} {r['switches']:6d}")
+    for name, why in out.get("infeasible", {}).items():
+        lines.append(f"{name:22s} does not fit: {why}")
     lines.append(f"bounds: perfect overlap {b['perfect_overlap_s']:.1f} s (the least over the "
                  f"layouts; p.o.), zero staleness {b['zero_staleness_s']:.1f} s (z.s.)")
+    if out.get("plan"):
+        lines.append(f"planned (auto): {len(out['shared_slots'])} shared trainer slots, "
+                     f"balance {out['balance']}; tried "
+                     + ", ".join(f"{len(p['slots'])}{_moves(p['balance'])}: {p['step_s']:.1f} s"
+                                 for p in out["plan"]))
     return "\n".join(lines)
+
+
+def _moves(strategy: str) -> str:
+    return "" if strategy == "hierarchical" else " (no moves)"
+
+
+def plan_table(preset, placements) -> str:
+    lines = [f"placements of preset {preset.name} on {preset.nodes} nodes (flexmarl), best first",
+             f"{'slots':>5s} {'slot sizes (devices)':24s} {'rollout devices':>15s} "
+             f"{'balance':>13s} {'step s':>8s}"]
+    for p in placements:
+        sizes = ",".join(str(load_costs().models[m].train_devices) for m in p.slots)
+        lines.append(f"{len(p.slots):5d} {sizes:24s} {p.rollout_devices:15d} "
+                     f"{p.balance:>13s} {p.step_s:8.1f}")
+    return "\n".join(lines)
+
+
+def placement_toml(preset, placement, costs) -> str:
+    """The chosen placement as FlexMARL config (one rank per device)."""
+    sizes = [costs.models[m].train_devices for m in placement.slots]
+    key = (f"ranks_per_agent = {sizes[0]}\nslots = {len(sizes)}" if len(set(sizes)) == 1 else
+           f'slot_ranks = "{",".join(map(str, sizes))}"')
+    return (f"# bench/simulate.py --plan: preset {preset.name} on {preset.nodes} nodes, "
+            f"simulated step {placement.step_s:.1f} s\n[trainer_pool]\n{key}\n\n"
+            f'[balance]\nstrategy = "{placement.balance}"\n')
 
 
 def run_preset(name: str, args: argparse.Namespace, costs) -> dict:
@@ -100,6 +135,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--costs", default=str(DEFAULT_PATH), help="cost model TOML file")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="override one cost-model parameter (repeatable)")
+    ap.add_argument("--plan", action="store_true",
+                    help="only plan FlexMARL's shared trainer slots (flexmarl.sim.plan)")
+    ap.add_argument("--write", default=None, metavar="PATH",
+                    help="with --plan: write the chosen placement as a config file")
     args = ap.parse_args(argv)
     overrides = {}
     for item in args.set:
@@ -115,6 +154,10 @@ def main(argv: list[str] | None = None) -> dict:
                 raise ValueError(f"unknown system {system!r}; systems: {', '.join(SYSTEMS)}")
     except ValueError as exc:
         ap.error(str(exc))
+    if args.write and not args.plan:
+        ap.error("--write goes with --plan")
+    if args.plan:
+        return plan_main(args, names, costs)
     results = {}
     for name in names:
         results[name] = run_preset(name, args, costs)
@@ -123,6 +166,32 @@ def main(argv: list[str] | None = None) -> dict:
     if args.json:
         print(json.dumps(out))
     return out
+
+
+def plan_main(args: argparse.Namespace, names: list[str], costs) -> dict:
+    out = {}
+    for name in names:
+        preset = get_preset(name)
+        if args.nodes is not None:
+            preset = dataclasses.replace(preset, nodes=args.nodes)
+        started = time.perf_counter()
+        placements = plan_slots(preset, "flexmarl", costs=costs, steps=args.steps,
+                                seed=args.seed, progress=lambda p: print(
+                                    f"  {len(p.slots)} slots, {p.balance}: {p.step_s:.1f} s "
+                                    "per step", file=sys.stderr))
+        print(plan_table(preset, placements), f"\n({time.perf_counter() - started:.1f} s to "
+              "simulate)\n")
+        out[name] = {"nodes": preset.nodes, "placements": [
+            {"slots": list(p.slots), "rollout_devices": p.rollout_devices,
+             "balance": p.balance, "step_s": p.step_s} for p in placements]}
+        if args.write:
+            with open(args.write, "w") as f:
+                f.write(placement_toml(preset, placements[0], costs))
+            print(f"wrote {args.write}", file=sys.stderr)
+    result = out[names[0]] if len(names) == 1 else {"presets": out}
+    if args.json:
+        print(json.dumps(result))
+    return result
 
 
 if __name__ == "__main__":

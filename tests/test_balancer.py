@@ -26,8 +26,9 @@ from flexmarl.sim.workload import (AgentProfile, Call, CallChain, SkewedWorkload
                                    tokens_by_agent)
 
 # A demand window this short makes plan_move compare the current loads (no averaging), so the
-# inter-agent unit tests below read like the rule they test; the window has its own test.
-NOW = {"demand_window_s": 1e-9}
+# inter-agent unit tests below read like the rule they test; the window has its own test. The
+# ratio rule alone decides there (cost_aware off): the cost test has its own tests.
+NOW = {"demand_window_s": 1e-9, "cost_aware": False}
 
 
 def two_agents(compatible=None, **config) -> Balancer:
@@ -303,7 +304,8 @@ def test_the_demand_window_averages_out_step_phases():
     of the moment instead (a tiny window), the first phase already moves an instance."""
     def run(window: float) -> list:
         bal = Balancer({"hot": ["h0", "h1"], "cold": ["c0", "c1"]},
-                       BalancerConfig(demand_window_s=window, patience=3, cooldown_s=0.0))
+                       BalancerConfig(demand_window_s=window, patience=3, cooldown_s=0.0,
+                                      cost_aware=False))
         moves, outstanding = [], []
         for t in range(1, 61):
             if t % 6 == 1:                              # a new phase every 6 checks
@@ -325,6 +327,80 @@ def test_the_demand_window_averages_out_step_phases():
     # The average starts at the first check's loads (one agent idle), so the first phase is
     # seen as demand unless it is shorter than patience checks; a 60 s window then settles.
     assert len(run(60.0)) <= 1
+
+
+def _priced(move_cost_s: float = 2.0) -> Balancer:
+    """Two agents with learnt rates of 100 tokens/s per instance: each finished 200 tokens
+    per instance over the 1 s between the first two checks."""
+    bal = Balancer({"hot": ["h0", "h1"], "cold": ["c0", "c1", "c2"]},
+                   BalancerConfig(demand_window_s=1e-9, patience=1, cooldown_s=0.0,
+                                  move_cost_s=move_cost_s))
+    bal.plan_move(0.0)
+    for agent in ("hot", "cold"):
+        for rid in load_up(bal, agent, 200.0, f"warm-{agent}"):
+            bal.finish(rid, samples=1, tokens=200)
+    assert bal.plan_move(1.0) is None                  # nothing outstanding
+    return bal
+
+
+def test_a_move_is_made_only_when_it_saves_more_than_it_costs():
+    """Rates 100 tokens/s per instance; a move takes 2 s. Hot backlog 10 s per instance:
+    one more instance saves (10 - 2) / 3 = 2.7 s, more than the donor's 0.1 s backlog over
+    its 2 remaining instances plus the trip back (2 / 3 s): it moves. A backlog of 2.5 s
+    saves 0.17 s, less than the trip back: nothing moves, however large the ratio."""
+    small = _priced()
+    for k in range(2):  # two requests per instance: throughput-bound, more instances help
+        load_up(small, "hot", 125.0, f"h{k}-")         # 2.5 s per instance
+    small.route("cold", "c", 10.0)
+    assert small.plan_move(2.0) is None
+    assert small.move_pays(2.0, "cold", "hot", "c1") is False
+    big = _priced()
+    for k in range(2):
+        load_up(big, "hot", 500.0, f"h{k}-")           # 10 s per instance
+    big.route("cold", "c", 10.0)
+    move = big.plan_move(2.0)
+    assert (move.src, move.dst) == ("cold", "hot")
+    # A slow move (learnt from a timed one: 9 s) makes the same backlog not worth it.
+    big.begin_move(move)
+    big.drained(move, 2.0, 11.0)
+    big.finish_move(move, 11.0)
+    assert big.move_pays(11.0, "cold", "hot", "c0") is False
+
+
+def test_no_move_before_rates_are_learnt_nor_for_one_sequence_per_instance():
+    bal = two_agents(cost_aware=True, patience=1)
+    for k in range(3):
+        load_up(bal, "hot", 100000.0, f"h{k}-")
+    assert checks(bal, [1.0, 2.0]) == [None, None]  # no rate learnt
+    one_each = _priced()
+    load_up(one_each, "hot", 100000.0, "h")  # 1000 s per instance, but one sequence each:
+    assert one_each.plan_move(2.0) is None   # another instance would not decode it faster
+
+
+def test_a_donor_whose_stage_comes_next_keeps_its_instances():
+    """The previous step had the cold agent busy right after this point of the step (its stage
+    follows): the prediction counts that demand against the move, which then does not pay."""
+    def step(bal: Balancer, start: float, *, cold_next: bool):
+        bal.step_started(start)
+        ids = load_up(bal, "hot", 500.0, f"h{start}-") + load_up(bal, "hot", 500.0, f"H{start}-")
+        bal.route("cold", f"c{start}", 10.0)
+        move = bal.plan_move(start + 1.0)
+        for rid in ids + [f"c{start}"]:
+            bal.finish(rid, samples=1, tokens=100)
+        if cold_next:  # the cold agent's stage: 3000 tokens on each instance
+            later = load_up(bal, "cold", 3000.0, f"n{start}-")
+            bal.plan_move(start + 3.0)
+            for rid in later:
+                bal.finish(rid, samples=1, tokens=100)
+        return move
+
+    fresh = _priced()
+    assert step(fresh, 10.0, cold_next=False) is not None  # no history: the move pays
+    learnt = _priced()
+    step(learnt, 10.0, cold_next=True)        # learnt (the move of this step left undone)
+    learnt.step_started(20.0)
+    assert learnt.predicted_tokens("cold", 21.0, 5.0) == 9000.0  # 3 instances x 3000
+    assert step(learnt, 20.0, cold_next=True) is None
 
 
 # ============================================================================ (b) workload

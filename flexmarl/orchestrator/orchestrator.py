@@ -314,6 +314,8 @@ class Orchestrator(Actor):
         """Run the workflow on every task of `step`; `on_task_done(samples)` after each task."""
         stats = RolloutStats(started=now())
         slots = asyncio.Semaphore(self.max_concurrent_tasks)
+        if hasattr(self.pool, "step_started"):  # the rollout pool's balancer: phase of a step
+            self.pool.step_started()
 
         async def one_task(i: int, task: Any) -> None:
             async with slots:

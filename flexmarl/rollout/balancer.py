@@ -15,6 +15,17 @@ Two levels, as in the paper:
                  move undoing the previous one needs ratio squared): begin_move ─► (caller
                  drains it: no new requests; waits for inflight(instance) == 0; loads the hot
                  agent's weights) ─► finish_move.
+                 A move is made only when it pays (`cost_aware`): the seconds it saves the hot
+                 agent (its backlog over its instances, less the move's own time: draining the
+                 instance and loading weights, learnt from earlier moves) must exceed what it
+                 costs the donor over the same horizon: the donor's backlog, or the demand it
+                 had at the same phase of the previous step (`step_started`: the workflow
+                 repeats, so a donor whose stage is next, in this step or at the start of
+                 the next, keeps its instances). The hot agent's demand lasts as long as its
+                 backlog or as it stayed busy in the previous step from the same phase on;
+                 with about one sequence per instance, a move gains nothing (a sequence
+                 decodes no faster on an emptier instance). Rates (tokens/s per instance)
+                 are learnt from finished requests.
 
 The caller owns time and I/O: the rollout pool (flexmarl.rollout.pool.InstancePool) feeds it
 real requests and load reports, on real engines or on the simulator's (flexmarl.sim), which
@@ -59,6 +70,12 @@ class BalancerConfig:
     """Inter-agent: loads are averaged over about this long (exponentially) before comparing
     agents, so the phases of a step (one agent's turn, then the other's) do not look like
     shifts of demand. Several steps long is right."""
+    cost_aware: bool = True
+    """Inter-agent: move only when the move saves the hot agent more than it costs the donor
+    (see the module docstring); False: the ratio test alone decides."""
+    move_cost_s: float = 2.0
+    """Inter-agent: the assumed seconds a move takes (weight load, beyond draining) until
+    the first move has been timed."""
 
     def __post_init__(self) -> None:
         def require(ok: bool, name: str, rule: str) -> None:
@@ -74,6 +91,7 @@ class BalancerConfig:
         require(0 < self.length_smoothing <= 1, "length_smoothing", "must be in (0, 1]")
         require(self.check_interval_s > 0, "check_interval_s", "must be > 0")
         require(self.demand_window_s > 0, "demand_window_s", "must be > 0")
+        require(self.move_cost_s >= 0, "move_cost_s", "must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -146,6 +164,17 @@ class Balancer:
         self._first_check = float("-inf")
         self.moves: list[Move] = []
         self.stats = BalancerStats()
+        self._finished_tokens: dict[str, float] = {}
+        """agent -> tokens its finished requests generated since the last check."""
+        self._rate: dict[str, float] = {}
+        """agent -> tokens/s per serving instance while it had work (EWMA over checks)."""
+        self._move_s: float | None = None
+        """Seconds a move took beyond draining (EWMA; None until one finished)."""
+        self._step_start: float | None = None
+        self._profile: dict[str, list[tuple[float, float]]] = {}
+        """agent -> (seconds into the step, its outstanding tokens) at each check, this step."""
+        self._previous: dict[str, list[tuple[float, float]]] = {}
+        """The same for the previous step: the prediction of this one."""
 
     # ------------------------------------------------------------------ views
 
@@ -252,6 +281,8 @@ class Balancer:
         inst = self._instances[req.instance]
         inst.own_requests -= 1
         inst.own_tokens = max(0.0, inst.own_tokens - req.cost) if inst.own_requests else 0.0
+        if tokens is not None:
+            self._finished_tokens[req.agent] = self._finished_tokens.get(req.agent, 0.0) + tokens
         if tokens is not None and samples > 0:
             mean = tokens / samples
             old = self._expected_len.get(req.agent)
@@ -276,6 +307,8 @@ class Balancer:
         c = self.config
         if c.strategy != "hierarchical":
             return None
+        dt = None if self._last_check is None else now - self._last_check
+        self._observe(now, dt)
         loads = self._smoothed_loads(now)
         # An average over less than one window is mostly the run's first phase (every episode
         # in its first agent's call, the others idle): no move on it.
@@ -308,8 +341,83 @@ class Balancer:
         src, dst = pair
         # The donor's least busy instance drains fastest.
         instance = min(self._serving(src), key=self.load)
+        if c.cost_aware and not self.move_pays(now, src, dst, instance):
+            return None  # the streak stands: the next check weighs it again
         self._streak, self._streak_len = None, 0
         return Move(instance, src, dst, loads[src], loads[dst])
+
+    # ------------------------------------------------------------------ costs and prediction
+
+    def step_started(self, now: float) -> None:
+        """A new step's rollout begins: this step's demand profile becomes the prediction."""
+        if self._profile:
+            self._previous = self._profile
+        self._profile = {}
+        self._step_start = now
+
+    def _observe(self, now: float, dt: float | None) -> None:
+        """Per check: each agent's rate while it had work, and its demand profile."""
+        for agent in self._agents:
+            done = self._finished_tokens.pop(agent, 0.0)
+            serving = len(self._serving(agent))
+            if dt and done > 0 and serving:
+                rate = done / dt / serving
+                old = self._rate.get(agent)
+                self._rate[agent] = rate if old is None else old + 0.3 * (rate - old)
+            if self._step_start is not None:
+                self._profile.setdefault(agent, []).append(
+                    (now - self._step_start, self._total(agent)))
+
+    def _total(self, agent: str) -> float:
+        return sum(self.load(i) for i in self._agents[agent])
+
+    def predicted_tokens(self, agent: str, now: float, horizon_s: float) -> float:
+        """The most outstanding tokens the agent had in the previous step over the same span
+        of the step, [now, now + horizon_s], wrapping into the start of the next step past the
+        previous step's length (0 without a previous step)."""
+        if self._step_start is None:
+            return 0.0
+        t0 = now - self._step_start
+        profile = self._previous.get(agent, [])
+        length = max((t for t, _ in profile), default=0.0)
+        wrap = t0 + horizon_s - length  # this much of the horizon falls in the next step
+        return max((load for t, load in profile
+                    if t0 <= t <= t0 + horizon_s or t <= wrap), default=0.0)
+
+    def predicted_busy_s(self, agent: str, now: float, level: float) -> float:
+        """How long, from this phase of the step on, the agent had at least `level`
+        outstanding tokens in the previous step (its last such check; 0 without one)."""
+        if self._step_start is None:
+            return 0.0
+        t0 = now - self._step_start
+        return max((t - t0 for t, load in self._previous.get(agent, [])
+                    if t >= t0 and load >= level), default=0.0)
+
+    def move_pays(self, now: float, src: str, dst: str, instance: str) -> bool:
+        """Does moving `instance` from `src` to `dst` save more seconds than it costs?
+
+        The hot agent's demand is expected to last the longer of: its backlog at its
+        instances' rate, and how long it stayed busy from the same phase of the previous step
+        on. One more instance takes 1/(n+1) of what
+        remains after the move's own time (drain + weight load); the donor loses as much of
+        its own backlog (or predicted demand) over that horizon, and the instance will likely
+        move again as demand moves on, so the saving must pay for that trip too."""
+        r_src, r_dst = self._rate.get(src), self._rate.get(dst)
+        if not r_src or not r_dst:
+            return False  # no rate learnt yet: a move cannot be priced
+        serving = self._serving(dst)
+        if sum(self._instances[i].own_requests for i in serving) < 2 * len(serving):
+            return False  # about one sequence per instance: more instances decode no faster
+        n_src, n_dst = len(self._serving(src)), len(self._serving(dst))
+        move_s = self.load(instance) / r_src + (
+            self._move_s if self._move_s is not None else self.config.move_cost_s)
+        busy = self.config.min_load_tokens * n_dst  # "has work": as for the ratio test
+        hot_s = max(self._total(dst) / (n_dst * r_dst), self.predicted_busy_s(dst, now, busy))
+        gain_s = max(0.0, hot_s - move_s) / (n_dst + 1)
+        horizon = hot_s + move_s
+        cold = max(self._total(src), self.predicted_tokens(src, now, horizon))
+        loss_s = min(cold / (n_src * r_src), horizon) / max(n_src - 1, 1)
+        return gain_s > loss_s + move_s / (n_dst + 1)
 
     def _smoothed_loads(self, now: float) -> dict[str, float]:
         """Each agent's load per instance, averaged exponentially over demand_window_s."""
@@ -336,6 +444,13 @@ class Balancer:
             raise ValueError(f"instance {move.instance} serves {inst.agent}, not {move.src}")
         inst.draining = True
         self._moving = move
+
+    def drained(self, move: Move, now: float, loaded: float) -> None:
+        """The move's instance drained at `now` and its new weights loaded by `loaded`: the
+        move's own cost, learnt for pricing the next (cost_aware)."""
+        seconds = max(0.0, loaded - now)
+        self._move_s = seconds if self._move_s is None else \
+            self._move_s + 0.3 * (seconds - self._move_s)
 
     def finish_move(self, move: Move, now: float) -> None:
         """The instance now serves move.dst (its weights are loaded): route to it again."""

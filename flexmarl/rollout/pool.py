@@ -352,6 +352,10 @@ class InstancePool:
 
     # ------------------------------------------------------------------ weights
 
+    def step_started(self) -> None:
+        """A step's rollout begins (the orchestrator): the balancer's phase clock."""
+        self.balancer.step_started(now())
+
     async def push(self, agent: str, version: int, tensors: dict[str, torch.Tensor], *,
                    complete: bool = True) -> SyncReport:
         """Weight sync: every instance of `agent` serves `version` when this returns.
@@ -431,6 +435,7 @@ class InstancePool:
                 await conn.request(WeightUpdate(version, tensors, force=True),
                                    timeout_s=self.request_timeout_s)
                 loaded = now()
+                bal.drained(move, drained, loaded)
                 bal.finish_move(move, loaded)
         except Exception as exc:
             self.failed_moves += 1

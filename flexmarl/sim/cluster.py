@@ -22,7 +22,8 @@ seed, one cost model:
                                                        are broadcast one agent after another
     sync_static            sync          round_robin   one dedicated slot per agent
     one_step_off           one_step_off  round_robin   one dedicated slot per agent
-    flexmarl               micro_batch   hierarchical  shared pool (preset.shared_slots)
+    flexmarl               micro_batch   hierarchical  shared pool (preset.shared_slots;
+                                                       "auto": flexmarl.sim.plan's choice)
     flexmarl-one_step_off  one_step_off  hierarchical  shared pool
     flexmarl-no_pipeline   sync          hierarchical  shared pool
     flexmarl-no_balance    micro_batch   round_robin   shared pool
@@ -44,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -56,7 +58,7 @@ from flexmarl.orchestrator.loop import PipelineRun
 from flexmarl.orchestrator.policy import PipelineConfig, PipelinePolicy, make_pipeline
 from flexmarl.rollout.pool import InstancePool, RolloutConfig
 from flexmarl.rollout.worker import RolloutWorker
-from flexmarl.sim import bounds, clock
+from flexmarl.sim import bounds, clock, plan
 from flexmarl.sim.costs import Costs, Model, load_costs
 from flexmarl.sim.engines import DeviceGroup, SimRolloutEngine, SimTokenizer, SimTrainer
 from flexmarl.sim.presets import Preset, get_preset
@@ -115,7 +117,8 @@ class SystemResult:
     snapshot_s: float = 0.0
     """Slot seconds per measured step spent taking recovery snapshots."""
     write_s: float = 0.0
-    """Disk seconds per measured step spent writing states (one disk: writes queue)."""
+    """Disk seconds per step the state writes take on average (every preset.save_every
+    steps; one disk, so more than step_s would make the writes the bottleneck)."""
     records: list[dict] = field(default_factory=list, repr=False)
     micro_batches: list[tuple[float, str, int, int]] = field(default_factory=list, repr=False)
     """(time, agent, rows, tokens) of every micro-batch any slot trained."""
@@ -182,6 +185,8 @@ def _layout(preset: Preset, system: System, costs: Costs) -> _Layout:
 
     if system.trainers == "static":
         sizes = [m.train_devices for m in models.values()]
+    elif preset.shared_slots == "auto":
+        raise ValueError("resolve shared_slots='auto' first (flexmarl.sim.plan)")
     else:
         sizes = [costs.models[size].train_devices for size in preset.shared_slots]
     slots = {f"trainer-{k}": (n, DeviceGroup(f"trainer-{k}", n, costs))
@@ -237,16 +242,17 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
                                   max_concurrent_calls=1 << 20, micro_batch_groups=1)
         orch = Orchestrator(team, agents, store, pool, pipeline, seed=seed, activity=activity)
         engines = [e for insts in layout.instances.values() for _, e in insts]
-        marks: list[tuple[float, float, float, float, float]] = []
+        marks: list[tuple[float, float, float, float]] = []
         disk = asyncio.Lock()  # the run directory's one disk: state writes queue on it
-        written = [0.0]
 
         async def write_state(agent: str, step: int, state: Any = None) -> None:
-            """flexmarl run's durable write of the agent's state (run.save_state)."""
+            """flexmarl run's durable write of the agent's state (run.save_state), every
+            preset.save_every steps and after the last."""
+            if (step + 1) % preset.save_every and step + 1 < steps:
+                return
             async with disk:
                 seconds = costs.state_write_s(models[agent])
                 await asyncio.sleep(seconds)
-                written[0] += seconds
 
         emits: list[float] = []
 
@@ -264,7 +270,7 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
                 e._schedule()
             compute = sum(t.compute_s for t in trainers)
             marks.append((now(), sum(g.active_device_s for g in layout.groups), compute,
-                          sum(t.snapshot_s for t in trainers), written[0]))
+                          sum(t.snapshot_s for t in trainers)))
             return stats
 
         orch.rollout = timed_rollout  # type: ignore[method-assign]
@@ -287,8 +293,8 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
     # rollout of the step before the last (which has no next rollout to overlap with).
     first, last = (1, len(records) - 2) if len(records) >= 3 else (0, len(records) - 1)
     measured = records[first:last + 1]
-    t0, a0, c0, s0, w0 = marks[first - 1] if first else (0.0,) * 5
-    t1, a1, c1, s1, w1 = marks[last]
+    t0, a0, c0, s0 = marks[first - 1] if first else (0.0,) * 4
+    t1, a1, c1, s1 = marks[last]
     elapsed = t1 - t0
     tokens = sum(a["tokens"] for r in measured for a in r["agents"].values())
     return SystemResult(
@@ -303,7 +309,9 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
         swaps=sum(len(r["swaps"]) for r in records),
         switches=sum(g.switches for g in layout.groups),
         train_compute_s=(c1 - c0) / len(measured),
-        snapshot_s=(s1 - s0) / len(measured), write_s=(w1 - w0) / len(measured),
+        snapshot_s=(s1 - s0) / len(measured),
+        write_s=sum(costs.state_write_s(m) for m in models.values()) / preset.save_every
+        if system.flexmarl else 0.0,
         records=records, micro_batches=sorted(m for t in trainers for m in t.micro_batches),
         marks=[m[0] for m in marks], emits=emits)
 
@@ -312,14 +320,35 @@ def simulate(preset: str | Preset, system: str | System, *, costs: Costs | None 
              steps: int | None = None, seed: int = 0, policy: PipelinePolicy | None = None,
              balance: BalancerConfig | None = None) -> SystemResult:
     """Run `system` on `preset` on a fresh virtual clock; `policy` / `balance` replace the
-    system's pipeline policy / balancer config (the same objects `flexmarl run` builds)."""
+    system's pipeline policy / balancer config (the same objects `flexmarl run` builds). A
+    shared pool of preset.shared_slots = "auto" is planned first (`plan_slots`)."""
     preset = get_preset(preset) if isinstance(preset, str) else preset
-    if isinstance(system, str):
-        if system not in SYSTEMS:
-            raise ValueError(f"unknown system {system!r}; systems: {', '.join(SYSTEMS)}")
-        system = SYSTEMS[system]
-    return clock.run(_run(preset, system, costs or load_costs(), steps or preset.steps, seed,
-                          policy, balance))
+    system = _system(system)
+    costs = costs or load_costs()
+    if system.trainers == "shared" and preset.shared_slots == "auto":
+        return plan_slots(preset, system, costs=costs, steps=steps, seed=seed,
+                          policy=policy, balance=balance)[0].result
+    return clock.run(_run(preset, system, costs, steps or preset.steps, seed, policy,
+                          balance))
+
+
+def _system(system: str | System) -> System:
+    if isinstance(system, System):
+        return system
+    if system not in SYSTEMS:
+        raise ValueError(f"unknown system {system!r}; systems: {', '.join(SYSTEMS)}")
+    return SYSTEMS[system]
+
+
+def plan_slots(preset: Preset, system: str | System = "flexmarl", *, costs: Costs,
+               steps: int | None = None, seed: int = 0,
+               progress: Callable[[plan.Placement], Any] | None = None,
+               **kwargs: Any) -> list[plan.Placement]:
+    """The shared-slot placements flexmarl.sim.plan evaluated for `system`, best first."""
+    system = _system(system)
+    return plan.plan(preset, costs, lambda p, strategy: simulate(
+        p, dataclasses.replace(system, balance=strategy), costs=costs, steps=steps, seed=seed,
+        **kwargs), progress)
 
 
 def rollout_only(preset: Preset, system: System, *, costs: Costs, steps: int | None = None,
@@ -338,28 +367,57 @@ def compare(preset: str | Preset, systems: list[str] | None = None, *,
     comparison."""
     preset = get_preset(preset) if isinstance(preset, str) else preset
     costs = costs or load_costs()
-    results = {}
-    for name in systems or list(SYSTEMS):
-        results[name] = simulate(preset, name, costs=costs, steps=steps, seed=seed)
+    names = systems or list(SYSTEMS)
+    results: dict[str, SystemResult] = {}
+    placements: list[plan.Placement] = []
+    systems_of = dict(SYSTEMS)
+    if preset.shared_slots == "auto":  # planned once, with flexmarl; its variants share it
+        placements = plan_slots(preset, "flexmarl", costs=costs, steps=steps, seed=seed)
+        best = placements[0]
+        preset = dataclasses.replace(preset, shared_slots=best.slots)
+        for name, system in SYSTEMS.items():  # the planned balancing, except the ablation's
+            if system.flexmarl and system.balance == "hierarchical":
+                systems_of[name] = dataclasses.replace(system, balance=best.balance)
+        if "flexmarl" in names:
+            results["flexmarl"] = best.result
+    infeasible: dict[str, str] = {}
+    for name in names:
+        if name in results:
+            pass
+        elif (why := misfit(preset, systems_of[name], costs)) is not None:
+            infeasible[name] = why
+            continue
+        else:
+            results[name] = simulate(preset, systems_of[name], costs=costs, steps=steps,
+                                     seed=seed)
         if progress is not None:
             progress(name, results[name])
+    results = {name: results[name] for name in names if name in results}
     # One rollout-only run per layout and balancer among the systems, and FlexMARL's (the
     # zero-staleness bound is on its layout even when it is not compared).
-    flex = SYSTEMS["flexmarl"]
+    flex = systems_of["flexmarl"]
     only: dict[tuple[str, str], SystemResult] = {}
-    for system in [SYSTEMS[n] for n in results] + [flex]:
+    extra = [] if misfit(preset, flex, costs) else [flex]
+    for system in [systems_of[n] for n in results] + extra:
         key = (system.trainers, system.balance)
         if key not in only:
             only[key] = rollout_only(preset, system, costs=costs, steps=steps, seed=seed)
     out: dict[str, Any] = {"preset": preset.name, "seed": seed,
-                           "steps": steps or preset.steps, "systems": {}}
-    own = {name: bounds.perfect_overlap_s(r, only[(SYSTEMS[name].trainers,
-                                                    SYSTEMS[name].balance)])
+                           "steps": steps or preset.steps, "systems": {},
+                           "shared_slots": list(preset.shared_slots),
+                           "balance": systems_of["flexmarl"].balance,
+                           "plan": [{"slots": list(p.slots), "step_s": p.step_s,
+                                     "rollout_devices": p.rollout_devices,
+                                     "balance": p.balance}
+                                    for p in placements]}
+    own = {name: bounds.perfect_overlap_s(r, only[(systems_of[name].trainers,
+                                                    systems_of[name].balance)])
            for name, r in results.items()}
-    flex_only = only[(flex.trainers, flex.balance)]
+    flex_only = only.get((flex.trainers, flex.balance))
     out["bounds"] = {
         "perfect_overlap_s": min(own.values()),
-        "zero_staleness_s": flex_only.step_s + bounds.least_tail_s(preset, flex_only, costs),
+        "zero_staleness_s": flex_only.step_s + bounds.least_tail_s(preset, flex_only, costs)
+        if flex_only else math.nan,
         "rollout_only_s": {f"{t}/{b}": r.step_s for (t, b), r in only.items()},
     }
     for name, r in results.items():
@@ -368,4 +426,16 @@ def compare(preset: str | Preset, systems: list[str] | None = None, *,
         row["gap_to_perfect_overlap"] = r.step_s / out["bounds"]["perfect_overlap_s"] - 1
         row["gap_to_zero_staleness"] = r.step_s / out["bounds"]["zero_staleness_s"] - 1
         out["systems"][name] = row
+    out["infeasible"] = infeasible
     return out
+
+
+def misfit(preset: Preset, system: System, costs: Costs) -> str | None:
+    """Why `system`'s layout does not fit `preset`'s cluster (None: it fits)."""
+    if system.trainers == "shared" and preset.shared_slots == "auto":
+        return None  # the planner only tries placements that fit
+    try:
+        _layout(preset, system, costs)
+    except ValueError as exc:
+        return str(exc)
+    return None

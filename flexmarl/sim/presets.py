@@ -47,15 +47,20 @@ class Preset:
     """agent -> model size in the cost model (14b, 32b)."""
     stages: tuple[Stage, ...]
     nodes: int = 48
-    shared_slots: tuple[str, ...] = ("14b", "14b", "14b")
+    shared_slots: tuple[str, ...] | str = "auto"
     """FlexMARL's shared trainer pool: one slot per entry, sized for that model (an agent
-    takes the smallest free slot that fits it; fewer slots than agents)."""
+    takes the smallest free slot that fits it), or "auto": the number of slots the planner
+    (flexmarl.sim.plan) finds fastest for this workload and cluster."""
     tasks_per_step: int = 4
     trajectories_per_task: int = 16
     max_context: int = 8192
     steps: int = 6
     """Simulated steps; the first and the last are not measured (see cluster.py)."""
     tasks: int = 256
+    save_every: int = 10
+    """FlexMARL's durable state write every this many steps (run.save_every). Every step
+    (1, the CPU default) is more than one disk can take at this scale: five 14B agents write
+    5 x 237 GB per step, ~10 minutes at 2 GB/s, against ~2-minute steps."""
 
     def team(self) -> Team:
         return Team(name=self.name, agents=[
@@ -130,8 +135,7 @@ _add(Preset(
            Stage(("retriever",), median=48, calls=(3, 6)),
            Stage(("reasoner",), median=384, prompt=2048),
            Stage(("critic",), median=96),
-           Stage(("writer",), median=256)),
-    shared_slots=("32b", "14b", "14b")))
+           Stage(("writer",), median=256)),))
 
 _add(Preset(
     "5x32b", "scalability: 5 x 32B agents; a planner, 3 specialists (1-2 picked per "
@@ -140,8 +144,7 @@ _add(Preset(
     _chain(Stage(("planner",), median=96),
            Stage(("spec_a", "spec_b", "spec_c"), median=192, weights=(4, 2, 1), pick=(1, 2),
                  calls=(1, 3)),
-           Stage(("writer",), median=256)),
-    shared_slots=("32b",) * 3))
+           Stage(("writer",), median=256)),))
 
 _14b = tuple(f"spec{i}" for i in range(7))
 _add(Preset(
@@ -152,8 +155,7 @@ _add(Preset(
            Stage(_14b, median=128, weights=tuple(1 / (i + 1) for i in range(7)), pick=(2, 3),
                  calls=(1, 4)),
            Stage(("reviewer",), median=96),
-           Stage(("writer",), median=256)),
-    shared_slots=("32b", "32b") + ("14b",) * 4))
+           Stage(("writer",), median=256)),))
 
 _15 = tuple(f"spec{i}" for i in range(12))
 _add(Preset(
@@ -164,8 +166,7 @@ _add(Preset(
            Stage(_15, median=128, weights=tuple(1 / (i + 1) for i in range(12)), pick=(3, 3),
                  calls=(1, 4)),
            Stage(("aggregator",), median=128),
-           Stage(("writer",), median=256)),
-    shared_slots=("14b",) * 8))
+           Stage(("writer",), median=256)),))
 
 _add(Preset(
     "small", "a small test deployment: 3 x 14B agents on 4 nodes, 4 steps of 2 tasks x 4 "

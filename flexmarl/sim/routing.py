@@ -262,6 +262,7 @@ async def _run(workload: SkewedWorkload, placement: dict[str, list[str]],
         try:
             for step in range(config.steps):
                 started = now()
+                pool.step_started()  # as the orchestrator does: the balancer's phase clock
                 # FIFO semaphore: episodes start in issue order as earlier ones end.
                 slots = asyncio.Semaphore(config.max_concurrent_episodes)
                 await asyncio.gather(*(episode(step, ep, slots)

@@ -7,8 +7,10 @@
                     processes) ─► SwapIn (the agent's parked shards, or a fresh trainer the
                     first time)
                  ─► the slot's connection, until the binding ends (the agent's update is done)
-    release with nobody waiting ─► prefetch: the agent swapped out longest ago is swapped in
-                 now, while rollout runs, instead of when it next needs the slot
+    release with nobody waiting ─► prefetch: the swapped-out agent expected to ask next (the
+                 order agents asked in during the last cycle: the workflow repeats) is swapped
+                 in now, while rollout runs, instead of when it asks; evictions take the idle
+                 agent expected last (SlotAllocator.expect)
 
 A swap moves no tensor through this process: SwapOut leaves each rank's own shards in host
 memory of that rank's process (pinned on CUDA) and answers where (Parked: the ranks'
@@ -183,6 +185,10 @@ class TrainerPool:
         """agent -> its binding (slot once loaded, nesting depth)."""
         self.prefetch = prefetch
         self._prefetches: set[asyncio.Future] = set()
+        self._cycle: list[str] = []
+        """Agents whose updates asked for a slot in the current cycle, in order."""
+        self._learnt: list[str] = []
+        """The last complete cycle's order: the prediction of the next."""
         self._loaded: dict[str, str] = {}
         """slot -> agent whose trainer the slot's processes hold now."""
         self._leaving: dict[str, asyncio.Future] = {}
@@ -208,6 +214,8 @@ class TrainerPool:
         Re-entrant per agent (a prefetch and the agent's own update may overlap): the slot is
         released when the last binding of the agent ends."""
         hold = self._holding.get(agent)
+        if not prefetch and (hold is None or hold.prefetch_only):
+            self._requested(agent)
         if hold is None:
             hold = self._holding[agent] = _Hold(asyncio.ensure_future(self._acquire(agent)),
                                                 prefetch_only=prefetch)
@@ -253,15 +261,45 @@ class TrainerPool:
             raise
         return grant.slot
 
+    def _requested(self, agent: str) -> None:
+        """An agent's update asks for a slot: learn the team's order (one cycle = each agent
+        once; the workflow repeats, so the last cycle predicts the next) and tell the
+        allocator who is expected next, for its evictions."""
+        if agent in self._cycle:  # a new cycle begins: the one before is the prediction
+            self._learnt = self._cycle
+            self._cycle = []
+        self._cycle.append(agent)
+        self.allocator.expect(self.expected_order())
+
+    def expected_order(self) -> list[str]:
+        """Agents in the order they are expected to ask for a slot next (soonest first): the
+        last cycle's order from after the agent that asked last, those that already asked
+        in this cycle at the end."""
+        order = self._learnt + [a for a in self._cycle if a not in self._learnt]
+        if self._cycle and self._cycle[-1] in order:
+            k = order.index(self._cycle[-1]) + 1
+            order = order[k:] + order[:k]
+        return [a for a in order if a not in self._cycle] + \
+            [a for a in order if a in self._cycle]
+
     def _maybe_prefetch(self) -> None:
-        """A slot fell idle and nobody waits: bring in the swapped-out agent that trained
-        least recently, so its swap happens now (during rollout), not when it needs the slot."""
-        if not self.prefetch or self.allocator.waiting() or not self.states:
+        """A slot fell idle and nobody waits: bring in the swapped-out agent expected to ask
+        next, so its swap happens now (during rollout), not when it needs the slot. Not when
+        that would evict an agent expected sooner than it."""
+        if not self.prefetch or self.allocator.waiting() or not self._started:
             return
-        if all(s in self.allocator.bound for s in self.slots):
+        resident = {a for a in self.allocator.resident.values() if a}
+        candidates = [a for a in self.expected_order()
+                      if a in self._started and a not in resident and a not in self._holding]
+        if not self._learnt:  # nothing learnt yet: the agent that trained least recently
+            candidates = [a for a in self.states if a in candidates]
+        if not candidates:
             return
-        agent = next(iter(self.states))  # swapped out longest ago: states keeps insert order
-        if agent in self._holding:
+        agent = candidates[0]
+        rank = self.allocator.expected_rank(agent)
+        idle = [self.allocator.resident[s] for s in self.allocator.resident
+                if s not in self.allocator.bound]
+        if not any(not a or self.allocator.expected_rank(a) > rank for a in idle):
             return
         self._prefetches.add(asyncio.ensure_future(self._prefetch(agent)))
 

@@ -24,7 +24,8 @@ class SlotAllocator:
     Invariants: a slot is bound to at most one agent at a time; an agent holds at most one slot;
     waiting agents are served first come, first served among those a free slot fits (so none
     starves while slots are released). A released slot keeps the agent's state resident until
-    another agent needs the slot: the least recently used idle slot is evicted first.
+    another agent needs the slot. The idle agent evicted is the one expected to ask last
+    (`expect`: the order the pool predicts), the least recently used among equals.
     """
 
     def __init__(self, slots: dict[str, int], needs: dict[str, int],
@@ -44,6 +45,16 @@ class SlotAllocator:
         """slot -> agent whose state is in it ("" = empty), least recently released first."""
         self._queue: OrderedDict[str, int] = OrderedDict()
         self._order = itertools.count()
+        self._expected: dict[str, int] = {}
+        """agent -> its place in the predicted order of next requests (0 = soonest)."""
+
+    def expect(self, order: list[str]) -> None:
+        """The order in which agents are expected to ask for a slot next, soonest first;
+        agents not named are expected after all of them."""
+        self._expected = {agent: k for k, agent in enumerate(order)}
+
+    def expected_rank(self, agent: str) -> int:
+        return self._expected.get(agent, len(self._expected))
 
     def request(self, agent: str) -> None:
         if agent not in self.needs:
@@ -94,4 +105,6 @@ class SlotAllocator:
         empty = [s for s in free if not self.resident[s]]
         if empty:
             return min(empty, key=lambda s: self.slots[s])  # the smallest slot that fits
-        return free[0]  # least recently used idle slot: its agent's state goes out
+        # The idle agent needed last leaves (max keeps the first of equals: the least recently
+        # used, as `resident` is ordered by release).
+        return max(free, key=lambda s: self.expected_rank(self.resident[s]))

@@ -1,0 +1,90 @@
+"""Placement planning with the simulator: how many shared trainer slots a team should get.
+
+    candidates  k = 1 .. agents shared slots, sized for the k largest agents' models (every
+                agent then fits the first), the rest of the devices serving rollout
+    search      each candidate simulated (the product's scheduling code, flexmarl.sim.cluster)
+                on the preset's workload and seed; coarse first (every third k, the ends
+                always), then the neighbours of the best; the fastest step wins, fewer slots
+                among equals (more devices left for rollout)
+    balancing   the best k once more with instance moves off (balance.strategy
+                "least_loaded": routing within each agent only); kept if it is faster, so the
+                balancer's moves step aside where they do not pay on this workload
+
+`trainer_pool.slots = "auto"` in the simulator (Preset.shared_slots = "auto") is this search;
+`bench/simulate.py --plan` prints its table. The choice is the number of slots; the slots'
+sizes follow the models, and instances split the remaining devices equally between agents.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from flexmarl.sim.costs import Costs
+from flexmarl.sim.presets import Preset
+
+
+@dataclass(frozen=True)
+class Placement:
+    slots: tuple[str, ...]
+    """Model size each shared slot is sized for."""
+    step_s: float
+    rollout_devices: int
+    balance: str = "hierarchical"
+    """balance.strategy: "hierarchical" (instances move between agents) or "least_loaded"."""
+    result: Any = dataclasses.field(default=None, repr=False, compare=False)
+    """The simulation's SystemResult."""
+
+
+def candidates(preset: Preset, costs: Costs) -> list[tuple[str, ...]]:
+    """k = 1 .. agents slots, each sized for one of the k largest agents' models."""
+    sizes = sorted(preset.models.values(), key=lambda s: -costs.models[s].train_devices)
+    return [tuple(sizes[:k]) for k in range(1, len(sizes) + 1)]
+
+
+def fits(preset: Preset, costs: Costs, slots: tuple[str, ...]) -> bool:
+    """Do the slots leave every agent at least one rollout instance?"""
+    total = preset.nodes * costs.device.devices_per_node
+    rollout = total - sum(costs.models[s].train_devices for s in slots)
+    share = rollout // len(preset.models)
+    return all(share >= costs.models[m].rollout_devices for m in preset.models.values())
+
+
+def plan(preset: Preset, costs: Costs, simulate: Callable[[Preset, str], Any],
+         progress: Callable[[Placement], Any] | None = None) -> list[Placement]:
+    """Every evaluated placement, best first; `simulate(preset, strategy)` runs the system on
+    a preset whose shared_slots is the candidate, with that balance.strategy."""
+    options = [c for c in candidates(preset, costs) if fits(preset, costs, c)]
+    if not options:
+        raise ValueError(f"preset {preset.name} on {preset.nodes} nodes: no number of shared "
+                         "trainer slots leaves every agent a rollout instance; add nodes")
+    done: dict[int, Placement] = {}
+    total = preset.nodes * costs.device.devices_per_node
+
+    def evaluate(k: int) -> None:
+        if k in done or not 0 <= k < len(options):
+            return
+        done[k] = run(options[k], "hierarchical")
+
+    def run(slots: tuple[str, ...], strategy: str) -> Placement:
+        result = simulate(dataclasses.replace(preset, shared_slots=slots), strategy)
+        placement = Placement(slots, result.step_s,
+                              total - sum(costs.models[s].train_devices for s in slots),
+                              strategy, result)
+        if progress is not None:
+            progress(placement)
+        return placement
+
+    for k in sorted({*range(0, len(options), 3), len(options) - 1}):
+        evaluate(k)
+    while True:  # refine around the best until its neighbours are known
+        best = min(done, key=lambda k: (done[k].step_s, k))
+        missing = [k for k in (best - 1, best + 1) if 0 <= k < len(options) and k not in done]
+        if not missing:
+            break
+        for k in missing:
+            evaluate(k)
+    unmoved = run(done[best].slots, "least_loaded")
+    # Equal: keep the moves (the hierarchical balancer is the default and adapts at run time).
+    return sorted([*done.values(), unmoved],
+                  key=lambda p: (p.step_s, len(p.slots), p.balance != "hierarchical"))

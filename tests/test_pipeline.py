@@ -5,7 +5,8 @@ then whole `train()` runs (torch rollout backend, real trainer processes, the ti
 agents) that prove the guarantees from the samples actually trained:
 - micro_batch: every trained sample's policy_version equals the version being updated;
 - micro_batch and sync end with the same weights from the same samples (fp32; WEIGHT_ATOL);
-- one_step_off: exactly one version stale after the first step; bounded: never more than k.
+- one_step_off: exactly one version stale after the first step; bounded: never more than k;
+- the weight push alone opens the next rollout: state saves run beside it, in step order.
 """
 from __future__ import annotations
 

@@ -3,7 +3,10 @@
 The killed run is a real `flexmarl run` process (with its rollout and trainer workers) killed
 at a seeded random point after its second step record; the resumed run (the same command with
 --resume) must end with every step recorded once, the same team rewards step by step, and the
-same final weights as an uninterrupted run, within WEIGHT_ATOL.
+same final weights as an uninterrupted run, within WEIGHT_ATOL. The states are written in the
+background (tests/test_pipeline.py checks the ordering): a run killed while one is being written
+resumes the same way; a write that fails stops the run naming its dir; a trainer killed between
+its weight push and its snapshot re-trains the step and the run equals an uninterrupted one.
 """
 from __future__ import annotations
 

@@ -81,7 +81,7 @@ def table(out: dict) -> str:
 
 
 def _moves(strategy: str) -> str:
-    return "" if strategy == "hierarchical" else " (no moves)"
+    return {"hierarchical": "", "least_loaded": " (no moves)"}.get(strategy, f" ({strategy})")
 
 
 def plan_table(preset, placements) -> str:

@@ -7,8 +7,9 @@
                 always), then the neighbours of the best; the fastest step wins, fewer slots
                 among equals (more devices left for rollout)
     balancing   the best k once more with instance moves off (balance.strategy
-                "least_loaded": routing within each agent only); kept if it is faster, so the
-                balancer's moves step aside where they do not pay on this workload
+                "least_loaded": routing within each agent only) and with no balancing at all
+                ("round_robin"); the fastest is kept, so the balancer steps aside where it
+                does not pay on this workload (the hierarchical one among equals)
 
 `trainer_pool.slots = "auto"` in the simulator (Preset.shared_slots = "auto") is this search;
 `bench/simulate.py --plan` prints its table. The choice is the number of slots; the slots'
@@ -31,7 +32,8 @@ class Placement:
     step_s: float
     rollout_devices: int
     balance: str = "hierarchical"
-    """balance.strategy: "hierarchical" (instances move between agents) or "least_loaded"."""
+    """balance.strategy: "hierarchical" (instances move between agents), "least_loaded"
+    (within each agent only) or "round_robin" (none)."""
     result: Any = dataclasses.field(default=None, repr=False, compare=False)
     """The simulation's SystemResult."""
 
@@ -84,7 +86,8 @@ def plan(preset: Preset, costs: Costs, simulate: Callable[[Preset, str], Any],
             break
         for k in missing:
             evaluate(k)
-    unmoved = run(done[best].slots, "least_loaded")
+    others = [run(done[best].slots, strategy) for strategy in ("least_loaded", "round_robin")]
     # Equal: keep the moves (the hierarchical balancer is the default and adapts at run time).
-    return sorted([*done.values(), unmoved],
-                  key=lambda p: (p.step_s, len(p.slots), p.balance != "hierarchical"))
+    order = {"hierarchical": 0, "least_loaded": 1, "round_robin": 2}
+    return sorted([*done.values(), *others],
+                  key=lambda p: (p.step_s, len(p.slots), order[p.balance]))

@@ -4,8 +4,7 @@ Every rank is a worker process started by `runtime.supervisor.Supervisor` with e
 `flexmarl.training.worker:trainer_worker` and WorkerSpec.args {"rank", "world_size",
 "init_method" (e.g. file:///tmp/x/store, a FileStore the caller owns), "model_dir" and "config"
 (TrainerConfig fields) of its agent, optional "agent" (its name: needed to park it),
-"collective_timeout_s",
-"drain_timeout_s", "num_threads"}.
+"collective_timeout_s", "drain_timeout_s", "num_threads"}.
 Without model_dir the group is an empty trainer slot: SwapIn binds it to an agent, SwapOut
 parks it. Clients talk to rank 0 only; rank 0 replays each command to the followers with
 torch.distributed broadcasts of plain tensors (no pickle), so every rank makes the same

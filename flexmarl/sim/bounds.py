@@ -33,12 +33,13 @@ if TYPE_CHECKING:
 
 def free_training(costs: Costs) -> Costs:
     """`costs` with everything but rollout free: training, optimizer, host transfers (swaps,
-    mode switches), weight syncs, snapshots and state writes."""
+    mode switches), moves of states between slots, weight syncs, snapshots and state
+    writes."""
     return dataclasses.replace(
         costs, train=dataclasses.replace(costs.train, flops_per_token_per_param=0.0,
                                          optimizer_passes=0.0),
         links=dataclasses.replace(costs.links, host_bandwidth_per_node=math.inf,
-                                  sync_bandwidth=math.inf),
+                                  move_bandwidth_per_node=math.inf, sync_bandwidth=math.inf),
         storage=dataclasses.replace(costs.storage, write_bandwidth=math.inf))
 
 

@@ -167,6 +167,10 @@ def _layout(preset: Preset, system: System, costs: Costs) -> _Layout:
         groups, slots = [], {}
         for k, (agent, model) in enumerate(models.items()):
             count = share // model.rollout_devices
+            if count < 1 or costs.state_bytes(model) > share * costs.device.memory_bytes:
+                raise ValueError(f"preset {preset.name}, system {system.name}: {share} devices "
+                                 f"per agent hold no instance or no training state of agent "
+                                 f"{agent}; add nodes")
             group = DeviceGroup(f"agent-{agent}", share, costs, colocated=True)
             # Waking vLLM loads the agent's weights onto every instance; reloading the
             # trainer loads its whole training state (each offloaded by the other mode).
@@ -228,8 +232,11 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
                             signatures=dict(preset.models), weights={a: {} for a in models})
         slot_conns = {t.name: connect(t.address) for t in trainers}
         tpool = TrainerPool(slot_conns, {n: d for n, (d, _) in layout.slots.items()},
-                            {a: AgentTrainer(f"sim:{preset.models[a]}", {}, m.train_devices)
-                             for a, m in models.items()},
+                            {a: AgentTrainer(f"sim:{preset.models[a]}", {},
+                                             # per agent: the agent's whole group trains it
+                                             min(m.train_devices, layout.slots[f"trainer-{k}"][0])
+                                             if system.trainers == "per_agent" else m.train_devices)
+                             for k, (a, m) in enumerate(models.items())},
                             TrainerPoolConfig(slots=0 if layout.static else len(layout.slots),
                                               snapshots=system.flexmarl,
                                               request_timeout_s=FOREVER_S))

@@ -32,7 +32,7 @@ from flexmarl.launch.run import train
 from flexmarl.training.trainer import TrainerConfig
 from flexmarl.training.pool import TrainerPoolConfig
 from flexmarl.training.slots import SlotAllocator
-from runtime.errors import RemoteError
+from runtime.errors import PeerDied, RemoteError
 from runtime.supervisor import Supervisor, WorkerSpec
 from runtime.transport import connect
 
@@ -660,3 +660,32 @@ async def test_pool_learns_the_order_agents_ask_in_and_prefetches_the_next():
         await asyncio.sleep(0.001)
     assert log[-2:] == [("out", "b"), ("in", "c", True)]  # c comes next after b
     await pool.close()
+
+
+async def test_a_collective_failing_on_a_dead_peer_waits_for_the_death_notice():
+    """Rank 0 of a two-rank slot answers "Connection reset by peer" the moment its peer dies,
+    before the supervisor reports the death: the request waits for the notice and fails with
+    PeerDied (the slot is replaced), not with the bare error (the run would stop). Any other
+    handler error is raised at once."""
+    from flexmarl.protocol import TrainStep
+    from flexmarl.training.pool import AgentTrainer, TrainerPool
+
+    class ResetSlot(RecordingSlot):
+        async def request(self, msg, timeout_s=None):
+            if isinstance(msg, TrainStep):
+                raise RemoteError("handler", msg.__class__.__name__ + ": RuntimeError: [gloo] "
+                                  "Read error: Connection reset by peer" if self.reset else
+                                  "ValueError: bad batch")
+            return await super().request(msg, timeout_s)
+
+    slot = ResetSlot([])
+    pool = TrainerPool({"s0": slot}, {"s0": 2}, {"a": AgentTrainer("/a", {}, 2)}, SHARED,
+                       prefetch=False)
+    async with pool.bind("a") as conn:
+        slot.reset = False
+        with pytest.raises(RemoteError, match="bad batch"):
+            await conn.request(TrainStep())
+        slot.reset = True
+        asyncio.get_running_loop().call_later(0.2, pool.slot_died, "s0", "trainer-0-1 died")
+        with pytest.raises(PeerDied, match="trainer-0-1 died"):
+            await conn.request(TrainStep())

@@ -45,10 +45,14 @@ from flexmarl.checks import parse_cpus, require
 from flexmarl.training.slots import Grant, SlotAllocator
 from flexmarl.protocol import (DropParked, ExportState, ExportWeights, Parked, SwapDone, SwapIn,
                                SwapOut, TrainState, WeightUpdate)
-from runtime.errors import PeerDied, RequestTimeout
+from runtime.errors import PeerDied, RemoteError, RequestTimeout
 from runtime.transport import Connection
 
 log = logging.getLogger(__name__)
+DEATH_NOTICE_GRACE_S = 10.0
+"""A rank whose peer died fails its collective at once (gloo: "Connection reset by peer"),
+often before the supervisor has reported the death: that error waits this long for the
+death notice, so the slot is replaced instead of the run failing."""
 REPLACE_ATTEMPTS = 3
 """Processes started for a dead slot before it is given up (a replacement may die starting)."""
 Respawn = Callable[[str, list[str]], Awaitable[tuple[list[str], Connection]]]
@@ -554,6 +558,13 @@ class _TimedConnection:
             # A slot that does not answer is treated as dead, not waited on again.
             self._pool.slot_hung(self._slot, f"{type(msg).__name__} timed out ({exc})")
             raise (self.dead or exc) from exc
+        except RemoteError as exc:
+            deadline = now() + DEATH_NOTICE_GRACE_S
+            while self.dead is None and now() < deadline and _peer_lost(exc):
+                await asyncio.sleep(0.05)
+            if self.dead is not None:
+                raise self.dead from exc
+            raise
         finally:
             self._pool.busy_s[self._slot] += now() - started
 
@@ -563,3 +574,10 @@ class _TimedConnection:
 
     async def aclose(self) -> None:
         await self._conn.aclose()
+
+
+def _peer_lost(exc: RemoteError) -> bool:
+    """Did a collective fail because a peer rank went away (gloo's or NCCL's words)?"""
+    text = str(exc)
+    return any(words in text for words in ("Connection reset by peer", "Connection closed by peer",
+                                            "Broken pipe", "NCCL"))

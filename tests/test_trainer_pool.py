@@ -284,9 +284,10 @@ def tensors_in(obj) -> int:
 @MODULE_LOOP
 async def test_the_pool_swaps_between_real_slots_with_no_tensor_through_it(slots,
                                                                            tiny_model_dir):
-    """Three agents, two 1-rank slots: c evicts a (parked in one), then a gets the other slot
-    (pulled from one), then b comes back in place. Everything the pool sent and received on a
-    swap is control data: no tensor, either way; each agent's state is where the pool says."""
+    """Three agents, two 1-rank slots: b into one, a into other; c evicts a (parked in other:
+    the team's order says a asks after b), then a gets slot one (evicting b there, pulled from
+    other), then b comes back in place in one. Everything the pool sent and received on a swap
+    is control data: no tensor, either way; each agent's state is where the pool says."""
     from flexmarl.training.pool import AgentTrainer, TrainerPool
     log: list = []
     pool = TrainerPool({"one": Recorder(slots["one"], log), "other": Recorder(slots["other"], log)},
@@ -294,19 +295,19 @@ async def test_the_pool_swaps_between_real_slots_with_no_tensor_through_it(slots
                        {a: AgentTrainer(tiny_model_dir, CFG) for a in "abc"}, SHARED,
                        prefetch=False)
     states = {}
-    for agent in "abc":  # a into one, b into other, c evicts a (least recently used)
+    for agent in "bac":  # b into one, a into other, c evicts a (expected after b)
         async with pool.bind(agent) as conn:
             await train_step(conn, ord(agent))
             states[agent] = await conn.request(ExportState())
-    assert pool.where("a") == ("parked", "one") and pool.where("c") == ("loaded", "one")
-    async with pool.bind("a") as conn:  # evicts b from other, pulls a from one
+    assert pool.where("a") == ("parked", "other") and pool.where("c") == ("loaded", "other")
+    async with pool.bind("a") as conn:  # evicts b from one, pulls a from other
         assert_same(states["a"], await conn.request(ExportState()))
-    assert pool.where("a") == ("loaded", "other") and pool.where("b") == ("parked", "other")
-    async with pool.bind("b") as conn:  # evicts c from one (least recently used), pulls b
+    assert pool.where("a") == ("loaded", "one") and pool.where("b") == ("parked", "one")
+    async with pool.bind("b") as conn:  # evicts a from one (c is expected sooner), in place
         assert_same(states["b"], await conn.request(ExportState()))
     swaps = [(m, r) for m, r in log if isinstance(m, (SwapIn, SwapOut, DropParked))]
     assert {type(m) for m, _ in swaps} == {SwapIn, SwapOut, DropParked}
-    assert [sw.source for sw in pool.swaps if sw.direction == "in"] == ["one", "other"]
+    assert [sw.source for sw in pool.swaps if sw.direction == "in"] == ["other", "one"]
     assert sum(tensors_in(m) + tensors_in(r) for m, r in swaps) == 0
     await pool.close()
     for name in ("one", "other"):  # leave the slots empty

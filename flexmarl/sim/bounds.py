@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING
+from typing import Any
 
 from flexmarl.sim.costs import Costs
 
-if TYPE_CHECKING:
-    from flexmarl.sim.cluster import SystemResult
-    from flexmarl.sim.presets import Preset
+SystemResult = Any  # flexmarl.sim.cluster.SystemResult (cluster imports this module)
 
 
 def free_training(costs: Costs) -> Costs:
@@ -43,11 +41,11 @@ def free_training(costs: Costs) -> Costs:
         storage=dataclasses.replace(costs.storage, write_bandwidth=math.inf))
 
 
-def perfect_overlap_s(result: "SystemResult", rollout_only: "SystemResult") -> float:
+def perfect_overlap_s(result: SystemResult, rollout_only: SystemResult) -> float:
     return max(rollout_only.step_s, result.train_compute_s / len(result.trainer_slots))
 
 
-def measured_windows(result: "SystemResult") -> list[tuple[float, float]]:
+def measured_windows(result: SystemResult) -> list[tuple[float, float]]:
     """(start, end] between the records of consecutive measured steps: a step's last
     micro-batch is trained before its record (its rollout's end is too early: the last
     group reaches the trainer just after it)."""
@@ -56,7 +54,7 @@ def measured_windows(result: "SystemResult") -> list[tuple[float, float]]:
     return [(marks[i - 1] if i else 0.0, marks[i]) for i in range(first, last + 1)]
 
 
-def least_tail_s(preset: "Preset", rollout_only: "SystemResult", costs: Costs) -> float:
+def least_tail_s(preset: Any, rollout_only: SystemResult, costs: Costs) -> float:
     """Mean over the measured steps of the cheapest agent's train-last-group + optimizer step
     + weight load, priced with the real `costs` from the rollout-only run's micro-batches."""
     tails = []

@@ -343,7 +343,7 @@ class Parked:
 class FetchShards:
     """Ask one rank for slices of an agent parked on it: `pieces` [[name, lo, hi, _], ...]
     rows [lo, hi) of dim 0 of its local tensor `name` (hi -1: all of it); [] asks for the
-    state's layout, metadata and RNG (flexmarl.training.trainer.pull_plan)."""
+    state's layout, metadata and RNG (flexmarl.training.parking.pull_plan)."""
 
     KIND: ClassVar[int]
     agent: str

@@ -33,9 +33,9 @@ from hypothesis import strategies as st
 from flexmarl.protocol import (ExportState, ExportWeights, SwapIn, SwapOut, TrainBeginBatch,
                                TrainMicroBatch, TrainStats, TrainStep, TrainStepDone,
                                WeightUpdate)
-from flexmarl.training.trainer import (GRPOTrainer, TrainerConfig, chunk_rows, export_state,
-                                       fill, load_state, local_tensors, park, prepare_pull,
+from flexmarl.training.parking import (chunk_rows, fill, local_tensors, park, prepare_pull,
                                        pull_plan, set_rng, sharded_here, slices, unpark)
+from flexmarl.training.trainer import GRPOTrainer, TrainerConfig, export_state, load_state
 from runtime.config import SupervisorConfig
 from runtime.errors import RemoteError
 from runtime.supervisor import Supervisor, WorkerSpec, pid_alive

@@ -20,7 +20,7 @@ GRPOTrainer calls in the same order:
                                   │
     client ◄──TrainStats─────── reply
 
-Swaps (the one swap path; flexmarl.training.trainer.park/unpark/pull_plan):
+Swaps (the one swap path; flexmarl.training.parking.park/unpark/pull_plan):
 
     SwapOut ─► every rank parks its own shards (parameters, buffers, the KL reference, AdamW
                state, RNG, version) in host memory of its own process, device storages freed;
@@ -67,9 +67,9 @@ from flexmarl.protocol import (DropParked, ExportState, ExportWeights, FetchShar
                                ShardData, SwapDone, SwapIn, SwapOut, TrainBeginBatch,
                                TrainMicroBatch, TrainState, TrainStats, TrainStep,
                                TrainStepDone, WeightUpdate)
-from flexmarl.training.trainer import (GRPOTrainer, HostState, TrainerConfig, fill, park,
-                                       prepare_pull, pull_plan, set_rng, sharded_here, slices,
-                                       unpark)
+from flexmarl.training.parking import (HostState, fill, park, prepare_pull, pull_plan,
+                                       set_rng, sharded_here, slices, unpark)
+from flexmarl.training.trainer import GRPOTrainer, TrainerConfig
 from runtime.transport import connect
 
 log = logging.getLogger(__name__)

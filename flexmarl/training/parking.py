@@ -1,0 +1,236 @@
+"""The swap path's data movement for one rank's trainer (what flexmarl.training.worker runs on
+SwapOut / SwapIn / FetchShards): park a trainer's storages in host memory of its process and
+bring them back in place, and plan and fill the row slices a trainer of another rank count
+pulls from them (FSDP2 shards dim 0 with torch.chunk's rule). The trainer itself is
+flexmarl.training.trainer.GRPOTrainer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from flexmarl.training.trainer import GRPOTrainer, _local
+
+@dataclass
+class HostState:
+    """One rank's share of a parked agent: its trainer's module objects (every device storage
+    freed) and host copies of those storages, in the rank's own process."""
+
+    trainer: GRPOTrainer
+    storages: list[tuple[torch.UntypedStorage, torch.Tensor]]
+    """(the freed device storage, its bytes in host memory), each storage once."""
+    tensors: dict[str, torch.Tensor]
+    """local_tensors() names -> views of the host copies (what another slot's ranks pull)."""
+    layout: dict[str, list]
+    """name -> [global shape, dtype, sharded on dim 0, on the device (not the CPU)]."""
+    meta: dict
+    """version and the optimizer's hyperparameters (JSON-able)."""
+    rng: dict[str, torch.Tensor]
+    """"rng/cpu" (and "rng/cuda"): this rank's generator states."""
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(host.numel() for _, host in self.storages)
+
+
+def local_tensors(trainer: GRPOTrainer) -> dict[str, torch.Tensor]:
+    """Every tensor of this rank's training state, by name, as the rank holds it (the local
+    shard of a DTensor): "model/<param>", "buffer/<name>", "ref/<param>", "refbuffer/<name>"
+    (the KL reference), "optim/<param>/<key>" (AdamW's exp_avg, exp_avg_sq, step)."""
+    out: dict[str, torch.Tensor] = {}
+    for prefix, module in (("", trainer.model), ("ref", trainer.reference)):
+        if module is None:
+            continue
+        out |= {f"{prefix or 'model'}/{n}": _local(p.detach())
+                for n, p in module.named_parameters()}
+        out |= {f"{prefix}buffer/{n}": b for n, b in module.named_buffers()}
+    names = {p: n for n, p in trainer.model.named_parameters()}
+    for p, state in trainer.optimizer.state.items():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                out[f"optim/{names[p]}/{key}"] = _local(value.detach())
+    return out
+
+
+def state_layout(trainer: GRPOTrainer) -> dict[str, list]:
+    """local_tensors' names -> [global shape, dtype, sharded on dim 0, on the device]."""
+    out: dict[str, list] = {}
+    params = dict(trainer.model.named_parameters())
+    for name, t in local_tensors(trainer).items():
+        full = _global(trainer, name, params)
+        out[name] = [list(full.shape), str(t.dtype).removeprefix("torch."), _is_sharded(full),
+                     t.device.type != "cpu"]
+    return out
+
+
+def _global(trainer: GRPOTrainer, name: str, params: dict) -> torch.Tensor:
+    """The (possibly DTensor) tensor behind a local_tensors name."""
+    kind, _, rest = name.partition("/")
+    if kind == "optim":
+        param, _, key = rest.rpartition("/")
+        return trainer.optimizer.state[params[param]][key]
+    module = trainer.reference if kind.startswith("ref") else trainer.model
+    return (module.get_parameter(rest) if kind in ("model", "ref")
+            else module.get_buffer(rest))
+
+
+def _is_sharded(t: torch.Tensor) -> bool:
+    """A DTensor sharded on dim 0 (what fully_shard makes of every parameter)."""
+    placements = getattr(t, "placements", ())
+    return any(getattr(p, "dim", None) == 0 for p in placements)
+
+
+def park(trainer: GRPOTrainer) -> HostState:
+    """This rank's whole share of the training state to host memory of this process, device
+    storages freed (no collective). The module objects stay, so unpark is a copy back in place.
+
+    Whole storages are copied, not tensor views: FSDP keeps each shard in a padded buffer, and
+    tied or viewed tensors share one storage, which is then copied once. On CPU the host copy
+    is a separate buffer all the same, so what the slot's "device" held is freed."""
+    if trainer._normaliser is not None:
+        raise RuntimeError("park() in the middle of a global batch: step() first (the "
+                           "accumulated gradient is not part of the swapped state)")
+    if any(p.grad is not None for p in trainer.model.parameters()):
+        raise RuntimeError("park(): gradients are set; they are zeroed (None) after step()")
+    tensors = local_tensors(trainer)
+    layout = state_layout(trainer)
+    pin = trainer.device.type == "cuda"
+    copies: dict[int, tuple[torch.UntypedStorage, torch.Tensor]] = {}
+    for t in tensors.values():
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in copies and storage.nbytes():
+            raw = _bytes_of(storage)
+            host = torch.empty(raw.numel(), dtype=torch.uint8, pin_memory=pin)
+            host.copy_(raw, non_blocking=pin)
+            copies[storage.data_ptr()] = (storage, host)
+    if pin:
+        torch.cuda.synchronize(trainer.device)
+    views = {}
+    for name, t in tensors.items():
+        storage = t.untyped_storage()
+        if storage.nbytes() == 0:  # an empty shard (more ranks than rows)
+            views[name] = torch.empty(t.shape, dtype=t.dtype)
+            continue
+        host = copies[storage.data_ptr()][1]
+        views[name] = torch.empty(0, dtype=t.dtype).set_(
+            host.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+    for storage, _ in copies.values():
+        storage.resize_(0)
+    if pin:
+        torch.cuda.empty_cache()  # hand the memory back to the next agent's trainer
+    rng = {"rng/cpu": torch.get_rng_state()}
+    if trainer.device.type == "cuda":
+        rng["rng/cuda"] = torch.cuda.get_rng_state(trainer.device)
+    meta = {"version": trainer.version, "param_groups": [
+        {k: v for k, v in g.items() if k != "params"} for g in trainer.optimizer.param_groups]}
+    return HostState(trainer, list(copies.values()), views, layout, meta, rng)
+
+
+def unpark(host: HostState) -> GRPOTrainer:
+    """Bring back what park() saved, bit for bit, into the same storages; the trainer."""
+    for storage, copy in host.storages:
+        storage.resize_(copy.numel())
+        _bytes_of(storage).copy_(copy, non_blocking=copy.is_pinned())
+    trainer = host.trainer
+    if trainer.device.type == "cuda":
+        torch.cuda.synchronize(trainer.device)
+    set_rng(trainer, host.rng)
+    host.storages, host.tensors = [], {}
+    return trainer
+
+
+def set_rng(trainer: GRPOTrainer, rng: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(rng["rng/cpu"])
+    if "rng/cuda" in rng and trainer.device.type == "cuda":
+        torch.cuda.set_rng_state(rng["rng/cuda"], trainer.device)
+
+
+def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
+    """A uint8 tensor over all of `storage` (whatever the dtypes of the tensors on it)."""
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+
+def chunk_rows(rows: int, world_size: int, rank: int) -> tuple[int, int]:
+    """Rows [lo, hi) of dim 0 that `rank` holds: FSDP2 shards with torch.chunk (chunks of
+    ceil(rows / world_size); the last ranks may hold fewer rows, or none)."""
+    size = -(-rows // world_size)
+    lo = min(rank * size, rows)
+    return lo, min(lo + size, rows)
+
+
+def pull_plan(layout: dict[str, list], mine: dict[str, bool], src_world: int,
+              world_size: int, rank: int) -> dict[int, list[list]]:
+    """Which slices of a group of `src_world` ranks (its `layout`: state_layout of its rank
+    0) this rank of `world_size` needs for its own tensors (`mine`: name -> sharded here):
+    source rank -> [[name, src_lo, src_hi, my_lo], ...], rows of dim 0 in each side's local
+    tensor; src_hi -1: the whole tensor (not sharded on either side, or 0-dim). A name
+    replicated at the source comes from source rank (rank % src_world), spreading the load."""
+    plan: dict[int, list[list]] = {}
+    for name, (shape, _, src_sharded, _) in layout.items():
+        sharded = mine[name]
+        if not shape or (not sharded and not src_sharded):
+            plan.setdefault(rank % src_world, []).append([name, 0, -1, 0])
+            continue
+        lo, hi = chunk_rows(shape[0], world_size, rank) if sharded else (0, shape[0])
+        sources = ([(w, *chunk_rows(shape[0], src_world, w)) for w in range(src_world)]
+                   if src_sharded else [(rank % src_world, 0, shape[0])])
+        for w, src_lo, src_hi in sources:
+            a, b = max(lo, src_lo), min(hi, src_hi)
+            if a < b:
+                plan.setdefault(w, []).append([name, a - src_lo, b - src_lo, a - lo])
+    return plan
+
+
+def prepare_pull(trainer: GRPOTrainer, layout: dict[str, list], meta: dict
+                 ) -> dict[str, torch.Tensor]:
+    """Make an empty-built trainer ready to take another group's state of `layout`: AdamW's
+    state tensors created (uninitialised) where the source has them, its hyperparameters and
+    version set; this rank's tensors to fill, by name (each must be filled completely)."""
+    params = dict(trainer.model.named_parameters())
+    for name, (shape, dtype, _, on_device) in layout.items():
+        kind, _, rest = name.partition("/")
+        if kind != "optim":
+            continue
+        param, _, key = rest.rpartition("/")
+        p = params[param]
+        if list(shape) == list(p.shape):  # a moment: sharded like its parameter
+            value = torch.empty_like(p.detach(), dtype=getattr(torch, dtype))
+        else:  # AdamW's step counter (on the CPU unless the source kept it on the device)
+            value = torch.empty(shape, dtype=getattr(torch, dtype),
+                                device=trainer.device if on_device else "cpu")
+        trainer.optimizer.state[p][key] = value
+    for group, saved in zip(trainer.optimizer.param_groups, meta.get("param_groups", [])):
+        group.update(saved)
+    trainer.version = int(meta.get("version", 0))
+    tensors = local_tensors(trainer)
+    missing, extra = set(layout) - set(tensors), set(tensors) - set(layout)
+    if missing or extra:
+        raise ValueError(f"the source's training state does not fit this trainer (another model "
+                         f"or train_layers?): it has {sorted(missing)[:3]} this one lacks, "
+                         f"lacks {sorted(extra)[:3]}")
+    return tensors
+
+
+def sharded_here(trainer: GRPOTrainer) -> dict[str, bool]:
+    """local_tensors' names -> sharded on dim 0 on this rank's group."""
+    return {name: spec[2] for name, spec in state_layout(trainer).items()}
+
+
+def slices(host: HostState, pieces: list[list]) -> dict[str, torch.Tensor]:
+    """What a source rank serves: its parked tensors' rows [src_lo, src_hi) (-1: whole) per
+    piece of a pull_plan, as views of its host memory (no copy)."""
+    return {name: host.tensors[name] if hi < 0 else host.tensors[name][lo:hi]
+            for name, lo, hi, _ in pieces}
+
+
+def fill(tensors: dict[str, torch.Tensor], pieces: list[list],
+         got: dict[str, torch.Tensor]) -> int:
+    """Copy pulled slices into this rank's tensors at their rows; the bytes copied."""
+    num_bytes = 0
+    with torch.no_grad():
+        for name, lo, hi, mine in pieces:
+            src, dst = got[name], tensors[name]
+            (dst if hi < 0 else dst[mine:mine + hi - lo]).copy_(src)
+            num_bytes += src.numel() * src.element_size()
+    return num_bytes

@@ -10,13 +10,10 @@ runs collectives:
     export_weights()            full Hugging Face-named state dict on rank 0 (for weight sync)
     export_state / load_state   the whole training state gathered on rank 0 and back, bit for
                                 bit: snapshots and checkpoints (ExportState), never a swap
-    park / unpark               the swap path (flexmarl.training.parking): each rank's shards (parameters, buffers, the
-                                KL reference, AdamW state; RNG and version beside them) copied
-                                to host memory of its own process (pinned on CUDA) and its
-                                device storages freed; back in place into the same objects
-    local_tensors, pull_plan    (parking) the shards by name, which slices of another group's shards
-                                each rank needs (resharding dim 0 as FSDP2 does): what a trainer
-                                slot pulls from another slot's ranks (flexmarl.training.worker)
+    park / unpark, pull_plan    the swap path, in flexmarl.training.parking: each rank's own
+                                shards to host memory of its process and back in place, and the
+                                slices another group's ranks need (dim 0 resharded as FSDP2
+                                does), pulled slot to slot (flexmarl.training.worker)
 
 The model is sharded with `fully_shard` on each decoder block and then the root (`shard_model`);
 gradients are reduced as a plain *sum* across ranks, because each rank's loss is already divided

@@ -41,6 +41,7 @@ import time
 if importlib.util.find_spec("flexmarl") is None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from flexmarl.sim import plan  # noqa: E402
 from flexmarl.sim.cluster import SYSTEMS, compare, plan_slots  # noqa: E402
 from flexmarl.sim.costs import DEFAULT_PATH, load_costs  # noqa: E402
 from flexmarl.sim.presets import PRESETS, get_preset  # noqa: E402
@@ -82,27 +83,6 @@ def table(out: dict) -> str:
 
 def _moves(strategy: str) -> str:
     return {"hierarchical": "", "least_loaded": " (no moves)"}.get(strategy, f" ({strategy})")
-
-
-def plan_table(preset, placements) -> str:
-    lines = [f"placements of preset {preset.name} on {preset.nodes} nodes (flexmarl), best first",
-             f"{'slots':>5s} {'slot sizes (devices)':24s} {'rollout devices':>15s} "
-             f"{'balance':>13s} {'step s':>8s}"]
-    for p in placements:
-        sizes = ",".join(str(load_costs().models[m].train_devices) for m in p.slots)
-        lines.append(f"{len(p.slots):5d} {sizes:24s} {p.rollout_devices:15d} "
-                     f"{p.balance:>13s} {p.step_s:8.1f}")
-    return "\n".join(lines)
-
-
-def placement_toml(preset, placement, costs) -> str:
-    """The chosen placement as FlexMARL config (one rank per device)."""
-    sizes = [costs.models[m].train_devices for m in placement.slots]
-    key = (f"ranks_per_agent = {sizes[0]}\nslots = {len(sizes)}" if len(set(sizes)) == 1 else
-           f'slot_ranks = "{",".join(map(str, sizes))}"')
-    return (f"# bench/simulate.py --plan: preset {preset.name} on {preset.nodes} nodes, "
-            f"simulated step {placement.step_s:.1f} s\n[trainer_pool]\n{key}\n\n"
-            f'[balance]\nstrategy = "{placement.balance}"\n')
 
 
 def run_preset(name: str, args: argparse.Namespace, costs) -> dict:
@@ -179,14 +159,14 @@ def plan_main(args: argparse.Namespace, names: list[str], costs) -> dict:
                                 seed=args.seed, progress=lambda p: print(
                                     f"  {len(p.slots)} slots, {p.balance}: {p.step_s:.1f} s "
                                     "per step", file=sys.stderr))
-        print(plan_table(preset, placements), f"\n({time.perf_counter() - started:.1f} s to "
+        print(plan.table(preset, costs, placements), f"\n({time.perf_counter() - started:.1f} s to "
               "simulate)\n")
         out[name] = {"nodes": preset.nodes, "placements": [
             {"slots": list(p.slots), "rollout_devices": p.rollout_devices,
              "balance": p.balance, "step_s": p.step_s} for p in placements]}
         if args.write:
             with open(args.write, "w") as f:
-                f.write(placement_toml(preset, placements[0], costs))
+                f.write(plan.placement_toml(preset, costs, placements[0]))
             print(f"wrote {args.write}", file=sys.stderr)
     result = out[names[0]] if len(names) == 1 else {"presets": out}
     if args.json:

@@ -26,10 +26,12 @@ from flexmarl.launch.checkpoint import (
     STATE_FILE,
     CheckpointError,
     StateCheckpoints,
+    SaveSchedule,
+    drop_records_after,
     resume_point,
 )
 from flexmarl.protocol import TrainMicroBatch, TrainState
-from flexmarl.observe.rundir import METRICS_FILE, MetricsWriter
+from flexmarl.observe.rundir import METRICS_FILE, MetricsWriter, read_metrics
 
 VOCAB = 64
 
@@ -404,3 +406,40 @@ def test_resume_point_needs_every_agents_state(tmp_path):
     with pytest.raises(CheckpointError, match=r"step 3 for agent\(s\) 'b', 'c' .*save_state"):
         resume_point(tmp_path, ["a", "b", "c"])
     assert resume_point(tmp_path, ["a"]) == 4
+
+
+def test_resume_point_is_after_the_last_step_every_agent_saved(tmp_path):
+    """run.save_every: the records may run ahead of the last common saved step."""
+    ckpt = StateCheckpoints(tmp_path / STATE_DIR)
+    for step in (1, 3):
+        ckpt.save("a", step, state("a", step))
+    ckpt.save("b", 1, state("b", 1))
+    write_metrics(tmp_path, range(5))
+    assert resume_point(tmp_path, ["a"]) == 4
+    assert resume_point(tmp_path, ["a", "b"]) == 2  # b's step 3 was never written
+    ckpt.save("b", 6, state("b", 6))  # after the last record: not a resume point
+    assert resume_point(tmp_path, ["b"]) == 2
+
+
+def test_drop_records_after_cuts_the_redone_steps_in_place(tmp_path):
+    write_metrics(tmp_path, range(5), torn=b'{"step": 5, "te')
+    path = tmp_path / METRICS_FILE
+    with MetricsWriter(path) as writer:  # open (O_APPEND) while the file is cut, as in a run
+        assert drop_records_after(tmp_path, 2) == 2  # steps 3 and 4; the torn line goes too
+        writer.write({"step": 3, "team_reward": 1.0})
+    records = read_metrics(path)
+    assert [r.get("step") for r in records] == [None, 0, 1, 2, 3]
+    assert records[-1]["team_reward"] == 1.0
+    assert drop_records_after(tmp_path, 9) == 0
+
+
+@pytest.mark.parametrize("every,steps,first", [(1, 5, 0), (2, 5, 0), (3, 10, 0), (4, 10, 3),
+                                               (5, 3, 0)])
+def test_save_schedule_keeps_a_saved_step_at_or_before_every_record(every, steps, first):
+    schedule = SaveSchedule(every, steps, first)
+    saved = [s for s in range(first, steps) if schedule.saves(s)]
+    assert saved[-1] == steps - 1  # the last step is always written
+    assert all((s + 1) % every == 0 for s in saved[:-1])
+    for step in range(first, steps):
+        expected = max([s for s in saved if s <= step], default=first - 1)
+        assert schedule.last_saved(step) == expected, step

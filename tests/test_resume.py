@@ -109,7 +109,31 @@ def test_a_killed_run_resumes_to_the_same_weights(tiny_model_dir, tmp_path, unin
     _assert_resumes_like(run_dir, uninterrupted)
 
 
-def _assert_resumes_like(run_dir: Path, uninterrupted: Path) -> None:
+@pytest.mark.slow
+def test_a_run_saving_every_other_step_resumes_from_its_last_save(tiny_model_dir, tmp_path,
+                                                                  uninterrupted):
+    """run.save_every = 2 writes the states of steps 1, 3 and 4 (the last). Killed once step
+    2 is recorded, the run resumes from step 1's states: step 2 is redone, its record replaced
+    (if the kill came after step 3's record, from step 3's states: nothing is redone)."""
+    config, run_dir = _setup(tmp_path, tiny_model_dir, "run", "run.save_every=2")
+    proc = _flexmarl("run", str(config))
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and len(read_metrics(metrics)) >= 3):
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.monotonic() < deadline, "the run did not record three steps in 300 s"
+        time.sleep(0.02)
+    _kill_everything(proc)
+    last = read_metrics(metrics)[-1]["step"]
+    assert last < STEPS - 1, "the run finished before it could be killed"
+    saved = StateCheckpoints(run_dir / "state")
+    assert all(s % 2 == 1 for s in saved.steps("solver")), saved.steps("solver")  # 1, 3 only
+    out = _assert_resumes_like(run_dir, uninterrupted)
+    if last % 2 == 0:  # step `last` was not saved: the resumed run redid it
+        assert f"steps {last}-{last} are redone, their 1 records replaced" in out, out
+
+
+def _assert_resumes_like(run_dir: Path, uninterrupted: Path) -> str:
     """`flexmarl run --resume run_dir` ends like the uninterrupted run, every step once."""
     metrics = run_dir / "metrics.jsonl"
     out = _finish(_flexmarl("run", "--resume", str(run_dir)))
@@ -133,6 +157,7 @@ def _assert_resumes_like(run_dir: Path, uninterrupted: Path) -> None:
     # Nothing of the killed run is left running.
     assert not [p for p in psutil.process_iter(["cmdline"])
                 if str(run_dir) in " ".join(p.info["cmdline"] or [])]
+    return out
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -269,15 +270,18 @@ def test_changing_a_policy_object_changes_the_result():
 
 
 def test_same_seed_same_table_across_processes():
-    """Two processes with different hash seeds print the same JSON (modulo wall time)."""
+    """Two processes with different hash seeds print the same JSON (modulo wall time). They
+    run at once: the suite's time is mostly their imports."""
+    procs = [subprocess.Popen(
+        [sys.executable, "bench/simulate.py", "--preset", "small", "--json", "--steps", "3",
+         "--systems", "marti,flexmarl"], cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONHASHSEED": hash_seed})
+        for hash_seed in ("1", "2")]
     outs = []
-    for hash_seed in ("1", "2"):
-        proc = subprocess.run(
-            [sys.executable, "bench/simulate.py", "--preset", "small", "--json", "--steps", "3",
-             "--systems", "marti,flexmarl"], cwd=ROOT, capture_output=True, text=True,
-            timeout=300, env={**os.environ, "PYTHONHASHSEED": hash_seed})
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        out = json.loads(proc.stdout.strip().splitlines()[-1])
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, stderr[-2000:]
+        out = json.loads(stdout.strip().splitlines()[-1])
         out.pop("wall_s")
         outs.append(out)
     assert outs[0] == outs[1]
@@ -287,23 +291,30 @@ def test_same_seed_same_table_across_processes():
     assert set(outs[0]["bounds"]) >= {"perfect_overlap_s", "zero_staleness_s"}
 
 
+def _bench_simulate():
+    """bench/simulate.py as a module: its main() in this process (no second torch import)."""
+    spec = importlib.util.spec_from_file_location("bench_simulate", ROOT / "bench" / "simulate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_a_different_seed_gives_a_different_workload():
     assert simulate("small", "marti", seed=1).steps != simulate("small", "marti").steps
 
 
-def test_presets_and_bench_errors():
+def test_presets_and_bench_errors(capsys):
     assert {"merchant", "category", "5x32b", "3x32b_7x14b", "15x14b"} <= set(PRESETS)
     with pytest.raises(ValueError, match="unknown preset"):
         get_preset("nope")
     with pytest.raises(ValueError, match="unknown system"):
         simulate("small", "nope")
-    proc = subprocess.run([sys.executable, "bench/simulate.py", "--preset", "small",
-                           "--set", "train.nope=1"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 2 and "no parameter 'train.nope'" in proc.stderr
+    with pytest.raises(SystemExit) as exit_:
+        _bench_simulate().main(["--preset", "small", "--set", "train.nope=1"])
+    assert exit_.value.code == 2 and "no parameter 'train.nope'" in capsys.readouterr().err
 
 
-def test_the_planner_tries_placements_that_fit_and_picks_the_fastest(tmp_path):
+def test_the_planner_tries_placements_that_fit_and_picks_the_fastest(tmp_path, capsys):
     """`shared_slots = "auto"`: every slot count evaluated fits the cluster, the best is the
     fastest simulated (fewer slots among equals), and `compare` uses it for the shared systems;
     `bench/simulate.py --plan --write` prints the table and writes it as trainer_pool config."""
@@ -323,11 +334,9 @@ def test_the_planner_tries_placements_that_fit_and_picks_the_fastest(tmp_path):
     assert out["systems"]["flexmarl"]["step_s"] == best.step_s
     assert len(out["systems"]["flexmarl-no_balance"]["trainer_slots"]) == len(best.slots)
     path = tmp_path / "plan.toml"
-    proc = subprocess.run([sys.executable, "bench/simulate.py", "--preset", "small", "--plan",
-                           "--steps", "3", "--write", str(path)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "placements of preset small" in proc.stdout
+    _bench_simulate().main(["--preset", "small", "--plan", "--steps", "3", "--write",
+                            str(path)])
+    assert "placements of small on 4 nodes" in capsys.readouterr().out
     written = path.read_text()
     assert "[trainer_pool]" in written and "ranks_per_agent = 16\nslots = " in written
     assert "[balance]\nstrategy = " in written

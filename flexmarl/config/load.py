@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from flexmarl.checks import ConfigError
-from flexmarl.config.sections import (ClusterConfig, GatewayConfig, ObserveConfig, RunConfig,
-                                      TeamRef)
+from flexmarl.config.sections import (ClusterConfig, GatewayConfig, ObserveConfig, PlanConfig,
+                                      RunConfig, TeamRef)
 from flexmarl.orchestrator.policy import PipelineConfig
 from flexmarl.rollout.balancer import BalancerConfig
 from flexmarl.rollout.pool import RolloutConfig
@@ -50,6 +50,7 @@ class Config:
     observe: ObserveConfig = field(default_factory=ObserveConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
 
@@ -92,7 +93,7 @@ SECTIONS: dict[str, type] = {"run": RunConfig, "team": TeamRef, "pipeline": Pipe
                              "rollout": RolloutConfig, "trainer": TrainerConfig,
                              "trainer_pool": TrainerPoolConfig, "balance": BalancerConfig,
                              "observe": ObserveConfig, "cluster": ClusterConfig,
-                             "gateway": GatewayConfig,
+                             "gateway": GatewayConfig, "plan": PlanConfig,
                              "transport": TransportConfig, "supervisor": SupervisorConfig}
 """TOML section name -> its dataclass, in file order."""
 

@@ -34,6 +34,10 @@ class RunConfig:
     save_state: bool = True
     """After each step, write every agent's whole training state under RUN_DIR/state
     (atomically; older steps pruned) so `flexmarl run --resume RUN_DIR` can go on."""
+    save_every: int = 1
+    """With save_state: write the states after every this many steps (and after the last).
+    A resumed run goes on from the last step saved, redoing the steps after it. Large agents
+    want more than 1: a 14B agent's state is ~237 GB (16 bytes/param), minutes of disk."""
 
     def __post_init__(self) -> None:
         require(bool(self.name) and "/" not in self.name and self.name not in (".", ".."),
@@ -41,6 +45,8 @@ class RunConfig:
         require(bool(self.out_dir), "run.out_dir", self.out_dir, "must not be empty")
         require(self.seed >= 0, "run.seed", self.seed, "must be >= 0")
         require(self.steps >= 1, "run.steps", self.steps, "must be >= 1")
+        require(self.save_every >= 1, "run.save_every", self.save_every,
+                 "must be >= 1 (1: after every step)")
         level = self.log_level.upper()
         require(level in LOG_LEVELS, "run.log_level", self.log_level,
                  f"must be one of {', '.join(LOG_LEVELS)}")
@@ -156,3 +162,57 @@ class GatewayConfig:
         for name in ("episode_timeout_s", "seat_timeout_s"):
             require(getattr(self, name) > 0, f"gateway.{name}", getattr(self, name),
                      "must be > 0")
+
+
+@dataclass(kw_only=True, frozen=True)
+class PlanConfig:
+    """How `flexmarl plan` and trainer_pool.slots = "auto" see this run on a cluster (section
+    `plan`; flexmarl.sim.team_plan): the team's own workflow and tasks, run by the cluster
+    simulator on the cost model's devices."""
+
+    nodes: int = 0
+    """Nodes of the cost model's devices (16 each by default); 0: cluster.rollout_nodes +
+    cluster.trainer_nodes when cluster.listen is set, else 1."""
+    models: str = ""
+    """Each agent's size in the cost model, e.g. "solver=14b,checker=32b"; an agent left out
+    is sized from its model's name (Qwen2.5-14B-Instruct: 14b)."""
+    response_tokens: str = ""
+    """Median response tokens per agent, "solver=256,checker=64", or one number for all; an
+    agent left out: a quarter of its sampling.max_tokens. Lengths are lognormal around it."""
+    costs: str = ""
+    """The cost model file; "": flexmarl/sim/costs.toml."""
+    steps: int = 4
+    """Simulated steps per placement tried (the first and the last are not measured)."""
+
+    def __post_init__(self) -> None:
+        require(self.nodes >= 0, "plan.nodes", self.nodes, "must be >= 0 (0: from [cluster])")
+        require(self.steps >= 3, "plan.steps", self.steps,
+                "must be >= 3 (the first and the last step are not measured)")
+        pairs(self.models, "plan.models")
+        try:
+            float(self.response_tokens)
+        except ValueError:
+            lengths = pairs(self.response_tokens, "plan.response_tokens")
+            require(all(_positive(v) for v in lengths.values()), "plan.response_tokens",
+                    self.response_tokens, "must give positive numbers of tokens")
+        else:
+            require(_positive(self.response_tokens), "plan.response_tokens",
+                    self.response_tokens, "must be a positive number of tokens")
+
+
+def pairs(text: str, name: str) -> dict[str, str]:
+    """"a=1,b=2" -> {"a": "1", "b": "2"} ("" -> {}); a ConfigError naming `name` otherwise."""
+    out: dict[str, str] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = item.partition("=")
+        require(bool(sep and key.strip() and value.strip()), name, text,
+                'must be comma-separated AGENT=VALUE pairs, like "solver=14b,checker=32b"')
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _positive(value: str) -> bool:
+    try:
+        return float(value) > 0
+    except ValueError:
+        return False

@@ -1,5 +1,6 @@
 """`flexmarl` command line: `flexmarl run [CONFIG] [--team PATH] [--set section.key=value ...]`,
 `flexmarl run --resume RUN_DIR [--set ...]`, `flexmarl run ... --listen tcp://ADDR:PORT`,
+`flexmarl plan [CONFIG] [--team PATH] [--nodes N] [--set ...] [--write FILE] [--json]`,
 `flexmarl report RUN_DIR [--out DIR]`, `flexmarl keygen [--dir DIR] [--name NAME]`.
 
 A thin entry point: resolve the config, load the team, make the run directory, then hand over to
@@ -51,6 +52,23 @@ def _parser() -> argparse.ArgumentParser:
                      help="go on with a run that stopped or was killed, from its config and its "
                           "last recorded step (--set run.steps=N trains it further)")
     run.set_defaults(command=_run)
+    plan = commands.add_parser("plan", help="plan trainer slots on a cluster (simulated)",
+                               description=(
+        "Simulate the team's own workflow on N nodes of the cost model's devices "
+        "(flexmarl/sim/costs.toml) with the product's scheduling code, for every number of "
+        "shared trainer slots worth trying and each balancing strategy; print the placements "
+        "best first, and with --write the best one as config. Section [plan] says how big "
+        "each agent's model is and how long its answers are."))
+    plan.add_argument("config", nargs="?", metavar="CONFIG", help="a TOML config file")
+    plan.add_argument("--team", metavar="PATH", help="team file (sets team.path)")
+    plan.add_argument("--nodes", type=int, metavar="N", help="cluster nodes (sets plan.nodes)")
+    plan.add_argument("--set", dest="overrides", action="append", default=[],
+                      metavar="SECTION.KEY=VALUE", help="override one setting, as in run")
+    plan.add_argument("--write", metavar="FILE",
+                      help="write the best placement as a config file to merge into yours")
+    plan.add_argument("--json", action="store_true",
+                      help="also print the placements as one JSON object (last line)")
+    plan.set_defaults(command=_plan)
     report = commands.add_parser("report", help="write the HTML report of a run", description=(
         "Write report.html and its PNG plots for a run directory (from its metrics.jsonl; a "
         "run still going is reported as far as it got) and print the report's path."))
@@ -100,6 +118,11 @@ def _run(args: argparse.Namespace) -> int:
         for spec in team.agents:  # a missing model directory: say so before making a run dir
             check_model(spec)
         check_backend(config)
+        if config.trainer_pool.slots == "auto":  # planned now: the run dir records the plan
+            from flexmarl.sim.team_plan import resolve_auto
+            print('flexmarl: planning trainer_pool.slots = "auto" with the cluster simulator',
+                  flush=True)
+            config = resolve_auto(config, team)
         run_dir = RunDir.create(config, resume=bool(args.resume))
     except ConfigError as e:
         return _config_error(e)
@@ -156,6 +179,68 @@ def _run_config(args: argparse.Namespace) -> Any:
                           "directory of an earlier `flexmarl run`")
     return load_config(str(path / CONFIG_FILE), [*overrides, f"run.dir={path}"],
                        team=args.team)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    import json
+    import time
+
+    from flexmarl.orchestrator.orchestrator import WorkflowError
+    from flexmarl.sim import plan
+    from flexmarl.sim.team_plan import NOTE, plan_team, planned_config, slot_ranks
+    from flexmarl.team import load_team
+
+    overrides = [*args.overrides, *([f"plan.nodes={args.nodes}"] if args.nodes else [])]
+    try:
+        config = load_config(args.config, overrides, team=args.team)
+        team = load_team(config.team.path)
+    except ConfigError as e:
+        return _config_error(e)
+    except Exception as e:  # anything the team file raises
+        print(f"flexmarl: team error ({config.team.path}): {type(e).__name__}: {e}",
+              file=sys.stderr)
+        return EXIT_CONFIG
+    started = time.perf_counter()
+
+    def progress(p: Any) -> None:
+        print(f"  {len(p.slots)} slot(s), {p.balance}: {p.step_s:.1f} s per step "
+              f"({time.perf_counter() - started:.0f} s so far)", file=sys.stderr, flush=True)
+
+    try:
+        preset, costs, placements = plan_team(team, config, progress=progress)
+    except ConfigError as e:
+        return _config_error(e)
+    except WorkflowError as e:
+        print(f"flexmarl: plan error: the team's workflow failed in the simulator: {e} "
+              f"({NOTE})", file=sys.stderr)
+        return 1
+    sizes = ", ".join(f"{a} {m} ({preset.medians[a]:.0f} tokens)"
+                      for a, m in preset.models.items())
+    print(f"agents (cost-model size, median answer): {sizes}\n"
+          f"batch: {preset.tasks_per_step} tasks x {preset.trajectories_per_task} "
+          f"trajectories, {config.pipeline.mode}; note: {NOTE}\n")
+    print(plan.table(preset, costs, placements))
+    best = placements[0]
+    text = plan.placement_toml(preset, costs, best, slot_ranks(team, config, best))
+    print(f"\nbest ({time.perf_counter() - started:.0f} s to simulate):\n{text}")
+    if args.write:
+        planned = planned_config(config, team, preset, costs, best, instances=True)
+        try:
+            with open(args.write, "w") as f:
+                f.write(f"# flexmarl plan: your config with the best placement (simulated step "
+                        f"{best.step_s:.1f} s on {preset.nodes} node(s))\n{planned.to_toml()}")
+        except OSError as e:
+            print(f"flexmarl: cannot write {args.write}: {e}", file=sys.stderr)
+            return EXIT_CONFIG
+        print(f"wrote {args.write}: your config with this placement; flexmarl run "
+              f"{args.write} trains with it")
+    if args.json:
+        print(json.dumps({"team": team.name, "nodes": preset.nodes, "models": preset.models,
+                          "medians": preset.medians, "placements": [
+                              {"slots": len(p.slots), "slot_models": list(p.slots),
+                               "rollout_devices": p.rollout_devices, "balance": p.balance,
+                               "step_s": p.step_s} for p in placements]}))
+    return EXIT_OK
 
 
 def _report(args: argparse.Namespace) -> int:

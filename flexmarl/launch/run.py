@@ -1,11 +1,13 @@
 """`train(team, config)`: the whole system inside the caller's event loop.
 
-    resolve models ─► start processes (rollout instances per agent, a trainer group per trainable
+    [trainer_pool.slots = "auto": planned by the cluster simulator, flexmarl.sim.team_plan]
+    ─► resolve models ─► start processes (rollout instances per agent, a trainer group per trainable
     agent) ─► [resume: each agent's saved state after the last recorded step into its trainer
     and its weights to its instances] ─► PipelineRun (flexmarl.orchestrator.loop): tasks from the data
     cursor, rollout, training and sync of every agent, overlapped as pipeline.mode allows
     ─► per agent and step, off the critical path (after the weight push has opened its gate):
-    its whole state to RUN_DIR/state (run.save_state, fsynced, in step order)
+    its whole state to RUN_DIR/state (run.save_state, every run.save_every steps and the last;
+    fsynced, in step order)
     ─► metrics.jsonl, one record per finished global step, written once every agent's state of
     that step is on disk (also to the live dashboard, /metrics, TensorBoard, W&B); then the
     states it supersedes are pruned ─► [the loop returns once every save is done] ─► final
@@ -29,7 +31,8 @@ from flexmarl.checks import ConfigError
 from flexmarl.config.load import Config
 from flexmarl.gateway.app import serve_gateway, unless_app_exits
 from flexmarl.gateway.backend import Gateway
-from flexmarl.launch.checkpoint import STATE_DIR, StateCheckpoints, resume_point
+from flexmarl.launch.checkpoint import (STATE_DIR, SaveSchedule, StateCheckpoints,
+                                       drop_records_after, last_record_step, resume_point)
 from flexmarl.launch.model_dirs import resolve_model, save_model_dir
 from flexmarl.launch.placement import check_backend, grow, launcher, start_agents, watch_workers
 from flexmarl.models import notice
@@ -83,6 +86,10 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
     seeds, ends with the same weights as an uninterrupted run."""
     started = time.perf_counter()
     check_backend(config)
+    if config.trainer_pool.slots == "auto":  # the cluster simulator plans the slots (seconds)
+        from flexmarl.sim.team_plan import resolve_auto
+        notice('planning trainer_pool.slots = "auto" with the cluster simulator')
+        config = await asyncio.to_thread(resolve_auto, config, team)
     saved, first_step = _saved_states(team, config, run_dir, resume)
     log.info("resolving models of team %s", team.name)
     model_dirs = {}
@@ -173,7 +180,8 @@ async def _steps(parts: _Parts, config: Config, run_dir: RunDir | None,
                          stall_after_s=config.observe.stall_warn_s)
     loggers = _loggers(config, run_dir)
     metrics: list[dict] = []
-    emit = _emitter(metrics, monitor, run_dir, saved, loggers)
+    schedule = SaveSchedule(config.run.save_every, config.run.steps, first_step)
+    emit = _emitter(metrics, monitor, run_dir, saved, loggers, schedule)
     await parts.pool.start()
     if first_step:
         await _serve_restored(parts)
@@ -183,6 +191,8 @@ async def _steps(parts: _Parts, config: Config, run_dir: RunDir | None,
         # The loop's writer task calls this off the critical path, in step order, and emits
         # step `step`'s record only once every agent's save of it returned (the fsync is done).
         # Fresh (never updated): an empty state, restored as a fresh trainer.
+        if not schedule.saves(step):
+            return  # run.save_every: this step's record goes out without a write
         state = state or TrainState(agent, 0, {}, {})
         await asyncio.to_thread(saved.save, agent, step, state)
 
@@ -254,17 +264,18 @@ async def _observe(stack: contextlib.AsyncExitStack, parts: _Parts, monitor: Run
 
 
 def _emitter(metrics: list[dict], monitor: RunMonitor, run_dir: RunDir | None,
-             saved: StateCheckpoints | None, loggers: "MetricLoggers | None"
-             ) -> Callable[[dict], Awaitable[None]]:
+             saved: StateCheckpoints | None, loggers: "MetricLoggers | None",
+             schedule: SaveSchedule) -> Callable[[dict], Awaitable[None]]:
     """Where each step record goes: the result, the monitor, metrics.jsonl, the loggers. The
     loop awaits one record's emit before the next one's."""
     def write(record: dict) -> None:  # in a thread: fsync and deletes take ms to seconds
         run_dir.metrics.write(record)
         if saved is not None:
             # The record is durable before the states it replaces go: a kill between the
-            # two must leave a resume point whose states are all still on disk.
+            # two must leave a resume point whose states are all still on disk (with
+            # run.save_every, the last saved step's, which may be before this record's).
             run_dir.metrics.sync()
-            saved.prune(keep_from=record["step"])
+            saved.prune(keep_from=max(schedule.last_saved(record["step"]), 0))
 
     async def emit(record: dict) -> None:
         record["time"] = time.time()
@@ -289,6 +300,12 @@ def _saved_states(team: Team, config: Config, run_dir: RunDir | None, resume: bo
     if not resume:
         return saved, 0
     first_step = resume_point(run_dir.path, [a.name for a in team.agents if a.trainable])
+    last = last_record_step(run_dir.path)
+    if last is not None and first_step <= last:  # run.save_every: steps after the last save
+        cut = drop_records_after(run_dir.path, first_step - 1)
+        log.warning("resuming from the states saved at step %d (run.save_every = %d): steps "
+                    "%d-%d are redone, their %d records replaced", first_step - 1,
+                    config.run.save_every, first_step, last, cut)
     if first_step >= config.run.steps:
         raise ConfigError(f"run {run_dir.path} has finished all {first_step} steps of "
                           f"run.steps = {config.run.steps}; to train on, resume with "

@@ -149,7 +149,8 @@ def _layout(preset: Preset, system: System, costs: Costs) -> _Layout:
 
     def add(agent: str, group: DeviceGroup, model: Model) -> None:
         name = f"rollout-{next(counter)}"
-        engine = SimRolloutEngine(costs, model, group, agent_of=lambda a=agent: a)
+        engine = SimRolloutEngine(costs, model, group, agent_of=lambda a=agent: a,
+                                  medians=preset.medians)
         instances[agent].append((name, engine))
 
     if system.trainers == "colocated":
@@ -188,7 +189,7 @@ def _layout(preset: Preset, system: System, costs: Costs) -> _Layout:
         return _Layout(groups, instances, slots, static=True)
 
     if system.trainers == "static":
-        sizes = [m.train_devices for m in models.values()]
+        sizes = [models[a].train_devices for a in preset.trainable]
     elif preset.shared_slots == "auto":
         raise ValueError("resolve shared_slots='auto' first (flexmarl.sim.plan)")
     else:
@@ -236,17 +237,20 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
                                              # per agent: the agent's whole group trains it
                                              min(m.train_devices, layout.slots[f"trainer-{k}"][0])
                                              if system.trainers == "per_agent" else m.train_devices)
-                             for k, (a, m) in enumerate(models.items())},
+                             for k, (a, m) in enumerate(models.items())
+                             if a in preset.trainable},
                             TrainerPoolConfig(slots=0 if layout.static else len(layout.slots),
                                               snapshots=system.flexmarl,
                                               request_timeout_s=FOREVER_S))
         agents = {spec.name: AgentRuntime(spec, f"sim:{preset.models[spec.name]}", SimTokenizer())
                   for spec in team.agents}
-        store = ExperienceStore(list(models))
+        store = ExperienceStore(preset.trainable)
         pipeline = PipelineConfig(tasks_per_step=preset.tasks_per_step,
                                   trajectories_per_task=preset.trajectories_per_task,
-                                  max_concurrent_tasks=preset.tasks_per_step,
-                                  max_concurrent_calls=1 << 20, micro_batch_groups=1)
+                                  max_concurrent_tasks=preset.max_concurrent_tasks
+                                  or preset.tasks_per_step,
+                                  max_concurrent_calls=1 << 20,
+                                  micro_batch_groups=preset.micro_batch_groups)
         orch = Orchestrator(team, agents, store, pool, pipeline, seed=seed, activity=activity)
         engines = [e for insts in layout.instances.values() for _, e in insts]
         marks: list[tuple[float, float, float, float]] = []
@@ -317,7 +321,8 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
         switches=sum(g.switches for g in layout.groups),
         train_compute_s=(c1 - c0) / len(measured),
         snapshot_s=(s1 - s0) / len(measured),
-        write_s=sum(costs.state_write_s(m) for m in models.values()) / preset.save_every
+        write_s=sum(costs.state_write_s(models[a]) for a in preset.trainable)
+        / preset.save_every
         if system.flexmarl else 0.0,
         records=records, micro_batches=sorted(m for t in trainers for m in t.micro_batches),
         marks=[m[0] for m in marks], emits=emits)

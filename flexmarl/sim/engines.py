@@ -13,8 +13,9 @@
                       weights or its training state), each change paid in host transfers
 
 Simulated prompts carry the simulated policy's behaviour: token 0 of a prompt is the median
-response length (tokens) the policy gives it; lengths are lognormal around it (sigma from the
-cost model), capped by max_tokens. Every draw is seeded by the request's seed.
+response length (tokens) the policy gives it (a user team's run has a median per agent
+instead); lengths are lognormal around it (sigma from the cost model), capped by max_tokens.
+Every draw is seeded by the request's seed.
 """
 from __future__ import annotations
 
@@ -43,7 +44,12 @@ class SimTokenizer:
     pad_token_id = 0
 
     def encode(self, text: str, **_: Any) -> list[int]:
-        return [TOKEN] * max(1, len(text) // 4)
+        return [TOKEN] * max(1, len(text) // 4)  # ~4 characters a token, as BPE on English
+
+    def apply_chat_template(self, messages: list[dict], **_: Any) -> str:
+        """A user team's chat prompt (flexmarl.sim.team_plan): its text, plus ~8 tokens of
+        framing per message, as real chat templates add."""
+        return "".join(" " * 32 + str(m.get("content", "")) for m in messages)
 
 
 @dataclass
@@ -140,8 +146,12 @@ class SimRolloutEngine:
     """One rollout instance of model `model` on `devices` of `group` (continuous batching)."""
 
     def __init__(self, costs: Costs, model: Model, group: DeviceGroup, *,
-                 agent_of: Any = None, on_admit: Any = None) -> None:
+                 agent_of: Any = None, on_admit: Any = None,
+                 medians: dict[str, float] | None = None) -> None:
         self.costs = costs
+        self.medians = medians
+        """agent -> median response tokens (a user team's, flexmarl.sim.team_plan); None: a
+        prompt's token 0 is its median (the presets' workflows)."""
         self.model = model
         self.group = group
         self.agent_of = agent_of
@@ -186,7 +196,10 @@ class SimRolloutEngine:
             self.broadcasts.release(mode)
 
     def lengths(self, prompt_ids: list[int], params: SamplingParams) -> list[int]:
-        median = max(1, prompt_ids[0]) if prompt_ids else 1
+        if self.medians is not None:
+            median = self.medians[self.agent_of()]
+        else:
+            median = max(1, prompt_ids[0]) if prompt_ids else 1
         cap = min(params.max_tokens, self.costs.rollout.max_response_tokens)
         rng = random.Random(params.seed)
         sigma = self.costs.rollout.length_sigma

@@ -40,7 +40,8 @@ class Placement:
 
 def candidates(preset: Preset, costs: Costs) -> list[tuple[str, ...]]:
     """k = 1 .. agents slots, each sized for one of the k largest agents' models."""
-    sizes = sorted(preset.models.values(), key=lambda s: -costs.models[s].train_devices)
+    sizes = sorted((preset.models[a] for a in preset.trainable),
+                   key=lambda s: -costs.models[s].train_devices)
     return [tuple(sizes[:k]) for k in range(1, len(sizes) + 1)]
 
 
@@ -91,3 +92,42 @@ def plan(preset: Preset, costs: Costs, simulate: Callable[[Preset, str], Any],
     order = {"hierarchical": 0, "least_loaded": 1, "round_robin": 2}
     return sorted([*done.values(), *others],
                   key=lambda p: (p.step_s, len(p.slots), order[p.balance]))
+
+
+def table(preset: Preset, costs: Costs, placements: list[Placement]) -> str:
+    """The placements tried, best first, as a text table."""
+    lines = [f"placements of {preset.name} on {preset.nodes} nodes of "
+             f"{costs.device.devices_per_node} devices (flexmarl), best first",
+             f"{'slots':>5s} {'slot sizes (devices)':24s} {'rollout devices':>15s} "
+             f"{'balance':>13s} {'step s':>8s}"]
+    for p in placements:
+        sizes = ",".join(str(costs.models[m].train_devices) for m in p.slots)
+        lines.append(f"{len(p.slots):5d} {sizes:24s} {p.rollout_devices:15d} "
+                     f"{p.balance:>13s} {p.step_s:8.1f}")
+    return "\n".join(lines)
+
+
+def instances(preset: Preset, costs: Costs, placement: Placement) -> dict[str, int]:
+    """Rollout instances per agent of a placement: the devices left by the slots, split
+    equally between the agents (as flexmarl.sim.cluster lays them out)."""
+    share = placement.rollout_devices // len(preset.models)
+    return {a: share // costs.models[m].rollout_devices for a, m in preset.models.items()}
+
+
+def placement_toml(preset: Preset, costs: Costs, placement: Placement,
+                   ranks: list[int] | None = None) -> str:
+    """The placement as FlexMARL config: [trainer_pool] with each slot's `ranks` (default: one
+    rank per device of the cost model's slot), [balance], and the rollout instances
+    (rollout.instances_per_agent when every agent has as many, else a comment with
+    AgentSpec.instances per agent)."""
+    sizes = ranks or [costs.models[m].train_devices for m in placement.slots]
+    key = (f"ranks_per_agent = {sizes[0]}\nslots = {len(sizes)}" if len(set(sizes)) == 1 else
+           f'slot_ranks = "{",".join(map(str, sizes))}"')
+    counts = instances(preset, costs, placement)
+    rollout = (f"[rollout]\ninstances_per_agent = {next(iter(counts.values()))}\n"
+               if len(set(counts.values())) == 1 else
+               "# rollout instances per agent (AgentSpec.instances): "
+               + ", ".join(f"{a} {n}" for a, n in counts.items()) + "\n")
+    return (f"# flexmarl plan: {preset.name} on {preset.nodes} nodes, simulated step "
+            f"{placement.step_s:.1f} s\n[trainer_pool]\n{key}\n\n"
+            f'[balance]\nstrategy = "{placement.balance}"\n\n{rollout}')

@@ -15,6 +15,7 @@ system and every run. Training hyper-parameters follow the paper: global batch 6
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import zlib
 from dataclasses import dataclass
@@ -61,8 +62,26 @@ class Preset:
     """FlexMARL's durable state write every this many steps (run.save_every). Every step
     (1, the CPU default) is more than one disk can take at this scale: five 14B agents write
     5 x 237 GB per step, ~10 minutes at 2 GB/s, against ~2-minute steps."""
+    source: Team | None = None
+    """A user's team (flexmarl.sim.team_plan): its own workflow and tasks run instead of the
+    stages, each agent answering with a median of `medians[agent]` tokens."""
+    medians: dict[str, float] | None = None
+    max_concurrent_tasks: int | None = None
+    """Tasks generated at once (pipeline.max_concurrent_tasks; None: all of a step's)."""
+    micro_batch_groups: int = 1
+    """GRPO groups per trainer micro-batch (pipeline.micro_batch_groups)."""
+
+    @property
+    def trainable(self) -> list[str]:
+        if self.source is None:
+            return list(self.models)
+        return [a.name for a in self.source.agents if a.trainable]
 
     def team(self) -> Team:
+        if self.source is not None:  # the agents' models are sizes of the cost model here
+            return Team(name=self.source.name, agents=[
+                dataclasses.replace(a, model=self.models[a.name]) for a in self.source.agents],
+                workflow=self.source.workflow, tasks=list(self.source.tasks))
         return Team(name=self.name, agents=[
             AgentSpec(name=a, model=size, sampling=SamplingParams(max_tokens=8192, n=1))
             for a, size in self.models.items()], workflow=_workflow(self), tasks=[

@@ -70,10 +70,12 @@ class TrainerPoolConfig:
     """FSDP ranks (processes) of each agent's trainer group."""
     cpus: str = "auto"
     """CPU cores of every trainer process, as in rollout.cpus; "auto": the other half."""
-    slots: int = 0
+    slots: int | str = 0
     """0: static reservation, one trainer slot (a group of ranks_per_agent processes) per
     trainable agent. N >= 1: a pool of N slots shared by all trainable agents, bound to an agent
-    while it trains, idle agents' training state swapped out to host memory."""
+    while it trains, idle agents' training state swapped out to host memory. "auto": the
+    number the cluster simulator finds fastest for this team (section `plan`; resolved by
+    `flexmarl run` at start, flexmarl.sim.team_plan.resolve_auto)."""
     slot_ranks: str = ""
     """A shared pool of slots of different sizes, e.g. "1,2": one slot of 1 rank and one of 2
     (overrides `slots`); an agent needs AgentSpec.train_ranks (default ranks_per_agent)."""
@@ -92,8 +94,9 @@ class TrainerPoolConfig:
     def __post_init__(self) -> None:
         require(self.ranks_per_agent >= 1, "trainer_pool.ranks_per_agent", self.ranks_per_agent,
                  "must be >= 1")
-        require(self.slots >= 0, "trainer_pool.slots", self.slots,
-                 "must be >= 0 (0: one slot per trainable agent)")
+        require(self.slots == "auto" if isinstance(self.slots, str) else self.slots >= 0,
+                "trainer_pool.slots", self.slots,
+                'must be >= 0 (0: one slot per trainable agent) or "auto"')
         try:
             sizes = [int(x) for x in self.slot_ranks.split(",")] if self.slot_ranks else []
         except ValueError:
@@ -108,6 +111,9 @@ class TrainerPoolConfig:
     @property
     def static(self) -> bool:
         """One slot per trainable agent for the whole run (no sharing, no swaps)."""
+        if self.slots == "auto":
+            raise ValueError('trainer_pool.slots = "auto" is resolved before the pool starts '
+                             "(flexmarl.sim.team_plan.resolve_auto)")
         return not (self.slots or self.slot_ranks)
 
 

@@ -1,0 +1,144 @@
+"""Planning a user's own team on a cluster (flexmarl.sim.team_plan): `flexmarl plan` and
+trainer_pool.slots = "auto".
+
+From pure pieces (a model's size read from its name, median answer lengths, the [plan]
+section's checks) to the planner over a real team file (deterministic, best first), the
+command line (table, --write that `flexmarl run` reads back, --json, errors that name the
+fix), and a real run whose slots are planned at start. Simulated times are virtual: nothing
+here depends on the machine's speed.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flexmarl import AgentSpec, SamplingParams, Team
+from flexmarl.checks import ConfigError
+from flexmarl.config.load import load_config
+from flexmarl.sim.costs import load_costs
+from flexmarl.sim.team_plan import medians, model_sizes, plan_team, resolve_auto
+from flexmarl.tasks import addition_tasks
+from flexmarl.team import load_team
+
+ROOT = Path(__file__).resolve().parent.parent
+MATH_DUO = str(ROOT / "agents" / "math_duo.py")
+SIZES = "plan.models=solver=14b,checker=32b"
+
+
+def team(*models: str, max_tokens: int = 64) -> Team:
+    async def workflow(ctx, task):
+        for i in range(len(models)):
+            await ctx.generate(f"a{i}", task.prompt)
+        ctx.team_reward(0.5)
+    return Team(name="t", workflow=workflow, tasks=addition_tasks(16, seed=0), agents=[
+        AgentSpec(name=f"a{i}", model=m, sampling=SamplingParams(max_tokens=max_tokens))
+        for i, m in enumerate(models)])
+
+
+def test_an_agents_size_is_read_from_its_model_name_or_given():
+    costs = load_costs()
+    t = team("/models/Qwen2.5-14B-Instruct", "qwen2.5-32b", "small")
+    assert model_sizes(t, costs, "a2=14b") == {"a0": "14b", "a1": "32b", "a2": "14b"}
+    assert model_sizes(t, costs, "a0=32b,a2=32b")["a0"] == "32b"  # given wins
+    with pytest.raises(ConfigError, match=r"agent a2's model 'small' .*plan\.models"):
+        model_sizes(t, costs)
+    with pytest.raises(ConfigError, match=r"agent a2's size '7b' is not one of .*14b, 32b"):
+        model_sizes(t, costs, "a2=7b")
+    with pytest.raises(ConfigError, match=r"plan.models names zz, not an agent of team t"):
+        model_sizes(t, costs, "zz=14b")
+
+
+def test_median_answer_lengths():
+    t = team("a", "b", max_tokens=100)
+    assert medians(t) == {"a0": 25.0, "a1": 25.0}  # a quarter of max_tokens
+    assert medians(t, "300") == {"a0": 300.0, "a1": 300.0}
+    assert medians(t, "a1=40") == {"a0": 25.0, "a1": 40.0}
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("plan.nodes", "-1", "plan.nodes must be >= 0"),
+    ("plan.steps", "2", "plan.steps must be >= 3"),
+    ("plan.models", "solver", "plan.models must be comma-separated AGENT=VALUE pairs"),
+    ("plan.response_tokens", "solver=x", "plan.response_tokens must give positive numbers"),
+    ("plan.response_tokens", "0", "plan.response_tokens must be a positive number"),
+    ("trainer_pool.slots", "many", 'trainer_pool.slots must be >= 0 .* or "auto"'),
+])
+def test_plan_settings_are_checked(key, value, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides=[f"{key}={value}"])
+
+
+def test_the_planner_is_deterministic_and_lists_the_best_first():
+    config = load_config(overrides=[SIZES, "plan.nodes=6", "plan.response_tokens=128"],
+                         team=MATH_DUO)
+    duo = load_team(config.team.path)
+    preset, costs, placements = plan_team(duo, config)
+    assert preset.models == {"solver": "14b", "checker": "32b"} and preset.nodes == 6
+    steps = [p.step_s for p in placements]
+    assert steps == sorted(steps) and len({len(p.slots) for p in placements}) == 2  # k=1, 2
+    assert {p.balance for p in placements} == {"hierarchical", "least_loaded", "round_robin"}
+    # One shared slot swaps two states per step (14B: ~10 s each way): two slots are faster.
+    assert len(placements[0].slots) == 2
+    again = [p.step_s for p in plan_team(duo, config)[2]]
+    assert again == steps  # virtual time: identical, not close
+
+    resolved = resolve_auto(load_config(overrides=[SIZES, "plan.nodes=6", "plan.response_tokens"
+                                                   "=128", "trainer_pool.slots=auto"]), duo)
+    assert resolved.trainer_pool.slots == 0  # as many slots as agents: one each, no swaps
+    assert resolved.balance.strategy == placements[0].balance
+    assert resolve_auto(config, duo) is config  # nothing to plan
+
+
+def test_too_few_nodes_is_one_error_naming_the_fix():
+    config = load_config(overrides=[SIZES, "plan.nodes=1"], team=MATH_DUO)
+    with pytest.raises(ConfigError, match=r"no number of shared trainer slots .*add nodes"):
+        plan_team(load_team(config.team.path), config)
+
+
+def _plan(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flexmarl.launch.cli", "plan", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+
+
+@pytest.mark.slow
+def test_flexmarl_plan_prints_writes_and_errs(tmp_path):
+    out_file = tmp_path / "planned.toml"
+    done = _plan("--team", MATH_DUO, "--nodes", "2", "--set", SIZES.replace("32b", "14b"),
+                 "--write", str(out_file), "--json")
+    assert done.returncode == 0, done.stderr
+    assert "slot sizes (devices)" in done.stdout and "empty answer" in done.stdout
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["nodes"] == 2 and report["models"] == {"solver": "14b", "checker": "14b"}
+    # 2 nodes: a second 16-device slot would leave no rollout device.
+    assert {p["slots"] for p in report["placements"]} == {1}
+    written = load_config(str(out_file))  # the user's config with the placement: runnable
+    assert written.trainer_pool.slots == 1 and written.trainer_pool.slot_ranks == "1"
+    assert written.balance.strategy == report["placements"][0]["balance"]
+    assert written.rollout.instances_per_agent == 4  # 16 rollout devices / 2 agents / 2 each
+    assert written.team.path == MATH_DUO
+
+    bad = _plan("--team", MATH_DUO)  # the built-in "small" model has no cluster size
+    assert bad.returncode == 2 and "set plan.models" in bad.stderr, bad.stderr
+
+
+async def test_a_run_with_auto_slots_trains_on_the_planned_pool(tiny_model_dir, tmp_path,
+                                                               no_leftover_children):
+    """2 nodes fit one 14B slot beside rollout: the run shares one trainer slot between its two
+    agents, swapping their states, and still updates both every step."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_e2e import duo
+
+    from flexmarl.launch.run import train
+
+    config = load_config(overrides=[
+        "run.steps=2", "rollout.backend=torch", "pipeline.tasks_per_step=2",
+        "pipeline.trajectories_per_task=2", "trainer.lr=1e-3", "observe.dashboard=false",
+        "trainer_pool.slots=auto", "plan.nodes=2", "plan.models=solver=14b,checker=14b"])
+    result = await train(duo(tiny_model_dir), config, progress=False)
+    assert [m["step"] for m in result.metrics] == [0, 1]
+    assert sum(len(m["swaps"]) for m in result.metrics) > 0  # one slot, two agents
+    assert result.versions == {"solver": 2, "checker": 2}

@@ -403,6 +403,59 @@ def test_a_donor_whose_stage_comes_next_keeps_its_instances():
     assert step(learnt, 20.0, cold_next=True) is None
 
 
+def _staged(ahead: bool = True, per_instance: int = 2) -> Balancer:
+    """Step 1 (at 10 s): the cold agent's stage at phases 0-1 s (300 tokens on each of its 3
+    instances), then the hot agent's at phases 6-13 s (`per_instance` requests of 500 tokens on
+    each of its 2 instances); step 2 begins at 30 s with the cold agent's stage again."""
+    bal = Balancer({"hot": ["h0", "h1"], "cold": ["c0", "c1", "c2"]},
+                   BalancerConfig(demand_window_s=4.0, patience=1, cooldown_s=0.0,
+                                  move_cost_s=2.0, ahead=ahead))
+    bal.plan_move(0.0)
+    for agent in ("hot", "cold"):  # rates: 100 tokens/s per instance
+        for rid in load_up(bal, agent, 200.0, f"warm-{agent}"):
+            bal.finish(rid, samples=1, tokens=200)
+    bal.plan_move(1.0)
+    bal.step_started(10.0)
+    cold = load_up(bal, "cold", 300.0, "c")
+    bal.plan_move(10.0)
+    bal.plan_move(11.0)
+    for rid in cold:
+        bal.finish(rid, samples=1, tokens=300)
+    for t in (12.0, 13.0, 14.0, 15.0):
+        assert bal.plan_move(t) is None  # nobody busy, and no previous step to read ahead
+    hot = [rid for k in range(per_instance) for rid in load_up(bal, "hot", 500.0, f"h{k}-")]
+    for t in range(16, 24):
+        bal.plan_move(float(t))  # the hot agent's stage (a move it finds is left undone)
+    for rid in hot:
+        bal.finish(rid, samples=1, tokens=500)
+    bal.plan_move(24.0)
+    bal.step_started(30.0)
+    cold = load_up(bal, "cold", 300.0, "d")  # step 2 repeats step 1
+    assert bal.plan_move(30.0) is None
+    return bal, cold
+
+
+def test_an_instance_moves_ahead_of_the_stage_that_needs_it():
+    """In step 2, once the cold agent's stage is done, the previous step says the hot agent is
+    about to need instances (8 s of work: one more instance saves 8/3 s, more than the 2 s
+    move) that the cold one will not: one moves before the stage begins. Not without
+    `ahead`, and not when the stage has one answer per instance (another instance would
+    decode none faster)."""
+    bal, cold = _staged()
+    assert bal.predicted_tokens("hot", 35.0, 4.0) == 2000.0
+    assert bal.plan_move(31.0) is None  # the cold agent is in its own stage
+    for rid in cold:
+        bal.finish(rid, samples=1, tokens=300)
+    move = bal.plan_move(32.0)  # done: its instances idle until the next step's stage
+    assert (move.src, move.dst) == ("cold", "hot") and move.dst_load == 1000.0
+    assert move.src_load == 0.0  # 4 s before the hot agent's stage (phase 6)
+    for kwargs in ({"ahead": False}, {"per_instance": 1}):
+        other, cold = _staged(**kwargs)
+        for rid in cold:
+            other.finish(rid, samples=1, tokens=300)
+        assert other.plan_move(32.0) is None, kwargs
+
+
 # ============================================================================ (b) workload
 
 def test_workload_is_seeded_skewed_and_long_tailed():

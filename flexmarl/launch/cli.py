@@ -238,6 +238,7 @@ def _plan(args: argparse.Namespace) -> int:
         print(json.dumps({"team": team.name, "nodes": preset.nodes, "models": preset.models,
                           "medians": preset.medians, "placements": [
                               {"slots": len(p.slots), "slot_models": list(p.slots),
+                               "slot_devices": plan.slot_devices(costs, p),
                                "rollout_devices": p.rollout_devices, "balance": p.balance,
                                "step_s": p.step_s} for p in placements]}))
     return EXIT_OK

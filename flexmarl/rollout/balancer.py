@@ -26,6 +26,11 @@ Two levels, as in the paper:
                  with about one sequence per instance, a move gains nothing (a sequence
                  decodes no faster on an emptier instance). Rates (tokens/s per instance)
                  are learnt from finished requests.
+                 Ahead of a stage (`ahead`): demand moves from agent to agent stage by stage
+                 faster than a window can follow, so with no imbalance now the previous
+                 step's profile is read one move's time ahead: an agent about to get `ratio`
+                 times busier per instance than an idle one gets an instance before its stage
+                 begins, if the same test of saving against cost passes.
 
 The caller owns time and I/O: the rollout pool (flexmarl.rollout.pool.InstancePool) feeds it
 real requests and load reports, on real engines or on the simulator's (flexmarl.sim), which
@@ -76,6 +81,10 @@ class BalancerConfig:
     move_cost_s: float = 2.0
     """Inter-agent: the assumed seconds a move takes (weight load, beyond draining) until
     the first move has been timed."""
+    ahead: bool = True
+    """Inter-agent: also move an instance ahead of a stage, when the previous step's demand
+    at the same phase says an agent is about to get busy while another stays idle (needs
+    cost_aware: the same test of what it saves against what it costs)."""
 
     def __post_init__(self) -> None:
         def require(ok: bool, name: str, rule: str) -> None:
@@ -336,15 +345,17 @@ class Balancer:
             self._streak, self._streak_len = pair, (1 if pair else 0)
         else:
             self._streak_len += 1
-        if pair is None or self._streak_len < c.patience:
-            return None
-        src, dst = pair
-        # The donor's least busy instance drains fastest.
-        instance = min(self._serving(src), key=self.load)
-        if c.cost_aware and not self.move_pays(now, src, dst, instance):
-            return None  # the streak stands: the next check weighs it again
-        self._streak, self._streak_len = None, 0
-        return Move(instance, src, dst, loads[src], loads[dst])
+        if pair is not None and self._streak_len >= c.patience:
+            src, dst = pair
+            # The donor's least busy instance drains fastest.
+            instance = min(self._serving(src), key=self.load)
+            if not c.cost_aware or self.move_pays(now, src, dst, instance):
+                self._streak, self._streak_len = None, 0
+                return Move(instance, src, dst, loads[src], loads[dst])
+            # It does not pay: the streak stands, the next check weighs it again.
+        if c.ahead and c.cost_aware:  # no move for now's demand: one for the next stage's?
+            return self._ahead(now)
+        return None
 
     # ------------------------------------------------------------------ costs and prediction
 
@@ -364,7 +375,9 @@ class Balancer:
                 rate = done / dt / serving
                 old = self._rate.get(agent)
                 self._rate[agent] = rate if old is None else old + 0.3 * (rate - old)
-            if self._step_start is not None:
+            # Loads are estimates (n x the expected length): not profiled before an agent's
+            # length is learnt (until then each request counts max_tokens, far too much).
+            if self._step_start is not None and agent in self._expected_len:
                 self._profile.setdefault(agent, []).append(
                     (now - self._step_start, self._total(agent)))
 
@@ -409,8 +422,7 @@ class Balancer:
         if sum(self._instances[i].own_requests for i in serving) < 2 * len(serving):
             return False  # about one sequence per instance: more instances decode no faster
         n_src, n_dst = len(self._serving(src)), len(self._serving(dst))
-        move_s = self.load(instance) / r_src + (
-            self._move_s if self._move_s is not None else self.config.move_cost_s)
+        move_s = self.load(instance) / r_src + self._move_cost()
         busy = self.config.min_load_tokens * n_dst  # "has work": as for the ratio test
         hot_s = max(self._total(dst) / (n_dst * r_dst), self.predicted_busy_s(dst, now, busy))
         gain_s = max(0.0, hot_s - move_s) / (n_dst + 1)
@@ -418,6 +430,62 @@ class Balancer:
         cold = max(self._total(src), self.predicted_tokens(src, now, horizon))
         loss_s = min(cold / (n_src * r_src), horizon) / max(n_src - 1, 1)
         return gain_s > loss_s + move_s / (n_dst + 1)
+
+    def _ahead(self, now: float) -> Move | None:
+        """A move ahead of the next stage: the agent whose demand, one move's time from now,
+        was highest at that phase of the previous step, from the agent that had the least
+        then (and has the least now), if the move pays (ahead_pays). No patience: the
+        prediction is a whole step's observation, not one noisy check."""
+        if self._step_start is None or not self._previous:
+            return None
+        lead = self._move_cost() + self.config.check_interval_s
+        window = self.config.demand_window_s
+        n = {a: max(len(self._serving(a)), 1) for a in self._agents}
+        future = {a: self.predicted_tokens(a, now + lead, window) / n[a] for a in self._agents}
+        dst = max(future, key=lambda a: (future[a], a))
+        if future[dst] < self.config.min_load_tokens or self.agent_load(dst) >= future[dst]:
+            return None  # nobody about to get busy, or it already is (the ratio test's case)
+        # No ratio squared for undoing the last move: stages come back every step, and the
+        # cost test already charges the trip back.
+        ratio = self.config.ratio
+
+        def idle(a: str) -> float:  # its load now and what it had from now to past the lead
+            return max(self.agent_load(a), self.predicted_tokens(a, now, lead + window) / n[a])
+        donors = [a for a in self._agents if a != dst and self._compatible(a, dst)
+                  and len(self._serving(a)) > self.config.min_instances
+                  and future[dst] > ratio * max(idle(a), 1.0)]
+        if not donors:
+            return None
+        src = min(donors, key=lambda a: (idle(a), a))
+        instance = min(self._serving(src), key=self.load)
+        if not self.ahead_pays(now, src, dst, instance, lead):
+            return None
+        return Move(instance, src, dst, self.agent_load(src), future[dst])
+
+    def ahead_pays(self, now: float, src: str, dst: str, instance: str, lead: float) -> bool:
+        """move_pays for a stage that has not begun: the hot agent's demand is the previous
+        step's from `lead` seconds on (how long it stayed busy then), and there must be at
+        least two expected answers per instance to share (with one each, another instance
+        decodes nothing faster)."""
+        r_src, r_dst = self._rate.get(src), self._rate.get(dst)
+        length = self._expected_len.get(dst)
+        if not r_src or not r_dst or not length:
+            return False
+        n_src, n_dst = len(self._serving(src)), len(self._serving(dst))
+        window = self.config.demand_window_s
+        if self.predicted_tokens(dst, now + lead, window) < 2 * n_dst * length:
+            return False
+        move_s = self.load(instance) / r_src + self._move_cost()
+        busy = self.config.min_load_tokens * n_dst
+        hot_s = self.predicted_busy_s(dst, now + lead, busy)
+        gain_s = hot_s / (n_dst + 1)
+        horizon = lead + hot_s
+        cold = max(self._total(src), self.predicted_tokens(src, now, horizon))
+        loss_s = min(cold / (n_src * r_src), horizon) / max(n_src - 1, 1)
+        return gain_s > loss_s + move_s  # a prediction can be wrong: it must pay its whole trip
+
+    def _move_cost(self) -> float:
+        return self._move_s if self._move_s is not None else self.config.move_cost_s
 
     def _smoothed_loads(self, now: float) -> dict[str, float]:
         """Each agent's load per instance, averaged exponentially over demand_window_s."""

@@ -337,6 +337,11 @@ def simulate(preset: str | Preset, system: str | System, *, costs: Costs | None 
     preset = get_preset(preset) if isinstance(preset, str) else preset
     system = _system(system)
     costs = costs or load_costs()
+    if preset.train_devices and system.trainers != "shared" and not system.flexmarl:
+        raise ValueError(f"{system.name} is a baseline: it trains on the cost model's slot "
+                         "sizes, not preset.train_devices")
+    if preset.train_devices:
+        costs = costs.with_train_devices(preset.train_devices)
     if system.trainers == "shared" and preset.shared_slots == "auto":
         return plan_slots(preset, system, costs=costs, steps=steps, seed=seed,
                           policy=policy, balance=balance)[0].result
@@ -383,25 +388,30 @@ def compare(preset: str | Preset, systems: list[str] | None = None, *,
     results: dict[str, SystemResult] = {}
     placements: list[plan.Placement] = []
     systems_of = dict(SYSTEMS)
+    planned = preset  # FlexMARL's rows run on the planned placement, the baselines on this
     if preset.shared_slots == "auto":  # planned once, with flexmarl; its variants share it
         placements = plan_slots(preset, "flexmarl", costs=costs, steps=steps, seed=seed)
         best = placements[0]
         preset = dataclasses.replace(preset, shared_slots=best.slots)
+        planned = dataclasses.replace(preset, train_devices=best.train_devices)
         for name, system in SYSTEMS.items():  # the planned balancing, except the ablation's
             if system.flexmarl and system.balance == "hierarchical":
                 systems_of[name] = dataclasses.replace(system, balance=best.balance)
         if "flexmarl" in names:
             results["flexmarl"] = best.result
+
+    def preset_for(system: System) -> Preset:
+        return planned if system.flexmarl else preset
     infeasible: dict[str, str] = {}
     for name in names:
         if name in results:
             pass
-        elif (why := misfit(preset, systems_of[name], costs)) is not None:
+        elif (why := misfit(preset_for(systems_of[name]), systems_of[name], costs)) is not None:
             infeasible[name] = why
             continue
         else:
-            results[name] = simulate(preset, systems_of[name], costs=costs, steps=steps,
-                                     seed=seed)
+            results[name] = simulate(preset_for(systems_of[name]), systems_of[name],
+                                     costs=costs, steps=steps, seed=seed)
         if progress is not None:
             progress(name, results[name])
     results = {name: results[name] for name in names if name in results}
@@ -409,28 +419,34 @@ def compare(preset: str | Preset, systems: list[str] | None = None, *,
     # zero-staleness bound is on its layout even when it is not compared).
     flex = systems_of["flexmarl"]
     only: dict[tuple[str, str], SystemResult] = {}
-    extra = [] if misfit(preset, flex, costs) else [flex]
+    extra = [] if misfit(planned, flex, costs) else [flex]
     for system in [systems_of[n] for n in results] + extra:
-        key = (system.trainers, system.balance)
+        key = (system.trainers, system.balance, system.flexmarl)
         if key not in only:
-            only[key] = rollout_only(preset, system, costs=costs, steps=steps, seed=seed)
+            only[key] = rollout_only(preset_for(system), system, costs=costs, steps=steps,
+                                     seed=seed)
     out: dict[str, Any] = {"preset": preset.name, "seed": seed,
                            "steps": steps or preset.steps, "systems": {},
                            "shared_slots": list(preset.shared_slots),
+                           "train_devices": planned.train_devices
+                           or {m: costs.models[m].train_devices
+                               for m in set(preset.models.values())},
                            "balance": systems_of["flexmarl"].balance,
                            "plan": [{"slots": list(p.slots), "step_s": p.step_s,
                                      "rollout_devices": p.rollout_devices,
-                                     "balance": p.balance}
+                                     "balance": p.balance, "train_devices": p.train_devices}
                                     for p in placements]}
     own = {name: bounds.perfect_overlap_s(r, only[(systems_of[name].trainers,
-                                                    systems_of[name].balance)])
+                                                    systems_of[name].balance,
+                                                    systems_of[name].flexmarl)])
            for name, r in results.items()}
-    flex_only = only.get((flex.trainers, flex.balance))
+    flex_only = only.get((flex.trainers, flex.balance, flex.flexmarl))
     out["bounds"] = {
         "perfect_overlap_s": min(own.values()),
         "zero_staleness_s": flex_only.step_s + bounds.least_tail_s(preset, flex_only, costs)
         if flex_only else math.nan,
-        "rollout_only_s": {f"{t}/{b}": r.step_s for (t, b), r in only.items()},
+        "rollout_only_s": {f"{t}/{b}" + ("/flexmarl" if f else ""): r.step_s
+                           for (t, b, f), r in only.items()},
     }
     for name, r in results.items():
         row = r.summary()
@@ -446,6 +462,8 @@ def misfit(preset: Preset, system: System, costs: Costs) -> str | None:
     """Why `system`'s layout does not fit `preset`'s cluster (None: it fits)."""
     if system.trainers == "shared" and preset.shared_slots == "auto":
         return None  # the planner only tries placements that fit
+    if preset.train_devices:
+        costs = costs.with_train_devices(preset.train_devices)
     try:
         _layout(preset, system, costs)
     except ValueError as exc:

@@ -22,6 +22,7 @@ Attention FLOPs, prefix caching and preemption are left out (see bench/README.md
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import tomllib
 from dataclasses import dataclass, fields
@@ -58,6 +59,7 @@ class Train:
     max_devices_per_sequence: int
     state_bytes_per_param: float
     optimizer_passes: float
+    state_memory_fraction: float
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,18 @@ class Costs:
 
     def state_bytes(self, m: Model) -> float:
         return self.train.state_bytes_per_param * m.params
+
+    def min_train_devices(self, m: Model) -> int:
+        """The fewest devices (a power of two) whose memory holds the model's training state
+        within train.state_memory_fraction."""
+        need = self.state_bytes(m) / (self.device.memory_bytes * self.train.state_memory_fraction)
+        return 1 << max(0, math.ceil(math.log2(max(need, 1.0))))
+
+    def with_train_devices(self, devices: dict[str, int]) -> "Costs":
+        """These costs with the trainer slot of each named model size `devices[size]` big."""
+        return dataclasses.replace(self, models={
+            name: dataclasses.replace(m, train_devices=devices.get(name, m.train_devices))
+            for name, m in self.models.items()})
 
     def snapshot_s(self, m: Model) -> float:
         return self.state_bytes(m) / self.links.sync_bandwidth

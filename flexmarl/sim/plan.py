@@ -1,19 +1,27 @@
-"""Placement planning with the simulator: how many shared trainer slots a team should get.
+"""Placement planning with the simulator: how many shared trainer slots a team should get,
+and how big.
 
     candidates  k = 1 .. agents shared slots, sized for the k largest agents' models (every
                 agent then fits the first), the rest of the devices serving rollout
-    search      each candidate simulated (the product's scheduling code, flexmarl.sim.cluster)
-                on the preset's workload and seed; coarse first (every third k, the ends
-                always), then the neighbours of the best; the fastest step wins, fewer slots
-                among equals (more devices left for rollout)
-    balancing   the best k once more with instance moves off (balance.strategy
-                "least_loaded": routing within each agent only) and with no balancing at all
-                ("round_robin"); the fastest is kept, so the balancer steps aside where it
-                does not pay on this workload (the hierarchical one among equals)
+    slot sizes  the cost model's train_devices per model, then halved step by step down to
+                the fewest devices that hold the model's training state (14b: 16, 8; 32b:
+                32, 16): smaller slots train slower but leave more devices for rollout and
+                fit more slots, so fewer agents share one (fewer swaps)
+    search      per slot size, each candidate simulated (the product's scheduling code,
+                flexmarl.sim.cluster) on the preset's workload and seed; coarse first (every
+                third k, the ends always), then the neighbours of that size's best; the
+                fastest step wins, fewer slots among equals (more devices left for rollout),
+                then the larger slots
+    balancing   each slot size's best placement once more with instance moves off
+                (balance.strategy "least_loaded": routing within each agent only) and with no
+                balancing at all ("round_robin"); the fastest is kept, so the balancer steps
+                aside where it does not pay on this workload (the hierarchical one among
+                equals)
 
 `trainer_pool.slots = "auto"` in the simulator (Preset.shared_slots = "auto") is this search;
-`bench/simulate.py --plan` prints its table. The choice is the number of slots; the slots'
-sizes follow the models, and instances split the remaining devices equally between agents.
+`bench/simulate.py --plan` prints its table, `flexmarl plan` plans a user's own team
+(flexmarl.sim.team_plan). Rollout instances split the devices the slots leave equally between
+agents.
 """
 from __future__ import annotations
 
@@ -34,6 +42,8 @@ class Placement:
     balance: str = "hierarchical"
     """balance.strategy: "hierarchical" (instances move between agents), "least_loaded"
     (within each agent only) or "round_robin" (none)."""
+    train_devices: dict[str, int] | None = dataclasses.field(default=None, hash=False)
+    """Devices of a slot per model size (None: the cost model's train_devices)."""
     result: Any = dataclasses.field(default=None, repr=False, compare=False)
     """The simulation's SystemResult."""
 
@@ -53,45 +63,79 @@ def fits(preset: Preset, costs: Costs, slots: tuple[str, ...]) -> bool:
     return all(share >= costs.models[m].rollout_devices for m in preset.models.values())
 
 
+def slot_sizes(preset: Preset, costs: Costs) -> list[dict[str, int] | None]:
+    """The slot sizes tried: the cost model's (None), then halved step by step while some
+    model's slot can still shrink (to its min_train_devices: the state must fit)."""
+    sizes = {m: costs.models[m].train_devices for m in set(preset.models.values())}
+    out: list[dict[str, int] | None] = [None]
+    while True:
+        smaller = {m: max(costs.min_train_devices(costs.models[m]), n // 2)
+                   for m, n in sizes.items()}
+        if smaller == sizes:
+            return out
+        out.append(dict(sorted(smaller.items())))
+        sizes = smaller
+
+
 def plan(preset: Preset, costs: Costs, simulate: Callable[[Preset, str], Any],
          progress: Callable[[Placement], Any] | None = None) -> list[Placement]:
     """Every evaluated placement, best first; `simulate(preset, strategy)` runs the system on
-    a preset whose shared_slots is the candidate, with that balance.strategy."""
-    options = [c for c in candidates(preset, costs) if fits(preset, costs, c)]
-    if not options:
-        raise ValueError(f"preset {preset.name} on {preset.nodes} nodes: no number of shared "
-                         "trainer slots leaves every agent a rollout instance; add nodes")
-    done: dict[int, Placement] = {}
+    a preset whose shared_slots (and train_devices) are the candidate's, with that
+    balance.strategy."""
     total = preset.nodes * costs.device.devices_per_node
+    done: dict[tuple[int, int], Placement] = {}
+    scales = slot_sizes(preset, costs)
 
-    def evaluate(k: int) -> None:
-        if k in done or not 0 <= k < len(options):
-            return
-        done[k] = run(options[k], "hierarchical")
-
-    def run(slots: tuple[str, ...], strategy: str) -> Placement:
-        result = simulate(dataclasses.replace(preset, shared_slots=slots), strategy)
+    def run(j: int, slots: tuple[str, ...], strategy: str) -> Placement:
+        sized = costs.with_train_devices(scales[j] or {})
+        result = simulate(dataclasses.replace(preset, shared_slots=slots,
+                                              train_devices=scales[j]), strategy)
         placement = Placement(slots, result.step_s,
-                              total - sum(costs.models[s].train_devices for s in slots),
-                              strategy, result)
+                              total - sum(sized.models[s].train_devices for s in slots),
+                              strategy, scales[j], result)
         if progress is not None:
             progress(placement)
         return placement
 
-    for k in sorted({*range(0, len(options), 3), len(options) - 1}):
-        evaluate(k)
-    while True:  # refine around the best until its neighbours are known
-        best = min(done, key=lambda k: (done[k].step_s, k))
-        missing = [k for k in (best - 1, best + 1) if 0 <= k < len(options) and k not in done]
-        if not missing:
-            break
-        for k in missing:
+    for j, devices in enumerate(scales):
+        sized = costs.with_train_devices(devices or {})
+        options = [c for c in candidates(preset, sized) if fits(preset, sized, c)]
+
+        def evaluate(k: int) -> None:
+            if (j, k) not in done and 0 <= k < len(options):
+                done[(j, k)] = run(j, options[k], "hierarchical")
+
+        for k in sorted({*range(0, len(options), 3), len(options) - 1}):
             evaluate(k)
-    others = [run(done[best].slots, strategy) for strategy in ("least_loaded", "round_robin")]
+        while options:  # refine around this size's best until its neighbours are known
+            best = min((k for (i, k) in done if i == j), key=lambda k: (done[(j, k)].step_s, k))
+            missing = [k for k in (best - 1, best + 1)
+                       if 0 <= k < len(options) and (j, k) not in done]
+            if not missing:
+                break
+            for k in missing:
+                evaluate(k)
+    if not done:
+        raise ValueError(f"preset {preset.name} on {preset.nodes} nodes: no number of shared "
+                         "trainer slots leaves every agent a rollout instance; add nodes")
+    # Each slot size's best once more with less balancing (equal: fewer slots, more devices
+    # for rollout).
+    others = []
+    for j in sorted({j for j, _ in done}):
+        k = min((k for i, k in done if i == j), key=lambda k: (done[(j, k)].step_s, k))
+        others += [run(j, done[(j, k)].slots, s) for s in ("least_loaded", "round_robin")]
     # Equal: keep the moves (the hierarchical balancer is the default and adapts at run time).
     order = {"hierarchical": 0, "least_loaded": 1, "round_robin": 2}
+    # Then the larger slots (faster training).
     return sorted([*done.values(), *others],
-                  key=lambda p: (p.step_s, len(p.slots), order[p.balance]))
+                  key=lambda p: (p.step_s, len(p.slots), order[p.balance],
+                                 -sum(slot_devices(costs, p))))
+
+
+def slot_devices(costs: Costs, placement: Placement) -> list[int]:
+    """Devices of each of the placement's slots."""
+    sized = costs.with_train_devices(placement.train_devices or {})
+    return [sized.models[m].train_devices for m in placement.slots]
 
 
 def table(preset: Preset, costs: Costs, placements: list[Placement]) -> str:
@@ -101,7 +145,7 @@ def table(preset: Preset, costs: Costs, placements: list[Placement]) -> str:
              f"{'slots':>5s} {'slot sizes (devices)':24s} {'rollout devices':>15s} "
              f"{'balance':>13s} {'step s':>8s}"]
     for p in placements:
-        sizes = ",".join(str(costs.models[m].train_devices) for m in p.slots)
+        sizes = ",".join(map(str, slot_devices(costs, p)))
         lines.append(f"{len(p.slots):5d} {sizes:24s} {p.rollout_devices:15d} "
                      f"{p.balance:>13s} {p.step_s:8.1f}")
     return "\n".join(lines)
@@ -120,9 +164,12 @@ def placement_toml(preset: Preset, costs: Costs, placement: Placement,
     rank per device of the cost model's slot), [balance], and the rollout instances
     (rollout.instances_per_agent when every agent has as many, else a comment with
     AgentSpec.instances per agent)."""
-    sizes = ranks or [costs.models[m].train_devices for m in placement.slots]
+    sizes = ranks or slot_devices(costs, placement)
     key = (f"ranks_per_agent = {sizes[0]}\nslots = {len(sizes)}" if len(set(sizes)) == 1 else
            f'slot_ranks = "{",".join(map(str, sizes))}"')
+    if len(sizes) == len(preset.trainable):  # a slot for every agent: no pool, no swaps
+        key = (f"ranks_per_agent = {sizes[0]}\n" if len(set(sizes)) == 1 else "") + \
+            "slots = 0                 # one slot per trainable agent: no swaps"
     counts = instances(preset, costs, placement)
     rollout = (f"[rollout]\ninstances_per_agent = {next(iter(counts.values()))}\n"
                if len(set(counts.values())) == 1 else

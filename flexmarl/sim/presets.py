@@ -62,6 +62,9 @@ class Preset:
     """FlexMARL's durable state write every this many steps (run.save_every). Every step
     (1, the CPU default) is more than one disk can take at this scale: five 14B agents write
     5 x 237 GB per step, ~10 minutes at 2 GB/s, against ~2-minute steps."""
+    train_devices: dict[str, int] | None = None
+    """FlexMARL's trainer slot size per model size, in devices (the planner's choice); None:
+    the cost model's train_devices. The baselines always use the cost model's."""
     source: Team | None = None
     """A user's team (flexmarl.sim.team_plan): its own workflow and tasks run instead of the
     stages, each agent answering with a median of `medians[agent]` tokens."""

@@ -74,11 +74,21 @@ def table(out: dict) -> str:
     lines.append(f"bounds: perfect overlap {b['perfect_overlap_s']:.1f} s (the least over the "
                  f"layouts; p.o.), zero staleness {b['zero_staleness_s']:.1f} s (z.s.)")
     if out.get("plan"):
-        lines.append(f"planned (auto): {len(out['shared_slots'])} shared trainer slots, "
-                     f"balance {out['balance']}; tried "
-                     + ", ".join(f"{len(p['slots'])}{_moves(p['balance'])}: {p['step_s']:.1f} s"
+        best = out["plan"][0]
+        lines.append(f"planned (auto): {_placement(best)}, balance {out['balance']}; tried "
+                     + ", ".join(f"{_placement(p)}{_moves(p['balance'])}: {p['step_s']:.1f} s"
                                  for p in out["plan"]))
     return "\n".join(lines)
+
+
+def _placement(p: dict) -> str:
+    """'5x16' (slots x devices, by model size), '+demand' for instances split by demand."""
+    sizes = p.get("train_devices") or {}
+    counts: dict[str, int] = {}
+    for model in p["slots"]:
+        counts[model] = counts.get(model, 0) + 1
+    text = "+".join(f"{n}x{sizes.get(m, m)}" for m, n in counts.items())
+    return text + ("+demand" if p.get("instances") else "")
 
 
 def _moves(strategy: str) -> str:
@@ -159,10 +169,11 @@ def plan_main(args: argparse.Namespace, names: list[str], costs) -> dict:
                                 seed=args.seed, progress=lambda p: print(
                                     f"  {len(p.slots)} slots, {p.balance}: {p.step_s:.1f} s "
                                     "per step", file=sys.stderr))
-        print(plan.table(preset, costs, placements), f"\n({time.perf_counter() - started:.1f} s to "
-              "simulate)\n")
+        print(plan.table(preset, costs, placements),
+              f"\n({time.perf_counter() - started:.1f} s to simulate)\n")
         out[name] = {"nodes": preset.nodes, "placements": [
-            {"slots": list(p.slots), "rollout_devices": p.rollout_devices,
+            {"slots": list(p.slots), "slot_devices": plan.slot_devices(costs, p),
+             "rollout_devices": p.rollout_devices, "instances": plan.instances(preset, costs, p),
              "balance": p.balance, "step_s": p.step_s} for p in placements]}
         if args.write:
             with open(args.write, "w") as f:

@@ -239,6 +239,7 @@ def _plan(args: argparse.Namespace) -> int:
                           "medians": preset.medians, "placements": [
                               {"slots": len(p.slots), "slot_models": list(p.slots),
                                "slot_devices": plan.slot_devices(costs, p),
+                               "instances": plan.instances(preset, costs, p),
                                "rollout_devices": p.rollout_devices, "balance": p.balance,
                                "step_s": p.step_s} for p in placements]}))
     return EXIT_OK

@@ -199,8 +199,12 @@ def _layout(preset: Preset, system: System, costs: Costs) -> _Layout:
     rollout_devices = total - sum(sizes)
     share = rollout_devices // len(models)
     group = DeviceGroup("rollout", rollout_devices, costs)
+    split = preset.instances if system.flexmarl else None
+    if split and sum(split[a] * m.rollout_devices for a, m in models.items()) > rollout_devices:
+        raise ValueError(f"preset {preset.name}: instances {split} need more than the "
+                         f"{rollout_devices} devices the trainer slots leave")
     for agent, model in models.items():
-        count = share // model.rollout_devices
+        count = split[agent] if split else share // model.rollout_devices
         if count < 1:
             raise ValueError(f"preset {preset.name}, system {system.name}: {rollout_devices} "
                              f"rollout devices leave agent {agent} no instance "
@@ -337,9 +341,9 @@ def simulate(preset: str | Preset, system: str | System, *, costs: Costs | None 
     preset = get_preset(preset) if isinstance(preset, str) else preset
     system = _system(system)
     costs = costs or load_costs()
-    if preset.train_devices and system.trainers != "shared" and not system.flexmarl:
-        raise ValueError(f"{system.name} is a baseline: it trains on the cost model's slot "
-                         "sizes, not preset.train_devices")
+    if (preset.train_devices or preset.instances) and not system.flexmarl:
+        raise ValueError(f"{system.name} is a baseline: it runs on the cost model's slot "
+                         "sizes and equal instances, not the planner's")
     if preset.train_devices:
         costs = costs.with_train_devices(preset.train_devices)
     if system.trainers == "shared" and preset.shared_slots == "auto":
@@ -393,7 +397,8 @@ def compare(preset: str | Preset, systems: list[str] | None = None, *,
         placements = plan_slots(preset, "flexmarl", costs=costs, steps=steps, seed=seed)
         best = placements[0]
         preset = dataclasses.replace(preset, shared_slots=best.slots)
-        planned = dataclasses.replace(preset, train_devices=best.train_devices)
+        planned = dataclasses.replace(preset, train_devices=best.train_devices,
+                                      instances=best.instances)
         for name, system in SYSTEMS.items():  # the planned balancing, except the ablation's
             if system.flexmarl and system.balance == "hierarchical":
                 systems_of[name] = dataclasses.replace(system, balance=best.balance)
@@ -425,16 +430,17 @@ def compare(preset: str | Preset, systems: list[str] | None = None, *,
         if key not in only:
             only[key] = rollout_only(preset_for(system), system, costs=costs, steps=steps,
                                      seed=seed)
+    defaults = {m: costs.models[m].train_devices for m in sorted(set(preset.models.values()))}
     out: dict[str, Any] = {"preset": preset.name, "seed": seed,
                            "steps": steps or preset.steps, "systems": {},
                            "shared_slots": list(preset.shared_slots),
-                           "train_devices": planned.train_devices
-                           or {m: costs.models[m].train_devices
-                               for m in set(preset.models.values())},
+                           "train_devices": planned.train_devices or defaults,
                            "balance": systems_of["flexmarl"].balance,
                            "plan": [{"slots": list(p.slots), "step_s": p.step_s,
                                      "rollout_devices": p.rollout_devices,
-                                     "balance": p.balance, "train_devices": p.train_devices}
+                                     "balance": p.balance,
+                                     "train_devices": p.train_devices or defaults,
+                                     "instances": p.instances}
                                     for p in placements]}
     own = {name: bounds.perfect_overlap_s(r, only[(systems_of[name].trainers,
                                                     systems_of[name].balance,

@@ -17,11 +17,13 @@ and how big.
                 balancing at all ("round_robin"); the fastest is kept, so the balancer steps
                 aside where it does not pay on this workload (the hierarchical one among
                 equals)
+    instances   the best once more with rollout instances split by demand instead of
+                equally: in proportion to each agent's decoding device-seconds in the best's
+                simulation (at least one each), with its balancing and with moves
 
 `trainer_pool.slots = "auto"` in the simulator (Preset.shared_slots = "auto") is this search;
 `bench/simulate.py --plan` prints its table, `flexmarl plan` plans a user's own team
-(flexmarl.sim.team_plan). Rollout instances split the devices the slots leave equally between
-agents.
+(flexmarl.sim.team_plan).
 """
 from __future__ import annotations
 
@@ -44,6 +46,8 @@ class Placement:
     (within each agent only) or "round_robin" (none)."""
     train_devices: dict[str, int] | None = dataclasses.field(default=None, hash=False)
     """Devices of a slot per model size (None: the cost model's train_devices)."""
+    instances: dict[str, int] | None = dataclasses.field(default=None, hash=False)
+    """Rollout instances per agent (None: the devices left, split equally)."""
     result: Any = dataclasses.field(default=None, repr=False, compare=False)
     """The simulation's SystemResult."""
 
@@ -86,13 +90,15 @@ def plan(preset: Preset, costs: Costs, simulate: Callable[[Preset, str], Any],
     done: dict[tuple[int, int], Placement] = {}
     scales = slot_sizes(preset, costs)
 
-    def run(j: int, slots: tuple[str, ...], strategy: str) -> Placement:
+    def run(j: int, slots: tuple[str, ...], strategy: str,
+            instances: dict[str, int] | None = None) -> Placement:
         sized = costs.with_train_devices(scales[j] or {})
         result = simulate(dataclasses.replace(preset, shared_slots=slots,
-                                              train_devices=scales[j]), strategy)
+                                              train_devices=scales[j], instances=instances),
+                          strategy)
         placement = Placement(slots, result.step_s,
                               total - sum(sized.models[s].train_devices for s in slots),
-                              strategy, scales[j], result)
+                              strategy, scales[j], instances, result)
         if progress is not None:
             progress(placement)
         return placement
@@ -127,9 +133,41 @@ def plan(preset: Preset, costs: Costs, simulate: Callable[[Preset, str], Any],
     # Equal: keep the moves (the hierarchical balancer is the default and adapts at run time).
     order = {"hierarchical": 0, "least_loaded": 1, "round_robin": 2}
     # Then the larger slots (faster training).
-    return sorted([*done.values(), *others],
-                  key=lambda p: (p.step_s, len(p.slots), order[p.balance],
-                                 -sum(slot_devices(costs, p))))
+    def rank(p: Placement) -> tuple:
+        return (p.step_s, len(p.slots), order[p.balance], -sum(slot_devices(costs, p)),
+                p.instances is not None)
+
+    best = min([*done.values(), *others], key=rank)
+    j = scales.index(best.train_devices)
+    split = by_demand(preset, costs, best)
+    if split is not None:  # instances where the work is, with the best's balancing and moves
+        others += [run(j, best.slots, s, split) for s in dict.fromkeys((best.balance,
+                                                                        "hierarchical"))]
+    return sorted([*done.values(), *others], key=rank)
+
+
+def by_demand(preset: Preset, costs: Costs, placement: Placement) -> dict[str, int] | None:
+    """Rollout instances per agent in proportion to the device-seconds of decoding each
+    needed in the placement's simulation (tokens x devices per instance), at least one each,
+    on the devices the slots leave (largest remainders); None when that is the equal split."""
+    tokens = {a: 0 for a in preset.models}
+    for record in placement.result.records:
+        for agent, stats in record["agents"].items():
+            tokens[agent] = tokens.get(agent, 0) + stats.get("tokens", 0)
+    size = {a: costs.models[m].rollout_devices for a, m in preset.models.items()}
+    demand = {a: tokens[a] * size[a] for a in preset.models}
+    free = placement.rollout_devices - sum(size.values())  # after one instance each
+    total = sum(demand.values())
+    if free < 0 or not total:
+        return None
+    extra = {a: demand[a] / total * free / size[a] for a in demand}  # instances beyond one
+    counts = {a: 1 + int(x) for a, x in extra.items()}
+    left = placement.rollout_devices - sum(counts[a] * size[a] for a in counts)
+    for a in sorted(extra, key=lambda a: (-(extra[a] - int(extra[a])), a)):
+        if size[a] <= left:
+            counts[a] += 1
+            left -= size[a]
+    return None if counts == instances(preset, costs, placement) else counts
 
 
 def slot_devices(costs: Costs, placement: Placement) -> list[int]:
@@ -143,17 +181,20 @@ def table(preset: Preset, costs: Costs, placements: list[Placement]) -> str:
     lines = [f"placements of {preset.name} on {preset.nodes} nodes of "
              f"{costs.device.devices_per_node} devices (flexmarl), best first",
              f"{'slots':>5s} {'slot sizes (devices)':24s} {'rollout devices':>15s} "
-             f"{'balance':>13s} {'step s':>8s}"]
+             f"{'instances':>10s} {'balance':>13s} {'step s':>8s}"]
     for p in placements:
         sizes = ",".join(map(str, slot_devices(costs, p)))
-        lines.append(f"{len(p.slots):5d} {sizes:24s} {p.rollout_devices:15d} "
+        split = "by demand" if p.instances else "equal"
+        lines.append(f"{len(p.slots):5d} {sizes:24s} {p.rollout_devices:15d} {split:>10s} "
                      f"{p.balance:>13s} {p.step_s:8.1f}")
     return "\n".join(lines)
 
 
 def instances(preset: Preset, costs: Costs, placement: Placement) -> dict[str, int]:
-    """Rollout instances per agent of a placement: the devices left by the slots, split
-    equally between the agents (as flexmarl.sim.cluster lays them out)."""
+    """Rollout instances per agent of a placement: its own split, or the devices left by the
+    slots split equally between the agents (as flexmarl.sim.cluster lays them out)."""
+    if placement.instances:
+        return dict(placement.instances)
     share = placement.rollout_devices // len(preset.models)
     return {a: share // costs.models[m].rollout_devices for a, m in preset.models.items()}
 

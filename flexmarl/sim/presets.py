@@ -65,6 +65,9 @@ class Preset:
     train_devices: dict[str, int] | None = None
     """FlexMARL's trainer slot size per model size, in devices (the planner's choice); None:
     the cost model's train_devices. The baselines always use the cost model's."""
+    instances: dict[str, int] | None = None
+    """FlexMARL's rollout instances per agent (the planner's split); None: the devices the
+    trainer slots leave, split equally between agents. The baselines always split equally."""
     source: Team | None = None
     """A user's team (flexmarl.sim.team_plan): its own workflow and tasks run instead of the
     stages, each agent answering with a median of `medians[agent]` tokens."""

@@ -70,6 +70,16 @@ def _final_weights(run_dir: Path) -> dict[str, dict]:
     return out
 
 
+def _wait_for_records(proc: subprocess.Popen, metrics: Path, count: int) -> None:
+    """Until the running `proc` has written `count` step records (300 s: a loaded machine
+    takes seconds per step of this tiny run)."""
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and len(read_metrics(metrics)) >= count):
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.monotonic() < deadline, f"the run did not record {count} steps in 300 s"
+        time.sleep(0.02)
+
+
 def _kill_everything(proc: subprocess.Popen) -> int:
     """SIGKILL the run and all its workers at once (as a node losing power would)."""
     victims = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
@@ -96,11 +106,7 @@ def test_a_killed_run_resumes_to_the_same_weights(tiny_model_dir, tmp_path, unin
     config, run_dir = _setup(tmp_path, tiny_model_dir, "run")
     proc = _flexmarl("run", str(config))
     metrics = run_dir / "metrics.jsonl"
-    deadline = time.monotonic() + 300
-    while not (metrics.exists() and len(read_metrics(metrics)) >= 2):
-        assert proc.poll() is None, proc.communicate()[0]
-        assert time.monotonic() < deadline, "the run did not record two steps in 300 s"
-        time.sleep(0.05)
+    _wait_for_records(proc, metrics, 2)
     time.sleep(rng.uniform(0.0, 1.0))  # somewhere in step 2 or 3
     assert _kill_everything(proc) >= 5  # the run, 4 rollout instances, 2 trainers (or more)
     done_before = len(read_metrics(metrics))
@@ -118,11 +124,7 @@ def test_a_run_saving_every_other_step_resumes_from_its_last_save(tiny_model_dir
     config, run_dir = _setup(tmp_path, tiny_model_dir, "run", "run.save_every=2")
     proc = _flexmarl("run", str(config))
     metrics = run_dir / "metrics.jsonl"
-    deadline = time.monotonic() + 300
-    while not (metrics.exists() and len(read_metrics(metrics)) >= 3):
-        assert proc.poll() is None, proc.communicate()[0]
-        assert time.monotonic() < deadline, "the run did not record three steps in 300 s"
-        time.sleep(0.02)
+    _wait_for_records(proc, metrics, 3)
     _kill_everything(proc)
     last = read_metrics(metrics)[-1]["step"]
     assert last < STEPS - 1, "the run finished before it could be killed"

@@ -92,7 +92,11 @@ def _run(args: argparse.Namespace) -> int:
         return _config_error(e)
     _configure_logging(config.run.log_level)
     if args.dry_run:
-        sys.stdout.write(config.to_toml() + _per_agent_settings(config))
+        note = ""
+        if config.trainer_pool.slots == "auto":
+            note = ('# trainer_pool.slots = "auto": planned at start by the cluster simulator; '
+                    "`flexmarl plan` with the same config shows the placements\n")
+        sys.stdout.write(config.to_toml() + note + _per_agent_settings(config))
         return EXIT_OK
 
     import uvloop  # entry point only: nothing else installs an event loop policy
@@ -187,7 +191,7 @@ def _plan(args: argparse.Namespace) -> int:
 
     from flexmarl.orchestrator.orchestrator import WorkflowError
     from flexmarl.sim import plan
-    from flexmarl.sim.team_plan import NOTE, plan_team, planned_config, slot_ranks
+    from flexmarl.sim.team_plan import NOTE, costs_of, plan_team, planned_config, slot_ranks
     from flexmarl.team import load_team
 
     overrides = [*args.overrides, *([f"plan.nodes={args.nodes}"] if args.nodes else [])]
@@ -202,11 +206,17 @@ def _plan(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     started = time.perf_counter()
 
+    costs = None
+
     def progress(p: Any) -> None:
-        print(f"  {len(p.slots)} slot(s), {p.balance}: {p.step_s:.1f} s per step "
-              f"({time.perf_counter() - started:.0f} s so far)", file=sys.stderr, flush=True)
+        sizes = ",".join(map(str, plan.slot_devices(costs, p))) if costs else "?"
+        split = "by demand" if p.instances else "equal"
+        print(f"  slots of {sizes} devices, instances {split}, {p.balance}: {p.step_s:.1f} s "
+              f"per step ({time.perf_counter() - started:.0f} s so far)", file=sys.stderr,
+              flush=True)
 
     try:
+        costs = costs_of(config)
         preset, costs, placements = plan_team(team, config, progress=progress)
     except ConfigError as e:
         return _config_error(e)

@@ -19,7 +19,7 @@ and how big.
                 equals)
     instances   the best once more with rollout instances split by demand instead of
                 equally: in proportion to each agent's decoding device-seconds in the best's
-                simulation (at least one each), with its balancing and with moves
+                simulation (at least one each), with each balancing strategy
 
 `trainer_pool.slots = "auto"` in the simulator (Preset.shared_slots = "auto") is this search;
 `bench/simulate.py --plan` prints its table, `flexmarl plan` plans a user's own team
@@ -140,9 +140,8 @@ def plan(preset: Preset, costs: Costs, simulate: Callable[[Preset, str], Any],
     best = min([*done.values(), *others], key=rank)
     j = scales.index(best.train_devices)
     split = by_demand(preset, costs, best)
-    if split is not None:  # instances where the work is, with the best's balancing and moves
-        others += [run(j, best.slots, s, split) for s in dict.fromkeys((best.balance,
-                                                                        "hierarchical"))]
+    if split is not None:  # instances where the work is, with each balancing strategy
+        others += [run(j, best.slots, s, split) for s in order]
     return sorted([*done.values(), *others], key=rank)
 
 

@@ -214,13 +214,11 @@ async def test_a_run_on_three_nodes_and_one_that_joins_mid_run(tiny_model_dir, t
     url: asyncio.Future = asyncio.get_running_loop().create_future()
 
     async def add_a_node() -> float:
-        import aiohttp
-        async with aiohttp.ClientSession() as http:
-            while True:
-                async with http.get(await url + "api/status") as r:
-                    if (await r.json())["run"]["steps_done"] >= 1:
-                        break
-                await asyncio.sleep(0.05)
+        # Started once the run serves its dashboard (its workers are up, step 0 is running):
+        # a node process takes seconds to start (importing torch), over 15 s on a loaded
+        # machine, and the run's 6 steps take about 20 s; one started later could find the run
+        # over and wait out its join_timeout_s.
+        await url
         late["r2"] = _node(tmp_path, "r2", "rollout", port, keys["good"])
         return time.monotonic()
 

@@ -267,7 +267,7 @@ def test_changing_a_policy_object_changes_the_result():
     # Without the cost test every imbalance over the ratio moves an instance.
     eager = simulate("small", "flexmarl", balance=BalancerConfig(cost_aware=False))
     assert eager.moves > base.moves
-    assert eager.steps != base.steps
+    assert eager.step_s != base.step_s  # (the per-record times are set by the one slot's swaps)
 
 
 def test_same_seed_same_table_across_processes():
@@ -333,7 +333,8 @@ def test_the_planner_tries_placements_that_fit_and_picks_the_fastest(tmp_path, c
         {"hierarchical", "least_loaded", "round_robin"}
     system = dataclasses.replace(SYSTEMS["flexmarl"], balance=best.balance)
     assert best.step_s == simulate(dataclasses.replace(preset, shared_slots=best.slots,
-                                                       train_devices=best.train_devices),
+                                                       train_devices=best.train_devices,
+                                                       instances=best.instances),
                                    system).step_s
     out = compare(preset, ["flexmarl", "flexmarl-no_balance"])
     assert out["shared_slots"] == list(best.slots)

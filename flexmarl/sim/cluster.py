@@ -60,13 +60,13 @@ from flexmarl.rollout.pool import InstancePool, RolloutConfig
 from flexmarl.rollout.worker import RolloutWorker
 from flexmarl.sim import bounds, clock, plan
 from flexmarl.sim.costs import Costs, Model, load_costs
-from flexmarl.sim.engines import DeviceGroup, SimRolloutEngine, SimTokenizer, SimTrainer
+from flexmarl.sim.engines import (FOREVER_S, DeviceGroup, SimRolloutEngine, SimTokenizer,
+                                  SimTrainer)
 from flexmarl.sim.presets import Preset, get_preset
 from flexmarl.orchestrator.store import ExperienceStore
 from flexmarl.training.pool import AgentTrainer, TrainerPool, TrainerPoolConfig
 from runtime.transport import connect
 
-FOREVER_S = 1e9  # request timeouts: simulated waits can be long; a hang raises SimulationStalled
 
 
 @dataclass(frozen=True)

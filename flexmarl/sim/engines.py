@@ -38,6 +38,7 @@ from runtime.actor import Actor, handler
 from runtime.codec import Envelope
 
 TOKEN = 7  # the token id of every simulated token (content does not matter, counts do)
+FOREVER_S = 1e9  # request timeouts: simulated waits can be long; a hang raises SimulationStalled
 
 
 class SimTokenizer:
@@ -337,7 +338,10 @@ class SimTrainer(Actor):
             if msg.source[0] not in self._sources:
                 self._sources[msg.source[0]] = self.connect(msg.source[0])
             # As a real rank, ask the source for the state's layout (here: its version).
-            head: ShardData = await self._sources[msg.source[0]].request(FetchShards(msg.agent))
+            # As in the product, the source's mailbox answers after the command it is serving
+            # (a SwapOut of 237 GB can take a simulated minute), so no 30 s default deadline.
+            head: ShardData = await self._sources[msg.source[0]].request(
+                FetchShards(msg.agent), timeout_s=FOREVER_S)
             version, how = int(head.meta["version"]), "pulled"
             seconds = (self.costs.move_s(num_bytes, len(msg.source), self.devices)
                        + self.costs.onload_s(num_bytes, self.devices))

@@ -348,7 +348,10 @@ class SimTrainer(Actor):
         else:
             version = int(msg.meta.get("version", 0))
             how = "restored" if msg.meta else "fresh"
-            seconds = self.costs.onload_s(num_bytes, self.devices)
+            # A fresh trainer's first load is the run's start-up (every system pays it once,
+            # before its first step), not part of a step: free, so that it never lands in the
+            # measured steps of the modes that train after their first rollout.
+            seconds = self.costs.onload_s(num_bytes, self.devices) if msg.meta else 0.0
         await asyncio.sleep(seconds)
         self.agent, self.version = msg.agent, version
         return SwapDone(int(num_bytes), seconds, how)

@@ -421,14 +421,12 @@ class Balancer:
         serving = self._serving(dst)
         if sum(self._instances[i].own_requests for i in serving) < 2 * len(serving):
             return False  # about one sequence per instance: more instances decode no faster
-        n_src, n_dst = len(self._serving(src)), len(self._serving(dst))
+        n_dst = len(self._serving(dst))
         move_s = self.load(instance) / r_src + self._move_cost()
         busy = self.config.min_load_tokens * n_dst  # "has work": as for the ratio test
         hot_s = max(self._total(dst) / (n_dst * r_dst), self.predicted_busy_s(dst, now, busy))
         gain_s = max(0.0, hot_s - move_s) / (n_dst + 1)
-        horizon = hot_s + move_s
-        cold = max(self._total(src), self.predicted_tokens(src, now, horizon))
-        loss_s = min(cold / (n_src * r_src), horizon) / max(n_src - 1, 1)
+        loss_s = self._donor_loss_s(now, src, hot_s + move_s)
         return gain_s > loss_s + move_s / (n_dst + 1)
 
     def _ahead(self, now: float) -> Move | None:
@@ -471,7 +469,7 @@ class Balancer:
         length = self._expected_len.get(dst)
         if not r_src or not r_dst or not length:
             return False
-        n_src, n_dst = len(self._serving(src)), len(self._serving(dst))
+        n_dst = len(self._serving(dst))
         window = self.config.demand_window_s
         if self.predicted_tokens(dst, now + lead, window) < 2 * n_dst * length:
             return False
@@ -479,10 +477,15 @@ class Balancer:
         busy = self.config.min_load_tokens * n_dst
         hot_s = self.predicted_busy_s(dst, now + lead, busy)
         gain_s = hot_s / (n_dst + 1)
-        horizon = lead + hot_s
-        cold = max(self._total(src), self.predicted_tokens(src, now, horizon))
-        loss_s = min(cold / (n_src * r_src), horizon) / max(n_src - 1, 1)
+        loss_s = self._donor_loss_s(now, src, lead + hot_s)
         return gain_s > loss_s + move_s  # a prediction can be wrong: it must pay its whole trip
+
+    def _donor_loss_s(self, now: float, src: str, horizon: float) -> float:
+        """Seconds the donor loses over `horizon` with one instance fewer: its backlog (or the
+        demand it had over that span of the previous step) spread over the instances left."""
+        n_src = len(self._serving(src))
+        cold = max(self._total(src), self.predicted_tokens(src, now, horizon))
+        return min(cold / (n_src * self._rate[src]), horizon) / max(n_src - 1, 1)
 
     def _move_cost(self) -> float:
         return self._move_s if self._move_s is not None else self.config.move_cost_s

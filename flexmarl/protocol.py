@@ -71,6 +71,8 @@ class FlexKind(IntEnum):
     FETCH_SHARDS = 124
     SHARD_DATA = 125
     DROP_PARKED = 126
+    WEIGHT_TRANSFER = 127
+    SEND_WEIGHTS = 128
 
 
 # ----------------------------------------------------------------------------- rollout
@@ -208,6 +210,21 @@ class WeightUpdateDone:
     load_s: float
 
 
+@message(FlexKind.WEIGHT_TRANSFER)
+@dataclass(slots=True)
+class WeightTransfer:
+    """One phase of a weight update through vLLM's weight-transfer engine (GPU; the trainer
+    sends, flexmarl.rollout.transfer): "init" (join the trainer's group: `info` is the
+    engine's init info), "start" (gate closed, running requests finished, the engine ready to
+    receive `version`), "update" (receive: `info` names the tensors, their dtypes and shapes),
+    "finish" (the engine serves `version`, the gate opens). Reply: WeightUpdateDone."""
+
+    KIND: ClassVar[int]
+    phase: str
+    version: int
+    info: dict[str, Any] = field(default_factory=dict)
+
+
 # ----------------------------------------------------------------------------- training
 
 @message(FlexKind.TRAIN_BEGIN_BATCH)
@@ -294,6 +311,25 @@ class SwapDone:
     how: str = ""
     """"here" (parked in this slot: copied back in place), "pulled" (from another slot's
     ranks), "fresh" (built from model_dir) or "restored" (a whole TrainState)."""
+    device: str = ""
+    """Where the slot trains, as its start config placed it: "cpu gloo", "cuda:0 nccl" (the
+    device, the process group's backend) and the GPUs the process sees, "visible=2,3"."""
+
+
+@message(FlexKind.SEND_WEIGHTS)
+@dataclass(slots=True)
+class SendWeights:
+    """To a trainer slot's rank 0: send the bound agent's weights, as `version`, to the
+    rollout instances at `instances` (each `tensor_parallel_size` GPUs) through vLLM's
+    weight-transfer engine `backend` ("nccl" or "ipc"), in `dtype`. Reply: WeightUpdateDone
+    (its load_s: the whole transfer)."""
+
+    KIND: ClassVar[int]
+    version: int
+    instances: list[str]
+    backend: str = "nccl"
+    tensor_parallel_size: int = 1
+    dtype: str = "bfloat16"
 
 
 @message(FlexKind.SWAP_IN)

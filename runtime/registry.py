@@ -195,8 +195,14 @@ class NodeRegistry(Actor):
     # ------------------------------------------------------------------ workers
 
     async def start_worker(self, spec: WorkerSpec) -> RemoteWorker:
-        """Start `spec` on the least busy live node of its role."""
+        """Start `spec` on its node (spec.node), else on the least busy live node of its role."""
         nodes = [n for n in self.alive() if n.serves(spec.role)]
+        if spec.node:  # placed there (its GPUs): that node or none
+            nodes = [n for n in nodes if n.name == spec.node]
+            if not nodes:
+                raise WorkerStartError(f"{spec.name} was placed on node {spec.node}, which is "
+                                       f"not live with role {spec.role!r}; live: "
+                                       f"{', '.join(n.name for n in self.alive()) or 'none'}")
         if not nodes:
             raise WorkerStartError(f"no live node serves role {spec.role!r} to start "
                                    f"{spec.name}; joined: "

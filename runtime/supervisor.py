@@ -72,6 +72,9 @@ class WorkerSpec:
     role: str = ""
     """The kind of node that hosts it when workers go to nodes (runtime.registry: "rollout",
     "trainer"); a local Supervisor ignores it."""
+    node: str = ""
+    """The node that must host it (its GPUs were planned there); "": the registry picks the
+    least busy node of its role. A local Supervisor ignores it."""
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", self.name):
@@ -80,6 +83,22 @@ class WorkerSpec:
         module, sep, attr = self.entry.partition(":")
         if not sep or not module or not attr:
             raise ValueError(f"WorkerSpec.entry {self.entry!r} must be 'package.module:function'")
+
+
+def visible_devices(wanted: str, own: str | None) -> str:
+    """A worker's CUDA_VISIBLE_DEVICES: `wanted` are indices of the GPUs this process sees, so
+    they go through this process's own CUDA_VISIBLE_DEVICES when it has one ("1" under
+    "4,5,6" is "5"), the way torch numbers devices."""
+    if not own or not own.strip():
+        return wanted
+    mine = [d.strip() for d in own.split(",") if d.strip()]
+    out = []
+    for index in filter(None, (w.strip() for w in wanted.split(","))):
+        if not index.isdigit() or int(index) >= len(mine):
+            raise ValueError(f"GPU {index} asked for a worker, but this process sees only "
+                             f"{len(mine)} (CUDA_VISIBLE_DEVICES={own})")
+        out.append(mine[int(index)])
+    return ",".join(out)
 
 
 @dataclass(frozen=True)
@@ -217,6 +236,9 @@ class Supervisor(Actor):
                 "supervisor_config": asdict(self.config), "transport": asdict(self.transport),
                 "ready_timeout_s": spec.ready_timeout_s, "cpus": list(spec.cpus)}
         env = {**os.environ, **spec.env}
+        if "CUDA_VISIBLE_DEVICES" in spec.env:
+            env["CUDA_VISIBLE_DEVICES"] = visible_devices(spec.env["CUDA_VISIBLE_DEVICES"],
+                                                          os.environ.get("CUDA_VISIBLE_DEVICES"))
         if spec.cpus:
             env.setdefault("OMP_NUM_THREADS", str(len(spec.cpus)))
         read_end, write_end = os.pipe()

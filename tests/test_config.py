@@ -358,7 +358,8 @@ def fake_train_modules(monkeypatch, train) -> None:
     `main` imports when it runs."""
     import flexmarl.launch.checkpoint  # noqa: F401  (what main also imports: loaded with the real
     import flexmarl.orchestrator.orchestrator  # noqa: F401  flexmarl.team, before it is replaced below)
-    team = types.SimpleNamespace(name="duo", agents=[types.SimpleNamespace(name="solver")])
+    team = types.SimpleNamespace(name="duo", agents=[types.SimpleNamespace(
+        name="solver", trainable=True, train_ranks=None, instances=None)])
     monkeypatch.setitem(sys.modules, "flexmarl.team",
                         types.SimpleNamespace(load_team=lambda path: team))
     monkeypatch.setitem(sys.modules, "flexmarl.launch.run",

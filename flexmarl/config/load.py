@@ -24,6 +24,7 @@ from typing import Any, Mapping, Sequence
 from flexmarl.checks import ConfigError
 from flexmarl.config.sections import (ClusterConfig, GatewayConfig, ObserveConfig, PlanConfig,
                                       RunConfig, TeamRef)
+from flexmarl.launch.devices import DevicesConfig
 from flexmarl.orchestrator.policy import PipelineConfig
 from flexmarl.rollout.balancer import BalancerConfig
 from flexmarl.rollout.pool import RolloutConfig
@@ -46,6 +47,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     trainer_pool: TrainerPoolConfig = field(default_factory=TrainerPoolConfig)
+    devices: DevicesConfig = field(default_factory=DevicesConfig)
     balance: BalancerConfig = field(default_factory=BalancerConfig)
     observe: ObserveConfig = field(default_factory=ObserveConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -91,7 +93,8 @@ class Config:
 
 SECTIONS: dict[str, type] = {"run": RunConfig, "team": TeamRef, "pipeline": PipelineConfig,
                              "rollout": RolloutConfig, "trainer": TrainerConfig,
-                             "trainer_pool": TrainerPoolConfig, "balance": BalancerConfig,
+                             "trainer_pool": TrainerPoolConfig, "devices": DevicesConfig,
+                             "balance": BalancerConfig,
                              "observe": ObserveConfig, "cluster": ClusterConfig,
                              "gateway": GatewayConfig, "plan": PlanConfig,
                              "transport": TransportConfig, "supervisor": SupervisorConfig}

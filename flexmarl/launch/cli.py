@@ -96,7 +96,8 @@ def _run(args: argparse.Namespace) -> int:
         if config.trainer_pool.slots == "auto":
             note = ('# trainer_pool.slots = "auto": planned at start by the cluster simulator; '
                     "`flexmarl plan` with the same config shows the placements\n")
-        sys.stdout.write(config.to_toml() + note + _per_agent_settings(config))
+        sys.stdout.write(config.to_toml() + note + _per_agent_settings(config) +
+                         _gpu_placement(config))
         return EXIT_OK
 
     import uvloop  # entry point only: nothing else installs an event loop policy
@@ -105,7 +106,7 @@ def _run(args: argparse.Namespace) -> int:
     from flexmarl.orchestrator.orchestrator import WorkflowError
     from flexmarl.observe.rundir import RunDir
     from flexmarl.launch.model_dirs import check_model
-    from flexmarl.launch.placement import check_backend
+    from flexmarl.launch.placement import check_backend, check_devices
     from flexmarl.launch.run import train
     from flexmarl.team import load_team
 
@@ -127,6 +128,7 @@ def _run(args: argparse.Namespace) -> int:
             print('flexmarl: planning trainer_pool.slots = "auto" with the cluster simulator',
                   flush=True)
             config = resolve_auto(config, team)
+        check_devices(config, team)  # the GPUs fit, before a run dir or a process exists
         run_dir = RunDir.create(config, resume=bool(args.resume))
     except ConfigError as e:
         return _config_error(e)
@@ -322,6 +324,34 @@ def _per_agent_settings(config: Any) -> str:
                    if src != "[trainer]"]
         lines.append(f"# {spec.name}: " + (", ".join(changed) or "as [trainer]"))
     return "\n".join(lines) + "\n"
+
+
+def _gpu_placement(config: Any) -> str:
+    """TOML comments: which GPUs each worker would get on this machine (flexmarl.launch.devices),
+    or why none."""
+    from flexmarl.launch.placement import _slot_sizes, hosts, plan_gpus
+    from flexmarl.team import load_team
+
+    if config.cluster.listen:
+        return ("# GPU placement: made when the nodes have joined, on the GPUs each reports "
+                "(flexmarl-node --devices)\n")
+    try:
+        team = load_team(config.team.path)
+        needs = {a.name: a.train_ranks or config.trainer_pool.ranks_per_agent
+                 for a in team.agents if a.trainable}
+        sizes = (_slot_sizes(config, needs) if config.trainer_pool.slots != "auto"
+                 else list(needs.values()))
+        machine = hosts(config, None)
+        gpus = plan_gpus(config, team, sizes, machine)
+    except Exception as e:  # a placement that does not fit: the dry run says why
+        return f"# GPU placement: {' '.join(str(e).split())}\n"
+    if gpus.plan is None:
+        seen = len(machine[0].gpus)
+        return (f"# GPU placement: none (GPUs used here: {seen}; devices.gpus = "
+                f"{config.devices.gpus!r}, trainer.device = {config.trainer.device!r}): every "
+                "worker runs on CPU\n")
+    lines = [f"GPU placement ({gpus.transfer} weight sync):", *gpus.plan.table().splitlines()]
+    return "".join(f"# {line}\n" for line in lines)
 
 
 def _summary(metrics: list[dict[str, Any]], run_dir: Any) -> str:

@@ -49,7 +49,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="CURVE secret key file from `flexmarl keygen` (default %(default)s; "
                         "'' for plaintext on loopback only)")
     p.add_argument("--cpus", default="", help='pin workers to these cores, e.g. "0-7"')
-    p.add_argument("--devices", type=int, default=0, help="accelerators offered (reported)")
+    p.add_argument("--devices", default="auto",
+                   help='GPUs this node offers the run: "auto" (every visible one) or a count '
+                        "(the first N visible); the run places workers on them")
     p.add_argument("--stay", action="store_true",
                    help="after a run ends, wait for the next one instead of exiting")
     p.add_argument("--join-timeout", type=float, default=600.0, metavar="SECONDS",
@@ -72,11 +74,12 @@ def node_main(argv: Sequence[str] | None = None) -> int:
     from runtime.node import NodeAgent, NodeJoinError, NodeOptions
 
     try:
+        devices = _devices(args.devices)
         key = os.path.expanduser(args.key_file) if args.key_file else ""
         transport = TransportConfig(curve_secret_key_file=key)
         options = NodeOptions(name=args.name, registry=args.connect, roles=(args.role,),
                               advertise=args.advertise, allowed_entries=WORKER_ENTRIES,
-                              cpus=parse_cpus(args.cpus, "--cpus"), devices=args.devices,
+                              cpus=parse_cpus(args.cpus, "--cpus"), devices=devices,
                               stay=args.stay, join_timeout_s=args.join_timeout,
                               transport=transport)
     except ValueError as e:
@@ -105,6 +108,16 @@ def node_main(argv: Sequence[str] | None = None) -> int:
         print(f"flexmarl-node: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _devices(text: str) -> int:
+    """--devices: "auto" is every GPU this process sees (0 without CUDA)."""
+    if text.strip() == "auto":
+        import torch
+        return torch.cuda.device_count()
+    if not text.strip().isdigit():
+        raise ValueError(f'--devices must be "auto" or a number of GPUs, got {text!r}')
+    return int(text)
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib.util
+from dataclasses import dataclass
 import itertools
 import logging
 from typing import Any
@@ -19,11 +20,15 @@ from typing import Any
 from flexmarl import checks
 from flexmarl.activity import ActivityLog
 from flexmarl.config.load import Config
+from flexmarl.launch.devices import Ask, DevicePlan, Host, parse_gpus, plan_devices
+from flexmarl.protocol import SendWeights, WeightUpdate, WeightUpdateDone
+from flexmarl.rollout.transfer import DIRECT, resolve_transfer
 from flexmarl.models import load_tokenizer
 from flexmarl.orchestrator.agents import AgentRuntime
-from flexmarl.rollout.pool import InstancePool
+from flexmarl.rollout.pool import InstancePool, RolloutConfig
 from flexmarl.team import AgentSpec, Team
 from flexmarl.training.pool import AgentTrainer, TrainerPool
+from runtime.errors import WorkerStartError
 from runtime.registry import NodeInfo, NodeRegistry
 from runtime.supervisor import Supervisor, WorkerSpec
 from runtime.transport import Connection, connect
@@ -75,6 +80,9 @@ def grow(pool: InstancePool, config: Config, node: NodeInfo) -> None:
     new worker on the least busy node of its role: this one)."""
     if not node.serves("rollout") or "trainer" in node.hello.roles:
         return
+    if pool.devices is not None:  # its GPUs join the placement (new instances are seated there)
+        pool.devices.add_host(Host(node.name, tuple(range(node.hello.devices)),
+                                   tuple(node.hello.roles)))
     for _ in range(config.cluster.instances_per_node):
         agent = min(pool.versions, key=lambda a: len(pool.instances(a)))
         log.warning("node %s joined: a new rollout instance for %s", node.name, agent)
@@ -102,9 +110,11 @@ class _Workers:
     rendezvous (the old group's is spent)."""
 
     def __init__(self, sup: "Supervisor | NodeRegistry", config: Config,
-                 model_dirs: dict[str, str], work: str, sizes: list[int]) -> None:
+                 model_dirs: dict[str, str], work: str, sizes: list[int],
+                 gpus: "GpuPlan | None" = None) -> None:
         self.sup, self.config, self.model_dirs, self.work, self.sizes = (
             sup, config, model_dirs, work, sizes)
+        self.gpus = gpus or GpuPlan(None, "stage", False, False)
         self.store = None
         if isinstance(sup, NodeRegistry):  # trainer ranks on several nodes meet at a TCPStore
             import torch.distributed as dist
@@ -126,16 +136,29 @@ class _Workers:
     def connect(self, address: str) -> Connection:
         return connect(address, self.config.transport)
 
-    def rollout(self, agent: str) -> WorkerSpec:
-        """The next rollout instance, serving `agent`'s model."""
+    def rollout(self, agent: str, replaces: str = "") -> WorkerSpec:
+        """The next rollout instance, serving `agent`'s model (on the GPUs of the instance it
+        `replaces`, or of a new seat)."""
         k, r = next(self._instances), self.config.rollout
-        return WorkerSpec(
-            name=f"rollout-{k}", entry="flexmarl.rollout.worker:rollout_worker",
-            args={"backend": r.backend, "model_dir": self.model_dirs[agent],
-                  "max_model_len": r.max_model_len, "kv_cache_bytes": r.kv_cache_bytes,
-                  "staging_dir": r.staging_dir, "seed": self.config.run.seed + k},
-            ready_timeout_s=r.ready_timeout_s,
-            cpus=self.rollout_cpus, env=self.rollout_env, role="rollout")
+        name = f"rollout-{k}"
+        env = dict(self.rollout_env)
+        if self.gpus.rollout:
+            plan = self.gpus.plan
+            if replaces in plan.seats:
+                plan.replace(replaces, name)
+            elif name not in plan.seats and plan.take(
+                    Ask(name, "rollout", r.tensor_parallel_size, label=agent)) is None:
+                raise WorkerStartError(f"no free GPU for a new rollout instance of {agent} "
+                                       f"({r.tensor_parallel_size} on one host):\n{plan.table()}")
+            env |= plan.env(name)
+            if self.gpus.transfer == "ipc":  # vLLM reads the IPC handles with pickle
+                env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+        args = dataclasses.asdict(r.engine_config(self.model_dirs[agent],
+                                                  seed=self.config.run.seed + k,
+                                                  transfer=self.gpus.transfer))
+        return WorkerSpec(name=name, entry="flexmarl.rollout.worker:rollout_worker", args=args,
+                          ready_timeout_s=r.ready_timeout_s, cpus=self.rollout_cpus, env=env,
+                          role="rollout", node=self.gpus.host(name))
 
     def trainer_slot(self, k: int, generation: int = 0) -> list[WorkerSpec]:
         """The processes of slot trainer-K (empty until a SwapIn binds it to an agent)."""
@@ -144,18 +167,32 @@ class _Workers:
         init = (f"store://{{registry_host}}:{self.store.port}/trainer-{k}{suffix}" if self.store
                 else f"file://{self.work}/trainer-{k}{suffix}.store")
         c = self.config
+        names = [f"trainer-{k}-{rank}{suffix}" for rank in range(self.sizes[k])]
+        if self.gpus.trainer and suffix:  # a replacement group: the old one's GPUs
+            old = [n for n in self.gpus.plan.seats if n.startswith(f"trainer-{k}-")]
+            for rank, name in enumerate(names):
+                match = [n for n in old if n.split("-")[2] == str(rank)]
+                if match:
+                    self.gpus.plan.replace(match[0], name)
         return [WorkerSpec(
-            name=f"trainer-{k}-{rank}{suffix}", entry="flexmarl.training.worker:trainer_worker",
+            name=name, entry="flexmarl.training.worker:trainer_worker",
+            # The [trainer] section: the slot's device and process group come from it at
+            # start (an agent's own settings arrive with each SwapIn).
             args={"rank": rank, "world_size": self.sizes[k], "init_method": init,
+                  "config": dataclasses.asdict(c.trainer),
+                  "memory_fraction": (c.devices.trainer_memory_fraction
+                                      if self.gpus.trainer and c.devices.colocate else 0.0),
                   "collective_timeout_s": c.trainer_pool.collective_timeout_s,
                   "drain_timeout_s": c.supervisor.stop_timeout_s},
             ready_timeout_s=c.trainer_pool.ready_timeout_s, cpus=self.train_cpus,
-            role="trainer")
-            for rank in range(self.sizes[k])]
+            env=self.gpus.env(name) if self.gpus.trainer else {}, role="trainer",
+            node=self.gpus.host(name) if self.gpus.trainer else "")
+            for rank, name in enumerate(names)]
 
     async def respawn(self, dead: str, agent: str) -> tuple[str, Connection]:
-        """A replacement for a dead instance: a new process (and name) with the agent's model."""
-        handle = await self.sup.start_worker(self.rollout(agent))
+        """A replacement for a dead instance: a new process (and name) with the agent's model,
+        on the dead one's GPUs ("" dead: a new instance, on free GPUs)."""
+        handle = await self.sup.start_worker(self.rollout(agent, replaces=dead))
         return handle.name, self.connect(handle.address)
 
     async def respawn_slot(self, slot: str, old: list[str]) -> tuple[list[str], Connection]:
@@ -186,7 +223,10 @@ async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, config: Con
     needs = {spec.name: spec.train_ranks or config.trainer_pool.ranks_per_agent
              for spec in trainable}
     sizes = _slot_sizes(config, needs)
-    workers = _Workers(sup, config, model_dirs, work, sizes)
+    gpus = plan_gpus(config, team, sizes, hosts(config, sup))
+    if gpus.plan is not None:
+        log.warning("GPU placement (%s weight sync):\n%s", gpus.transfer, gpus.plan.table())
+    workers = _Workers(sup, config, model_dirs, work, sizes, gpus)
     placement = {spec.name: [workers.rollout(spec.name)
                              for _ in range(spec.instances or config.rollout.instances_per_agent)]
                  for spec in team.agents}
@@ -214,8 +254,99 @@ async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, config: Con
          for ws in placement.values() for w in ws},
         {agent: [w.name for w in ws] for agent, ws in placement.items()}, model_dirs,
         config.rollout, config.balance, activity=activity, respawn=workers.respawn,
-        kill=lambda name: sup.kill(name, "unresponsive"))
+        kill=lambda name: sup.kill(name, "unresponsive"),
+        direct=(_DirectSync(trainers, config.rollout, gpus.transfer)
+                if gpus.transfer in DIRECT else None))
+    pool.devices = gpus.plan
     return agents, pool, trainers
+
+
+@dataclass
+class GpuPlan:
+    """The run's GPU placement (None: no GPU worker) and its weight sync: which roles run on
+    GPUs, and "stage", "nccl" or "ipc" (flexmarl.rollout.transfer)."""
+
+    plan: DevicePlan | None
+    transfer: str
+    rollout: bool
+    trainer: bool
+
+    def env(self, worker: str) -> dict[str, str]:
+        return self.plan.env(worker) if self.plan is not None else {}
+
+    def host(self, worker: str) -> str:
+        # Local workers have no node; the planner calls this machine "local".
+        host = self.plan.host(worker) if self.plan is not None else ""
+        return "" if host == LOCAL else host
+
+
+LOCAL = "local"
+
+
+def hosts(config: Config, sup: "Supervisor | NodeRegistry | None") -> list[Host]:
+    """The GPUs the run may use: this machine's (devices.gpus), or each joined node's."""
+    if isinstance(sup, NodeRegistry):
+        return [Host(n.name, tuple(range(n.hello.devices)), tuple(n.hello.roles))
+                for n in sup.alive()]
+    import torch
+    return [Host(LOCAL, parse_gpus(config.devices.gpus, torch.cuda.device_count()))]
+
+
+def plan_gpus(config: Config, team: Team, sizes: list[int], hosts: list[Host]) -> GpuPlan:
+    """Who gets GPUs (trainer ranks with trainer.device = "cuda"; vLLM instances whenever GPUs
+    are there), where (flexmarl.launch.devices), and how weights reach the engines."""
+    have = any(h.gpus for h in hosts)
+    rollout = config.rollout.backend == "vllm" and have
+    trainer = config.trainer.device == "cuda"
+    dev = config.devices
+    transfer = resolve_transfer(config.rollout.weight_transfer, vllm_on_gpu=rollout,
+                                trainer_on_gpu=trainer, colocate=dev.colocate)
+    if not (rollout or trainer):
+        return GpuPlan(None, transfer, False, False)
+    # Static slots (one per agent, in team order): an instance goes near its agent's trainer.
+    trainable = [a.name for a in team.agents if a.trainable]
+    group_of = ({name: f"trainer-{k}" for k, name in enumerate(trainable)}
+                if len(sizes) == len(trainable) and not config.trainer_pool.slots
+                and not config.trainer_pool.slot_ranks else {})
+    asks = []
+    if trainer:
+        asks += [Ask(f"trainer-{k}-{r}", "trainer", group=f"trainer-{k}",
+                     memory=dev.trainer_memory_fraction)
+                 for k, n in enumerate(sizes) for r in range(n)]
+    if rollout:
+        names = (f"rollout-{k}" for k in itertools.count())
+        asks += [Ask(next(names), "rollout", config.rollout.tensor_parallel_size, label=spec.name,
+                     memory=config.rollout.gpu_memory_utilization,
+                     near=group_of.get(spec.name, "") if trainer else "")
+                 for spec in team.agents
+                 for _ in range(spec.instances or config.rollout.instances_per_agent)]
+    plan = plan_devices(hosts, asks, colocate=dev.colocate)
+    if transfer == "ipc" and not plan.paired(group_of):
+        if config.rollout.weight_transfer == "ipc":
+            raise checks.ConfigError(
+                'rollout.weight_transfer = "ipc" needs every instance on a GPU of its agent\'s '
+                "trainer slot (one slot per agent, room for both on a GPU); the placement is:\n"
+                + plan.table())
+        transfer = "stage"  # auto: instances apart from their trainers; NCCL cannot share a GPU
+    return GpuPlan(plan, transfer, rollout, trainer)
+
+
+class _DirectSync:
+    """pool.direct for the run: the agent's bound trainer slot sends to the instances
+    (SendWeights); fetch exports its weights for an instance that joins the agent."""
+
+    def __init__(self, trainers: TrainerPool, rollout: "RolloutConfig", backend: str) -> None:
+        self.trainers, self.backend = trainers, backend
+        self.tp, self.timeout_s = rollout.tensor_parallel_size, rollout.request_timeout_s
+        self.dtype = "bfloat16" if rollout.dtype == "auto" else rollout.dtype
+
+    async def send(self, agent: str, version: int, addresses: list[str]) -> WeightUpdateDone:
+        async with self.trainers.bind(agent) as trainer:
+            return await trainer.request(SendWeights(version, addresses, self.backend, self.tp,
+                                                     self.dtype), timeout_s=self.timeout_s)
+
+    async def fetch(self, agent: str) -> WeightUpdate:
+        return await self.trainers.export(agent)
 
 
 def _slot_sizes(config: Config, needs: dict[str, int]) -> list[int]:
@@ -228,6 +359,16 @@ def _slot_sizes(config: Config, needs: dict[str, int]) -> list[int]:
     if config.trainer_pool.slots:
         return [config.trainer_pool.ranks_per_agent] * config.trainer_pool.slots
     return list(needs.values())
+
+
+def check_devices(config: Config, team: Team) -> None:
+    """At start, for workers on this machine: the GPU placement fits (one PlacementError
+    listing what was asked and what exists, before any process starts)."""
+    if config.cluster.listen:
+        return  # placed when the nodes have joined
+    needs = {s.name: s.train_ranks or config.trainer_pool.ranks_per_agent
+             for s in team.agents if s.trainable}
+    plan_gpus(config, team, _slot_sizes(config, needs), hosts(config, None))
 
 
 def check_backend(config: Config) -> None:

@@ -208,10 +208,14 @@ class RunMonitor:
                 "samples": a["samples"], "reward": last.get("reward"),
                 "staleness": last.get("staleness"), "train_s": last.get("train_s"),
                 "rollout_util": util.get(("agent", name), 0.0)}
-        instances = {name: {**i, "util": util.get(("instance", name), 0.0)}
+        gpus = _gpus(pool.get("devices", []))
+        instances = {name: {**i, "util": util.get(("instance", name), 0.0),
+                            "gpus": gpus.get(name, "")}
                      for name, i in pool["instances"].items()}
         slots = {name: {"ranks": s["ranks"], "agent": s["agent"], "resident": s["resident"],
-                        "util": util.get(("slot", name), 0.0)}
+                        "util": util.get(("slot", name), 0.0),
+                        "gpus": " ".join(g for w, g in gpus.items()
+                                         if w.startswith(name + "-"))}
                  for name, s in trainers["slots"].items()}
         return self._with_stall({
             "run": {"team": orch["team"], "mode": self.mode, "state": self.state,
@@ -223,6 +227,7 @@ class RunMonitor:
             "history": list(self.history),
             "timeline": {"now": t - self.t0, "intervals": self._intervals(t, trainers)},
             "events": self._events(pool, trainers),
+            "devices": pool.get("devices", []),
             "totals": {"moves": pool["moves_total"], "swaps": trainers["swaps_total"]}}, t)
 
     @property
@@ -337,3 +342,8 @@ class _Collector:
         c = CounterMetricFamily("flexmarl_swaps", "Training states swapped in or out of slots")
         c.add_metric([], st["totals"]["swaps"])
         yield c
+
+
+def _gpus(rows: list[dict]) -> dict[str, str]:
+    """worker -> "HOST:GPUS" (the GPU placement's rows; flexmarl.launch.devices)."""
+    return {r["worker"]: f"{r['host']}:{','.join(map(str, r['gpus']))}" for r in rows}

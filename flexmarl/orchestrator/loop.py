@@ -297,7 +297,8 @@ class PipelineRun:
             if not synced:
                 # Exported while the slot is bound; pushed to the instances by the sync task
                 # (later for defer_sync), which opens the gate without waiting for the snapshot.
-                weights = await session.export()
+                # Direct sync (GPU): the trainer sends at sync time, nothing is exported.
+                weights = (None, 0.0) if self.pool.direct else await session.export()
                 deferred = policy.defer_sync and step + 1 < self.steps
                 task = self._tg.create_task(self._sync(agent, step, result, weights,
                                                        deferred=deferred),
@@ -338,7 +339,7 @@ class PipelineRun:
         return await store.take_groups(agent, n, select=select, flush=True)
 
     async def _sync(self, agent: str, step: int, result: TrainResult | None,
-                    weights: tuple[WeightUpdate, float] | None, *, deferred: bool = False
+                    weights: tuple[WeightUpdate | None, float] | None, *, deferred: bool = False
                     ) -> None:
         """Push the update (if any), then open the agent's gate and record its step."""
         orch = self.orch
@@ -347,7 +348,7 @@ class PipelineRun:
             if deferred:
                 await self.rollout_done[step + 1].wait()
             update, export_s = weights
-            push_s, sync_bytes = await self._push(agent, update)
+            push_s, sync_bytes = await self._push(agent, update, result.version)
             sync_s = export_s + push_s
         rt = orch.agents[agent]
         rt.gate.open(step + 1 + self.policy.lag)
@@ -384,16 +385,21 @@ class PipelineRun:
             await self.rollout_done[step].wait()
             self._agents_finished(step)
 
-    async def _push(self, agent: str, weights: WeightUpdate) -> tuple[float, int]:
-        """Weight sync: every instance of the agent serves `weights`; (seconds, bytes)."""
+    async def _push(self, agent: str, weights: WeightUpdate | None,
+                    version: int) -> tuple[float, int]:
+        """Weight sync: every instance of the agent serves `version` (`weights`, or sent by
+        its trainer directly when None); (seconds, bytes)."""
         started = now()
         self.activity.enter(agent, "sync")
         try:
-            report = await self.pool.push(agent, weights.version, weights.tensors,
-                                          complete=weights.complete)
+            if weights is None:
+                report = await self.pool.push_direct(agent, version)
+            else:
+                report = await self.pool.push(agent, weights.version, weights.tensors,
+                                              complete=weights.complete)
         finally:
             self.activity.exit(agent, "sync")
-        self.orch.agents[agent].synced(weights.version)
+        self.orch.agents[agent].synced(version)
         return now() - started, report.num_bytes
 
     # ------------------------------------------------------------------ records

@@ -9,6 +9,9 @@ import torch
 from flexmarl.protocol import Sample, SamplingParams
 
 BACKENDS = ("vllm", "torch")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+TRANSFERS = ("auto", "stage", "nccl", "ipc")
+"""rollout.weight_transfer; an engine gets it resolved (never "auto")."""
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -27,10 +30,20 @@ class EngineConfig:
     """vLLM: KV-cache size in bytes (on CPU a fraction of memory is unreliable, see notes)."""
     max_num_seqs: int = 64
     """vLLM: most sequences decoded together."""
-    dtype: str = "float32"
-    """Weights and activations; float32 keeps log-probabilities comparable to the trainer's."""
+    dtype: str = "auto"
+    """Weights and activations; "auto": float32 on CPU (log-probabilities comparable to the
+    trainer's), bfloat16 on GPU."""
     staging_dir: str = ""
     """vLLM: directory weight updates are staged in ("": /dev/shm; rollout.staging_dir)."""
+    tensor_parallel_size: int = 1
+    """vLLM on GPU: GPUs of this instance (those CUDA_VISIBLE_DEVICES gives it)."""
+    gpu_memory_utilization: float = 0.85
+    """vLLM on GPU: fraction of each GPU's memory the engine takes."""
+    enforce_eager: bool = True
+    """vLLM: no CUDA graphs."""
+    weight_transfer: str = "stage"
+    """"stage" (WeightUpdate tensors, loaded in place), "nccl" or "ipc" (vLLM's weight-transfer
+    engine; the trainer sends, flexmarl.rollout.transfer)."""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -41,8 +54,14 @@ class EngineConfig:
         for name in ("max_model_len", "kv_cache_bytes", "max_num_seqs"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"rollout.{name} must be positive, got {getattr(self, name)}")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"rollout.dtype must be float32, bfloat16 or float16, got {self.dtype}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"rollout.dtype must be one of {DTYPES}, got {self.dtype}")
+        if self.weight_transfer not in TRANSFERS[1:]:
+            raise ValueError(f"an engine's weight_transfer must be one of {TRANSFERS[1:]}, got "
+                             f"{self.weight_transfer!r}")
+        if self.weight_transfer != "stage" and self.backend != "vllm":
+            raise ValueError(f"rollout.weight_transfer = {self.weight_transfer!r} needs "
+                             'rollout.backend = "vllm" (its weight-transfer engines)')
 
 
 class RolloutEngine(Protocol):
@@ -62,5 +81,8 @@ class RolloutEngine(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+    # vLLM only, optional: `async def transfer(phase, info)`, one phase of a direct update
+    # through its weight-transfer engine (flexmarl.rollout.transfer).
 
 

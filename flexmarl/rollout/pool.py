@@ -20,7 +20,7 @@ import hashlib
 import json
 import logging
 from dataclasses import asdict, dataclass
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Protocol
 from pathlib import Path
 
 import torch
@@ -30,8 +30,9 @@ from flexmarl.models import model_weights
 from flexmarl.activity import ActivityLog
 from flexmarl.checks import parse_cpus, require
 from flexmarl.rollout.balancer import Balancer, BalancerConfig, Move, percentile
-from flexmarl.rollout.engine import BACKENDS, EngineConfig
-from flexmarl.protocol import Generate, GenerateReply, LoadReport, SubscribeLoad, WeightUpdate
+from flexmarl.rollout.engine import BACKENDS, DTYPES, TRANSFERS, EngineConfig
+from flexmarl.protocol import (Generate, GenerateReply, LoadReport, SubscribeLoad, WeightUpdate,
+                               WeightUpdateDone)
 from flexmarl.rollout.weight_sync import SyncReport, push_weights, weights_nbytes
 from runtime.errors import PeerDied, RequestTimeout, TransportClosed
 from runtime.transport import Connection
@@ -48,9 +49,28 @@ class RolloutConfig:
     instances_per_agent: int = 1
     """Rollout worker processes serving each agent's policy."""
     kv_cache_bytes: int = 256 << 20
-    """vLLM KV-cache size of each instance, in bytes."""
+    """vLLM on CPU: KV-cache size of each instance, in bytes (on GPU the cache is what
+    gpu_memory_utilization leaves after the weights)."""
     max_model_len: int = 512
     """Longest prompt + completion, in tokens."""
+    dtype: str = "auto"
+    """Weights and activations of the engine: "auto" is float32 on CPU (log-probabilities
+    comparable with the trainer's) and bfloat16 on GPU; or float32, bfloat16, float16."""
+    tensor_parallel_size: int = 1
+    """vLLM on GPU: GPUs of one instance (on one host; see flexmarl/launch/devices.py)."""
+    gpu_memory_utilization: float = 0.85
+    """vLLM on GPU: fraction of each of its GPUs' memory the engine takes (weights,
+    activations, KV cache). With devices.colocate the trainer rank on the same GPU gets the
+    rest: then 0.3-0.5 is typical."""
+    enforce_eager: bool = True
+    """vLLM: no CUDA graphs. false on GPU captures them: faster decoding, a slower start and
+    more memory."""
+    weight_transfer: str = "auto"
+    """How a new policy version reaches the engines: "stage" (the tensors through the run,
+    loaded from a file in staging_dir: works everywhere), "nccl" (vLLM's weight-transfer engine:
+    trainer rank 0 broadcasts to the agent's instances over NCCL), "ipc" (CUDA IPC: instances
+    on their trainer's GPUs, devices.colocate). "auto": nccl when vLLM and the trainers are on
+    GPU and every agent has its own trainer slot, else stage (flexmarl.rollout.transfer)."""
     ready_timeout_s: float = 600.0
     """How long an instance may take to start (a cold vLLM start takes minutes on CPU)."""
     request_timeout_s: float = 300.0
@@ -67,7 +87,14 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         require(self.backend in BACKENDS, "rollout.backend", self.backend,
                  f"must be one of {', '.join(BACKENDS)}")
-        for name in ("instances_per_agent", "kv_cache_bytes", "max_model_len"):
+        require(self.dtype in DTYPES, "rollout.dtype", self.dtype,
+                f"must be one of {', '.join(DTYPES)}")
+        require(0 < self.gpu_memory_utilization < 1, "rollout.gpu_memory_utilization",
+                self.gpu_memory_utilization, "must be in (0, 1)")
+        require(self.weight_transfer in TRANSFERS, "rollout.weight_transfer",
+                self.weight_transfer, f"must be one of {', '.join(TRANSFERS)}")
+        for name in ("instances_per_agent", "kv_cache_bytes", "max_model_len",
+                     "tensor_parallel_size"):
             require(getattr(self, name) >= 1, f"rollout.{name}", getattr(self, name),
                      "must be >= 1")
         for name in ("ready_timeout_s", "request_timeout_s"):
@@ -75,15 +102,29 @@ class RolloutConfig:
                     "must be > 0")
         parse_cpus(self.cpus, "rollout.cpus")
 
-    def engine_config(self, model_dir: str, *, seed: int) -> EngineConfig:
-        """The settings of one instance serving the model in `model_dir`."""
+    def engine_config(self, model_dir: str, *, seed: int, transfer: str = "stage") -> EngineConfig:
+        """The settings of one instance serving the model in `model_dir` (`transfer`: the
+        run's resolved weight_transfer)."""
         return EngineConfig(backend=self.backend, model_dir=model_dir, seed=seed,
                             max_model_len=self.max_model_len, kv_cache_bytes=self.kv_cache_bytes,
-                            staging_dir=self.staging_dir)
+                            staging_dir=self.staging_dir, dtype=self.dtype,
+                            tensor_parallel_size=self.tensor_parallel_size,
+                            gpu_memory_utilization=self.gpu_memory_utilization,
+                            enforce_eager=self.enforce_eager, weight_transfer=transfer)
 
 REPLACE_ATTEMPTS = 3
 """Processes started, one after another, to replace one dead instance."""
 _MODEL_KEYS_IGNORED = {"_name_or_path", "transformers_version"}
+
+
+class DirectSync(Protocol):
+    """Weight sync where the trainer sends (GPU): `send` pushes the agent's bound trainer's
+    `version` to the instances at `addresses`; `fetch` exports its weights (for an instance
+    that joins the agent between pushes)."""
+
+    async def send(self, agent: str, version: int, addresses: list[str]) -> WeightUpdateDone: ...
+
+    async def fetch(self, agent: str) -> WeightUpdate: ...
 
 
 def model_signature(model_dir: str) -> str:
@@ -120,15 +161,24 @@ class InstancePool:
                  activity: ActivityLog | None = None, signatures: dict[str, str] | None = None,
                  weights: dict[str, dict[str, torch.Tensor]] | None = None,
                  respawn: Callable[[str, str], Awaitable[tuple[str, Connection]]] | None = None,
-                 kill: Callable[[str], None] | None = None) -> None:
+                 kill: Callable[[str], None] | None = None,
+                 direct: "DirectSync | None" = None) -> None:
         """`config` (section `rollout`) gives the request timeout, `balance` the balancer's
         settings; `activity` records each instance's busy intervals (its requests in flight).
         `signatures` (agent -> model signature) and `weights` (agent -> the weights its
         instances start with) default to what the model directories hold (the simulator,
         whose models have no files, passes both). `respawn(dead, agent)` starts a replacement
         of a dead instance for `agent` and returns its (new name, connection); `kill(name)`
-        ends an instance that stopped answering (its death then comes to instance_died)."""
+        ends an instance that stopped answering (its death then comes to instance_died).
+        `direct`: weight sync on GPU, the trainer sending to the instances itself
+        (push_direct; flexmarl.rollout.transfer)."""
         self.conns = dict(instances)
+        self.direct = direct
+        self.devices = None
+        """The run's GPU placement (flexmarl.launch.devices.DevicePlan), if any: shown in
+        status() and given the GPUs of nodes that join."""
+        self._direct_synced: set[str] = set()
+        """Agents whose served weights live only in their trainer (a direct push)."""
         self.model_dirs = dict(model_dirs)
         if signatures is None:
             signatures = {a: model_signature(d) for a, d in model_dirs.items()}
@@ -291,8 +341,9 @@ class InstancePool:
         name, conn = await self.respawn(dead, agent)
         try:
             async with self._locks[agent]:  # no weight sync of the agent meanwhile
-                if agent in self._weights:
-                    await conn.request(WeightUpdate(self.versions[agent], self._weights[agent],
+                if agent in self._weights or agent in self._direct_synced:
+                    await conn.request(WeightUpdate(self.versions[agent],
+                                                    await self._served_weights(agent),
                                                     force=True),
                                        timeout_s=self.request_timeout_s)
                 first: LoadReport = await conn.request(SubscribeLoad(), control=True,
@@ -336,7 +387,8 @@ class InstancePool:
                       "inflight": sum(bal.inflight(i) for i in bal.instances(a))}
                   for a in self.versions}
         return {"instances": instances, "agents": agents, "moves": self.moves[-recent:],
-                "moves_total": len(self.moves)}
+                "moves_total": len(self.moves),
+                "devices": self.devices.rows() if self.devices is not None else []}
 
     def take_stats(self) -> dict:
         """Since the last call: per agent request latency p50/p99 (s) and count, and tokens
@@ -369,7 +421,29 @@ class InstancePool:
                                     {**await self._served_weights(agent), **tensors})
             return report
 
+    async def push_direct(self, agent: str, version: int) -> SyncReport:
+        """Weight sync on GPU: the agent's trainer sends `version` to every instance of the
+        agent itself (pool.direct), the tensors never passing through here."""
+        async with self._locks[agent]:
+            started = now()
+            conns = self.of(agent)
+            done = await self.direct.send(agent, version, [c.address for c in conns])
+            self.versions[agent] = version
+            self._weights.pop(agent, None)
+            self._direct_synced.add(agent)
+            return SyncReport(version, done.num_bytes, now() - started,
+                              {c.address: done.load_s for c in conns})
+
     async def _served_weights(self, agent: str) -> dict[str, torch.Tensor]:
+        if agent in self._direct_synced:
+            # Pushed directly: a moved or replacement instance gets them from the trainer,
+            # which must still hold the served version (it has not stepped past it).
+            update = await self.direct.fetch(agent)
+            if update.version != self.versions[agent]:
+                raise RuntimeError(f"{agent}'s trainer holds version {update.version}, its "
+                                   f"instances serve {self.versions[agent]}: loading an "
+                                   "instance waits for the next weight sync")
+            return update.tensors
         if agent not in self._weights:  # never synced: the model directory's weights
             self._weights[agent] = await asyncio.to_thread(model_weights,
                                                            self.model_dirs[agent])

@@ -31,7 +31,7 @@ class TorchEngine:
     async def start(self) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-        dtype = getattr(torch, self.config.dtype)
+        dtype = getattr(torch, "float32" if self.config.dtype == "auto" else self.config.dtype)
         self.model = AutoModelForCausalLM.from_pretrained(self.config.model_dir, dtype=dtype)
         self.model.eval()
         self.tokenizer = AutoTokenizer.from_pretrained(self.config.model_dir)

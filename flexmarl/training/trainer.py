@@ -19,9 +19,16 @@ The model is sharded with `fully_shard` on each decoder block and then the root 
 gradients are reduced as a plain *sum* across ranks, because each rank's loss is already divided
 by the global token count (see `shard_model`). World size 1 needs no process group: the model is
 then used unsharded. The formulas themselves live in `flexmarl.training.grpo`.
+
+Precision: parameters, gradients and AdamW state are always float32 (the master weights);
+trainer.param_dtype = "bfloat16" only lowers the dtype the forward and backward compute in (FSDP2's
+MixedPrecisionPolicy when sharded, torch.autocast when not), and the log-probabilities and the loss
+are computed from float32 logits either way. trainer.activation_checkpointing and trainer.compile
+act on the policy's decoder blocks in place, so parameter names stay the checkpoint's.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -38,6 +45,8 @@ from flexmarl.protocol import TrainMicroBatch, TrainStats, TrainStepDone
 log = logging.getLogger(__name__)
 
 DEVICES = ("cpu", "cuda")
+PARAM_DTYPES = ("float32", "bfloat16", "float16")
+REDUCE_DTYPES = ("float32", "bfloat16")
 GRAD_SUM_FACTOR = 1.0
 """FSDP gradient divide factor: 1 turns the default mean over ranks into a sum."""
 
@@ -86,6 +95,26 @@ class TrainerConfig:
     reshard_after_forward: bool = True
     """FSDP: free each block's gathered parameters after its forward (less memory, one more
     all-gather in backward)."""
+    param_dtype: str = "float32"
+    """Compute dtype of forward and backward: `float32`, `bfloat16` or `float16`. The parameters
+    themselves (the master weights: FSDP's shards, what export_weights and export_state give)
+    and AdamW's state stay float32; under FSDP this is MixedPrecisionPolicy(param_dtype=...)
+    (each block's parameters are all-gathered in this dtype, its gradients come back float32),
+    unsharded (world size 1) the forward passes run under torch.autocast. The log-probabilities
+    and the loss are computed from float32 logits. `bfloat16` is the usual choice on GPUs;
+    `float16` has no loss scaling here (small gradients may underflow)."""
+    reduce_dtype: str = "float32"
+    """FSDP: dtype of the gradient reduce-scatter across ranks (MixedPrecisionPolicy.reduce_dtype),
+    `float32` or `bfloat16` (half the traffic, a coarser sum); the reduced gradient is kept
+    float32. Works on gloo (CPU) and nccl; no effect at world size 1."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder block's activations in backward instead of keeping them (much less
+    activation memory, about a third more compute): Hugging Face's non-reentrant gradient
+    checkpointing on the policy model, which keeps the parameter names."""
+    compile: bool = False
+    """torch.compile each decoder block of the policy in place (`block.compile()`, names kept):
+    faster steps after a compile of some seconds to minutes at the first micro-batch (and at
+    each new shape it cannot treat as dynamic); on CPU it needs a C++ compiler."""
 
     def __post_init__(self) -> None:
         if isinstance(self.betas, list):  # from TOML or JSON worker args
@@ -108,6 +137,13 @@ class TrainerConfig:
         _check(isinstance(self.seed, int) and not isinstance(self.seed, bool), "seed", self.seed,
                "must be an int")
         _check(self.device in DEVICES, "device", self.device, f"must be one of {DEVICES}")
+        _check(self.param_dtype in PARAM_DTYPES, "param_dtype", self.param_dtype,
+               f"must be one of {PARAM_DTYPES}")
+        _check(self.reduce_dtype in REDUCE_DTYPES, "reduce_dtype", self.reduce_dtype,
+               f"must be one of {REDUCE_DTYPES}")
+        for name in ("activation_checkpointing", "compile"):
+            _check(isinstance(getattr(self, name), bool), name, getattr(self, name),
+                   "must be true or false")
 
 
 def _check(ok: bool, name: str, value: object, rule: str) -> None:
@@ -115,25 +151,43 @@ def _check(ok: bool, name: str, value: object, rule: str) -> None:
         raise ValueError(f"trainer.{name} {rule}, got {value!r}")
 
 
-def shard_model(model: nn.Module, mesh: "dist.DeviceMesh", *, reshard_after_forward: bool) -> None:
+def decoder_blocks(model: nn.Module) -> list[nn.Module]:
+    """The model's decoder blocks (the classes its `_no_split_modules` names), in order."""
+    block_names = set(getattr(model, "_no_split_modules", None) or ())
+    return [m for m in model.modules() if type(m).__name__ in block_names]
+
+
+def shard_model(model: nn.Module, mesh: "dist.DeviceMesh", *, reshard_after_forward: bool,
+                param_dtype: str = "float32", reduce_dtype: str = "float32") -> None:
     """FSDP2: `fully_shard` each decoder block, then the root (embeddings, final norm, head).
 
     Every rank's loss is already divided by the *global* token count, so the full gradient is the
     sum of the ranks' gradients. FSDP's default reduction averages (divides by world size); a
     divide factor of 1 with sum-only collectives makes it a plain sum with no extra scaling pass
-    (gloo has no AVG or PREMUL_SUM reduction, so the sum-only form is also what runs on CPU).
-    """
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+    (gloo has no AVG or PREMUL_SUM reduction, so the sum-only form is also what runs on CPU; gloo
+    sums bfloat16 too).
 
-    block_names = set(getattr(model, "_no_split_modules", None) or ())
-    blocks = [m for m in model.modules() if type(m).__name__ in block_names]
+    `param_dtype` / `reduce_dtype` (trainer.param_dtype / reduce_dtype) other than float32 give
+    every fully_shard a MixedPrecisionPolicy: blocks compute in param_dtype, the sharded
+    parameters and their gradients stay float32, and the root's outputs (the logits) are cast
+    back to float32. All float32 (the default) passes no policy at all.
+    """
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    blocks = decoder_blocks(model)
     if not blocks:
         raise ValueError(f"{type(model).__name__} names no decoder block class in "
                          "_no_split_modules; FSDP needs the blocks to shard one by one")
+    block_mp, root_mp = {}, {}
+    if (param_dtype, reduce_dtype) != ("float32", "float32"):
+        policy = dict(param_dtype=getattr(torch, param_dtype),
+                      reduce_dtype=getattr(torch, reduce_dtype))
+        block_mp = {"mp_policy": MixedPrecisionPolicy(**policy)}
+        root_mp = {"mp_policy": MixedPrecisionPolicy(**policy, output_dtype=torch.float32)}
     for block in blocks:
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, **block_mp)
     # The root's parameters are needed again at once by backward: keep them gathered.
-    fully_shard(model, mesh=mesh, reshard_after_forward=False)
+    fully_shard(model, mesh=mesh, reshard_after_forward=False, **root_mp)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(GRAD_SUM_FACTOR)
@@ -211,6 +265,7 @@ class GRPOTrainer:
         self.trained_names = freeze_all_but(model, self.config.train_layers)
         """Parameter names that train (all of them unless trainer.train_layers)."""
         model.train()
+        self._speed_up(model)
         self._place(model, empty, reshard_after_forward=self.config.reshard_after_forward)
         self.model = model
         self.reference = self._reference(model_dir, empty) if self.config.kl_coef > 0 else None
@@ -229,6 +284,33 @@ class GRPOTrainer:
         # The same shards as the policy: its forward is collective too.
         self._place(ref, empty, reshard_after_forward=True)
         return ref
+
+    def _speed_up(self, model: nn.Module) -> None:
+        """trainer.activation_checkpointing and trainer.compile on the policy's decoder blocks,
+        before sharding; both act in place, so every parameter keeps its checkpoint name (what
+        export_weights, export_state and the parking module's layouts go by)."""
+        c = self.config
+        if c.activation_checkpointing:
+            if not getattr(model, "supports_gradient_checkpointing", False):
+                raise ValueError(f"trainer.activation_checkpointing: {type(model).__name__} does "
+                                 "not support Hugging Face gradient checkpointing")
+            # Non-reentrant: works with inputs that need no gradient, FSDP's hooks and autocast.
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.config.use_cache = False
+            # Transformers also makes the embeddings' output require grad (for the reentrant
+            # form and adapters): with frozen embeddings and blocks (train_layers) that would run
+            # backward, and recompute, through every frozen block. The non-reentrant form needs
+            # no such hook.
+            if hasattr(model, "disable_input_require_grads"):
+                model.disable_input_require_grads()
+        if c.compile:
+            blocks = decoder_blocks(model)
+            if not blocks:
+                raise ValueError(f"trainer.compile: {type(model).__name__} names no decoder "
+                                 "block class in _no_split_modules")
+            for block in blocks:
+                block.compile()  # in place (torch.compile(block) would add "_orig_mod.")
 
     def _place(self, model: nn.Module, empty: bool, *, reshard_after_forward: bool) -> None:
         """Onto this rank's device, sharded. An empty (meta) model is sharded first and then
@@ -254,7 +336,17 @@ class GRPOTrainer:
         if self.sharded:
             from torch.distributed.device_mesh import init_device_mesh
             mesh = init_device_mesh(self.device.type, (self.world_size,))
-            shard_model(model, mesh, reshard_after_forward=reshard_after_forward)
+            shard_model(model, mesh, reshard_after_forward=reshard_after_forward,
+                        param_dtype=self.config.param_dtype,
+                        reduce_dtype=self.config.reduce_dtype)
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        """Unsharded, param_dtype below float32: the forward passes under torch.autocast (FSDP's
+        MixedPrecisionPolicy does it when sharded; float32 needs nothing)."""
+        if self.sharded or self.config.param_dtype == "float32":
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type,
+                              dtype=getattr(torch, self.config.param_dtype))
 
     # ------------------------------------------------------------------ training
 
@@ -281,21 +373,28 @@ class GRPOTrainer:
                                "at the start of each global batch")
         c = self.config
         rows = self._my_rows(mb)
-        out = self.model(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"],
-                         use_cache=False)
+        with self._autocast():
+            out = self.model(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"],
+                             use_cache=False)
+        # Log-probabilities, and so the loss, from float32 logits whatever the compute dtype
+        # (and no reference kept to lower-precision logits through backward).
+        logits = out.logits.float()
+        del out
         scoring = self._scoring(rows)
-        logprobs = token_logprobs(out.logits, rows["input_ids"], **scoring)
+        logprobs = token_logprobs(logits, rows["input_ids"], **scoring)
         ref, kl_logprobs = rows.get("ref_logprobs"), None
         if c.kl_coef > 0 and ref is None:
             # KL to the frozen initial weights, both at the rows' temperatures and untruncated:
             # a truncated reference can give a sampled token probability 0 (an infinite KL).
             plain = {"temperature": scoring["temperature"]}
             if len(scoring) > 1:
-                kl_logprobs = token_logprobs(out.logits, rows["input_ids"], **plain)
+                kl_logprobs = token_logprobs(logits, rows["input_ids"], **plain)
             with torch.no_grad():
-                ref_out = self.reference(input_ids=rows["input_ids"],
-                                         attention_mask=rows["attention_mask"], use_cache=False)
-                ref = token_logprobs(ref_out.logits, rows["input_ids"], **plain)
+                with self._autocast():
+                    ref_out = self.reference(input_ids=rows["input_ids"],
+                                             attention_mask=rows["attention_mask"],
+                                             use_cache=False)
+                ref = token_logprobs(ref_out.logits.float(), rows["input_ids"], **plain)
         loss, metrics = grpo_loss(
             logprobs, rows["old_logprobs"], rows["advantages"], rows["response_mask"],
             normaliser=self._normaliser, clip_eps=c.clip_eps, clip_eps_high=c.clip_eps_high,
@@ -303,7 +402,7 @@ class GRPOTrainer:
             kl_logprobs=kl_logprobs)
         loss.backward()
         mask = rows["response_mask"].bool()
-        entropy = token_entropy(out.logits, scoring["temperature"])[mask].sum().item()
+        entropy = token_entropy(logits, scoring["temperature"])[mask].sum().item()
         # Metrics are means over this rank's tokens: sum them up as totals across ranks.
         n = metrics["num_tokens"]
         totals = torch.tensor([loss.item(), n, metrics["clip_frac"] * n,

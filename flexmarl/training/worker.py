@@ -2,9 +2,10 @@
 
 Every rank is a worker process started by `runtime.supervisor.Supervisor` with entry point
 `flexmarl.training.worker:trainer_worker` and WorkerSpec.args {"rank", "world_size",
-"init_method" (e.g. file:///tmp/x/store, a FileStore the caller owns), "model_dir" and "config"
-(TrainerConfig fields) of its agent, optional "agent" (its name: needed to park it),
-"collective_timeout_s", "drain_timeout_s", "num_threads"}.
+"init_method" (e.g. file:///tmp/x/store, a FileStore the caller owns), "config" (TrainerConfig
+fields: the slot's device and process group come from it), optional "model_dir" and "agent"
+(its name: needed to park it), "collective_timeout_s", "drain_timeout_s", "num_threads",
+"memory_fraction" (of its GPU, when it shares it with an engine)}.
 Without model_dir the group is an empty trainer slot: SwapIn binds it to an agent, SwapOut
 parks it. Clients talk to rank 0 only; rank 0 replays each command to the followers with
 torch.distributed broadcasts of plain tensors (no pickle), so every rank makes the same
@@ -50,6 +51,7 @@ import importlib
 import json
 import logging
 import math
+import os
 import queue
 import threading
 import time
@@ -64,9 +66,9 @@ from runtime.actor import Actor, handler
 from runtime.codec import Envelope
 from runtime.worker import WorkerContext
 from flexmarl.protocol import (DropParked, ExportState, ExportWeights, FetchShards, Parked,
-                               ShardData, SwapDone, SwapIn, SwapOut, TrainBeginBatch,
-                               TrainMicroBatch, TrainState, TrainStats, TrainStep,
-                               TrainStepDone, WeightUpdate)
+                               SendWeights, ShardData, SwapDone, SwapIn, SwapOut,
+                               TrainBeginBatch, TrainMicroBatch, TrainState, TrainStats,
+                               TrainStep, TrainStepDone, WeightUpdate, WeightUpdateDone)
 from flexmarl.training.parking import (HostState, fill, park, prepare_pull, pull_plan,
                                        set_rng, sharded_here, slices, unpark)
 from flexmarl.training.trainer import GRPOTrainer, TrainerConfig
@@ -104,6 +106,7 @@ class Command(IntEnum):
     SWAP_OUT = 10
     EXPORT_STATE = 11
     DROP = 12  # a = bytes of the agent's name that follows
+    SEND_WEIGHTS = 13  # a = bytes of the JSON spec (flexmarl.rollout.transfer) that follows
 
 
 class CommandThread:
@@ -173,6 +176,10 @@ class _Rank:
         self.transport = None
         self.loop = asyncio.get_running_loop()
         self.device = torch.device("cpu")
+        self.placed = ""
+        """Device, process-group backend and visible GPUs (SwapDone.device)."""
+        self.sender = None
+        """Direct weight sync's trainer engine (flexmarl.rollout.transfer), made at first use."""
         self.thread = CommandThread(f"trainer-rank{self.rank}")
         self.ready = self.thread.submit(lambda: self._init(args))
 
@@ -182,9 +189,22 @@ class _Rank:
         if args.get("num_threads"):
             torch.set_num_threads(int(args["num_threads"]))
         if self.config.device == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError(
+                    "trainer.device is 'cuda' but this trainer process sees no CUDA device "
+                    f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}, "
+                    f"torch {torch.__version__}); install a CUDA build of torch (make "
+                    "TORCH=torch EXTRAS=dev,gpu setup) or set trainer.device = 'cpu'")
+            # The placement gives each rank its own GPU (CUDA_VISIBLE_DEVICES: it is device
+            # 0 here); without one, ranks of a machine share its GPUs in rank order.
             torch.cuda.set_device(self.rank % torch.cuda.device_count())
             self.device = torch.device("cuda", torch.cuda.current_device())
+            if args.get("memory_fraction"):  # devices.colocate: the engine has the rest
+                torch.cuda.set_per_process_memory_fraction(float(args["memory_fraction"]),
+                                                           self.device)
         backend = "nccl" if self.config.device == "cuda" else "gloo"
+        self.placed = (f"{self.device} {backend} visible="
+                       f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'all')}")
         timeout = timedelta(seconds=self.timeout_s)
         if args["init_method"].startswith("store://"):
             # Ranks on several nodes: the run hosts a TCPStore (store://HOST:PORT/PREFIX);
@@ -206,10 +226,16 @@ class _Rank:
         pulled from spec["source"], restored from a whole state, or a fresh trainer. A rank
         that fails still meets the others at the end, so all of them fail alike and the
         group stays in step (the slot then stays empty)."""
+        config = TrainerConfig(**spec["config"])
+        if config.device != self.device.type:
+            raise RuntimeError(f"SwapIn of {spec['agent']} with trainer.device = "
+                               f"{config.device!r} into a slot started on {self.placed}: a "
+                               "slot's device and process group are fixed at its start (its "
+                               "worker args' config)")
         if self.trainer is not None:
             raise RuntimeError(f"slot holds agent {self.agent!r}; SwapOut before SwapIn")
         started = time.perf_counter()
-        self.config = TrainerConfig(**spec["config"])
+        self.config = config
         agent = spec["agent"]
         error: Exception | None = None
         trainer, num_bytes, how = None, 0, ""
@@ -230,7 +256,8 @@ class _Rank:
             raise RuntimeError(f"SwapIn of {agent}: another rank of this trainer group failed "
                                "(its log says why); the slot stays empty")
         self.trainer, self.agent = trainer, agent
-        return SwapDone(num_bytes=total, seconds=time.perf_counter() - started, how=how)
+        return SwapDone(num_bytes=total, seconds=time.perf_counter() - started, how=how,
+                        device=self.placed)
 
     def _restore(self, spec: dict[str, Any], tensors: dict, meta: dict
                  ) -> tuple[GRPOTrainer, int, str]:
@@ -367,6 +394,21 @@ class _Rank:
         t = torch.tensor([n, int(failed)], dtype=torch.int64, device=self.device)
         dist.all_reduce(t)
         return int(t[0]), bool(t[1])
+
+    def send_weights(self, spec: dict[str, Any]) -> WeightUpdateDone:
+        """The bound agent's weights straight to its rollout instances through vLLM's
+        weight-transfer engine (a collective: every rank gathers each parameter in turn)."""
+        from flexmarl.rollout.transfer import Sender
+
+        tr = self._bound("SendWeights")
+        if tr.version != spec["version"]:
+            raise RuntimeError(f"SendWeights of version {spec['version']} but the trainer of "
+                               f"{self.agent} holds version {tr.version}")
+        if self.sender is None:
+            self.sender = Sender(self.rank, self.loop, self.transport, self.timeout_s)
+        tied = bool(getattr(tr.model.config, "tie_word_embeddings", False))
+        num_bytes, seconds = self.sender.send(tr.model, spec, tied)
+        return WeightUpdateDone(tr.version, num_bytes, seconds)
 
     def export_state(self) -> TrainState:
         """The agent's whole state (collective); the slot keeps it."""
@@ -507,6 +549,18 @@ class TrainerWorker(Actor):
 
         return await self.group.thread.submit(lead)
 
+    @handler(SendWeights)
+    async def on_send_weights(self, msg: SendWeights, env: Envelope) -> WeightUpdateDone:
+        from flexmarl.rollout.transfer import free_port
+
+        # The group's rendezvous is on this machine, at the host the instances reach us at.
+        host = self.address.removeprefix("tcp://").rpartition(":")[0] \
+            if self.address.startswith("tcp://") else "127.0.0.1"
+        spec = {"version": msg.version, "instances": list(msg.instances),
+                "backend": msg.backend, "tensor_parallel_size": msg.tensor_parallel_size,
+                "dtype": msg.dtype, "host": host, "port": free_port(host)}
+        return await self._with_spec(Command.SEND_WEIGHTS, spec, lambda g: g.send_weights(spec))
+
     @handler(SwapOut)
     async def on_swap_out(self, msg: SwapOut, env: Envelope) -> Parked:
         return await self._command(Command.SWAP_OUT)
@@ -570,10 +624,15 @@ class TrainerFollower(Actor):
             cmd = Command(cmd_code)
             mb = _unpack(g, a, b, c) if cmd is Command.MICRO_BATCH else None
             try:
-                if cmd in (Command.SWAP_IN, Command.DROP):
+                if cmd in (Command.SWAP_IN, Command.DROP, Command.SEND_WEIGHTS):
                     blob = g.broadcast(torch.empty(a, dtype=torch.uint8, device=g.device))
                     spec = json.loads(bytes(blob.cpu().numpy()))
-                    g.swap_in(spec, {}, {}) if cmd is Command.SWAP_IN else g.drop(spec)
+                    if cmd is Command.SWAP_IN:
+                        g.swap_in(spec, {}, {})
+                    elif cmd is Command.DROP:
+                        g.drop(spec)
+                    else:
+                        g.send_weights(spec)
                     continue
                 g.execute(cmd, mb, a)
             except Exception as exc:  # rank 0 failed alike and told its client, with traceback
@@ -613,6 +672,7 @@ class TrainerFollower(Actor):
     on_swap_out = _refusing(SwapOut)
     on_drop_parked = _refusing(DropParked)
     on_export_state = _refusing(ExportState)
+    on_send_weights = _refusing(SendWeights)
 
 
 def _check_micro_batch(mb: TrainMicroBatch) -> None:

@@ -193,16 +193,17 @@ function renderInstances(instances) {
   const rows = list.map(([name, i]) => [
     h("span", {}, name, i.draining ? h("span", { class: "badge draining" }, "draining") : null),
     agentTag(i.agent), countBar(i.queued, max, "queued"), countBar(i.running, max, "running"),
-    countBar(i.inflight, max, "inflight"), meter(i.util),
+    countBar(i.inflight, max, "inflight"), meter(i.util), i.gpus || "cpu",
   ]);
-  fill("instances", table(["instance", "agent", "queued", "running", "inflight", "util"], rows, "no rollout instances"));
+  fill("instances", table(["instance", "agent", "queued", "running", "inflight", "util", "gpus"], rows, "no rollout instances"));
 }
 
 function renderSlots(slots) {
   const rows = Object.entries(slots).map(([name, s]) => [
     name, fmtInt(s.ranks), agentTag(s.agent, "idle"), agentTag(s.resident, "empty"), meter(s.util),
+    s.gpus || "cpu",
   ]);
-  fill("slots", table(["slot", "ranks", "bound", "resident", "util"], rows, "no trainer slots"));
+  fill("slots", table(["slot", "ranks", "bound", "resident", "util", "gpus"], rows, "no trainer slots"));
 }
 
 // A small line chart of `series` ([{name, color, dash, points: [[x, y|null], ...]}]); a null y

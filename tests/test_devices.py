@@ -1,0 +1,329 @@
+"""The device placement planner (flexmarl.launch.devices): pure logic, no GPU needed."""
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from flexmarl.checks import ConfigError
+from flexmarl.launch.devices import (Ask, DevicePlan, DevicesConfig, Host, PlacementError,
+                                     parse_gpus, plan_devices)
+
+
+def instances(agent: str, n: int, tp: int = 1, start: int = 0) -> list[Ask]:
+    return [Ask(f"rollout-{start + i}", "rollout", tp, label=agent) for i in range(n)]
+
+
+def slot(k: int, ranks: int) -> list[Ask]:
+    return [Ask(f"trainer-{k}-{r}", "trainer", group=f"trainer-{k}") for r in range(ranks)]
+
+
+def check_valid(plan: DevicePlan, asks: list[Ask]) -> None:
+    """Every ask seated with its count of GPUs, on a host of its role; no GPU shared (with
+    colocate: shares of at most 1 per GPU, and a slot's ranks on distinct GPUs)."""
+    hosts = {h.name: h for h in plan.hosts}
+    assert set(plan.seats) == {a.worker for a in asks}
+    used, ranks = Counter(), Counter()
+    for ask in asks:
+        seat = plan.seats[ask.worker]
+        assert len(seat.devices) == ask.gpus == len(set(seat.devices))
+        assert hosts[seat.host].serves(ask.role)
+        assert set(seat.devices) <= set(hosts[seat.host].gpus)
+        for d in seat.devices:
+            used[(seat.host, d)] += ask.memory if plan.colocate else 1.0
+            if ask.group:
+                ranks[(ask.group, seat.host, d)] += 1
+    assert max(used.values(), default=1) <= 1 + 1e-9
+    assert max(ranks.values(), default=1) == 1
+
+
+def test_the_default_team_gets_one_gpu_per_worker():
+    asks = instances("solver", 1) + instances("checker", 1, start=1) + slot(0, 1) + slot(1, 1)
+    plan = plan_devices([Host("local", (0, 1, 2, 3))], asks)
+    check_valid(plan, asks)
+    assert sorted(d for s in plan.seats.values() for d in s.devices) == [0, 1, 2, 3]
+    assert plan.env("rollout-0") == {"CUDA_VISIBLE_DEVICES": str(plan.seats["rollout-0"].devices[0])}
+    assert plan.env("a-cpu-worker") == {}  # no seat: nothing set, it runs on CPU
+    assert list(plan.seats) == [a.worker for a in asks]  # the table reads like the config
+
+
+def test_tensor_parallel_instances_and_whole_slots_stay_on_one_host():
+    hosts = [Host("a", tuple(range(8))), Host("b", tuple(range(8)))]
+    asks = (instances("big", 2, tp=4) + instances("small", 3, start=2) + slot(0, 4) +
+            slot(1, 1))
+    plan = plan_devices(hosts, asks)
+    check_valid(plan, asks)
+    slot0 = {plan.seats[f"trainer-0-{r}"].host for r in range(4)}
+    assert len(slot0) == 1
+    big = plan.seats["rollout-0"]
+    assert big.devices == tuple(range(big.devices[0], big.devices[0] + 4))  # contiguous
+    assert "CUDA_VISIBLE_DEVICES" in plan.env("rollout-1")
+    assert len(plan.env("rollout-1")["CUDA_VISIBLE_DEVICES"].split(",")) == 4
+
+
+def test_nodes_host_only_their_role():
+    hosts = [Host("r1", tuple(range(8)), ("rollout",)), Host("r2", tuple(range(8)), ("rollout",)),
+             Host("t1", tuple(range(8)), ("trainer",))]
+    asks = instances("a", 4, tp=2) + instances("b", 8, start=4) + slot(0, 4) + slot(1, 4)
+    plan = plan_devices(hosts, asks)
+    check_valid(plan, asks)
+    assert {plan.host(a.worker) for a in asks if a.role == "trainer"} == {"t1"}
+    assert {plan.host(a.worker) for a in asks if a.role == "rollout"} == {"r1", "r2"}
+
+
+def test_a_slot_too_big_for_one_host_spreads_its_ranks():
+    hosts = [Host("t1", (0, 1, 2, 3), ("trainer",)), Host("t2", (0, 1, 2, 3), ("trainer",)),
+             Host("r", (0, 1), ("rollout",))]
+    asks = instances("a", 2) + slot(0, 6)
+    plan = plan_devices(hosts, asks)
+    check_valid(plan, asks)
+    assert Counter(plan.host(f"trainer-0-{r}") for r in range(6)) == {"t1": 3, "t2": 3}
+
+
+def test_not_enough_gpus_is_one_error_listing_what_was_asked_and_what_exists():
+    asks = instances("a", 2, tp=2) + instances("b", 2, start=2) + slot(0, 2) + slot(1, 2)
+    with pytest.raises(PlacementError) as err:
+        plan_devices([Host("local", tuple(range(8)))], asks)
+    msg = str(err.value)
+    assert "asks for 10 GPUs" in msg and "4 rollout instances x tensor_parallel_size 1/2 = 6" in msg
+    assert "2 trainer slots with 4 ranks = 4" in msg and "8 exist (local (any): 8 (0-7))" in msg
+    assert "devices.colocate = true" in msg and "rollout.tensor_parallel_size" in msg
+    assert isinstance(err.value, ConfigError)  # the CLI reports it as a config error
+
+
+def test_an_instance_whose_gpus_are_on_no_single_host_is_named():
+    hosts = [Host("a", (0, 1, 2)), Host("b", (0, 1, 2))]
+    with pytest.raises(PlacementError, match=r"asks for 4 GPUs.*6 exist.*rollout-0 \(4 GPUs on "
+                                             r"one host\) finds no host"):
+        plan_devices(hosts, instances("big", 1, tp=4))
+
+
+def test_no_gpu_at_all():
+    with pytest.raises(PlacementError, match=r"no GPU here: the run asks for 2 GPUs.*0 exist "
+                                             r"\(local \(any\): 0 \(none\)\).*trainer.device"):
+        plan_devices([Host("local", ())], slot(0, 2))
+
+
+def test_colocate_shares_gpus_by_memory_and_puts_instances_near_their_trainer():
+    def team(n_agents: int, rollout: float, trainer: float) -> list[Ask]:
+        asks = [a for k in range(n_agents)
+                for a in (Ask(f"trainer-{k}-0", "trainer", group=f"trainer-{k}", memory=trainer),)]
+        return asks + [Ask(f"rollout-{k}", "rollout", label=f"agent{k}", memory=rollout,
+                           near=f"trainer-{k}") for k in range(n_agents)]
+
+    asks = team(4, 0.5, 0.4)
+    plan = plan_devices([Host("local", (0, 1, 2, 3))], asks, colocate=True)
+    check_valid(plan, asks)
+    # Each instance on its own agent's trainer GPU (CUDA IPC weight sync needs that); the
+    # trainers spread first, one per GPU.
+    assert [plan.seats[f"rollout-{k}"].devices for k in range(4)] == \
+        [plan.seats[f"trainer-{k}-0"].devices for k in range(4)]
+    assert len({plan.seats[f"trainer-{k}-0"].devices for k in range(4)}) == 4
+    assert plan.paired({f"agent{k}": f"trainer-{k}" for k in range(4)})
+    assert "(50% of each)" in plan.table()
+    # The default team on one GPU (the check bench/gpu_check.py runs on a single GPU).
+    one = plan_devices([Host("local", (0,))], team(2, 0.3, 0.2), colocate=True)
+    assert {s.devices for s in one.seats.values()} == {(0,)}
+    with pytest.raises(PlacementError, match=r"asks for 4 GPUs .*at their memory shares.*3 exist"
+                                             r".*devices.trainer_memory_fraction"):
+        plan_devices([Host("local", (0, 1, 2))], asks, colocate=True)
+    # A slot's ranks never share a GPU (NCCL needs one per rank), even with room.
+    with pytest.raises(PlacementError):
+        plan_devices([Host("local", (0,))], [Ask(f"trainer-0-{r}", "trainer", group="trainer-0",
+                                                 memory=0.1) for r in range(2)], colocate=True)
+    # Without colocate an instance and a rank never share.
+    with pytest.raises(PlacementError, match="or devices.colocate = true"):
+        plan_devices([Host("local", (0,))], team(1, 0.3, 0.2))
+
+
+def test_a_replacement_takes_the_dead_workers_gpus_and_a_new_node_gets_new_instances():
+    asks = instances("a", 2) + slot(0, 2)
+    plan = plan_devices([Host("local", (0, 1, 2, 3))], asks)
+    old = plan.seats["rollout-1"].devices
+    plan.replace("rollout-1", "rollout-7")
+    assert "rollout-1" not in plan.seats and plan.seats["rollout-7"].devices == old
+    assert plan.take(Ask("rollout-8", "rollout")) is None  # every GPU is taken
+    plan.add_host(Host("node-2", (0, 1), ("rollout",)))
+    seat = plan.take(Ask("rollout-8", "rollout", label="a"), host="node-2")
+    assert seat is not None and (seat.host, seat.devices) == ("node-2", (0,))
+    assert plan.take(Ask("trainer-9-0", "trainer"), host="node-2") is None  # a rollout node
+    assert "rollout-8" in plan.table() and "unused: node-2: 1" in plan.table()
+    assert {"worker": "rollout-8", "role": "rollout", "serves": "a", "host": "node-2",
+            "gpus": [0], "memory": 1.0} in plan.rows()
+
+
+def test_parse_gpus():
+    assert parse_gpus("auto") is None and parse_gpus("auto", visible=3) == (0, 1, 2)
+    assert parse_gpus("none", visible=8) == ()
+    assert parse_gpus("0-2,5", visible=8) == (0, 1, 2, 5)
+    with pytest.raises(ConfigError, match=r'names GPUs \[4\] but 4 are visible here \(0-3\)'):
+        parse_gpus("0,4", visible=4)
+    with pytest.raises(ConfigError, match=r"names GPUs \[0\] but 0 are visible here \(none\)"):
+        parse_gpus("0", visible=0)
+    for bad in ("gpu0", "3-1", "-1", ""):
+        with pytest.raises(ConfigError, match="devices.gpus must be"):
+            DevicesConfig(gpus=bad)
+
+
+@settings(max_examples=300, deadline=None)  # pure and fast; no deadline on a shared machine
+@given(st.lists(st.tuples(st.integers(0, 8), st.sampled_from(["any", "rollout", "trainer"])),
+                min_size=1, max_size=4),
+       st.lists(st.integers(1, 4), max_size=6), st.lists(st.integers(1, 6), max_size=4),
+       st.booleans())
+def test_any_plan_is_valid_and_one_gpu_asks_fail_only_without_room(hosts, tps, slots, colocate):
+    hs = [Host(f"h{i}", tuple(range(n)), (role,)) for i, (n, role) in enumerate(hosts)]
+    share = 0.5 if colocate else 1.0
+    asks = [Ask(f"rollout-{i}", "rollout", tp, memory=share) for i, tp in enumerate(tps)]
+    for k, ranks in enumerate(slots):
+        asks += [Ask(f"trainer-{k}-{r}", "trainer", group=f"trainer-{k}", memory=share)
+                 for r in range(ranks)]
+    try:
+        plan = plan_devices(hs, asks, colocate=colocate)
+    except PlacementError:
+        if all(tp == 1 for tp in tps) and all(h.roles == ("any",) for h in hs) and not colocate:
+            # No host constraint at all: only capacity can be short.
+            assert len(asks) > sum(len(h.gpus) for h in hs)
+        return
+    check_valid(plan, asks)
+
+
+# ----------------------------------------------------------------------------- the run's wiring
+
+def _config(*sets: str):
+    from flexmarl.config.load import load_config
+    return load_config(None, list(sets))
+
+
+def _team():
+    from flexmarl.team import load_team
+    return load_team(_config().team.path)
+
+
+def test_the_run_places_vllm_instances_and_cuda_trainers_and_picks_the_weight_sync():
+    from flexmarl.launch.placement import plan_gpus
+
+    team, four = _team(), [Host("local", (0, 1, 2, 3))]
+    gpus = plan_gpus(_config("trainer.device=cuda"), team, [1, 1], four)
+    assert gpus.transfer == "nccl" and gpus.rollout and gpus.trainer
+    assert sorted(gpus.plan.seats) == ["rollout-0", "rollout-1", "trainer-0-0", "trainer-1-0"]
+    assert {s.label for s in gpus.plan.seats.values()} >= {a.name for a in team.agents}
+    colocated = plan_gpus(_config("trainer.device=cuda", "devices.colocate=true",
+                                  "rollout.gpu_memory_utilization=0.3",
+                                  "devices.trainer_memory_fraction=0.2"), team, [1, 1],
+                          [Host("local", (0,))])
+    assert colocated.transfer == "ipc"
+    assert {s.devices for s in colocated.plan.seats.values()} == {(0,)}
+    # A shared trainer pool: instances are not with their agent's trainer, so no IPC (and
+    # NCCL cannot join two processes on one GPU): weights go the staged way.
+    pooled = plan_gpus(_config("trainer.device=cuda", "devices.colocate=true",
+                               "trainer_pool.slots=1", "rollout.gpu_memory_utilization=0.3",
+                               "devices.trainer_memory_fraction=0.2"), team, [1], four)
+    assert pooled.transfer == "stage"
+    with pytest.raises(ConfigError, match="needs every instance on a GPU of its agent's"):
+        plan_gpus(_config("trainer.device=cuda", "devices.colocate=true", "trainer_pool.slots=1",
+                          "rollout.weight_transfer=ipc"), team, [1], four)
+    # Trainers on CPU: vLLM still gets the GPUs, weights go the staged way.
+    cpu_train = plan_gpus(_config(), team, [1, 1], four)
+    assert (cpu_train.transfer, cpu_train.trainer, len(cpu_train.plan.seats)) == ("stage", False, 2)
+    # No GPU and nothing asks for one: no placement at all (this machine's case).
+    assert plan_gpus(_config(), team, [1, 1], [Host("local", ())]).plan is None
+    with pytest.raises(PlacementError, match="no GPU here"):
+        plan_gpus(_config("trainer.device=cuda"), team, [1, 1], [Host("local", ())])
+
+
+def test_each_worker_starts_with_its_gpus_its_node_and_the_trainer_config(tmp_path):
+    from flexmarl.launch.placement import _Workers, plan_gpus
+
+    config = _config("trainer.device=cuda", "trainer.lr=3e-5", "rollout.tensor_parallel_size=2")
+    team = _team()
+    hosts = [Host("local", tuple(range(6)))]
+    gpus = plan_gpus(config, team, [1, 1], hosts)
+    workers = _Workers(object(), config, {a.name: "/m" for a in team.agents}, str(tmp_path),
+                       [1, 1], gpus)
+    first = workers.rollout(team.agents[0].name)
+    assert first.name == "rollout-0" and first.node == ""  # local workers: no node
+    assert first.env["CUDA_VISIBLE_DEVICES"] == "0,1"  # largest asks first: the TP-2 instances
+    assert (first.args["tensor_parallel_size"], first.args["weight_transfer"]) == (2, "nccl")
+    rank = workers.trainer_slot(1)[0]
+    assert rank.args["config"]["device"] == "cuda" and rank.args["config"]["lr"] == 3e-5
+    assert rank.env == {"CUDA_VISIBLE_DEVICES": "5"}
+    # Replacements take the dead workers' GPUs; a new instance finds none left.
+    second = workers.rollout(team.agents[1].name)
+    again = workers.rollout(team.agents[1].name, replaces=second.name)
+    assert again.env == second.env and second.name not in gpus.plan.seats
+    assert workers.trainer_slot(1, generation=1)[0].env == {"CUDA_VISIBLE_DEVICES": "5"}
+    from runtime.errors import WorkerStartError
+    with pytest.raises(WorkerStartError, match="no free GPU for a new rollout instance"):
+        workers.rollout(team.agents[0].name)
+
+
+def test_worker_gpus_are_indices_of_the_gpus_the_run_itself_sees():
+    from runtime.supervisor import visible_devices
+
+    assert visible_devices("1", None) == "1" and visible_devices("0,1", "") == "0,1"
+    assert visible_devices("0,2", "4,5,6") == "4,6"
+    with pytest.raises(ValueError, match="sees only 3"):
+        visible_devices("3", "4,5,6")
+
+
+def test_dry_run_shows_the_placement(monkeypatch):
+    import torch
+    from flexmarl.launch.cli import _gpu_placement
+
+    assert "none (GPUs used here: 0" in _gpu_placement(_config())
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    shown = _gpu_placement(_config("trainer.device=cuda"))
+    assert shown.startswith("# GPU placement (nccl weight sync):")
+    assert "# rollout-0" in shown and "# trainer-1-0" in shown
+    assert "not enough GPUs" in _gpu_placement(_config("trainer.device=cuda",
+                                                       "rollout.instances_per_agent=2"))
+    assert "made when the nodes have joined" in _gpu_placement(
+        _config("cluster.listen=tcp://127.0.0.1:5555"))
+
+
+async def test_a_trainer_slot_starts_with_the_runs_trainer_config_and_its_gpus(
+        tmp_path, tiny_model_dir):
+    """Real worker processes, as a run starts them: the [trainer] section reaches the slot at
+    start (its device and process group come from it) and so do the GPUs of its seat. On this
+    CPU machine a slot started with trainer.device = "cuda" says it sees no CUDA device,
+    which it can only say if the config got there."""
+    import dataclasses
+
+    from flexmarl.launch.placement import GpuPlan, _Workers
+    from flexmarl.protocol import SwapIn
+    from runtime.errors import RemoteError
+    from runtime.supervisor import Supervisor
+    from runtime.transport import connect
+
+    team = _team()
+    seats = plan_devices([Host("local", (0, 1))], slot(0, 1) + slot(1, 1))
+    cpu = _Workers(object(), _config(), {}, str(tmp_path), [1, 1],
+                   GpuPlan(seats, "stage", False, True))
+    cuda = _Workers(object(), _config("trainer.device=cuda"), {}, str(tmp_path), [1, 1],
+                    GpuPlan(seats, "stage", False, True))
+    specs = [cpu.trainer_slot(0)[0], cuda.trainer_slot(1)[0]]
+    agent = team.agents[0].name
+    sup = Supervisor()
+    async with sup.serving():
+        handles = await asyncio.gather(*(sup.start_worker(s) for s in specs))
+        conns = [connect(h.address) for h in handles]
+        try:
+            done = await conns[0].request(SwapIn(agent, tiny_model_dir, specs[0].args["config"]),
+                                          timeout_s=120)
+            assert done.device == "cpu gloo visible=0" and done.how == "fresh"
+            with pytest.raises(RemoteError, match=r"trainer.device is 'cuda' but this trainer "
+                                                  r"process sees no CUDA device "
+                                                  r"\(CUDA_VISIBLE_DEVICES=1"):
+                await conns[1].request(SwapIn(agent, tiny_model_dir, specs[1].args["config"]),
+                                       timeout_s=120)
+            # A slot's device is fixed at start: an agent config for another device is refused.
+            wrong = dataclasses.replace(_config().trainer, device="cuda")
+            with pytest.raises(RemoteError, match="a slot's device and process group are fixed"):
+                await conns[0].request(SwapIn("other", tiny_model_dir,
+                                              dataclasses.asdict(wrong)), timeout_s=120)
+        finally:
+            for c in conns:
+                await c.aclose()
+            await sup.stop_workers()

@@ -1,0 +1,238 @@
+"""Direct weight sync (flexmarl.rollout.transfer) on CPU: the instance side's gate, the fan-out
+client vLLM's trainer engine drives, the pool's push and what a joining instance loads, and
+the engine arguments. The NCCL/IPC bytes themselves need GPUs: tests/test_cuda.py and
+bench/gpu_check.py."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from flexmarl.checks import ConfigError
+from flexmarl.models import chat_prompt, load_model, load_tokenizer
+from flexmarl.protocol import Generate, SamplingParams, WeightTransfer, WeightUpdate, WeightUpdateDone
+from flexmarl.rollout.engine import EngineConfig
+from flexmarl.rollout.pool import InstancePool, RolloutConfig
+from flexmarl.rollout.balancer import BalancerConfig
+from flexmarl.rollout.torch_engine import TorchEngine
+from flexmarl.rollout.transfer import FanOut, Sender, cast_source, rank_offsets, resolve_transfer
+from flexmarl.rollout.vllm_engine import engine_args
+from flexmarl.rollout.worker import RolloutWorker
+from runtime.errors import RemoteError
+from runtime.transport import connect
+
+TIMEOUT_S = 60.0
+"""Generous: every call here is in-process and takes milliseconds."""
+
+
+class TransferEngine(TorchEngine):
+    """The torch engine with a weight-transfer engine that records its phases; "update" waits
+    for `release` (the trainer's broadcast) and then perturbs the weights, as a received update
+    would."""
+
+    def __init__(self, config: EngineConfig, release: asyncio.Event | None = None) -> None:
+        super().__init__(config)
+        self.phases: list[tuple[str, dict]] = []
+        self.release = release or asyncio.Event()
+        self.fail_in: str = ""
+
+    async def transfer(self, phase: str, info: dict) -> None:
+        self.phases.append((phase, info))
+        if phase == self.fail_in:
+            raise RuntimeError(f"broken {phase}")
+        if phase == "update":
+            await self.release.wait()
+            with torch.no_grad():
+                for p in self.model.parameters():
+                    p.add_(0.05)
+
+
+@pytest.fixture
+def prompt(tiny_model_dir) -> list[int]:
+    return chat_prompt(load_tokenizer(tiny_model_dir), "Compute 12+34.")
+
+
+async def test_an_instance_takes_no_request_between_start_and_finish(tiny_model_dir, prompt):
+    engine = TransferEngine(EngineConfig(model_dir=tiny_model_dir))
+    worker = RolloutWorker("r0", "inproc://direct-gate", engine)
+    params = SamplingParams(n=2, temperature=0, max_tokens=6)
+    async with worker.serving(), connect(worker.address) as conn:
+        first = await conn.request(Generate("a", prompt_ids=prompt, params=params))
+        with pytest.raises(RemoteError, match="without \"start\" first"):
+            await conn.request(WeightTransfer("update", 1), timeout_s=TIMEOUT_S)
+        await conn.request(WeightTransfer("start", 1), timeout_s=TIMEOUT_S)
+        during = asyncio.ensure_future(conn.request(Generate("b", prompt_ids=prompt, params=params)))
+        update = asyncio.ensure_future(conn.request(WeightTransfer("update", 1, {"names": ["x"]}),
+                                                    timeout_s=TIMEOUT_S))
+        await asyncio.sleep(0.2)
+        assert not during.done() and worker.queued == 1 and worker.version == 0
+        engine.release.set()
+        await update
+        assert not during.done()  # received, but the gate opens only at finish
+        done = await conn.request(WeightTransfer("finish", 1), timeout_s=TIMEOUT_S)
+        second = await during
+        assert (first.version, done.version, second.version) == (0, 1, 1)
+        assert first.samples[0].logprobs != second.samples[0].logprobs  # the new weights
+        assert [p for p, _ in engine.phases] == ["start", "update", "finish"]
+        with pytest.raises(RemoteError, match="stale weight update"):
+            await conn.request(WeightTransfer("start", 1), timeout_s=TIMEOUT_S)
+
+
+async def test_a_failed_transfer_stops_the_instance_and_opens_its_gate(tiny_model_dir):
+    """Half-received weights must never serve: the instance stops (the pool replaces it with
+    one that loads the served version); a failed "init" leaves it serving."""
+    engine = TransferEngine(EngineConfig(model_dir=tiny_model_dir))
+    engine.fail_in = "init"
+    worker = RolloutWorker("r0", "inproc://direct-fail", engine)
+    async with worker.serving(), connect(worker.address) as conn:
+        with pytest.raises(RemoteError, match="broken init"):
+            await conn.request(WeightTransfer("init", 1), timeout_s=TIMEOUT_S)
+        engine.fail_in = "update"
+        engine.release.set()
+        await conn.request(WeightTransfer("start", 1), timeout_s=TIMEOUT_S)
+        with pytest.raises(RemoteError, match="broken update"):
+            await conn.request(WeightTransfer("update", 1), timeout_s=TIMEOUT_S)
+        await asyncio.wait_for(worker.stopped.wait(), TIMEOUT_S)
+        assert worker._gate.is_set() and worker.version == 0
+
+
+async def test_the_torch_backend_has_no_transfer_engine(tiny_model_dir):
+    worker = RolloutWorker("r0", "inproc://direct-torch", TorchEngine(
+        EngineConfig(model_dir=tiny_model_dir)))
+    async with worker.serving(), connect(worker.address) as conn:
+        with pytest.raises(RemoteError, match="needs backend \"vllm\""):
+            await conn.request(WeightTransfer("start", 1), timeout_s=TIMEOUT_S)
+    with pytest.raises(ValueError, match="needs rollout.backend = \"vllm\""):
+        EngineConfig(model_dir=tiny_model_dir, weight_transfer="nccl")
+
+
+async def test_fan_out_reaches_every_instance_at_once_with_its_rank_offset(tiny_model_dir):
+    """vLLM's trainer engine calls the client from its own threads and blocks in the NCCL
+    broadcast while "update" runs: the update must reach every instance concurrently (here
+    both engines wait for one shared release, which only comes once both are in)."""
+    release = asyncio.Event()
+    engines = [TransferEngine(EngineConfig(model_dir=tiny_model_dir), release) for _ in range(2)]
+    workers = [RolloutWorker(f"r{i}", f"inproc://fan{i}", e) for i, e in enumerate(engines)]
+
+    async def both_in() -> None:
+        while sum(p == "update" for e in engines for p, _ in e.phases) < 2:
+            await asyncio.sleep(0.01)
+        release.set()
+
+    async with workers[0].serving(), workers[1].serving():
+        conns = [connect(w.address) for w in workers]
+        loop = asyncio.get_running_loop()
+        client = FanOut(loop, conns, [2, 2], version=1, timeout_s=TIMEOUT_S)
+
+        def trainer_side() -> None:  # what vLLM's NCCLTrainerWeightTransferEngine does
+            client.init_weight_transfer_engine({"master_port": 1, "world_size": 5,
+                                                "rank_offset": 1})
+            client.start_weight_update()
+            client.update_weights({"names": ["w"], "dtype_names": ["bfloat16"], "shapes": [[1]]})
+            client.finish_weight_update()
+
+        watcher = asyncio.ensure_future(both_in())
+        await asyncio.wait_for(asyncio.to_thread(trainer_side), TIMEOUT_S)
+        await watcher
+        assert [w.version for w in workers] == [1, 1]
+        assert [e.phases[0][1]["rank_offset"] for e in engines] == [1, 3]
+        assert all(e.phases[2][1]["names"] == ["w"] for e in engines)
+        assert set(client.load_s) == {c.address for c in conns}
+        for c in conns:
+            await c.aclose()
+    assert rank_offsets([1, 1, 1]) == [1, 2, 3] and rank_offsets([4, 2]) == [1, 5]
+
+
+class FakeDirect:
+    """pool.direct: records sends; its trainer holds `version` and `tensors`."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.sent: list[tuple] = []
+        self.version, self.tensors = 0, tensors
+
+    async def send(self, agent, version, addresses):
+        self.sent.append((agent, version, tuple(addresses)))
+        return WeightUpdateDone(version, 123, 0.01)
+
+    async def fetch(self, agent):
+        return WeightUpdate(self.version, self.tensors)
+
+
+async def test_the_pool_pushes_directly_and_a_joining_instance_loads_from_the_trainer(
+        tiny_model_dir):
+    tensors = load_model(tiny_model_dir).state_dict()
+    workers = [RolloutWorker(f"r{i}", f"inproc://pool-direct{i}",
+                             TorchEngine(EngineConfig(model_dir=tiny_model_dir)))
+               for i in range(2)]
+    direct = FakeDirect(tensors)
+    async with workers[0].serving(), workers[1].serving():
+        conns = {w.name: connect(w.address) for w in workers}
+        pool = InstancePool(conns, {"a": ["r0", "r1"]}, {"a": tiny_model_dir}, RolloutConfig(),
+                            BalancerConfig(), direct=direct)
+        report = await pool.push_direct("a", 1)
+        assert direct.sent == [("a", 1, tuple(c.address for c in conns.values()))]
+        assert pool.versions["a"] == 1 and report.num_bytes == 123
+        assert "a" not in pool._weights  # the tensors never came through the run
+        # A replacement or a moved instance loads the trainer's weights, but only the served
+        # version: a trainer that stepped past it is refused (no sample of a newer version).
+        direct.version = 2
+        with pytest.raises(RuntimeError, match="holds version 2, its instances serve 1"):
+            await pool._served_weights("a")
+        direct.version = 1
+        assert (await pool._served_weights("a")) is tensors
+        for c in conns.values():
+            await c.aclose()
+
+
+def test_weight_transfer_resolution():
+    assert resolve_transfer("auto", vllm_on_gpu=True, trainer_on_gpu=True, colocate=False) == "nccl"
+    assert resolve_transfer("auto", vllm_on_gpu=True, trainer_on_gpu=True, colocate=True) == "ipc"
+    assert resolve_transfer("auto", vllm_on_gpu=True, trainer_on_gpu=False, colocate=False) == "stage"
+    assert resolve_transfer("auto", vllm_on_gpu=False, trainer_on_gpu=False, colocate=False) == "stage"
+    assert resolve_transfer("stage", vllm_on_gpu=True, trainer_on_gpu=True, colocate=False) == "stage"
+    with pytest.raises(ConfigError, match="needs vLLM and the trainers on GPU"):
+        resolve_transfer("nccl", vllm_on_gpu=False, trainer_on_gpu=False, colocate=False)
+    with pytest.raises(ConfigError, match="devices.colocate = true"):
+        resolve_transfer("ipc", vllm_on_gpu=True, trainer_on_gpu=True, colocate=False)
+    with pytest.raises(ConfigError, match="rollout.weight_transfer must be one of"):
+        RolloutConfig(weight_transfer="rdma")
+    with pytest.raises(ConfigError, match="rollout.gpu_memory_utilization"):
+        RolloutConfig(gpu_memory_utilization=1.0)
+
+
+def test_engine_args_on_cpu_and_on_gpu(tiny_model_dir):
+    cfg = EngineConfig(backend="vllm", model_dir=tiny_model_dir, tensor_parallel_size=2,
+                       gpu_memory_utilization=0.4, enforce_eager=False, weight_transfer="nccl")
+    cpu, gpu = engine_args(cfg, gpu=False), engine_args(cfg, gpu=True)
+    assert cpu["dtype"] == "float32" and cpu["kv_cache_memory_bytes"] == cfg.kv_cache_bytes
+    assert "tensor_parallel_size" not in cpu and "gpu_memory_utilization" not in cpu
+    assert gpu["dtype"] == "bfloat16" and "kv_cache_memory_bytes" not in gpu
+    assert (gpu["tensor_parallel_size"], gpu["gpu_memory_utilization"],
+            gpu["enforce_eager"]) == (2, 0.4, False)
+    assert gpu["weight_transfer_config"].backend == "nccl"
+    assert "weight_transfer_config" not in engine_args(
+        EngineConfig(backend="vllm", model_dir=tiny_model_dir), gpu=True)
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    AsyncEngineArgs(**gpu)  # every key is one vLLM 0.32 takes
+
+
+def test_a_follower_rank_gathers_every_parameter_in_order_without_a_group(tiny_model_dir):
+    """Ranks other than 0 only take part in the gathers (FSDP's full_tensor collectives): vLLM's
+    trainer engine opens nothing for them, and the source sends the engine's dtype and leaves
+    a tied LM head out (vLLM ties it to the embeddings itself)."""
+    model = load_model(tiny_model_dir)
+    source = cast_source(model, torch.bfloat16, {"lm_head.weight"})
+    names = [m.name for m in source.metadata()]
+    assert names == [n for n, _ in model.named_parameters() if n != "lm_head.weight"]
+    assert all(m.dtype == torch.bfloat16 for m in source.metadata())
+    assert [(n, t.dtype) for n, t in source][:1] == [(names[0], torch.bfloat16)]
+    loop = asyncio.new_event_loop()
+    try:
+        sender = Sender(rank=1, loop=loop, transport=None, timeout_s=TIMEOUT_S)
+        spec = {"version": 1, "instances": ["tcp://10.0.0.1:1"], "backend": "nccl",
+                "tensor_parallel_size": 1, "dtype": "bfloat16", "host": "127.0.0.1", "port": 1}
+        num_bytes, _ = sender.send(model, spec, tied=True)
+        assert num_bytes == 0 and sender._client.conns == []
+    finally:
+        loop.close()

@@ -14,6 +14,19 @@ def pytest_asyncio_loop_factories(config, item):
     return {"uvloop": uvloop.new_event_loop}
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `cuda` run only where torch sees a CUDA device (a GPU machine)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason=f"needs a CUDA GPU (torch {torch.__version__} sees none); "
+                                   "run on a GPU machine: make TORCH=torch EXTRAS=dev,gpu test")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def no_leftover_children():
     """Fail a test that leaves a child process of this test process running."""

@@ -1,0 +1,141 @@
+"""On a GPU machine only (marked `cuda`; skipped where torch sees no CUDA device): training on
+CUDA in bf16, swap-out freeing GPU memory, vLLM on GPU, and a direct weight update through
+vLLM's weight-transfer engine from a real trainer slot to a real instance. Run them with
+`make TORCH=torch EXTRAS=dev,gpu,pretrained test` there; bench/gpu_check.py runs the whole
+system. They have not run yet (no GPU has been lent to this project so far): see README
+"GPU machines"."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from flexmarl.orchestrator.batch import micro_batch
+from flexmarl.training.trainer import GRPOTrainer, TrainerConfig
+
+pytestmark = pytest.mark.cuda
+
+READY_TIMEOUT_S = 600.0
+"""Generous: a cold vLLM engine with CUDA graphs off starts in well under a minute."""
+TIMEOUT_S = 120.0
+
+
+def batch(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    rows = [([1, 2, 3], torch.randint(3, 60, (5,), generator=g).tolist(),
+             (-torch.rand(5, generator=g)).tolist()) for _ in range(4)]
+    return micro_batch(rows, torch.randn(4, generator=g).tolist())
+
+
+def test_a_trainer_steps_on_cuda_in_bf16_with_float32_master_weights(tiny_model_dir):
+    trainer = GRPOTrainer(tiny_model_dir, TrainerConfig(device="cuda", lr=1e-3,
+                                                        param_dtype="bfloat16"))
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    mb = batch(0)
+    trainer.begin_batch(int(mb.response_mask.sum()))
+    stats = trainer.accumulate(mb)
+    done = trainer.step()
+    assert torch.isfinite(torch.tensor(stats.loss)) and done.version == 1 and not done.skipped
+    for name, p in trainer.model.named_parameters():
+        assert p.device.type == "cuda" and p.dtype == torch.float32
+        assert not torch.equal(p, before[name])
+    exported = trainer.export_weights()
+    assert all(t.device.type == "cpu" for t in exported.values())
+
+
+def test_swap_out_frees_the_gpu_memory_and_swap_in_restores_it_bit_for_bit(tiny_model_dir):
+    from flexmarl.training.parking import park, unpark
+
+    trainer = GRPOTrainer(tiny_model_dir, TrainerConfig(device="cuda", lr=1e-3))
+    mb = batch(1)
+    trainer.begin_batch(int(mb.response_mask.sum()))
+    trainer.accumulate(mb)
+    trainer.step()
+    state = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    held = torch.cuda.memory_allocated()
+    host = park(trainer)
+    assert torch.cuda.memory_allocated() < held - host.num_bytes // 2
+    assert all(copy.is_pinned() for _, copy in host.storages)
+    back = unpark(host)
+    assert all(torch.equal(p, state[n]) for n, p in back.model.named_parameters())
+
+
+def _vllm_on_gpu() -> None:
+    pytest.importorskip("vllm")
+    from flexmarl.rollout.vllm_engine import on_gpu
+    if not on_gpu():
+        pytest.skip("the installed vLLM is not a CUDA build")
+
+
+async def test_vllm_serves_on_gpu_and_reloads_staged_weights(tiny_model_dir):
+    _vllm_on_gpu()
+    from flexmarl.models import load_model
+    from flexmarl.protocol import SamplingParams
+    from flexmarl.rollout.engine import EngineConfig
+    from flexmarl.rollout.vllm_engine import VllmEngine
+
+    engine = VllmEngine(EngineConfig(backend="vllm", model_dir=tiny_model_dir,
+                                     gpu_memory_utilization=0.2))
+    await engine.start()
+    try:
+        assert engine.on_gpu
+        params = SamplingParams(n=1, temperature=0, max_tokens=8)
+        [before], _ = await engine.generate([1, 2, 3], params)
+        torch.manual_seed(0)
+        await engine.load_weights({k: v + 0.05 * torch.randn_like(v)
+                                   for k, v in load_model(tiny_model_dir).state_dict().items()})
+        [after], _ = await engine.generate([1, 2, 3], params)
+        assert before.logprobs != after.logprobs
+    finally:
+        await engine.close()
+
+
+@pytest.mark.parametrize("backend", ["ipc", "nccl"])
+async def test_a_trainer_slot_sends_its_weights_to_an_instance_directly(
+        tiny_model_dir, tmp_path, backend):
+    """A real slot and a real instance as a run starts them: after one training step the slot
+    sends version 1 through vLLM's engine (ipc: both on GPU 0; nccl: GPUs 0 and 1) and the
+    instance serves it, with different log-probabilities than version 0's."""
+    _vllm_on_gpu()
+    if backend == "nccl" and torch.cuda.device_count() < 2:
+        pytest.skip("NCCL between a trainer and an instance needs two GPUs")
+    from flexmarl.protocol import (Generate, SamplingParams, SendWeights, SwapIn,
+                                   TrainBeginBatch, TrainStep)
+    from flexmarl.rollout.engine import EngineConfig
+    from runtime.supervisor import Supervisor, WorkerSpec
+    from runtime.transport import connect
+
+    config = dataclasses.asdict(TrainerConfig(device="cuda", lr=1e-2))
+    env = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"} if backend == "ipc" else {}
+    engine = dataclasses.asdict(EngineConfig(
+        backend="vllm", model_dir=tiny_model_dir, gpu_memory_utilization=0.3,
+        weight_transfer=backend))
+    specs = [WorkerSpec(name="slot", entry="flexmarl.training.worker:trainer_worker",
+                        args={"rank": 0, "world_size": 1, "config": config,
+                              "init_method": f"file://{tmp_path}/slot",
+                              "memory_fraction": 0.3 if backend == "ipc" else 0.0},
+                        env={"CUDA_VISIBLE_DEVICES": "0"}),
+             WorkerSpec(name="instance", entry="flexmarl.rollout.worker:rollout_worker",
+                        args=engine, ready_timeout_s=READY_TIMEOUT_S,
+                        env={**env, "CUDA_VISIBLE_DEVICES": "0" if backend == "ipc" else "1"})]
+    sup = Supervisor()
+    async with sup.serving():
+        slot, instance = [await sup.start_worker(s) for s in specs]
+        async with connect(slot.address) as trainer, connect(instance.address) as rollout:
+            ask = Generate("g", prompt_ids=[1, 2, 3],
+                           params=SamplingParams(n=1, temperature=0, max_tokens=8))
+            before = await rollout.request(ask, timeout_s=TIMEOUT_S)
+            await trainer.request(SwapIn("agent", tiny_model_dir, config), timeout_s=TIMEOUT_S)
+            mb = batch(2)
+            await trainer.request(TrainBeginBatch(0))
+            await trainer.request(mb, timeout_s=TIMEOUT_S)
+            await trainer.request(TrainStep(int(mb.response_mask.sum())), timeout_s=TIMEOUT_S)
+            # In the engine's dtype (rollout.dtype "auto": bfloat16 on GPU), as a run sends.
+            done = await trainer.request(SendWeights(1, [instance.address], backend, 1,
+                                                     "bfloat16"), timeout_s=TIMEOUT_S)
+            assert done.version == 1 and done.num_bytes > 0
+            after = await rollout.request(ask, timeout_s=TIMEOUT_S)
+            assert (before.version, after.version) == (0, 1)
+            assert before.samples[0].logprobs != after.samples[0].logprobs
+        await sup.stop_workers()

@@ -1,0 +1,47 @@
+"""bench/gpu_check.py where no GPU is: it says so and exits 2; its team and configs are valid
+and place as the README says (1 GPU: colocated, ipc; 4: apart, nccl)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from flexmarl.launch.devices import Host
+from flexmarl.launch.placement import _slot_sizes, plan_gpus
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "gpu_check.py"
+
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_on_a_cpu_machine_it_says_there_is_no_gpu_and_exits_2(gpu_check, capsys):
+    assert gpu_check.main(["--json"]) == gpu_check.EXIT_CANNOT
+    out, err = capsys.readouterr()
+    last = json.loads(out.strip().splitlines()[-1])
+    assert last["ok"] is False and "no GPU is visible" in last["reason"]
+    assert "gpu_check: cannot run here: no GPU is visible" in err and "make TORCH=torch" in err
+
+
+@pytest.mark.parametrize("gpus, transfer, shared", [(1, "ipc", True), (2, "ipc", True),
+                                                    (4, "nccl", False), (8, "nccl", False)])
+def test_the_check_places_the_default_team_on_the_gpus_there_are(gpu_check, tmp_path, gpus,
+                                                                  transfer, shared):
+    team = gpu_check.check_team("smollm2-135m")
+    assert [a.model for a in team.agents] == ["smollm2-135m"] * 2
+    config = gpu_check.check_config(3, gpus, str(tmp_path / "run"))
+    assert (config.pipeline.mode, config.trainer.device, config.rollout.backend) == (
+        "micro_batch", "cuda", "vllm")
+    needs = {a.name: 1 for a in team.agents}
+    placed = plan_gpus(config, team, _slot_sizes(config, needs),
+                       [Host("local", tuple(range(gpus)))])
+    assert placed.transfer == transfer and len(placed.plan.seats) == 4
+    devices = [s.devices for s in placed.plan.seats.values()]
+    assert (len(set(devices)) < 4) == shared

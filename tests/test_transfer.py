@@ -16,7 +16,8 @@ from flexmarl.rollout.engine import EngineConfig
 from flexmarl.rollout.pool import InstancePool, RolloutConfig
 from flexmarl.rollout.balancer import BalancerConfig
 from flexmarl.rollout.torch_engine import TorchEngine
-from flexmarl.rollout.transfer import FanOut, Sender, cast_source, rank_offsets, resolve_transfer
+from flexmarl.rollout.transfer import resolve_transfer
+from flexmarl.training.transfer import FanOut, Sender, cast_source, rank_offsets
 from flexmarl.rollout.vllm_engine import engine_args
 from flexmarl.rollout.worker import RolloutWorker
 from runtime.errors import RemoteError

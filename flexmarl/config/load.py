@@ -22,9 +22,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from flexmarl.checks import ConfigError
-from flexmarl.config.sections import (ClusterConfig, GatewayConfig, ObserveConfig, PlanConfig,
-                                      RunConfig, TeamRef)
-from flexmarl.launch.devices import DevicesConfig
+from flexmarl.config.sections import (ClusterConfig, DevicesConfig, GatewayConfig, ObserveConfig,
+                                      PlanConfig, RunConfig, TeamRef)
 from flexmarl.orchestrator.policy import PipelineConfig
 from flexmarl.rollout.balancer import BalancerConfig
 from flexmarl.rollout.pool import RolloutConfig

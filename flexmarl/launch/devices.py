@@ -23,56 +23,9 @@ import math
 from dataclasses import dataclass, field
 
 from flexmarl.checks import ConfigError, require
+from flexmarl.config.sections import DevicesConfig, _span, parse_gpus  # noqa: F401  (re-exported)
 
 ROLES = ("rollout", "trainer")
-
-
-@dataclass(kw_only=True, frozen=True)
-class DevicesConfig:
-    """GPUs of the run (section `devices`); see flexmarl/launch/devices.py."""
-
-    gpus: str = "auto"
-    """This machine's GPUs the run may use: "auto" (every visible one), "none" (no GPU:
-    everything on CPU), or indices of visible GPUs like "0-3" or "0,2". Nodes report their own
-    (flexmarl-node --devices)."""
-    colocate: bool = False
-    """Let workers share GPUs by memory: an instance takes rollout.gpu_memory_utilization of
-    each of its GPUs, a trainer rank trainer_memory_fraction; false: every worker owns its
-    GPUs."""
-    trainer_memory_fraction: float = 0.4
-    """With colocate: the share of its GPU's memory a trainer rank may use (set as torch's
-    per-process memory fraction, so it cannot take the engine's)."""
-
-    def __post_init__(self) -> None:
-        parse_gpus(self.gpus)
-        require(0 < self.trainer_memory_fraction <= 1, "devices.trainer_memory_fraction",
-                self.trainer_memory_fraction, "must be in (0, 1]")
-
-
-def parse_gpus(spec: str, visible: int | None = None) -> tuple[int, ...] | None:
-    """devices.gpus as GPU indices: None for "auto" (all `visible`, when that is known), () for
-    "none", else the listed indices, each checked against `visible` when it is given."""
-    text = spec.strip()
-    if text == "auto":
-        return None if visible is None else tuple(range(visible))
-    if text == "none":
-        return ()
-    ids: set[int] = set()
-    try:
-        for part in text.split(","):
-            lo, _, hi = part.strip().partition("-")
-            first, last = int(lo), int(hi or lo)
-            if first < 0 or last < first:
-                raise ValueError
-            ids.update(range(first, last + 1))
-    except ValueError:
-        raise ConfigError(f'devices.gpus must be "auto", "none" or GPU indices like "0-3" or '
-                          f'"0,2", got {spec!r}') from None
-    if visible is not None and max(ids) >= visible:
-        raise ConfigError(f"devices.gpus = {spec!r} names GPUs {sorted(i for i in ids if i >= visible)}"
-                          f" but {visible} {'is' if visible == 1 else 'are'} visible here "
-                          f'({_span(range(visible)) or "none"}); list visible ones, or "auto"')
-    return tuple(sorted(ids))
 
 
 class PlacementError(ConfigError):
@@ -304,16 +257,3 @@ def _shortage(hosts: list[Host], asks: list[Ask], failed: list[Ask], colocate: b
               "devices.trainer_memory_fraction)" if colocate else
               ", or devices.colocate = true (workers share GPUs by memory)")
     return f"not enough GPUs: {why}. Fit them with {fixes}"
-
-
-def _span(ids) -> str:
-    """[0, 1, 2, 5] -> "0-2,5"."""
-    ids = sorted(ids)
-    out, start = [], None
-    for i, d in enumerate(ids):
-        if start is None:
-            start = d
-        if i + 1 == len(ids) or ids[i + 1] != d + 1:
-            out.append(f"{start}-{d}" if d > start else f"{d}")
-            start = None
-    return ",".join(out)

@@ -1,10 +1,12 @@
-"""Weight sync on GPU through vLLM's own weight-transfer engines (vllm.distributed.weight_transfer).
+"""Weight sync on GPU through vLLM's own weight-transfer engines (vllm.distributed.weight_transfer):
+which way a run syncs, and the instance's side.
 
     pool.push_direct(agent, version) ─► SendWeights(version, instances) ─► trainer rank 0
-      every rank of the slot: Sender.send ─► vLLM's trainer engine over the bound model
+      every rank of the slot: vLLM's trainer engine over the bound model (flexmarl.training.transfer)
         ("nccl": rank 0 broadcasts to every instance's GPUs; "ipc": CUDA IPC handles of each
          rank's GPU, for instances colocated on their trainer's GPUs)
-      rank 0's FanOut client ─► WeightTransfer phases to every instance at once (runtime transport):
+      rank 0's FanOut client ─► WeightTransfer phases to every instance at once (runtime transport)
+      each instance (RolloutWorker ─► engine_phase on its AsyncLLM):
         init (once per group) ─► start (gate closed, running requests done) ─► update (receive,
         concurrently with the broadcast) ─► finish (serves `version`, gate open)
 
@@ -12,27 +14,12 @@ The staged path (flexmarl.rollout.weight_sync: tensors through the run, loaded f
 stays the CPU path and the fallback; this one moves the bytes GPU to GPU and never through the
 run. The zero-staleness gate is the rollout worker's, as for a staged update: an instance takes
 no request between "start" and "finish", so no sample mixes two versions.
-
-vLLM's trainer engine drives the engines through a client with four blocking calls; FanOut is
-that client over FlexMARL's transport. vLLM gives every engine rank_offset 1 (one engine); here
-instance i gets 1 + (the tensor-parallel GPUs of the instances before it). A group is formed once
-per (model, instance set) and formed again when either changes (a swap, a move, a respawn).
 """
 from __future__ import annotations
 
-import asyncio
-import base64
-import logging
-import pickle
-import socket
-import time
-from typing import Any, Callable, Iterator
+from typing import Any
 
-import torch
-
-from runtime.transport import Connection, connect
-
-log = logging.getLogger(__name__)
+from flexmarl.checks import ConfigError
 
 DIRECT = ("nccl", "ipc")
 
@@ -45,162 +32,15 @@ def resolve_transfer(setting: str, *, vllm_on_gpu: bool, trainer_on_gpu: bool,
     if setting == "auto":
         return ("ipc" if colocate else "nccl") if gpu else "stage"
     if setting in DIRECT and not gpu:
-        from flexmarl.checks import ConfigError
         raise ConfigError(
             f'rollout.weight_transfer = "{setting}" needs vLLM and the trainers on GPU (a CUDA '
             f"build of vllm, trainer.device = \"cuda\", GPUs placed by [devices]); here vLLM is "
             f"{'on GPU' if vllm_on_gpu else 'not on GPU'} and the trainers "
             f"{'are' if trainer_on_gpu else 'are not'}: use \"stage\" or \"auto\"")
     if setting == "ipc" and not colocate:
-        from flexmarl.checks import ConfigError
         raise ConfigError('rollout.weight_transfer = "ipc" needs each instance on its trainer\'s '
                           "GPUs: set devices.colocate = true, or use \"nccl\"")
     return setting
-
-
-def rank_offsets(sizes: list[int]) -> list[int]:
-    """Each instance's first rank in the group: the trainer is rank 0, then every instance's
-    tensor-parallel workers in order."""
-    out, at = [], 1
-    for n in sizes:
-        out.append(at)
-        at += n
-    return out
-
-
-class FanOut:
-    """vLLM's VLLMWeightSyncClient over FlexMARL's transport: each call goes to every instance
-    at once and returns when all have answered (vLLM calls these from its threads; they run on
-    this process's event loop). init and update must reach every instance concurrently: each
-    blocks in the group's rendezvous / broadcast until all of them and the trainer are in."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, conns: list[Connection],
-                 sizes: list[int], version: int, timeout_s: float,
-                 encode: Callable[[dict], dict] = lambda info: info) -> None:
-        self.loop, self.conns, self.sizes = loop, conns, sizes
-        self.version, self.timeout_s, self.encode = version, timeout_s, encode
-        self.load_s: dict[str, float] = {}
-
-    def _all(self, phase: str, infos: list[dict]) -> None:
-        from flexmarl.protocol import WeightTransfer
-
-        async def each() -> list:
-            return await asyncio.gather(*(
-                conn.request(WeightTransfer(phase, self.version, info), timeout_s=self.timeout_s)
-                for conn, info in zip(self.conns, infos)))
-        for conn, done in zip(self.conns,
-                              asyncio.run_coroutine_threadsafe(each(), self.loop).result()):
-            self.load_s[conn.address] = self.load_s.get(conn.address, 0.0) + done.load_s
-
-    def init_weight_transfer_engine(self, init_info: dict) -> None:
-        self._all("init", [{**init_info, "rank_offset": o} for o in rank_offsets(self.sizes)])
-
-    def start_weight_update(self) -> None:
-        self._all("start", [{}] * len(self.conns))
-
-    def update_weights(self, update_info: Any) -> None:
-        info = self.encode(update_info)
-        self._all("update", [info] * len(self.conns))
-
-    def finish_weight_update(self, weight_version: str | None = None) -> None:
-        self._all("finish", [{}] * len(self.conns))
-
-
-def ipc_payload(update_info: dict) -> dict:
-    """IPC handles hold torch types our codec does not carry: they travel as vLLM's own
-    `ipc_handles_pickled` (read in the engine with VLLM_ALLOW_INSECURE_SERIALIZATION=1, which
-    the run sets for instances that colocate; both ends are this run's own workers)."""
-    info = dict(update_info)
-    handles = info.pop("ipc_handles", None)
-    if handles is not None:
-        info["ipc_handles_pickled"] = base64.b64encode(pickle.dumps(handles)).decode()
-    return info
-
-
-def cast_source(model: torch.nn.Module, dtype: torch.dtype, skip: set[str]):
-    """A vLLM WeightSource over the trainer's parameters (FSDP2 DTensors are all-gathered one
-    at a time, a collective every rank runs in the same order), sent in the engine's dtype:
-    the fp32 master weights travel at half the bytes in bf16."""
-    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource, materialize_full_tensor
-
-    class Source(WeightSource):
-        def metadata(self) -> list:
-            return [ParamMeta(n, dtype, tuple(p.shape)) for n, p in model.named_parameters()
-                    if n not in skip]
-
-        def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-            for name, p in model.named_parameters():
-                if name not in skip:
-                    yield name, materialize_full_tensor(p.detach()).to(dtype)
-
-    return Source()
-
-
-def free_port(host: str) -> int:
-    """A free port on this machine for the group's rendezvous store, which vLLM's trainer
-    engine binds itself (its address must be in the init info the instances get first)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-class Sender:
-    """One trainer rank's side of direct weight sync: vLLM's trainer engine over the bound
-    model, kept while the model and the instance set stay the same."""
-
-    def __init__(self, rank: int, loop: asyncio.AbstractEventLoop, transport: Any,
-                 timeout_s: float) -> None:
-        self.rank, self.loop, self.transport, self.timeout_s = rank, loop, transport, timeout_s
-        self._key: tuple | None = None
-        self._engine = None
-        self._client: FanOut | None = None
-
-    def send(self, model: torch.nn.Module, spec: dict, tied: bool) -> tuple[int, float]:
-        """Send `model`'s weights as spec["version"] (every rank calls this, in step); the
-        bytes sent and the seconds it took (rank 0's count; 0 elsewhere)."""
-        from vllm.distributed.weight_transfer import WeightTransferTrainerFactory
-
-        started = time.perf_counter()
-        dtype = getattr(torch, spec["dtype"])
-        key = (id(model), tuple(spec["instances"]), spec["backend"], spec["dtype"])
-        if key != self._key:
-            self.close()
-            conns = ([connect(a, self.transport) for a in spec["instances"]]
-                     if self.rank == 0 else [])
-            sizes = [spec["tensor_parallel_size"]] * len(spec["instances"])
-            self._client = FanOut(self.loop, conns, sizes, spec["version"], self.timeout_s,
-                                  encode=ipc_payload if spec["backend"] == "ipc" else
-                                  (lambda info: info))
-            source = cast_source(model, dtype, {"lm_head.weight"} if tied else set())
-            self._engine = WeightTransferTrainerFactory.trainer_init(
-                _init_info(spec, self.rank, sum(sizes)), client=self._client, source=source)
-            self._key = key
-        self._client.version = spec["version"]
-        self._engine.send_weights()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        num_bytes = sum(p.numel() for _, p in model.named_parameters()) * dtype.itemsize
-        return (num_bytes if self.rank == 0 else 0), time.perf_counter() - started
-
-    def close(self) -> None:
-        if self._engine is not None:
-            try:
-                self._engine.shutdown()
-            except Exception as exc:  # a dead group: the next one is new anyway
-                log.info("closing a weight-transfer group: %s: %s", type(exc).__name__, exc)
-        if self._client is not None:
-            for conn in self._client.conns:
-                asyncio.run_coroutine_threadsafe(conn.aclose(), self.loop)
-        self._engine, self._client, self._key = None, None, None
-
-
-def _init_info(spec: dict, rank: int, engine_ranks: int):
-    if spec["backend"] == "ipc":
-        from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
-        return IPCTrainerInitInfo(packed=True, rank=rank)
-    from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
-    return NCCLTrainerInitInfo(master_address=spec["host"], master_port=spec["port"],
-                               world_size=1 + engine_ranks, rank=rank)
 
 
 async def engine_phase(llm: Any, phase: str, info: dict, state: dict) -> None:

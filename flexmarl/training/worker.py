@@ -106,7 +106,7 @@ class Command(IntEnum):
     SWAP_OUT = 10
     EXPORT_STATE = 11
     DROP = 12  # a = bytes of the agent's name that follows
-    SEND_WEIGHTS = 13  # a = bytes of the JSON spec (flexmarl.rollout.transfer) that follows
+    SEND_WEIGHTS = 13  # a = bytes of the JSON spec (flexmarl.training.transfer) that follows
 
 
 class CommandThread:
@@ -179,7 +179,7 @@ class _Rank:
         self.placed = ""
         """Device, process-group backend and visible GPUs (SwapDone.device)."""
         self.sender = None
-        """Direct weight sync's trainer engine (flexmarl.rollout.transfer), made at first use."""
+        """Direct weight sync's trainer engine (flexmarl.training.transfer), made at first use."""
         self.thread = CommandThread(f"trainer-rank{self.rank}")
         self.ready = self.thread.submit(lambda: self._init(args))
 
@@ -398,7 +398,7 @@ class _Rank:
     def send_weights(self, spec: dict[str, Any]) -> WeightUpdateDone:
         """The bound agent's weights straight to its rollout instances through vLLM's
         weight-transfer engine (a collective: every rank gathers each parameter in turn)."""
-        from flexmarl.rollout.transfer import Sender
+        from flexmarl.training.transfer import Sender
 
         tr = self._bound("SendWeights")
         if tr.version != spec["version"]:
@@ -551,7 +551,7 @@ class TrainerWorker(Actor):
 
     @handler(SendWeights)
     async def on_send_weights(self, msg: SendWeights, env: Envelope) -> WeightUpdateDone:
-        from flexmarl.rollout.transfer import free_port
+        from flexmarl.training.transfer import free_port
 
         # The group's rendezvous is on this machine, at the host the instances reach us at.
         host = self.address.removeprefix("tcp://").rpartition(":")[0] \

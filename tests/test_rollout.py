@@ -231,3 +231,24 @@ def test_a_staging_dir_without_room_names_the_size_and_the_setting(monkeypatch, 
         vllm_engine.check_staging_room(str(tmp_path), 538_000_000)
     monkeypatch.undo()
     vllm_engine.check_staging_room(str(tmp_path), 1000)  # room enough: no error
+
+
+async def test_a_staging_dir_that_fills_up_while_writing_names_the_setting(monkeypatch, tmp_path,
+                                                                        model_dir):
+    """Room checked, then taken by someone else before the write ends (ENOSPC): the same clear
+    error, not a bare OSError, and no staged file left behind."""
+    import errno
+
+    import safetensors.torch
+
+    from flexmarl.rollout.vllm_engine import VllmEngine
+
+    def full(tensors, path):
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    engine = VllmEngine(EngineConfig(backend="vllm", model_dir=model_dir,
+                                     staging_dir=str(tmp_path)))
+    with pytest.raises(RuntimeError, match=r"MB weight update.*MB free.*rollout.staging_dir"):
+        await engine.load_weights({"w": torch.zeros(4)})
+    assert list(tmp_path.iterdir()) == []

@@ -10,6 +10,7 @@ flexmarl.rollout.transfer); this file path works everywhere.
 """
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import os
@@ -31,8 +32,11 @@ def check_staging_room(directory: str | None, needed: int) -> None:
     where = directory or tempfile.gettempdir()
     free = shutil.disk_usage(where).free
     if free < needed + (1 << 20):  # the safetensors header and a little slack
-        raise RuntimeError(
-            f"staging a {needed / 1e6:.0f} MB weight update for vLLM needs that much room in "
+        raise RuntimeError(_no_room(where, needed, free))
+
+
+def _no_room(where: str, needed: int, free: int) -> str:
+    return (f"staging a {needed / 1e6:.0f} MB weight update for vLLM needs that much room in "
             f"{where}, which has {free / 1e6:.0f} MB free (Docker's default /dev/shm is 64 MB): "
             "give it more (docker run --shm-size=2g) or set rollout.staging_dir to a "
             "directory with room, e.g. /tmp")
@@ -153,7 +157,13 @@ class VllmEngine:
                                     dir=staging)
         os.close(fd)
         try:
-            save_file({k: v.contiguous() for k, v in tensors.items()}, path)
+            try:
+                save_file({k: v.contiguous() for k, v in tensors.items()}, path)
+            except OSError as exc:  # filled up meanwhile (another instance staging at once)
+                if exc.errno != errno.ENOSPC:
+                    raise
+                raise RuntimeError(_no_room(staging, weights_nbytes(tensors),
+                                            shutil.disk_usage(staging).free)) from exc
             counts = await self.llm.collective_rpc("flexmarl_reload", args=(path, aliases))
         finally:
             os.unlink(path)

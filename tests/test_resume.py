@@ -334,9 +334,9 @@ async def test_a_trainer_killed_after_its_push_before_its_snapshot(tiny_model_di
     real_push, real_snapshot = PipelineRun._push, TrainerPool.snapshot
     pushed, killed, snapshots = asyncio.Event(), [], []
 
-    async def push(self, agent, weights):
-        out = await real_push(self, agent, weights)
-        if agent == "solver" and weights.version == 3:  # step 2's update
+    async def push(self, agent, weights, version):
+        out = await real_push(self, agent, weights, version)
+        if agent == "solver" and version == 3:  # step 2's update
             pushed.set()
         return out
 

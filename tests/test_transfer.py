@@ -237,3 +237,25 @@ def test_a_follower_rank_gathers_every_parameter_in_order_without_a_group(tiny_m
         assert num_bytes == 0 and sender._client.conns == []
     finally:
         loop.close()
+
+
+def test_ipc_handles_travel_as_plain_data_and_come_back_as_torch_objects():
+    """CUDA IPC handles are rebuild_cuda_tensor arguments (classes, a torch.Size, a dtype,
+    handle bytes): they cross the runtime's codec (no pickle) and come back equal; a class
+    outside the tensor/storage allow-list is refused both ways."""
+    from flexmarl.training.transfer import ipc_payload, plain_handles
+    from runtime.codec import decode, encode
+
+    args = (torch.Tensor, torch.Size([4, 8]), (8, 1), 0, torch.UntypedStorage, torch.bfloat16,
+            0, b"\x01handle", 64, 0, False, b"ref", 0, b"event", True)
+    info = {"names": ["w"], "dtype_names": ["bfloat16"], "shapes": [[4, 8]],
+            "ipc_handles": {"GPU-uuid": args}, "tensor_sizes": [64]}
+    payload = ipc_payload(info)
+    assert "ipc_handles" not in payload
+    frames = encode(WeightTransfer("update", 1, payload))
+    received = decode(frames).msg.info
+    assert plain_handles(received["ipc_handles_plain"]) == {"GPU-uuid": args}
+    with pytest.raises(TypeError, match="not a tensor or storage class"):
+        ipc_payload({"ipc_handles": {"u": (dict,)}})
+    with pytest.raises(ValueError, match="not a tensor or storage class"):
+        plain_handles({"type": "os.system"})

@@ -151,7 +151,9 @@ class _Workers:
                 raise WorkerStartError(f"no free GPU for a new rollout instance of {agent} "
                                        f"({r.tensor_parallel_size} on one host):\n{plan.table()}")
             env |= plan.env(name)
-            if self.gpus.transfer == "ipc":  # vLLM reads the IPC handles with pickle
+            if self.gpus.transfer == "ipc":
+                # vLLM's frontend hands the IPC handles (torch types) to its own engine-core
+                # process only with this; they reach the instance as plain data (no pickle).
                 env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
         args = dataclasses.asdict(r.engine_config(self.model_dirs[agent],
                                                   seed=self.config.run.seed + k,

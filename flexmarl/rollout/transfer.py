@@ -55,6 +55,10 @@ async def engine_phase(llm: Any, phase: str, info: dict, state: dict) -> None:
     elif phase == "start":
         await llm.start_weight_update()
     elif phase == "update":
+        if "ipc_handles_plain" in info:  # CUDA IPC: the handles back as torch objects
+            from flexmarl.training.transfer import plain_handles
+            info = dict(info)
+            info["ipc_handles"] = plain_handles(info.pop("ipc_handles_plain"))
         await llm.update_weights(WeightTransferUpdateRequest(update_info=info))
     elif phase == "finish":
         await llm.finish_weight_update()

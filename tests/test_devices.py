@@ -327,3 +327,13 @@ async def test_a_trainer_slot_starts_with_the_runs_trainer_config_and_its_gpus(
             for c in conns:
                 await c.aclose()
             await sup.stop_workers()
+
+
+def test_the_monitor_shows_each_workers_gpus():
+    """The dashboard's instance and slot tables get "HOST:GPUS" from the pool's placement."""
+    from flexmarl.observe.monitor import _gpus
+
+    plan = plan_devices([Host("local", (0, 1, 2, 3))],
+                        instances("a", 1, tp=2) + slot(0, 2))
+    shown = _gpus(plan.rows())
+    assert shown == {"rollout-0": "local:2,3", "trainer-0-0": "local:0", "trainer-0-1": "local:1"}

@@ -155,6 +155,10 @@ async def test_status_and_metrics_follow_a_real_run(tiny_model_dir, tmp_path,
         assert a["version"] >= 1
     assert {i["agent"] for i in last["instances"].values()} == {"solver", "checker"}
     assert len(last["slots"]) == 2
+    # On CPU no worker has a GPU: the placement is empty and the tables say so ("" -> "cpu").
+    assert last["devices"] == []
+    assert {i["gpus"] for i in last["instances"].values()} | \
+        {s["gpus"] for s in last["slots"].values()} == {""}
     assert [h["step"] for h in last["history"]] == list(range(len(last["history"])))
     kinds = {(who, kind) for who, kind, *_ in last["timeline"]["intervals"]}
     for name in ("solver", "checker"):

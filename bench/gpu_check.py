@@ -72,14 +72,20 @@ class MemoryWatch:
     whole device: every process on it, the engines' and the trainers')."""
 
     def __init__(self, interval_s: float = 0.25) -> None:
-        import pynvml
-        pynvml.nvmlInit()
-        self.nvml = pynvml
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        ids = ([int(d) for d in visible.split(",") if d.strip().isdigit()] if visible
-               else list(range(pynvml.nvmlDeviceGetCount())))
-        self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in ids]
-        self.peak = [0] * len(self.handles)
+        try:
+            import pynvml  # nvidia-ml-py, which vllm depends on
+        except ImportError:
+            print("gpu_check: no pynvml (pip install nvidia-ml-py): peak memory not measured",
+                  file=sys.stderr)
+            self.handles, self.peak = [], []
+        else:
+            pynvml.nvmlInit()
+            self.nvml = pynvml
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            ids = ([int(d) for d in visible.split(",") if d.strip().isdigit()] if visible
+                   else list(range(pynvml.nvmlDeviceGetCount())))
+            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in ids]
+            self.peak = [0] * len(self.handles)
         self.interval_s = interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)

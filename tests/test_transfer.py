@@ -138,6 +138,9 @@ async def test_fan_out_reaches_every_instance_at_once_with_its_rank_offset(tiny_
         await watcher
         assert [w.version for w in workers] == [1, 1]
         assert [e.phases[0][1]["rank_offset"] for e in engines] == [1, 3]
+        # IPC's init info has no group to place the instances in: it goes as it is.
+        await asyncio.to_thread(client.init_weight_transfer_engine, {"packed": True})
+        assert [e.phases[-1] for e in engines] == [("init", {"packed": True})] * 2
         assert all(e.phases[2][1]["names"] == ["w"] for e in engines)
         assert set(client.load_s) == {c.address for c in conns}
         for c in conns:

@@ -59,6 +59,9 @@ class FanOut:
             self.load_s[conn.address] = self.load_s.get(conn.address, 0.0) + done.load_s
 
     def init_weight_transfer_engine(self, init_info: dict) -> None:
+        if "rank_offset" not in init_info:  # IPC: no group, nothing to place
+            self._all("init", [init_info] * len(self.conns))
+            return
         self._all("init", [{**init_info, "rank_offset": o} for o in rank_offsets(self.sizes)])
 
     def start_weight_update(self) -> None:

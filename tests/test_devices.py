@@ -337,3 +337,33 @@ def test_the_monitor_shows_each_workers_gpus():
                         instances("a", 1, tp=2) + slot(0, 2))
     shown = _gpus(plan.rows())
     assert shown == {"rollout-0": "local:2,3", "trainer-0-0": "local:0", "trainer-0-1": "local:1"}
+
+
+def test_workers_of_a_lost_node_are_placed_again_on_the_nodes_left(tmp_path):
+    """A node's GPUs go with it: the replacement of an instance that ran there is seated on
+    another node's free GPUs (and started on that node), not on the lost one."""
+    from flexmarl.launch.placement import _Workers, hosts, plan_gpus
+    from runtime.protocol import NodeHello
+    from runtime.registry import NodeInfo, NodeRegistry
+
+    registry = NodeRegistry("tcp://127.0.0.1:0")
+    for name, roles, gpus in (("r1", ["rollout"], 1), ("r2", ["rollout"], 2),
+                              ("t1", ["trainer"], 2)):
+        registry.nodes[name] = NodeInfo(NodeHello(name, "h", roles, "tcp://h:1", 1, devices=gpus),
+                                        conn=None, joined_at=0.0)
+    config = _config("trainer.device=cuda", "cluster.listen=tcp://127.0.0.1:0")
+    team = _team()
+    gpus = plan_gpus(config, team, [1, 1], hosts(config, registry))
+    workers = _Workers.__new__(_Workers)  # no TCPStore: only the placement is exercised
+    workers.sup, workers.config, workers.gpus = registry, config, gpus
+    workers.model_dirs = {a.name: "/m" for a in team.agents}
+    workers.rollout_cpus, workers.rollout_env = (), {}
+    import itertools
+    workers._instances = itertools.count(2)
+    on_r1 = next(w for w, s in gpus.plan.seats.items() if s.host == "r1")
+    registry.nodes["r1"].alive = False
+    again = workers.rollout(team.agents[0].name, replaces=on_r1)
+    assert again.node == "r2"
+    on_r2 = [s.devices for s in gpus.plan.seats.values() if s.host == "r2"]
+    assert sorted(on_r2) == [(0,), (1,)]  # beside the instance already there, not on it
+    assert "r1" not in {h.name for h in gpus.plan.hosts} and on_r1 not in gpus.plan.seats

@@ -138,6 +138,11 @@ class DevicePlan:
     def add_host(self, host: Host) -> None:
         self.hosts = [h for h in self.hosts if h.name != host.name] + [host]
 
+    def drop_host(self, name: str) -> None:
+        """A node was lost: its GPUs and its workers' seats go (replacements sit elsewhere)."""
+        self.hosts = [h for h in self.hosts if h.name != name]
+        self.seats = {w: s for w, s in self.seats.items() if s.host != name}
+
     def _seat(self, ask: Ask, host: Host, devices: list[int]) -> Seat:
         seat = Seat(ask.worker, ask.role, host.name, tuple(sorted(devices)),
                     ask.label or ask.group, ask.memory if self.colocate else 1.0)

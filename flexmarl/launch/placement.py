@@ -143,14 +143,9 @@ class _Workers:
         name = f"rollout-{k}"
         env = dict(self.rollout_env)
         if self.gpus.rollout:
-            plan = self.gpus.plan
-            if replaces in plan.seats:
-                plan.replace(replaces, name)
-            elif name not in plan.seats and plan.take(
-                    Ask(name, "rollout", r.tensor_parallel_size, label=agent)) is None:
-                raise WorkerStartError(f"no free GPU for a new rollout instance of {agent} "
-                                       f"({r.tensor_parallel_size} on one host):\n{plan.table()}")
-            env |= plan.env(name)
+            self._seat(Ask(name, "rollout", r.tensor_parallel_size, label=agent,
+                           memory=r.gpu_memory_utilization), replaces)
+            env |= self.gpus.plan.env(name)
             if self.gpus.transfer == "ipc":
                 # vLLM's frontend hands the IPC handles (torch types) to its own engine-core
                 # process only with this; they reach the instance as plain data (no pickle).
@@ -174,8 +169,9 @@ class _Workers:
             old = [n for n in self.gpus.plan.seats if n.startswith(f"trainer-{k}-")]
             for rank, name in enumerate(names):
                 match = [n for n in old if n.split("-")[2] == str(rank)]
-                if match:
-                    self.gpus.plan.replace(match[0], name)
+                self._seat(Ask(name, "trainer", group=f"trainer-{k}",
+                               memory=c.devices.trainer_memory_fraction),
+                           match[0] if match else "")
         return [WorkerSpec(
             name=name, entry="flexmarl.training.worker:trainer_worker",
             # The [trainer] section: the slot's device and process group come from it at
@@ -190,6 +186,20 @@ class _Workers:
             env=self.gpus.env(name) if self.gpus.trainer else {}, role="trainer",
             node=self.gpus.host(name) if self.gpus.trainer else "")
             for rank, name in enumerate(names)]
+
+    def _seat(self, ask: Ask, replaces: str) -> None:
+        """GPUs for a new worker: those of the one it replaces, unless that one's node is gone
+        (its GPUs with it), else free ones (a WorkerStartError if none are left)."""
+        plan = self.gpus.plan
+        lost = ({s.host for s in plan.seats.values()} - {n.name for n in self.sup.alive()}
+                if isinstance(self.sup, NodeRegistry) else set())
+        for host in lost:
+            plan.drop_host(host)
+        if replaces in plan.seats:
+            plan.replace(replaces, ask.worker)
+        elif ask.worker not in plan.seats and plan.take(ask) is None:
+            raise WorkerStartError(f"no free GPU for {ask.worker} ({ask.label or ask.group}; "
+                                   f"{ask.gpus} on one host):\n{plan.table()}")
 
     async def respawn(self, dead: str, agent: str) -> tuple[str, Connection]:
         """A replacement for a dead instance: a new process (and name) with the agent's model,

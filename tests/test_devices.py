@@ -255,7 +255,7 @@ def test_each_worker_starts_with_its_gpus_its_node_and_the_trainer_config(tmp_pa
     assert again.env == second.env and second.name not in gpus.plan.seats
     assert workers.trainer_slot(1, generation=1)[0].env == {"CUDA_VISIBLE_DEVICES": "5"}
     from runtime.errors import WorkerStartError
-    with pytest.raises(WorkerStartError, match="no free GPU for a new rollout instance"):
+    with pytest.raises(WorkerStartError, match=r"no free GPU for rollout-3 \(solver; 2 on one host\)"):
         workers.rollout(team.agents[0].name)
 
 

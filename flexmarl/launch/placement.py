@@ -243,9 +243,19 @@ async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, config: Con
                              for _ in range(spec.instances or config.rollout.instances_per_agent)]
                  for spec in team.agents}
     slot_specs = [workers.trainer_slot(k) for k in range(len(sizes))]
-    handles = {h.name: h for h in await asyncio.gather(*(
-        sup.start_worker(w) for w in [*(w for ws in placement.values() for w in ws),
-                                      *(w for ws in slot_specs for w in ws)]))}
+    instances = [w for ws in placement.values() for w in ws]
+    trainers_started = asyncio.gather(*(sup.start_worker(w) for ws in slot_specs for w in ws))
+    try:
+        if gpus.rollout and config.devices.colocate:
+            # Engines sharing a GPU start one after another: vLLM sizes its KV cache from the
+            # GPU's free memory, which another engine starting beside it changes meanwhile.
+            started = [await sup.start_worker(w) for w in instances]
+        else:
+            started = await asyncio.gather(*(sup.start_worker(w) for w in instances))
+    except BaseException:  # the run stops; the trainers' starts go on and are reaped with it
+        trainers_started.add_done_callback(lambda f: f.cancelled() or f.exception())
+        raise
+    handles = {h.name: h for h in [*started, *await trainers_started]}
     agents = {spec.name: AgentRuntime(spec, model_dirs[spec.name],
                                       load_tokenizer(model_dirs[spec.name]),
                                       max_model_len=config.rollout.max_model_len)

@@ -217,7 +217,8 @@ class WeightTransfer:
     sends, flexmarl.rollout.transfer): "init" (join the trainer's group: `info` is the
     engine's init info), "start" (gate closed, running requests finished, the engine ready to
     receive `version`), "update" (receive: `info` names the tensors, their dtypes and shapes),
-    "finish" (the engine serves `version`, the gate opens). Reply: WeightUpdateDone."""
+    "finish" (the engine serves `version`, the gate opens), "abort" (the trainer's send
+    failed: an instance in the middle of it stops). Reply: WeightUpdateDone."""
 
     KIND: ClassVar[int]
     phase: str

@@ -20,6 +20,7 @@ from flexmarl.rollout.transfer import resolve_transfer
 from flexmarl.training.transfer import FanOut, Sender, cast_source, rank_offsets
 from flexmarl.rollout.vllm_engine import engine_args
 from flexmarl.rollout.worker import RolloutWorker
+from runtime.config import TransportConfig
 from runtime.errors import RemoteError
 from runtime.transport import connect
 
@@ -262,3 +263,70 @@ def test_ipc_handles_travel_as_plain_data_and_come_back_as_torch_objects():
         ipc_payload({"ipc_handles": {"u": (dict,)}})
     with pytest.raises(ValueError, match="not a tensor or storage class"):
         plain_handles({"type": "os.system"})
+
+
+class FakeTrainerEngine:
+    """Stands in for vLLM's NCCL trainer engine (which needs CUDA): it drives the client the
+    way NCCLTrainerWeightTransferEngine does: init at trainer_init, then start, update and
+    finish per send; `fail` makes the next send raise after start."""
+
+    made: list["FakeTrainerEngine"] = []
+
+    def __init__(self, init_info, client, source):
+        self.client, self.source, self.shut, self.fail = client, source, False, False
+        client.init_weight_transfer_engine({"master_port": init_info.master_port,
+                                            "world_size": init_info.world_size,
+                                            "rank_offset": 1})
+        FakeTrainerEngine.made.append(self)
+
+    def send_weights(self):
+        meta = self.source.metadata()
+        self.client.start_weight_update()
+        if self.fail:
+            raise RuntimeError("broadcast failed")
+        self.client.update_weights({"names": [m.name for m in meta]})
+        self.client.finish_weight_update()
+
+    def shutdown(self):
+        self.shut = True
+
+
+async def test_rank_0_sends_through_a_cached_group_made_again_when_the_instances_change(
+        tiny_model_dir, monkeypatch):
+    from vllm.distributed.weight_transfer import WeightTransferTrainerFactory
+
+    FakeTrainerEngine.made = []
+    monkeypatch.setattr(WeightTransferTrainerFactory, "trainer_init", classmethod(
+        lambda cls, info, *, client, source: FakeTrainerEngine(info, client, source)))
+    release = asyncio.Event()
+    release.set()
+    engines = [TransferEngine(EngineConfig(model_dir=tiny_model_dir), release) for _ in range(2)]
+    workers = [RolloutWorker(f"r{i}", f"inproc://send{i}", e) for i, e in enumerate(engines)]
+    model = load_model(tiny_model_dir)
+    sender = Sender(rank=0, loop=asyncio.get_running_loop(), transport=TransportConfig(),
+                    timeout_s=TIMEOUT_S)
+
+    def spec(version, addresses):
+        return {"version": version, "instances": addresses, "backend": "nccl",
+                "tensor_parallel_size": 1, "dtype": "bfloat16", "host": "127.0.0.1",
+                "port": 1}
+
+    async with workers[0].serving(), workers[1].serving():
+        both = [w.address for w in workers]
+        num_bytes, _ = await asyncio.to_thread(sender.send, model, spec(1, both), False)
+        assert num_bytes == 2 * sum(p.numel() for p in model.parameters())  # bf16
+        await asyncio.to_thread(sender.send, model, spec(2, both), False)
+        assert [w.version for w in workers] == [2, 2] and len(FakeTrainerEngine.made) == 1
+        assert [p for p, _ in engines[0].phases] == ["init"] + ["start", "update", "finish"] * 2
+        # One instance moved away: a new group with the one left.
+        await asyncio.to_thread(sender.send, model, spec(3, both[:1]), False)
+        assert len(FakeTrainerEngine.made) == 2 and FakeTrainerEngine.made[0].shut
+        assert [w.version for w in workers] == [3, 2]
+        # A failed send closes its group; the next one forms a new group.
+        FakeTrainerEngine.made[-1].fail = True
+        with pytest.raises(RuntimeError, match="broadcast failed"):
+            await asyncio.to_thread(sender.send, model, spec(4, both[:1]), False)
+        assert FakeTrainerEngine.made[-1].shut and sender._key is None
+        await asyncio.wait_for(workers[0].stopped.wait(), TIMEOUT_S)  # half-loaded: it stops
+        await asyncio.to_thread(sender.send, model, spec(4, both[1:]), False)
+        assert len(FakeTrainerEngine.made) == 3 and workers[1].version == 4

@@ -106,12 +106,21 @@ class RolloutWorker(Actor):
     async def on_weight_transfer(self, msg: WeightTransfer, env: Envelope) -> WeightUpdateDone:
         """A phase of a direct (GPU) update, the trainer sending (flexmarl.rollout.transfer):
         the gate closes at "start" and opens at "finish", as for a staged update. A failure
-        after "start" leaves the engine's weights half loaded: the instance then stops, and
-        the pool replaces it with one that loads the served version."""
+        after "start" (here, or the trainer's: "abort") leaves the engine's weights half
+        loaded: the instance then stops, and the pool replaces it with one that loads the
+        served version."""
         started = now()
         if not hasattr(self.engine, "transfer"):
             raise RuntimeError(f"{self.name}: its {type(self.engine).__name__} has no weight-"
                                'transfer engine (rollout.weight_transfer needs backend "vllm")')
+        if msg.phase == "abort":  # the trainer's send failed
+            if not self._gate.is_set():  # mid-update: these weights must not serve
+                log.error("%s: the trainer aborted the weight transfer of version %d: "
+                          "stopping (a replacement loads the served weights)", self.name,
+                          msg.version)
+                self._end_transfer()
+                self.stop()
+            return WeightUpdateDone(self.version, 0, 0.0)
         if msg.phase == "start":
             if msg.version <= self.version:
                 raise ValueError(f"stale weight update: version {msg.version}, instance "

@@ -74,6 +74,14 @@ class FanOut:
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         self._all("finish", [{}] * len(self.conns))
 
+    def abort(self) -> None:
+        """The send failed: instances in the middle of it stop (their weights may be half
+        loaded; the pool replaces them with ones that load the served version)."""
+        try:
+            self._all("abort", [{}] * len(self.conns))
+        except Exception as exc:  # an instance already gone: nothing left to stop there
+            log.info("aborting a weight transfer: %s: %s", type(exc).__name__, exc)
+
 
 def ipc_payload(update_info: dict) -> dict:
     """CUDA IPC handles (torch.multiprocessing's rebuild_cuda_tensor arguments: tuples holding
@@ -185,24 +193,36 @@ class Sender:
         started = time.perf_counter()
         dtype = getattr(torch, spec["dtype"])
         key = (id(model), tuple(spec["instances"]), spec["backend"], spec["dtype"])
-        if key != self._key:
-            self.close()
-            conns = ([connect(a, self.transport) for a in spec["instances"]]
-                     if self.rank == 0 else [])
-            sizes = [spec["tensor_parallel_size"]] * len(spec["instances"])
-            self._client = FanOut(self.loop, conns, sizes, spec["version"], self.timeout_s,
-                                  encode=ipc_payload if spec["backend"] == "ipc" else
-                                  (lambda info: info))
-            source = cast_source(model, dtype, {"lm_head.weight"} if tied else set())
-            self._engine = WeightTransferTrainerFactory.trainer_init(
-                _init_info(spec, self.rank, sum(sizes)), client=self._client, source=source)
-            self._key = key
-        self._client.version = spec["version"]
-        self._engine.send_weights()
+        try:
+            if key != self._key:
+                self.close()
+                conns = self._on_loop(self._connect(spec["instances"])) if self.rank == 0 else []
+                sizes = [spec["tensor_parallel_size"]] * len(spec["instances"])
+                self._client = FanOut(self.loop, conns, sizes, spec["version"], self.timeout_s,
+                                      encode=ipc_payload if spec["backend"] == "ipc" else
+                                      (lambda info: info))
+                source = cast_source(model, dtype, {"lm_head.weight"} if tied else set())
+                self._engine = WeightTransferTrainerFactory.trainer_init(
+                    _init_info(spec, self.rank, sum(sizes)), client=self._client, source=source)
+                self._key = key
+            self._client.version = spec["version"]
+            self._engine.send_weights()
+        except BaseException:
+            if self._client is not None and self._client.conns:
+                self._client.abort()
+            self.close()  # a group that failed once is not used again: the next send forms one
+            raise
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         num_bytes = sum(p.numel() for _, p in model.named_parameters()) * dtype.itemsize
         return (num_bytes if self.rank == 0 else 0), time.perf_counter() - started
+
+    async def _connect(self, addresses: list[str]) -> list[Connection]:
+        return [connect(a, self.transport) for a in addresses]  # on the loop, as it must be
+
+    def _on_loop(self, coro: Any) -> Any:
+        """Run `coro` on the rank's event loop from this (command) thread and wait for it."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     def close(self) -> None:
         if self._engine is not None:
@@ -210,10 +230,13 @@ class Sender:
                 self._engine.shutdown()
             except Exception as exc:  # a dead group: the next one is new anyway
                 log.info("closing a weight-transfer group: %s: %s", type(exc).__name__, exc)
-        if self._client is not None:
-            for conn in self._client.conns:
-                asyncio.run_coroutine_threadsafe(conn.aclose(), self.loop)
+        if self._client is not None and self._client.conns:
+            self._on_loop(_close_all(self._client.conns))
         self._engine, self._client, self._key = None, None, None
+
+
+async def _close_all(conns: list[Connection]) -> None:
+    await asyncio.gather(*(c.aclose() for c in conns), return_exceptions=True)
 
 
 def _init_info(spec: dict, rank: int, engine_ranks: int):

@@ -330,3 +330,80 @@ async def test_rank_0_sends_through_a_cached_group_made_again_when_the_instances
         await asyncio.wait_for(workers[0].stopped.wait(), TIMEOUT_S)  # half-loaded: it stops
         await asyncio.to_thread(sender.send, model, spec(4, both[1:]), False)
         assert len(FakeTrainerEngine.made) == 3 and workers[1].version == 4
+
+
+# ----------------------------------------------------------------------------- a whole run
+
+class StagedDirect:
+    """pool.direct for a CPU run: the trainer "sends" by exporting its weights and pushing
+    them to the addresses it is given (what NCCL does on GPU, here through the transport), so
+    the loop's direct branch (no export in the session, pool.push_direct at sync time, the
+    trainer's version checked) runs end to end."""
+
+    sends: list[tuple[str, int, int]] = []
+
+    def __init__(self, trainers, rollout, backend):
+        self.trainers = trainers
+
+    async def send(self, agent, version, addresses):
+        update = await self.trainers.export(agent)
+        assert update.version == version, (update.version, version)
+        conns = [connect(a) for a in addresses]
+        try:
+            await asyncio.gather(*(c.request(WeightUpdate(version, update.tensors),
+                                             timeout_s=TIMEOUT_S) for c in conns))
+        finally:
+            for c in conns:
+                await c.aclose()
+        StagedDirect.sends.append((agent, version, len(addresses)))
+        return WeightUpdateDone(version, sum(t.numel() * 4 for t in update.tensors.values()),
+                                0.0)
+
+    async def fetch(self, agent):
+        return await self.trainers.export(agent)
+
+
+@pytest.mark.slow
+async def test_a_run_synced_by_its_trainers_ends_like_a_staged_run(tiny_model_dir, tmp_path,
+                                                                   monkeypatch):
+    """The same seeded run twice, weights pushed through the run (staged) and sent by the
+    trainer at sync time (the direct branch GPU runs take): the same rewards and the same
+    final weights, bit for bit, and every step's version reached the instances."""
+    from safetensors.torch import load_file
+
+    import flexmarl.launch.placement as placement
+    from flexmarl.config.load import load_config
+    from flexmarl.launch.run import train
+    from flexmarl.observe.rundir import RunDir
+    from tests.test_pipeline import duo
+
+    def cfg(name):
+        return load_config(overrides=[
+            f"run.dir={tmp_path / name}", "run.steps=2", "rollout.backend=torch",
+            "pipeline.mode=micro_batch", "pipeline.tasks_per_step=4",
+            "pipeline.trajectories_per_task=2", "pipeline.max_concurrent_tasks=1",
+            "pipeline.micro_batch_groups=1", "trainer.lr=1e-3", "observe.report=false"])
+
+    results = {}
+    for name in ("staged", "direct"):
+        if name == "direct":
+            StagedDirect.sends = []
+            monkeypatch.setattr(placement, "DIRECT", ("stage",))
+            monkeypatch.setattr(placement, "_DirectSync", StagedDirect)
+        config = cfg(name)
+        results[name] = await asyncio.wait_for(
+            train(duo(tiny_model_dir), config, run_dir=RunDir.create(config), progress=False),
+            300)
+    staged, direct = results["staged"], results["direct"]
+    assert sorted(StagedDirect.sends) == [(a, v, 1) for a in ("checker", "solver")
+                                          for v in (1, 2)]
+    for a, b in zip(staged.metrics, direct.metrics):
+        for name in ("solver", "checker"):
+            x, y = a["agents"][name], b["agents"][name]
+            assert (x["reward"], x["trained_samples"], x["version"]) == \
+                (y["reward"], y["trained_samples"], y["version"])
+            assert y["sync_bytes"] > 0
+    for name in ("solver", "checker"):
+        ws = load_file(str(staged.checkpoints[name] / "model.safetensors"))
+        wd = load_file(str(direct.checkpoints[name] / "model.safetensors"))
+        assert all(torch.equal(ws[k], wd[k]) for k in ws)

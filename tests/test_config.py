@@ -354,16 +354,19 @@ def test_cli_config_error_exits_2_with_one_message(tmp_path, team_file, capsys, 
 
 
 def fake_train_modules(monkeypatch, train) -> None:
-    """Stand-ins for flexmarl.team, flexmarl.launch.run and flexmarl.launch.model_dirs, which
-    `main` imports when it runs."""
+    """Stand-ins for flexmarl.team, flexmarl.launch.run, flexmarl.launch.task_files and
+    flexmarl.launch.model_dirs, which `main` imports when it runs."""
     import flexmarl.launch.checkpoint  # noqa: F401  (what main also imports: loaded with the real
     import flexmarl.orchestrator.orchestrator  # noqa: F401  flexmarl.team, before it is replaced below)
+    import flexmarl.launch.placement  # noqa: F401
     team = types.SimpleNamespace(name="duo", agents=[types.SimpleNamespace(
         name="solver", trainable=True, train_ranks=None, instances=None)])
     monkeypatch.setitem(sys.modules, "flexmarl.team",
                         types.SimpleNamespace(load_team=lambda path: team))
     monkeypatch.setitem(sys.modules, "flexmarl.launch.run",
-                        types.SimpleNamespace(train=train))
+                        types.SimpleNamespace(train=train, check_eval=lambda team, config: None))
+    monkeypatch.setitem(sys.modules, "flexmarl.launch.task_files",
+                        types.SimpleNamespace(team_with_task_file=lambda team, config: team))
     monkeypatch.setitem(sys.modules, "flexmarl.launch.model_dirs",
                         types.SimpleNamespace(check_model=lambda spec: spec))
     monkeypatch.delenv("FLEXMARL_LOG", raising=False)
@@ -374,7 +377,7 @@ def test_cli_run_makes_the_run_dir_and_prints_a_summary(tmp_path, team_file, cap
     async def train(team, config, *, run_dir, on_dashboard=None, **_):
         run_dir.metrics.write({"step": 0, "team_reward": 0.75, "agents": {"solver": 1}})
         return types.SimpleNamespace(metrics=read_metrics(run_dir.path / "metrics.jsonl"),
-                                     run_dir=run_dir.path, report=None)
+                                     run_dir=run_dir.path, report=None, final_eval=None)
 
     fake_train_modules(monkeypatch, train)
     with pytest.raises(SystemExit) as info:

@@ -24,6 +24,7 @@ from typing import Any, Mapping, Sequence
 from flexmarl.checks import ConfigError
 from flexmarl.config.sections import (ClusterConfig, DevicesConfig, GatewayConfig, ObserveConfig,
                                       PlanConfig, RunConfig, TeamRef)
+from flexmarl.orchestrator.evaluate import EvalConfig
 from flexmarl.orchestrator.policy import PipelineConfig
 from flexmarl.rollout.balancer import BalancerConfig
 from flexmarl.rollout.pool import RolloutConfig
@@ -52,6 +53,7 @@ class Config:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
 
@@ -95,7 +97,7 @@ SECTIONS: dict[str, type] = {"run": RunConfig, "team": TeamRef, "pipeline": Pipe
                              "trainer_pool": TrainerPoolConfig, "devices": DevicesConfig,
                              "balance": BalancerConfig,
                              "observe": ObserveConfig, "cluster": ClusterConfig,
-                             "gateway": GatewayConfig, "plan": PlanConfig,
+                             "gateway": GatewayConfig, "plan": PlanConfig, "eval": EvalConfig,
                              "transport": TransportConfig, "supervisor": SupervisorConfig}
 """TOML section name -> its dataclass, in file order."""
 
@@ -124,7 +126,7 @@ def load_config(path: str | None = None, overrides: Sequence[str] = (), *,
         _merge(data, {"team": {"path": team}}, sources, "from --team")
     config = Config.from_dict(data, sources=sources)
     resolved = resolve_team_path(config.team.path)
-    return dataclasses.replace(config, team=TeamRef(path=str(resolved)))
+    return dataclasses.replace(config, team=dataclasses.replace(config.team, path=str(resolved)))
 
 
 def resolve_team_path(path: str) -> Path:

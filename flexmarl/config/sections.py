@@ -60,10 +60,44 @@ class TeamRef:
     path: str = "agents/math_duo.py"
     """Team file: relative paths are looked up in the current directory, then in the package
     root (so the default works from anywhere). `load_config` stores the resolved path."""
+    tasks: str = ""
+    """A task file (.jsonl, .json, .csv, .parquet) or a `datasets` save_to_disk directory whose
+    rows replace the team file's own tasks (flexmarl.launch.task_files); "" keeps them. Looked
+    up like `path`: the current directory, then the package root."""
+    prompt_field: str = "prompt"
+    """With `tasks`: the column holding each task's prompt (text, or a list of chat messages)."""
+    answer_field: str = "answer"
+    """With `tasks`: the column holding the reference answer; "": none (every answer is "")."""
+    id_field: str = ""
+    """With `tasks`: a column of unique task ids; "": "{file stem}-{row index}"."""
+    heldout: float = 0.0
+    """With `tasks`: rows held out of training (for held-out accuracy), a count (50) or a
+    fraction (0.1), after a shuffle by run.seed; 0: a DatasetDict's test/validation split if it
+    has one, else the team file's own held-out tasks."""
+    limit: int = 0
+    """With `tasks`: read only the first this many rows (of each split); 0: all."""
 
     def __post_init__(self) -> None:
         require(bool(self.path), "team.path", self.path,
                  "must name a team file; pass --team PATH or set team.path")
+        require(bool(self.prompt_field), "team.prompt_field", self.prompt_field,
+                "must name the prompt column of team.tasks")
+        seen: dict[str, str] = {}
+        for key in ("prompt_field", "answer_field", "id_field"):
+            column = getattr(self, key)
+            require(column not in seen, f"team.{key}", column,
+                    f"must name another column than team.{seen.get(column)}")
+            if column:
+                seen[column] = key
+        require(self.heldout >= 0 and (self.heldout < 1 or float(self.heldout).is_integer()),
+                "team.heldout", self.heldout,
+                "must be a count of rows (0, 1, 2, ...) or a fraction in (0, 1)")
+        require(self.limit >= 0, "team.limit", self.limit, "must be >= 0 (0: every row)")
+        if not self.tasks:
+            for key in ("prompt_field", "answer_field", "id_field", "heldout", "limit"):
+                default = TeamRef.__dataclass_fields__[key].default
+                require(getattr(self, key) == default, f"team.{key}", getattr(self, key),
+                        "applies to a task file only: set team.tasks too, or leave it out")
 
 
 @dataclass(kw_only=True, frozen=True)

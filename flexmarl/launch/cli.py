@@ -75,6 +75,21 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("run_dir", metavar="RUN_DIR", help="the run directory")
     report.add_argument("--out", metavar="DIR", help="where to write (default RUN_DIR/report)")
     report.set_defaults(command=_report)
+    ev = commands.add_parser("eval", help="evaluate a run's weights on its held-out tasks",
+                             description=(
+        "Run the team's workflow with training off on the run's held-out tasks (its [eval] "
+        "section: greedy or n sampled per task) with the run's final checkpoints, or with "
+        "--step N its training state saved after step N; print per-agent and team rewards and "
+        "write RUN_DIR/eval-final.json (eval-step-N.json)."))
+    ev.add_argument("run_dir", metavar="RUN_DIR", help="the run directory")
+    ev.add_argument("--step", type=int, metavar="N",
+                    help="the state saved after step N instead of the final checkpoints")
+    ev.add_argument("--set", dest="overrides", action="append", default=[],
+                    metavar="SECTION.KEY=VALUE",
+                    help="override one setting of the run's config, e.g. --set eval.tasks=50 "
+                         "--set eval.greedy=false --set eval.n=4")
+    ev.add_argument("--json", action="store_true", help="also print the result as JSON")
+    ev.set_defaults(command=_eval)
     keygen = commands.add_parser("keygen", help="make a CURVE key pair for encrypted tcp://",
                                  description=(
         "Write NAME.key (public) and NAME.key_secret (mode 0600) into DIR for "
@@ -107,11 +122,12 @@ def _run(args: argparse.Namespace) -> int:
     from flexmarl.observe.rundir import RunDir
     from flexmarl.launch.model_dirs import check_model
     from flexmarl.launch.placement import check_backend, check_devices
-    from flexmarl.launch.run import train
+    from flexmarl.launch.run import check_eval, train
+    from flexmarl.launch.task_files import team_with_task_file
     from flexmarl.team import load_team
 
     try:
-        team = load_team(config.team.path)
+        team = team_with_task_file(load_team(config.team.path), config)
     except ConfigError as e:
         return _config_error(e)
     except Exception as e:  # anything the team file raises: no team, NameError, SyntaxError...
@@ -129,6 +145,7 @@ def _run(args: argparse.Namespace) -> int:
                   flush=True)
             config = resolve_auto(config, team)
         check_devices(config, team)  # the GPUs fit, before a run dir or a process exists
+        check_eval(team, config)
         run_dir = RunDir.create(config, resume=bool(args.resume))
     except ConfigError as e:
         return _config_error(e)
@@ -161,6 +178,10 @@ def _run(args: argparse.Namespace) -> int:
               f"{run_dir.path})", file=sys.stderr)
         return 1  # the run failed, as an uncaught error would exit
     print(_summary(result.metrics, result.run_dir))
+    if result.final_eval is not None:
+        from flexmarl.observe.rundir import eval_line
+        print(f"flexmarl: held-out evaluation of the final weights: "
+              f"{eval_line(result.final_eval)} (RUN_DIR/eval.json)")
     if result.report is not None:
         print(f"flexmarl: report {result.report}")
     return EXIT_OK
@@ -268,6 +289,31 @@ def _report(args: argparse.Namespace) -> int:
         print(f"flexmarl: report error: {e}", file=sys.stderr)
         return EXIT_CONFIG
     print(path)
+    return EXIT_OK
+
+
+def _eval(args: argparse.Namespace) -> int:
+    import json
+
+    import uvloop
+
+    from flexmarl.launch.checkpoint import CheckpointError
+    from flexmarl.launch.evaluation import evaluate_run
+    from flexmarl.observe.rundir import eval_line
+
+    _configure_logging("WARNING")
+    try:
+        result = uvloop.run(evaluate_run(args.run_dir, step=args.step, overrides=args.overrides))
+    except (ConfigError, CheckpointError) as e:
+        return _config_error(e)
+    except ValueError as e:  # no held-out tasks, a team file that does not load
+        print(f"flexmarl: eval error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(f"flexmarl: {result['weights']} weights: {eval_line(result)}")
+    if result.get("errors"):
+        print("flexmarl: failed trajectories: " + "; ".join(result["errors"]))
+    if args.json:
+        print(json.dumps(result))
     return EXIT_OK
 
 

@@ -35,10 +35,12 @@ from flexmarl.launch.checkpoint import (STATE_DIR, SaveSchedule, StateCheckpoint
                                        drop_records_after, last_record_step, resume_point)
 from flexmarl.launch.model_dirs import resolve_model, save_model_dir
 from flexmarl.launch.placement import check_backend, grow, launcher, start_agents, watch_workers
+from flexmarl.launch.task_files import team_with_task_file
 from flexmarl.models import notice
 from flexmarl.observe.monitor import RunMonitor
 from flexmarl.observe.rundir import Progress, RunDir
 from flexmarl.observe.server import StatusServer
+from flexmarl.orchestrator.evaluate import evaluate, heldout_tasks
 from flexmarl.orchestrator.loop import PipelineRun
 from flexmarl.orchestrator.orchestrator import Orchestrator
 from flexmarl.orchestrator.policy import make_pipeline
@@ -70,6 +72,8 @@ class RunResult:
     dashboard_url: str | None = None
     first_step: int = 0
     """The step this run started at (> 0: it resumed a run directory)."""
+    final_eval: dict | None = None
+    """The held-out evaluation of the final weights (eval.final; RUN_DIR/eval.json)."""
 
 
 async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
@@ -85,7 +89,9 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
     the step after its last recorded one, from every agent's saved state, and, with fixed
     seeds, ends with the same weights as an uninterrupted run."""
     started = time.perf_counter()
+    team = team_with_task_file(team, config)  # team.tasks: a data file's rows (seeded split)
     check_backend(config)
+    check_eval(team, config)
     if config.trainer_pool.slots == "auto":  # the cluster simulator plans the slots (seconds)
         from flexmarl.sim.team_plan import resolve_auto
         notice('planning trainer_pool.slots = "auto" with the cluster simulator')
@@ -206,8 +212,11 @@ async def _steps(parts: _Parts, config: Config, run_dir: RunDir | None,
                                        parts.activity, config.pipeline, config.run.steps,
                                        policy=pipeline, emit=emit, progress=_Tee(bar, monitor),
                                        first_step=first_step,
-                                       on_agent_step=save_state if saved else None)
+                                       on_agent_step=save_state if saved else None,
+                                       evaluate=evaluator(parts, config),
+                                       eval_every=config.eval.every_steps)
                     await unless_app_exits(loop.run(), app)
+                    final_eval = await _final_eval(parts, config, run_dir, bar, loggers)
             monitor.state = "finished"
         except BaseException:
             monitor.state = "failed"
@@ -224,7 +233,58 @@ async def _steps(parts: _Parts, config: Config, run_dir: RunDir | None,
                                                              run_dir.checkpoint_dir(name))
     return RunResult(metrics, run_dir.path if run_dir else None,
                      {n: rt.version for n, rt in parts.agents.items()}, checkpoints,
-                     dashboard_url=dashboard_url, first_step=first_step)
+                     dashboard_url=dashboard_url, first_step=first_step,
+                     final_eval=final_eval)
+
+
+def check_eval(team: Team, config: Config) -> None:
+    """Evaluation during the run needs held-out tasks and the team's own workflow."""
+    if not config.eval.every_steps:
+        return
+    if config.gateway.enabled:
+        raise ConfigError("eval.every_steps: evaluation runs the team's workflow, but with "
+                          "gateway.enabled the episodes are the app's; set eval.every_steps = 0")
+    if not team.heldout:
+        raise ConfigError(f"eval.every_steps = {config.eval.every_steps} but team {team.name} "
+                          "has no held-out tasks: give the team file Team(heldout=...), or set "
+                          "team.tasks to a data file and team.heldout to a count or fraction")
+
+
+def evaluator(parts: _Parts, config: Config) -> Callable[[int], Awaitable[dict]] | None:
+    """The loop's `evaluate(step)`: the workflow on the held-out tasks, through the run's own
+    rollout instances (flexmarl.orchestrator.evaluate)."""
+    team = parts.orch.team
+    if parts.gateway is not None or not team.heldout:
+        return None
+    tasks = heldout_tasks(team, config.eval)
+
+    async def run(step: int) -> dict:
+        return await evaluate(team, parts.agents, parts.pool.generate, tasks, config.eval,
+                              seed=config.run.seed,
+                              max_concurrent_calls=config.pipeline.max_concurrent_calls)
+    return run
+
+
+async def _final_eval(parts: _Parts, config: Config, run_dir: RunDir | None,
+                      bar: Progress, loggers: "MetricLoggers | None") -> dict | None:
+    """eval.final: the final weights (what the checkpoints hold) on the held-out tasks, once,
+    while the instances still serve them; RUN_DIR/eval.json."""
+    run = evaluator(parts, config)
+    if not config.eval.final or run is None:
+        return None
+    result = await run(config.run.steps - 1)
+    result |= {"after_step": config.run.steps - 1, "final": True,
+               "versions_final": {n: rt.version for n, rt in parts.agents.items()}}
+    bar.evaluated(config.run.steps - 1, result)
+    if loggers is not None:  # at step `steps`: after the last step's record
+        loggers.log({"step": config.run.steps, "eval": result})
+    if run_dir is not None:
+        import orjson
+        (run_dir.path / EVAL_FILE).write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    return result
+
+
+EVAL_FILE = "eval.json"
 
 
 async def _serve_restored(parts: _Parts) -> None:
@@ -330,6 +390,9 @@ class _Tee:
     def end_step(self, step: int, rewards: dict[str, float], seconds: float | None = None,
                  no_signal: Sequence[str] = ()) -> None:
         self.bar.end_step(step, rewards, seconds, no_signal)
+
+    def evaluated(self, step: int, result: dict) -> None:
+        self.bar.evaluated(step, result)
 
 
 def _loggers(config: Config, run_dir: RunDir | None) -> "MetricLoggers | None":

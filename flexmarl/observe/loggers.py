@@ -52,6 +52,18 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
             v = _scalar(value)
             if v is not None:
                 out[f"agent/{name}/train_metrics/{key}"] = v
+    return out | eval_scalars(record.get("eval"))
+
+
+def eval_scalars(result: Any) -> dict[str, float]:
+    """A held-out evaluation's numbers by tag (eval/team_reward, eval/<agent>/reward, ...)."""
+    if not isinstance(result, dict):
+        return {}
+    out = {f"eval/{key}": v for key in ("team_reward", "best_team", "failed")
+           if (v := _scalar(result.get(key))) is not None}
+    for name, agent in (result.get("agents") or {}).items():
+        if isinstance(agent, dict) and (v := _scalar(agent.get("reward"))) is not None:
+            out[f"eval/{name}/reward"] = v
     return out
 
 

@@ -21,7 +21,8 @@ The status schema (tests/data/status_sample.json is an example):
     instances  name -> agent, queued, running (its last load report), inflight (ours),
                draining, util
     slots      name -> ranks, agent (bound now), resident (state held), util
-    history    the finished steps: step, step_s, t_done, team_reward,
+    history    the finished steps: step, step_s, t_done, team_reward, eval (held-out, when
+               the step was evaluated),
                agents.name.{reward, staleness, version, train_s, sync_s}
     totals     moves, swaps (since the run started)
     timeline   now, intervals [[agent, rollout|train|sync|swap, start, end|null], ...]
@@ -144,6 +145,10 @@ class RunMonitor:
             "agents": {name: {k: a.get(k) for k in ("reward", "staleness", "version",
                                                     "train_s", "sync_s")}
                        for name, a in agents.items()}})
+        if isinstance(record.get("eval"), dict):  # a held-out evaluation after this step
+            ev = record["eval"]
+            self.history[-1]["eval"] = {"team_reward": ev.get("team_reward"), "agents": {
+                name: a.get("reward") for name, a in ev.get("agents", {}).items()}}
 
     async def sample_loop(self, interval_s: float = 1.0) -> None:
         while True:

@@ -178,6 +178,14 @@ def _plot_reward(run: _Run) -> Any:
             ax.plot(run.steps, values, label=_label(name), zorder=2,
                     **_agent_style(i, colours[name], run.steps))
             any_data = True
+    # Held-out evaluations (eval.every_steps): the team reward on tasks never trained on.
+    evals = [(r["eval"].get("after_step", step), _num(r["eval"].get("team_reward")))
+             for r, step in zip(run.records, run.steps) if isinstance(r.get("eval"), dict)]
+    evals = [(x, y) for x, y in evals if y is not None]
+    if evals:
+        ax.plot(*zip(*evals), color="black", linestyle="--", marker="s", markersize=5,
+                label="team, held-out (eval)", zorder=3)
+        any_data = True
     if not any_data:
         _no_data(ax, "rewards")
     ax.set_title("Mean reward per step")

@@ -127,7 +127,19 @@ def _summary(run: _Run) -> list[tuple[str, str]]:
         ("last team reward", _fmt(team[-1] if team else None)),
         ("instance moves", str(sum(len(_list(r.get("moves"))) for r in records))),
         ("trainer swaps", str(sum(len(_list(r.get("swaps"))) for r in records))),
+        *_eval_rows(records),
     ]
+
+
+def _eval_rows(records: list[dict]) -> list[tuple[str, str]]:
+    """The held-out evaluations' team reward, first and last (eval.every_steps)."""
+    evals = [(r["eval"].get("after_step"), _num(r["eval"].get("team_reward")))
+             for r in records if isinstance(r.get("eval"), dict)]
+    if not evals:
+        return []
+    (s0, first), (s1, last) = evals[0], evals[-1]
+    return [(f"held-out team reward after step {s0}", _fmt(first)),
+            (f"held-out team reward after step {s1}", _fmt(last))]
 
 
 _AGENT_COLUMNS = ("agent", "trainable", "final version", "final reward", "mean staleness",

@@ -104,6 +104,7 @@ class Progress:
     def add_samples(self, n: int) -> None: ...
     def end_step(self, step: int, rewards: dict[str, float], seconds: float | None = None,
                  no_signal: Sequence[str] = ()) -> None: ...
+    def evaluated(self, step: int, result: dict) -> None: ...
 
 
 class PipelineRun:
@@ -115,14 +116,19 @@ class PipelineRun:
                  emit: Callable[[dict], Awaitable[None] | None] | None = None,
                  progress: Progress | None = None, first_step: int = 0,
                  on_agent_step: Callable[[str, int, TrainState | None], Awaitable[None]]
-                 | None = None) -> None:
+                 | None = None,
+                 evaluate: Callable[[int], Awaitable[dict]] | None = None,
+                 eval_every: int = 0) -> None:
         """`config` (section `pipeline`) gives the batch shape and, unless `policy` is given,
         the policy. `emit(record)` gets each step's record, in step order, from one task (it
         may be a coroutine function: the next record waits for it). `first_step` > 0 resumes a run (steps before it are done; their tasks are
         skipped in the data cursor); `on_agent_step(agent, step, state)` is awaited with the
         agent's state after step `step` (its snapshot; None with snapshots off or before its
         first update), e.g. to save it: in the agent's writer task, in step order, off the
-        critical path; the step's record is emitted once every agent's call has returned."""
+        critical path; the step's record is emitted once every agent's call has returned.
+        `evaluate(step)` (flexmarl.orchestrator.evaluate) runs after every `eval_every` steps
+        but the last, between two steps' rollouts; the step's record waits for it and carries
+        it as "eval"."""
         if not 0 <= first_step <= steps:
             raise ValueError(f"first_step must be in [0, {steps}], got {first_step}")
         self.orch = orch
@@ -160,6 +166,11 @@ class PipelineRun:
         self._last_team_end = 0.0
         self._recorder: StepRecorder | None = None
         self.started = 0.0
+        self.evaluate = evaluate
+        self._eval_pending = ({s for s in range(first_step, steps - 1) if (s + 1) % eval_every == 0}
+                              if evaluate is not None and eval_every else set())
+        """Steps whose evaluation is due and not done: their records wait for it."""
+        self.evals: dict[int, dict] = {}
 
     async def run(self) -> list[dict]:
         orch = self.orch
@@ -201,11 +212,28 @@ class PipelineRun:
         for step in range(self.first_step, self.steps):
             if self.policy.team_barrier and step > self.first_step:
                 await self.step_done[step - 1].wait()
+            if step - 1 in self._eval_pending:
+                await self._evaluate(step - 1)
             tasks = self.orch.next_tasks(self.tasks_per_step)
             self.progress.start_step(step, len(tasks) * per_task)
             self.rollouts[step] = await self.orch.rollout(step, tasks,
                                                           on_task_done=self.progress.add_samples)
             self.rollout_done[step].set()
+
+    async def _evaluate(self, step: int) -> None:
+        """The held-out evaluation after `step`, with no rollout of training samples meanwhile:
+        once every agent has finished `step` (trained and synced: its instances serve the
+        weights after it), except with defer_sync (one_step_off), whose sync of `step` waits
+        for the next rollout: then it evaluates what the instances serve when the rollout of
+        `step` has ended (the result's `versions` says which)."""
+        if not self.policy.defer_sync:
+            await self.step_done[step].wait()
+        result = await self.evaluate(step)
+        result["after_step"] = step
+        self.evals[step] = result
+        self._eval_pending.discard(step)
+        self.progress.evaluated(step, result)
+        self._flush()
 
     async def _frozen_steps(self) -> None:
         for step in range(self.first_step, self.steps):
@@ -457,10 +485,17 @@ class PipelineRun:
         self._flush()
 
     def _flush(self) -> None:
-        """Pass on the built records whose step's saves have all returned, in step order: a
-        record (the resume point) is never out before the states it names."""
-        while self._unemitted and not self._saves_left.get(self._unemitted[0]["step"]):
-            self._ready.put_nowait(self._unemitted.popleft())
+        """Pass on the built records whose step's saves have all returned (and evaluation, if
+        one is due), in step order: a record (the resume point) is never out before the
+        states it names."""
+        while self._unemitted:
+            step = self._unemitted[0]["step"]
+            if self._saves_left.get(step) or step in self._eval_pending:
+                return  # its states are not on disk yet, or its evaluation is running
+            record = self._unemitted.popleft()
+            if step in self.evals:
+                record["eval"] = self.evals.pop(step)
+            self._ready.put_nowait(record)
 
     async def _emitter(self) -> None:
         """`emit` every record, one at a time: a launcher's emit writes and fsyncs it in a

@@ -262,8 +262,12 @@ function renderCurves(names, history) {
     name: n, color: agentColor(n), points: history.map((st) => [st.step, ((st.agents || {})[n] || {})[field]]),
   }));
   const team = { name: "team", color: "#333", dash: "5 3", points: history.map((st) => [st.step, st.team_reward]) };
+  // Held-out evaluations (eval.every_steps): the team reward on tasks never trained on.
+  const held = history.filter((st) => st.eval && isNum(st.eval.team_reward));
+  const heldout = held.length ? [{ name: "team, held-out", color: "#000", dash: "2 2",
+                                   points: held.map((st) => [st.step, st.eval.team_reward]) }] : [];
   document.getElementById("curves").replaceChildren(
-    lineChart("Reward", "mean reward", [team, ...perAgent("reward")]),
+    lineChart("Reward", "mean reward", [team, ...heldout, ...perAgent("reward")]),
     lineChart("Staleness", "versions behind", perAgent("staleness"), { zeroBased: true }),
     lineChart("Step time", "seconds", [{ name: "step", color: "#555", points: history.map((st) => [st.step, st.step_s]) }],
               { zeroBased: true }),

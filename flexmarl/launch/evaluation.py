@@ -1,0 +1,121 @@
+"""`flexmarl eval RUN_DIR [--step N]`: a finished (or stopped) run's weights on its held-out tasks.
+
+    RUN_DIR/config.toml ─► the team (and its task file) ─► held-out tasks (eval section)
+    weights per agent: the final checkpoint (RUN_DIR/checkpoints/AGENT/version-N, the newest),
+        or with --step N the training state saved after step N (RUN_DIR/state), written out as
+        a model directory; frozen agents: their model as the run resolved it
+    ─► one TorchEngine per agent in this process ─► flexmarl.orchestrator.evaluate (the
+       workflow, training off) ─► the table, and RUN_DIR/eval-final.json or eval-step-N.json
+
+The torch engine keeps this independent of any worker process and exact: the same weights give
+the same numbers (greedy), whatever machine evaluates them.
+"""
+from __future__ import annotations
+
+import asyncio
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+import orjson
+
+from flexmarl.checks import ConfigError
+from flexmarl.config.load import Config, load_config
+from flexmarl.launch.checkpoint import STATE_DIR, StateCheckpoints
+from flexmarl.launch.model_dirs import resolve_model, write_model_dir
+from flexmarl.observe.rundir import CHECKPOINTS_DIR, CONFIG_FILE
+from flexmarl.orchestrator.agents import AgentRuntime
+from flexmarl.orchestrator.evaluate import evaluate, heldout_tasks
+from flexmarl.protocol import Generate, GenerateReply, WeightUpdate
+from flexmarl.rollout.engine import EngineConfig
+from flexmarl.rollout.torch_engine import TorchEngine
+from flexmarl.team import Team, load_team
+
+
+def run_config(run_dir: Path, overrides: Sequence[str] = ()) -> Config:
+    """The run's own config (RUN_DIR/config.toml), with `--set` overrides (eval.* usually)."""
+    path = run_dir / CONFIG_FILE
+    if not path.is_file():
+        raise ConfigError(f"{str(run_dir)!r} is not a run directory: it has no {CONFIG_FILE}")
+    return load_config(str(path), overrides)
+
+
+def final_checkpoint(run_dir: Path, agent: str) -> Path | None:
+    """RUN_DIR/checkpoints/AGENT/version-N with the highest N, if any."""
+    root = run_dir / CHECKPOINTS_DIR / agent
+    versions = [(int(m.group(1)), p) for p in root.glob("version-*")
+                if (m := re.fullmatch(r"version-(\d+)", p.name)) and (p / "config.json").is_file()]
+    return max(versions)[1] if versions else None
+
+
+def model_dirs(run_dir: Path, team: Team, step: int | None, scratch: Path) -> dict[str, str]:
+    """The weights each agent is evaluated with (see the module docstring)."""
+    out = {}
+    states = StateCheckpoints(run_dir / STATE_DIR) if step is not None else None
+    for spec in team.agents:
+        base = resolve_model(spec)
+        if not spec.trainable:
+            out[spec.name] = base
+        elif step is None:
+            final = final_checkpoint(run_dir, spec.name)
+            if final is None:
+                raise ConfigError(f"run {run_dir} has no final checkpoint of agent {spec.name} "
+                                  f"(in {run_dir / CHECKPOINTS_DIR / spec.name}): the run did not "
+                                  "finish; evaluate a saved step with --step N")
+            out[spec.name] = str(final)
+        else:
+            saved = states.steps(spec.name)
+            if step not in saved:
+                raise ConfigError(f"run {run_dir} has no state of agent {spec.name} saved after "
+                                  f"step {step}; saved steps: {saved or 'none'} (run.save_every "
+                                  "and pruning keep only the latest)")
+            state = states.load(spec.name, step)
+            tensors = {k.removeprefix("model/"): v for k, v in state.tensors.items()
+                       if k.startswith("model/")}
+            if not tensors:  # never updated: its starting weights
+                out[spec.name] = base
+                continue
+            out[spec.name] = str(write_model_dir(WeightUpdate(state.version, tensors), base,
+                                                 scratch / spec.name))
+    return out
+
+
+async def evaluate_run(run_dir: str | Path, *, step: int | None = None,
+                       overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """Evaluate the run's final checkpoints (or its state after `step`) on its held-out tasks;
+    the result, also written to RUN_DIR/eval-final.json or eval-step-N.json."""
+    from flexmarl.launch.task_files import team_with_task_file
+
+    run_dir = Path(run_dir)
+    config = run_config(run_dir, overrides)
+    team = team_with_task_file(load_team(config.team.path), config)
+    tasks = heldout_tasks(team, config.eval)
+    with tempfile.TemporaryDirectory(prefix="flexmarl-eval-") as scratch:
+        dirs = await asyncio.to_thread(model_dirs, run_dir, team, step, Path(scratch))
+        engines = {name: TorchEngine(EngineConfig(model_dir=d, seed=config.run.seed,
+                                                  max_model_len=config.rollout.max_model_len))
+                   for name, d in dirs.items()}
+        for engine in engines.values():
+            await engine.start()
+        try:
+            agents = {spec.name: AgentRuntime(spec, dirs[spec.name], engines[spec.name].tokenizer,
+                                              max_model_len=config.rollout.max_model_len)
+                      for spec in team.agents}
+
+            async def generate(agent: str, msg: Generate) -> GenerateReply:
+                samples, _ = await engines[agent].generate(msg.prompt_ids, msg.params)
+                return GenerateReply(msg.request_id, 0, list(msg.prompt_ids), samples, None,
+                                     f"eval-{agent}")
+
+            result = await evaluate(team, agents, generate, tasks, config.eval,
+                                    seed=config.run.seed)
+        finally:
+            for engine in engines.values():
+                await engine.close()
+    result |= {"weights": "final" if step is None else f"after step {step}",
+               "model_dirs": {n: d if not d.startswith(scratch) else "(from the saved state)"
+                              for n, d in dirs.items()}}
+    name = "eval-final.json" if step is None else f"eval-step-{step}.json"
+    (run_dir / name).write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    return result

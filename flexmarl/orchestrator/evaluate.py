@@ -1,0 +1,183 @@
+"""Evaluation: the team's own workflow on held-out tasks with training off.
+
+    held-out tasks (Team.heldout, or team.heldout of a task file) ─► evaluate(): each task once
+      greedy (temperature 0), or eval.n times sampled at the agents' own settings (fixed seeds)
+      ─► workflow(EvalContext, task): ctx.generate goes straight to `generate` (the run's
+         rollout pool, or flexmarl eval's engines): no step gate, nothing stored, no training
+      ─► ctx.reward / ctx.team_reward collected ─► per agent and team means (and best of n)
+
+During a run (`eval.every_steps`) the rollout producer evaluates between two steps' rollouts,
+so no training sample is generated meanwhile; the step's record waits for it and carries it as
+`record["eval"]`. The run's final weights are evaluated once more at its end (`eval.final`), and
+`flexmarl eval RUN_DIR` evaluates saved checkpoints the same way (flexmarl.launch.evaluation).
+A workflow that raises fails that trajectory (counted, not scored), as in training.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+from flexmarl.checks import require
+from flexmarl.orchestrator.agents import AgentRuntime
+from flexmarl.orchestrator.orchestrator import _RUN_ERRORS, TrajectoryContext, request_seed
+from flexmarl.protocol import Generate, GenerateReply
+from flexmarl.team import Completion, Team
+
+Generator = Callable[[str, Generate], Awaitable[GenerateReply]]
+"""(agent, request) -> reply: the rollout pool's generate, or flexmarl eval's engines'."""
+
+
+@dataclass(kw_only=True, frozen=True)
+class EvalConfig:
+    """Held-out evaluation while training and after it (section `eval`)."""
+
+    every_steps: int = 0
+    """Evaluate after every this many steps (between two steps' rollouts; the step's record
+    carries it); 0: never during the run."""
+    tasks: int = 0
+    """Held-out tasks per evaluation, the first of Team.heldout; 0: all of them."""
+    greedy: bool = True
+    """Each task once at temperature 0; false: `n` trajectories per task at the agents' own
+    sampling settings (seeded: the same draws every evaluation)."""
+    n: int = 1
+    """Trajectories per task when not greedy (their mean, and the best of them: best_team)."""
+    final: bool = True
+    """Evaluate the run's final weights once at its end (RUN_DIR/eval.json), when the team has
+    held-out tasks."""
+    max_concurrent_tasks: int = 16
+    """Held-out tasks evaluated at once."""
+
+    def __post_init__(self) -> None:
+        for name in ("every_steps", "tasks"):
+            require(getattr(self, name) >= 0, f"eval.{name}", getattr(self, name),
+                    "must be >= 0 (0: " + ("never" if name == "every_steps" else "all") + ")")
+        require(self.n >= 1, "eval.n", self.n, "must be >= 1")
+        require(self.greedy is False or self.n == 1, "eval.n", self.n,
+                "must be 1 with eval.greedy = true (greedy answers are all alike); set "
+                "eval.greedy = false to sample n per task")
+        require(self.max_concurrent_tasks >= 1, "eval.max_concurrent_tasks",
+                self.max_concurrent_tasks, "must be >= 1")
+
+    @property
+    def active(self) -> bool:
+        return self.every_steps > 0 or self.final
+
+
+def heldout_tasks(team: Team, config: EvalConfig) -> list[Any]:
+    """The tasks an evaluation uses (the first eval.tasks of Team.heldout)."""
+    tasks = list(team.heldout)
+    return tasks[:config.tasks] if config.tasks else tasks
+
+
+class EvalContext(TrajectoryContext):
+    """A workflow's `ctx` during evaluation: the same calls, straight to `generate`, nothing
+    stored, greedy or seeded sampling forced."""
+
+    def __init__(self, team: Team, agents: dict[str, AgentRuntime], generate: Generator,
+                 task: Any, input_id: str, trajectory: int, config: EvalConfig,
+                 calls: asyncio.Semaphore, seed: int) -> None:
+        self.team, self.agents, self._generate, self.config = team, agents, generate, config
+        self.task, self.input_id, self.trajectory = task, input_id, trajectory
+        self.episode = f"eval/{input_id}/{trajectory}"
+        self._calls, self.seed = calls, seed
+        self._turns: dict[str, int] = defaultdict(int)
+        self._own: dict[str, float] = {}
+        self._made: list[Completion] = []
+        self._team: float | None = None
+        self.versions: dict[str, set[int]] = defaultdict(set)
+
+    async def generate(self, agent: str, prompt: Any, *, n: int = 1,
+                       **sampling: Any) -> list[Completion]:
+        rt = self.agents.get(agent)
+        if rt is None:
+            raise ValueError(f"workflow called unknown agent {agent!r}; the team has "
+                             f"{sorted(self.agents)}")
+        prompt_ids = rt.encode(prompt)
+        params = dataclasses.replace(rt.spec.sampling, n=n, **sampling)
+        rt.check_room(prompt_ids, params.max_tokens)
+        turn = self._turns[agent]
+        self._turns[agent] += 1
+        request_id = f"eval/{self.input_id}/{self.trajectory}/{agent}/{turn}"
+        if self.config.greedy:
+            params = dataclasses.replace(params, temperature=0.0, top_k=0, top_p=1.0)
+        params = dataclasses.replace(params, seed=request_seed(self.seed, request_id))
+        async with self._calls:
+            reply = await self._generate(agent, Generate(request_id, prompt_ids=prompt_ids,
+                                                         params=params))
+        self.versions[agent].add(reply.version)
+        out = [Completion(agent, s.text, s.token_ids, s.logprobs, reply.version,
+                          s.finish_reason, reply.prompt_ids, f"{request_id}/{k}")
+               for k, s in enumerate(reply.samples)]
+        self._made.extend(out)
+        return out
+
+    def rewards(self) -> tuple[float, dict[str, list[float]]]:
+        """The trajectory's team reward and each agent's turn rewards (own, else the team's)."""
+        team = self._team if self._team is not None else 0.0
+        per: dict[str, list[float]] = defaultdict(list)
+        for c in self._made:
+            per[c.agent].append(self._own.get(c.sample_id + "@" + c.agent, team))
+        return team, per
+
+
+async def evaluate(team: Team, agents: dict[str, AgentRuntime], generate: Generator,
+                   tasks: list[Any], config: EvalConfig, *, seed: int = 0,
+                   max_concurrent_calls: int = 64) -> dict[str, Any]:
+    """Run the workflow on `tasks` with training off; the means as plain data:
+    {tasks, trajectories, failed, team_reward, best_team (n > 1), agents: {name: {reward,
+    turns}}, versions: {name: [lowest, highest]}, mode, seconds}."""
+    if not tasks:
+        raise ValueError(f"team {team.name} has no held-out tasks to evaluate: give the team "
+                         "Team.heldout, or a task file with team.heldout (config)")
+    started = time.perf_counter()
+    trajectories = 1 if config.greedy else config.n
+    slots = asyncio.Semaphore(config.max_concurrent_tasks)
+    calls = asyncio.Semaphore(max_concurrent_calls)
+    team_rewards: list[list[float]] = [[] for _ in tasks]
+    agent_rewards: dict[str, list[float]] = defaultdict(list)
+    versions: dict[str, set[int]] = defaultdict(set)
+    failed: list[str] = []
+
+    async def one(i: int, task: Any) -> None:
+        async with slots:
+            for j in range(trajectories):
+                ctx = EvalContext(team, agents, generate, task, f"h{i}", j, config, calls, seed)
+                try:
+                    await team.workflow(ctx, task)
+                except _RUN_ERRORS:
+                    raise
+                except Exception as exc:  # the trajectory fails, the evaluation goes on
+                    failed.append(f"{type(exc).__name__}: {exc}"[:300])
+                    continue
+                value, per = ctx.rewards()
+                team_rewards[i].append(value)
+                for agent, values in per.items():
+                    agent_rewards[agent].extend(values)
+                for agent, seen in ctx.versions.items():
+                    versions[agent] |= seen
+
+    async with asyncio.TaskGroup() as tg:
+        for i, task in enumerate(tasks):
+            tg.create_task(one(i, task), name=f"eval[{i}]")
+    scored = [r for r in team_rewards if r]
+    out: dict[str, Any] = {
+        "mode": "greedy" if config.greedy else f"sampled (n={config.n})",
+        "tasks": len(tasks), "trajectories": sum(map(len, team_rewards)) + len(failed),
+        "failed": len(failed), "errors": sorted(set(failed))[:3],
+        "team_reward": _mean([v for r in scored for v in r]),
+        "agents": {a: {"reward": _mean(v), "turns": len(v)}
+                   for a, v in sorted(agent_rewards.items())},
+        "versions": {a: [min(v), max(v)] for a, v in sorted(versions.items())},
+        "seconds": time.perf_counter() - started}
+    if trajectories > 1:
+        out["best_team"] = _mean([max(r) for r in scored])
+    return out
+
+
+def _mean(values: list[float]) -> float | None:
+    return math.fsum(values) / len(values) if values else None

@@ -1,0 +1,214 @@
+"""Held-out evaluation (flexmarl.orchestrator.evaluate): the workflow with training off, during a
+run (eval.every_steps, eval.final) and afterwards (`flexmarl eval RUN_DIR`)."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from flexmarl import AgentSpec, SamplingParams, Team
+from flexmarl.checks import ConfigError
+from flexmarl.orchestrator.evaluate import EvalConfig, evaluate, heldout_tasks
+from flexmarl.protocol import GenerateReply, Sample
+from flexmarl.tasks import Task
+
+
+class Runtime:
+    """The part of AgentRuntime evaluation uses: a spec, encode and the room check."""
+
+    def __init__(self, name: str, max_tokens: int = 4) -> None:
+        self.spec = AgentSpec(name=name, model="tiny",
+                              sampling=SamplingParams(max_tokens=max_tokens, temperature=1.0))
+
+    def encode(self, prompt):
+        return [ord(c) % 50 for c in prompt]
+
+    def check_room(self, prompt_ids, max_tokens):
+        pass
+
+
+def fake_generate(seen: list):
+    """Answers "<agent>:<seed parity>"; records every request."""
+    async def generate(agent, msg):
+        seen.append((agent, msg))
+        text = f"{agent}:{msg.params.seed % 2}"
+        return GenerateReply(msg.request_id, 3, msg.prompt_ids,
+                             [Sample([1, 2], [-0.1, -0.2], "stop", text)], None, "fake")
+    return generate
+
+
+async def workflow(ctx, task) -> None:
+    [a] = await ctx.generate("solver", task.prompt)
+    ctx.reward(a, 1.0 if a.text.endswith("1") else 0.0)
+    [b] = await ctx.generate("checker", task.prompt)
+    if task.answer == "boom":
+        raise RuntimeError("a broken task")
+    ctx.team_reward(0.5)
+
+
+def team(heldout) -> Team:
+    return Team(name="t", workflow=workflow, tasks=[Task("Compute 1+1.", "2", "x")],
+                heldout=heldout, agents=[AgentSpec(name="solver", model="tiny"),
+                                         AgentSpec(name="checker", model="tiny")])
+
+
+async def test_greedy_evaluation_runs_the_workflow_once_per_task_at_temperature_0():
+    tasks = [Task(f"Compute {i}+1.", str(i + 1), f"h{i}") for i in range(5)]
+    seen: list = []
+    agents = {n: Runtime(n) for n in ("solver", "checker")}
+    out = await evaluate(team(tasks), agents, fake_generate(seen), tasks, EvalConfig(), seed=7)
+    assert {m.params.temperature for _, m in seen} == {0.0} and len(seen) == 10
+    assert all(m.request_id.startswith("eval/") for _, m in seen)  # never a training request id
+    assert out["tasks"] == 5 and out["trajectories"] == 5 and out["failed"] == 0
+    assert out["team_reward"] == 0.5 and out["agents"]["checker"]["reward"] == 0.5
+    solver = [1.0 if m.params.seed % 2 else 0.0 for a, m in seen if a == "solver"]
+    assert out["agents"]["solver"] == {"reward": sum(solver) / 5, "turns": 5}
+    assert out["versions"] == {"checker": [3, 3], "solver": [3, 3]} and out["mode"] == "greedy"
+    again: list = []
+    await evaluate(team(tasks), agents, fake_generate(again), tasks, EvalConfig(), seed=7)
+    # The same seeds every evaluation (tasks run concurrently: compare as sets).
+    assert sorted(m.params.seed for _, m in again) == sorted(m.params.seed for _, m in seen)
+
+
+async def test_sampled_evaluation_takes_n_per_task_the_best_and_counts_failures():
+    tasks = [Task("Compute 1+1.", "2", "a"), Task("Compute 2+2.", "boom", "b")]
+    seen: list = []
+    agents = {n: Runtime(n) for n in ("solver", "checker")}
+    config = EvalConfig(greedy=False, n=3)
+    out = await evaluate(team(tasks), agents, fake_generate(seen), tasks, config)
+    assert {m.params.temperature for _, m in seen} == {1.0}  # the agents' own settings
+    assert out["trajectories"] == 6 and out["failed"] == 3
+    assert out["errors"] == ["RuntimeError: a broken task"]
+    assert out["best_team"] == 0.5 and out["mode"] == "sampled (n=3)"
+    with pytest.raises(ValueError, match="no held-out tasks"):
+        await evaluate(team([]), agents, fake_generate([]), [], config)
+
+
+def test_eval_config_and_task_choice():
+    with pytest.raises(ConfigError, match="eval.n .*with eval.greedy = true"):
+        EvalConfig(n=4)
+    with pytest.raises(ConfigError, match="eval.every_steps"):
+        EvalConfig(every_steps=-1)
+    tasks = [Task(f"q{i}", "1", f"h{i}") for i in range(10)]
+    assert heldout_tasks(team(tasks), EvalConfig(tasks=3)) == tasks[:3]
+    assert heldout_tasks(team(tasks), EvalConfig()) == tasks
+
+
+def test_a_run_that_evaluates_needs_held_out_tasks():
+    from flexmarl.config.load import load_config
+    from flexmarl.launch.run import check_eval
+
+    config = load_config(None, ["eval.every_steps=2"])
+    with pytest.raises(ConfigError, match="has no held-out tasks.*team.heldout"):
+        check_eval(team([]), config)
+    with pytest.raises(ConfigError, match="gateway.enabled"):
+        check_eval(team([Task("q", "1", "h")]), load_config(None, ["eval.every_steps=2",
+                                                                   "gateway.enabled=true"]))
+    check_eval(team([]), load_config())  # no evaluation during the run: nothing needed
+
+
+def test_evaluations_reach_tensorboard_and_the_report(tmp_path):
+    from flexmarl.observe.loggers import scalars
+    from flexmarl.observe.report import _eval_rows
+
+    record = {"step": 3, "team_reward": 0.1, "agents": {},
+              "eval": {"team_reward": 0.4, "agents": {"solver": {"reward": 0.25}}, "failed": 0,
+                       "after_step": 3}}
+    assert {"eval/team_reward": 0.4, "eval/solver/reward": 0.25}.items() <= \
+        scalars(record).items()
+    later = {**record, "step": 5, "eval": {**record["eval"], "team_reward": 0.5,
+                                           "after_step": 5}}
+    rows = _eval_rows([record, {"step": 4}, later])
+    assert [k for k, _ in rows] == ["held-out team reward after step 3",
+                                    "held-out team reward after step 5"]
+
+
+# ----------------------------------------------------------------------------- a real run
+
+TEAM_FILE = '''
+from flexmarl import AgentSpec, SamplingParams, Team
+from flexmarl.tasks import addition_tasks
+
+MODEL = {model!r}
+
+
+def varied(c):
+    return sum(t % 2 for t in c.token_ids) / max(len(c.token_ids), 1)
+
+
+async def workflow(ctx, task):
+    [reference] = await ctx.generate("checker", task.prompt)
+    ctx.reward(reference, varied(reference))
+    answers = await ctx.generate("solver", task.prompt, n=2)
+    ctx.team_reward(max(varied(a) for a in answers))
+
+
+team = Team(name="evalduo", workflow=workflow, tasks=addition_tasks(64, seed=3),
+            heldout=addition_tasks(6, seed=77), agents=[
+    AgentSpec(name="solver", model=MODEL, sampling=SamplingParams(max_tokens=6)),
+    AgentSpec(name="checker", model=MODEL, sampling=SamplingParams(max_tokens=6))])
+'''
+
+
+@pytest.mark.slow
+async def test_a_run_evaluates_between_steps_and_at_the_end_and_flexmarl_eval_agrees(
+        tiny_model_dir, tmp_path, capsys, no_leftover_children):
+    """eval.every_steps = 1 over 3 steps: the records of steps 0 and 1 carry an evaluation of
+    the weights after them (every agent at version step + 1: micro_batch's barrier); the last
+    step is evaluated once at the end (RUN_DIR/eval.json). `flexmarl eval RUN_DIR` of the final
+    checkpoints, in another engine in this process, gives the same greedy numbers."""
+    from flexmarl.config.load import load_config
+    from flexmarl.launch.cli import main
+    from flexmarl.launch.run import train
+    from flexmarl.observe.rundir import RunDir
+    from flexmarl.team import load_team
+
+    path = tmp_path / "evalduo.py"
+    path.write_text(TEAM_FILE.format(model=tiny_model_dir))
+    config = load_config(overrides=[
+        f"run.dir={tmp_path / 'run'}", "run.steps=3", "rollout.backend=torch",
+        f"team.path={path}", "pipeline.tasks_per_step=3", "pipeline.trajectories_per_task=2",
+        "pipeline.micro_batch_groups=2", "trainer.lr=1e-3", "eval.every_steps=1",
+        "observe.report=false"])
+    result = await asyncio.wait_for(train(load_team(path), config,
+                                          run_dir=RunDir.create(config), progress=False), 300)
+    evals = [r.get("eval") for r in result.metrics]
+    assert [e["after_step"] if e else None for e in evals] == [0, 1, None]
+    for step, e in enumerate(evals[:2]):
+        assert e["tasks"] == 6 and e["trajectories"] == 6 and e["failed"] == 0
+        assert e["versions"] == {"checker": [step + 1, step + 1], "solver": [step + 1, step + 1]}
+        assert 0 <= e["team_reward"] <= 1
+    final = result.final_eval
+    assert final["final"] and final["versions"] == {"checker": [3, 3], "solver": [3, 3]}
+    on_disk = json.loads((result.run_dir / "eval.json").read_text())
+    assert on_disk["team_reward"] == final["team_reward"]
+
+    async def cli(*argv: str) -> int:  # `flexmarl ...` runs its own event loop: a thread
+        try:
+            await asyncio.to_thread(main, list(argv))
+        except SystemExit as done:
+            return done.code
+        raise AssertionError("main() returned without SystemExit")
+
+    assert await cli("eval", str(result.run_dir), "--json") == 0
+    again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert again["weights"] == "final" and again["team_reward"] == final["team_reward"]
+    assert again["agents"] == final["agents"]
+    assert (result.run_dir / "eval-final.json").is_file()
+    # The state saved after the last step holds the same weights; others were pruned.
+    assert await cli("eval", str(result.run_dir), "--step", "2", "--json") == 0
+    step2 = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert step2["team_reward"] == final["team_reward"] and step2["weights"] == "after step 2"
+    assert await cli("eval", str(result.run_dir), "--step", "0") == 2
+    assert "saved steps: [2]" in capsys.readouterr().err
+    assert await cli("eval", str(tmp_path)) == 2
+    assert "is not a run directory" in capsys.readouterr().err
+
+
+def test_the_eval_line_says_what_was_measured():
+    from flexmarl.observe.rundir import eval_line
+
+    line = eval_line({"team_reward": 0.5, "agents": {"solver": {"reward": 0.25}}, "tasks": 4,
+                      "mode": "greedy", "failed": 1, "seconds": 1.25})
+    assert line == "team 0.500 (solver 0.250) on 4 held-out tasks, greedy, 1 failed, 1.2 s"

@@ -155,9 +155,10 @@ team = Team(name="evalduo", workflow=workflow, tasks=addition_tasks(64, seed=3),
 async def test_a_run_evaluates_between_steps_and_at_the_end_and_flexmarl_eval_agrees(
         tiny_model_dir, tmp_path, capsys, no_leftover_children):
     """eval.every_steps = 1 over 3 steps: the records of steps 0 and 1 carry an evaluation of
-    the weights after them (every agent at version step + 1: micro_batch's barrier); the last
-    step is evaluated once at the end (RUN_DIR/eval.json). `flexmarl eval RUN_DIR` of the final
-    checkpoints, in another engine in this process, gives the same greedy numbers."""
+    the weights after them (every agent at version step + 1: the evaluation waits for the
+    step to end); the last step is evaluated once at the end (RUN_DIR/eval.json).
+    `flexmarl eval RUN_DIR` of the final checkpoints, in another engine in this process, gives
+    the same numbers (seeded samples: the same draws from the same weights)."""
     from flexmarl.config.load import load_config
     from flexmarl.launch.cli import main
     from flexmarl.launch.run import train
@@ -170,17 +171,20 @@ async def test_a_run_evaluates_between_steps_and_at_the_end_and_flexmarl_eval_ag
         f"run.dir={tmp_path / 'run'}", "run.steps=3", "rollout.backend=torch",
         f"team.path={path}", "pipeline.tasks_per_step=3", "pipeline.trajectories_per_task=2",
         "pipeline.micro_batch_groups=2", "trainer.lr=1e-3", "eval.every_steps=1",
-        "observe.report=false"])
+        # Sampled, seeded: the tiny random model answers only newlines greedily (reward 0
+        # everywhere would make the comparisons below vacuous).
+        "eval.greedy=false", "eval.n=2", "observe.report=false"])
     result = await asyncio.wait_for(train(load_team(path), config,
                                           run_dir=RunDir.create(config), progress=False), 300)
     evals = [r.get("eval") for r in result.metrics]
     assert [e["after_step"] if e else None for e in evals] == [0, 1, None]
     for step, e in enumerate(evals[:2]):
-        assert e["tasks"] == 6 and e["trajectories"] == 6 and e["failed"] == 0
+        assert e["tasks"] == 6 and e["trajectories"] == 12 and e["failed"] == 0
         assert e["versions"] == {"checker": [step + 1, step + 1], "solver": [step + 1, step + 1]}
         assert 0 <= e["team_reward"] <= 1
     final = result.final_eval
     assert final["final"] and final["versions"] == {"checker": [3, 3], "solver": [3, 3]}
+    assert 0 < final["team_reward"] < 1 and final["best_team"] >= final["team_reward"]
     on_disk = json.loads((result.run_dir / "eval.json").read_text())
     assert on_disk["team_reward"] == final["team_reward"]
 
@@ -212,3 +216,33 @@ def test_the_eval_line_says_what_was_measured():
     line = eval_line({"team_reward": 0.5, "agents": {"solver": {"reward": 0.25}}, "tasks": 4,
                       "mode": "greedy", "failed": 1, "seconds": 1.25})
     assert line == "team 0.500 (solver 0.250) on 4 held-out tasks, greedy, 1 failed, 1.2 s"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["one_step_off", "sync"])
+async def test_evaluation_in_other_pipeline_modes(mode, tiny_model_dir, tmp_path,
+                                                  no_leftover_children):
+    """one_step_off defers a step's sync until the next rollout: the evaluation after a step
+    must not wait for it (that would never end); it evaluates what is served then and says
+    so. sync waits for the step like micro_batch."""
+    from flexmarl.config.load import load_config
+    from flexmarl.launch.run import train
+    from flexmarl.observe.rundir import RunDir
+    from flexmarl.team import load_team
+
+    path = tmp_path / "evalduo.py"
+    path.write_text(TEAM_FILE.format(model=tiny_model_dir))
+    config = load_config(overrides=[
+        f"run.dir={tmp_path / 'run'}", "run.steps=3", "rollout.backend=torch",
+        f"team.path={path}", f"pipeline.mode={mode}", "pipeline.tasks_per_step=2",
+        "pipeline.trajectories_per_task=2", "trainer.lr=1e-3", "eval.every_steps=1",
+        "eval.tasks=2", "eval.final=false", "observe.report=false"])
+    result = await asyncio.wait_for(train(load_team(path), config,
+                                          run_dir=RunDir.create(config), progress=False), 300)
+    evals = [r.get("eval") for r in result.metrics]
+    assert [e and e["after_step"] for e in evals] == [0, 1, None] and result.final_eval is None
+    seen = [e["versions"]["solver"] for e in evals[:2]]
+    if mode == "sync":
+        assert seen == [[1, 1], [2, 2]]
+    else:  # one step behind or on its way there (the deferred sync may land meanwhile)
+        assert all(step - 1 <= lo <= hi <= step + 1 for step, (lo, hi) in enumerate(seen))

@@ -1,0 +1,37 @@
+"""Reward functions for team workflows: answer matching, sandboxed code runs, bounds.
+
+A workflow computes a value and hands it to `ctx.reward(completion, value)`:
+
+    ctx.reward(c, numeric_match(c.text, task))                     # sync: call it
+    ctx.reward(c, await code_reward(extract_code(c.text), tests))  # async: await it
+
+| function                                   | kind  | returns                                  |
+|--------------------------------------------|-------|------------------------------------------|
+| extract_answer(text, how="auto")           | sync  | str or None: boxed / answer: / number    |
+| exact_match(text, answer)                  | sync  | 1.0 if equal once stripped               |
+| numeric_match(text, answer, *, rel_tol)    | sync  | 1.0 if the numbers agree within rel_tol  |
+| math_equal(text, answer, *, timeout_s)     | sync  | 1.0 if math_verify finds them equal      |
+| format_reward(text, pattern)               | sync  | 1.0 if the regex fullmatches the text    |
+| extract_code(text)                         | sync  | the last ```python block, else the text  |
+| run_python(code, *, tests, stdin, limits)  | async | ExecResult(passed, cause, stdout, ...)   |
+| code_reward(code, tests, **limits)         | async | 1.0 if the program and its tests pass    |
+| set_max_concurrent(n), max_concurrent()    | sync  | the bound on sandboxed runs at once      |
+| bounded(limit)                             | sync  | decorator bounding an async reward       |
+| score_all(fn, items, *, limit)             | async | fn over items, bounded, in order         |
+
+`answer` is a str, a number, or a Task (anything with `.answer`). The sandbox's guarantees and
+its limits are in `flexmarl.rewards.sandbox`'s docstring.
+"""
+from flexmarl.rewards.bounds import LoopBound, bounded, score_all
+from flexmarl.rewards.match import (
+    HOW, MATH_TAIL_CHARS, exact_match, extract_answer, extract_code, format_reward, math_equal,
+    numeric_match)
+from flexmarl.rewards.sandbox import (
+    CAUSES, ExecResult, code_reward, max_concurrent, network_isolated, run_python,
+    set_max_concurrent)
+
+__all__ = [
+    "CAUSES", "HOW", "MATH_TAIL_CHARS", "ExecResult", "LoopBound", "bounded", "code_reward",
+    "exact_match", "extract_answer", "extract_code", "format_reward", "math_equal",
+    "max_concurrent", "network_isolated", "numeric_match", "run_python", "score_all",
+    "set_max_concurrent"]

@@ -6,6 +6,8 @@ LOGPROB_ATOL, not bit for bit; greedy token choices must agree exactly.
 """
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch
 
@@ -121,3 +123,18 @@ async def test_trainer_update_reaches_vllm_in_place(vllm_instance, tiny_model_di
     assert torch.allclose(ours, theirs, atol=LOGPROB_ATOL), (ours - theirs).abs().max()
     old = recompute(load_model(tiny_model_dir), fixed)
     assert (old - theirs).abs().max() > 100 * LOGPROB_ATOL  # the weights really changed
+
+
+async def test_many_seeded_long_prompts_at_once_do_not_kill_the_engine(vllm_instance):
+    """48 seeded requests of 300-token prompts at once: more prompt tokens than one engine
+    step takes. With vLLM's chunked prefill a split prompt's seeded generator is rewound with
+    set_offset, which CPU generators lack, and the engine died ("CPU Generator does not use
+    offset"; a team with longer prompts hit it). The CPU engine schedules whole prompts
+    (flexmarl.rollout.vllm_engine.engine_args)."""
+    handle, conn = vllm_instance
+    prompts = [[(i * 7 + j) % 60 + 3 for j in range(300)] for i in range(48)]
+    replies = await asyncio.gather(*(
+        conn.request(Generate(f"long{i}", prompt_ids=p, params=SamplingParams(
+            n=2, temperature=1.0, max_tokens=4, seed=i)), timeout_s=300)
+        for i, p in enumerate(prompts)))
+    assert all(len(r.samples) == 2 for r in replies)

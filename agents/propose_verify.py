@@ -2,11 +2,13 @@
 flexmarl.rewards.
 
 The proposer answers each question; the verifier is shown the question and the proposed answer
-and says whether it is right ("yes" or "no"). The proposer is asked again, up to MAX_ATTEMPTS
-times, while the verifier rejects it:
+and says whether it is right: 1 (or yes) or 0 (or no). Digits, because the built-in models are
+character-level models warm-started on sums, which write digits and almost never "yes"; a real
+model can answer either way. The proposer is asked again, up to MAX_ATTEMPTS times, while the
+verifier rejects it:
 
     proposer  1.0 if its number is the answer (numeric_match)
-    verifier  1.0 if its verdict is right about the proposal it saw (format: a leading yes/no;
+    verifier  1.0 if its verdict is right about the proposal it saw (a leading 1/0 or yes/no;
               anything else is wrong)
     team      1.0 if the last proposal is right
 
@@ -31,17 +33,20 @@ from flexmarl.tasks import load_tasks
 MAX_ATTEMPTS = 2
 DATA = Path(__file__).resolve().parent / "data" / "arithmetic.jsonl"
 SPLIT = load_tasks(DATA, heldout=50, seed=0)
-_VERDICT = re.compile(r"\s*(yes|no)\b", re.IGNORECASE)
+_VERDICT = re.compile(r"\s*(yes|no|1|0)(?![0-9])", re.IGNORECASE)
 
 
 def verifier_prompt(question: str, proposed: str | None) -> str:
-    return f"{question} Proposed answer: {proposed or 'none'}. Is it right? Say yes or no."
+    return (f"{question} Proposed answer: {proposed or 'none'}. Reply 1 if it is right, 0 if "
+            "it is wrong.")
 
 
 def verdict(text: str) -> str | None:
-    """"yes" or "no" when the text starts with one, else None."""
+    """"yes" or "no" when the text starts with one (or with 1 or 0), else None."""
     match = _VERDICT.match(text)
-    return match.group(1).lower() if match else None
+    if match is None:
+        return None
+    return "yes" if match.group(1).lower() in ("yes", "1") else "no"
 
 
 async def workflow(ctx, task) -> None:

@@ -74,11 +74,14 @@ def test_propose_verify_rewards_judging_not_agreeing():
     asyncio.run(team.workflow(ctx, task))
     assert ctx.rewards == [("proposer", 0.0), ("verifier", 1.0), ("proposer", 1.0),
                            ("verifier", 1.0)] and ctx.team == 1.0
-    # Wrong and accepted: the verifier is wrong, the team fails.
-    ctx = ScriptedCtx({"proposer": [wrong], "verifier": ["Yes!"]})
+    # Wrong and accepted: the verifier is wrong, the team fails; digits are verdicts too.
+    ctx = ScriptedCtx({"proposer": [wrong], "verifier": ["1"]})
     asyncio.run(team.workflow(ctx, task))
     assert ctx.rewards == [("proposer", 0.0), ("verifier", 0.0)] and ctx.team == 0.0
     assert len(team.tasks) == 350 and len(team.heldout) == 50
+    verdict = team.workflow.__globals__["verdict"]
+    assert [verdict(t) for t in ("Yes!", "no.", " 1", "0", "10", "maybe")] == \
+        ["yes", "no", "yes", "no", None, None]
 
 
 @pytest.mark.slow

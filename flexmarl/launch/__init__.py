@@ -4,8 +4,11 @@
     model_dirs.py  which model directory each agent's workers load; weights saved as one
     gguf.py        pretrained GGUF models converted once to cached float32 model directories
     heldout.py     held-out accuracy of an agent before and after training
-    placement.py   worker specs and CPU cores of rollout instances and trainer ranks
-    cli.py         `flexmarl run | report | keygen`
+    placement.py   worker specs, CPU cores and GPUs of rollout instances and trainer ranks
+    devices.py     the GPU placement planner (pure): which GPUs each worker owns, on which host
+    task_files.py  team.tasks: a data file's rows as the team's tasks and held-out tasks
+    evaluation.py  `flexmarl eval RUN_DIR`: saved weights on the held-out tasks
+    cli.py         `flexmarl run | plan | eval | report | keygen`
     nodes.py       `flexmarl-node`: a machine that hosts workers of a run elsewhere
     checkpoint.py  each agent's training state per step on disk (`flexmarl run --resume`)
 """

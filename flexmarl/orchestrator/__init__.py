@@ -7,6 +7,7 @@
     policy.py        PipelinePolicy: sync, micro_batch, one_step_off, bounded (pure)
     batch.py         TrainSession: an agent's global batch, micro-batch by micro-batch, one step
     loop.py          PipelineRun: the rollout producer and one loop per agent, step records
+    evaluate.py      the workflow on held-out tasks with training off (section `eval`)
 
 Imports only rollout/, training/ and the shared leaves below it; nothing here knows the
 launcher, the gateway or the observers.

@@ -3,6 +3,9 @@
     slots.py    SlotAllocator: which agent gets which trainer slot (pure)
     pool.py     TrainerPool: binds slots to agents, swaps idle agents' state to host memory
     worker.py   the trainer worker process: one rank of an agent's FSDP2 group, as an actor
+    rank.py     what one rank does in its command thread: process group, swaps, pulls, sends
+    parking.py  the swap path's data movement: shards to host memory and back, pulls
+    transfer.py the trainer's side of GPU weight sync (vLLM's trainer engine)
     trainer.py  GRPOTrainer: forward, backward, accumulate, step (torch.distributed)
     grpo.py     group-relative advantages and the clipped policy loss (pure torch)
 

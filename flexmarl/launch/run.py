@@ -216,7 +216,7 @@ async def _steps(parts: _Parts, config: Config, run_dir: RunDir | None,
                                        evaluate=evaluator(parts, config),
                                        eval_every=config.eval.every_steps)
                     await unless_app_exits(loop.run(), app)
-                    final_eval = await _final_eval(parts, config, run_dir, bar, loggers)
+                    final_eval = await _final_eval(parts, config, run_dir, loggers)
             monitor.state = "finished"
         except BaseException:
             monitor.state = "failed"
@@ -266,16 +266,16 @@ def evaluator(parts: _Parts, config: Config) -> Callable[[int], Awaitable[dict]]
 
 
 async def _final_eval(parts: _Parts, config: Config, run_dir: RunDir | None,
-                      bar: Progress, loggers: "MetricLoggers | None") -> dict | None:
+                      loggers: "MetricLoggers | None") -> dict | None:
     """eval.final: the final weights (what the checkpoints hold) on the held-out tasks, once,
-    while the instances still serve them; RUN_DIR/eval.json."""
+    while the instances still serve them; RUN_DIR/eval.json and RunResult.final_eval (which
+    `flexmarl run` prints)."""
     run = evaluator(parts, config)
     if not config.eval.final or run is None:
         return None
     result = await run(config.run.steps - 1)
     result |= {"after_step": config.run.steps - 1, "final": True,
                "versions_final": {n: rt.version for n, rt in parts.agents.items()}}
-    bar.evaluated(config.run.steps - 1, result)
     if loggers is not None:  # at step `steps`: after the last step's record
         loggers.log({"step": config.run.steps, "eval": result})
     if run_dir is not None:

@@ -246,3 +246,16 @@ async def test_evaluation_in_other_pipeline_modes(mode, tiny_model_dir, tmp_path
         assert seen == [[1, 1], [2, 2]]
     else:  # one step behind or on its way there (the deferred sync may land meanwhile)
         assert all(step - 1 <= lo <= hi <= step + 1 for step, (lo, hi) in enumerate(seen))
+
+
+def test_the_dashboard_history_carries_each_evaluation():
+    """The monitor's history (the dashboard's reward chart draws "team, held-out" from it)."""
+    from flexmarl.activity import ActivityLog
+    from flexmarl.observe.monitor import RunMonitor
+
+    monitor = RunMonitor(None, None, None, ActivityLog(), mode="sync", steps=3)
+    monitor.on_record({"step": 0, "team_reward": 0.2, "agents": {}})
+    monitor.on_record({"step": 1, "team_reward": 0.3, "agents": {}, "eval": {
+        "team_reward": 0.6, "agents": {"solver": {"reward": 0.5}}}})
+    assert "eval" not in monitor.history[0]
+    assert monitor.history[1]["eval"] == {"team_reward": 0.6, "agents": {"solver": 0.5}}

@@ -359,12 +359,13 @@ def fake_train_modules(monkeypatch, train) -> None:
     import flexmarl.launch.checkpoint  # noqa: F401  (what main also imports: loaded with the real
     import flexmarl.orchestrator.orchestrator  # noqa: F401  flexmarl.team, before it is replaced below)
     import flexmarl.launch.placement  # noqa: F401
+    import flexmarl.launch.evaluation  # noqa: F401
     team = types.SimpleNamespace(name="duo", agents=[types.SimpleNamespace(
         name="solver", trainable=True, train_ranks=None, instances=None)])
     monkeypatch.setitem(sys.modules, "flexmarl.team",
                         types.SimpleNamespace(load_team=lambda path: team))
     monkeypatch.setitem(sys.modules, "flexmarl.launch.run",
-                        types.SimpleNamespace(train=train, check_eval=lambda team, config: None))
+                        types.SimpleNamespace(train=train))
     monkeypatch.setitem(sys.modules, "flexmarl.launch.task_files",
                         types.SimpleNamespace(team_with_task_file=lambda team, config: team))
     monkeypatch.setitem(sys.modules, "flexmarl.launch.model_dirs",

@@ -97,7 +97,7 @@ def test_eval_config_and_task_choice():
 
 def test_a_run_that_evaluates_needs_held_out_tasks():
     from flexmarl.config.load import load_config
-    from flexmarl.launch.run import check_eval
+    from flexmarl.launch.evaluation import check_eval
 
     config = load_config(None, ["eval.every_steps=2"])
     with pytest.raises(ConfigError, match="has no held-out tasks.*team.heldout"):

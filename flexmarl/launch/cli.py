@@ -122,7 +122,8 @@ def _run(args: argparse.Namespace) -> int:
     from flexmarl.observe.rundir import RunDir
     from flexmarl.launch.model_dirs import check_model
     from flexmarl.launch.placement import check_backend, check_devices
-    from flexmarl.launch.run import check_eval, train
+    from flexmarl.launch.evaluation import check_eval
+    from flexmarl.launch.run import train
     from flexmarl.launch.task_files import team_with_task_file
     from flexmarl.team import load_team
 

@@ -33,6 +33,19 @@ from flexmarl.rollout.torch_engine import TorchEngine
 from flexmarl.team import Team, load_team
 
 
+def check_eval(team: Team, config: Config) -> None:
+    """Evaluation during the run needs held-out tasks and the team's own workflow."""
+    if not config.eval.every_steps:
+        return
+    if config.gateway.enabled:
+        raise ConfigError("eval.every_steps: evaluation runs the team's workflow, but with "
+                          "gateway.enabled the episodes are the app's; set eval.every_steps = 0")
+    if not team.heldout:
+        raise ConfigError(f"eval.every_steps = {config.eval.every_steps} but team {team.name} "
+                          "has no held-out tasks: give the team file Team(heldout=...), or set "
+                          "team.tasks to a data file and team.heldout to a count or fraction")
+
+
 def run_config(run_dir: Path, overrides: Sequence[str] = ()) -> Config:
     """The run's own config (RUN_DIR/config.toml), with `--set` overrides (eval.* usually)."""
     path = run_dir / CONFIG_FILE

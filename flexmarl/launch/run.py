@@ -35,6 +35,7 @@ from flexmarl.launch.checkpoint import (STATE_DIR, SaveSchedule, StateCheckpoint
                                        drop_records_after, last_record_step, resume_point)
 from flexmarl.launch.model_dirs import resolve_model, save_model_dir
 from flexmarl.launch.placement import check_backend, grow, launcher, start_agents, watch_workers
+from flexmarl.launch.evaluation import check_eval
 from flexmarl.launch.task_files import team_with_task_file
 from flexmarl.models import notice
 from flexmarl.observe.monitor import RunMonitor
@@ -235,19 +236,6 @@ async def _steps(parts: _Parts, config: Config, run_dir: RunDir | None,
                      {n: rt.version for n, rt in parts.agents.items()}, checkpoints,
                      dashboard_url=dashboard_url, first_step=first_step,
                      final_eval=final_eval)
-
-
-def check_eval(team: Team, config: Config) -> None:
-    """Evaluation during the run needs held-out tasks and the team's own workflow."""
-    if not config.eval.every_steps:
-        return
-    if config.gateway.enabled:
-        raise ConfigError("eval.every_steps: evaluation runs the team's workflow, but with "
-                          "gateway.enabled the episodes are the app's; set eval.every_steps = 0")
-    if not team.heldout:
-        raise ConfigError(f"eval.every_steps = {config.eval.every_steps} but team {team.name} "
-                          "has no held-out tasks: give the team file Team(heldout=...), or set "
-                          "team.tasks to a data file and team.heldout to a count or fraction")
 
 
 def evaluator(parts: _Parts, config: Config) -> Callable[[int], Awaitable[dict]] | None:

@@ -217,6 +217,12 @@ async def test_a_run_that_stops_moving_says_so_and_what_it_waits_for(tiny_model_
                     break
                 assert not run.done(), "the run ended instead of hanging"
                 await asyncio.sleep(0.5)
+        # The warning is logged by the monitor's sampling loop (every second), which may tick
+        # just after the status said "stalled": give it a few ticks.
+        for _ in range(20):
+            if any("no progress for" in r.getMessage() for r in caplog.records):
+                break
+            await asyncio.sleep(0.5)
     finally:
         run.cancel()
         await asyncio.gather(run, return_exceptions=True)

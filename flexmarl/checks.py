@@ -39,14 +39,8 @@ def parse_cpus(spec: str, name: str = "cpus") -> tuple[int, ...]:
     resolved by `role_cpus`, here it is ()."""
     if not spec.strip() or spec.strip() == "auto":
         return ()
-    ids: set[int] = set()
     try:
-        for part in spec.split(","):
-            lo, _, hi = part.strip().partition("-")
-            first, last = int(lo), int(hi or lo)
-            if first < 0 or last < first:
-                raise ValueError
-            ids.update(range(first, last + 1))
+        ids = parse_ranges(spec)
     except ValueError:
         raise ConfigError(f"{name} must list CPU cores like \"0\", \"0,2\" or \"0-3\", got "
                           f"{spec!r}") from None
@@ -55,6 +49,19 @@ def parse_cpus(spec: str, name: str = "cpus") -> tuple[int, ...]:
         raise ConfigError(f"{name} = {spec!r} names cores {sorted(ids - set(available))} that "
                           f"this process cannot use (available: {available})")
     return tuple(sorted(ids))
+
+
+def parse_ranges(spec: str) -> set[int]:
+    """ "0", "0,2", "0-3" or "0-1,4" as a set of ids; ValueError if it is none of these (the
+    caller says which setting, for which kind of id)."""
+    ids: set[int] = set()
+    for part in spec.split(","):
+        lo, _, hi = part.strip().partition("-")
+        first, last = int(lo), int(hi or lo)
+        if first < 0 or last < first:
+            raise ValueError(f"bad range {part!r}")
+        ids.update(range(first, last + 1))
+    return ids
 
 
 def available_cpus() -> list[int] | None:

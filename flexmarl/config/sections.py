@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flexmarl.checks import ConfigError, require
+from flexmarl.checks import ConfigError, parse_ranges, require
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -264,14 +264,8 @@ def parse_gpus(spec: str, visible: int | None = None) -> tuple[int, ...] | None:
         return None if visible is None else tuple(range(visible))
     if text == "none":
         return ()
-    ids: set[int] = set()
     try:
-        for part in text.split(","):
-            lo, _, hi = part.strip().partition("-")
-            first, last = int(lo), int(hi or lo)
-            if first < 0 or last < first:
-                raise ValueError
-            ids.update(range(first, last + 1))
+        ids = parse_ranges(text)
     except ValueError:
         raise ConfigError(f'devices.gpus must be "auto", "none" or GPU indices like "0-3" or '
                           f'"0,2", got {spec!r}') from None

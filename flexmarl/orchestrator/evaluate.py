@@ -93,15 +93,7 @@ class EvalContext(TrajectoryContext):
 
     async def generate(self, agent: str, prompt: Any, *, n: int = 1,
                        **sampling: Any) -> list[Completion]:
-        rt = self.agents.get(agent)
-        if rt is None:
-            raise ValueError(f"workflow called unknown agent {agent!r}; the team has "
-                             f"{sorted(self.agents)}")
-        prompt_ids = rt.encode(prompt)
-        params = dataclasses.replace(rt.spec.sampling, n=n, **sampling)
-        rt.check_room(prompt_ids, params.max_tokens)
-        turn = self._turns[agent]
-        self._turns[agent] += 1
+        _, prompt_ids, params, turn = self._call(self.agents, agent, prompt, n, sampling)
         request_id = f"eval/{self.input_id}/{self.trajectory}/{agent}/{turn}"
         if self.config.greedy:
             params = dataclasses.replace(params, temperature=0.0, top_k=0, top_p=1.0)

@@ -111,17 +111,25 @@ class TrajectoryContext:
         not stored."""
         self._team: float | None = None
 
-    async def generate(self, agent: str, prompt: str | list[dict] | list[int], *,
-                       n: int = 1, **sampling: Any) -> list[Completion]:
-        rt = self.orch.agents.get(agent)
+    def _call(self, agents: dict[str, AgentRuntime], agent: str, prompt: Any, n: int,
+              sampling: dict[str, Any]) -> tuple[AgentRuntime, list[int], Any, int]:
+        """What every ctx.generate starts with (training and evaluation alike): the agent,
+        the prompt's ids, the call's sampling settings (checked against the context) and its
+        turn number."""
+        rt = agents.get(agent)
         if rt is None:
             raise ValueError(f"workflow called unknown agent {agent!r}; the team has "
-                             f"{sorted(self.orch.agents)}")
+                             f"{sorted(agents)}")
         prompt_ids = rt.encode(prompt)
         params = dataclasses.replace(rt.spec.sampling, n=n, **sampling)
         rt.check_room(prompt_ids, params.max_tokens)
         turn = self._turns[agent]
         self._turns[agent] += 1
+        return rt, prompt_ids, params, turn
+
+    async def generate(self, agent: str, prompt: str | list[dict] | list[int], *,
+                       n: int = 1, **sampling: Any) -> list[Completion]:
+        rt, prompt_ids, params, turn = self._call(self.orch.agents, agent, prompt, n, sampling)
         request_id = f"{self.input_id}/{self.trajectory}/{agent}/{turn}"
         if params.seed is None:
             params = dataclasses.replace(params, seed=request_seed(self.orch.seed, request_id))

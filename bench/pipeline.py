@@ -41,6 +41,7 @@ if importlib.util.find_spec("flexmarl") is None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 MODES = ("sync", "one_step_off", "micro_batch")
+ACTIVITY_MAXLEN = 5000  # flexmarl.activity.ActivityLog's default bound
 TARGET_FRACTION = 0.8
 DEFAULTS = ["pipeline.tasks_per_step=16", "pipeline.trajectories_per_task=8",
             "pipeline.max_concurrent_tasks=4", "pipeline.micro_batch_groups=8"]
@@ -88,12 +89,68 @@ def summarize(metrics: list[dict], warmup: int) -> dict:
 
 def load(mode: str, args: argparse.Namespace, workdir: str = "runs"):
     from flexmarl.config.load import load_config
+    team = [f"team.path={args.team}"] if args.team else []
     return load_config(overrides=[f"run.out_dir={workdir}", f"run.steps={args.steps}",
-                                  f"pipeline.mode={mode}", *DEFAULTS, *args.set])
+                                  f"pipeline.mode={mode}", *DEFAULTS, *team, *args.set])
+
+
+def fmt_load(load: tuple[float, float, float]) -> str:
+    return " ".join(f"{x:.2f}" for x in load)
+
+
+def models_used(args: argparse.Namespace) -> dict:
+    """Each agent's model and, for a built-in one, its warm start's record (held-out accuracy,
+    the numerics it ran with): the workload depends on how good the models are."""
+    from flexmarl.launch.model_dirs import resolve_model
+    from flexmarl.models import WARM_START_FILE
+    from flexmarl.team import load_team
+
+    out = {}
+    for spec in load_team(load(args.modes[0], args).team.path).agents:
+        path = resolve_model(spec)
+        record = os.path.join(path, WARM_START_FILE)
+        warm = json.load(open(record)) if os.path.isfile(record) else None
+        out[spec.name] = {"model": spec.model, "dir": os.path.basename(path), "warm_start": warm}
+    return out
+
+
+def timed_window(metrics: list[dict], warmup: int) -> tuple[float, float]:
+    """Seconds since the loop started: from the end of the last warm-up step (its last agent
+    done) to the end of the run's last step."""
+    def end(m: dict) -> float:
+        return max(a["t_done"] for a in m["agents"].values() if a["trainable"])
+    return (end(metrics[warmup - 1]) if warmup else 0.0), end(metrics[-1])
+
+
+def where_time_went(result, args: argparse.Namespace, sampler) -> dict:
+    """The rollout phase split per agent (from the run's activity log), CPU per process and
+    core over the timed window (from /proc), and a text chart of one timed step."""
+    from flexmarl.observe import procstat, timeline
+
+    timed = result.metrics[args.warmup:] or result.metrics
+    agents = [a for a, v in timed[0]["agents"].items() if v["trainable"]]
+    phases = timeline.mean_phases(timeline.rollout_phases(result.timeline, timed, agents))
+    t0, t1 = timed_window(result.metrics, args.warmup)
+    origin = result.loop_started
+    usage = sampler.usage(origin + t0, origin + t1)
+    # One timed step, from the end of the step before it to its own end, with its rollout's
+    # start (<) and end (>) on the ruler.
+    k = min(args.warmup + 1, len(result.metrics) - 1)
+    a, b = timed_window(result.metrics[:k + 1], k)
+    rec = result.metrics[k]
+    chart = timeline.chart(result.timeline, a, b, agents,
+                           marks=[(rec["t_rollout_start"], "<"), (rec["t_rollout_end"], ">")])
+    return {"phases": phases,
+            "cpu": {name: u.as_dict() for name, u in sorted(usage.items()) if u.cpu_s >= 0.05},
+            "cpu_by_role": {role: {str(c): round(s, 2) for c, s in sorted(cores.items())}
+                            for role, cores in procstat.by_role(usage).items()},
+            "window_s": t1 - t0, "chart_step": k, "chart": chart,
+            "activity_full": len(result.timeline) >= ACTIVITY_MAXLEN}
 
 
 async def run_mode(mode: str, args: argparse.Namespace) -> tuple[dict, float]:
     from flexmarl.launch.run import train
+    from flexmarl.observe.procstat import ProcessSampler
     from flexmarl.observe.rundir import RunDir
     from flexmarl.team import load_team
 
@@ -106,7 +163,8 @@ async def run_mode(mode: str, args: argparse.Namespace) -> tuple[dict, float]:
         run_dir = RunDir.create(config)
         started, cpu = time.perf_counter(), time.process_time()
         try:
-            result = await train(team, config, run_dir=run_dir, progress=args.progress)
+            with ProcessSampler() as sampler:
+                result = await train(team, config, run_dir=run_dir, progress=args.progress)
         finally:
             run_dir.close()
         wall = time.perf_counter() - started
@@ -116,7 +174,41 @@ async def run_mode(mode: str, args: argparse.Namespace) -> tuple[dict, float]:
     # This process (orchestrator, store, micro-batch building) is not pinned: its share of a
     # core over the run, start-up included, is CPU the pinned roles lose to it.
     summary["driver_cpu_share"] = (time.process_time() - cpu) / wall
+    summary.update(where_time_went(result, args, sampler))
     return summary, wall
+
+
+def print_breakdown(results: dict[str, dict]) -> None:
+    print("\nrollout phase per agent, s per step (generating: a request in flight; gate: a call "
+          "held for the agent's previous update; other: waiting for other agents), and the "
+          "agent's trainer busy / syncing during it")
+    print(f"{'mode':<13} {'agent':<10} {'rollout':>7} {'generating':>10} {'gate':>6} "
+          f"{'other':>6} {'train':>6} {'sync':>6}")
+    for mode, r in results.items():
+        for agent, p in r["phases"].items():
+            print(f"{mode:<13} {agent:<10} {p['rollout_s']:>7.2f} {p['generating_s']:>10.2f} "
+                  f"{p['gate_s']:>6.2f} {p['other_s']:>6.2f} {p['train_s']:>6.2f} "
+                  f"{p['sync_s']:>6.2f}")
+    print("\nCPU seconds per step by process and core over the timed steps (unpinned: threads "
+          "allowed beyond their process's cores)")
+    for mode, r in results.items():
+        steps = max(1, r["steps_timed"])
+        for name, u in r["cpu"].items():
+            cores = " ".join(f"core{c} {s / steps:.2f}" for c, s in u["cores"].items())
+            unpinned = ", ".join(f"{t} {s / steps:.2f}" for t, s in u["unpinned"].items()
+                                 if s / steps >= 0.01)
+            print(f"{mode:<13} {name[:34]:<34} {u['cpu_s'] / steps:>6.2f}  [{cores}]"
+                  f"  allowed {','.join(map(str, u['allowed'])) or '-'}"
+                  + (f"  unpinned: {unpinned}" if unpinned else ""))
+        roles = "; ".join(f"{role} " + " ".join(f"core{c} {s / steps:.2f}" for c, s in cores.items())
+                          for role, cores in r["cpu_by_role"].items())
+        print(f"{mode:<13} by role: {roles}")
+    for mode, r in results.items():
+        print(f"\n{mode}: step {r['chart_step']} (g generating, w gate wait, T training, "
+              "S sync; < > the step's rollout)")
+        print("\n".join(r["chart"]))
+        if r["activity_full"]:
+            print("(the activity log was full: its oldest intervals were dropped)")
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -125,6 +217,7 @@ async def main(args: argparse.Namespace) -> None:
     from flexmarl.launch.placement import role_cpus
     rollout_cpus, train_cpus = (",".join(map(str, c)) or "all"
                                 for c in role_cpus(load(args.modes[0], args)))
+    load_start = os.getloadavg()
     results: dict[str, dict] = {}
     for mode in args.modes:
         summary, wall = await run_mode(mode, args)
@@ -143,7 +236,13 @@ async def main(args: argparse.Namespace) -> None:
         print(f"{mode:<13} {r['step_s']:>7.2f} {r['rollout_s']:>9.2f} {r['rollout_util']:>12.2f} "
               f"{r['trainer_util']:>12.2f} {stale:>9} {r['tail_s']:>7.2f} "
               f"{r['driver_cpu_share']:>10.2f}  {r['team_reward']:>11.3f}")
-    out: dict = {"modes": results, "config": {"steps": args.steps, "warmup": args.warmup,
+    load_end = os.getloadavg()
+    print_breakdown(results)
+    print(f"\nload average (1, 5, 15 min) at start {fmt_load(load_start)}, at end "
+          f"{fmt_load(load_end)} ({os.cpu_count()} cores)")
+    out: dict = {"modes": results, "load_start": load_start, "load_end": load_end,
+                 "models": models_used(args),
+                 "config": {"steps": args.steps, "warmup": args.warmup, "team": args.team,
                                               "rollout_cpus": rollout_cpus,
                                               "train_cpus": train_cpus,
                                               "set": DEFAULTS + args.set}}
@@ -175,6 +274,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=6, help="global steps per mode")
     ap.add_argument("--warmup", type=int, default=1, help="first steps left out of the means")
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES + ("bounded",))
+    ap.add_argument("--team", default="", help="team file (default: the config's team.path)")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="config override applied to every mode")
     ap.add_argument("--progress", action="store_true", help="show progress bars")

@@ -5,9 +5,10 @@
     busy_s(who, kind)                      total busy seconds so far (the open interval too)
     recent(since)                          [who, kind, start, end | None] of the last intervals
 
-Kinds in use: "rollout" (an agent had a request in flight), "instance" (a rollout instance had
-one of this orchestrator's requests), "train" (the agent's trainer was working on a request of
-its batch), "sync" (weights exported and pushed to the instances). Times come from
+Kinds in use: "rollout" (an agent had a request in flight), "gate" (a call of the agent waited
+at its step gate for the agent's previous update), "instance" (a rollout instance had one of
+this orchestrator's requests), "train" (the agent's trainer was working on a request of its
+batch), "sync" (weights exported and pushed to the instances). Times come from
 flexmarl.clock.now(), so the simulator's timelines are simulated time. Bounded: the oldest
 intervals are dropped first.
 """

@@ -21,6 +21,7 @@ import math
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -38,9 +39,10 @@ from flexmarl.tasks import Task, addition_tasks, exact_match
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 """Bump when the directory layout, tokenizer or training recipe changes: old caches are then
-ignored rather than loaded."""
+ignored rather than loaded. 2: warm starts run in a child process with fixed numerics
+(WARM_START_THREADS, warm_start_env)."""
 
 EOS_TOKEN = "<|im_end|>"  # ends every assistant turn, so generation stops there
 PAD_TOKEN = "<|endoftext|>"
@@ -71,6 +73,36 @@ WARMUP_FRACTION = 0.05
 MIN_LR_FRACTION = 0.1  # cosine decay ends here rather than at zero
 MAX_GRAD_NORM = 1.0
 WARM_START_FILE = "warm_start.json"  # ensure_model records warm_start's metrics here
+WARM_START_THREADS = 2
+"""Threads of every warm start `ensure_model` runs, whatever the machine's core count: CPU
+kernels split their sums by thread, so another count gives other bits (seen: 40 steps of
+"small" on 1 and 2 threads end with different weights)."""
+
+
+def warm_start_env() -> dict[str, str]:
+    """The numeric environment of `ensure_model`'s warm-start child process.
+
+    The same seed must give the same model on every machine. Near the step where a model
+    suddenly learns addition ("small" at its default 250 steps), the last bits of a float decide
+    between 7% and 60% held-out accuracy, and two things change those bits from machine to
+    machine besides the thread count: torch's own kernels dispatch on the CPU's vector ISA
+    (AVX-512 on some machines, AVX2 on others) and so does MKL's matrix multiply. Both are
+    pinned to AVX2, which every x86-64 machine of the last decade has: ATEN_CPU_CAPABILITY and
+    MKL's conditional numerical reproducibility (MKL_CBWR; it costs about a third more time on
+    an AVX-512 machine). Elsewhere (no AVX2, or not x86) only the threads are fixed."""
+    env = {"OMP_NUM_THREADS": str(WARM_START_THREADS),
+           "MKL_NUM_THREADS": str(WARM_START_THREADS)}
+    if _has_avx2():
+        env.update(ATEN_CPU_CAPABILITY="avx2", MKL_CBWR="AVX2")
+    return env
+
+
+def _has_avx2() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " avx2" in line for line in f)
+    except OSError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -365,8 +397,9 @@ def warm_start(model_dir: str | os.PathLike, *, steps: int, batch_size: int, lr:
     `tasks` defaults to TRAIN_POOL_SIZE 2-digit addition tasks drawn with `seed`, minus the
     held-out evaluation prompts; batches are sampled from them with replacement. AdamW with
     linear warmup and cosine decay, gradients clipped at MAX_GRAD_NORM; deterministic for a given
-    seed and thread count. Returns {"final_loss" (of the last batch), "accuracy" (greedy
-    exact-match rate on `eval_tasks()`), "seconds" (training only), "steps"}.
+    seed, thread count and CPU kernel ISA (ensure_model fixes those: warm_start_env). Returns
+    {"final_loss" (of the last batch), "accuracy" (greedy exact-match rate on `eval_tasks()`),
+    "seconds" (training only), "steps"}.
 
     Uses torch's current thread count. On a machine shared with other torch processes, one
     thread (`torch.set_num_threads(1)`) can be many times faster than two: OpenMP threads
@@ -478,8 +511,7 @@ def ensure_model(size: str, *, warm_start_steps: int = DEFAULT_WARM_START_STEPS,
         metrics: dict = {"steps": 0}
         if warm_start_steps:
             log.info("model %s: warm-starting %d steps in %s", size, warm_start_steps, tmp)
-            metrics = warm_start(tmp, steps=warm_start_steps, batch_size=WARM_START_BATCH_SIZE,
-                                 lr=WARM_START_LR, seed=seed)
+            metrics = _warm_start_in_child(tmp, steps=warm_start_steps, seed=seed)
         (tmp / WARM_START_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
         log.info("model %s: %s", size, _describe_warm_start(tmp))
         try:
@@ -495,6 +527,44 @@ def ensure_model(size: str, *, warm_start_steps: int = DEFAULT_WARM_START_STEPS,
     log.info("model %s: ready at %s", size, final)
     notice(f"model {size!r} ready in {time.perf_counter() - started:.0f} s")
     return final
+
+
+def _warm_start_in_child(model_dir: Path, *, steps: int, seed: int) -> dict:
+    """`warm_start` of `model_dir` in a fresh interpreter with `warm_start_env()` (the ISA
+    settings take effect only before torch and MKL start, so not in this process); its
+    progress bar and logs go to this process's stderr. Returns its metrics, which also say
+    the numerics it ran with."""
+    result = model_dir / (WARM_START_FILE + ".child")
+    cmd = [sys.executable, "-m", "flexmarl.models", str(model_dir), "--steps", str(steps),
+           "--seed", str(seed), "--metrics", str(result)]
+    proc = subprocess.run(cmd, env={**os.environ, **warm_start_env()})
+    if proc.returncode != 0 or not result.is_file():
+        raise RuntimeError(f"the warm start of {model_dir.name} failed in its child process "
+                           f"(exit code {proc.returncode}; its error is printed above): "
+                           f"{' '.join(cmd)}")
+    metrics = json.loads(result.read_text())
+    result.unlink()
+    return metrics
+
+
+def _child_main(argv: list[str] | None = None) -> None:
+    """`python -m flexmarl.models DIR --steps N --seed S --metrics FILE`: the warm start
+    `ensure_model` runs in a child process (see warm_start_env)."""
+    import argparse
+    ap = argparse.ArgumentParser(description=_child_main.__doc__)
+    ap.add_argument("model_dir")
+    ap.add_argument("--steps", type=int, required=True)
+    ap.add_argument("--seed", type=int, required=True)
+    ap.add_argument("--metrics", required=True)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    torch.set_num_threads(WARM_START_THREADS)
+    metrics = warm_start(args.model_dir, steps=args.steps, batch_size=WARM_START_BATCH_SIZE,
+                         lr=WARM_START_LR, seed=args.seed)
+    metrics["numerics"] = {"threads": torch.get_num_threads(),
+                           "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                           "mkl_cbwr": os.environ.get("MKL_CBWR", "")}
+    Path(args.metrics).write_text(json.dumps(metrics))
 
 
 def _build_prefix(name: str) -> str:
@@ -531,3 +601,7 @@ def _describe_warm_start(model_dir: Path) -> str:
         return "random initialisation, no warm start"
     return (f"warm start: {metrics['steps']} steps in {metrics['seconds']:.0f} s, final loss "
             f"{metrics['final_loss']:.3f}, held-out greedy accuracy {metrics['accuracy']:.0%}")
+
+
+if __name__ == "__main__":
+    _child_main()

@@ -69,6 +69,9 @@ class WorkerSpec:
     cpus: tuple[int, ...] = ()
     """Pin the process (and what it starts) to these CPU cores and size OpenMP's thread pool to
     them, so processes sharing a machine do not oversubscribe it; () leaves both alone."""
+    nice: int = 0
+    """Added to the process's niceness at start (0..19: lower CPU priority), e.g. for
+    throughput work sharing cores with latency-critical processes."""
     role: str = ""
     """The kind of node that hosts it when workers go to nodes (runtime.registry: "rollout",
     "trainer"); a local Supervisor ignores it."""
@@ -83,6 +86,8 @@ class WorkerSpec:
         module, sep, attr = self.entry.partition(":")
         if not sep or not module or not attr:
             raise ValueError(f"WorkerSpec.entry {self.entry!r} must be 'package.module:function'")
+        if isinstance(self.nice, bool) or not isinstance(self.nice, int) or not 0 <= self.nice <= 19:
+            raise ValueError(f"WorkerSpec.nice must be an int in 0..19, got {self.nice!r}")
 
 
 def visible_devices(wanted: str, own: str | None) -> str:
@@ -234,7 +239,8 @@ class Supervisor(Actor):
         boot = {"name": spec.name, "entry": spec.entry, "args": spec.args, "bind": bind,
                 "supervisor": self.address, "supervisor_pid": os.getpid(),
                 "supervisor_config": asdict(self.config), "transport": asdict(self.transport),
-                "ready_timeout_s": spec.ready_timeout_s, "cpus": list(spec.cpus)}
+                "ready_timeout_s": spec.ready_timeout_s, "cpus": list(spec.cpus),
+                "nice": spec.nice}
         env = {**os.environ, **spec.env}
         if "CUDA_VISIBLE_DEVICES" in spec.env:
             env["CUDA_VISIBLE_DEVICES"] = visible_devices(spec.env["CUDA_VISIBLE_DEVICES"],

@@ -137,6 +137,8 @@ def main(argv: list[str] | None = None) -> None:
                      name="orphan-watchdog", daemon=True).start()
     if boot.get("cpus"):  # before any thread pool exists; children inherit the mask
         os.sched_setaffinity(0, boot["cpus"])
+    if boot.get("nice"):  # before any thread exists but the watchdog: threads inherit it
+        os.nice(int(boot["nice"]))
     logging.basicConfig(level=os.environ.get("FLEXMARL_LOG", "WARNING"),
                         format=f"%(asctime)s {boot['name']} %(levelname)s %(name)s: %(message)s")
     try:

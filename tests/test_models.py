@@ -255,3 +255,32 @@ def test_ensure_model_removes_leftovers_of_dead_builds_only(tmp_path):
         path.mkdir()
     ensure_model("tiny", warm_start_steps=0, cache_dir=tmp_path)
     assert not dead.exists() and alive.exists() and other_host.exists()
+
+
+def test_ensure_model_warm_starts_with_fixed_numerics_whatever_this_process_uses(tmp_path):
+    """The warm start runs in a child process with WARM_START_THREADS threads and, on AVX2
+    machines, AVX2 kernels (torch's and MKL's), so a model is the same bits whatever thread
+    count or ISA the calling process has; the record says what it ran with. (The same recipe
+    in this process on 1 and on 2 threads gives other bits: checked when this was written.)"""
+    before = torch.get_num_threads()
+    built = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            built.append(ensure_model("tiny", warm_start_steps=20,
+                                      cache_dir=tmp_path / str(threads)))
+    finally:
+        torch.set_num_threads(before)
+    weights = [(path / "model.safetensors").read_bytes() for path in built]
+    assert weights[0] == weights[1]
+    numerics = json.loads((built[0] / models.WARM_START_FILE).read_text())["numerics"]
+    assert numerics["threads"] == models.WARM_START_THREADS
+    if models._has_avx2():
+        assert numerics["cpu_capability"] == "AVX2" and numerics["mkl_cbwr"] == "AVX2"
+
+
+def test_a_failing_warm_start_child_is_one_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(models.sys, "executable", "/bin/false")
+    with pytest.raises(RuntimeError, match="warm start of .* failed in its child process"):
+        ensure_model("tiny", warm_start_steps=2, cache_dir=tmp_path)
+    assert all(not p.name.endswith(".tmp") for p in tmp_path.iterdir())

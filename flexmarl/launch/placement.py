@@ -64,6 +64,16 @@ def role_cpus(config: "Config") -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 
+def trainer_nice(config: Config, *, local: bool = True) -> int:
+    """trainer_pool.nice resolved: "auto" is 10 for trainer processes on this machine's CPU
+    (they share cores with the run process, whose delays hold rollout calls: measured in
+    bench/README.md, `pipeline.py`), else 0."""
+    nice = config.trainer_pool.nice
+    if nice == "auto":
+        return 10 if local and config.trainer.device == "cpu" else 0
+    return int(nice)
+
+
 def launcher(config: Config) -> "Supervisor | NodeRegistry":
     """Where workers run: local processes (a Supervisor), or `flexmarl-node`s that join at
     cluster.listen (a NodeRegistry; see flexmarl/launch/nodes.py)."""
@@ -183,6 +193,7 @@ class _Workers:
                   "collective_timeout_s": c.trainer_pool.collective_timeout_s,
                   "drain_timeout_s": c.supervisor.stop_timeout_s},
             ready_timeout_s=c.trainer_pool.ready_timeout_s, cpus=self.train_cpus,
+            nice=trainer_nice(c, local=self.store is None),
             env=self.gpus.env(name) if self.gpus.trainer else {}, role="trainer",
             node=self.gpus.host(name) if self.gpus.trainer else "")
             for rank, name in enumerate(names)]

@@ -75,6 +75,11 @@ class RunResult:
     """The step this run started at (> 0: it resumed a run directory)."""
     final_eval: dict | None = None
     """The held-out evaluation of the final weights (eval.final; RUN_DIR/eval.json)."""
+    timeline: list[list] = field(default_factory=list)
+    """The activity log's intervals [who, kind, start, end] in seconds since the loop started,
+    the origin of the records' t_* fields (flexmarl.observe.timeline reads them)."""
+    loop_started: float = 0.0
+    """time.perf_counter() when the loop started (that origin, on this process's clock)."""
 
 
 async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
@@ -215,7 +220,8 @@ async def _steps(parts: _Parts, config: Config, run_dir: RunDir | None,
                                        first_step=first_step,
                                        on_agent_step=save_state if saved else None,
                                        evaluate=evaluator(parts, config),
-                                       eval_every=config.eval.every_steps)
+                                       eval_every=config.eval.every_steps,
+                                       serial=serial_trainers(config))
                     await unless_app_exits(loop.run(), app)
                     final_eval = await _final_eval(parts, config, run_dir, loggers)
             monitor.state = "finished"
@@ -232,10 +238,22 @@ async def _steps(parts: _Parts, config: Config, run_dir: RunDir | None,
                 if rt.spec.trainable:
                     checkpoints[name] = await save_model_dir(parts.trainers, name, rt.model_dir,
                                                              run_dir.checkpoint_dir(name))
+    t0 = loop.started
+    timeline = [[who, kind, start - t0, None if end is None else end - t0]
+                for who, kind, start, end in parts.activity.intervals]
     return RunResult(metrics, run_dir.path if run_dir else None,
                      {n: rt.version for n, rt in parts.agents.items()}, checkpoints,
                      dashboard_url=dashboard_url, first_step=first_step,
-                     final_eval=final_eval)
+                     final_eval=final_eval, timeline=timeline, loop_started=t0)
+
+
+def serial_trainers(config: Config) -> bool:
+    """trainer_pool.serial resolved: "auto" is on where the trainer processes share this
+    machine's CPU cores (flexmarl.orchestrator.lane says why one at a time is faster there)."""
+    serial = config.trainer_pool.serial
+    if serial == "auto":
+        return config.trainer.device == "cpu" and not config.cluster.listen
+    return bool(serial)
 
 
 def evaluator(parts: _Parts, config: Config) -> Callable[[int], Awaitable[dict]] | None:

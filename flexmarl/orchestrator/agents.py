@@ -27,6 +27,8 @@ class StepGate:
     def __init__(self, open_to: int) -> None:
         self.open_to = open_to
         self._changed = asyncio.Event()
+        self.waiting = 0
+        """Calls waiting in wait() now (the trainer lane serves such an agent first)."""
 
     def open(self, step: int) -> None:
         if step > self.open_to:
@@ -35,8 +37,14 @@ class StepGate:
             self._changed = asyncio.Event()  # later waiters wait for the next opening
 
     async def wait(self, step: int) -> None:
-        while step > self.open_to:
-            await self._changed.wait()
+        if step <= self.open_to:
+            return
+        self.waiting += 1
+        try:
+            while step > self.open_to:
+                await self._changed.wait()
+        finally:
+            self.waiting -= 1
 
 
 class BusyClock:

@@ -21,6 +21,7 @@ from flexmarl.orchestrator.store import Group
 
 if TYPE_CHECKING:
     from flexmarl.activity import ActivityLog
+    from flexmarl.orchestrator.lane import TrainerLane
     from flexmarl.orchestrator.agents import AgentRuntime
     from flexmarl.training.pool import TrainerPool
     from runtime.transport import Connection
@@ -106,8 +107,12 @@ out as larger (more efficient) micro-batches of up to `micro_batch_groups`.
 
     def __init__(self, rt: "AgentRuntime", trainers: "TrainerPool", micro_batch_groups: int,
                  admit: Callable[[int], bool], *, eager: bool = False,
-                 activity: "ActivityLog | None" = None) -> None:
+                 activity: "ActivityLog | None" = None,
+                 lane: "TrainerLane | None" = None) -> None:
+        """`lane`: trainer requests of agents sharing cores go one at a time through it
+        (flexmarl.orchestrator.lane)."""
         self.rt = rt
+        self.lane = lane
         self.trainers = trainers
         self.activity = activity
         self.micro_batch_groups = micro_batch_groups
@@ -132,6 +137,15 @@ out as larger (more efficient) micro-batches of up to `micro_batch_groups`.
         await self._binding.aclose()  # the trainer slot goes back to the pool
 
     async def _request(self, msg: Any) -> Any:
+        async with self.turn():
+            return await self._timed_request(msg)
+
+    def turn(self) -> contextlib.AbstractAsyncContextManager:
+        """This agent's turn in the trainer lane (at once without one)."""
+        return (self.lane.turn(self.rt.spec.name) if self.lane is not None
+                else contextlib.nullcontext())
+
+    async def _timed_request(self, msg: Any) -> Any:
         started = now()
         if self.activity is not None:
             self.activity.enter(self.rt.spec.name, "train")
@@ -200,7 +214,7 @@ out as larger (more efficient) micro-batches of up to `micro_batch_groups`.
         nests in the session's); seconds."""
         agent = self.rt.spec.name
         started = now()
-        async with self.trainers.bind(agent) as trainer:
+        async with self.trainers.bind(agent) as trainer, self.turn():
             if self.activity is not None:
                 self.activity.enter(agent, "sync")
             try:

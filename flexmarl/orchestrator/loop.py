@@ -72,6 +72,7 @@ from typing import Any, Awaitable, Callable, Sequence
 from flexmarl.activity import ActivityLog
 from flexmarl.clock import now
 from flexmarl.orchestrator.batch import TrainResult, TrainSession
+from flexmarl.orchestrator.lane import TrainerLane
 from flexmarl.orchestrator.orchestrator import Orchestrator, RolloutStats
 from flexmarl.orchestrator.policy import PipelineConfig, PipelinePolicy, make_pipeline
 from flexmarl.orchestrator.records import StepRecorder
@@ -118,7 +119,7 @@ class PipelineRun:
                  on_agent_step: Callable[[str, int, TrainState | None], Awaitable[None]]
                  | None = None,
                  evaluate: Callable[[int], Awaitable[dict]] | None = None,
-                 eval_every: int = 0) -> None:
+                 eval_every: int = 0, serial: bool = False) -> None:
         """`config` (section `pipeline`) gives the batch shape and, unless `policy` is given,
         the policy. `emit(record)` gets each step's record, in step order, from one task (it
         may be a coroutine function: the next record waits for it). `first_step` > 0 resumes a run (steps before it are done; their tasks are
@@ -128,7 +129,8 @@ class PipelineRun:
         critical path; the step's record is emitted once every agent's call has returned.
         `evaluate(step)` (flexmarl.orchestrator.evaluate) runs after every `eval_every` steps
         but the last, between two steps' rollouts; the step's record waits for it and carries
-        it as "eval"."""
+        it as "eval". `serial`: the agents' trainer slots share cores, so their requests go
+        one at a time, an agent whose gate holds calls first (flexmarl.orchestrator.lane)."""
         if not 0 <= first_step <= steps:
             raise ValueError(f"first_step must be in [0, {steps}], got {first_step}")
         self.orch = orch
@@ -137,6 +139,8 @@ class PipelineRun:
         self.trainers = trainers
         self.activity = activity
         self.policy = policy or make_pipeline(config.mode, max_staleness=config.max_staleness)
+        self.lane = (TrainerLane(lambda agent: orch.agents[agent].gate.waiting > 0)
+                     if serial else None)
         self.tasks_per_step = config.tasks_per_step
         self.micro_batch_groups = config.micro_batch_groups
         self.steps = steps
@@ -309,7 +313,7 @@ class PipelineRun:
             await self.rollout_done[step].wait()
         async with TrainSession(rt, self.trainers, self.micro_batch_groups,
                                 lambda age, s=step: policy.admit(age, s), eager=policy.stream,
-                                activity=self.activity) as session:
+                                activity=self.activity, lane=self.lane) as session:
             for groups in taken:
                 await session.add(groups)
             while groups := await self._next_groups(agent, select, self.rollout_done[step]):
@@ -335,7 +339,8 @@ class PipelineRun:
                 self._pending_sync[agent] = task
             # else: a restart after the step's weights went out: the instances serve them
             # already (a version is pushed once), and the re-trained state is the same update.
-            state = await self.trainers.snapshot(agent)
+            async with session.turn():
+                state = await self.trainers.snapshot(agent)
         return result, state
 
     async def _next_groups(self, agent: str, select: Callable[[Group], bool],

@@ -133,7 +133,12 @@ class TrajectoryContext:
         request_id = f"{self.input_id}/{self.trajectory}/{agent}/{turn}"
         if params.seed is None:
             params = dataclasses.replace(params, seed=request_seed(self.orch.seed, request_id))
-        await rt.gate.wait(self.step)  # the pipeline policy: may this step use the agent yet?
+        if self.step > rt.gate.open_to:  # the pipeline policy holds this step's calls for now
+            self.orch.activity.enter(agent, "gate")  # (timed: flexmarl.observe.timeline)
+            try:
+                await rt.gate.wait(self.step)
+            finally:
+                self.orch.activity.exit(agent, "gate")
         rt.first_call.setdefault(self.step, now())
         clock = rt.rollout_busy[self.step]
         # Intra-query parallelism: the n samples are independent branches; split them into

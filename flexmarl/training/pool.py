@@ -90,6 +90,15 @@ class TrainerPoolConfig:
     snapshots: bool = True
     """Keep each agent's training state after each step in host memory: a dead trainer slot
     is replaced and its agent's batch re-accumulated from it (off: the run stops)."""
+    nice: int | str = "auto"
+    """Niceness of the trainer processes (0..19). "auto": 10 where they train on CPU cores
+    of this machine beside the unpinned run process (trainer.device = "cpu", no
+    cluster.listen), whose every delay waits rollout calls; else 0. Training overlaps the
+    rollout and never waits on the run process while it is busy, so it loses little."""
+    serial: bool | str = "auto"
+    """Trainer requests of all agents one at a time, an agent whose step gate holds calls
+    first (flexmarl.orchestrator.lane). "auto": when the trainer processes share this
+    machine's CPU cores (trainer.device = "cpu", no cluster.listen)."""
 
     def __post_init__(self) -> None:
         require(self.ranks_per_agent >= 1, "trainer_pool.ranks_per_agent", self.ranks_per_agent,
@@ -107,6 +116,11 @@ class TrainerPoolConfig:
             require(getattr(self, name) > 0, f"trainer_pool.{name}", getattr(self, name),
                     "must be > 0")
         parse_cpus(self.cpus, "trainer_pool.cpus")
+        require(self.nice == "auto" if isinstance(self.nice, str) else
+                (not isinstance(self.nice, bool) and 0 <= self.nice <= 19),
+                "trainer_pool.nice", self.nice, 'must be an int in 0..19 or "auto"')
+        require(isinstance(self.serial, bool) or self.serial == "auto", "trainer_pool.serial",
+                self.serial, 'must be true, false or "auto"')
 
     @property
     def static(self) -> bool:

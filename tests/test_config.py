@@ -423,3 +423,28 @@ def test_role_cpus_single_core_pins_nothing(monkeypatch):
     from flexmarl.launch.placement import role_cpus
     monkeypatch.setattr(config_module, "available_cpus", lambda: [0])
     assert role_cpus(load_config()) == ((), ())
+
+
+@pytest.mark.parametrize("overrides, nice, serial", [
+    ([], 10, True),                                    # CPU, this machine: both on
+    (["trainer.device=cuda"], 0, False),               # GPU trainers share no cores with us
+    (["cluster.listen=tcp://127.0.0.1:0"], 0, False),  # trainers on nodes
+    (["trainer_pool.nice=3", "trainer_pool.serial=false"], 3, False),
+    (["trainer.device=cuda", "trainer_pool.serial=true"], 0, True),
+])
+def test_trainer_nice_and_serial_resolve(overrides, nice, serial):
+    from flexmarl.launch.placement import trainer_nice
+    from flexmarl.launch.run import serial_trainers
+    config = load_config(overrides=overrides)
+    assert trainer_nice(config, local=not config.cluster.listen) == nice
+    assert serial_trainers(config) is serial
+
+
+@pytest.mark.parametrize("override, message", [
+    ("trainer_pool.nice=20", "trainer_pool.nice must be an int in 0..19"),
+    ("trainer_pool.nice=low", "trainer_pool.nice must be an int in 0..19"),
+    ("trainer_pool.serial=sometimes", "trainer_pool.serial must be true, false"),
+])
+def test_trainer_nice_and_serial_refuse_bad_values(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides=[override])

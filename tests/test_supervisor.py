@@ -248,6 +248,22 @@ async def test_worker_is_pinned_to_its_cpus(no_leftover_children):
                                                    cpus=(cores[-1],)))
         free = await sup.start_worker(WorkerSpec(name="free", entry="tests.workers:placement"))
         async with connect(pinned.address) as a, connect(free.address) as b:
-            assert (await a.request(Tensors())).meta == {"cpus": [cores[-1]], "omp": "1"}
+            assert (await a.request(Tensors())).meta == {"cpus": [cores[-1]], "omp": "1",
+                                                         "nice": os.nice(0)}
             assert (await b.request(Tensors())).meta["cpus"] == cores
         await sup.stop_workers()
+
+
+async def test_worker_runs_at_its_niceness(no_leftover_children):
+    """WorkerSpec.nice is added to the worker's niceness (trainer_pool.nice on CPU)."""
+    mine = os.nice(0)
+    sup = Supervisor(config=FAST)
+    async with sup.serving():
+        niced = await sup.start_worker(WorkerSpec(name="niced", entry="tests.workers:placement",
+                                                  nice=5))
+        async with connect(niced.address) as conn:
+            assert (await conn.request(Tensors())).meta["nice"] == min(19, mine + 5)
+        await sup.stop_workers()
+    for bad in (-1, 20, 1.5, True):
+        with pytest.raises(ValueError, match="WorkerSpec.nice"):
+            WorkerSpec(name="x", entry="tests.workers:placement", nice=bad)

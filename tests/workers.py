@@ -84,14 +84,15 @@ def acking(ctx: WorkerContext) -> Actor:
 
 
 def placement(ctx: WorkerContext) -> Actor:
-    """Answers Tensors with the cores it may run on and its OpenMP thread budget."""
+    """Answers Tensors with the cores it may run on, its OpenMP thread budget and niceness."""
     import os
 
     class Placement(Actor):
         @handler(Tensors)
         async def on_tensors(self, msg: Tensors, env: Envelope) -> Tensors:
             return Tensors(meta={"cpus": sorted(os.sched_getaffinity(0)),
-                                 "omp": os.environ.get("OMP_NUM_THREADS")})
+                                 "omp": os.environ.get("OMP_NUM_THREADS"),
+                                 "nice": os.nice(0)})
     return Placement(ctx.name, ctx.bind, transport=ctx.transport)
 
 

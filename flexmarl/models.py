@@ -62,11 +62,10 @@ DEFAULT_WARM_START_STEPS = 300
 """Steps `ensure_model` trains for by default (batch WARM_START_BATCH_SIZE, peak WARM_START_LR).
 Measured on 2 idle cores: "small" reaches 55-94% greedy accuracy on held-out 2-digit addition
 (4 seeds) in about 45 s, leaving room for RL; "tiny" only 5-12% (600 steps at lr 3e-3 gave it
-97%); "medium" 98% in about 3.5 minutes (both before the numerics were fixed, see
-warm_start_env). Addition is learnt in a sudden drop of the loss around step 250 for "small",
-so accuracy near this default varies with the seed, and did with the machine: with the fixed
-numerics, seed 0 gives "small" at 250 steps 55% (82 s) and "medium" at 300 steps 69% (381 s),
-the default team's models (measured 2026-12-02)."""
+97%); "medium" 98% in about 3.5 minutes (before warm_start_env). Addition is learnt in a
+sudden drop of the loss around step 250 for "small", so accuracy near it varies with the seed
+(and did with the machine): with fixed numerics, seed 0 gives "small"/250 steps 55% (82 s) and
+"medium"/300 steps 69% (381 s), the default team's models (2026-12-02)."""
 WARM_START_BATCH_SIZE = 128
 WARM_START_LR = 2e-3
 NUM_EVAL_TASKS = 64
@@ -77,24 +76,18 @@ MIN_LR_FRACTION = 0.1  # cosine decay ends here rather than at zero
 MAX_GRAD_NORM = 1.0
 WARM_START_FILE = "warm_start.json"  # ensure_model records warm_start's metrics here
 WARM_START_THREADS = 2
-"""Threads of every warm start `ensure_model` runs, whatever the machine's core count: CPU
-kernels split their sums by thread, so another count gives other bits (seen: 40 steps of
-"small" on 1 and 2 threads end with different weights)."""
+"""Threads of `ensure_model`'s warm starts on any machine: kernels split sums by thread (40
+steps of "small" on 1 and on 2 threads ended with different weights)."""
 
 
 def warm_start_env() -> dict[str, str]:
-    """The numeric environment of `ensure_model`'s warm-start child process.
-
-    The same seed must give the same model on every machine. Near the step where a model
-    suddenly learns addition ("small" at its default 250 steps), the last bits of a float decide
-    between 7% and 60% held-out accuracy, and two things change those bits from machine to
-    machine besides the thread count: torch's own kernels dispatch on the CPU's vector ISA
-    (AVX-512 on some machines, AVX2 on others) and so does MKL's matrix multiply. Both are
-    pinned to AVX2, which every x86-64 machine of the last decade has: ATEN_CPU_CAPABILITY and
-    MKL's conditional numerical reproducibility (MKL_CBWR; it costs about a third more time on
-    an AVX-512 machine). Elsewhere (no AVX2, or not x86) only the threads are fixed."""
-    env = {"OMP_NUM_THREADS": str(WARM_START_THREADS),
-           "MKL_NUM_THREADS": str(WARM_START_THREADS)}
+    """The numeric environment of `ensure_model`'s warm-start child process, so a seed gives
+    the same model on every machine: besides the thread count, torch's kernels and MKL's matrix
+    multiply dispatch on the CPU's vector ISA (AVX-512 here, AVX2 elsewhere), and near the step
+    where a model suddenly learns addition the last bits decide between 7% and 60% accuracy.
+    Both are pinned to AVX2 where the CPU has it (MKL_CBWR costs about a third more time on
+    AVX-512); elsewhere only the threads are fixed."""
+    env = {"OMP_NUM_THREADS": str(WARM_START_THREADS), "MKL_NUM_THREADS": str(WARM_START_THREADS)}
     if _has_avx2():
         env.update(ATEN_CPU_CAPABILITY="avx2", MKL_CBWR="AVX2")
     return env
@@ -533,10 +526,8 @@ def ensure_model(size: str, *, warm_start_steps: int = DEFAULT_WARM_START_STEPS,
 
 
 def _warm_start_in_child(model_dir: Path, *, steps: int, seed: int) -> dict:
-    """`warm_start` of `model_dir` in a fresh interpreter with `warm_start_env()` (the ISA
-    settings take effect only before torch and MKL start, so not in this process); its
-    progress bar and logs go to this process's stderr. Returns its metrics, which also say
-    the numerics it ran with."""
+    """`warm_start` in a fresh interpreter with `warm_start_env()` (ISA settings act only
+    before torch and MKL start); its metrics, with the numerics it ran with."""
     result = model_dir / (WARM_START_FILE + ".child")
     cmd = [sys.executable, "-m", "flexmarl.models", str(model_dir), "--steps", str(steps),
            "--seed", str(seed), "--metrics", str(result)]
@@ -551,8 +542,7 @@ def _warm_start_in_child(model_dir: Path, *, steps: int, seed: int) -> dict:
 
 
 def _child_main(argv: list[str] | None = None) -> None:
-    """`python -m flexmarl.models DIR --steps N --seed S --metrics FILE`: the warm start
-    `ensure_model` runs in a child process (see warm_start_env)."""
+    """`python -m flexmarl.models DIR --steps N --seed S --metrics FILE` (ensure_model's)."""
     import argparse
     ap = argparse.ArgumentParser(description=_child_main.__doc__)
     ap.add_argument("model_dir")

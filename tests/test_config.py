@@ -433,10 +433,9 @@ def test_role_cpus_single_core_pins_nothing(monkeypatch):
     (["trainer.device=cuda", "trainer_pool.serial=true"], 0, True),
 ])
 def test_trainer_nice_and_serial_resolve(overrides, nice, serial):
-    from flexmarl.launch.placement import trainer_nice
-    from flexmarl.launch.run import serial_trainers
+    from flexmarl.launch.placement import serial_trainers, trainer_nice
     config = load_config(overrides=overrides)
-    assert trainer_nice(config, local=not config.cluster.listen) == nice
+    assert trainer_nice(config) == nice
     assert serial_trainers(config) is serial
 
 

@@ -64,14 +64,26 @@ def role_cpus(config: "Config") -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 
-def trainer_nice(config: Config, *, local: bool = True) -> int:
-    """trainer_pool.nice resolved: "auto" is 10 for trainer processes on this machine's CPU
-    (they share cores with the run process, whose delays hold rollout calls: measured in
+def trainers_on_local_cpu(config: Config) -> bool:
+    """Trainer processes on this machine's CPU cores, beside the run process (which is not
+    pinned and routes every rollout call): where trainer_pool.nice and .serial "auto" apply."""
+    return config.trainer.device == "cpu" and not config.cluster.listen
+
+
+def trainer_nice(config: Config) -> int:
+    """trainer_pool.nice resolved: "auto" is 10 where trainers_on_local_cpu (measured in
     bench/README.md, `pipeline.py`), else 0."""
     nice = config.trainer_pool.nice
     if nice == "auto":
-        return 10 if local and config.trainer.device == "cpu" else 0
+        return 10 if trainers_on_local_cpu(config) else 0
     return int(nice)
+
+
+def serial_trainers(config: Config) -> bool:
+    """trainer_pool.serial resolved: "auto" is on where trainers_on_local_cpu
+    (flexmarl.orchestrator.lane says why one at a time is faster there)."""
+    serial = config.trainer_pool.serial
+    return trainers_on_local_cpu(config) if serial == "auto" else bool(serial)
 
 
 def launcher(config: Config) -> "Supervisor | NodeRegistry":
@@ -193,7 +205,7 @@ class _Workers:
                   "collective_timeout_s": c.trainer_pool.collective_timeout_s,
                   "drain_timeout_s": c.supervisor.stop_timeout_s},
             ready_timeout_s=c.trainer_pool.ready_timeout_s, cpus=self.train_cpus,
-            nice=trainer_nice(c, local=self.store is None),
+            nice=trainer_nice(c),
             env=self.gpus.env(name) if self.gpus.trainer else {}, role="trainer",
             node=self.gpus.host(name) if self.gpus.trainer else "")
             for rank, name in enumerate(names)]

@@ -34,7 +34,8 @@ from flexmarl.gateway.backend import Gateway
 from flexmarl.launch.checkpoint import (STATE_DIR, SaveSchedule, StateCheckpoints,
                                        drop_records_after, last_record_step, resume_point)
 from flexmarl.launch.model_dirs import resolve_model, save_model_dir
-from flexmarl.launch.placement import check_backend, grow, launcher, start_agents, watch_workers
+from flexmarl.launch.placement import (check_backend, grow, launcher, serial_trainers,
+                                       start_agents, watch_workers)
 from flexmarl.launch.evaluation import check_eval
 from flexmarl.launch.task_files import team_with_task_file
 from flexmarl.models import notice
@@ -245,15 +246,6 @@ async def _steps(parts: _Parts, config: Config, run_dir: RunDir | None,
                      {n: rt.version for n, rt in parts.agents.items()}, checkpoints,
                      dashboard_url=dashboard_url, first_step=first_step,
                      final_eval=final_eval, timeline=timeline, loop_started=t0)
-
-
-def serial_trainers(config: Config) -> bool:
-    """trainer_pool.serial resolved: "auto" is on where the trainer processes share this
-    machine's CPU cores (flexmarl.orchestrator.lane says why one at a time is faster there)."""
-    serial = config.trainer_pool.serial
-    if serial == "auto":
-        return config.trainer.device == "cpu" and not config.cluster.listen
-    return bool(serial)
 
 
 def evaluator(parts: _Parts, config: Config) -> Callable[[int], Awaitable[dict]] | None:

@@ -30,8 +30,7 @@ class TrainerLane:
         self._waiting: dict[int, tuple[str, asyncio.Future]] = {}
         self._order = itertools.count()
         self.waits = 0
-        """Requests that had to wait for another's (for the status and tests)."""
-        self.wait_s = 0.0
+        """Requests that had to wait for another's."""
 
     @contextlib.asynccontextmanager
     async def turn(self, agent: str) -> AsyncIterator[None]:
@@ -39,7 +38,6 @@ class TrainerLane:
             ticket = next(self._order)
             future = asyncio.get_running_loop().create_future()
             self._waiting[ticket] = (agent, future)
-            started = asyncio.get_running_loop().time()
             self.waits += 1
             try:
                 await future  # set by _next: the lane is ours
@@ -48,8 +46,6 @@ class TrainerLane:
                         and not future.cancelled():
                     self._next()  # handed the lane as we were cancelled: pass it on
                 raise
-            finally:
-                self.wait_s += asyncio.get_running_loop().time() - started
         else:
             self._busy = True
         try:

@@ -91,14 +91,10 @@ class TrainerPoolConfig:
     """Keep each agent's training state after each step in host memory: a dead trainer slot
     is replaced and its agent's batch re-accumulated from it (off: the run stops)."""
     nice: int | str = "auto"
-    """Niceness of the trainer processes (0..19). "auto": 10 where they train on CPU cores
-    of this machine beside the unpinned run process (trainer.device = "cpu", no
-    cluster.listen), whose every delay waits rollout calls; else 0. Training overlaps the
-    rollout and never waits on the run process while it is busy, so it loses little."""
+    """Trainer processes' niceness (0..19); "auto": flexmarl.launch.placement.trainer_nice."""
     serial: bool | str = "auto"
-    """Trainer requests of all agents one at a time, an agent whose step gate holds calls
-    first (flexmarl.orchestrator.lane). "auto": when the trainer processes share this
-    machine's CPU cores (trainer.device = "cpu", no cluster.listen)."""
+    """Trainer requests one at a time, urgent agents first (flexmarl.orchestrator.lane);
+    "auto": flexmarl.launch.placement.serial_trainers."""
 
     def __post_init__(self) -> None:
         require(self.ranks_per_agent >= 1, "trainer_pool.ranks_per_agent", self.ranks_per_agent,

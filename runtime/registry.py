@@ -12,7 +12,7 @@
 
 `wait_for({"rollout": 2, "trainer": 1})` waits until enough nodes have joined (an "any" node
 counts for either role, once) and says which are missing when it gives up. `on_join(node)` is
-called for every node that joins after `started_run()`: the run can hand it work (elasticity).
+called for every node that joins after `started_run(on_join)`: the run can hand it work (elasticity).
 """
 from __future__ import annotations
 
@@ -77,11 +77,9 @@ class NodeRegistry(Actor):
         self.nodes: dict[str, NodeInfo] = {}
         self.workers: dict[str, RemoteWorker] = {}
         self.events: asyncio.Queue[WorkerDied] = asyncio.Queue()
-        self.on_join: Callable[[NodeInfo], None] | None = None
+        self._on_join: Callable[[NodeInfo], None] | None = None
         self._changed = asyncio.Event()
         self._run_started = False
-        self.store: object | None = None
-        """Kept alive as long as the registry: e.g. the TCPStore trainer ranks meet at."""
 
     # ------------------------------------------------------------------ nodes
 
@@ -103,8 +101,8 @@ class NodeRegistry(Actor):
                     msg.host, "/".join(msg.roles), msg.cpus, msg.memory_bytes / 2**30,
                     msg.devices)
         self._changed.set()
-        if self._run_started and self.on_join is not None:
-            self.on_join(node)
+        if self._run_started and self._on_join is not None:
+            self._on_join(node)
 
     @handler(Heartbeat)
     async def on_heartbeat(self, msg: Heartbeat, env: Envelope) -> None:
@@ -188,8 +186,9 @@ class NodeRegistry(Actor):
                     "ROLE` on the missing machines (same CURVE key pair), or lower "
                     "cluster.rollout_nodes / cluster.trainer_nodes") from None
 
-    def started_run(self) -> None:
-        """From now on, nodes that join are handed to `on_join`."""
+    def started_run(self, on_join: Callable[[NodeInfo], None] | None = None) -> None:
+        """From now on, nodes that join are handed to `on_join(node)`."""
+        self._on_join = on_join
         self._run_started = True
 
     # ------------------------------------------------------------------ workers

@@ -142,7 +142,7 @@ class _Workers:
             import torch.distributed as dist
             self.store = dist.TCPStore("0.0.0.0", config.cluster.store_port, is_master=True,
                                        wait_for_workers=False)
-            sup.store = self.store  # kept alive (and closed) with the registry
+            # Kept alive with this object, which the pools' respawn callbacks hold all run.
         # Cores of this machine: nodes pin their workers themselves (flexmarl-node --cpus).
         self.rollout_cpus, self.train_cpus = (role_cpus(config) if self.store is None
                                               else ((), ()))

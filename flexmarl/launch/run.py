@@ -167,8 +167,7 @@ async def _build(sup: "Supervisor | NodeRegistry", team: Team, config: Config,
                                                 snapshots=saved is not None)
     notice(f"workers ready in {time.perf_counter() - started:.0f} s")
     if isinstance(sup, NodeRegistry):  # a rollout node joining now gets instances
-        sup.on_join = lambda node: grow(pool, config, node)
-        sup.started_run()
+        sup.started_run(on_join=lambda node: grow(pool, config, node))
     if first_step:
         for name in trainers.agents:
             trainers.restore(name, saved.load(name, first_step - 1))

@@ -275,10 +275,12 @@ class Orchestrator(Actor):
 
     def __init__(self, team: Team, agents: dict[str, AgentRuntime], store: ExperienceStore,
                  pool: InstancePool | None, config: PipelineConfig, *, seed: int = 0,
-                 activity: ActivityLog | None = None, address: str = "local://*") -> None:
+                 activity: ActivityLog | None = None, address: str = "local://*",
+                 on_rollout_end: Callable[[RolloutStats], None] | None = None) -> None:
         """`config` (section `pipeline`): trajectories per task and the parallelism of tasks,
         calls and samples; `activity` records the agents' rollout intervals (shared with the
-        pool and the loop, read by the monitor)."""
+        pool and the loop, read by the monitor); `on_rollout_end(stats)` is called as each
+        step's rollout returns (the simulator takes its device accounting there)."""
         super().__init__("orchestrator", address)
         self.cursor = task_stream(list(team.tasks), seed)
         self.seed = seed
@@ -286,6 +288,7 @@ class Orchestrator(Actor):
         self.agents = agents
         self.store = store
         self.pool = pool
+        self.on_rollout_end = on_rollout_end
         self.trajectories_per_task = config.trajectories_per_task
         self.max_concurrent_tasks = config.max_concurrent_tasks
         self.max_concurrent_calls = config.max_concurrent_calls
@@ -371,6 +374,8 @@ class Orchestrator(Actor):
                 f"team {self.team.name}: the workflow failed in {failed} of {total} trajectories "
                 f"of step {step} (more than MAX_FAILED_FRACTION={MAX_FAILED_FRACTION:g}): it "
                 f"is broken, not unlucky; first error: {stats.errors[0]}")
+        if self.on_rollout_end is not None:
+            self.on_rollout_end(stats)
         return stats
 
     def of_step(self, step: int) -> Callable[[Group], bool]:

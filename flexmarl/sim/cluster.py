@@ -255,9 +255,20 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
                                   or preset.tasks_per_step,
                                   max_concurrent_calls=1 << 20,
                                   micro_batch_groups=preset.micro_batch_groups)
-        orch = Orchestrator(team, agents, store, pool, pipeline, seed=seed, activity=activity)
         engines = [e for insts in layout.instances.values() for _, e in insts]
         marks: list[tuple[float, float, float, float]] = []
+
+        def rollout_ended(stats: Any) -> None:
+            """After each step's rollout: the engines' and trainers' accounting up to now."""
+            for e in engines:  # bring their device accounting up to now
+                e._advance()
+                e._schedule()
+            compute = sum(t.compute_s for t in trainers)
+            marks.append((now(), sum(g.active_device_s for g in layout.groups), compute,
+                          sum(t.snapshot_s for t in trainers)))
+
+        orch = Orchestrator(team, agents, store, pool, pipeline, seed=seed, activity=activity,
+                            on_rollout_end=rollout_ended)
         disk = asyncio.Lock()  # the run directory's one disk: state writes queue on it
 
         async def write_state(agent: str, step: int, state: Any = None) -> None:
@@ -275,20 +286,6 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
             emits.append(now())
             record["sim"] = {"t": now()}
 
-        rollout = orch.rollout
-
-        async def timed_rollout(*args: Any, **kwargs: Any) -> Any:
-            """The orchestrator's rollout, with the accounting taken when it ends."""
-            stats = await rollout(*args, **kwargs)
-            for e in engines:  # bring their device accounting up to now
-                e._advance()
-                e._schedule()
-            compute = sum(t.compute_s for t in trainers)
-            marks.append((now(), sum(g.active_device_s for g in layout.groups), compute,
-                          sum(t.snapshot_s for t in trainers)))
-            return stats
-
-        orch.rollout = timed_rollout  # type: ignore[method-assign]
 
         await pool.start()
         try:

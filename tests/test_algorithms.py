@@ -6,8 +6,9 @@ import math
 import pytest
 import torch
 
-from flexmarl.training.grpo import (grpo_advantages, grpo_loss, token_entropy, token_logprobs,
-                                    truncate)
+from flexmarl.orchestrator.advantage import grpo_advantages
+from flexmarl.sampling import truncate
+from flexmarl.training.grpo import grpo_loss, token_entropy, token_logprobs
 
 
 # ----------------------------------------------------------------------------- advantages

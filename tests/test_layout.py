@@ -15,8 +15,12 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("runtime", "flexmarl")
 LAYERS = {  # folder (or "leaves": flexmarl's top-level modules) -> rank; higher imports lower
-    "runtime": 0, "leaves": 1, "rewards": 1.5, "training": 2, "rollout": 3, "orchestrator": 4,
+    # (two folders of one rank are peers: neither imports the other)
+    "runtime": 0, "leaves": 1, "rewards": 1.5, "sampling": 1.5, "weights": 1.5,
+    "training": 2, "rollout": 2, "orchestrator": 4,
     "config": 5, "observe": 6, "sim": 6, "gateway": 7, "launch": 8}
+# What both engines share lives in these leaf folders, not in either side.
+SHARED_LEAVES = ("sampling", "weights")
 MAX_TOP_LEVEL_MODULES = 8
 
 
@@ -123,6 +127,19 @@ def test_folders_import_only_folders_below_them():
              for m, targets in GRAPH.items() for t in sorted(targets)
              if _layer(m) != _layer(t) and LAYERS[_layer(t)] >= LAYERS[_layer(m)]]
     assert wrong == [], "\n".join(wrong)
+
+
+@pytest.mark.parametrize("side, other", [("rollout", "training"), ("training", "rollout")])
+def test_rollout_and_training_are_peers(side, other):
+    """Neither side imports the other; both may import the shared leaves and runtime."""
+    assert LAYERS[side] == LAYERS[other]
+    wrong = [f"{m} imports {t}" for m, targets in GRAPH.items() if _layer(m) == side
+             for t in sorted(targets) if _layer(t) == other]
+    assert wrong == [], "\n".join(wrong)
+    allowed = {"runtime", "leaves", *SHARED_LEAVES, side}
+    outside = [f"{m} imports {t}" for m, targets in GRAPH.items() if _layer(m) == side
+               for t in sorted(targets) if _layer(t) not in allowed]
+    assert outside == [], "\n".join(outside)
 
 
 def test_every_folder_is_a_known_layer():

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 import torch
 
-from flexmarl.training.grpo import grpo_advantages
+from flexmarl.orchestrator.advantage import grpo_advantages
 from flexmarl.orchestrator.store import ExperienceStore, StoreClosed, Turn, UnknownSample
 
 

@@ -247,7 +247,7 @@ def test_ipc_handles_travel_as_plain_data_and_come_back_as_torch_objects():
     """CUDA IPC handles are rebuild_cuda_tensor arguments (classes, a torch.Size, a dtype,
     handle bytes): they cross the runtime's codec (no pickle) and come back equal; a class
     outside the tensor/storage allow-list is refused both ways."""
-    from flexmarl.training.transfer import ipc_payload, plain_handles
+    from flexmarl.weights.codec import ipc_payload, plain_handles
     from runtime.codec import decode, encode
 
     args = (torch.Tensor, torch.Size([4, 8]), (8, 1), 0, torch.UntypedStorage, torch.bfloat16,

@@ -4,6 +4,7 @@
                      turns into the store, exports and pushes weights
     agents.py        one agent's state: versions, step gate, busy clocks (AgentRuntime)
     store.py         ExperienceStore: one table per agent, GRPO groups as they complete
+    advantage.py     grpo_advantages: group-relative advantages, per completed group (pure)
     policy.py        PipelinePolicy: sync, micro_batch, one_step_off, bounded (pure)
     batch.py         TrainSession: an agent's global batch, micro-batch by micro-batch, one step
     loop.py          PipelineRun: the rollout producer and one loop per agent, step records

@@ -27,7 +27,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from flexmarl.training.grpo import grpo_advantages
+from flexmarl.orchestrator.advantage import grpo_advantages
 
 
 @dataclass(slots=True)

@@ -4,7 +4,7 @@ The `n` samples of a request decode together as one batch over a shared prompt (
 needed); requests run one at a time on a single thread, so the event loop stays free and two
 requests never fight for the same cores. Log-probabilities follow vLLM's `processed_logprobs`:
 the sampled token's log-probability under the distribution actually sampled from (temperature,
-then top-k and top-p with vLLM's rules: flexmarl.training.grpo.truncate); greedy requests report
+then top-k and top-p with vLLM's rules: flexmarl.sampling.truncate); greedy requests report
 the raw model distribution.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 
 from flexmarl.protocol import Sample, SamplingParams
 from flexmarl.rollout.engine import EngineConfig
-from flexmarl.training.grpo import truncate
+from flexmarl.sampling import truncate
 
 
 class TorchEngine:

@@ -56,7 +56,7 @@ async def engine_phase(llm: Any, phase: str, info: dict, state: dict) -> None:
         await llm.start_weight_update()
     elif phase == "update":
         if "ipc_handles_plain" in info:  # CUDA IPC: the handles back as torch objects
-            from flexmarl.training.transfer import plain_handles
+            from flexmarl.weights.codec import plain_handles
             info = dict(info)
             info["ipc_handles"] = plain_handles(info.pop("ipc_handles_plain"))
         await llm.update_weights(WeightTransferUpdateRequest(update_info=info))

@@ -7,7 +7,8 @@
     parking.py  the swap path's data movement: shards to host memory and back, pulls
     transfer.py the trainer's side of GPU weight sync (vLLM's trainer engine)
     trainer.py  GRPOTrainer: forward, backward, accumulate, step (torch.distributed)
-    grpo.py     group-relative advantages and the clipped policy loss (pure torch)
+    grpo.py     token log-probabilities and the clipped policy loss (pure torch)
 
-Imports only the shared leaves (protocol, clock) and runtime/.
+Imports only the shared leaves (protocol, clock, sampling/, weights/) and runtime/, never
+rollout/: the two are peers.
 """

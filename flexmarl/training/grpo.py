@@ -1,9 +1,10 @@
-"""GRPO as pure tensor functions: group-relative advantages, token log-probabilities, the loss.
+"""GRPO's trainer side as pure tensor functions: token log-probabilities and the loss.
 
 No distributed code and no model here, so every formula is unit-tested on hand-made tensors
 (tests/test_algorithms.py) and reused unchanged by the trainer, the simulator and benchmarks.
+The advantages are computed where the groups complete (flexmarl.orchestrator.advantage) and
+top-k/top-p truncation is shared with the rollout engines (flexmarl.sampling).
 
-    rewards, group ids ──► grpo_advantages ──► advantages[N] (one per sequence)
     logits[B,T,V], input_ids ──► token_logprobs ──► logprobs[B,T]
     logprobs, old/ref logprobs, advantages, response_mask ──► grpo_loss ──► (loss, metrics)
 
@@ -13,76 +14,12 @@ which is what lets the training engine accumulate gradient micro-batch by micro-
 """
 from __future__ import annotations
 
-from typing import Sequence
-
 import torch
 import torch.nn.functional as F
 
+from flexmarl.sampling import truncate  # also importable from here, where it used to live
+
 Tensor = torch.Tensor
-
-
-def grpo_advantages(rewards: Tensor, group_ids: Sequence | Tensor, *, eps: float = 1e-6,
-                    scale: bool = True) -> Tensor:
-    """Group-relative advantages: (r - mean of its group) / (std of its group + eps).
-
-    `group_ids[i]` names the group of `rewards[i]` (same task, same agent, same turn); ids may be
-    any hashable values and groups need not be contiguous. The std is the *population* std
-    (divide by n, as `torch.std(unbiased=False)`): it is defined for every group of size >= 1, and
-    a group of identical rewards gets advantage 0 whatever its size. Groups of one sample carry no
-    relative signal and get 0. `scale=False` returns r - mean (Dr. GRPO's unscaled variant).
-    """
-    rewards = torch.as_tensor(rewards)
-    if rewards.dim() != 1:
-        raise ValueError(f"rewards must be 1-D [N], got shape {tuple(rewards.shape)}")
-    ids = group_ids.tolist() if isinstance(group_ids, Tensor) else list(group_ids)
-    if len(ids) != rewards.numel():
-        raise ValueError(f"group_ids has {len(ids)} entries but rewards has {rewards.numel()}")
-    if eps < 0:
-        raise ValueError(f"eps must be >= 0, got {eps}")
-    r = rewards.to(torch.float64)  # group statistics in double: exact zeros for equal rewards
-    index: dict = {}
-    inverse = torch.tensor([index.setdefault(g, len(index)) for g in ids], dtype=torch.long)
-    num_groups = len(index)
-    count = torch.zeros(num_groups, dtype=r.dtype).index_add_(0, inverse, torch.ones_like(r))
-    mean = torch.zeros(num_groups, dtype=r.dtype).index_add_(0, inverse, r) / count
-    centred = r - mean[inverse]
-    adv = centred
-    if scale:
-        var = torch.zeros(num_groups, dtype=r.dtype).index_add_(0, inverse, centred**2) / count
-        std = var.sqrt()[inverse]
-        # A constant group has centred == 0 exactly (double): keep it 0, not 0/0, when eps is 0.
-        adv = torch.where(std > 0, centred / (std + eps), torch.zeros_like(centred))
-    adv = torch.where(count[inverse] > 1, adv, torch.zeros_like(adv))
-    out_dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
-    return adv.to(out_dtype)
-
-
-def truncate(logits: Tensor, top_k: Tensor | None = None, top_p: Tensor | None = None) -> Tensor:
-    """Rows of logits [N, V] with vLLM's top-k then top-p masks applied (-inf outside), as its
-    sampler does (vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p_pytorch): top-k keeps
-    every logit >= the k-th largest (ties kept); top-p then keeps, of the renormalised rest, the
-    largest whose ascending cumulative probability exceeds 1 - p (at least one). Per row:
-    top_k[n] = 0 and top_p[n] = 1 switch each off. The masks are decided on detached values, so
-    gradients flow to the kept logits only."""
-    want_k = top_k is not None and bool((top_k > 0).any())
-    want_p = top_p is not None and bool((top_p < 1).any())
-    if not (want_k or want_p):
-        return logits
-    sorted_, order = logits.detach().sort(dim=-1)
-    vocab = logits.shape[-1]
-    if want_k:
-        k = top_k.to(torch.long).clamp(0, vocab)
-        threshold = sorted_.gather(-1, (vocab - k.clamp(min=1)).unsqueeze(-1))
-        threshold = torch.where((k > 0).unsqueeze(-1), threshold,
-                                torch.full_like(threshold, float("-inf")))
-        sorted_ = sorted_.masked_fill(sorted_ < threshold, float("-inf"))
-    mask = torch.isinf(sorted_) & (sorted_ < 0)
-    if want_p:
-        cum = sorted_.softmax(dim=-1).cumsum(dim=-1)
-        drop = cum <= (1 - top_p.to(cum.dtype)).unsqueeze(-1)
-        drop[..., -1] = False
-        mask = mask | drop
-    return logits.masked_fill(torch.zeros_like(mask).scatter(-1, order, mask), float("-inf"))
 
 
 def token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float | Tensor = 1.0, *,

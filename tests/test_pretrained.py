@@ -277,7 +277,7 @@ async def test_an_openai_app_trains_the_real_model_through_the_gateway(smollm2_d
     from transformers import AutoTokenizer
 
     from flexmarl.config.load import load_config
-    from flexmarl.gateway.backend import gateway_team
+    from flexmarl.gateway import gateway_team
     from flexmarl.launch.run import train
     from flexmarl.observe.rundir import RunDir
     from flexmarl.orchestrator.store import ExperienceStore

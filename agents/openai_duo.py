@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 
 from flexmarl import AgentSpec, SamplingParams
-from flexmarl.gateway.backend import gateway_team
+from flexmarl.gateway import gateway_team
 
 MODEL = os.environ.get("FLEXMARL_EXAMPLE_MODEL", "")
 # As the default team (agents/math_duo.py): built-in models, warm-started part of the way.

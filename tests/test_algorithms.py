@@ -71,9 +71,10 @@ def test_truncate_by_hand():
     assert torch.equal(truncate(logits, torch.zeros(4), torch.ones(4)), logits)  # both off
 
 
+@pytest.mark.vllm
 def test_truncate_matches_vllms_sampler():
     """The trainer's truncation is vLLM's own (apply_top_k_top_p_pytorch), mask for mask."""
-    ops = pytest.importorskip("vllm.v1.sample.ops.topk_topp_sampler")
+    from vllm.v1.sample.ops import topk_topp_sampler as ops
     torch.manual_seed(0)
     k = torch.tensor([0, 20, 5, 1, 300, 20, 0])
     p = torch.tensor([0.9, 1.0, 0.5, 0.9, 0.3, 0.9, 1.0])

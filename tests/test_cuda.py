@@ -62,12 +62,13 @@ def test_swap_out_frees_the_gpu_memory_and_swap_in_restores_it_bit_for_bit(tiny_
 
 
 def _vllm_on_gpu() -> None:
-    pytest.importorskip("vllm")
+    """For tests marked `vllm` (installed and importable, or skipped): a CUDA build of it."""
     from flexmarl.rollout.vllm_engine import on_gpu
     if not on_gpu():
         pytest.skip("the installed vLLM is not a CUDA build")
 
 
+@pytest.mark.vllm
 async def test_vllm_serves_on_gpu_and_reloads_staged_weights(tiny_model_dir):
     _vllm_on_gpu()
     from flexmarl.models import load_model
@@ -91,6 +92,7 @@ async def test_vllm_serves_on_gpu_and_reloads_staged_weights(tiny_model_dir):
         await engine.close()
 
 
+@pytest.mark.vllm
 @pytest.mark.parametrize("backend", ["ipc", "nccl"])
 async def test_a_trainer_slot_sends_its_weights_to_an_instance_directly(
         tiny_model_dir, tmp_path, backend):

@@ -1,4 +1,5 @@
-"""The device placement planner (flexmarl.launch.devices): pure logic, no GPU needed."""
+"""The device placement planner (flexmarl.launch.devices): pure logic, no GPU needed. The
+tests pass on a GPU machine too: where they ask about "this machine", they set its GPUs."""
 from __future__ import annotations
 
 import asyncio
@@ -272,6 +273,7 @@ def test_dry_run_shows_the_placement(monkeypatch):
     import torch
     from flexmarl.launch.cli import _gpu_placement
 
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)  # a machine without GPUs
     assert "none (GPUs used here: 0" in _gpu_placement(_config())
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     shown = _gpu_placement(_config("trainer.device=cuda"))
@@ -284,11 +286,12 @@ def test_dry_run_shows_the_placement(monkeypatch):
 
 
 async def test_a_trainer_slot_starts_with_the_runs_trainer_config_and_its_gpus(
-        tmp_path, tiny_model_dir):
+        tmp_path, tiny_model_dir, monkeypatch):
     """Real worker processes, as a run starts them: the [trainer] section reaches the slot at
-    start (its device and process group come from it) and so do the GPUs of its seat. On this
-    CPU machine a slot started with trainer.device = "cuda" says it sees no CUDA device,
-    which it can only say if the config got there."""
+    start (its device and process group come from it) and so do the GPUs of its seat. The
+    second slot's seat is GPU 63, which no machine here has, so on CPU and GPU machines alike
+    a slot started there with trainer.device = "cuda" says it sees no CUDA device, which it
+    can only say if the config and the seat got there."""
     import dataclasses
 
     from flexmarl.launch.placement import GpuPlan, _Workers
@@ -297,8 +300,12 @@ async def test_a_trainer_slot_starts_with_the_runs_trainer_config_and_its_gpus(
     from runtime.supervisor import Supervisor
     from runtime.transport import connect
 
+    # Seat indices are the run's own GPU numbers: this process's CUDA_VISIBLE_DEVICES (a GPU
+    # machine's) would map them (runtime.supervisor.visible_devices).
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     team = _team()
-    seats = plan_devices([Host("local", (0, 1))], slot(0, 1) + slot(1, 1))
+    seats = plan_devices([Host("local", (0, 63))], slot(0, 1) + slot(1, 1))
+    assert [seats.seats[f"trainer-{k}-0"].devices for k in (0, 1)] == [(0,), (63,)]
     cpu = _Workers(object(), _config(), {}, str(tmp_path), [1, 1],
                    GpuPlan(seats, "stage", False, True))
     cuda = _Workers(object(), _config("trainer.device=cuda"), {}, str(tmp_path), [1, 1],
@@ -315,7 +322,7 @@ async def test_a_trainer_slot_starts_with_the_runs_trainer_config_and_its_gpus(
             assert done.device == "cpu gloo visible=0" and done.how == "fresh"
             with pytest.raises(RemoteError, match=r"trainer.device is 'cuda' but this trainer "
                                                   r"process sees no CUDA device "
-                                                  r"\(CUDA_VISIBLE_DEVICES=1"):
+                                                  r"\(CUDA_VISIBLE_DEVICES=63"):
                 await conns[1].request(SwapIn(agent, tiny_model_dir, specs[1].args["config"]),
                                        timeout_s=120)
             # A slot's device is fixed at start: an agent config for another device is refused.

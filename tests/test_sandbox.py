@@ -9,6 +9,7 @@ import json
 import os
 import tempfile
 import time
+import uuid
 
 import pytest
 
@@ -234,10 +235,28 @@ def two_at_once():
     set_max_concurrent(before)
 
 
+PARTNER_WAIT_S = 30.0
+"""How long the first two runs wait for each other before giving up (then the test fails)."""
+
+
 async def test_concurrent_runs_respect_the_bound(clean, two_at_once):
-    code = "import time\nstart = time.monotonic()\ntime.sleep(0.3)\nprint(start, time.monotonic())"
-    results = await asyncio.gather(*(run_python(code, **FAST) for _ in range(5)))
-    assert all(r.passed for r in results)
+    """Five runs under a bound of 2: two at once, never three. Each run writes a marker file in
+    its own directory; the first two then wait until they see two markers (the other one's),
+    so they overlap however slowly their interpreters start. Every run then sleeps 0.3 s:
+    a broken bound would put more of them at once."""
+    token = uuid.uuid4().hex  # markers of this test only, not of another process's sandboxes
+    markers = os.path.join(tempfile.gettempdir(), "flexmarl-sandbox-*", f"started-{token}")
+
+    def program(wait_for_partner: bool) -> str:
+        return (f"import glob, time\nstart = time.monotonic()\n"
+                f"open('started-{token}', 'w').close()\n"
+                f"while {wait_for_partner} and len(glob.glob({markers!r})) < 2 and "
+                f"time.monotonic() < start + {PARTNER_WAIT_S}:\n    time.sleep(0.02)\n"
+                "time.sleep(0.3)\nprint(start, time.monotonic())")
+
+    limits = {**FAST, "cpu_s": 5.0, "wall_s": PARTNER_WAIT_S + 10}
+    results = await asyncio.gather(*(run_python(program(i < 2), **limits) for i in range(5)))
+    assert all(r.passed for r in results), results
     spans = [tuple(map(float, r.stdout.split())) for r in results]  # one clock for all
     running = max(sum(s <= t < e for s, e in spans) for t, _ in spans)
     assert running == 2

@@ -21,7 +21,7 @@ from flexmarl.training.trainer import GRPOTrainer, TrainerConfig
 from flexmarl.rollout.weight_sync import push_weights
 from runtime.supervisor import pid_alive
 
-pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]
 LOGPROB_ATOL = 1e-4
 PROMPTS = ["Compute 12+34.", "Compute 7+58.", "hello"]
 

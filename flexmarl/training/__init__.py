@@ -7,6 +7,8 @@
     parking.py  the swap path's data movement: shards to host memory and back, pulls
     transfer.py the trainer's side of GPU weight sync (vLLM's trainer engine)
     trainer.py  GRPOTrainer: forward, backward, accumulate, step (torch.distributed)
+    trainer_config.py  TrainerConfig: the `trainer` section's settings
+    sharding.py the policy's modules: built, frozen (train_layers), sharded with FSDP2
     grpo.py     group-relative advantages and the clipped policy loss (pure torch)
 
 Imports only the shared leaves (protocol, clock) and runtime/.

@@ -16,11 +16,11 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("runtime", "flexmarl")
 LAYERS = {  # folder (or "leaves": flexmarl's top-level modules) -> rank; higher imports lower
     # (two folders of one rank are peers: neither imports the other)
-    "runtime": 0, "leaves": 1, "rewards": 1.5, "sampling": 1.5, "weights": 1.5,
+    "runtime": 0, "leaves": 1, "models": 1.2, "rewards": 1.5, "sampling": 1.5, "weights": 1.5,
     "training": 2, "rollout": 2, "orchestrator": 4,
     "config": 5, "observe": 6, "sim": 6, "gateway": 7, "launch": 8}
 # What both engines share lives in these leaf folders, not in either side.
-SHARED_LEAVES = ("sampling", "weights")
+SHARED_LEAVES = ("models", "sampling", "weights")
 MAX_TOP_LEVEL_MODULES = 8
 
 

@@ -29,7 +29,7 @@ from flexmarl.orchestrator.policy import PipelineConfig
 from flexmarl.rollout.balancer import BalancerConfig
 from flexmarl.rollout.pool import RolloutConfig
 from flexmarl.training.pool import TrainerPoolConfig
-from flexmarl.training.trainer import TrainerConfig
+from flexmarl.training.trainer_config import TrainerConfig
 from runtime.config import SupervisorConfig, TransportConfig
 
 __all__ = ["DEFAULT_TOML", "Config", "SECTIONS", "load_config", "resolve_team_path", "dump_toml"]

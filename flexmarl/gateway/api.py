@@ -3,7 +3,7 @@
 Agents written against any OpenAI client (base_url = server.url + "v1") get their samples from
 the run's policies: `model` names the agent, the episode id names the trajectory the turn belongs
 to. This module only parses, validates and renders; the Backend (flexmarl.gateway.backend) generates,
-records and rewards.
+records and rewards. `Routes` has one method per route below; `make_app` wires them up.
 
     GET  /v1/models                        the agents, as models
     GET  /v1/models/{id}                   one agent (404 model_not_found)
@@ -277,11 +277,38 @@ def _json(obj: Any, status: int = 200) -> web.Response:
 def make_app(backend: Backend, *, token: str = "", max_body_bytes: int = 8 << 20
              ) -> web.Application:
     """The aiohttp application; `GatewayServer` serves it, tests may too."""
-    created = int(time.time())  # models' "created", fixed for the app's life
-    secret = token.encode()
+    return Routes(backend, token=token).app(max_body_bytes)
+
+
+class Routes:
+    """One method per route, over one Backend; `app()` wires them into an aiohttp app."""
+
+    def __init__(self, backend: Backend, *, token: str = "") -> None:
+        self.backend = backend
+        self.token = token
+        self.secret = token.encode()
+        self.created = int(time.time())  # models' "created", fixed for the app's life
+
+    def app(self, max_body_bytes: int) -> web.Application:
+        app = web.Application(middlewares=[self.errors, self.auth] if self.token
+                              else [self.errors], client_max_size=max_body_bytes)
+        app.add_routes([
+            web.get("/v1/models", self.list_models),
+            web.get("/v1/models/{model}", self.get_model),
+            web.post("/v1/chat/completions", self.chat),
+            web.post("/v1/completions", self.completions),
+            # Episode ids may hold "/" (the gateway's GROUP/ANYTHING), so {episode} spans
+            # segments.
+            web.post("/v1/episodes/{episode:.+}/reward", self.reward),
+            web.post("/v1/episodes/{episode:.+}/end", self.end),
+            web.get("/v1/flexmarl/status", self.status),
+        ])
+        return app
+
+    # ------------------------------------------------------------------ middlewares
 
     @web.middleware
-    async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         # Outermost, so aiohttp's own 404/405/413 and auth's 401 are OpenAI-shaped too.
         try:
             return await handler(request)
@@ -296,9 +323,10 @@ def make_app(backend: Backend, *, token: str = "", max_body_bytes: int = 8 << 20
             return ApiError(500, f"{type(exc).__name__}: {exc}", type="server_error").response()
 
     @web.middleware
-    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), secret):
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(),
+                                                                 self.secret):
             response = ApiError(401, "missing or wrong API key: this gateway needs its token as "
                                 "`Authorization: Bearer TOKEN` (the client's api_key)",
                                 code="invalid_api_key").response()
@@ -306,39 +334,21 @@ def make_app(backend: Backend, *, token: str = "", max_body_bytes: int = 8 << 20
             return response
         return await handler(request)
 
-    def agent_of(body: dict) -> str:
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise _bad("model", "`model` (the agent's name) must be a non-empty string")
-        agents = backend.models()
-        if model not in agents:
-            raise ApiError(404, f"no agent named {model!r}; the agents are: "
-                                f"{', '.join(agents)}", param="model", code="model_not_found")
-        return model
+    # ------------------------------------------------------------------ routes
 
-    def episode_of(request: web.Request, body: dict) -> str:
-        episode = request.headers.get("X-Episode-Id") or body.get("user")
-        if not isinstance(episode, str) or not episode:
-            raise _bad("user", "no episode id: set the `X-Episode-Id` header, or the body's "
-                               "`user` field (e.g. extra_body={\"user\": EPISODE})")
-        return episode
+    async def list_models(self, request: web.Request) -> web.Response:
+        return _json({"object": "list", "data": [self._model(m) for m in self.backend.models()]})
 
-    async def list_models(request: web.Request) -> web.Response:
-        return _json({"object": "list", "data": [model(m) for m in backend.models()]})
-
-    async def get_model(request: web.Request) -> web.Response:
+    async def get_model(self, request: web.Request) -> web.Response:
         name = request.match_info["model"]
-        if name not in backend.models():
+        if name not in self.backend.models():
             raise ApiError(404, f"no agent named {name!r}", param="model",
                            code="model_not_found")
-        return _json(model(name))
+        return _json(self._model(name))
 
-    def model(name: str) -> dict:
-        return {"id": name, "object": "model", "created": created, "owned_by": OWNER}
-
-    async def chat(request: web.Request) -> web.StreamResponse:
+    async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await _body(request)
-        agent = agent_of(body)
+        agent = self._agent_of(body)
         messages = _messages(body)
         n, params = _sampling(body)
         stream, include_usage = _streaming(body)
@@ -349,11 +359,11 @@ def make_app(backend: Backend, *, token: str = "", max_body_bytes: int = 8 << 20
         _unsupported(body, ("tools", "functions"), lambda v: not v)
         _unsupported(body, ("response_format",),
                      lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text"))
-        episode = episode_of(request, body)
-        completions = await backend.generate(agent, episode, messages, n, params)
+        episode = _episode_of(request, body)
+        completions = await self.backend.generate(agent, episode, messages, n, params)
         head = {"id": "chatcmpl-" + completions[0].sample_id, "created": int(time.time()),
                 "model": agent, "system_fingerprint": f"flexmarl-v{completions[0].version}"}
-        lps = [_chat_logprobs(backend, c) if logprobs else None for c in completions]
+        lps = [_chat_logprobs(self.backend, c) if logprobs else None for c in completions]
         if not stream:
             return _json({**head, "object": "chat.completion", "choices": [
                 {"index": i, "message": {"role": "assistant", "content": c.text},
@@ -370,21 +380,22 @@ def make_app(backend: Backend, *, token: str = "", max_body_bytes: int = 8 << 20
         return await _sse(request, {**head, "object": "chat.completion.chunk"}, pieces,
                           _usage(completions) if include_usage else None)
 
-    async def completions_(request: web.Request) -> web.StreamResponse:
+    async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await _body(request)
-        agent = agent_of(body)
+        agent = self._agent_of(body)
         prompt = _prompt(body)
         n, params = _sampling(body)
         stream, include_usage = _streaming(body)
         # An int asks for the sampled tokens' logprobs; the alternatives (>0) come back null.
         logprobs = _opt_int(body, "logprobs", 0, 5)
         _unsupported(body, ("echo", "suffix"), lambda v: not v)
-        episode = episode_of(request, body)
-        completions = await backend.generate(agent, episode, prompt, n, params)
+        episode = _episode_of(request, body)
+        completions = await self.backend.generate(agent, episode, prompt, n, params)
         head = {"id": "cmpl-" + completions[0].sample_id, "object": "text_completion",
                 "created": int(time.time()), "model": agent,
                 "system_fingerprint": f"flexmarl-v{completions[0].version}"}
-        lps = [_text_logprobs(backend, c) if logprobs is not None else None for c in completions]
+        lps = [_text_logprobs(self.backend, c) if logprobs is not None else None
+               for c in completions]
         if not stream:
             return _json({**head, "choices": [
                 {"index": i, "text": c.text, "logprobs": lps[i], "finish_reason": _finish(c),
@@ -397,32 +408,41 @@ def make_app(backend: Backend, *, token: str = "", max_body_bytes: int = 8 << 20
                         "flexmarl": _extra(c)}]
         return await _sse(request, head, pieces, _usage(completions) if include_usage else None)
 
-    async def reward(request: web.Request) -> web.Response:
+    async def reward(self, request: web.Request) -> web.Response:
         body = await _body(request)
-        return _json(await backend.reward(request.match_info["episode"], body))
+        return _json(await self.backend.reward(request.match_info["episode"], body))
 
-    async def end(request: web.Request) -> web.Response:
+    async def end(self, request: web.Request) -> web.Response:
         raw = await request.read()
         if raw.strip() and _parse(raw) != {}:
             raise _bad("body", "ending an episode takes no body (or `{}`)")
-        return _json(await backend.end(request.match_info["episode"]))
+        return _json(await self.backend.end(request.match_info["episode"]))
 
-    async def status(request: web.Request) -> web.Response:
-        return _json(await backend.status())
+    async def status(self, request: web.Request) -> web.Response:
+        return _json(await self.backend.status())
 
-    app = web.Application(middlewares=[errors, auth] if token else [errors],
-                          client_max_size=max_body_bytes)
-    app.add_routes([
-        web.get("/v1/models", list_models),
-        web.get("/v1/models/{model}", get_model),
-        web.post("/v1/chat/completions", chat),
-        web.post("/v1/completions", completions_),
-        # Episode ids may hold "/" (the gateway's GROUP/ANYTHING), so {episode} spans segments.
-        web.post("/v1/episodes/{episode:.+}/reward", reward),
-        web.post("/v1/episodes/{episode:.+}/end", end),
-        web.get("/v1/flexmarl/status", status),
-    ])
-    return app
+    # ------------------------------------------------------------------ helpers
+
+    def _model(self, name: str) -> dict:
+        return {"id": name, "object": "model", "created": self.created, "owned_by": OWNER}
+
+    def _agent_of(self, body: dict) -> str:
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise _bad("model", "`model` (the agent's name) must be a non-empty string")
+        agents = self.backend.models()
+        if model not in agents:
+            raise ApiError(404, f"no agent named {model!r}; the agents are: "
+                                f"{', '.join(agents)}", param="model", code="model_not_found")
+        return model
+
+
+def _episode_of(request: web.Request, body: dict) -> str:
+    episode = request.headers.get("X-Episode-Id") or body.get("user")
+    if not isinstance(episode, str) or not episode:
+        raise _bad("user", "no episode id: set the `X-Episode-Id` header, or the body's "
+                           "`user` field (e.g. extra_body={\"user\": EPISODE})")
+    return episode
 
 
 async def _body(request: web.Request) -> dict:

@@ -7,8 +7,10 @@
     parking.py  the swap path's data movement: shards to host memory and back, pulls
     transfer.py the trainer's side of GPU weight sync (vLLM's trainer engine)
     trainer.py  GRPOTrainer: forward, backward, accumulate, step (torch.distributed)
+    trainer_config.py  TrainerConfig: the `trainer` section's settings
+    sharding.py the policy's modules: built, frozen (train_layers), sharded with FSDP2
     grpo.py     token log-probabilities and the clipped policy loss (pure torch)
 
-Imports only the shared leaves (protocol, clock, sampling/, weights/) and runtime/, never
+Imports only the shared leaves (protocol, clock, models/, sampling/, weights/) and runtime/, never
 rollout/: the two are peers.
 """

@@ -18,7 +18,9 @@ runs collectives:
 The model is sharded with `fully_shard` on each decoder block and then the root (`shard_model`);
 gradients are reduced as a plain *sum* across ranks, because each rank's loss is already divided
 by the global token count (see `shard_model`). World size 1 needs no process group: the model is
-then used unsharded. The formulas themselves live in `flexmarl.training.grpo`.
+then used unsharded. Building, freezing and sharding the modules live in
+`flexmarl.training.sharding`, the settings in `flexmarl.training.trainer_config`, the formulas in
+`flexmarl.training.grpo`.
 
 Precision: parameters, gradients and AdamW state are always float32 (the master weights);
 trainer.param_dtype = "bfloat16" only lowers the dtype the forward and backward compute in (FSDP2's
@@ -32,7 +34,6 @@ import contextlib
 import logging
 import math
 import time
-from dataclasses import dataclass
 from typing import Iterator
 
 import torch
@@ -41,199 +42,17 @@ from torch import nn
 
 from flexmarl.training.grpo import grpo_loss, token_entropy, token_logprobs
 from flexmarl.protocol import TrainMicroBatch, TrainStats, TrainStepDone
+# Re-exported: users, tests and bench scripts import these from here.
+from flexmarl.training.sharding import (GRAD_SUM_FACTOR, _local, build_model, decoder_blocks,
+                                        freeze_all_but, shard_model)
+from flexmarl.training.trainer_config import (DEVICES, PARAM_DTYPES, REDUCE_DTYPES,
+                                              TrainerConfig)
+
+__all__ = ["DEVICES", "GRAD_SUM_FACTOR", "GRPOTrainer", "PARAM_DTYPES", "REDUCE_DTYPES",
+           "TrainerConfig", "build_model", "decoder_blocks", "export_state", "freeze_all_but",
+           "load_state", "shard_model"]
 
 log = logging.getLogger(__name__)
-
-DEVICES = ("cpu", "cuda")
-PARAM_DTYPES = ("float32", "bfloat16", "float16")
-REDUCE_DTYPES = ("float32", "bfloat16")
-GRAD_SUM_FACTOR = 1.0
-"""FSDP gradient divide factor: 1 turns the default mean over ranks into a sum."""
-
-
-@dataclass(kw_only=True)
-class TrainerConfig:
-    """Optimizer, GRPO objective and placement of one agent's trainer (section `trainer`)."""
-
-    lr: float = 1e-6
-    """AdamW learning rate."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW moment decay rates, each in [0, 1)."""
-    adam_eps: float = 1e-8
-    """AdamW denominator epsilon."""
-    weight_decay: float = 0.0
-    """AdamW decoupled weight decay."""
-    grad_clip: float = 1.0
-    """Clip the global gradient norm to this value; 0 disables clipping (the norm is still
-    reported)."""
-    clip_eps: float = 0.2
-    """PPO ratio clip: the ratio is kept in [1 - clip_eps, 1 + clip_eps_high]."""
-    clip_eps_high: float | None = None
-    """Upper clip (DAPO's "clip higher"); None means clip_eps."""
-    kl_coef: float = 0.0
-    """Weight of the per-token k3 KL estimate to the reference policy (as in GRPO). > 0: the
-    trainer keeps a frozen copy of the agent's initial weights (the model directory it was
-    built from) as the reference and scores every micro-batch under it too, unless the
-    micro-batch brings its own ref_logprobs. Costs one more forward and the model's size again
-    in memory."""
-    is_cap: float = 0.0
-    """> 0: weight each token by the truncated importance ratio min(pi / pi_behaviour, is_cap)
-    (decoupled objective for stale samples; set by pipeline.mode = "bounded"); 0: plain PPO
-    ratio to the behaviour policy."""
-    temperature: float = 1.0
-    """Sampling temperature of the behaviour policy for micro-batches that do not say their
-    rows' own (TrainMicroBatch.sampling, which the orchestrator always sends): logits are
-    divided by it before the log-softmax so the importance ratio compares like with like."""
-    train_layers: int = 0
-    """> 0: train only the last `train_layers` decoder blocks and the final norm (embeddings
-    and the LM head, tied in most small models, stay frozen); the optimizer holds state for
-    those only and a weight sync sends only them. 0: train everything."""
-    seed: int = 0
-    """Seed of torch's generators on every rank (the same on all ranks)."""
-    device: str = "cpu"
-    """`cpu` (gloo) or `cuda` (nccl, the current CUDA device of each rank)."""
-    reshard_after_forward: bool = True
-    """FSDP: free each block's gathered parameters after its forward (less memory, one more
-    all-gather in backward)."""
-    param_dtype: str = "float32"
-    """Compute dtype of forward and backward: `float32`, `bfloat16` or `float16`. The parameters
-    themselves (the master weights: FSDP's shards, what export_weights and export_state give)
-    and AdamW's state stay float32; under FSDP this is MixedPrecisionPolicy(param_dtype=...)
-    (each block's parameters are all-gathered in this dtype, its gradients come back float32),
-    unsharded (world size 1) the forward passes run under torch.autocast. The log-probabilities
-    and the loss are computed from float32 logits. `bfloat16` is the usual choice on GPUs;
-    `float16` has no loss scaling here (small gradients may underflow)."""
-    reduce_dtype: str = "float32"
-    """FSDP: dtype of the gradient reduce-scatter across ranks (MixedPrecisionPolicy.reduce_dtype),
-    `float32` or `bfloat16` (half the traffic, a coarser sum); the reduced gradient is kept
-    float32. Works on gloo (CPU) and nccl; no effect at world size 1."""
-    activation_checkpointing: bool = False
-    """Recompute each decoder block's activations in backward instead of keeping them (much less
-    activation memory, about a third more compute): Hugging Face's non-reentrant gradient
-    checkpointing on the policy model, which keeps the parameter names."""
-    compile: bool = False
-    """torch.compile each decoder block of the policy in place (`block.compile()`, names kept):
-    faster steps after a compile of some seconds to minutes at the first micro-batch (and at
-    each new shape it cannot treat as dynamic); on CPU it needs a C++ compiler."""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.betas, list):  # from TOML or JSON worker args
-            self.betas = tuple(self.betas)
-        _check(self.lr > 0, "lr", self.lr, "must be > 0")
-        _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "betas",
-               self.betas, "must be two numbers in [0, 1)")
-        _check(self.adam_eps > 0, "adam_eps", self.adam_eps, "must be > 0")
-        _check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "must be >= 0")
-        _check(self.grad_clip >= 0, "grad_clip", self.grad_clip, "must be >= 0 (0 disables)")
-        _check(self.clip_eps > 0, "clip_eps", self.clip_eps, "must be > 0")
-        _check(self.clip_eps_high is None or self.clip_eps_high > 0, "clip_eps_high",
-               self.clip_eps_high, "must be > 0 or None")
-        _check(self.kl_coef >= 0, "kl_coef", self.kl_coef, "must be >= 0")
-        _check(isinstance(self.train_layers, int) and self.train_layers >= 0, "train_layers",
-               self.train_layers, "must be an int >= 0 (0: train every layer)")
-        _check(self.is_cap >= 0, "is_cap", self.is_cap, "must be >= 0 (0 disables)")
-        _check(self.temperature > 0, "temperature", self.temperature,
-               "must be > 0 (greedy rollouts are scored at temperature 1)")
-        _check(isinstance(self.seed, int) and not isinstance(self.seed, bool), "seed", self.seed,
-               "must be an int")
-        _check(self.device in DEVICES, "device", self.device, f"must be one of {DEVICES}")
-        _check(self.param_dtype in PARAM_DTYPES, "param_dtype", self.param_dtype,
-               f"must be one of {PARAM_DTYPES}")
-        _check(self.reduce_dtype in REDUCE_DTYPES, "reduce_dtype", self.reduce_dtype,
-               f"must be one of {REDUCE_DTYPES}")
-        for name in ("activation_checkpointing", "compile"):
-            _check(isinstance(getattr(self, name), bool), name, getattr(self, name),
-                   "must be true or false")
-
-
-def _check(ok: bool, name: str, value: object, rule: str) -> None:
-    if not ok:
-        raise ValueError(f"trainer.{name} {rule}, got {value!r}")
-
-
-def decoder_blocks(model: nn.Module) -> list[nn.Module]:
-    """The model's decoder blocks (the classes its `_no_split_modules` names), in order."""
-    block_names = set(getattr(model, "_no_split_modules", None) or ())
-    return [m for m in model.modules() if type(m).__name__ in block_names]
-
-
-def shard_model(model: nn.Module, mesh: "dist.DeviceMesh", *, reshard_after_forward: bool,
-                param_dtype: str = "float32", reduce_dtype: str = "float32") -> None:
-    """FSDP2: `fully_shard` each decoder block, then the root (embeddings, final norm, head).
-
-    Every rank's loss is already divided by the *global* token count, so the full gradient is the
-    sum of the ranks' gradients. FSDP's default reduction averages (divides by world size); a
-    divide factor of 1 with sum-only collectives makes it a plain sum with no extra scaling pass
-    (gloo has no AVG or PREMUL_SUM reduction, so the sum-only form is also what runs on CPU; gloo
-    sums bfloat16 too).
-
-    `param_dtype` / `reduce_dtype` (trainer.param_dtype / reduce_dtype) other than float32 give
-    every fully_shard a MixedPrecisionPolicy: blocks compute in param_dtype, the sharded
-    parameters and their gradients stay float32, and the root's outputs (the logits) are cast
-    back to float32. All float32 (the default) passes no policy at all.
-    """
-    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-
-    blocks = decoder_blocks(model)
-    if not blocks:
-        raise ValueError(f"{type(model).__name__} names no decoder block class in "
-                         "_no_split_modules; FSDP needs the blocks to shard one by one")
-    block_mp, root_mp = {}, {}
-    if (param_dtype, reduce_dtype) != ("float32", "float32"):
-        policy = dict(param_dtype=getattr(torch, param_dtype),
-                      reduce_dtype=getattr(torch, reduce_dtype))
-        block_mp = {"mp_policy": MixedPrecisionPolicy(**policy)}
-        root_mp = {"mp_policy": MixedPrecisionPolicy(**policy, output_dtype=torch.float32)}
-    for block in blocks:
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, **block_mp)
-    # The root's parameters are needed again at once by backward: keep them gathered.
-    fully_shard(model, mesh=mesh, reshard_after_forward=False, **root_mp)
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.set_gradient_divide_factor(GRAD_SUM_FACTOR)
-            module.set_force_sum_reduction_for_comms(True)
-
-
-def freeze_all_but(model: nn.Module, train_layers: int) -> list[str]:
-    """Freeze every parameter but those of the last `train_layers` decoder blocks and the final
-    norm (train_layers = 0: freeze nothing); the names of those that train."""
-    if train_layers == 0:
-        return [n for n, _ in model.named_parameters()]
-    block_names = set(getattr(model, "_no_split_modules", None) or ())
-    blocks = [(n, m) for n, m in model.named_modules() if type(m).__name__ in block_names]
-    if train_layers > len(blocks):
-        raise ValueError(f"trainer.train_layers = {train_layers} but the model has "
-                         f"{len(blocks)} decoder blocks")
-    keep = [n + "." for n, _ in blocks[-train_layers:]]
-    # The final norm: the one norm outside every block (model.norm in Llama and Qwen2).
-    inside = tuple(n + "." for n, _ in blocks)
-    norms = [n + "." for n, m in model.named_modules()
-             if "norm" in type(m).__name__.lower() and not n.startswith(inside) and n]
-    trained = []
-    for name, p in model.named_parameters():
-        p.requires_grad_(name.startswith(tuple(keep + norms)))
-        if p.requires_grad:
-            trained.append(name)
-    return trained
-
-
-def _build(model_dir: str, empty: bool) -> nn.Module:
-    """The model of `model_dir` in float32: its weights, or (empty) on the meta device, from
-    its config alone (no weight file read)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    if not empty:
-        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir),
-                                                 dtype=torch.float32)
-    model.tie_weights()  # as from_pretrained does (lm_head = embed_tokens where the config ties)
-    return model
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """The tensor this rank holds: the local shard of a DTensor, the tensor itself otherwise."""
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 class GRPOTrainer:
@@ -256,7 +75,7 @@ class GRPOTrainer:
         else:
             self.device = torch.device("cpu")
         torch.manual_seed(self.config.seed)
-        model = _build(model_dir, empty)
+        model = build_model(model_dir, empty)
         # Tied weights (e.g. lm_head = embed_tokens) appear under several names; the checkpoint
         # (and so the rollout engines) knows only the first, as save_pretrained writes it.
         unique = {n for n, _ in model.named_parameters()}
@@ -279,7 +98,7 @@ class GRPOTrainer:
         self._tokens_seen = 0
 
     def _reference(self, model_dir: str, empty: bool) -> nn.Module:
-        ref = _build(model_dir, empty)
+        ref = build_model(model_dir, empty)
         ref.eval().requires_grad_(False)
         # The same shards as the policy: its forward is collective too.
         self._place(ref, empty, reshard_after_forward=True)

@@ -65,7 +65,7 @@ from flexmarl.protocol import (DropParked, ExportState, ExportWeights, FetchShar
                                TrainBeginBatch, TrainMicroBatch, TrainState, TrainStats,
                                TrainStep, TrainStepDone, WeightUpdate, WeightUpdateDone)
 from flexmarl.training.rank import HEADER_LEN, KEEPALIVE_FRACTION, Command, Rank
-from flexmarl.training.trainer import TrainerConfig
+from flexmarl.training.trainer_config import TrainerConfig
 
 log = logging.getLogger(__name__)
 

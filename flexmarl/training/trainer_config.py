@@ -1,0 +1,114 @@
+"""The trainer's settings (section `trainer`): optimizer, GRPO objective, precision, placement.
+
+Apart from the trainer itself so that the config loader and the worker's arguments can name
+them without the trainer's torch.distributed machinery; flexmarl.training.trainer re-exports
+TrainerConfig, where users import it from.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEVICES = ("cpu", "cuda")
+PARAM_DTYPES = ("float32", "bfloat16", "float16")
+REDUCE_DTYPES = ("float32", "bfloat16")
+
+
+@dataclass(kw_only=True)
+class TrainerConfig:
+    """Optimizer, GRPO objective and placement of one agent's trainer (section `trainer`)."""
+
+    lr: float = 1e-6
+    """AdamW learning rate."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW moment decay rates, each in [0, 1)."""
+    adam_eps: float = 1e-8
+    """AdamW denominator epsilon."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value; 0 disables clipping (the norm is still
+    reported)."""
+    clip_eps: float = 0.2
+    """PPO ratio clip: the ratio is kept in [1 - clip_eps, 1 + clip_eps_high]."""
+    clip_eps_high: float | None = None
+    """Upper clip (DAPO's "clip higher"); None means clip_eps."""
+    kl_coef: float = 0.0
+    """Weight of the per-token k3 KL estimate to the reference policy (as in GRPO). > 0: the
+    trainer keeps a frozen copy of the agent's initial weights (the model directory it was
+    built from) as the reference and scores every micro-batch under it too, unless the
+    micro-batch brings its own ref_logprobs. Costs one more forward and the model's size again
+    in memory."""
+    is_cap: float = 0.0
+    """> 0: weight each token by the truncated importance ratio min(pi / pi_behaviour, is_cap)
+    (decoupled objective for stale samples; set by pipeline.mode = "bounded"); 0: plain PPO
+    ratio to the behaviour policy."""
+    temperature: float = 1.0
+    """Sampling temperature of the behaviour policy for micro-batches that do not say their
+    rows' own (TrainMicroBatch.sampling, which the orchestrator always sends): logits are
+    divided by it before the log-softmax so the importance ratio compares like with like."""
+    train_layers: int = 0
+    """> 0: train only the last `train_layers` decoder blocks and the final norm (embeddings
+    and the LM head, tied in most small models, stay frozen); the optimizer holds state for
+    those only and a weight sync sends only them. 0: train everything."""
+    seed: int = 0
+    """Seed of torch's generators on every rank (the same on all ranks)."""
+    device: str = "cpu"
+    """`cpu` (gloo) or `cuda` (nccl, the current CUDA device of each rank)."""
+    reshard_after_forward: bool = True
+    """FSDP: free each block's gathered parameters after its forward (less memory, one more
+    all-gather in backward)."""
+    param_dtype: str = "float32"
+    """Compute dtype of forward and backward: `float32`, `bfloat16` or `float16`. The parameters
+    themselves (the master weights: FSDP's shards, what export_weights and export_state give)
+    and AdamW's state stay float32; under FSDP this is MixedPrecisionPolicy(param_dtype=...)
+    (each block's parameters are all-gathered in this dtype, its gradients come back float32),
+    unsharded (world size 1) the forward passes run under torch.autocast. The log-probabilities
+    and the loss are computed from float32 logits. `bfloat16` is the usual choice on GPUs;
+    `float16` has no loss scaling here (small gradients may underflow)."""
+    reduce_dtype: str = "float32"
+    """FSDP: dtype of the gradient reduce-scatter across ranks (MixedPrecisionPolicy.reduce_dtype),
+    `float32` or `bfloat16` (half the traffic, a coarser sum); the reduced gradient is kept
+    float32. Works on gloo (CPU) and nccl; no effect at world size 1."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder block's activations in backward instead of keeping them (much less
+    activation memory, about a third more compute): Hugging Face's non-reentrant gradient
+    checkpointing on the policy model, which keeps the parameter names."""
+    compile: bool = False
+    """torch.compile each decoder block of the policy in place (`block.compile()`, names kept):
+    faster steps after a compile of some seconds to minutes at the first micro-batch (and at
+    each new shape it cannot treat as dynamic); on CPU it needs a C++ compiler."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.betas, list):  # from TOML or JSON worker args
+            self.betas = tuple(self.betas)
+        _check(self.lr > 0, "lr", self.lr, "must be > 0")
+        _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "betas",
+               self.betas, "must be two numbers in [0, 1)")
+        _check(self.adam_eps > 0, "adam_eps", self.adam_eps, "must be > 0")
+        _check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "must be >= 0")
+        _check(self.grad_clip >= 0, "grad_clip", self.grad_clip, "must be >= 0 (0 disables)")
+        _check(self.clip_eps > 0, "clip_eps", self.clip_eps, "must be > 0")
+        _check(self.clip_eps_high is None or self.clip_eps_high > 0, "clip_eps_high",
+               self.clip_eps_high, "must be > 0 or None")
+        _check(self.kl_coef >= 0, "kl_coef", self.kl_coef, "must be >= 0")
+        _check(isinstance(self.train_layers, int) and self.train_layers >= 0, "train_layers",
+               self.train_layers, "must be an int >= 0 (0: train every layer)")
+        _check(self.is_cap >= 0, "is_cap", self.is_cap, "must be >= 0 (0 disables)")
+        _check(self.temperature > 0, "temperature", self.temperature,
+               "must be > 0 (greedy rollouts are scored at temperature 1)")
+        _check(isinstance(self.seed, int) and not isinstance(self.seed, bool), "seed", self.seed,
+               "must be an int")
+        _check(self.device in DEVICES, "device", self.device, f"must be one of {DEVICES}")
+        _check(self.param_dtype in PARAM_DTYPES, "param_dtype", self.param_dtype,
+               f"must be one of {PARAM_DTYPES}")
+        _check(self.reduce_dtype in REDUCE_DTYPES, "reduce_dtype", self.reduce_dtype,
+               f"must be one of {REDUCE_DTYPES}")
+        for name in ("activation_checkpointing", "compile"):
+            _check(isinstance(getattr(self, name), bool), name, getattr(self, name),
+                   "must be true or false")
+
+
+def _check(ok: bool, name: str, value: object, rule: str) -> None:
+    if not ok:
+        raise ValueError(f"trainer.{name} {rule}, got {value!r}")
+

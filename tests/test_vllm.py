@@ -11,7 +11,8 @@ import asyncio
 import pytest
 import torch
 
-from flexmarl.training.grpo import grpo_advantages, token_logprobs
+from flexmarl.orchestrator.advantage import grpo_advantages
+from flexmarl.training.grpo import token_logprobs
 from flexmarl.orchestrator.batch import micro_batch
 from flexmarl.models import chat_prompt, load_model, load_tokenizer
 from flexmarl.protocol import Generate, SamplingParams

@@ -171,7 +171,10 @@ def run_check(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="flexmarl-gpu-check-") as tmp:
         config = check_config(args.steps, gpus, os.path.join(tmp, "run"))
         needs = {a.name: 1 for a in team.agents if a.trainable}
-        placed = plan_gpus(config, team, _slot_sizes(config, needs), hosts(config, None))
+        placed = plan_gpus(team, _slot_sizes(config.trainer_pool, needs),
+                           hosts(config.devices.gpus, None), rollout=config.rollout,
+                           trainer_device=config.trainer.device, devices=config.devices,
+                           trainer_pool=config.trainer_pool)
         out["placement"], out["transfer"] = placed.plan.rows(), placed.transfer
         print(f"placement ({placed.transfer} weight sync):\n{placed.plan.table()}", flush=True)
         started = time.perf_counter()

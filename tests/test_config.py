@@ -367,7 +367,7 @@ def fake_train_modules(monkeypatch, train) -> None:
     monkeypatch.setitem(sys.modules, "flexmarl.launch.run",
                         types.SimpleNamespace(train=train))
     monkeypatch.setitem(sys.modules, "flexmarl.launch.task_files",
-                        types.SimpleNamespace(team_with_task_file=lambda team, config: team))
+                        types.SimpleNamespace(team_with_task_file=lambda team, ref, seed: team))
     monkeypatch.setitem(sys.modules, "flexmarl.launch.model_dirs",
                         types.SimpleNamespace(check_model=lambda spec: spec))
     monkeypatch.delenv("FLEXMARL_LOG", raising=False)
@@ -415,14 +415,17 @@ def test_role_cpus(monkeypatch, rollout, train, device, expected):
     monkeypatch.setattr(config_module, "available_cpus", lambda: [0, 1, 2, 3])
     config = load_config(overrides=[f"rollout.cpus={rollout}", f"trainer_pool.cpus={train}",
                                     f"trainer.device={device}"])
-    assert role_cpus(config) == expected
+    assert role_cpus(config.rollout.cpus, config.trainer_pool.cpus,
+                     config.trainer.device) == expected
 
 
 def test_role_cpus_single_core_pins_nothing(monkeypatch):
     import flexmarl.checks as config_module
     from flexmarl.launch.placement import role_cpus
     monkeypatch.setattr(config_module, "available_cpus", lambda: [0])
-    assert role_cpus(load_config()) == ((), ())
+    config = load_config()
+    assert role_cpus(config.rollout.cpus, config.trainer_pool.cpus,
+                     config.trainer.device) == ((), ())
 
 
 @pytest.mark.parametrize("overrides, nice, serial", [
@@ -433,10 +436,11 @@ def test_role_cpus_single_core_pins_nothing(monkeypatch):
     (["trainer.device=cuda", "trainer_pool.serial=true"], 0, True),
 ])
 def test_trainer_nice_and_serial_resolve(overrides, nice, serial):
-    from flexmarl.launch.placement import serial_trainers, trainer_nice
+    from flexmarl.launch.placement import serial_trainers, trainer_nice, trainers_on_local_cpu
     config = load_config(overrides=overrides)
-    assert trainer_nice(config) == nice
-    assert serial_trainers(config) is serial
+    local = trainers_on_local_cpu(config.trainer.device, config.cluster.listen)
+    assert trainer_nice(config.trainer_pool, local) == nice
+    assert serial_trainers(config.trainer_pool, local) is serial
 
 
 @pytest.mark.parametrize("override, message", [

@@ -202,47 +202,74 @@ def _team():
     return load_team(_config().team.path)
 
 
-def test_the_run_places_vllm_instances_and_cuda_trainers_and_picks_the_weight_sync():
+def _plan_gpus(config, team, sizes, hosts):
+    """plan_gpus with the sections of `config`, as flexmarl.launch.build hands them."""
     from flexmarl.launch.placement import plan_gpus
+    return plan_gpus(team, sizes, hosts, rollout=config.rollout,
+                     trainer_device=config.trainer.device, devices=config.devices,
+                     trainer_pool=config.trainer_pool)
 
+
+def _settings(config):
+    """The WorkerSettings flexmarl.launch.build makes of `config` (workers on this machine)."""
+    from flexmarl.launch.placement import (WorkerSettings, role_cpus, trainer_nice,
+                                           trainers_on_local_cpu)
+    local_cpu = trainers_on_local_cpu(config.trainer.device, config.cluster.listen)
+    return WorkerSettings(
+        config.rollout, config.trainer, config.trainer_pool, config.devices, config.transport,
+        seed=config.run.seed, stop_timeout_s=config.supervisor.stop_timeout_s,
+        store_port=config.cluster.store_port,
+        cpus=role_cpus(config.rollout.cpus, config.trainer_pool.cpus, config.trainer.device),
+        nice=trainer_nice(config.trainer_pool, local_cpu))
+
+
+def _gpu_placement(config):
+    """The dry run's GPU placement comments for `config`."""
+    from flexmarl.launch.cli import _gpu_placement as shown
+    return shown(config.team.path, config.cluster.listen, rollout=config.rollout,
+                 trainer_device=config.trainer.device, devices=config.devices,
+                 trainer_pool=config.trainer_pool)
+
+
+def test_the_run_places_vllm_instances_and_cuda_trainers_and_picks_the_weight_sync():
     team, four = _team(), [Host("local", (0, 1, 2, 3))]
-    gpus = plan_gpus(_config("trainer.device=cuda"), team, [1, 1], four)
+    gpus = _plan_gpus(_config("trainer.device=cuda"), team, [1, 1], four)
     assert gpus.transfer == "nccl" and gpus.rollout and gpus.trainer
     assert sorted(gpus.plan.seats) == ["rollout-0", "rollout-1", "trainer-0-0", "trainer-1-0"]
     assert {s.label for s in gpus.plan.seats.values()} >= {a.name for a in team.agents}
-    colocated = plan_gpus(_config("trainer.device=cuda", "devices.colocate=true",
-                                  "rollout.gpu_memory_utilization=0.3",
-                                  "devices.trainer_memory_fraction=0.2"), team, [1, 1],
-                          [Host("local", (0,))])
+    colocated = _plan_gpus(_config("trainer.device=cuda", "devices.colocate=true",
+                                   "rollout.gpu_memory_utilization=0.3",
+                                   "devices.trainer_memory_fraction=0.2"), team, [1, 1],
+                           [Host("local", (0,))])
     assert colocated.transfer == "ipc"
     assert {s.devices for s in colocated.plan.seats.values()} == {(0,)}
     # A shared trainer pool: instances are not with their agent's trainer, so no IPC (and
     # NCCL cannot join two processes on one GPU): weights go the staged way.
-    pooled = plan_gpus(_config("trainer.device=cuda", "devices.colocate=true",
-                               "trainer_pool.slots=1", "rollout.gpu_memory_utilization=0.3",
-                               "devices.trainer_memory_fraction=0.2"), team, [1], four)
+    pooled = _plan_gpus(_config("trainer.device=cuda", "devices.colocate=true",
+                                "trainer_pool.slots=1", "rollout.gpu_memory_utilization=0.3",
+                                "devices.trainer_memory_fraction=0.2"), team, [1], four)
     assert pooled.transfer == "stage"
     with pytest.raises(ConfigError, match="needs every instance on a GPU of its agent's"):
-        plan_gpus(_config("trainer.device=cuda", "devices.colocate=true", "trainer_pool.slots=1",
-                          "rollout.weight_transfer=ipc"), team, [1], four)
+        _plan_gpus(_config("trainer.device=cuda", "devices.colocate=true", "trainer_pool.slots=1",
+                           "rollout.weight_transfer=ipc"), team, [1], four)
     # Trainers on CPU: vLLM still gets the GPUs, weights go the staged way.
-    cpu_train = plan_gpus(_config(), team, [1, 1], four)
+    cpu_train = _plan_gpus(_config(), team, [1, 1], four)
     assert (cpu_train.transfer, cpu_train.trainer, len(cpu_train.plan.seats)) == ("stage", False, 2)
     # No GPU and nothing asks for one: no placement at all (this machine's case).
-    assert plan_gpus(_config(), team, [1, 1], [Host("local", ())]).plan is None
+    assert _plan_gpus(_config(), team, [1, 1], [Host("local", ())]).plan is None
     with pytest.raises(PlacementError, match="no GPU here"):
-        plan_gpus(_config("trainer.device=cuda"), team, [1, 1], [Host("local", ())])
+        _plan_gpus(_config("trainer.device=cuda"), team, [1, 1], [Host("local", ())])
 
 
 def test_each_worker_starts_with_its_gpus_its_node_and_the_trainer_config(tmp_path):
-    from flexmarl.launch.placement import _Workers, plan_gpus
+    from flexmarl.launch.placement import _Workers
 
     config = _config("trainer.device=cuda", "trainer.lr=3e-5", "rollout.tensor_parallel_size=2")
     team = _team()
     hosts = [Host("local", tuple(range(6)))]
-    gpus = plan_gpus(config, team, [1, 1], hosts)
-    workers = _Workers(object(), config, {a.name: "/m" for a in team.agents}, str(tmp_path),
-                       [1, 1], gpus)
+    gpus = _plan_gpus(config, team, [1, 1], hosts)
+    workers = _Workers(object(), _settings(config), {a.name: "/m" for a in team.agents},
+                       str(tmp_path), [1, 1], gpus)
     first = workers.rollout(team.agents[0].name)
     assert first.name == "rollout-0" and first.node == ""  # local workers: no node
     assert first.env["CUDA_VISIBLE_DEVICES"] == "0,1"  # largest asks first: the TP-2 instances
@@ -271,7 +298,6 @@ def test_worker_gpus_are_indices_of_the_gpus_the_run_itself_sees():
 
 def test_dry_run_shows_the_placement(monkeypatch):
     import torch
-    from flexmarl.launch.cli import _gpu_placement
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)  # a machine without GPUs
     assert "none (GPUs used here: 0" in _gpu_placement(_config())
@@ -306,10 +332,10 @@ async def test_a_trainer_slot_starts_with_the_runs_trainer_config_and_its_gpus(
     team = _team()
     seats = plan_devices([Host("local", (0, 63))], slot(0, 1) + slot(1, 1))
     assert [seats.seats[f"trainer-{k}-0"].devices for k in (0, 1)] == [(0,), (63,)]
-    cpu = _Workers(object(), _config(), {}, str(tmp_path), [1, 1],
+    cpu = _Workers(object(), _settings(_config()), {}, str(tmp_path), [1, 1],
                    GpuPlan(seats, "stage", False, True))
-    cuda = _Workers(object(), _config("trainer.device=cuda"), {}, str(tmp_path), [1, 1],
-                    GpuPlan(seats, "stage", False, True))
+    cuda = _Workers(object(), _settings(_config("trainer.device=cuda")), {}, str(tmp_path),
+                    [1, 1], GpuPlan(seats, "stage", False, True))
     specs = [cpu.trainer_slot(0)[0], cuda.trainer_slot(1)[0]]
     agent = team.agents[0].name
     sup = Supervisor()
@@ -349,7 +375,7 @@ def test_the_monitor_shows_each_workers_gpus():
 def test_workers_of_a_lost_node_are_placed_again_on_the_nodes_left(tmp_path):
     """A node's GPUs go with it: the replacement of an instance that ran there is seated on
     another node's free GPUs (and started on that node), not on the lost one."""
-    from flexmarl.launch.placement import _Workers, hosts, plan_gpus
+    from flexmarl.launch.placement import _Workers, hosts
     from runtime.protocol import NodeHello
     from runtime.registry import NodeInfo, NodeRegistry
 
@@ -360,9 +386,9 @@ def test_workers_of_a_lost_node_are_placed_again_on_the_nodes_left(tmp_path):
                                         conn=None, joined_at=0.0)
     config = _config("trainer.device=cuda", "cluster.listen=tcp://127.0.0.1:0")
     team = _team()
-    gpus = plan_gpus(config, team, [1, 1], hosts(config, registry))
+    gpus = _plan_gpus(config, team, [1, 1], hosts(config.devices.gpus, registry))
     workers = _Workers.__new__(_Workers)  # no TCPStore: only the placement is exercised
-    workers.sup, workers.config, workers.gpus = registry, config, gpus
+    workers.sup, workers.settings, workers.gpus = registry, _settings(config), gpus
     workers.model_dirs = {a.name: "/m" for a in team.agents}
     workers.rollout_cpus, workers.rollout_env = (), {}
     import itertools

@@ -101,11 +101,11 @@ def test_a_run_that_evaluates_needs_held_out_tasks():
 
     config = load_config(None, ["eval.every_steps=2"])
     with pytest.raises(ConfigError, match="has no held-out tasks.*team.heldout"):
-        check_eval(team([]), config)
+        check_eval(team([]), config.eval, config.gateway.enabled)
     with pytest.raises(ConfigError, match="gateway.enabled"):
-        check_eval(team([Task("q", "1", "h")]), load_config(None, ["eval.every_steps=2",
-                                                                   "gateway.enabled=true"]))
-    check_eval(team([]), load_config())  # no evaluation during the run: nothing needed
+        gateway = load_config(None, ["eval.every_steps=2", "gateway.enabled=true"])
+        check_eval(team([Task("q", "1", "h")]), gateway.eval, gateway.gateway.enabled)
+    check_eval(team([]), load_config().eval, False)  # no evaluation during the run: nothing needed
 
 
 def test_evaluations_reach_tensorboard_and_the_report(tmp_path):

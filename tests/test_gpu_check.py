@@ -40,8 +40,10 @@ def test_the_check_places_the_default_team_on_the_gpus_there_are(gpu_check, tmp_
     assert (config.pipeline.mode, config.trainer.device, config.rollout.backend) == (
         "micro_batch", "cuda", "vllm")
     needs = {a.name: 1 for a in team.agents}
-    placed = plan_gpus(config, team, _slot_sizes(config, needs),
-                       [Host("local", tuple(range(gpus)))])
+    placed = plan_gpus(team, _slot_sizes(config.trainer_pool, needs),
+                       [Host("local", tuple(range(gpus)))], rollout=config.rollout,
+                       trainer_device=config.trainer.device, devices=config.devices,
+                       trainer_pool=config.trainer_pool)
     assert placed.transfer == transfer and len(placed.plan.seats) == 4
     devices = [s.devices for s in placed.plan.seats.values()]
     assert (len(set(devices)) < 4) == shared

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from flexmarl.checks import ConfigError
-from flexmarl.config.load import PACKAGE_ROOT, Config, load_config
-from flexmarl.config.sections import RunConfig, TeamRef
+from flexmarl.config.load import PACKAGE_ROOT, load_config
+from flexmarl.config.sections import TeamRef
 from flexmarl.launch.task_files import team_with_task_file
 from flexmarl.tasks import FileTask, TaskFileError, load_tasks
 from flexmarl.team import AgentSpec, Team, load_team
@@ -295,26 +295,26 @@ def test_team_with_task_file_replaces_tasks_and_heldout():
     assert config.team.tasks, ("load_config dropped team.tasks: it must keep every [team] key "
                                "when it resolves team.path (flexmarl/config/load.py: "
                                "dataclasses.replace(config.team, path=...))")
-    new = team_with_task_file(team, config)
+    new = team_with_task_file(team, config.team, config.run.seed)
     assert len(new.tasks) == 350 and len(new.heldout) == 50
     assert {t.task_id for t in new.tasks + new.heldout} == {f"arithmetic-{i}" for i in range(400)}
     assert new.score is team.score and new.workflow is team.workflow
-    assert team_with_task_file(team, config) == new        # seeded by run.seed: same split
-    assert team_with_task_file(team, Config()) is team     # team.tasks unset: unchanged
+    # Seeded by run.seed: the same split.
+    assert team_with_task_file(team, config.team, config.run.seed) == new
+    assert team_with_task_file(team, TeamRef(), 0) is team     # team.tasks unset: unchanged
 
 
 def test_team_with_task_file_keeps_the_teams_heldout_and_maps_errors_to_keys(tmp_path):
     team = load_team(PACKAGE_ROOT / "agents" / "math_duo.py")
     path = write_jsonl(tmp_path / "s.jsonl", ROWS)
-    new = team_with_task_file(team, Config(team=TeamRef(tasks=str(path)),
-                                           run=RunConfig(seed=3)))
+    new = team_with_task_file(team, TeamRef(tasks=str(path)), 3)  # run.seed = 3
     assert len(new.tasks) == 10 and new.heldout == team.heldout   # no rows held out
     with pytest.raises(ConfigError, match=r"line 1: no field 'question'.*team\.prompt_field"):
-        team_with_task_file(team, Config(team=TeamRef(tasks=str(path), prompt_field="question")))
+        team_with_task_file(team, TeamRef(tasks=str(path), prompt_field="question"), 0)
     with pytest.raises(ConfigError, match=r"team\.heldout"):
-        team_with_task_file(team, Config(team=TeamRef(tasks=str(path), heldout=10)))
+        team_with_task_file(team, TeamRef(tasks=str(path), heldout=10), 0)
     with pytest.raises(ConfigError, match=r"team\.tasks 'nope\.jsonl'.*does not exist"):
-        team_with_task_file(team, Config(team=TeamRef(tasks="nope.jsonl")))
+        team_with_task_file(team, TeamRef(tasks="nope.jsonl"), 0)
 
 
 def test_a_team_whose_own_tasks_have_other_attributes_is_warned(tmp_path, caplog):
@@ -330,7 +330,7 @@ def test_a_team_whose_own_tasks_have_other_attributes_is_warned(tmp_path, caplog
                 tasks=[Graded("Compute 1+1.", "2", "g-0", 1, 0)])
     path = write_jsonl(tmp_path / "s.jsonl", ROWS)          # has a "level" column, no "difficulty"
     with caplog.at_level(logging.WARNING, logger="flexmarl.launch.task_files"):
-        new = team_with_task_file(team, Config(team=TeamRef(tasks=str(path))))
+        new = team_with_task_file(team, TeamRef(tasks=str(path)), 0)
     assert "its own tasks have difficulty, which the rows of" in caplog.text
     assert new.tasks[0].level in (0, 1, 2)                  # a column the workflow may read
 

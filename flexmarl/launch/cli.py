@@ -111,8 +111,13 @@ def _run(args: argparse.Namespace) -> int:
         if config.trainer_pool.slots == "auto":
             note = ('# trainer_pool.slots = "auto": planned at start by the cluster simulator; '
                     "`flexmarl plan` with the same config shows the placements\n")
-        sys.stdout.write(config.to_toml() + note + _per_agent_settings(config) +
-                         _gpu_placement(config))
+        sys.stdout.write(
+            config.to_toml() + note +
+            _per_agent_settings(config.team.path, config.trainer, config.pipeline,
+                                config.run.seed) +
+            _gpu_placement(config.team.path, config.cluster.listen, rollout=config.rollout,
+                           trainer_device=config.trainer.device, devices=config.devices,
+                           trainer_pool=config.trainer_pool))
         return EXIT_OK
 
     import uvloop  # entry point only: nothing else installs an event loop policy
@@ -128,7 +133,7 @@ def _run(args: argparse.Namespace) -> int:
     from flexmarl.team import load_team
 
     try:
-        team = team_with_task_file(load_team(config.team.path), config)
+        team = team_with_task_file(load_team(config.team.path), config.team, config.run.seed)
     except ConfigError as e:
         return _config_error(e)
     except Exception as e:  # anything the team file raises: no team, NameError, SyntaxError...
@@ -139,14 +144,17 @@ def _run(args: argparse.Namespace) -> int:
     try:
         for spec in team.agents:  # a missing model directory: say so before making a run dir
             check_model(spec)
-        check_backend(config)
+        check_backend(config.rollout.backend, config.cluster.listen)
         if config.trainer_pool.slots == "auto":  # planned now: the run dir records the plan
             from flexmarl.sim.team_plan import resolve_auto
             print('flexmarl: planning trainer_pool.slots = "auto" with the cluster simulator',
                   flush=True)
             config = resolve_auto(config, team)
-        check_devices(config, team)  # the GPUs fit, before a run dir or a process exists
-        check_eval(team, config)
+        # The GPUs fit, before a run dir or a process exists.
+        check_devices(team, config.cluster.listen, rollout=config.rollout,
+                      trainer_device=config.trainer.device, devices=config.devices,
+                      trainer_pool=config.trainer_pool)
+        check_eval(team, config.eval, config.gateway.enabled)
         run_dir = RunDir.create(config, resume=bool(args.resume))
     except ConfigError as e:
         return _config_error(e)
@@ -350,52 +358,55 @@ def _configure_logging(level: str) -> None:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
-def _per_agent_settings(config: Any) -> str:
-    """TOML comments: per agent, the trainer settings that differ from [trainer], and why."""
+def _per_agent_settings(team_path: str, trainer: Any, pipeline: Any, seed: int) -> str:
+    """TOML comments: per agent of the team at `team_path`, the trainer settings that differ
+    from [trainer] (`trainer`), and why."""
     from flexmarl.launch.placement import trainer_settings
     from flexmarl.team import load_team
 
     try:
-        team = load_team(config.team.path)
+        team = load_team(team_path)
     except Exception as e:  # the dry run still shows the config
         why = " ".join(str(e).split())
-        return f"# (per-agent settings not shown: team {config.team.path} did not load: {why})\n"
-    section = dataclasses.asdict(config.trainer)
+        return f"# (per-agent settings not shown: team {team_path} did not load: {why})\n"
+    section = dataclasses.asdict(trainer)
     lines = ["# Per agent, the trainer settings taken from elsewhere than the [trainer] section:"]
     for spec in team.agents:
         if not spec.trainable:
             lines.append(f"# {spec.name}: frozen (no trainer)")
             continue
         changed = [f"{k} = {v!r} ({src}; [trainer] says {section[k]!r})"
-                   for k, (v, src) in trainer_settings(config, spec).items()
+                   for k, (v, src) in trainer_settings(trainer, pipeline, seed, spec).items()
                    if src != "[trainer]"]
         lines.append(f"# {spec.name}: " + (", ".join(changed) or "as [trainer]"))
     return "\n".join(lines) + "\n"
 
 
-def _gpu_placement(config: Any) -> str:
-    """TOML comments: which GPUs each worker would get on this machine (flexmarl.launch.devices),
-    or why none."""
+def _gpu_placement(team_path: str, listen: str, *, rollout: Any, trainer_device: str,
+                   devices: Any, trainer_pool: Any) -> str:
+    """TOML comments: which GPUs each worker of the team at `team_path` would get on this
+    machine (flexmarl.launch.devices; none are placed with cluster.listen), or why none."""
     from flexmarl.launch.placement import _slot_sizes, hosts, plan_gpus
     from flexmarl.team import load_team
 
-    if config.cluster.listen:
+    if listen:
         return ("# GPU placement: made when the nodes have joined, on the GPUs each reports "
                 "(flexmarl-node --devices)\n")
     try:
-        team = load_team(config.team.path)
-        needs = {a.name: a.train_ranks or config.trainer_pool.ranks_per_agent
+        team = load_team(team_path)
+        needs = {a.name: a.train_ranks or trainer_pool.ranks_per_agent
                  for a in team.agents if a.trainable}
-        sizes = (_slot_sizes(config, needs) if config.trainer_pool.slots != "auto"
+        sizes = (_slot_sizes(trainer_pool, needs) if trainer_pool.slots != "auto"
                  else list(needs.values()))
-        machine = hosts(config, None)
-        gpus = plan_gpus(config, team, sizes, machine)
+        machine = hosts(devices.gpus, None)
+        gpus = plan_gpus(team, sizes, machine, rollout=rollout, trainer_device=trainer_device,
+                         devices=devices, trainer_pool=trainer_pool)
     except Exception as e:  # a placement that does not fit: the dry run says why
         return f"# GPU placement: {' '.join(str(e).split())}\n"
     if gpus.plan is None:
         seen = len(machine[0].gpus)
         return (f"# GPU placement: none (GPUs used here: {seen}; devices.gpus = "
-                f"{config.devices.gpus!r}, trainer.device = {config.trainer.device!r}): every "
+                f"{devices.gpus!r}, trainer.device = {trainer_device!r}): every "
                 "worker runs on CPU\n")
     lines = [f"GPU placement ({gpus.transfer} weight sync):", *gpus.plan.table().splitlines()]
     return "".join(f"# {line}\n" for line in lines)

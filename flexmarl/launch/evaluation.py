@@ -26,22 +26,23 @@ from flexmarl.launch.checkpoint import STATE_DIR, StateCheckpoints
 from flexmarl.launch.model_dirs import resolve_model, write_model_dir
 from flexmarl.observe.rundir import CHECKPOINTS_DIR, CONFIG_FILE
 from flexmarl.orchestrator.agents import AgentRuntime
-from flexmarl.orchestrator.evaluate import evaluate, heldout_tasks
+from flexmarl.orchestrator.evaluate import EvalConfig, evaluate, heldout_tasks
 from flexmarl.protocol import Generate, GenerateReply, WeightUpdate
 from flexmarl.rollout.engine import EngineConfig
 from flexmarl.rollout.torch_engine import TorchEngine
 from flexmarl.team import Team, load_team
 
 
-def check_eval(team: Team, config: Config) -> None:
-    """Evaluation during the run needs held-out tasks and the team's own workflow."""
-    if not config.eval.every_steps:
+def check_eval(team: Team, settings: EvalConfig, gateway_enabled: bool) -> None:
+    """Evaluation during the run (`settings`: the [eval] section) needs held-out tasks and the
+    team's own workflow (not gateway.enabled)."""
+    if not settings.every_steps:
         return
-    if config.gateway.enabled:
+    if gateway_enabled:
         raise ConfigError("eval.every_steps: evaluation runs the team's workflow, but with "
                           "gateway.enabled the episodes are the app's; set eval.every_steps = 0")
     if not team.heldout:
-        raise ConfigError(f"eval.every_steps = {config.eval.every_steps} but team {team.name} "
+        raise ConfigError(f"eval.every_steps = {settings.every_steps} but team {team.name} "
                           "has no held-out tasks: give the team file Team(heldout=...), or set "
                           "team.tasks to a data file and team.heldout to a count or fraction")
 
@@ -102,7 +103,7 @@ async def evaluate_run(run_dir: str | Path, *, step: int | None = None,
 
     run_dir = Path(run_dir)
     config = run_config(run_dir, overrides)
-    team = team_with_task_file(load_team(config.team.path), config)
+    team = team_with_task_file(load_team(config.team.path), config.team, config.run.seed)
     tasks = heldout_tasks(team, config.eval)
     with tempfile.TemporaryDirectory(prefix="flexmarl-eval-") as scratch:
         dirs = await asyncio.to_thread(model_dirs, run_dir, team, step, Path(scratch))

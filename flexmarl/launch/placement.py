@@ -1,6 +1,8 @@
 """Where the run's workers run and how they start: processes, cores, trainer slot sizes.
 
-    launcher(config): a Supervisor (local processes) or a NodeRegistry (`flexmarl-node`s)
+    launcher(cluster, ...): a Supervisor (local processes) or a NodeRegistry (`flexmarl-node`s)
+    WorkerSettings: what the worker processes start with (flexmarl.launch.build reads it from
+                  the config; nothing here sees the whole config)
     start_agents: every rollout instance (rollout-K) and trainer slot (trainer-K-RANK) at once,
                   each on its role's cores ─► the AgentRuntimes, the InstancePool (with its
                   respawn) and the TrainerPool (with its slot respawn)
@@ -19,15 +21,19 @@ from typing import Any
 
 from flexmarl import checks
 from flexmarl.activity import ActivityLog
-from flexmarl.config.load import Config
+from flexmarl.config.sections import ClusterConfig, DevicesConfig
 from flexmarl.launch.devices import Ask, DevicePlan, Host, parse_gpus, plan_devices
 from flexmarl.protocol import SendWeights, WeightUpdate, WeightUpdateDone
 from flexmarl.rollout.transfer import DIRECT, resolve_transfer
 from flexmarl.models import load_tokenizer
 from flexmarl.orchestrator.agents import AgentRuntime
+from flexmarl.orchestrator.policy import PipelineConfig
+from flexmarl.rollout.balancer import BalancerConfig
 from flexmarl.rollout.pool import InstancePool, RolloutConfig
 from flexmarl.team import AgentSpec, Team
-from flexmarl.training.pool import AgentTrainer, TrainerPool
+from flexmarl.training.pool import AgentTrainer, TrainerPool, TrainerPoolConfig
+from flexmarl.training.trainer_config import TrainerConfig
+from runtime.config import SupervisorConfig, TransportConfig
 from runtime.errors import WorkerStartError
 from runtime.registry import NodeInfo, NodeRegistry
 from runtime.supervisor import Supervisor, WorkerSpec
@@ -36,7 +42,8 @@ from runtime.transport import Connection, connect
 log = logging.getLogger(__name__)
 
 
-def role_cpus(config: "Config") -> tuple[tuple[int, ...], tuple[int, ...]]:
+def role_cpus(rollout_cpus: str, trainer_cpus: str, trainer_device: str
+              ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The cores of rollout processes and of trainer processes; () means not pinned.
 
     "auto" (the default of both) splits this process's cores between the roles when trainers
@@ -46,11 +53,11 @@ def role_cpus(config: "Config") -> tuple[tuple[int, ...], tuple[int, ...]]:
     default experiment measured about 4x slower unpinned on 2 cores (bench/README.md). With
     trainers on GPU, or a single core, "auto" pins nothing.
     """
-    rollout = checks.parse_cpus(config.rollout.cpus, "rollout.cpus")
-    train = checks.parse_cpus(config.trainer_pool.cpus, "trainer_pool.cpus")
-    auto_r, auto_t = config.rollout.cpus.strip() == "auto", config.trainer_pool.cpus.strip() == "auto"
+    rollout = checks.parse_cpus(rollout_cpus, "rollout.cpus")
+    train = checks.parse_cpus(trainer_cpus, "trainer_pool.cpus")
+    auto_r, auto_t = rollout_cpus.strip() == "auto", trainer_cpus.strip() == "auto"
     cores = checks.available_cpus() or []
-    if not (auto_r or auto_t) or config.trainer.device != "cpu" or len(cores) < 2:
+    if not (auto_r or auto_t) or trainer_device != "cpu" or len(cores) < 2:
         return rollout, train
     half = len(cores) // 2
     if auto_r and auto_t:
@@ -62,42 +69,42 @@ def role_cpus(config: "Config") -> tuple[tuple[int, ...], tuple[int, ...]]:
                      tuple(cores[half:]))
 
 
+def trainers_on_local_cpu(trainer_device: str, listen: str) -> bool:
+    """Trainer processes on this machine's CPU cores (trainer.device, no cluster.listen),
+    beside the run process (which is not pinned and routes every rollout call): where
+    trainer_pool.nice and .serial "auto" apply."""
+    return trainer_device == "cpu" and not listen
 
 
-def trainers_on_local_cpu(config: Config) -> bool:
-    """Trainer processes on this machine's CPU cores, beside the run process (which is not
-    pinned and routes every rollout call): where trainer_pool.nice and .serial "auto" apply."""
-    return config.trainer.device == "cpu" and not config.cluster.listen
-
-
-def trainer_nice(config: Config) -> int:
+def trainer_nice(trainer_pool: TrainerPoolConfig, on_local_cpu: bool) -> int:
     """trainer_pool.nice resolved: "auto" is 10 where trainers_on_local_cpu (measured in
     bench/README.md, `pipeline.py`), else 0."""
-    nice = config.trainer_pool.nice
+    nice = trainer_pool.nice
     if nice == "auto":
-        return 10 if trainers_on_local_cpu(config) else 0
+        return 10 if on_local_cpu else 0
     return int(nice)
 
 
-def serial_trainers(config: Config) -> bool:
+def serial_trainers(trainer_pool: TrainerPoolConfig, on_local_cpu: bool) -> bool:
     """trainer_pool.serial resolved: "auto" is on where trainers_on_local_cpu
     (flexmarl.orchestrator.lane says why one at a time is faster there)."""
-    serial = config.trainer_pool.serial
-    return trainers_on_local_cpu(config) if serial == "auto" else bool(serial)
+    serial = trainer_pool.serial
+    return on_local_cpu if serial == "auto" else bool(serial)
 
 
-def launcher(config: Config) -> "Supervisor | NodeRegistry":
+def launcher(cluster: ClusterConfig, supervisor: SupervisorConfig, transport: TransportConfig,
+             start_timeout_s: float) -> "Supervisor | NodeRegistry":
     """Where workers run: local processes (a Supervisor), or `flexmarl-node`s that join at
-    cluster.listen (a NodeRegistry; see flexmarl/launch/nodes.py)."""
-    if not config.cluster.listen:
-        return Supervisor(config=config.supervisor, transport=config.transport)
-    return NodeRegistry(config.cluster.listen, transport=config.transport,
-                        node_timeout_s=config.cluster.node_timeout_s,
-                        start_timeout_s=max(config.rollout.ready_timeout_s,
-                                            config.trainer_pool.ready_timeout_s))
+    cluster.listen (a NodeRegistry; see flexmarl/launch/nodes.py), which gives a worker
+    `start_timeout_s` to start (the longer of the roles' ready timeouts)."""
+    if not cluster.listen:
+        return Supervisor(config=supervisor, transport=transport)
+    return NodeRegistry(cluster.listen, transport=transport,
+                        node_timeout_s=cluster.node_timeout_s,
+                        start_timeout_s=start_timeout_s)
 
 
-def grow(pool: InstancePool, config: Config, node: NodeInfo) -> None:
+def grow(pool: InstancePool, instances_per_node: int, node: NodeInfo) -> None:
     """A node joined mid-run: if it hosts rollout, start instances on it (the registry places a
     new worker on the least busy node of its role: this one)."""
     if not node.serves("rollout") or "trainer" in node.hello.roles:
@@ -105,7 +112,7 @@ def grow(pool: InstancePool, config: Config, node: NodeInfo) -> None:
     if pool.devices is not None:  # its GPUs join the placement (new instances are seated there)
         pool.devices.add_host(Host(node.name, tuple(range(node.hello.devices)),
                                    tuple(node.hello.roles)))
-    for _ in range(config.cluster.instances_per_node):
+    for _ in range(instances_per_node):
         agent = min(pool.versions, key=lambda a: len(pool.instances(a)))
         log.warning("node %s joined: a new rollout instance for %s", node.name, agent)
         pool.grow(agent)
@@ -124,6 +131,28 @@ async def watch_workers(sup: Supervisor, pool: InstancePool, trainers: TrainerPo
             log.info("worker %s ended (%s): already replaced", event.name, event.reason)
 
 
+@dataclass(frozen=True)
+class WorkerSettings:
+    """What the run's worker processes start with: the config sections they read, handed in
+    whole, and the values flexmarl.launch.build resolved from several sections."""
+
+    rollout: RolloutConfig
+    trainer: TrainerConfig
+    trainer_pool: TrainerPoolConfig
+    devices: DevicesConfig
+    transport: TransportConfig
+    seed: int = 0
+    """run.seed: instance rollout-K's engine is seeded with seed + K."""
+    stop_timeout_s: float = 10.0
+    """supervisor.stop_timeout_s: how long a trainer drains when told to stop."""
+    store_port: int = 0
+    """cluster.store_port: where trainer ranks on nodes meet (a TCPStore of the run)."""
+    cpus: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
+    """This machine's cores of rollout and of trainer processes (role_cpus; () unpinned)."""
+    nice: int = 0
+    """The trainer processes' niceness (trainer_nice)."""
+
+
 class _Workers:
     """The run's worker processes: their specs (names, args, cores) and their replacements.
 
@@ -131,21 +160,20 @@ class _Workers:
     ranks are trainer-K-RANK; a replacement generation G gets names trainer-K-RANK-rG and a new
     rendezvous (the old group's is spent)."""
 
-    def __init__(self, sup: "Supervisor | NodeRegistry", config: Config,
+    def __init__(self, sup: "Supervisor | NodeRegistry", settings: WorkerSettings,
                  model_dirs: dict[str, str], work: str, sizes: list[int],
                  gpus: "GpuPlan | None" = None) -> None:
-        self.sup, self.config, self.model_dirs, self.work, self.sizes = (
-            sup, config, model_dirs, work, sizes)
+        self.sup, self.settings, self.model_dirs, self.work, self.sizes = (
+            sup, settings, model_dirs, work, sizes)
         self.gpus = gpus or GpuPlan(None, "stage", False, False)
         self.store = None
         if isinstance(sup, NodeRegistry):  # trainer ranks on several nodes meet at a TCPStore
             import torch.distributed as dist
-            self.store = dist.TCPStore("0.0.0.0", config.cluster.store_port, is_master=True,
+            self.store = dist.TCPStore("0.0.0.0", settings.store_port, is_master=True,
                                        wait_for_workers=False)
             # Kept alive with this object, which the pools' respawn callbacks hold all run.
         # Cores of this machine: nodes pin their workers themselves (flexmarl-node --cpus).
-        self.rollout_cpus, self.train_cpus = (role_cpus(config) if self.store is None
-                                              else ((), ()))
+        self.rollout_cpus, self.train_cpus = settings.cpus if self.store is None else ((), ())
         if self.rollout_cpus or self.train_cpus:
             log.info("rollout processes on cores %s, trainer processes on cores %s",
                      list(self.rollout_cpus) or "all", list(self.train_cpus) or "all")
@@ -156,12 +184,12 @@ class _Workers:
         self._generations = itertools.count(1)
 
     def connect(self, address: str) -> Connection:
-        return connect(address, self.config.transport)
+        return connect(address, self.settings.transport)
 
     def rollout(self, agent: str, replaces: str = "") -> WorkerSpec:
         """The next rollout instance, serving `agent`'s model (on the GPUs of the instance it
         `replaces`, or of a new seat)."""
-        k, r = next(self._instances), self.config.rollout
+        k, r = next(self._instances), self.settings.rollout
         name = f"rollout-{k}"
         env = dict(self.rollout_env)
         if self.gpus.rollout:
@@ -173,7 +201,7 @@ class _Workers:
                 # process only with this; they reach the instance as plain data (no pickle).
                 env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
         args = dataclasses.asdict(r.engine_config(self.model_dirs[agent],
-                                                  seed=self.config.run.seed + k,
+                                                  seed=self.settings.seed + k,
                                                   transfer=self.gpus.transfer))
         return WorkerSpec(name=name, entry="flexmarl.rollout.worker:rollout_worker", args=args,
                           ready_timeout_s=r.ready_timeout_s, cpus=self.rollout_cpus, env=env,
@@ -185,7 +213,7 @@ class _Workers:
         # On nodes the node fills in the host it reaches the run at (runtime.node).
         init = (f"store://{{registry_host}}:{self.store.port}/trainer-{k}{suffix}" if self.store
                 else f"file://{self.work}/trainer-{k}{suffix}.store")
-        c = self.config
+        c = self.settings
         names = [f"trainer-{k}-{rank}{suffix}" for rank in range(self.sizes[k])]
         if self.gpus.trainer and suffix:  # a replacement group: the old one's GPUs
             old = [n for n in self.gpus.plan.seats if n.startswith(f"trainer-{k}-")]
@@ -203,9 +231,9 @@ class _Workers:
                   "memory_fraction": (c.devices.trainer_memory_fraction
                                       if self.gpus.trainer and c.devices.colocate else 0.0),
                   "collective_timeout_s": c.trainer_pool.collective_timeout_s,
-                  "drain_timeout_s": c.supervisor.stop_timeout_s},
+                  "drain_timeout_s": c.stop_timeout_s},
             ready_timeout_s=c.trainer_pool.ready_timeout_s, cpus=self.train_cpus,
-            nice=trainer_nice(c),
+            nice=c.nice,
             env=self.gpus.env(name) if self.gpus.trainer else {}, role="trainer",
             node=self.gpus.host(name) if self.gpus.trainer else "")
             for rank, name in enumerate(names)]
@@ -247,29 +275,33 @@ class _Workers:
         return [h.name for h in started], self.connect(started[0].address)
 
 
-async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, config: Config,
+async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, settings: WorkerSettings,
+                       balance: BalancerConfig, trainer_configs: dict[str, dict],
                        model_dirs: dict[str, str], work: str, activity: ActivityLog, *,
                        snapshots: bool = False
                        ) -> tuple[dict[str, AgentRuntime], InstancePool, TrainerPool]:
     """Start every rollout instance and trainer group at once (engine starts overlap); the
-    agents' runtimes and the two pools over them (`snapshots`: keep every agent's state after
-    each step even if trainer_pool.snapshots is off, because the run saves it)."""
+    agents' runtimes and the two pools over them (`trainer_configs`: each trainable agent's
+    TrainerConfig fields; `snapshots`: keep every agent's state after each step even if
+    trainer_pool.snapshots is off, because the run saves it)."""
     trainable = [spec for spec in team.agents if spec.trainable]
-    needs = {spec.name: spec.train_ranks or config.trainer_pool.ranks_per_agent
+    needs = {spec.name: spec.train_ranks or settings.trainer_pool.ranks_per_agent
              for spec in trainable}
-    sizes = _slot_sizes(config, needs)
-    gpus = plan_gpus(config, team, sizes, hosts(config, sup))
+    sizes = _slot_sizes(settings.trainer_pool, needs)
+    gpus = plan_gpus(team, sizes, hosts(settings.devices.gpus, sup), rollout=settings.rollout,
+                     trainer_device=settings.trainer.device, devices=settings.devices,
+                     trainer_pool=settings.trainer_pool)
     if gpus.plan is not None:
         log.warning("GPU placement (%s weight sync):\n%s", gpus.transfer, gpus.plan.table())
-    workers = _Workers(sup, config, model_dirs, work, sizes, gpus)
+    workers = _Workers(sup, settings, model_dirs, work, sizes, gpus)
     placement = {spec.name: [workers.rollout(spec.name)
-                             for _ in range(spec.instances or config.rollout.instances_per_agent)]
+                             for _ in range(spec.instances or settings.rollout.instances_per_agent)]
                  for spec in team.agents}
     slot_specs = [workers.trainer_slot(k) for k in range(len(sizes))]
     instances = [w for ws in placement.values() for w in ws]
     trainers_started = asyncio.gather(*(sup.start_worker(w) for ws in slot_specs for w in ws))
     try:
-        if gpus.rollout and config.devices.colocate:
+        if gpus.rollout and settings.devices.colocate:
             # Engines sharing a GPU start one after another: vLLM sizes its KV cache from the
             # GPU's free memory, which another engine starting beside it changes meanwhile.
             started = [await sup.start_worker(w) for w in instances]
@@ -281,15 +313,15 @@ async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, config: Con
     handles = {h.name: h for h in [*started, *await trainers_started]}
     agents = {spec.name: AgentRuntime(spec, model_dirs[spec.name],
                                       load_tokenizer(model_dirs[spec.name]),
-                                      max_model_len=config.rollout.max_model_len)
+                                      max_model_len=settings.rollout.max_model_len)
               for spec in team.agents}
-    section = (dataclasses.replace(config.trainer_pool, snapshots=True) if snapshots
-               else config.trainer_pool)
+    section = (dataclasses.replace(settings.trainer_pool, snapshots=True) if snapshots
+               else settings.trainer_pool)
     trainers = TrainerPool(
         {f"trainer-{k}": workers.connect(handles[f"trainer-{k}-0"].address)
          for k in range(len(sizes))},
         {f"trainer-{k}": n for k, n in enumerate(sizes)},
-        {spec.name: AgentTrainer(model_dirs[spec.name], _trainer_config(config, spec),
+        {spec.name: AgentTrainer(model_dirs[spec.name], trainer_configs[spec.name],
                                  needs[spec.name]) for spec in trainable},
         section, respawn=workers.respawn_slot,
         workers={w.name: f"trainer-{k}" for k, ws in enumerate(slot_specs) for w in ws},
@@ -298,9 +330,9 @@ async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, config: Con
         {w.name: workers.connect(handles[w.name].address)
          for ws in placement.values() for w in ws},
         {agent: [w.name for w in ws] for agent, ws in placement.items()}, model_dirs,
-        config.rollout, config.balance, activity=activity, respawn=workers.respawn,
+        settings.rollout, balance, activity=activity, respawn=workers.respawn,
         kill=lambda name: sup.kill(name, "unresponsive"),
-        direct=(_DirectSync(trainers, config.rollout, gpus.transfer)
+        direct=(_DirectSync(trainers, settings.rollout, gpus.transfer)
                 if gpus.transfer in DIRECT else None))
     pool.devices = gpus.plan
     return agents, pool, trainers
@@ -328,31 +360,34 @@ class GpuPlan:
 LOCAL = "local"
 
 
-def hosts(config: Config, sup: "Supervisor | NodeRegistry | None") -> list[Host]:
-    """The GPUs the run may use: this machine's (devices.gpus), or each joined node's."""
+def hosts(gpus: str, sup: "Supervisor | NodeRegistry | None") -> list[Host]:
+    """The GPUs the run may use: this machine's (`gpus`: devices.gpus), or each joined node's."""
     if isinstance(sup, NodeRegistry):
         return [Host(n.name, tuple(range(n.hello.devices)), tuple(n.hello.roles))
                 for n in sup.alive()]
     import torch
-    return [Host(LOCAL, parse_gpus(config.devices.gpus, torch.cuda.device_count()))]
+    return [Host(LOCAL, parse_gpus(gpus, torch.cuda.device_count()))]
 
 
-def plan_gpus(config: Config, team: Team, sizes: list[int], hosts: list[Host]) -> GpuPlan:
+def plan_gpus(team: Team, sizes: list[int], hosts: list[Host], *, rollout: RolloutConfig,
+              trainer_device: str, devices: DevicesConfig, trainer_pool: TrainerPoolConfig
+              ) -> GpuPlan:
     """Who gets GPUs (trainer ranks with trainer.device = "cuda"; vLLM instances whenever GPUs
     are there), where (flexmarl.launch.devices), and how weights reach the engines."""
     have = any(h.gpus for h in hosts)
-    rollout = config.rollout.backend == "vllm" and have
-    trainer = config.trainer.device == "cuda"
-    dev = config.devices
-    transfer = resolve_transfer(config.rollout.weight_transfer, vllm_on_gpu=rollout,
+    r = rollout  # the section; `rollout` below: whether instances get GPUs
+    rollout = r.backend == "vllm" and have
+    trainer = trainer_device == "cuda"
+    dev = devices
+    transfer = resolve_transfer(r.weight_transfer, vllm_on_gpu=rollout,
                                 trainer_on_gpu=trainer, colocate=dev.colocate)
     if not (rollout or trainer):
         return GpuPlan(None, transfer, False, False)
     # Static slots (one per agent, in team order): an instance goes near its agent's trainer.
     trainable = [a.name for a in team.agents if a.trainable]
     group_of = ({name: f"trainer-{k}" for k, name in enumerate(trainable)}
-                if len(sizes) == len(trainable) and not config.trainer_pool.slots
-                and not config.trainer_pool.slot_ranks else {})
+                if len(sizes) == len(trainable) and not trainer_pool.slots
+                and not trainer_pool.slot_ranks else {})
     asks = []
     if trainer:
         asks += [Ask(f"trainer-{k}-{r}", "trainer", group=f"trainer-{k}",
@@ -360,14 +395,14 @@ def plan_gpus(config: Config, team: Team, sizes: list[int], hosts: list[Host]) -
                  for k, n in enumerate(sizes) for r in range(n)]
     if rollout:
         names = (f"rollout-{k}" for k in itertools.count())
-        asks += [Ask(next(names), "rollout", config.rollout.tensor_parallel_size, label=spec.name,
-                     memory=config.rollout.gpu_memory_utilization,
+        asks += [Ask(next(names), "rollout", r.tensor_parallel_size, label=spec.name,
+                     memory=r.gpu_memory_utilization,
                      near=group_of.get(spec.name, "") if trainer else "")
                  for spec in team.agents
-                 for _ in range(spec.instances or config.rollout.instances_per_agent)]
+                 for _ in range(spec.instances or r.instances_per_agent)]
     plan = plan_devices(hosts, asks, colocate=dev.colocate)
     if transfer == "ipc" and not plan.paired(group_of):
-        if config.rollout.weight_transfer == "ipc":
+        if r.weight_transfer == "ipc":
             raise checks.ConfigError(
                 'rollout.weight_transfer = "ipc" needs every instance on a GPU of its agent\'s '
                 "trainer slot (one slot per agent, room for both on a GPU); the placement is:\n"
@@ -394,32 +429,35 @@ class _DirectSync:
         return await self.trainers.export(agent)
 
 
-def _slot_sizes(config: Config, needs: dict[str, int]) -> list[int]:
+def _slot_sizes(trainer_pool: TrainerPoolConfig, needs: dict[str, int]) -> list[int]:
     """Ranks of each trainer slot: one per agent of its size (static), `trainer_pool.slots` of
     ranks_per_agent each, or the explicit `trainer_pool.slot_ranks` list (a shared pool)."""
     if not needs:
         return []
-    if config.trainer_pool.slot_ranks:
-        return [int(x) for x in config.trainer_pool.slot_ranks.split(",")]
-    if config.trainer_pool.slots:
-        return [config.trainer_pool.ranks_per_agent] * config.trainer_pool.slots
+    if trainer_pool.slot_ranks:
+        return [int(x) for x in trainer_pool.slot_ranks.split(",")]
+    if trainer_pool.slots:
+        return [trainer_pool.ranks_per_agent] * trainer_pool.slots
     return list(needs.values())
 
 
-def check_devices(config: Config, team: Team) -> None:
-    """At start, for workers on this machine: the GPU placement fits (one PlacementError
-    listing what was asked and what exists, before any process starts)."""
-    if config.cluster.listen:
+def check_devices(team: Team, listen: str, *, rollout: RolloutConfig, trainer_device: str,
+                  devices: DevicesConfig, trainer_pool: TrainerPoolConfig) -> None:
+    """At start, for workers on this machine (no cluster.listen): the GPU placement fits (one
+    PlacementError listing what was asked and what exists, before any process starts)."""
+    if listen:
         return  # placed when the nodes have joined
-    needs = {s.name: s.train_ranks or config.trainer_pool.ranks_per_agent
+    needs = {s.name: s.train_ranks or trainer_pool.ranks_per_agent
              for s in team.agents if s.trainable}
-    plan_gpus(config, team, _slot_sizes(config, needs), hosts(config, None))
+    plan_gpus(team, _slot_sizes(trainer_pool, needs), hosts(devices.gpus, None),
+              rollout=rollout, trainer_device=trainer_device, devices=devices,
+              trainer_pool=trainer_pool)
 
 
-def check_backend(config: Config) -> None:
-    """A ConfigError naming both ways out when the rollout backend is not installed here (only
-    for local workers: with cluster.listen the nodes run them)."""
-    if (config.rollout.backend == "vllm" and not config.cluster.listen
+def check_backend(backend: str, listen: str) -> None:
+    """A ConfigError naming both ways out when the rollout backend (rollout.backend) is not
+    installed here (only for local workers: with cluster.listen the nodes run them)."""
+    if (backend == "vllm" and not listen
             and importlib.util.find_spec("vllm") is None):
         raise checks.ConfigError(
             'rollout.backend = "vllm" but vLLM is not installed in this environment: install '
@@ -427,22 +465,26 @@ def check_backend(config: Config) -> None:
             'rollout.backend = "torch" (the pure-PyTorch engine: no extra install, slower)')
 
 
-def _trainer_config(config: Config, spec: AgentSpec) -> dict:
+def trainer_config(trainer: TrainerConfig, pipeline: PipelineConfig, seed: int,
+                   spec: AgentSpec) -> dict:
     """TrainerConfig fields of one agent: the `trainer` section with the agent's overrides."""
-    return {key: value for key, (value, _) in trainer_settings(config, spec).items()}
+    return {key: value for key, (value, _) in
+            trainer_settings(trainer, pipeline, seed, spec).items()}
 
 
-def trainer_settings(config: Config, spec: AgentSpec) -> dict[str, tuple[Any, str]]:
+def trainer_settings(trainer: TrainerConfig, pipeline: PipelineConfig, seed: int,
+                     spec: AgentSpec) -> dict[str, tuple[Any, str]]:
     """Each TrainerConfig field of one agent's trainer with where its value comes from: the
-    `[trainer]` section, or what takes its place (`flexmarl run --dry-run` prints these)."""
-    out = {k: (v, "[trainer]") for k, v in dataclasses.asdict(config.trainer).items()}
-    out["seed"] = (config.run.seed, "run.seed")
+    `[trainer]` section, or what takes its place (`seed`: run.seed; `flexmarl run --dry-run`
+    prints these)."""
+    out = {k: (v, "[trainer]") for k, v in dataclasses.asdict(trainer).items()}
+    out["seed"] = (seed, "run.seed")
     # Only a fallback: every sample of a run is scored at its own sampling settings.
     out["temperature"] = (spec.sampling.temperature or 1.0, "AgentSpec.sampling.temperature")
     if spec.lr is not None:
         out["lr"] = (spec.lr, "AgentSpec.lr")
     if spec.train_layers is not None:
         out["train_layers"] = (spec.train_layers, "AgentSpec.train_layers")
-    if config.pipeline.mode == "bounded" and not config.trainer.is_cap:
-        out["is_cap"] = (config.pipeline.is_cap, "pipeline.is_cap")  # correct for stale samples
+    if pipeline.mode == "bounded" and not trainer.is_cap:
+        out["is_cap"] = (pipeline.is_cap, "pipeline.is_cap")  # correct for stale samples
     return out

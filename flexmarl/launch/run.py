@@ -1,7 +1,8 @@
 """`train(team, config)`: the whole system inside the caller's event loop.
 
-    [trainer_pool.slots = "auto": planned by the cluster simulator, flexmarl.sim.team_plan]
-    ─► resolve models ─► start processes (rollout instances per agent, a trainer group per trainable
+    build_run (flexmarl.launch.build, the one reader of the whole Config): checks, [slots
+    planned by the cluster simulator], resume point, model directories, each part's sections
+    ─► start processes (rollout instances per agent, a trainer group per trainable
     agent) ─► [resume: each agent's saved state after the last recorded step into its trainer
     and its weights to its instances] ─► PipelineRun (flexmarl.orchestrator.loop): tasks from the data
     cursor, rollout, training and sync of every agent, overlapped as pipeline.mode allows
@@ -27,22 +28,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Awaitable, Callable, Sequence
 
-from flexmarl.checks import ConfigError
 from flexmarl.config.load import Config
+from flexmarl.config.sections import GatewayConfig, ObserveConfig
 from flexmarl.gateway.app import serve_gateway, unless_app_exits
 from flexmarl.gateway.backend import Gateway
-from flexmarl.launch.checkpoint import (STATE_DIR, SaveSchedule, StateCheckpoints,
-                                       drop_records_after, last_record_step, resume_point)
-from flexmarl.launch.model_dirs import resolve_model, save_model_dir
-from flexmarl.launch.placement import (check_backend, grow, launcher, serial_trainers,
-                                       start_agents, watch_workers)
-from flexmarl.launch.evaluation import check_eval
-from flexmarl.launch.task_files import team_with_task_file
+from flexmarl.launch.build import RunSetup, build_run
+from flexmarl.launch.checkpoint import SaveSchedule, StateCheckpoints
+from flexmarl.launch.model_dirs import save_model_dir
+from flexmarl.launch.placement import grow, start_agents, watch_workers
 from flexmarl.models import notice
 from flexmarl.observe.monitor import RunMonitor
 from flexmarl.observe.rundir import Progress, RunDir
 from flexmarl.observe.server import StatusServer
-from flexmarl.orchestrator.evaluate import evaluate, heldout_tasks
+from flexmarl.orchestrator.evaluate import EvalConfig, evaluate, heldout_tasks
 from flexmarl.orchestrator.loop import PipelineRun
 from flexmarl.orchestrator.orchestrator import Orchestrator
 from flexmarl.orchestrator.policy import make_pipeline
@@ -96,26 +94,13 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
     the step after its last recorded one, from every agent's saved state, and, with fixed
     seeds, ends with the same weights as an uninterrupted run."""
     started = time.perf_counter()
-    team = team_with_task_file(team, config)  # team.tasks: a data file's rows (seeded split)
-    check_backend(config)
-    check_eval(team, config)
-    if config.trainer_pool.slots == "auto":  # the cluster simulator plans the slots (seconds)
-        from flexmarl.sim.team_plan import resolve_auto
-        notice('planning trainer_pool.slots = "auto" with the cluster simulator')
-        config = await asyncio.to_thread(resolve_auto, config, team)
-    saved, first_step = _saved_states(team, config, run_dir, resume)
-    log.info("resolving models of team %s", team.name)
-    model_dirs = {}
-    for spec in team.agents:  # may build and warm-start (minutes, once): off the event loop
-        model_dirs[spec.name] = await asyncio.to_thread(resolve_model, spec)
+    setup = await build_run(team, config, run_dir=run_dir, resume=resume)  # config: read there
     work = tempfile.mkdtemp(prefix="flexmarl-run-")
-    sup = launcher(config)
     try:
-        async with sup.serving():
-            parts = await _build(sup, team, config, model_dirs, work, saved, first_step)
+        async with setup.sup.serving():
+            parts = await _build(setup, work)
             try:
-                result = await _steps(parts, config, run_dir, saved, first_step, progress,
-                                      on_dashboard, on_gateway)
+                result = await _steps(setup, parts, progress, on_dashboard, on_gateway)
             finally:
                 parts.store.close()
                 await parts.trainers.close()
@@ -123,7 +108,7 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
                     await conn.aclose()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    if run_dir is not None and config.observe.report and result.metrics:
+    if run_dir is not None and setup.observe.report and result.metrics:
         from flexmarl.observe.report import write_report
         try:
             result.report = await asyncio.to_thread(write_report, run_dir.path)
@@ -147,57 +132,57 @@ class _Parts:
     gateway: Gateway | None
 
 
-async def _build(sup: "Supervisor | NodeRegistry", team: Team, config: Config,
-                 model_dirs: dict[str, str], work: str, saved: StateCheckpoints | None,
-                 first_step: int) -> _Parts:
+async def _build(setup: RunSetup, work: str) -> _Parts:
     """Workers started (on nodes once enough have joined), saved states restored into the
     trainer pool, and the store, gateway and orchestrator over them."""
+    sup, team, cluster = setup.sup, setup.team, setup.cluster
     if isinstance(sup, NodeRegistry):
-        await sup.wait_for({"rollout": config.cluster.rollout_nodes,
-                            "trainer": config.cluster.trainer_nodes},
-                           config.cluster.join_timeout_s, report=log.warning)
+        await sup.wait_for({"rollout": cluster.rollout_nodes, "trainer": cluster.trainer_nodes},
+                           cluster.join_timeout_s, report=log.warning)
     activity = ActivityLog()
-    instances = sum(s.instances or config.rollout.instances_per_agent for s in team.agents)
-    backend = config.rollout.backend
+    instances = sum(s.instances or setup.workers.rollout.instances_per_agent for s in team.agents)
+    backend = setup.workers.rollout.backend
     notice(f"starting {instances} rollout instance{'s' * (instances != 1)} ({backend}) and the "
            f"trainer processes" + ("; a cold vLLM engine takes a minute or more on a CPU"
                                    if backend == "vllm" else ""))
     started = time.perf_counter()
-    agents, pool, trainers = await start_agents(sup, team, config, model_dirs, work, activity,
-                                                snapshots=saved is not None)
+    agents, pool, trainers = await start_agents(sup, team, setup.workers, setup.balance,
+                                                setup.trainer_configs, setup.model_dirs, work,
+                                                activity, snapshots=setup.saved is not None)
     notice(f"workers ready in {time.perf_counter() - started:.0f} s")
     if isinstance(sup, NodeRegistry):  # a rollout node joining now gets instances
-        sup.started_run(on_join=lambda node: grow(pool, config, node))
-    if first_step:
+        sup.started_run(on_join=lambda node: grow(pool, cluster.instances_per_node, node))
+    if setup.first_step:
         for name in trainers.agents:
-            trainers.restore(name, saved.load(name, first_step - 1))
+            trainers.restore(name, setup.saved.load(name, setup.first_step - 1))
     store = ExperienceStore([n for n, rt in agents.items() if rt.spec.trainable])
     # With the gateway, the app's episodes are the tasks' trajectories.
-    gateway = Gateway(agents, config.gateway, config.pipeline) if config.gateway.enabled else None
+    gateway = Gateway(agents, setup.gateway, setup.pipeline) if setup.gateway.enabled else None
     orch = Orchestrator(gateway.team(team) if gateway else team, agents, store, pool,
-                        config.pipeline, seed=config.run.seed, activity=activity)
+                        setup.pipeline, seed=setup.run.seed, activity=activity)
     return _Parts(sup, agents, pool, trainers, store, activity, orch, gateway)
 
 
-async def _steps(parts: _Parts, config: Config, run_dir: RunDir | None,
-                 saved: StateCheckpoints | None, first_step: int, progress: bool | None,
+async def _steps(setup: RunSetup, parts: _Parts, progress: bool | None,
                  on_dashboard: Callable[[str], None] | None,
                  on_gateway: Callable[[str], None] | None) -> RunResult:
     """The instances up, the observers and the gateway on, the loop's steps; the final
     checkpoints."""
-    pipeline = make_pipeline(config.pipeline.mode, max_staleness=config.pipeline.max_staleness)
+    run_dir, saved, first_step = setup.run_dir, setup.saved, setup.first_step
+    steps = setup.run.steps
+    pipeline = make_pipeline(setup.pipeline.mode, max_staleness=setup.pipeline.max_staleness)
     monitor = RunMonitor(parts.orch, parts.pool, parts.trainers, parts.activity,
-                         mode=pipeline.name, steps=config.run.steps,
+                         mode=pipeline.name, steps=steps,
                          run_dir=str(run_dir.path) if run_dir else "",
-                         stall_after_s=config.observe.stall_warn_s)
-    loggers = _loggers(config, run_dir)
+                         stall_after_s=setup.observe.stall_warn_s)
+    loggers = _loggers(setup.observe, run_dir, setup.config_dict)
     metrics: list[dict] = []
-    schedule = SaveSchedule(config.run.save_every, config.run.steps, first_step)
+    schedule = SaveSchedule(setup.run.save_every, steps, first_step)
     emit = _emitter(metrics, monitor, run_dir, saved, loggers, schedule)
     await parts.pool.start()
     if first_step:
         await _serve_restored(parts)
-        log.warning("resuming %s at step %d of %d", run_dir.path, first_step, config.run.steps)
+        log.warning("resuming %s at step %d of %d", run_dir.path, first_step, steps)
 
     async def save_state(agent: str, step: int, state: TrainState | None) -> None:
         # The loop's writer task calls this off the critical path, in step order, and emits
@@ -209,21 +194,26 @@ async def _steps(parts: _Parts, config: Config, run_dir: RunDir | None,
         await asyncio.to_thread(saved.save, agent, step, state)
 
     async with contextlib.AsyncExitStack() as observing:
-        dashboard_url, app = await _observe(observing, parts, monitor, config, on_dashboard,
+        dashboard_url, app = await _observe(observing, parts, monitor, setup.observe,
+                                            setup.gateway, setup.stop_timeout_s, on_dashboard,
                                             on_gateway)
         try:
+            evaluate_at = evaluator(parts, setup.eval, setup.run.seed,
+                                    setup.pipeline.max_concurrent_calls)
             async with parts.orch.serving():
-                with Progress(config.run.steps, enabled=progress) as bar:
+                with Progress(steps, enabled=progress) as bar:
                     loop = PipelineRun(parts.orch, parts.store, parts.pool, parts.trainers,
-                                       parts.activity, config.pipeline, config.run.steps,
+                                       parts.activity, setup.pipeline, steps,
                                        policy=pipeline, emit=emit, progress=_Tee(bar, monitor),
                                        first_step=first_step,
                                        on_agent_step=save_state if saved else None,
-                                       evaluate=evaluator(parts, config),
-                                       eval_every=config.eval.every_steps,
-                                       serial=serial_trainers(config))
+                                       evaluate=evaluate_at,
+                                       eval_every=setup.eval.every_steps,
+                                       serial=setup.serial)
                     await unless_app_exits(loop.run(), app)
-                    final_eval = await _final_eval(parts, config, run_dir, loggers)
+                    final_eval = await _final_eval(
+                        parts, evaluate_at if setup.eval.final else None, steps, run_dir,
+                        loggers)
             monitor.state = "finished"
         except BaseException:
             monitor.state = "failed"
@@ -247,34 +237,33 @@ async def _steps(parts: _Parts, config: Config, run_dir: RunDir | None,
                      final_eval=final_eval, timeline=timeline, loop_started=t0)
 
 
-def evaluator(parts: _Parts, config: Config) -> Callable[[int], Awaitable[dict]] | None:
-    """The loop's `evaluate(step)`: the workflow on the held-out tasks, through the run's own
-    rollout instances (flexmarl.orchestrator.evaluate)."""
+def evaluator(parts: _Parts, settings: EvalConfig, seed: int, max_concurrent_calls: int
+              ) -> Callable[[int], Awaitable[dict]] | None:
+    """The loop's `evaluate(step)`: the workflow on the held-out tasks ([eval] `settings`),
+    through the run's own rollout instances (flexmarl.orchestrator.evaluate)."""
     team = parts.orch.team
     if parts.gateway is not None or not team.heldout:
         return None
-    tasks = heldout_tasks(team, config.eval)
+    tasks = heldout_tasks(team, settings)
 
     async def run(step: int) -> dict:
-        return await evaluate(team, parts.agents, parts.pool.generate, tasks, config.eval,
-                              seed=config.run.seed,
-                              max_concurrent_calls=config.pipeline.max_concurrent_calls)
+        return await evaluate(team, parts.agents, parts.pool.generate, tasks, settings,
+                              seed=seed, max_concurrent_calls=max_concurrent_calls)
     return run
 
 
-async def _final_eval(parts: _Parts, config: Config, run_dir: RunDir | None,
-                      loggers: "MetricLoggers | None") -> dict | None:
-    """eval.final: the final weights (what the checkpoints hold) on the held-out tasks, once,
-    while the instances still serve them; RUN_DIR/eval.json and RunResult.final_eval (which
-    `flexmarl run` prints)."""
-    run = evaluator(parts, config)
-    if not config.eval.final or run is None:
+async def _final_eval(parts: _Parts, run: Callable[[int], Awaitable[dict]] | None, steps: int,
+                      run_dir: RunDir | None, loggers: "MetricLoggers | None") -> dict | None:
+    """eval.final (`run`: the evaluator, None without eval.final): the final weights (what the
+    checkpoints hold) on the held-out tasks, once, while the instances still serve them;
+    RUN_DIR/eval.json and RunResult.final_eval (which `flexmarl run` prints)."""
+    if run is None:
         return None
-    result = await run(config.run.steps - 1)
-    result |= {"after_step": config.run.steps - 1, "final": True,
+    result = await run(steps - 1)
+    result |= {"after_step": steps - 1, "final": True,
                "versions_final": {n: rt.version for n, rt in parts.agents.items()}}
     if loggers is not None:  # at step `steps`: after the last step's record
-        loggers.log({"step": config.run.steps, "eval": result})
+        loggers.log({"step": steps, "eval": result})
     if run_dir is not None:
         import orjson
         (run_dir.path / EVAL_FILE).write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
@@ -297,16 +286,18 @@ async def _serve_restored(parts: _Parts) -> None:
 
 
 async def _observe(stack: contextlib.AsyncExitStack, parts: _Parts, monitor: RunMonitor,
-                   config: Config, on_dashboard: Callable[[str], None] | None,
+                   observe: ObserveConfig, gateway: GatewayConfig, stop_timeout_s: float,
+                   on_dashboard: Callable[[str], None] | None,
                    on_gateway: Callable[[str], None] | None
                    ) -> tuple[str | None, "asyncio.subprocess.Process | None"]:
     """Until `stack` closes: the dashboard (observe.dashboard), the monitor's sampling, the
-    watch on worker deaths, and the gateway with its app; (dashboard url, the app process)."""
+    watch on worker deaths, and the gateway with its app (given `stop_timeout_s` to stop);
+    (dashboard url, the app process)."""
     url = None
-    if config.observe.dashboard:
+    if observe.dashboard:
         server = await stack.enter_async_context(StatusServer(
-            monitor.status, monitor.metrics, host=config.observe.host,
-            port=config.observe.port, token=config.observe.token))
+            monitor.status, monitor.metrics, host=observe.host,
+            port=observe.port, token=observe.token))
         url = server.url
         (on_dashboard or (lambda u: log.warning("dashboard at %s", u)))(server.url)
     for coro, name in ((monitor.sample_loop(), "monitor.sample"),
@@ -315,8 +306,8 @@ async def _observe(stack: contextlib.AsyncExitStack, parts: _Parts, monitor: Run
         stack.callback(task.cancel)
     app = None
     if parts.gateway is not None:
-        app = await serve_gateway(stack, parts.gateway, config.gateway, on_gateway,
-                                  stop_timeout_s=config.supervisor.stop_timeout_s)
+        app = await serve_gateway(stack, parts.gateway, gateway, on_gateway,
+                                  stop_timeout_s=stop_timeout_s)
     return url, app
 
 
@@ -345,32 +336,6 @@ def _emitter(metrics: list[dict], monitor: RunMonitor, run_dir: RunDir | None,
     return emit
 
 
-def _saved_states(team: Team, config: Config, run_dir: RunDir | None, resume: bool
-                  ) -> tuple[StateCheckpoints | None, int]:
-    """Where each agent's state is saved per step (None: nowhere), and the step to start at."""
-    if resume and (run_dir is None or not config.run.save_state):
-        raise ConfigError("resuming needs the run directory and run.save_state = true (the "
-                          "saved training states are what a resumed run starts from)")
-    if run_dir is None or not config.run.save_state:
-        return None, 0
-    saved = StateCheckpoints(run_dir.path / STATE_DIR)
-    if not resume:
-        return saved, 0
-    first_step = resume_point(run_dir.path, [a.name for a in team.agents if a.trainable])
-    last = last_record_step(run_dir.path)
-    if last is not None and first_step <= last:  # run.save_every: steps after the last save
-        cut = drop_records_after(run_dir.path, first_step - 1)
-        log.warning("resuming from the states saved at step %d (run.save_every = %d): steps "
-                    "%d-%d are redone, their %d records replaced", first_step - 1,
-                    config.run.save_every, first_step, last, cut)
-    if first_step >= config.run.steps:
-        raise ConfigError(f"run {run_dir.path} has finished all {first_step} steps of "
-                          f"run.steps = {config.run.steps}; to train on, resume with "
-                          f"--set run.steps=N for some N > {first_step}")
-    saved.drop_after(first_step - 1)  # a killed run's later states: this run redoes them
-    return saved, first_step
-
-
 class _Tee:
     """The pipeline's progress reports to the terminal bars and to the monitor."""
 
@@ -392,14 +357,15 @@ class _Tee:
         self.bar.evaluated(step, result)
 
 
-def _loggers(config: Config, run_dir: RunDir | None) -> "MetricLoggers | None":
-    """TensorBoard / W&B sinks of the per-step records (they need a run directory)."""
-    obs = config.observe
+def _loggers(obs: ObserveConfig, run_dir: RunDir | None, config_dict: dict
+             ) -> "MetricLoggers | None":
+    """TensorBoard / W&B sinks of the per-step records (they need a run directory);
+    `config_dict`: the run's config as plain data, recorded with the W&B run."""
     if run_dir is None or not (obs.tensorboard or obs.wandb):
         return None
     from flexmarl.observe.loggers import MetricLoggers
     return MetricLoggers(run_dir.path, tensorboard=obs.tensorboard, wandb=obs.wandb,
                          wandb_project=obs.wandb_project, wandb_mode=obs.wandb_mode,
-                         run_name=run_dir.path.name, config=config.to_dict())
+                         run_name=run_dir.path.name, config=config_dict)
 
 

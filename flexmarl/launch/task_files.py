@@ -19,7 +19,8 @@ import logging
 from pathlib import Path
 
 from flexmarl.checks import ConfigError
-from flexmarl.config.load import PACKAGE_ROOT, Config
+from flexmarl.config.load import PACKAGE_ROOT
+from flexmarl.config.sections import TeamRef
 from flexmarl.tasks import TaskFileError, TaskSplit, load_tasks
 from flexmarl.team import Team
 
@@ -31,14 +32,14 @@ _KEYS = {"prompt": "team.prompt_field", "answer": "team.answer_field", "id": "te
 _TASK_ATTRIBUTES = {"prompt", "answer", "task_id"}
 
 
-def team_with_task_file(team: Team, config: Config) -> Team:
+def team_with_task_file(team: Team, ref: TeamRef, seed: int) -> Team:
     """`team` with its tasks (and held-out tasks, when the file gives some) read from
-    config.team.tasks; `team` itself when that is "". ConfigError for a file or key to fix."""
-    ref = config.team
+    team.tasks (`ref`: the [team] section), split by `seed` (run.seed); `team` itself when
+    team.tasks is "". ConfigError for a file or key to fix."""
     if not ref.tasks:
         return team
     path = resolve_task_path(ref.tasks)
-    split = _load(path, config)
+    split = _load(path, ref, seed)
     _warn_missing_attributes(team, split, path)
     try:
         return dataclasses.replace(team, tasks=split.train, heldout=split.heldout or team.heldout)
@@ -63,12 +64,11 @@ def resolve_task_path(path: str) -> Path:
     raise ConfigError(f"team.tasks {path!r} does not exist")  # pragma: no cover
 
 
-def _load(path: Path, config: Config) -> TaskSplit:
-    ref = config.team
+def _load(path: Path, ref: TeamRef, seed: int) -> TaskSplit:
     heldout = int(ref.heldout) if ref.heldout >= 1 else ref.heldout
     try:
         return load_tasks(path, prompt=ref.prompt_field, answer=ref.answer_field,
-                          id=ref.id_field, heldout=heldout, seed=config.run.seed,
+                          id=ref.id_field, heldout=heldout, seed=seed,
                           limit=ref.limit)
     except TaskFileError as e:
         key = _KEYS.get(e.param or "")

@@ -1,5 +1,6 @@
 """Starting runs: wiring the parts together, placing workers, the command lines, checkpoints.
 
+    build.py       build_run(team, config): the one reader of the whole Config; each part's sections
     run.py         train(team, config): builds every component and hands each its collaborators
     model_dirs.py  which model directory each agent's workers load; weights saved as one
     gguf.py        pretrained GGUF models converted once to cached float32 model directories

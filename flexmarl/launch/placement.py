@@ -21,11 +21,10 @@ from flexmarl import checks
 from flexmarl.activity import ActivityLog
 from flexmarl.config.load import Config
 from flexmarl.launch.devices import Ask, DevicePlan, Host, parse_gpus, plan_devices
-from flexmarl.protocol import SendWeights, WeightUpdate, WeightUpdateDone
-from flexmarl.rollout.transfer import DIRECT, resolve_transfer
+from flexmarl.weights.direct import DIRECT, DirectTransport, resolve_transfer
 from flexmarl.models import load_tokenizer
 from flexmarl.orchestrator.agents import AgentRuntime
-from flexmarl.rollout.pool import InstancePool, RolloutConfig
+from flexmarl.rollout.pool import InstancePool
 from flexmarl.team import AgentSpec, Team
 from flexmarl.training.pool import AgentTrainer, TrainerPool
 from runtime.errors import WorkerStartError
@@ -300,8 +299,11 @@ async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, config: Con
         {agent: [w.name for w in ws] for agent, ws in placement.items()}, model_dirs,
         config.rollout, config.balance, activity=activity, respawn=workers.respawn,
         kill=lambda name: sup.kill(name, "unresponsive"),
-        direct=(_DirectSync(trainers, config.rollout, gpus.transfer)
-                if gpus.transfer in DIRECT else None))
+        transport=(DirectTransport(trainers, gpus.transfer,
+                                   tensor_parallel_size=config.rollout.tensor_parallel_size,
+                                   dtype=config.rollout.dtype,
+                                   timeout_s=config.rollout.request_timeout_s)
+                   if gpus.transfer in DIRECT else None))
     pool.devices = gpus.plan
     return agents, pool, trainers
 
@@ -309,7 +311,7 @@ async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, config: Con
 @dataclass
 class GpuPlan:
     """The run's GPU placement (None: no GPU worker) and its weight sync: which roles run on
-    GPUs, and "stage", "nccl" or "ipc" (flexmarl.rollout.transfer)."""
+    GPUs, and "stage", "nccl" or "ipc" (flexmarl.weights.direct)."""
 
     plan: DevicePlan | None
     transfer: str
@@ -374,24 +376,6 @@ def plan_gpus(config: Config, team: Team, sizes: list[int], hosts: list[Host]) -
                 + plan.table())
         transfer = "stage"  # auto: instances apart from their trainers; NCCL cannot share a GPU
     return GpuPlan(plan, transfer, rollout, trainer)
-
-
-class _DirectSync:
-    """pool.direct for the run: the agent's bound trainer slot sends to the instances
-    (SendWeights); fetch exports its weights for an instance that joins the agent."""
-
-    def __init__(self, trainers: TrainerPool, rollout: "RolloutConfig", backend: str) -> None:
-        self.trainers, self.backend = trainers, backend
-        self.tp, self.timeout_s = rollout.tensor_parallel_size, rollout.request_timeout_s
-        self.dtype = "bfloat16" if rollout.dtype == "auto" else rollout.dtype
-
-    async def send(self, agent: str, version: int, addresses: list[str]) -> WeightUpdateDone:
-        async with self.trainers.bind(agent) as trainer:
-            return await trainer.request(SendWeights(version, addresses, self.backend, self.tp,
-                                                     self.dtype), timeout_s=self.timeout_s)
-
-    async def fetch(self, agent: str) -> WeightUpdate:
-        return await self.trainers.export(agent)
 
 
 def _slot_sizes(config: Config, needs: dict[str, int]) -> list[int]:

@@ -216,7 +216,8 @@ async def _steps(parts: _Parts, config: Config, run_dir: RunDir | None,
                 with Progress(config.run.steps, enabled=progress) as bar:
                     loop = PipelineRun(parts.orch, parts.store, parts.pool, parts.trainers,
                                        parts.activity, config.pipeline, config.run.steps,
-                                       policy=pipeline, emit=emit, progress=_Tee(bar, monitor),
+                                       weights=parts.pool.weights, policy=pipeline, emit=emit,
+                                       progress=_Tee(bar, monitor),
                                        first_step=first_step,
                                        on_agent_step=save_state if saved else None,
                                        evaluate=evaluator(parts, config),
@@ -291,8 +292,7 @@ async def _serve_restored(parts: _Parts) -> None:
         weights = await parts.trainers.export(name)
         rt.restored(weights.version)
         if weights.version > 0:  # version 0 never stepped: the instances start with it already
-            await parts.pool.push(name, weights.version, weights.tensors,
-                                  complete=weights.complete)
+            await parts.pool.weights.sync(name, weights.version, weights)
         rt.synced(weights.version)
 
 

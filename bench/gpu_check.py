@@ -8,7 +8,7 @@ sharing them by memory (devices.colocate: 25% of each GPU per vLLM engine, 20% p
 one H200 holds all four). It prints:
 
 - the placement (flexmarl.launch.devices) and the weight sync it implies (nccl apart, ipc
-  colocated: vLLM's own weight-transfer engines, flexmarl.rollout.transfer);
+  colocated: vLLM's own weight-transfer engines, flexmarl.weights.direct);
 - `--steps` training steps in micro_batch mode with vLLM rollout (trainer.device = "cuda",
   bf16 compute): per agent the weight-sync seconds and GB/s (the first step, which forms the
   transfer group, apart from the later ones), against a device-to-device copy of the same bytes

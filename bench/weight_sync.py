@@ -60,7 +60,7 @@ async def bench_dir(size: str, model_dir: str, args: argparse.Namespace) -> list
     """Full pushes of `model_dir`'s weights (and with --train-layers, partial ones) into one
     instance; a row for each."""
     from flexmarl.models import load_model
-    from flexmarl.rollout.weight_sync import push_weights
+    from flexmarl.weights.stage import push_weights
     from flexmarl.training.trainer import freeze_all_but
     from runtime.supervisor import Supervisor, WorkerSpec
     from runtime.transport import connect
@@ -96,7 +96,7 @@ async def bench_dir(size: str, model_dir: str, args: argparse.Namespace) -> list
 
 
 def _row(name: str, tensors: dict[str, torch.Tensor], reports: list, args) -> dict:
-    from flexmarl.rollout.weight_sync import weights_nbytes
+    from flexmarl.weights.base import weights_nbytes
 
     nbytes = weights_nbytes(tensors)
     sync_s = statistics.median(r.seconds for r in reports)

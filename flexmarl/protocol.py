@@ -10,7 +10,7 @@ frames, no pickle. Rollout, training and weight-sync messages live here; the run
     SubscribeLoad    InstancePool.start / a replacement        RolloutWorker      LoadReport,
                                                                                    then pushed
                                                                                    on change
-    WeightUpdate     push_weights (rollout/weight_sync.py):    RolloutWorker      WeightUpdate-
+    WeightUpdate     push_weights (weights/stage.py):          RolloutWorker      WeightUpdate-
                      the loop's sync, a moved or replacement                      Done
                      instance loading its agent's weights
     TrainBeginBatch  TrainSession (orchestrator/batch.py)      TrainerWorker,     None
@@ -214,7 +214,7 @@ class WeightUpdateDone:
 @dataclass(slots=True)
 class WeightTransfer:
     """One phase of a weight update through vLLM's weight-transfer engine (GPU; the trainer
-    sends, flexmarl.rollout.transfer): "init" (join the trainer's group: `info` is the
+    sends, flexmarl.weights.direct): "init" (join the trainer's group: `info` is the
     engine's init info), "start" (gate closed, running requests finished, the engine ready to
     receive `version`), "update" (receive: `info` names the tensors, their dtypes and shapes),
     "finish" (the engine serves `version`, the gate opens), "abort" (the trainer's send

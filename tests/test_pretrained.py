@@ -235,7 +235,7 @@ async def test_vllm_serves_the_trained_export_and_reloads_it_in_place(trained):
     update lands in place (same process) and changes what it generates."""
     from runtime.supervisor import Supervisor, WorkerSpec
     from runtime.transport import connect
-    from flexmarl.rollout.weight_sync import push_weights
+    from flexmarl.weights.stage import push_weights
 
     export = trained["dir"]
     prompt = chat(export, "Name a colour.")

@@ -325,17 +325,17 @@ async def test_a_trainer_killed_after_its_push_before_its_snapshot(tiny_model_di
 
     from flexmarl.launch.run import train
     from flexmarl.observe.rundir import RunDir
-    from flexmarl.orchestrator.loop import PipelineRun
     from flexmarl.training.pool import TrainerPool
+    from flexmarl.weights.sync import WeightSync
     _sys.path.insert(0, str(ROOT / "tests"))
     from test_e2e import duo
     from workers import running_workers
 
-    real_push, real_snapshot = PipelineRun._push, TrainerPool.snapshot
+    real_sync, real_snapshot = WeightSync.sync, TrainerPool.snapshot
     pushed, killed, snapshots = asyncio.Event(), [], []
 
-    async def push(self, agent, weights, version):
-        out = await real_push(self, agent, weights, version)
+    async def sync(self, agent, version, update):
+        out = await real_sync(self, agent, version, update)
         if agent == "solver" and version == 3:  # step 2's update
             pushed.set()
         return out
@@ -349,7 +349,7 @@ async def test_a_trainer_killed_after_its_push_before_its_snapshot(tiny_model_di
                 killed.append(True)
         return await real_snapshot(self, agent)
 
-    monkeypatch.setattr(PipelineRun, "_push", push)
+    monkeypatch.setattr(WeightSync, "sync", sync)
     monkeypatch.setattr(TrainerPool, "snapshot", snapshot)
     path, run_dir = _setup(tmp_path, tiny_model_dir, "run")
     config = load_config(str(path))

@@ -12,7 +12,7 @@ from flexmarl.rollout.backends import make_engine
 from flexmarl.rollout.engine import EngineConfig
 from flexmarl.rollout.torch_engine import TorchEngine
 from flexmarl.rollout.worker import RolloutWorker
-from flexmarl.rollout.weight_sync import push_weights
+from flexmarl.weights.stage import push_weights
 from flexmarl.orchestrator.batch import micro_batch
 from flexmarl.training.grpo import token_logprobs
 from flexmarl.training.trainer import GRPOTrainer, TrainerConfig

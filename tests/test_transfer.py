@@ -1,5 +1,5 @@
-"""Direct weight sync (flexmarl.rollout.transfer) on CPU: the instance side's gate, the fan-out
-client vLLM's trainer engine drives, the pool's push and what a joining instance loads, and
+"""Direct weight sync (flexmarl.weights.direct) on CPU: the instance side's gate, the fan-out
+client vLLM's trainer engine drives, the direct sync and what a joining instance loads, and
 the engine arguments. The NCCL/IPC bytes themselves need GPUs: tests/test_cuda.py and
 bench/gpu_check.py."""
 from __future__ import annotations
@@ -16,8 +16,8 @@ from flexmarl.rollout.engine import EngineConfig
 from flexmarl.rollout.pool import InstancePool, RolloutConfig
 from flexmarl.rollout.balancer import BalancerConfig
 from flexmarl.rollout.torch_engine import TorchEngine
-from flexmarl.rollout.transfer import resolve_transfer
-from flexmarl.training.transfer import FanOut, Sender, cast_source, rank_offsets
+from flexmarl.weights.direct import (DirectTransport, FanOut, Sender, cast_source, rank_offsets,
+                                     resolve_transfer)
 from flexmarl.rollout.vllm_engine import engine_args
 from flexmarl.rollout.worker import RolloutWorker
 from runtime.config import TransportConfig
@@ -149,14 +149,15 @@ async def test_fan_out_reaches_every_instance_at_once_with_its_rank_offset(tiny_
     assert rank_offsets([1, 1, 1]) == [1, 2, 3] and rank_offsets([4, 2]) == [1, 5]
 
 
-class FakeDirect:
-    """pool.direct: records sends; its trainer holds `version` and `tensors`."""
+class FakeDirect(DirectTransport):
+    """The direct transport: records sends; its trainer holds `version` and `tensors`."""
 
     def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+        super().__init__(None, "nccl", tensor_parallel_size=1, dtype="auto", timeout_s=TIMEOUT_S)
         self.sent: list[tuple] = []
         self.version, self.tensors = 0, tensors
 
-    async def send(self, agent, version, addresses):
+    async def trainer_send(self, agent, version, addresses):
         self.sent.append((agent, version, tuple(addresses)))
         return WeightUpdateDone(version, 123, 0.01)
 
@@ -164,7 +165,7 @@ class FakeDirect:
         return WeightUpdate(self.version, self.tensors)
 
 
-async def test_the_pool_pushes_directly_and_a_joining_instance_loads_from_the_trainer(
+async def test_a_direct_sync_and_a_joining_instance_loads_from_the_trainer(
         tiny_model_dir):
     tensors = load_model(tiny_model_dir).state_dict()
     workers = [RolloutWorker(f"r{i}", f"inproc://pool-direct{i}",
@@ -174,18 +175,19 @@ async def test_the_pool_pushes_directly_and_a_joining_instance_loads_from_the_tr
     async with workers[0].serving(), workers[1].serving():
         conns = {w.name: connect(w.address) for w in workers}
         pool = InstancePool(conns, {"a": ["r0", "r1"]}, {"a": tiny_model_dir}, RolloutConfig(),
-                            BalancerConfig(), direct=direct)
-        report = await pool.push_direct("a", 1)
+                            BalancerConfig(), transport=direct)
+        assert not pool.weights.exports  # the loop exports nothing: the trainer sends
+        report = await pool.weights.sync("a", 1, None)
         assert direct.sent == [("a", 1, tuple(c.address for c in conns.values()))]
         assert pool.versions["a"] == 1 and report.num_bytes == 123
-        assert "a" not in pool._weights  # the tensors never came through the run
+        assert "a" not in pool.weights._served  # the tensors never came through the run
         # A replacement or a moved instance loads the trainer's weights, but only the served
         # version: a trainer that stepped past it is refused (no sample of a newer version).
         direct.version = 2
         with pytest.raises(RuntimeError, match="holds version 2, its instances serve 1"):
-            await pool._served_weights("a")
+            await pool.weights.served("a")
         direct.version = 1
-        assert (await pool._served_weights("a")) is tensors
+        assert (await pool.weights.served("a")) is tensors
         for c in conns.values():
             await c.aclose()
 
@@ -334,18 +336,15 @@ async def test_rank_0_sends_through_a_cached_group_made_again_when_the_instances
 
 # ----------------------------------------------------------------------------- a whole run
 
-class StagedDirect:
-    """pool.direct for a CPU run: the trainer "sends" by exporting its weights and pushing
-    them to the addresses it is given (what NCCL does on GPU, here through the transport), so
-    the loop's direct branch (no export in the session, pool.push_direct at sync time, the
-    trainer's version checked) runs end to end."""
+class StagedDirect(DirectTransport):
+    """The direct transport for a CPU run: the trainer "sends" by exporting its weights and
+    pushing them to the addresses it is given (what NCCL does on GPU, here through the
+    transport), so the loop's direct branch (no export in the session, WeightSync.sync with no
+    tensors at sync time, the trainer's version checked) runs end to end."""
 
     sends: list[tuple[str, int, int]] = []
 
-    def __init__(self, trainers, rollout, backend):
-        self.trainers = trainers
-
-    async def send(self, agent, version, addresses):
+    async def trainer_send(self, agent, version, addresses):
         update = await self.trainers.export(agent)
         assert update.version == version, (update.version, version)
         conns = [connect(a) for a in addresses]
@@ -389,7 +388,7 @@ async def test_a_run_synced_by_its_trainers_ends_like_a_staged_run(tiny_model_di
         if name == "direct":
             StagedDirect.sends = []
             monkeypatch.setattr(placement, "DIRECT", ("stage",))
-            monkeypatch.setattr(placement, "_DirectSync", StagedDirect)
+            monkeypatch.setattr(placement, "DirectTransport", StagedDirect)
         config = cfg(name)
         results[name] = await asyncio.wait_for(
             train(duo(tiny_model_dir), config, run_dir=RunDir.create(config), progress=False),

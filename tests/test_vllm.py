@@ -19,7 +19,7 @@ from flexmarl.protocol import Generate, SamplingParams
 from flexmarl.rollout.engine import EngineConfig
 from flexmarl.rollout.torch_engine import TorchEngine
 from flexmarl.training.trainer import GRPOTrainer, TrainerConfig
-from flexmarl.rollout.weight_sync import push_weights
+from flexmarl.weights.stage import push_weights
 from runtime.supervisor import pid_alive
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]

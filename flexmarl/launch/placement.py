@@ -23,8 +23,7 @@ from flexmarl import checks
 from flexmarl.activity import ActivityLog
 from flexmarl.config.sections import ClusterConfig, DevicesConfig
 from flexmarl.launch.devices import Ask, DevicePlan, Host, parse_gpus, plan_devices
-from flexmarl.protocol import SendWeights, WeightUpdate, WeightUpdateDone
-from flexmarl.rollout.transfer import DIRECT, resolve_transfer
+from flexmarl.weights.direct import DIRECT, DirectTransport, resolve_transfer
 from flexmarl.models import load_tokenizer
 from flexmarl.orchestrator.agents import AgentRuntime
 from flexmarl.orchestrator.policy import PipelineConfig
@@ -332,8 +331,11 @@ async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, settings: W
         {agent: [w.name for w in ws] for agent, ws in placement.items()}, model_dirs,
         settings.rollout, balance, activity=activity, respawn=workers.respawn,
         kill=lambda name: sup.kill(name, "unresponsive"),
-        direct=(_DirectSync(trainers, settings.rollout, gpus.transfer)
-                if gpus.transfer in DIRECT else None))
+        transport=(DirectTransport(trainers, gpus.transfer,
+                                   tensor_parallel_size=settings.rollout.tensor_parallel_size,
+                                   dtype=settings.rollout.dtype,
+                                   timeout_s=settings.rollout.request_timeout_s)
+                   if gpus.transfer in DIRECT else None))
     pool.devices = gpus.plan
     return agents, pool, trainers
 
@@ -341,7 +343,7 @@ async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, settings: W
 @dataclass
 class GpuPlan:
     """The run's GPU placement (None: no GPU worker) and its weight sync: which roles run on
-    GPUs, and "stage", "nccl" or "ipc" (flexmarl.rollout.transfer)."""
+    GPUs, and "stage", "nccl" or "ipc" (flexmarl.weights.direct)."""
 
     plan: DevicePlan | None
     transfer: str
@@ -409,24 +411,6 @@ def plan_gpus(team: Team, sizes: list[int], hosts: list[Host], *, rollout: Rollo
                 + plan.table())
         transfer = "stage"  # auto: instances apart from their trainers; NCCL cannot share a GPU
     return GpuPlan(plan, transfer, rollout, trainer)
-
-
-class _DirectSync:
-    """pool.direct for the run: the agent's bound trainer slot sends to the instances
-    (SendWeights); fetch exports its weights for an instance that joins the agent."""
-
-    def __init__(self, trainers: TrainerPool, rollout: "RolloutConfig", backend: str) -> None:
-        self.trainers, self.backend = trainers, backend
-        self.tp, self.timeout_s = rollout.tensor_parallel_size, rollout.request_timeout_s
-        self.dtype = "bfloat16" if rollout.dtype == "auto" else rollout.dtype
-
-    async def send(self, agent: str, version: int, addresses: list[str]) -> WeightUpdateDone:
-        async with self.trainers.bind(agent) as trainer:
-            return await trainer.request(SendWeights(version, addresses, self.backend, self.tp,
-                                                     self.dtype), timeout_s=self.timeout_s)
-
-    async def fetch(self, agent: str) -> WeightUpdate:
-        return await self.trainers.export(agent)
 
 
 def _slot_sizes(trainer_pool: TrainerPoolConfig, needs: dict[str, int]) -> list[int]:

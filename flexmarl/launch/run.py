@@ -204,6 +204,7 @@ async def _steps(setup: RunSetup, parts: _Parts, progress: bool | None,
                 with Progress(steps, enabled=progress) as bar:
                     loop = PipelineRun(parts.orch, parts.store, parts.pool, parts.trainers,
                                        parts.activity, setup.pipeline, steps,
+                                       weights=parts.pool.weights,
                                        policy=pipeline, emit=emit, progress=_Tee(bar, monitor),
                                        first_step=first_step,
                                        on_agent_step=save_state if saved else None,
@@ -280,8 +281,7 @@ async def _serve_restored(parts: _Parts) -> None:
         weights = await parts.trainers.export(name)
         rt.restored(weights.version)
         if weights.version > 0:  # version 0 never stepped: the instances start with it already
-            await parts.pool.push(name, weights.version, weights.tensors,
-                                  complete=weights.complete)
+            await parts.pool.weights.sync(name, weights.version, weights)
         rt.synced(weights.version)
 
 

@@ -11,7 +11,7 @@
                          │ for step s: [not stream: wait rollout_done[s]]                   │
                          │   TrainSession: take groups as they complete ─► micro-batches ─► │
                          │   TrainerPool slot (bound on the first) ─► one optimizer step    │
-                         │   ─► export ─┬─► sync task: weight push to A's instances         │
+                         │   ─► export ─┬─► sync task: weights.sync(A, version)             │
                          │              │   [defer_sync: after rollout s+1] ─► gate[A].open │
                          │              │   (s + 1 + lag) ─► A's record of step s           │
                          │              └─► snapshot (slot still bound) ─► slot released    │
@@ -59,7 +59,8 @@ pushed again (instances refuse a version they serve), so the trainer never goes 
 older state than its instances serve.
 
 The loop is handed what it uses: the orchestrator (rollouts), the store (groups), the rollout
-pool (weight sync), the trainer pool (slots), the activity log, and the `pipeline` section.
+pool (its records), the weight sync (flexmarl.weights.sync: "agent A at version v", whichever
+transport carries it), the trainer pool (slots), the activity log, and the `pipeline` section.
 """
 from __future__ import annotations
 
@@ -80,6 +81,7 @@ from flexmarl.orchestrator.store import ExperienceStore, Group
 from flexmarl.protocol import TrainState, WeightUpdate
 from flexmarl.rollout.pool import InstancePool
 from flexmarl.training.pool import TrainerPool
+from flexmarl.weights.sync import WeightSync
 from runtime.errors import PeerDied
 
 log = logging.getLogger(__name__)
@@ -113,7 +115,7 @@ class PipelineRun:
 
     def __init__(self, orch: Orchestrator, store: ExperienceStore, pool: InstancePool,
                  trainers: TrainerPool, activity: ActivityLog, config: PipelineConfig,
-                 steps: int, *, policy: PipelinePolicy | None = None,
+                 steps: int, *, weights: WeightSync, policy: PipelinePolicy | None = None,
                  emit: Callable[[dict], Awaitable[None] | None] | None = None,
                  progress: Progress | None = None, first_step: int = 0,
                  on_agent_step: Callable[[str, int, TrainState | None], Awaitable[None]]
@@ -121,9 +123,10 @@ class PipelineRun:
                  evaluate: Callable[[int], Awaitable[dict]] | None = None,
                  eval_every: int = 0, serial: bool = False) -> None:
         """`config` (section `pipeline`) gives the batch shape and, unless `policy` is given,
-        the policy. `emit(record)` gets each step's record, in step order, from one task (it
-        may be a coroutine function: the next record waits for it). `first_step` > 0 resumes a run (steps before it are done; their tasks are
-        skipped in the data cursor); `on_agent_step(agent, step, state)` is awaited with the
+        the policy; `weights` (the pool's) syncs each update to the agent's instances.
+        `emit(record)` gets each step's record, in step order, from one task (it may be a
+        coroutine function: the next record waits for it). `first_step` > 0 resumes a run
+        (steps before it are done; their tasks are skipped in the data cursor); `on_agent_step(agent, step, state)` is awaited with the
         agent's state after step `step` (its snapshot; None with snapshots off or before its
         first update), e.g. to save it: in the agent's writer task, in step order, off the
         critical path; the step's record is emitted once every agent's call has returned.
@@ -133,18 +136,14 @@ class PipelineRun:
         one at a time, an agent whose gate holds calls first (flexmarl.orchestrator.lane)."""
         if not 0 <= first_step <= steps:
             raise ValueError(f"first_step must be in [0, {steps}], got {first_step}")
-        self.orch = orch
-        self.store = store
-        self.pool = pool
-        self.trainers = trainers
-        self.activity = activity
+        self.orch, self.store, self.pool, self.weights = orch, store, pool, weights
+        self.trainers, self.activity = trainers, activity
         self.policy = policy or make_pipeline(config.mode, max_staleness=config.max_staleness)
         self.lane = (TrainerLane(lambda agent: orch.agents[agent].gate.waiting > 0)
                      if serial else None)
         self.tasks_per_step = config.tasks_per_step
         self.micro_batch_groups = config.micro_batch_groups
-        self.steps = steps
-        self.first_step = first_step
+        self.steps, self.first_step = steps, first_step
         self.on_agent_step = on_agent_step
         self._pending_sync: dict[str, asyncio.Task | None] = {}
         self.trainer_restarts = 0
@@ -329,8 +328,8 @@ class PipelineRun:
             if not synced:
                 # Exported while the slot is bound; pushed to the instances by the sync task
                 # (later for defer_sync), which opens the gate without waiting for the snapshot.
-                # Direct sync (GPU): the trainer sends at sync time, nothing is exported.
-                weights = (None, 0.0) if self.pool.direct else await session.export()
+                # A transport that does not export (direct, GPU): the trainer sends at sync time.
+                weights = await session.export() if self.weights.exports else (None, 0.0)
                 deferred = policy.defer_sync and step + 1 < self.steps
                 task = self._tg.create_task(self._sync(agent, step, result, weights,
                                                        deferred=deferred),
@@ -381,8 +380,14 @@ class PipelineRun:
             if deferred:
                 await self.rollout_done[step + 1].wait()
             update, export_s = weights
-            push_s, sync_bytes = await self._push(agent, update, result.version)
-            sync_s = export_s + push_s
+            started = now()
+            self.activity.enter(agent, "sync")
+            try:
+                sync_bytes = (await self.weights.sync(agent, result.version, update)).num_bytes
+            finally:
+                self.activity.exit(agent, "sync")
+            sync_s = export_s + (now() - started)
+            orch.agents[agent].synced(result.version)
         rt = orch.agents[agent]
         rt.gate.open(step + 1 + self.policy.lag)
         t = now()
@@ -417,23 +422,6 @@ class PipelineRun:
         if all(a in self.done[step] for a in orch.trainable):
             await self.rollout_done[step].wait()
             self._agents_finished(step)
-
-    async def _push(self, agent: str, weights: WeightUpdate | None,
-                    version: int) -> tuple[float, int]:
-        """Weight sync: every instance of the agent serves `version` (`weights`, or sent by
-        its trainer directly when None); (seconds, bytes)."""
-        started = now()
-        self.activity.enter(agent, "sync")
-        try:
-            if weights is None:
-                report = await self.pool.push_direct(agent, version)
-            else:
-                report = await self.pool.push(agent, weights.version, weights.tensors,
-                                              complete=weights.complete)
-        finally:
-            self.activity.exit(agent, "sync")
-        self.orch.agents[agent].synced(version)
-        return now() - started, report.num_bytes
 
     # ------------------------------------------------------------------ records
 

@@ -43,7 +43,7 @@ class EngineConfig:
     """vLLM: no CUDA graphs."""
     weight_transfer: str = "stage"
     """"stage" (WeightUpdate tensors, loaded in place), "nccl" or "ipc" (vLLM's weight-transfer
-    engine; the trainer sends, flexmarl.rollout.transfer)."""
+    engine; the trainer sends, flexmarl.weights.direct)."""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -83,6 +83,6 @@ class RolloutEngine(Protocol):
     async def close(self) -> None: ...
 
     # vLLM only, optional: `async def transfer(phase, info)`, one phase of a direct update
-    # through its weight-transfer engine (flexmarl.rollout.transfer).
+    # through its weight-transfer engine (flexmarl.weights.direct).
 
 

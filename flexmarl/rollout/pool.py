@@ -2,16 +2,18 @@
 
     generate(agent, Generate) ─► balancer.route (least outstanding work, sticky per episode)
                               ─► that instance ─► GenerateReply ─► balancer.finish (lengths learnt)
-    push(agent, version, weights) ─► every instance of the agent (weight sync), under its lock
+    weights (flexmarl.weights.sync.WeightSync, built here): the agents' versions and served
+             weights; the loop syncs through it, moves and new instances load from it
     report loops: each instance pushes LoadReport ─► balancer.report (its queued + running)
     rebalance_loop: balancer.plan_move ─► move: drain (no new requests, in-flight ones finish)
-                    ─► the hot agent's served weights loaded in place (WeightUpdate(force=True))
+                    ─► the hot agent's served weights loaded in place (weights.load_into)
                     ─► re-registered under the hot agent; logged with cause and cost
 
 An instance can only change hands between agents whose models share an architecture and a
 tokenizer (same config.json and tokenizer files): its engine is reloaded in place, never
-restarted. The pool keeps each agent's served weights (the last push, or the model directory's
-before the first), so a move loads exactly the version the agent's other instances serve.
+restarted. The pool's WeightSync keeps each agent's served weights (the last sync, or the model
+directory's before the first), so a move loads exactly the version the agent's other instances
+serve.
 """
 from __future__ import annotations
 
@@ -20,20 +22,19 @@ import hashlib
 import json
 import logging
 from dataclasses import asdict, dataclass
-from typing import Awaitable, Callable, Protocol
+from typing import Awaitable, Callable
 from pathlib import Path
 
 import torch
 
 from flexmarl.clock import now
-from flexmarl.models import model_weights
 from flexmarl.activity import ActivityLog
 from flexmarl.checks import parse_cpus, require
 from flexmarl.rollout.balancer import Balancer, BalancerConfig, Move, percentile
 from flexmarl.rollout.engine import BACKENDS, DTYPES, TRANSFERS, EngineConfig
-from flexmarl.protocol import (Generate, GenerateReply, LoadReport, SubscribeLoad, WeightUpdate,
-                               WeightUpdateDone)
-from flexmarl.rollout.weight_sync import SyncReport, push_weights, weights_nbytes
+from flexmarl.protocol import Generate, GenerateReply, LoadReport, SubscribeLoad
+from flexmarl.weights.base import Transport
+from flexmarl.weights.sync import WeightSync
 from runtime.errors import PeerDied, RequestTimeout, TransportClosed
 from runtime.transport import Connection
 
@@ -70,7 +71,7 @@ class RolloutConfig:
     loaded from a file in staging_dir: works everywhere), "nccl" (vLLM's weight-transfer engine:
     trainer rank 0 broadcasts to the agent's instances over NCCL), "ipc" (CUDA IPC: instances
     on their trainer's GPUs, devices.colocate). "auto": nccl when vLLM and the trainers are on
-    GPU and every agent has its own trainer slot, else stage (flexmarl.rollout.transfer)."""
+    GPU and every agent has its own trainer slot, else stage (flexmarl.weights.direct)."""
     ready_timeout_s: float = 600.0
     """How long an instance may take to start (a cold vLLM start takes minutes on CPU)."""
     request_timeout_s: float = 300.0
@@ -117,16 +118,6 @@ REPLACE_ATTEMPTS = 3
 _MODEL_KEYS_IGNORED = {"_name_or_path", "transformers_version"}
 
 
-class DirectSync(Protocol):
-    """Weight sync where the trainer sends (GPU): `send` pushes the agent's bound trainer's
-    `version` to the instances at `addresses`; `fetch` exports its weights (for an instance
-    that joins the agent between pushes)."""
-
-    async def send(self, agent: str, version: int, addresses: list[str]) -> WeightUpdateDone: ...
-
-    async def fetch(self, agent: str) -> WeightUpdate: ...
-
-
 def model_signature(model_dir: str) -> str:
     """Architecture and tokenizer of a model directory: equal signatures can swap weights."""
     root = Path(model_dir)
@@ -159,35 +150,33 @@ class InstancePool:
     def __init__(self, instances: dict[str, Connection], placement: dict[str, list[str]],
                  model_dirs: dict[str, str], config: RolloutConfig, balance: BalancerConfig, *,
                  activity: ActivityLog | None = None, signatures: dict[str, str] | None = None,
-                 weights: dict[str, dict[str, torch.Tensor]] | None = None,
+                 served: dict[str, dict[str, torch.Tensor]] | None = None,
                  respawn: Callable[[str, str], Awaitable[tuple[str, Connection]]] | None = None,
                  kill: Callable[[str], None] | None = None,
-                 direct: "DirectSync | None" = None) -> None:
+                 transport: Transport | None = None) -> None:
         """`config` (section `rollout`) gives the request timeout, `balance` the balancer's
         settings; `activity` records each instance's busy intervals (its requests in flight).
-        `signatures` (agent -> model signature) and `weights` (agent -> the weights its
+        `signatures` (agent -> model signature) and `served` (agent -> the weights its
         instances start with) default to what the model directories hold (the simulator,
         whose models have no files, passes both). `respawn(dead, agent)` starts a replacement
         of a dead instance for `agent` and returns its (new name, connection); `kill(name)`
         ends an instance that stopped answering (its death then comes to instance_died).
-        `direct`: weight sync on GPU, the trainer sending to the instances itself
-        (push_direct; flexmarl.rollout.transfer)."""
+        `transport`: the run's weight sync (default staged; on GPU the trainer sending to the
+        instances itself, flexmarl.weights.direct), under the pool's `weights`."""
         self.conns = dict(instances)
-        self.direct = direct
         self.devices = None
         """The run's GPU placement (flexmarl.launch.devices.DevicePlan), if any: shown in
         status() and given the GPUs of nodes that join."""
-        self._direct_synced: set[str] = set()
-        """Agents whose served weights live only in their trainer (a direct push)."""
         self.model_dirs = dict(model_dirs)
         if signatures is None:
             signatures = {a: model_signature(d) for a, d in model_dirs.items()}
         self.balancer = Balancer(placement, balance,
                                  compatible=lambda src, dst: signatures[src] == signatures[dst])
         self.request_timeout_s = config.request_timeout_s
-        self.versions = {agent: 0 for agent in placement}
-        self._weights: dict[str, dict[str, torch.Tensor]] = dict(weights or {})
-        self._locks = {agent: asyncio.Lock() for agent in placement}
+        self.weights = WeightSync(placement, self.of, model_dirs,
+                                  timeout_s=config.request_timeout_s, transport=transport,
+                                  served=served)
+        """Each agent's version and served weights: synced by the loop, loaded by moves."""
         self._tasks: list[asyncio.Task] = []
         self.moves: list[MoveRecord] = []
         self.failed_moves = 0
@@ -340,12 +329,9 @@ class InstancePool:
     async def _start_replacement(self, dead: str, agent: str) -> str:
         name, conn = await self.respawn(dead, agent)
         try:
-            async with self._locks[agent]:  # no weight sync of the agent meanwhile
-                if agent in self._weights or agent in self._direct_synced:
-                    await conn.request(WeightUpdate(self.versions[agent],
-                                                    await self._served_weights(agent),
-                                                    force=True),
-                                       timeout_s=self.request_timeout_s)
+            async with self.weights.locked(agent):  # no weight sync of the agent meanwhile
+                if not self.weights.fresh(agent):
+                    await self.weights.load_into(conn, agent)
                 first: LoadReport = await conn.request(SubscribeLoad(), control=True,
                                                        timeout_s=self.request_timeout_s)
                 self.conns[name] = conn
@@ -365,6 +351,11 @@ class InstancePool:
         drain = self._drains.get(name)
         if drain is not None and not self.balancer.inflight(name):
             drain.set()
+
+    @property
+    def versions(self) -> dict[str, int]:
+        """The version each agent's instances serve (weights.versions)."""
+        return self.weights.versions
 
     def instances(self, agent: str) -> list[str]:
         """The instances serving `agent` now (the balancer may move them)."""
@@ -402,52 +393,11 @@ class InstancePool:
         self._tokens = dict.fromkeys(self._tokens, 0)
         return out
 
-    # ------------------------------------------------------------------ weights
+    # ------------------------------------------------------------------ steps
 
     def step_started(self) -> None:
         """A step's rollout begins (the orchestrator): the balancer's phase clock."""
         self.balancer.step_started(now())
-
-    async def push(self, agent: str, version: int, tensors: dict[str, torch.Tensor], *,
-                   complete: bool = True) -> SyncReport:
-        """Weight sync: every instance of `agent` serves `version` when this returns.
-        `complete` False: `tensors` are only those that changed (the trained layers); the
-        served weights a replacement or a moved instance loads are the rest plus them."""
-        async with self._locks[agent]:
-            report = await push_weights(self.of(agent), version, tensors,
-                                        timeout_s=self.request_timeout_s, tolerate=(PeerDied,))
-            self.versions[agent] = version
-            self._weights[agent] = (tensors if complete else
-                                    {**await self._served_weights(agent), **tensors})
-            return report
-
-    async def push_direct(self, agent: str, version: int) -> SyncReport:
-        """Weight sync on GPU: the agent's trainer sends `version` to every instance of the
-        agent itself (pool.direct), the tensors never passing through here."""
-        async with self._locks[agent]:
-            started = now()
-            conns = self.of(agent)
-            done = await self.direct.send(agent, version, [c.address for c in conns])
-            self.versions[agent] = version
-            self._weights.pop(agent, None)
-            self._direct_synced.add(agent)
-            return SyncReport(version, done.num_bytes, now() - started,
-                              {c.address: done.load_s for c in conns})
-
-    async def _served_weights(self, agent: str) -> dict[str, torch.Tensor]:
-        if agent in self._direct_synced:
-            # Pushed directly: a moved or replacement instance gets them from the trainer,
-            # which must still hold the served version (it has not stepped past it).
-            update = await self.direct.fetch(agent)
-            if update.version != self.versions[agent]:
-                raise RuntimeError(f"{agent}'s trainer holds version {update.version}, its "
-                                   f"instances serve {self.versions[agent]}: loading an "
-                                   "instance waits for the next weight sync")
-            return update.tensors
-        if agent not in self._weights:  # never synced: the model directory's weights
-            self._weights[agent] = await asyncio.to_thread(model_weights,
-                                                           self.model_dirs[agent])
-        return self._weights[agent]
 
     # ------------------------------------------------------------------ load reports, moves
 
@@ -503,11 +453,8 @@ class InstancePool:
                     del self._drains[move.instance]
             drained = now()
             # Under both agents' locks: no weight sync of either runs while it changes hands.
-            async with self._locks[move.src], self._locks[move.dst]:
-                version = self.versions[move.dst]
-                tensors = await self._served_weights(move.dst)
-                await conn.request(WeightUpdate(version, tensors, force=True),
-                                   timeout_s=self.request_timeout_s)
+            async with self.weights.locked(move.src, move.dst):
+                loaded_with = await self.weights.load_into(conn, move.dst)
                 loaded = now()
                 bal.drained(move, drained, loaded)
                 bal.finish_move(move, loaded)
@@ -522,13 +469,13 @@ class InstancePool:
                         move.instance, move.src, move.dst, type(exc).__name__, exc, move.src)
             return None
         record = MoveRecord(move.instance, move.src, move.dst, move.src_load, move.dst_load,
-                            drained - started, loaded - drained, weights_nbytes(tensors),
-                            version, loaded)
+                            drained - started, loaded - drained, loaded_with.num_bytes,
+                            loaded_with.version, loaded)
         self.moves.append(record)
         log.info("moved instance %s from %s to %s: load per instance %.0f vs %.0f tokens "
                  "(ratio > %g); drained in %.2f s, loaded %s version %d (%.1f MB) in %.2f s",
                  move.instance, move.src, move.dst, move.src_load, move.dst_load,
-                 bal.config.ratio, record.drain_s, move.dst, version, record.num_bytes / 1e6,
+                 bal.config.ratio, record.drain_s, move.dst, record.version, record.num_bytes / 1e6,
                  record.load_s)
         return record
 

@@ -6,7 +6,7 @@ file under /dev/shm and a worker extension streams it into vLLM's own in-place `
 (which repacks CPU linear weights as the loader does). The prefix cache is reset afterwards, so
 no KV entry computed with the old weights is reused. On GPU, with rollout.weight_transfer nccl
 or ipc, vLLM's own weight-transfer engine receives from the trainer instead (`transfer`,
-flexmarl.rollout.transfer); this file path works everywhere.
+flexmarl.weights.direct); this file path works everywhere.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import torch
 
 from flexmarl.protocol import Sample, SamplingParams
 from flexmarl.rollout.engine import EngineConfig
-from flexmarl.rollout.weight_sync import weights_nbytes
+from flexmarl.weights.base import weights_nbytes
 
 _SHM = "/dev/shm" if os.path.isdir("/dev/shm") else None
 _EMBED = "model.embed_tokens.weight"
@@ -181,8 +181,8 @@ class VllmEngine:
 
     async def transfer(self, phase: str, info: dict) -> None:
         """A phase of a direct update through vLLM's weight-transfer engine (GPU; the trainer
-        sends: flexmarl.rollout.transfer)."""
-        from flexmarl.rollout.transfer import engine_phase
+        sends: flexmarl.weights.direct)."""
+        from flexmarl.weights.direct import engine_phase
         await engine_phase(self.llm, phase, info, self._transfer_state)
 
     async def close(self) -> None:

@@ -3,7 +3,7 @@
     Generate ─► queued ─► (gate open?) ─► running ─► engine.generate ─► GenerateReply(version)
     WeightUpdate ─► close gate ─► wait running == 0 ─► engine.load_weights ─► version ─► open gate
     WeightTransfer start ─► close gate ─► wait running == 0 ─► (update: the trainer sends over
-        NCCL/IPC) ─► finish ─► version ─► open gate          (GPU; flexmarl.rollout.transfer)
+        NCCL/IPC) ─► finish ─► version ─► open gate          (GPU; flexmarl.weights.direct)
     every change of queued/running/outstanding ─► LoadReport to each subscriber (pushed)
 
 The gate guarantees that no sample mixes two policy versions: a request either finishes before
@@ -22,7 +22,7 @@ from flexmarl.protocol import (Generate, GenerateReply, LoadReport, SubscribeLoa
                                WeightTransfer, WeightUpdate, WeightUpdateDone)
 from flexmarl.rollout.backends import make_engine
 from flexmarl.rollout.engine import EngineConfig, RolloutEngine
-from flexmarl.rollout.weight_sync import weights_nbytes
+from flexmarl.weights.base import weights_nbytes
 from runtime.actor import Actor, handler
 from runtime.codec import Envelope
 from runtime.config import TransportConfig
@@ -104,7 +104,7 @@ class RolloutWorker(Actor):
 
     @handler(WeightTransfer, concurrent=True)
     async def on_weight_transfer(self, msg: WeightTransfer, env: Envelope) -> WeightUpdateDone:
-        """A phase of a direct (GPU) update, the trainer sending (flexmarl.rollout.transfer):
+        """A phase of a direct (GPU) update, the trainer sending (flexmarl.weights.direct):
         the gate closes at "start" and opens at "finish", as for a staged update. A failure
         after "start" (here, or the trainer's: "abort") leaves the engine's weights half
         loaded: the instance then stops, and the pool replaces it with one that loads the

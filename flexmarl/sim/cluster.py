@@ -234,7 +234,7 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
         pool = InstancePool(conns, placement, {a: f"sim:{s}" for a, s in preset.models.items()},
                             RolloutConfig(request_timeout_s=FOREVER_S),
                             balance or BalancerConfig(strategy=system.balance), activity=activity,
-                            signatures=dict(preset.models), weights={a: {} for a in models})
+                            signatures=dict(preset.models), served={a: {} for a in models})
         slot_conns = {t.name: connect(t.address) for t in trainers}
         tpool = TrainerPool(slot_conns, {n: d for n, (d, _) in layout.slots.items()},
                             {a: AgentTrainer(f"sim:{preset.models[a]}", {},
@@ -291,7 +291,7 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
         try:
             async with orch.serving():
                 records = await PipelineRun(
-                    orch, store, pool, tpool, activity, pipeline, steps,
+                    orch, store, pool, tpool, activity, pipeline, steps, weights=pool.weights,
                     policy=policy or make_pipeline(system.pipeline), emit=emit,
                     on_agent_step=write_state if system.flexmarl else None).run()
         finally:

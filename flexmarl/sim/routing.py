@@ -224,7 +224,7 @@ async def _run(workload: SkewedWorkload, placement: dict[str, list[str]],
         pool = InstancePool(conns, placement, {a: f"sim:{config.model}" for a in placement},
                             RolloutConfig(request_timeout_s=FOREVER_S), balance,
                             signatures={a: config.model for a in placement},
-                            weights={a: {} for a in placement})
+                            served={a: {} for a in placement})
         bal = pool.balancer
         samples: list[LoadSample] = []
         step_s: list[float] = []

@@ -63,7 +63,7 @@ class Command(IntEnum):
     SWAP_OUT = 10
     EXPORT_STATE = 11
     DROP = 12  # a = bytes of the agent's name that follows
-    SEND_WEIGHTS = 13  # a = bytes of the JSON spec (flexmarl.training.transfer) that follows
+    SEND_WEIGHTS = 13  # a = bytes of the JSON spec (flexmarl.weights.direct) that follows
 
 
 class CommandThread:
@@ -136,7 +136,7 @@ class Rank:
         self.placed = ""
         """Device, process-group backend and visible GPUs (SwapDone.device)."""
         self.sender = None
-        """Direct weight sync's trainer engine (flexmarl.training.transfer), made at first use."""
+        """Direct weight sync's trainer engine (flexmarl.weights.direct), made at first use."""
         self.thread = CommandThread(f"trainer-rank{self.rank}")
         self.ready = self.thread.submit(lambda: self._init(args))
 
@@ -355,7 +355,7 @@ class Rank:
     def send_weights(self, spec: dict[str, Any]) -> WeightUpdateDone:
         """The bound agent's weights straight to its rollout instances through vLLM's
         weight-transfer engine (a collective: every rank gathers each parameter in turn)."""
-        from flexmarl.training.transfer import Sender
+        from flexmarl.weights.direct import Sender
 
         tr = self._bound("SendWeights")
         if tr.version != spec["version"]:

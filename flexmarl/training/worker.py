@@ -166,7 +166,7 @@ class TrainerWorker(Actor):
 
     @handler(SendWeights)
     async def on_send_weights(self, msg: SendWeights, env: Envelope) -> WeightUpdateDone:
-        from flexmarl.training.transfer import free_port
+        from flexmarl.weights.direct import free_port
 
         # The group's rendezvous is on this machine, at the host the instances reach us at.
         host = self.address.removeprefix("tcp://").rpartition(":")[0] \

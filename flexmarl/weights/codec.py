@@ -1,5 +1,5 @@
-"""CUDA IPC handles as plain data, both ways: the trainer encodes (flexmarl.training.transfer's
-Sender, backend "ipc"), the instance decodes (flexmarl.rollout.transfer.engine_phase).
+"""CUDA IPC handles as plain data, both ways: the trainer encodes (flexmarl.weights.direct's
+Sender, backend "ipc"), the instance decodes (flexmarl.weights.direct.engine_phase).
 
     update_info["ipc_handles"] ──ipc_payload──► update_info["ipc_handles_plain"] (runtime codec)
     ──► WeightTransfer("update") ──► plain_handles ──► torch objects for vLLM's IPC engine

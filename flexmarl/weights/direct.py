@@ -1,5 +1,27 @@
-"""The trainer's side of direct weight sync (GPU; the instance's side and the choice of path:
-flexmarl.rollout.transfer): vLLM's trainer weight-transfer engine over a slot's bound model.
+"""Direct weight sync (GPU): the trainer sends, through vLLM's own weight-transfer engines
+(vllm.distributed.weight_transfer), the bytes going GPU to GPU and never through the run.
+All three ends live here: the run's (DirectTransport), the trainer's (Sender, FanOut,
+cast_source) and the instance's (engine_phase), with the choice of transport
+(resolve_transfer).
+
+    run: WeightSync.sync(agent, version, None) ─► DirectTransport.begin(agent, version, instances)
+      send(None) ─► the agent's bound trainer slot: SendWeights(version, instance addresses)
+    trainer, every rank of the slot (flexmarl.training.rank ─► Sender.send, in step):
+      vLLM's trainer engine over the bound model, its parameters through cast_source
+        ("nccl": rank 0 broadcasts to every instance's GPUs; "ipc": CUDA IPC handles of each
+         rank's GPU, for instances colocated on their trainer's GPUs, flexmarl.weights.codec)
+      rank 0's FanOut client ─► WeightTransfer phases to every instance at once (runtime transport)
+    instance (RolloutWorker.on_weight_transfer ─► vllm_engine.transfer ─► engine_phase on AsyncLLM):
+        init (once per group) ─► start (gate closed, running requests done) ─► update (receive,
+        concurrently with the broadcast) ─► finish (serves `version`, gate open)
+      finish() ─► SyncReport (the trainer's WeightUpdateDone: bytes, the whole transfer's time)
+      abort() (the send failed) ─► WeightTransfer("abort") to every instance: one caught mid-update
+        stops, and the pool replaces it with one that loads the served version
+
+The staged path (flexmarl.weights.stage) stays the CPU path and what moved or replacement
+instances load (WeightSync.load_into fetches the weights from the trainer: DirectTransport.
+fetch). The zero-staleness gate is the rollout worker's, as for a staged update: an instance
+takes no request between "start" and "finish", so no sample mixes two versions.
 
 vLLM's trainer engine drives the engines through a client with four blocking calls; FanOut is
 that client over FlexMARL's transport (a WeightTransfer message per phase to every instance at
@@ -15,15 +37,69 @@ import asyncio
 import logging
 import socket
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, AsyncContextManager, Callable, Iterator, Protocol
 
 import torch
 
-from flexmarl.weights.codec import ipc_payload
+from flexmarl.checks import ConfigError
+from flexmarl.clock import now
+from flexmarl.protocol import SendWeights, WeightTransfer, WeightUpdate, WeightUpdateDone
+from flexmarl.weights.base import SyncReport
+from flexmarl.weights.codec import ipc_payload, plain_handles
 from runtime.transport import Connection, connect
 
 log = logging.getLogger(__name__)
 
+# ----------------------------------------------------------------------------- the choice
+
+DIRECT = ("nccl", "ipc")
+
+
+def resolve_transfer(setting: str, *, vllm_on_gpu: bool, trainer_on_gpu: bool,
+                     colocate: bool) -> str:
+    """rollout.weight_transfer for this run: "auto" is nccl (ipc when colocated) where vLLM and
+    the trainers are on GPU, else stage; an explicit direct mode without GPUs is an error."""
+    gpu = vllm_on_gpu and trainer_on_gpu
+    if setting == "auto":
+        return ("ipc" if colocate else "nccl") if gpu else "stage"
+    if setting in DIRECT and not gpu:
+        raise ConfigError(
+            f'rollout.weight_transfer = "{setting}" needs vLLM and the trainers on GPU (a CUDA '
+            f"build of vllm, trainer.device = \"cuda\", GPUs placed by [devices]); here vLLM is "
+            f"{'on GPU' if vllm_on_gpu else 'not on GPU'} and the trainers "
+            f"{'are' if trainer_on_gpu else 'are not'}: use \"stage\" or \"auto\"")
+    if setting == "ipc" and not colocate:
+        raise ConfigError('rollout.weight_transfer = "ipc" needs each instance on its trainer\'s '
+                          "GPUs: set devices.colocate = true, or use \"nccl\"")
+    return setting
+
+
+# ----------------------------------------------------------------------------- the instance's end
+
+async def engine_phase(llm: Any, phase: str, info: dict, state: dict) -> None:
+    """One WeightTransfer phase on an AsyncLLM (`state` remembers whether it has a group)."""
+    from vllm.distributed.weight_transfer.base import (WeightTransferInitRequest,
+                                                       WeightTransferUpdateRequest)
+    if phase == "init":
+        if state.get("joined"):  # a new group (another trainer, new members): leave the old
+            await llm.shutdown_weight_transfer_engine()
+        await llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info))
+        state["joined"] = True
+    elif phase == "start":
+        await llm.start_weight_update()
+    elif phase == "update":
+        if "ipc_handles_plain" in info:  # CUDA IPC: the handles back as torch objects
+            info = dict(info)
+            info["ipc_handles"] = plain_handles(info.pop("ipc_handles_plain"))
+        await llm.update_weights(WeightTransferUpdateRequest(update_info=info))
+    elif phase == "finish":
+        await llm.finish_weight_update()
+        await llm.reset_prefix_cache()  # no KV entry computed with the old weights is reused
+    else:
+        raise ValueError(f"unknown weight-transfer phase {phase!r}")
+
+
+# ----------------------------------------------------------------------------- the trainer's end
 
 def rank_offsets(sizes: list[int]) -> list[int]:
     """Each instance's first rank in the group: the trainer is rank 0, then every instance's
@@ -49,8 +125,6 @@ class FanOut:
         self.load_s: dict[str, float] = {}
 
     def _all(self, phase: str, infos: list[dict]) -> None:
-        from flexmarl.protocol import WeightTransfer
-
         async def each() -> list:
             return await asyncio.gather(*(
                 conn.request(WeightTransfer(phase, self.version, info), timeout_s=self.timeout_s)
@@ -183,3 +257,67 @@ def _init_info(spec: dict, rank: int, engine_ranks: int):
     from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
     return NCCLTrainerInitInfo(master_address=spec["host"], master_port=spec["port"],
                                world_size=1 + engine_ranks, rank=rank)
+
+
+# ----------------------------------------------------------------------------- the run's end
+
+class Trainers(Protocol):
+    """What the run's end needs of the trainer pool (flexmarl.training.pool.TrainerPool)."""
+
+    def bind(self, agent: str) -> AsyncContextManager[Connection]: ...
+
+    async def export(self, agent: str) -> WeightUpdate: ...
+
+
+class DirectTransport:
+    """The direct transport (flexmarl.weights.base.Transport): the agent's bound trainer slot
+    sends `version` to the instances itself; `fetch` exports its weights, for an instance that
+    joins the agent between syncs. `backend` "nccl" or "ipc"; `dtype` rollout.dtype (the
+    engine's: "auto" is bfloat16 on GPU)."""
+
+    exports = False
+
+    def __init__(self, trainers: Trainers, backend: str, *, tensor_parallel_size: int,
+                 dtype: str, timeout_s: float) -> None:
+        self.trainers, self.backend = trainers, backend
+        self.tp, self.timeout_s = tensor_parallel_size, timeout_s
+        self.dtype = "bfloat16" if dtype == "auto" else dtype
+
+    def begin(self, agent: str, version: int, instances: list[Connection]) -> "DirectTransfer":
+        return DirectTransfer(self, agent, version, instances)
+
+    async def trainer_send(self, agent: str, version: int, addresses: list[str]
+                           ) -> WeightUpdateDone:
+        """The agent's trainer sends `version` to the instances at `addresses`."""
+        async with self.trainers.bind(agent) as trainer:
+            return await trainer.request(SendWeights(version, addresses, self.backend, self.tp,
+                                                     self.dtype), timeout_s=self.timeout_s)
+
+    async def fetch(self, agent: str) -> WeightUpdate:
+        return await self.trainers.export(agent)
+
+
+class DirectTransfer:
+    def __init__(self, transport: DirectTransport, agent: str, version: int,
+                 instances: list[Connection]) -> None:
+        self.transport, self.agent, self.version = transport, agent, version
+        self.instances = instances
+        self.started = now()
+        self.done: WeightUpdateDone | None = None
+
+    async def send(self, tensors: dict[str, torch.Tensor] | None) -> None:
+        if tensors is not None:
+            raise ValueError("a direct sync takes no tensors: the trainer sends its own")
+        self.done = await self.transport.trainer_send(self.agent, self.version,
+                                                      [c.address for c in self.instances])
+
+    async def finish(self) -> SyncReport:
+        return SyncReport(self.version, self.done.num_bytes, now() - self.started,
+                          {c.address: self.done.load_s for c in self.instances})
+
+    async def abort(self) -> None:
+        """The trainer's Sender aborts the instances it reached itself; this covers a trainer
+        that failed before (or hung): an instance whose gate is still closed stops."""
+        await asyncio.gather(*(c.request(WeightTransfer("abort", self.version),
+                                         timeout_s=self.transport.timeout_s)
+                               for c in self.instances), return_exceptions=True)

@@ -1,0 +1,118 @@
+"""WeightSync: what every agent's instances serve, and the one call that changes it.
+
+    loop: update = trainer's export if weights.exports else None   (while the slot is bound)
+          await weights.sync(agent, version, update) ─► SyncReport
+            under the agent's lock: the run's transport (or staged, for a given update)
+            ─► begin(agent, version, its instances now) ─► send ─► finish (abort on failure)
+            ─► versions[agent] = version; the served weights: the update's tensors, merged
+               into the previous ones for a partial update (train_layers: complete=False), or
+               "in the trainer" after a direct sync
+    pool: async with weights.locked(src, dst): await weights.load_into(conn, dst)  (a move)
+          async with weights.locked(agent): if not weights.fresh(agent): load_into  (a new
+          instance) ─► the instance serves exactly the agent's served version
+
+The pool (flexmarl.rollout.pool.InstancePool) builds it in its constructor from the transport
+the run hands in (it lists the agent's instances, which its balancer owns), and the run passes
+`pool.weights` to the loop (flexmarl.orchestrator.loop.PipelineRun). Before an agent's first
+sync its served weights are its model directory's (read once, when an instance first needs them).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import AsyncIterator, Callable, Iterable
+
+import torch
+
+from flexmarl.models import model_weights
+from flexmarl.protocol import WeightUpdate
+from flexmarl.weights.base import SyncReport, Transport
+from flexmarl.weights.stage import StageTransport, push_weights
+from runtime.transport import Connection
+
+
+class WeightSync:
+    def __init__(self, agents: Iterable[str], instances: Callable[[str], list[Connection]],
+                 model_dirs: dict[str, str], *, timeout_s: float,
+                 transport: Transport | None = None,
+                 served: dict[str, dict[str, torch.Tensor]] | None = None) -> None:
+        """`instances(agent)`: the connections of the agent's instances now; `transport`: the
+        run's (default staged; flexmarl.weights.direct.DirectTransport on GPU); `served`
+        (agent -> weights): what the instances start with, where not the model directory's
+        (the simulator's models have no files); `timeout_s`: rollout.request_timeout_s."""
+        self.instances = instances
+        self.model_dirs = dict(model_dirs)
+        self.timeout_s = timeout_s
+        self.stage = StageTransport(timeout_s)
+        self.transport = transport or self.stage
+        self.exports = self.transport.exports
+        """Whether `sync` needs the trainer's exported tensors (else the trainer sends)."""
+        self.versions = {agent: 0 for agent in agents}
+        """The version every instance of each agent serves."""
+        self._served: dict[str, dict[str, torch.Tensor]] = dict(served or {})
+        self._in_trainer: set[str] = set()
+        """Agents whose served weights live only in their trainer (a direct sync)."""
+        self._locks = {agent: asyncio.Lock() for agent in self.versions}
+
+    async def sync(self, agent: str, version: int, update: WeightUpdate | None) -> SyncReport:
+        """Every instance of `agent` serves `version` when this returns (an instance that died
+        meanwhile is skipped: its replacement loads the served weights). `update`: the trainer's
+        exported weights (staged, whatever the run's transport: a resumed run's restored
+        weights), or None where the transport does not export (the trainer sends)."""
+        if update is None and self.exports:
+            raise ValueError(f"syncing {agent} to version {version} needs its exported weights "
+                             "(the transport is staged)")
+        if update is not None and update.version != version:
+            raise ValueError(f"{agent}'s exported weights are version {update.version}, the "
+                             f"sync is of version {version}")
+        transport = self.transport if update is None else self.stage
+        async with self._locks[agent]:
+            transfer = transport.begin(agent, version, self.instances(agent))
+            try:
+                await transfer.send(None if update is None else update.tensors)
+                report = await transfer.finish()
+            except Exception:
+                await transfer.abort()
+                raise
+            self.versions[agent] = version
+            if update is None:
+                self._served.pop(agent, None)
+                self._in_trainer.add(agent)
+            else:  # a partial update: the served weights are the previous ones and these
+                self._served[agent] = (update.tensors if update.complete else
+                                       {**await self.served(agent), **update.tensors})
+            return report
+
+    @contextlib.asynccontextmanager
+    async def locked(self, *agents: str) -> AsyncIterator[None]:
+        """No sync of these agents meanwhile (locks taken in the order given)."""
+        async with contextlib.AsyncExitStack() as stack:
+            for agent in agents:
+                await stack.enter_async_context(self._locks[agent])
+            yield
+
+    def fresh(self, agent: str) -> bool:
+        """An instance started from the agent's model directory serves what the agent serves
+        (never synced, no other starting weights given): it has nothing to load."""
+        return agent not in self._served and agent not in self._in_trainer
+
+    async def served(self, agent: str) -> dict[str, torch.Tensor]:
+        """The weights of the version the agent's instances serve (hold its lock)."""
+        if agent in self._in_trainer:
+            # Synced directly: a moved or replacement instance gets them from the trainer,
+            # which must still hold the served version (it has not stepped past it).
+            update = await self.transport.fetch(agent)
+            if update.version != self.versions[agent]:
+                raise RuntimeError(f"{agent}'s trainer holds version {update.version}, its "
+                                   f"instances serve {self.versions[agent]}: loading an "
+                                   "instance waits for the next weight sync")
+            return update.tensors
+        if agent not in self._served:  # never synced: the model directory's weights
+            self._served[agent] = await asyncio.to_thread(model_weights, self.model_dirs[agent])
+        return self._served[agent]
+
+    async def load_into(self, conn: Connection, agent: str) -> SyncReport:
+        """An instance joining `agent` (moved to it, or new) loads the agent's served version,
+        whatever it served before (hold the agent's lock)."""
+        return await push_weights([conn], self.versions[agent], await self.served(agent),
+                                  timeout_s=self.timeout_s, force=True)

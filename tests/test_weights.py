@@ -1,0 +1,241 @@
+"""flexmarl.weights: WeightSync over fake instance connections and both transports' run ends
+(pure and fast: no engine, no process; the instances' ends: tests/test_transfer.py,
+tests/test_rollout.py)."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+import torch
+
+import flexmarl.weights.sync as sync_module
+from flexmarl.protocol import SendWeights, WeightTransfer, WeightUpdate, WeightUpdateDone
+from flexmarl.weights.base import SyncReport, weights_nbytes
+from flexmarl.weights.direct import DirectTransport
+from flexmarl.weights.stage import StageTransport
+from flexmarl.weights.sync import WeightSync
+from runtime.errors import PeerDied
+
+
+class FakeInstance:
+    """A rollout instance's connection: loads a WeightUpdate as the worker does (a stale
+    version refused unless forced), answers WeightTransfer phases; `fail` raises instead."""
+
+    def __init__(self, address: str, fail: BaseException | None = None) -> None:
+        self.address, self.fail = address, fail
+        self.version = 0
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.got: list = []
+
+    async def request(self, msg, *, timeout_s=None, control=False):
+        self.got.append(msg)
+        if self.fail is not None:
+            raise self.fail
+        if isinstance(msg, WeightUpdate):
+            if msg.version <= self.version and not msg.force:
+                raise ValueError(f"stale weight update {msg.version}")
+            self.version, self.tensors = msg.version, msg.tensors
+            return WeightUpdateDone(msg.version, weights_nbytes(msg.tensors), 0.01)
+        assert isinstance(msg, WeightTransfer)
+        return WeightUpdateDone(self.version, 0, 0.0)
+
+
+def weights(value: float) -> dict[str, torch.Tensor]:
+    return {"a.weight": torch.full((2, 2), value), "b.weight": torch.full((3,), value)}
+
+
+def make_sync(instances: dict[str, list[FakeInstance]], **kw) -> WeightSync:
+    return WeightSync(list(instances), lambda agent: instances[agent],
+                      {a: f"/models/{a}" for a in instances}, timeout_s=5.0, **kw)
+
+
+async def test_a_sync_reaches_every_instance_and_records_the_served_version():
+    insts = {"x": [FakeInstance("i0"), FakeInstance("i1")], "y": [FakeInstance("i2")]}
+    ws = make_sync(insts)
+    assert ws.exports and ws.fresh("x")  # staged: the loop exports the tensors
+    report = await ws.sync("x", 1, WeightUpdate(1, weights(1.0)))
+    assert isinstance(report, SyncReport) and report.version == 1
+    assert report.num_bytes == weights_nbytes(weights(1.0)) == 7 * 4
+    assert set(report.load_s) == {"i0", "i1"} and report.skipped == []
+    assert [i.version for i in insts["x"]] == [1, 1] and insts["y"][0].version == 0
+    assert ws.versions == {"x": 1, "y": 0} and not ws.fresh("x") and ws.fresh("y")
+    assert torch.equal((await ws.served("x"))["a.weight"], weights(1.0)["a.weight"])
+
+
+async def test_a_partial_update_is_merged_into_the_served_weights():
+    insts = {"x": [FakeInstance("i0")]}
+    ws = make_sync(insts)
+    await ws.sync("x", 1, WeightUpdate(1, weights(1.0)))
+    changed = {"b.weight": torch.full((3,), 2.0)}
+    await ws.sync("x", 2, WeightUpdate(2, changed, complete=False))
+    assert insts["x"][0].got[-1].tensors == changed  # only the changed tensors travel
+    served = await ws.served("x")
+    assert set(served) == {"a.weight", "b.weight"} and ws.versions["x"] == 2
+    assert served["a.weight"].eq(1.0).all() and served["b.weight"].eq(2.0).all()
+
+
+async def test_a_partial_first_update_merges_into_the_model_directory_weights(monkeypatch):
+    read = []
+
+    def model_weights(model_dir):
+        read.append(model_dir)
+        return weights(0.0)
+    monkeypatch.setattr(sync_module, "model_weights", model_weights)
+    ws = make_sync({"x": [FakeInstance("i0")]})
+    await ws.sync("x", 1, WeightUpdate(1, {"b.weight": torch.ones(3)}, complete=False))
+    served = await ws.served("x")
+    assert read == ["/models/x"]  # read once, when first needed
+    assert served["a.weight"].eq(0.0).all() and served["b.weight"].eq(1.0).all()
+
+
+async def test_a_dead_instance_is_skipped_and_any_other_failure_raises():
+    insts = {"x": [FakeInstance("i0"), FakeInstance("dead", PeerDied("gone"))]}
+    ws = make_sync(insts)
+    report = await ws.sync("x", 1, WeightUpdate(1, weights(1.0)))
+    assert report.skipped == ["dead"] and set(report.load_s) == {"i0"}
+    assert ws.versions["x"] == 1
+    insts["x"].append(FakeInstance("bad", RuntimeError("engine failed")))
+    with pytest.raises(RuntimeError, match="engine failed"):
+        await ws.sync("x", 2, WeightUpdate(2, weights(2.0)))
+    assert ws.versions["x"] == 1  # not served by all: the version stays
+    assert (await ws.served("x"))["a.weight"].eq(1.0).all()
+
+
+async def test_an_instance_loaded_by_a_move_gets_exactly_the_served_version():
+    insts = {"x": [FakeInstance("i0")], "y": [FakeInstance("i1")]}
+    ws = make_sync(insts)
+    for v in (1, 2, 3):
+        await ws.sync("y", v, WeightUpdate(v, weights(float(v))))
+    moved = insts["x"][0]
+    moved.version = 7  # it served x's version 7: y's version 3 is loaded all the same
+    async with ws.locked("x", "y"):
+        report = await ws.load_into(moved, "y")
+    assert report.version == moved.version == 3 and moved.got[-1].force
+    assert moved.tensors["a.weight"].eq(3.0).all()
+    assert report.num_bytes == weights_nbytes(weights(3.0))
+
+
+async def test_given_starting_weights_are_loaded_by_a_new_instance():
+    ws = make_sync({"x": []}, served={"x": {}})  # the simulator's models: no files
+    assert not ws.fresh("x")
+    new = FakeInstance("new")
+    assert (await ws.load_into(new, "x")).num_bytes == 0 and new.version == 0
+
+
+async def test_a_sync_waits_for_a_move_under_the_lock():
+    insts = {"x": [FakeInstance("i0")]}
+    ws = make_sync(insts)
+    async with ws.locked("x"):
+        pending = asyncio.ensure_future(ws.sync("x", 1, WeightUpdate(1, weights(1.0))))
+        await asyncio.sleep(0.01)
+        assert not pending.done() and insts["x"][0].got == []
+    await pending
+    assert ws.versions["x"] == 1
+
+
+async def test_a_sync_is_refused_without_the_tensors_a_staged_transport_needs():
+    ws = make_sync({"x": [FakeInstance("i0")]})
+    with pytest.raises(ValueError, match="needs its exported weights"):
+        await ws.sync("x", 1, None)
+    with pytest.raises(ValueError, match="exported weights are version 2"):
+        await ws.sync("x", 1, WeightUpdate(2, weights(1.0)))
+    with pytest.raises(RuntimeError, match="nothing to fetch"):
+        await StageTransport(1.0).fetch("x")
+
+
+class Failing:
+    """A transport whose send fails: the sync aborts the transfer and raises."""
+
+    exports = False
+
+    def __init__(self) -> None:
+        self.aborted = 0
+
+    def begin(self, agent, version, instances):
+        transport = self
+
+        class Transfer:
+            async def send(self, tensors):
+                raise ConnectionError("the link broke")
+
+            async def finish(self):
+                raise AssertionError("never reached")
+
+            async def abort(self):
+                transport.aborted += 1
+        return Transfer()
+
+    async def fetch(self, agent):
+        raise AssertionError("never reached")
+
+
+async def test_a_failed_send_is_aborted_and_the_version_stays():
+    transport = Failing()
+    ws = make_sync({"x": [FakeInstance("i0")]}, transport=transport)
+    with pytest.raises(ConnectionError):
+        await ws.sync("x", 1, None)
+    assert transport.aborted == 1 and ws.versions["x"] == 0 and ws.fresh("x")
+
+
+class FakeTrainers:
+    """The trainer pool as the direct transport sees it: bind(agent) gives its slot's
+    connection (which answers SendWeights), export(agent) its weights."""
+
+    def __init__(self, fail: BaseException | None = None) -> None:
+        self.requests: list = []
+        self.fail = fail
+        self.version = 0
+
+    @contextlib.asynccontextmanager
+    async def bind(self, agent):
+        trainers = self
+
+        class Slot:
+            async def request(self, msg, *, timeout_s=None):
+                trainers.requests.append((agent, msg))
+                if trainers.fail is not None:
+                    raise trainers.fail
+                return WeightUpdateDone(msg.version, 1000, 0.5)
+        yield Slot()
+
+    async def export(self, agent):
+        return WeightUpdate(self.version, weights(float(self.version)))
+
+
+async def test_a_direct_sync_asks_the_bound_trainer_and_a_new_instance_loads_its_weights():
+    trainers = FakeTrainers()
+    insts = {"x": [FakeInstance("i0"), FakeInstance("i1")]}
+    ws = make_sync(insts, transport=DirectTransport(
+        trainers, "nccl", tensor_parallel_size=2, dtype="auto", timeout_s=5.0))
+    assert not ws.exports
+    report = await ws.sync("x", 1, None)
+    (agent, msg), = trainers.requests
+    assert agent == "x" and isinstance(msg, SendWeights)
+    assert (msg.version, msg.instances, msg.backend, msg.tensor_parallel_size, msg.dtype) == \
+        (1, ["i0", "i1"], "nccl", 2, "bfloat16")
+    assert report.num_bytes == 1000 and report.load_s == {"i0": 0.5, "i1": 0.5}
+    assert ws.versions["x"] == 1 and not ws.fresh("x")
+    assert all(i.got == [] for i in insts["x"])  # nothing went through the run
+    trainers.version = 1
+    new = FakeInstance("new")
+    assert (await ws.load_into(new, "x")).version == 1 and new.tensors["a.weight"].eq(1.0).all()
+    trainers.version = 2  # stepped past the served version: refused
+    with pytest.raises(RuntimeError, match="holds version 2, its instances serve 1"):
+        await ws.load_into(FakeInstance("late"), "x")
+    # A staged update (a resumed run's restored weights) goes through the run all the same.
+    await ws.sync("x", 2, WeightUpdate(2, weights(2.0)))
+    assert [i.version for i in insts["x"]] == [2, 2]
+
+
+async def test_a_failed_direct_send_aborts_every_instance():
+    trainers = FakeTrainers(fail=PeerDied("trainer died"))
+    insts = {"x": [FakeInstance("i0"), FakeInstance("dead", PeerDied("gone"))]}
+    ws = make_sync(insts, transport=DirectTransport(
+        trainers, "ipc", tensor_parallel_size=1, dtype="float32", timeout_s=5.0))
+    with pytest.raises(PeerDied, match="trainer died"):
+        await ws.sync("x", 1, None)
+    assert trainers.requests[0][1].dtype == "float32"
+    for inst in insts["x"]:  # a dead one's failure does not hide the others' abort
+        assert [(m.phase, m.version) for m in inst.got] == [("abort", 1)]
+    assert ws.versions["x"] == 0

@@ -2,9 +2,10 @@
 
     launcher(config): a Supervisor (local processes) or a NodeRegistry (`flexmarl-node`s)
     start_agents: every rollout instance (rollout-K) and trainer slot (trainer-K-RANK) at once,
-                  each on its role's cores ─► the AgentRuntimes, the InstancePool (with its
-                  respawn) and the TrainerPool (with its slot respawn)
-    watch_workers: a dead worker ─► its pool (instance replaced / slot replaced)
+                  each on its role's cores ─► the AgentRuntimes, the InstancePool and the
+                  TrainerPool, each with its Lifecycle (runtime.lifecycle: the respawn, the kill,
+                  the GPU placement)
+    watch_workers: a dead worker ─► its lifecycle ─► its pool (instance / slot replaced)
     grow: a rollout node joining mid-run gets instances for the agents with fewest
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ from flexmarl.rollout.pool import InstancePool, RolloutConfig
 from flexmarl.team import AgentSpec, Team
 from flexmarl.training.pool import AgentTrainer, TrainerPool
 from runtime.errors import WorkerStartError
+from runtime.lifecycle import Lifecycle, watch
 from runtime.registry import NodeInfo, NodeRegistry
 from runtime.supervisor import Supervisor, WorkerSpec
 from runtime.transport import Connection, connect
@@ -102,9 +104,10 @@ def grow(pool: InstancePool, config: Config, node: NodeInfo) -> None:
     new worker on the least busy node of its role: this one)."""
     if not node.serves("rollout") or "trainer" in node.hello.roles:
         return
-    if pool.devices is not None:  # its GPUs join the placement (new instances are seated there)
-        pool.devices.add_host(Host(node.name, tuple(range(node.hello.devices)),
-                                   tuple(node.hello.roles)))
+    devices = pool.lifecycle.devices
+    if devices is not None:  # its GPUs join the placement (new instances are seated there)
+        devices.add_host(Host(node.name, tuple(range(node.hello.devices)),
+                              tuple(node.hello.roles)))
     for _ in range(config.cluster.instances_per_node):
         agent = min(pool.versions, key=lambda a: len(pool.instances(a)))
         log.warning("node %s joined: a new rollout instance for %s", node.name, agent)
@@ -115,13 +118,8 @@ async def watch_workers(sup: Supervisor, pool: InstancePool, trainers: TrainerPo
     """Worker deaths: a rollout instance is replaced (its requests re-sent); a trainer slot's
     pending requests fail at once with PeerDied and the slot is replaced, its agent restarting
     its step from its snapshot (without snapshots the run stops with the cause)."""
-    while True:
-        event = await sup.events.get()
-        if event.name in pool.conns:
-            pool.instance_died(event.name, event.reason)
-        elif not trainers.worker_died(event.name, f"{event.reason} (returncode "
-                                                  f"{event.returncode})"):
-            log.info("worker %s ended (%s): already replaced", event.name, event.reason)
+    await watch(sup.events, [(pool.lifecycle, pool.instance_died),
+                             (trainers.lifecycle, trainers.worker_died)])
 
 
 class _Workers:
@@ -224,11 +222,11 @@ class _Workers:
             raise WorkerStartError(f"no free GPU for {ask.worker} ({ask.label or ask.group}; "
                                    f"{ask.gpus} on one host):\n{plan.table()}")
 
-    async def respawn(self, dead: str, agent: str) -> tuple[str, Connection]:
-        """A replacement for a dead instance: a new process (and name) with the agent's model,
-        on the dead one's GPUs ("" dead: a new instance, on free GPUs)."""
-        handle = await self.sup.start_worker(self.rollout(agent, replaces=dead))
-        return handle.name, self.connect(handle.address)
+    async def respawn(self, agent: str, old: list[str]) -> tuple[list[str], Connection]:
+        """A replacement for a dead instance (`old`: it): a new process (and name) with the
+        agent's model, on the dead one's GPUs (no `old`: a new instance, on free GPUs)."""
+        handle = await self.sup.start_worker(self.rollout(agent, replaces=old[0] if old else ""))
+        return [handle.name], self.connect(handle.address)
 
     async def respawn_slot(self, slot: str, old: list[str]) -> tuple[list[str], Connection]:
         """New processes for a dead slot; what is left of its old group is killed first (a
@@ -291,18 +289,20 @@ async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, config: Con
         {f"trainer-{k}": n for k, n in enumerate(sizes)},
         {spec.name: AgentTrainer(model_dirs[spec.name], _trainer_config(config, spec),
                                  needs[spec.name]) for spec in trainable},
-        section, respawn=workers.respawn_slot,
-        workers={w.name: f"trainer-{k}" for k, ws in enumerate(slot_specs) for w in ws},
-        kill=lambda name: sup.kill(name, "its trainer slot stopped answering"))
+        section, lifecycle=Lifecycle(
+            workers.respawn_slot, kill=sup.kill, groups=True, kind="trainer slot",
+            owners={w.name: f"trainer-{k}" for k, ws in enumerate(slot_specs) for w in ws},
+            attempts=config.supervisor.replace_attempts, devices=gpus.plan))
     pool = InstancePool(
         {w.name: workers.connect(handles[w.name].address)
          for ws in placement.values() for w in ws},
         {agent: [w.name for w in ws] for agent, ws in placement.items()}, model_dirs,
-        config.rollout, config.balance, activity=activity, respawn=workers.respawn,
-        kill=lambda name: sup.kill(name, "unresponsive"),
+        config.rollout, config.balance, activity=activity,
+        lifecycle=Lifecycle(workers.respawn, kill=sup.kill, kind="rollout instance",
+                            owners={w.name: w.name for w in instances},
+                            attempts=config.supervisor.replace_attempts, devices=gpus.plan),
         direct=(_DirectSync(trainers, config.rollout, gpus.transfer)
                 if gpus.transfer in DIRECT else None))
-    pool.devices = gpus.plan
     return agents, pool, trainers
 
 

@@ -100,9 +100,16 @@ class SupervisorConfig:
     3 s killed healthy workers there); time the supervisor itself was stalled is not counted."""
     stop_timeout_s: float = 10.0
     """One deadline for all children to exit after Shutdown and SIGTERM, before SIGKILL."""
+    replace_attempts: int = 3
+    """Processes started, one after another, to replace one dead worker (a rollout instance, a
+    trainer slot's group) before it is given up: a replacement may die while it starts, too
+    (runtime.lifecycle)."""
 
     def __post_init__(self) -> None:
         _positive(self, "supervisor", *(f.name for f in fields(self)))
+        if not isinstance(self.replace_attempts, int):
+            raise ValueError("supervisor.replace_attempts must be a whole number, got "
+                             f"{self.replace_attempts!r}")
         if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
             raise ValueError(
                 "supervisor.heartbeat_timeout_s must exceed supervisor.heartbeat_interval_s "

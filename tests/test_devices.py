@@ -220,7 +220,8 @@ def _settings(config):
         seed=config.run.seed, stop_timeout_s=config.supervisor.stop_timeout_s,
         store_port=config.cluster.store_port,
         cpus=role_cpus(config.rollout.cpus, config.trainer_pool.cpus, config.trainer.device),
-        nice=trainer_nice(config.trainer_pool, local_cpu))
+        nice=trainer_nice(config.trainer_pool, local_cpu),
+        replace_attempts=config.supervisor.replace_attempts)
 
 
 def _gpu_placement(config):

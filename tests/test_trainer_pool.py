@@ -32,6 +32,7 @@ from flexmarl.launch.run import train
 from flexmarl.training.trainer import TrainerConfig
 from flexmarl.training.pool import TrainerPoolConfig
 from flexmarl.training.slots import SlotAllocator
+from runtime.lifecycle import Lifecycle
 from runtime.errors import PeerDied, RemoteError
 from runtime.supervisor import Supervisor, WorkerSpec
 from runtime.transport import connect
@@ -520,9 +521,9 @@ async def test_a_hung_slot_is_killed_replaced_and_its_agent_restored_from_its_sn
         return [f"{slot}-w1"], Slot(log)
 
     pool = TrainerPool({"s0": first}, {"s0": 1}, {"a": AgentTrainer("/a", {})},
-                       TrainerPoolConfig(slots=1, snapshots=True), respawn=respawn,
-                       workers={"s0-w0": "s0"},
-                       kill=killed.append)
+                       TrainerPoolConfig(slots=1, snapshots=True),
+                       lifecycle=Lifecycle(respawn, owners={"s0-w0": "s0"}, groups=True,
+                                           kill=lambda name, reason: killed.append(name)))
     async with pool.bind("a") as conn:
         await pool.snapshot("a")
         with pytest.raises(PeerDied, match="trainer slot s0 died: TrainStep timed out"):
@@ -559,8 +560,9 @@ async def test_a_parked_agent_whose_slot_dies_restarts_from_its_snapshot():
 
     pool = TrainerPool({"s0": Slot(log)}, {"s0": 1},
                        {a: AgentTrainer(f"/{a}", {}) for a in "ab"},
-                       TrainerPoolConfig(slots=1, snapshots=True), respawn=respawn,
-                       workers={"s0-w0": "s0"}, prefetch=False)
+                       TrainerPoolConfig(slots=1, snapshots=True),
+                       lifecycle=Lifecycle(respawn, owners={"s0-w0": "s0"}, groups=True),
+                       prefetch=False)
     for agent in "ab":
         async with pool.bind(agent):
             await pool.snapshot(agent)

@@ -105,7 +105,8 @@ async def build_run(team: Team, config: Config, *, run_dir: RunDir | None = None
         store_port=config.cluster.store_port,
         cpus=(role_cpus(config.rollout.cpus, config.trainer_pool.cpus, config.trainer.device)
               if local else ((), ())),
-        nice=trainer_nice(config.trainer_pool, on_local_cpu))
+        nice=trainer_nice(config.trainer_pool, on_local_cpu),
+        replace_attempts=config.supervisor.replace_attempts)
     sup = launcher(config.cluster, config.supervisor, config.transport,
                    start_timeout_s=max(config.rollout.ready_timeout_s,
                                        config.trainer_pool.ready_timeout_s))

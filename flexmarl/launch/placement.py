@@ -4,9 +4,10 @@
     WorkerSettings: what the worker processes start with (flexmarl.launch.build reads it from
                   the config; nothing here sees the whole config)
     start_agents: every rollout instance (rollout-K) and trainer slot (trainer-K-RANK) at once,
-                  each on its role's cores ─► the AgentRuntimes, the InstancePool (with its
-                  respawn) and the TrainerPool (with its slot respawn)
-    watch_workers: a dead worker ─► its pool (instance replaced / slot replaced)
+                  each on its role's cores ─► the AgentRuntimes, the InstancePool and the
+                  TrainerPool, each with its Lifecycle (runtime.lifecycle: the respawn, the kill,
+                  the GPU placement)
+    watch_workers: a dead worker ─► its lifecycle ─► its pool (instance / slot replaced)
     grow: a rollout node joining mid-run gets instances for the agents with fewest
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ from flexmarl.training.pool import AgentTrainer, TrainerPool, TrainerPoolConfig
 from flexmarl.training.trainer_config import TrainerConfig
 from runtime.config import SupervisorConfig, TransportConfig
 from runtime.errors import WorkerStartError
+from runtime.lifecycle import Lifecycle, watch
 from runtime.registry import NodeInfo, NodeRegistry
 from runtime.supervisor import Supervisor, WorkerSpec
 from runtime.transport import Connection, connect
@@ -108,9 +110,10 @@ def grow(pool: InstancePool, instances_per_node: int, node: NodeInfo) -> None:
     new worker on the least busy node of its role: this one)."""
     if not node.serves("rollout") or "trainer" in node.hello.roles:
         return
-    if pool.devices is not None:  # its GPUs join the placement (new instances are seated there)
-        pool.devices.add_host(Host(node.name, tuple(range(node.hello.devices)),
-                                   tuple(node.hello.roles)))
+    devices = pool.lifecycle.devices
+    if devices is not None:  # its GPUs join the placement (new instances are seated there)
+        devices.add_host(Host(node.name, tuple(range(node.hello.devices)),
+                              tuple(node.hello.roles)))
     for _ in range(instances_per_node):
         agent = min(pool.versions, key=lambda a: len(pool.instances(a)))
         log.warning("node %s joined: a new rollout instance for %s", node.name, agent)
@@ -121,13 +124,8 @@ async def watch_workers(sup: Supervisor, pool: InstancePool, trainers: TrainerPo
     """Worker deaths: a rollout instance is replaced (its requests re-sent); a trainer slot's
     pending requests fail at once with PeerDied and the slot is replaced, its agent restarting
     its step from its snapshot (without snapshots the run stops with the cause)."""
-    while True:
-        event = await sup.events.get()
-        if event.name in pool.conns:
-            pool.instance_died(event.name, event.reason)
-        elif not trainers.worker_died(event.name, f"{event.reason} (returncode "
-                                                  f"{event.returncode})"):
-            log.info("worker %s ended (%s): already replaced", event.name, event.reason)
+    await watch(sup.events, [(pool.lifecycle, pool.instance_died),
+                             (trainers.lifecycle, trainers.worker_died)])
 
 
 @dataclass(frozen=True)
@@ -150,6 +148,8 @@ class WorkerSettings:
     """This machine's cores of rollout and of trainer processes (role_cpus; () unpinned)."""
     nice: int = 0
     """The trainer processes' niceness (trainer_nice)."""
+    replace_attempts: int = 3
+    """supervisor.replace_attempts: processes started for one dead worker before giving up."""
 
 
 class _Workers:
@@ -251,11 +251,11 @@ class _Workers:
             raise WorkerStartError(f"no free GPU for {ask.worker} ({ask.label or ask.group}; "
                                    f"{ask.gpus} on one host):\n{plan.table()}")
 
-    async def respawn(self, dead: str, agent: str) -> tuple[str, Connection]:
-        """A replacement for a dead instance: a new process (and name) with the agent's model,
-        on the dead one's GPUs ("" dead: a new instance, on free GPUs)."""
-        handle = await self.sup.start_worker(self.rollout(agent, replaces=dead))
-        return handle.name, self.connect(handle.address)
+    async def respawn(self, agent: str, old: list[str]) -> tuple[list[str], Connection]:
+        """A replacement for a dead instance (`old`: it): a new process (and name) with the
+        agent's model, on the dead one's GPUs (no `old`: a new instance, on free GPUs)."""
+        handle = await self.sup.start_worker(self.rollout(agent, replaces=old[0] if old else ""))
+        return [handle.name], self.connect(handle.address)
 
     async def respawn_slot(self, slot: str, old: list[str]) -> tuple[list[str], Connection]:
         """New processes for a dead slot; what is left of its old group is killed first (a
@@ -322,21 +322,23 @@ async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, settings: W
         {f"trainer-{k}": n for k, n in enumerate(sizes)},
         {spec.name: AgentTrainer(model_dirs[spec.name], trainer_configs[spec.name],
                                  needs[spec.name]) for spec in trainable},
-        section, respawn=workers.respawn_slot,
-        workers={w.name: f"trainer-{k}" for k, ws in enumerate(slot_specs) for w in ws},
-        kill=lambda name: sup.kill(name, "its trainer slot stopped answering"))
+        section, lifecycle=Lifecycle(
+            workers.respawn_slot, kill=sup.kill, groups=True, kind="trainer slot",
+            owners={w.name: f"trainer-{k}" for k, ws in enumerate(slot_specs) for w in ws},
+            attempts=settings.replace_attempts, devices=gpus.plan))
     pool = InstancePool(
         {w.name: workers.connect(handles[w.name].address)
          for ws in placement.values() for w in ws},
         {agent: [w.name for w in ws] for agent, ws in placement.items()}, model_dirs,
-        settings.rollout, balance, activity=activity, respawn=workers.respawn,
-        kill=lambda name: sup.kill(name, "unresponsive"),
+        settings.rollout, balance, activity=activity,
+        lifecycle=Lifecycle(workers.respawn, kill=sup.kill, kind="rollout instance",
+                            owners={w.name: w.name for w in instances},
+                            attempts=settings.replace_attempts, devices=gpus.plan),
         transport=(DirectTransport(trainers, gpus.transfer,
                                    tensor_parallel_size=settings.rollout.tensor_parallel_size,
                                    dtype=settings.rollout.dtype,
                                    timeout_s=settings.rollout.request_timeout_s)
                    if gpus.transfer in DIRECT else None))
-    pool.devices = gpus.plan
     return agents, pool, trainers
 
 

@@ -40,7 +40,7 @@ class StepRecorder:
         record["swaps"] = [{**dataclasses.asdict(sw), "at": sw.at - self.started}
                            for sw in trainers.swaps[self._swaps_seen:]]
         self._swaps_seen += len(record["swaps"])
-        record["trainer_slots_busy_s"] = trainers.take_busy()
+        record["trainer_slots_busy_s"] = trainers.busy.take()
         # Rollout instances that died, requests re-sent because of them, and their
         # replacements (seconds from the death to serving).
         record["faults"] = {"dead": list(pool.dead)[self._dead_seen:],

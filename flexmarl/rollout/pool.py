@@ -22,7 +22,6 @@ import hashlib
 import json
 import logging
 from dataclasses import asdict, dataclass
-from typing import Awaitable, Callable
 from pathlib import Path
 
 import torch
@@ -36,6 +35,7 @@ from flexmarl.protocol import Generate, GenerateReply, LoadReport, SubscribeLoad
 from flexmarl.weights.base import Transport
 from flexmarl.weights.sync import WeightSync
 from runtime.errors import PeerDied, RequestTimeout, TransportClosed
+from runtime.lifecycle import Lifecycle, ReplaceFailed
 from runtime.transport import Connection
 
 log = logging.getLogger(__name__)
@@ -113,8 +113,6 @@ class RolloutConfig:
                             gpu_memory_utilization=self.gpu_memory_utilization,
                             enforce_eager=self.enforce_eager, weight_transfer=transfer)
 
-REPLACE_ATTEMPTS = 3
-"""Processes started, one after another, to replace one dead instance."""
 _MODEL_KEYS_IGNORED = {"_name_or_path", "transformers_version"}
 
 
@@ -151,22 +149,21 @@ class InstancePool:
                  model_dirs: dict[str, str], config: RolloutConfig, balance: BalancerConfig, *,
                  activity: ActivityLog | None = None, signatures: dict[str, str] | None = None,
                  served: dict[str, dict[str, torch.Tensor]] | None = None,
-                 respawn: Callable[[str, str], Awaitable[tuple[str, Connection]]] | None = None,
-                 kill: Callable[[str], None] | None = None,
+                 lifecycle: Lifecycle | None = None,
                  transport: Transport | None = None) -> None:
         """`config` (section `rollout`) gives the request timeout, `balance` the balancer's
         settings; `activity` records each instance's busy intervals (its requests in flight).
         `signatures` (agent -> model signature) and `served` (agent -> the weights its
         instances start with) default to what the model directories hold (the simulator,
-        whose models have no files, passes both). `respawn(dead, agent)` starts a replacement
-        of a dead instance for `agent` and returns its (new name, connection); `kill(name)`
-        ends an instance that stopped answering (its death then comes to instance_died).
+        whose models have no files, passes both). `lifecycle` (runtime.lifecycle; each instance
+        its own owner) starts replacements of dead instances and new ones (`grow`: its respawn
+        is given an agent and the dead instances whose GPUs the new one takes), kills one that
+        stopped answering (its death then comes to instance_died) and holds the run's GPU
+        placement (shown in status()); none: a death is final.
         `transport`: the run's weight sync (default staged; on GPU the trainer sending to the
         instances itself, flexmarl.weights.direct), under the pool's `weights`."""
         self.conns = dict(instances)
-        self.devices = None
-        """The run's GPU placement (flexmarl.launch.devices.DevicePlan), if any: shown in
-        status() and given the GPUs of nodes that join."""
+        self.lifecycle = lifecycle or Lifecycle(kind="rollout instance")
         self.model_dirs = dict(model_dirs)
         if signatures is None:
             signatures = {a: model_signature(d) for a, d in model_dirs.items()}
@@ -187,13 +184,11 @@ class InstancePool:
         self.activity = activity
         self._drains: dict[str, asyncio.Event] = {}
         """Instances being moved, set once their last in-flight request has finished."""
-        self.respawn = respawn
-        self.kill = kill
-        self.dead: dict[str, str] = {}
-        """Instances that died (name -> reason); their replacements have new names."""
+        self.dead = self.lifecycle.dead
+        """Instances that died (name -> reason); their replacements have new names (the
+        lifecycle's, updated in place, as `replacements`)."""
         self.redispatched = 0
-        self.replacements: list[dict] = []
-        self.failed_replacements = 0
+        self.replacements = self.lifecycle.replacements
         self.added: list[dict] = []
         """Instances started for a node that joined mid-run (`grow`)."""
         self._serving = {agent: asyncio.Event() for agent in placement}
@@ -231,8 +226,11 @@ class InstancePool:
             except (PeerDied, RequestTimeout) as exc:
                 bal.finish(msg.request_id)
                 self._maybe_drained(name)
-                if isinstance(exc, RequestTimeout):  # alive but not answering: treat as dead
-                    self._unresponsive(name, exc)
+                # Alive but not answering: killed (its death comes to instance_died), or, with
+                # nothing to kill it, handled as dead here.
+                if isinstance(exc, RequestTimeout) and \
+                        not self.lifecycle.kill(name, "unresponsive"):
+                    self.instance_died(name, "unresponsive")
                 self.redispatched += 1
                 log.warning("request %s: instance %s of %s failed (%s); sending it to another "
                             "instance", msg.request_id, name, agent, type(exc).__name__)
@@ -253,20 +251,13 @@ class InstancePool:
 
     # ------------------------------------------------------------------ faults
 
-    def _unresponsive(self, name: str, exc: BaseException) -> None:
-        if self.kill is not None and name not in self.dead:
-            log.warning("instance %s did not answer in time (%s); killing it", name, exc)
-            self.kill(name)  # the supervisor reports its death: instance_died() follows
-        elif self.kill is None:
-            self.instance_died(name, "unresponsive")
-
     def instance_died(self, name: str, reason: str) -> None:
         """`name`'s process is gone: no request goes there any more, those in flight fail at
         once with PeerDied (generate() re-sends them), and a replacement is started."""
         if name in self.dead or name not in self.conns:
             return
         agent = self.balancer.agent_of(name)
-        self.dead[name] = reason
+        self.lifecycle.died(name, reason)
         self.balancer.remove(name)
         if not self.balancer.instances(agent):
             self._serving[agent].clear()
@@ -279,37 +270,25 @@ class InstancePool:
             task.cancel()
         log.warning("rollout instance %s of %s died (%s): %d of its instances left%s", name,
                     agent, reason, len(self.balancer.instances(agent)),
-                    "; starting a replacement" if self.respawn else "")
-        if self.respawn is not None:
+                    "; starting a replacement" if self.lifecycle.recoverable else "")
+        if self.lifecycle.recoverable:
             self._tasks.append(asyncio.create_task(self._replace(name, agent),
                                                    name=f"pool.replace[{name}]"))
 
     async def _replace(self, dead: str, agent: str) -> None:
         """Start a new instance for `agent`, load the version the agent serves, route to it
-        (up to REPLACE_ATTEMPTS processes: a replacement can die while it starts, too)."""
-        started = now()
-        for attempt in range(1, REPLACE_ATTEMPTS + 1):
-            try:
-                name = await self._start_replacement(dead, agent)
-                break
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.error("replacing rollout instance %s of %s failed (attempt %d of %d): "
-                          "%s: %s", dead, agent, attempt, REPLACE_ATTEMPTS,
-                          type(exc).__name__, exc)
-                self.failed_replacements += 1
-        else:
+        (Lifecycle.replace: up to supervisor.replace_attempts processes, as a replacement can
+        die while it starts, too)."""
+        async def ready(names: list[str], conn: Connection) -> dict:
+            name = await self._start_replacement(agent, names[0], conn)
+            return {"dead": dead, "new": name, "agent": agent, "version": self.versions[agent]}
+        try:
+            await self.lifecycle.replace(dead, agent, [dead], ready)
+        except ReplaceFailed as exc:
             if not self.balancer.instances(agent):  # nothing serves it: fail its requests
                 self._broken[agent] = RuntimeError(
-                    f"agent {agent} has no rollout instance left: {dead} died and "
-                    f"{REPLACE_ATTEMPTS} replacements failed to start (see the log)")
+                    f"agent {agent} has no rollout instance left: {exc}")
                 self._serving[agent].set()
-            return
-        self.replacements.append({"dead": dead, "new": name, "agent": agent,
-                                  "seconds": now() - started, "version": self.versions[agent]})
-        log.warning("instance %s replaces %s for %s (version %d) after %.1f s", name, dead,
-                    agent, self.versions[agent], now() - started)
 
     def grow(self, agent: str) -> None:
         """Start one more instance for `agent` (a node joined) in the background: it loads the
@@ -317,17 +296,18 @@ class InstancePool:
         async def add() -> None:
             started = now()
             try:
-                name = await self._start_replacement("", agent)
+                new = await self.lifecycle.start("", agent, [], lambda names, conn: (
+                    self._start_replacement(agent, names[0], conn)))
             except Exception as exc:
                 log.error("a new rollout instance for %s failed to start: %s: %s", agent,
                           type(exc).__name__, exc)
                 return
-            self.added.append({"new": name, "agent": agent, "seconds": now() - started})
-            log.warning("new instance %s serves %s after %.1f s", name, agent, now() - started)
+            self.added.append({"new": new, "agent": agent, "seconds": now() - started})
+            log.warning("new instance %s serves %s after %.1f s", new, agent, now() - started)
         self._tasks.append(asyncio.create_task(add(), name=f"pool.grow[{agent}]"))
 
-    async def _start_replacement(self, dead: str, agent: str) -> str:
-        name, conn = await self.respawn(dead, agent)
+    async def _start_replacement(self, agent: str, name: str, conn: Connection) -> str:
+        """A new instance `name` (a replacement or a new one) takes `agent`'s requests."""
         try:
             async with self.weights.locked(agent):  # no weight sync of the agent meanwhile
                 if not self.weights.fresh(agent):
@@ -379,7 +359,8 @@ class InstancePool:
                   for a in self.versions}
         return {"instances": instances, "agents": agents, "moves": self.moves[-recent:],
                 "moves_total": len(self.moves),
-                "devices": self.devices.rows() if self.devices is not None else []}
+                "devices": (self.lifecycle.devices.rows() if self.lifecycle.devices is not None
+                            else [])}
 
     def take_stats(self) -> dict:
         """Since the last call: per agent request latency p50/p99 (s) and count, and tokens

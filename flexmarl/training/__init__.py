@@ -1,7 +1,10 @@
 """Training: trainer slots bound to agents on demand, FSDP2 trainers, GRPO maths.
 
-    slots.py    SlotAllocator: which agent gets which trainer slot (pure)
+    slots.py    SlotAllocator: which agent gets which trainer slot; TeamOrder: the order
+                agents ask in (both pure)
     pool.py     TrainerPool: binds slots to agents, swaps idle agents' state to host memory
+    pool_config.py  TrainerPoolConfig: the `trainer_pool` section
+    slot_connection.py  a slot's connection: busy time, deadlines, death
     worker.py   the trainer worker process: one rank of an agent's FSDP2 group, as an actor
     rank.py     what one rank does in its command thread: process group, swaps, pulls, sends
     parking.py  the swap path's data movement: shards to host memory and back, pulls
@@ -11,6 +14,6 @@
     sharding.py the policy's modules: built, frozen (train_layers), sharded with FSDP2
     grpo.py     token log-probabilities and the clipped policy loss (pure torch)
 
-Imports only the shared leaves (protocol, clock, models/, sampling/, weights/) and runtime/, never
-rollout/: the two are peers.
+Imports only the shared leaves (protocol, clock, models/, sampling/, weights/) and runtime/ (whose
+Lifecycle replaces dead slots), never rollout/: the two are peers.
 """

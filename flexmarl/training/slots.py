@@ -1,7 +1,8 @@
-"""Which agent gets which trainer slot next: a pure policy over names (no I/O, no clock).
+"""Which agent gets which trainer slot next: pure policies over names (no I/O, no clock).
 
-TrainerPool (flexmarl.training.pool) asks it on every bind and release; the simulator
-(flexmarl.sim) drives the same class.
+SlotAllocator: TrainerPool (flexmarl.training.pool) asks it on every bind and release; the
+simulator (flexmarl.sim) drives the same class. TeamOrder: the order agents ask in, learnt (the
+allocator's evictions and the pool's prefetches follow it).
 """
 from __future__ import annotations
 
@@ -108,3 +109,33 @@ class SlotAllocator:
         # The idle agent needed last leaves (max keeps the first of equals: the least recently
         # used, as `resident` is ordered by release).
         return max(free, key=lambda s: self.expected_rank(self.resident[s]))
+
+
+class TeamOrder:
+    """The order the team's agents ask for a slot in, learnt: one cycle is each agent once, and
+    the workflow repeats, so the last complete cycle predicts the next. Pure, as SlotAllocator
+    (which takes `expected()` for its evictions)."""
+
+    def __init__(self) -> None:
+        self.cycle: list[str] = []
+        """Agents whose updates asked for a slot in the current cycle, in order."""
+        self.learnt: list[str] = []
+        """The last complete cycle's order: the prediction of the next."""
+
+    def asked(self, agent: str) -> None:
+        """An agent's update asks for a slot (a second time: a new cycle begins)."""
+        if agent in self.cycle:  # a new cycle begins: the one before is the prediction
+            self.learnt = self.cycle
+            self.cycle = []
+        self.cycle.append(agent)
+
+    def expected(self) -> list[str]:
+        """Agents in the order they are expected to ask for a slot next (soonest first): the
+        last cycle's order from after the agent that asked last, those that already asked
+        in this cycle at the end."""
+        order = self.learnt + [a for a in self.cycle if a not in self.learnt]
+        if self.cycle and self.cycle[-1] in order:
+            k = order.index(self.cycle[-1]) + 1
+            order = order[k:] + order[:k]
+        return [a for a in order if a not in self.cycle] + \
+            [a for a in order if a in self.cycle]

@@ -20,7 +20,7 @@ def two_agents(compatible=None, **config) -> Balancer:
 def load_up(bal: Balancer, agent: str, cost: float, prefix: str) -> list[str]:
     """As many requests of `cost` as the agent has instances (least_loaded spreads them one
     per instance when the instances are equally loaded); their ids."""
-    ids = [f"{prefix}{i}" for i in range(len(bal.instances(agent)))]
+    ids = [f"{prefix}{i}" for i in range(len(bal.loads.instances(agent)))]
     for rid in ids:
         bal.route(agent, rid, cost)
     return ids

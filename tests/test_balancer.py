@@ -38,13 +38,13 @@ def test_one_move_at_a_time_draining_then_finish_and_cooldown():
         bal.begin_move(move)
     # Draining: no new request goes there; its own one is still in flight.
     assert all(bal.route("cold", f"n{k}", 1.0) != "c2" for k in range(6))
-    assert bal.inflight("c2") == 1 and bal.agent_of("c2") == "cold"
+    assert bal.loads.inflight("c2") == 1 and bal.loads.agent_of("c2") == "cold"
     with pytest.raises(RuntimeError, match="still has 1 requests in flight"):
         bal.finish_move(move, 3.0)
     bal.finish("c-c", samples=1, tokens=5)
     bal.finish_move(move, 3.0)
-    assert bal.agent_of("c2") == "hot" and "c2" in bal.instances("hot")
-    assert "c2" not in bal.instances("cold") and bal.moves == [move]
+    assert bal.loads.agent_of("c2") == "hot" and "c2" in bal.loads.instances("hot")
+    assert "c2" not in bal.loads.instances("cold") and bal.moves == [move]
     assert bal.route("hot", "to-new", 1.0) == "c2"     # the idle newcomer is least loaded
     # Cool-down: 10 s after the move finished, however hot the agent.
     load_up(bal, "hot", 5000.0, "more")
@@ -60,7 +60,7 @@ def test_abort_keeps_the_instance_and_wrong_moves_are_refused():
         bal.begin_move(type(move)(move.instance, "hot", "cold", 0.0, 0.0))
     bal.begin_move(move)
     bal.abort_move(move, 2.0)
-    assert bal.agent_of(move.instance) == "cold" and bal.moves == []
+    assert bal.loads.agent_of(move.instance) == "cold" and bal.moves == []
     assert move.instance in {bal.route("cold", f"r{k}", 1.0) for k in range(3)}
     with pytest.raises(RuntimeError, match="not the move in progress"):
         bal.finish_move(move, 3.0)
@@ -91,7 +91,7 @@ def test_a_timed_move_prices_the_next_and_a_removed_instance_ends_its_move():
     bal.drained(move, 2.0, 12.0)                      # EWMA 0.3 toward 10 s
     assert bal.planner.move_cost_s() == pytest.approx(3.0)
     bal.remove(move.instance)                         # it died while changing hands
-    assert move.instance not in bal.instances("cold") and bal.is_draining(move.instance)
+    assert move.instance not in bal.loads.instances("cold") and bal.loads.is_draining(move.instance)
     with pytest.raises(RuntimeError, match="not the move in progress"):
         bal.finish_move(move, 3.0)
     assert bal.plan_move(3.0) is not None             # no move in progress any more

@@ -49,16 +49,16 @@ STEPS = 5
 def test_balancer_remove_and_add():
     bal = Balancer({"a": ["i0", "i1"], "b": ["i2"]})
     bal.route("a", "r1", 10.0, episode="e1")
-    bal.remove("i0" if bal.inflight("i0") else "i1")
-    gone = "i0" if "i0" not in bal.instances("a") else "i1"
-    assert bal.instances("a") == [i for i in ("i0", "i1") if i != gone]
+    bal.remove("i0" if bal.loads.inflight("i0") else "i1")
+    gone = "i0" if "i0" not in bal.loads.instances("a") else "i1"
+    assert bal.loads.instances("a") == [i for i in ("i0", "i1") if i != gone]
     for k in range(5):  # nothing is routed to a removed instance
         assert bal.route("a", f"x{k}", 1.0) != gone
     bal.finish("r1")  # a request in flight there still finishes normally
-    bal.add("a", "i3")
-    assert "i3" in bal.instances("a")
+    bal.loads.add("a", "i3")
+    assert "i3" in bal.loads.instances("a")
     with pytest.raises(ValueError, match="new name"):
-        bal.add("a", gone)
+        bal.loads.add("a", gone)
 
 
 def _config(tmp_path: Path, name: str, *extra: str):

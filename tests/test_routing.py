@@ -103,38 +103,38 @@ def test_least_loaded_counts_tokens_not_requests():
     assert bal.route("a", "big", 1000.0) == "i0"          # tie: the first
     assert [bal.route("a", f"s{k}", 100.0) for k in range(3)] == ["i1"] * 3
     # i1 has three requests against one on i0, but 300 tokens against 1000: it still wins.
-    assert (bal.load("i0"), bal.load("i1")) == (1000.0, 300.0)
-    assert bal.inflight("i1") == 3 and bal.inflight("i0") == 1
+    assert (bal.loads.load("i0"), bal.loads.load("i1")) == (1000.0, 300.0)
+    assert bal.loads.inflight("i1") == 3 and bal.loads.inflight("i0") == 1
     assert bal.route("a", "next", 100.0) == "i1"
     bal.finish("big", samples=1, tokens=900)
-    assert bal.load("i0") == 0.0 and bal.route("a", "after", 100.0) == "i0"
+    assert bal.loads.load("i0") == 0.0 and bal.route("a", "after", 100.0) == "i0"
 
 
 def test_own_inflight_beats_a_stale_report():
     bal = Balancer({"a": ["i0", "i1"]}, BalancerConfig(strategy="least_loaded"))
     assert bal.route("a", "r0", 500.0) == "i0"
-    bal.report("i0", 0)     # sent before r0 arrived there: it must not make i0 look idle
-    assert bal.load("i0") == 500.0
+    bal.loads.report("i0", 0)     # sent before r0 arrived there: it must not make i0 look idle
+    assert bal.loads.load("i0") == 500.0
     assert bal.route("a", "r1", 100.0) == "i1"
-    bal.report("nowhere", 3)    # an instance the balancer does not know: ignored
+    bal.loads.report("nowhere", 3)    # an instance the balancer does not know: ignored
 
 
 def test_a_report_with_more_requests_than_ours_adds_load():
     bal = Balancer({"a": ["i0", "i1"]}, BalancerConfig(strategy="least_loaded"))
     bal.route("a", "r0", 100.0)                       # i0
-    bal.report("i0", 3)                               # two more from other clients
-    assert bal.load("i0") == pytest.approx(300.0)     # each at our mean request cost
-    bal.report("i1", 2)                               # none of ours there
-    assert bal.load("i1") > 0
+    bal.loads.report("i0", 3)                               # two more from other clients
+    assert bal.loads.load("i0") == pytest.approx(300.0)     # each at our mean request cost
+    bal.loads.report("i1", 2)                               # none of ours there
+    assert bal.loads.load("i1") > 0
     assert bal.route("a", "r1", 100.0, episode=None) in ("i0", "i1")
 
 
 def test_our_finishes_after_a_report_do_not_read_as_foreign_load():
     bal = Balancer({"a": ["i0", "i1"]}, BalancerConfig(strategy="least_loaded"))
     bal.route("a", "r0", 100.0)
-    bal.report("i0", 1)            # exact: r0 is the one request there
+    bal.loads.report("i0", 1)            # exact: r0 is the one request there
     bal.finish("r0", samples=1, tokens=50)
-    assert bal.load("i0") == 0.0   # nothing is left there, ours or anyone's
+    assert bal.loads.load("i0") == 0.0   # nothing is left there, ours or anyone's
 
 
 def test_sticky_episode_stays_within_slack_and_leaves_beyond_it():
@@ -167,18 +167,18 @@ def test_no_slack_means_no_stickiness_beyond_ties():
 
 def test_expected_length_is_learnt_as_an_ewma_capped_at_max_tokens():
     bal = Balancer({"a": ["i0"]}, BalancerConfig(length_smoothing=0.5))
-    assert bal.estimate("a", n=4, max_tokens=128) == 4 * 128     # nothing learnt yet
+    assert bal.loads.estimate("a", n=4, max_tokens=128) == 4 * 128     # nothing learnt yet
     bal.route("a", "r0", 512.0)
     bal.finish("r0", samples=4, tokens=4 * 40)                    # first: taken as is
-    assert bal.expected_len("a", 128) == 40.0
+    assert bal.loads.expected_len("a", 128) == 40.0
     bal.route("a", "r1", 160.0)
     bal.finish("r1", samples=2, tokens=2 * 80)                    # 0.5 * 40 + 0.5 * 80
-    assert bal.expected_len("a", 128) == 60.0
-    assert bal.expected_len("a", 16) == 16.0                      # capped at max_tokens
-    assert bal.estimate("a", n=3, max_tokens=128) == 180.0
+    assert bal.loads.expected_len("a", 128) == 60.0
+    assert bal.loads.expected_len("a", 16) == 16.0                      # capped at max_tokens
+    assert bal.loads.estimate("a", n=3, max_tokens=128) == 180.0
     bal.route("a", "r2", 180.0)
     bal.finish("r2")                                              # failed: teaches nothing
-    assert bal.expected_len("a", 128) == 60.0 and bal.inflight("i0") == 0
+    assert bal.loads.expected_len("a", 128) == 60.0 and bal.loads.inflight("i0") == 0
     with pytest.raises(ValueError, match="not in flight"):
         bal.finish("r2")
     bal.route("a", "r3", 1.0)

@@ -34,8 +34,9 @@ Two levels, as in the paper:
 
 The parts, each pure and tested on its own (flexmarl.rollout.balance):
 
-    Balancer ── is an InstanceLoads (balance/loads.py: outstanding work per instance, reports,
-       │        learnt lengths), and holds:
+    Balancer ── holds:
+       ├── loads           InstanceLoads (balance/loads.py: each instance's agent, outstanding
+       │                   work, reports, learnt lengths): what callers read
        ├── strategy        RoundRobin | LeastLoaded (balance/routing.py), + StickyEpisodes
        ├── planner         MovePlanner (balance/planner.py): the ratio test, move_pays, ahead
        └── profile, demand, rates   StepProfile, DemandAverage, Rates (balance/forecast.py)
@@ -63,13 +64,15 @@ from flexmarl.rollout.balance.routing import BalancerStats, StickyEpisodes, stra
 __all__ = ["STRATEGIES", "Balancer", "BalancerConfig", "BalancerStats", "Move", "percentile"]
 
 
-class Balancer(InstanceLoads):
+class Balancer:
     """See the module docstring. Instance and agent names are plain strings."""
 
     def __init__(self, placement: dict[str, list[str]], config: BalancerConfig | None = None, *,
                  compatible: Callable[[str, str], bool] | None = None) -> None:
         self.config = config or BalancerConfig()
-        super().__init__(placement, self.config.length_smoothing)
+        self.loads = InstanceLoads(placement, self.config.length_smoothing)
+        """The ledger: each instance's agent and outstanding work, learnt lengths (callers
+        read instances, loads and in-flight counts here)."""
         self.stats = BalancerStats()
         self.strategy = strategy_for(self.config.strategy)
         # Round robin ignores load, so it keeps no episode on its instance either.
@@ -78,7 +81,7 @@ class Balancer(InstanceLoads):
         self.profile = StepProfile()
         self.demand = DemandAverage(self.config.demand_window_s)
         self.rates = Rates()
-        self.planner = MovePlanner(self.config, self, self.profile, self.rates,
+        self.planner = MovePlanner(self.config, self.loads, self.profile, self.rates,
                                    compatible or (lambda src, dst: True))
         self.moves: list[Move] = []
         self._moving: Move | None = None
@@ -89,24 +92,26 @@ class Balancer(InstanceLoads):
     def route(self, agent: str, request_id: str, cost: float, *, episode: str | None = None
               ) -> str:
         """Pick the instance for a request and count it in flight until finish()."""
-        if request_id in self._inflight:
+        loads = self.loads
+        if loads.routed(request_id):
             raise ValueError(f"request {request_id!r} is already in flight")
-        candidates = self.serving(agent)
+        candidates = loads.serving(agent)
         if not candidates:
             raise RuntimeError(f"agent {agent!r} has no serving instance (all draining)")
         # Ties in outstanding tokens go to the instance with fewer of our requests.
-        choice = self.strategy.choose(agent, candidates, lambda i: (self.load(i), self.inflight(i)))
+        choice = self.strategy.choose(agent, candidates,
+                                      lambda i: (loads.load(i), loads.inflight(i)))
         if self._sticky:
-            choice = self.episodes.keep(agent, episode, candidates, choice, self.load)
+            choice = self.episodes.keep(agent, episode, candidates, choice, loads.load)
         self.episodes.remember(agent, episode, choice)
-        self.count_in(request_id, agent, choice, cost)
+        loads.count_in(request_id, agent, choice, cost)
         self.stats.routed[choice] = self.stats.routed.get(choice, 0) + 1
         return choice
 
     def finish(self, request_id: str, *, samples: int = 1, tokens: int | None = None) -> None:
         """A request ended (or failed: tokens None); `tokens` generated over `samples` samples
         teach the agent's expected length and its rate."""
-        agent = self.count_out(request_id, samples, tokens)
+        agent = self.loads.count_out(request_id, samples, tokens)
         if tokens is not None:
             self.rates.finished(agent, tokens)
 
@@ -117,10 +122,7 @@ class Balancer(InstanceLoads):
     def remove(self, instance: str) -> None:
         """The instance is gone (its process died): never routed to or moved again. Requests
         still in flight there finish (fail) through finish() as usual."""
-        inst = self._instances[instance]
-        if instance in self._agents[inst.agent]:
-            self._agents[inst.agent].remove(instance)
-        inst.draining = True
+        self.loads.retire(instance)
         if self._moving is not None and self._moving.instance == instance:
             self._moving = None
         self.episodes.forget(instance)
@@ -138,13 +140,14 @@ class Balancer(InstanceLoads):
             return None
         last = self.demand.last_check
         dt = None if last is None else now - last
-        for agent in self._agents:  # per check: each agent's rate and demand profile
-            self.rates.observe(agent, dt, len(self.serving(agent)))
+        loads = self.loads
+        for agent in loads.agents:  # per check: each agent's rate and demand profile
+            self.rates.observe(agent, dt, len(loads.serving(agent)))
             # Loads are estimates (n x the expected length): not profiled before an agent's
             # length is learnt (until then each request counts max_tokens, far too much).
-            if self.learnt_len(agent) is not None:
-                self.profile.record(agent, now, self.total(agent))
-        demand = self.demand.update(now, {a: self.agent_load(a) for a in self._agents})
+            if loads.learnt_len(agent) is not None:
+                self.profile.record(agent, now, loads.total(agent))
+        demand = self.demand.update(now, {a: loads.agent_load(a) for a in loads.agents})
         # An average over less than one window is mostly the run's first phase (every episode
         # in its first agent's call, the others idle): no move on it.
         if self._moving is not None or now < self._cool_until \
@@ -157,10 +160,7 @@ class Balancer(InstanceLoads):
         """Stop routing to the instance; the caller waits for inflight() == 0, then reloads it."""
         if self._moving is not None:
             raise RuntimeError(f"a move is already in progress: {self._moving}")
-        inst = self._instances[move.instance]
-        if inst.agent != move.src:
-            raise ValueError(f"instance {move.instance} serves {inst.agent}, not {move.src}")
-        inst.draining = True
+        self.loads.drain(move.instance, move.src)
         self._moving = move
 
     def drained(self, move: Move, now: float, loaded: float) -> None:
@@ -179,18 +179,10 @@ class Balancer(InstanceLoads):
     def _end_move(self, move: Move, now: float, *, done: bool) -> None:
         if self._moving != move:
             raise RuntimeError(f"{move} is not the move in progress")
-        inst = self._instances[move.instance]
+        self.loads.undrain(move.instance, move.dst if done else None)
         if done:
-            if inst.own_requests:
-                raise RuntimeError(f"instance {move.instance} still has {inst.own_requests} "
-                                   "requests in flight; wait for them before finishing the move")
-            self._agents[move.src].remove(move.instance)
-            self._agents[move.dst].append(move.instance)
-            inst.agent = move.dst
-            inst.reported_requests = inst.foreign_requests = 0
             self.episodes.forget(move.instance)
             self.moves.append(move)
-        inst.draining = False
         self._moving = None
         self._cool_until = now + self.config.cooldown_s
 

@@ -4,7 +4,7 @@
                               ─► that instance ─► GenerateReply ─► balancer.finish (lengths learnt)
     weights (flexmarl.weights.sync.WeightSync, built here): the agents' versions and served
              weights; the loop syncs through it, moves and new instances load from it
-    report loops: each instance pushes LoadReport ─► balancer.report (its queued + running)
+    report loops: each instance pushes LoadReport ─► balancer.loads.report (queued + running)
     rebalance_loop: balancer.plan_move ─► move: drain (no new requests, in-flight ones finish)
                     ─► the hot agent's served weights loaded in place (weights.load_into)
                     ─► re-registered under the hot agent; logged with cause and cost
@@ -199,7 +199,7 @@ class InstancePool:
         """Agents left with no instance after every replacement failed."""
 
     def of(self, agent: str) -> list[Connection]:
-        return [self.conns[name] for name in self.balancer.instances(agent)]
+        return [self.conns[name] for name in self.balancer.loads.instances(agent)]
 
     # ------------------------------------------------------------------ requests
 
@@ -209,11 +209,11 @@ class InstancePool:
         before replying, the request goes to another instance of the agent (or waits for the
         dead one's replacement): the reply is the one the request's seed gives, stored once."""
         bal = self.balancer
-        cost = bal.estimate(agent, n=msg.params.n, max_tokens=msg.params.max_tokens)
+        cost = bal.loads.estimate(agent, n=msg.params.n, max_tokens=msg.params.max_tokens)
         while True:
             if agent in self._broken:
                 raise self._broken[agent]
-            if not bal.instances(agent):  # all of them died: wait for a replacement
+            if not bal.loads.instances(agent):  # all of them died: wait for a replacement
                 await self._serving[agent].wait()
                 continue
             name = bal.route(agent, msg.request_id, cost, episode=episode)
@@ -256,10 +256,10 @@ class InstancePool:
         once with PeerDied (generate() re-sends them), and a replacement is started."""
         if name in self.dead or name not in self.conns:
             return
-        agent = self.balancer.agent_of(name)
+        agent = self.balancer.loads.agent_of(name)
         self.lifecycle.died(name, reason)
         self.balancer.remove(name)
-        if not self.balancer.instances(agent):
+        if not self.balancer.loads.instances(agent):
             self._serving[agent].clear()
         conn = self.conns.pop(name)
         conn.fail_pending(PeerDied(f"rollout instance {name} of {agent} died ({reason})"))
@@ -269,7 +269,7 @@ class InstancePool:
         if task is not None:
             task.cancel()
         log.warning("rollout instance %s of %s died (%s): %d of its instances left%s", name,
-                    agent, reason, len(self.balancer.instances(agent)),
+                    agent, reason, len(self.balancer.loads.instances(agent)),
                     "; starting a replacement" if self.lifecycle.recoverable else "")
         if self.lifecycle.recoverable:
             self._tasks.append(asyncio.create_task(self._replace(name, agent),
@@ -285,7 +285,7 @@ class InstancePool:
         try:
             await self.lifecycle.replace(dead, agent, [dead], ready)
         except ReplaceFailed as exc:
-            if not self.balancer.instances(agent):  # nothing serves it: fail its requests
+            if not self.balancer.loads.instances(agent):  # nothing serves it: fail its requests
                 self._broken[agent] = RuntimeError(
                     f"agent {agent} has no rollout instance left: {exc}")
                 self._serving[agent].set()
@@ -315,8 +315,8 @@ class InstancePool:
                 first: LoadReport = await conn.request(SubscribeLoad(), control=True,
                                                        timeout_s=self.request_timeout_s)
                 self.conns[name] = conn
-                self.balancer.add(agent, name)
-                self.balancer.report(name, first.queued + first.running)
+                self.balancer.loads.add(agent, name)
+                self.balancer.loads.report(name, first.queued + first.running)
                 self.reports[name] = first
                 self._report_tasks[name] = asyncio.create_task(self._reports(name, conn),
                                                                name=f"pool.reports[{name}]")
@@ -329,7 +329,7 @@ class InstancePool:
 
     def _maybe_drained(self, name: str) -> None:
         drain = self._drains.get(name)
-        if drain is not None and not self.balancer.inflight(name):
+        if drain is not None and not self.balancer.loads.inflight(name):
             drain.set()
 
     @property
@@ -339,23 +339,24 @@ class InstancePool:
 
     def instances(self, agent: str) -> list[str]:
         """The instances serving `agent` now (the balancer may move them)."""
-        return self.balancer.instances(agent)
+        return self.balancer.loads.instances(agent)
 
     def status(self, recent: int = 200) -> dict:
         """The instances now and the latest moves, as plain data (flexmarl.observe.monitor):
         {instances: name -> {agent, queued, running (its last load report), inflight (ours),
         draining}, agents: name -> {instances, inflight}, moves: the last `recent` MoveRecords,
         moves_total}."""
-        bal = self.balancer
+        loads = self.balancer.loads
         instances = {}
         for name in self.conns:
             report = self.reports.get(name)
-            instances[name] = {"agent": bal.agent_of(name),
+            instances[name] = {"agent": loads.agent_of(name),
                                "queued": report.queued if report else 0,
                                "running": report.running if report else 0,
-                               "inflight": bal.inflight(name), "draining": bal.is_draining(name)}
-        agents = {a: {"instances": bal.instances(a),
-                      "inflight": sum(bal.inflight(i) for i in bal.instances(a))}
+                               "inflight": loads.inflight(name),
+                               "draining": loads.is_draining(name)}
+        agents = {a: {"instances": loads.instances(a),
+                      "inflight": sum(loads.inflight(i) for i in loads.instances(a))}
                   for a in self.versions}
         return {"instances": instances, "agents": agents, "moves": self.moves[-recent:],
                 "moves_total": len(self.moves),
@@ -388,7 +389,7 @@ class InstancePool:
             first: LoadReport = await conn.request(SubscribeLoad(), control=True,
                                                    timeout_s=self.request_timeout_s)
             self.reports[name] = first
-            self.balancer.report(name, first.queued + first.running)
+            self.balancer.loads.report(name, first.queued + first.running)
             self._report_tasks[name] = asyncio.create_task(self._reports(name, conn),
                                                            name=f"pool.reports[{name}]")
         if self.balancer.config.strategy == "hierarchical":
@@ -410,7 +411,7 @@ class InstancePool:
                 return  # the instance died and its connection was closed
             if isinstance(env.msg, LoadReport):
                 self.reports[name] = env.msg
-                self.balancer.report(name, env.msg.queued + env.msg.running)
+                self.balancer.loads.report(name, env.msg.queued + env.msg.running)
 
     async def _rebalance_loop(self) -> None:
         interval = self.balancer.config.check_interval_s
@@ -426,7 +427,7 @@ class InstancePool:
         started = now()
         bal.begin_move(move)
         try:
-            if bal.inflight(move.instance):  # its requests finish normally: none is lost
+            if bal.loads.inflight(move.instance):  # its requests finish normally: none is lost
                 self._drains[move.instance] = asyncio.Event()
                 try:
                     await self._drains[move.instance].wait()

@@ -111,7 +111,7 @@ class LoadSample:
 
     t: float
     loads: dict[str, float]
-    """balancer.agent_load per agent (estimated outstanding tokens per instance)."""
+    """balancer.loads.agent_load per agent (estimated outstanding tokens per instance)."""
     instances: dict[str, int]
 
 
@@ -136,7 +136,7 @@ class RoutingResult:
     placement: dict[str, list[str]]
     """Agent -> instances at the end."""
     inflight_at_end: dict[str, int]
-    """balancer.inflight(instance) after the run: all 0 when nothing was lost."""
+    """balancer.loads.inflight(instance) after the run: all 0 when nothing was lost."""
     makespan_s: float
 
     @property
@@ -232,8 +232,9 @@ async def _run(workload: SkewedWorkload, placement: dict[str, list[str]],
         async def sample_loads() -> None:
             while True:
                 await asyncio.sleep(balance.check_interval_s)
-                samples.append(LoadSample(now(), {a: bal.agent_load(a) for a in bal.agents},
-                                          {a: len(bal.instances(a)) for a in bal.agents}))
+                loads = bal.loads
+                samples.append(LoadSample(now(), {a: loads.agent_load(a) for a in loads.agents},
+                                          {a: len(loads.instances(a)) for a in loads.agents}))
 
         async def episode(step: int, ep: CallChain, slots: asyncio.Semaphore) -> None:
             async with slots:
@@ -281,8 +282,8 @@ async def _run(workload: SkewedWorkload, placement: dict[str, list[str]],
             step_s=step_s, requests=list(records.values()), moves=list(pool.moves),
             samples=samples,
             busy_s={n: e.group.active_device_s / e.devices for n, e in engines.items()},
-            tokens_served=tokens, placement={a: bal.instances(a) for a in bal.agents},
-            inflight_at_end={n: bal.inflight(n) for n in engines}, makespan_s=now())
+            tokens_served=tokens, placement={a: bal.loads.instances(a) for a in bal.loads.agents},
+            inflight_at_end={n: bal.loads.inflight(n) for n in engines}, makespan_s=now())
 
 
 def run_routing(workload: SkewedWorkload, placement: dict[str, list[str]],

@@ -69,6 +69,40 @@ class InstanceLoads:
         self._instances[instance] = _Instance(agent)
         self._agents[agent].append(instance)
 
+    def retire(self, instance: str) -> None:
+        """The instance is gone (its process died): never routed to again; its requests in
+        flight still end through count_out."""
+        inst = self._instances[instance]
+        if instance in self._agents[inst.agent]:
+            self._agents[inst.agent].remove(instance)
+        inst.draining = True
+
+    def drain(self, instance: str, agent: str) -> None:
+        """Stop routing to `agent`'s instance (a move away from it begins)."""
+        inst = self._instances[instance]
+        if inst.agent != agent:
+            raise ValueError(f"instance {instance} serves {inst.agent}, not {agent}")
+        inst.draining = True
+
+    def undrain(self, instance: str, to: str | None = None) -> None:
+        """Route to the drained instance again: for agent `to` (the move is done: its own
+        requests have all finished, the reports of the old agent's load are forgotten), or for
+        the agent it served (None: the move failed)."""
+        inst = self._instances[instance]
+        if to is not None:
+            if inst.own_requests:
+                raise RuntimeError(f"instance {instance} still has {inst.own_requests} "
+                                   "requests in flight; wait for them before finishing the move")
+            self._agents[inst.agent].remove(instance)
+            self._agents[to].append(instance)
+            inst.agent = to
+            inst.reported_requests = inst.foreign_requests = 0
+        inst.draining = False
+
+    def routed(self, request_id: str) -> bool:
+        """Is the request in flight (counted in, not yet out)?"""
+        return request_id in self._inflight
+
     def is_draining(self, instance: str) -> bool:
         """Being moved to another agent: no new requests go to it."""
         return self._instances[instance].draining

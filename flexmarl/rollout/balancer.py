@@ -93,7 +93,7 @@ class Balancer:
               ) -> str:
         """Pick the instance for a request and count it in flight until finish()."""
         loads = self.loads
-        if loads.routed(request_id):
+        if request_id in loads.requests:
             raise ValueError(f"request {request_id!r} is already in flight")
         candidates = loads.serving(agent)
         if not candidates:

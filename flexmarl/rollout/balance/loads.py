@@ -44,7 +44,8 @@ class InstanceLoads:
                     raise ValueError(f"instance {name!r} is placed twice")
                 self._instances[name] = _Instance(agent)
         self._length_smoothing = length_smoothing
-        self._inflight: dict[str, _Inflight] = {}
+        self.requests: dict[str, _Inflight] = {}
+        """Requests in flight (counted in, not yet out), by request id."""
         self._expected_len: dict[str, float] = {}
 
     @property
@@ -99,10 +100,6 @@ class InstanceLoads:
             inst.reported_requests = inst.foreign_requests = 0
         inst.draining = False
 
-    def routed(self, request_id: str) -> bool:
-        """Is the request in flight (counted in, not yet out)?"""
-        return request_id in self._inflight
-
     def is_draining(self, instance: str) -> bool:
         """Being moved to another agent: no new requests go to it."""
         return self._instances[instance].draining
@@ -154,12 +151,12 @@ class InstanceLoads:
         inst = self._instances[instance]
         inst.own_requests += 1
         inst.own_tokens += cost
-        self._inflight[request_id] = _Inflight(instance, agent, cost)
+        self.requests[request_id] = _Inflight(instance, agent, cost)
 
     def count_out(self, request_id: str, samples: int, tokens: int | None) -> str:
         """A request ended (tokens None: it failed); its agent. `tokens` generated over
         `samples` samples teach the agent's expected length."""
-        req = self._inflight.pop(request_id, None)
+        req = self.requests.pop(request_id, None)
         if req is None:
             raise ValueError(f"request {request_id!r} is not in flight")
         inst = self._instances[req.instance]

@@ -20,7 +20,9 @@ frames, no pickle. Rollout, training and weight-sync messages live here; the run
     SwapIn           TrainerPool (binding an agent to a slot)  every rank;        SwapDone
     SwapOut          TrainerPool (evicting an idle agent)      followers refuse   Parked
     DropParked       TrainerPool (the agent moved elsewhere)   requests           None
-    ExportState      TrainerPool.snapshot                      (rank 0)           TrainState
+    SaveState        TrainerPool.save (snapshots, checkpoints) (rank 0)           StateStaged
+    AwaitSaved       TrainerPool.save, after the binding       rank 0 (concurrent) StateSaved
+    ExportState      tests and tools (the whole state here)    (rank 0)           TrainState
     FetchShards      a trainer rank pulling a parked agent     every rank, its    ShardData
                      (SwapIn with a source)                    own shards
 
@@ -29,9 +31,12 @@ of that rank's process (pinned on CUDA), and answers where they are (Parked.rank
 A SwapIn into the same slot copies them back in place; into another slot, its ranks pull the
 slices they need straight from those ranks (FetchShards, rank to rank, in parallel, resharded
 when the rank counts differ), and the pool then frees the old copy (DropParked). No tensor of a
-swap passes through the process that sends these messages. A whole TrainState (ExportState:
-snapshots and checkpoints) goes back into a slot only to restore one (a resumed run, a dead
-slot's agent): SwapIn.tensors. Kinds 116 and 117 (the retired Offload/Onload) are not reused.
+swap passes through the process that sends these messages, nor any tensor of a snapshot or a
+checkpoint: SaveState has the ranks write the agent's state, each its own shards, into a dir
+(torch.distributed.checkpoint; flexmarl.training.state_files), and a SwapIn with state_dir
+restores it, each rank reading its rows (a resumed run, a dead slot's agent). ExportState and
+SwapIn.tensors move a whole TrainState through the sender: for tests and tools on small models.
+Kinds 116 and 117 (the retired Offload/Onload) are not reused.
 """
 from __future__ import annotations
 
@@ -73,6 +78,10 @@ class FlexKind(IntEnum):
     DROP_PARKED = 126
     WEIGHT_TRANSFER = 127
     SEND_WEIGHTS = 128
+    SAVE_STATE = 130
+    STATE_STAGED = 131
+    AWAIT_SAVED = 132
+    STATE_SAVED = 133
 
 
 # ----------------------------------------------------------------------------- rollout
@@ -311,7 +320,7 @@ class SwapDone:
     seconds: float
     how: str = ""
     """"here" (parked in this slot: copied back in place), "pulled" (from another slot's
-    ranks), "fresh" (built from model_dir) or "restored" (a whole TrainState)."""
+    ranks), "fresh" (built from model_dir) or "restored" (a saved state or a TrainState)."""
     device: str = ""
     """Where the slot trains, as its start config placed it: "cpu gloo", "cuda:0 nccl" (the
     device, the process group's backend) and the GPUs the process sees, "visible=2,3"."""
@@ -339,8 +348,10 @@ class SwapIn:
     """Bind a trainer slot to an agent (model_dir, TrainerConfig fields). Its state comes from:
     its shards parked in this slot (copied back in place); else `source`, the shard-server
     addresses of the ranks it is parked on (Parked.ranks of another slot: every rank here pulls
-    its slices from them, resharded); else `tensors`/`meta`, a whole TrainState to restore (a
-    snapshot or checkpoint, not a swap); else nothing: a fresh trainer from model_dir."""
+    its slices from them, resharded); else `state_dir`, a saved state (a snapshot or a
+    checkpoint: flexmarl.training.state_files) every rank reads its own rows of; else
+    `tensors`/`meta`, a whole TrainState to restore (tests and tools); else nothing: a fresh
+    trainer from model_dir."""
 
     KIND: ClassVar[int]
     agent: str
@@ -349,6 +360,7 @@ class SwapIn:
     source: list[str] = field(default_factory=list)
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    state_dir: str = ""
 
 
 @message(FlexKind.SWAP_OUT)
@@ -405,11 +417,64 @@ class DropParked:
     agent: str
 
 
+@message(FlexKind.SAVE_STATE)
+@dataclass(slots=True)
+class SaveState:
+    """Write the bound agent's whole training state into `tmp` (a collective: each rank its own
+    shards, with torch.distributed.checkpoint), then, once every rank's file is written, rank 0
+    moves it to `path` as the agent's state of `step` (meta.json with each file's sha256: an
+    atomic rename). The reply (StateStaged) comes once the shards are copied to host memory:
+    the slot may train on meanwhile; AwaitSaved waits for the write. A write waits for the
+    slot's previous one to finish first."""
+
+    KIND: ClassVar[int]
+    tmp: str
+    path: str
+    step: int
+
+
+@message(FlexKind.STATE_STAGED)
+@dataclass(slots=True)
+class StateStaged:
+    KIND: ClassVar[int]
+    agent: str
+    version: int
+    num_bytes: int
+    """What rank 0 staged (its shards)."""
+    seconds: float
+
+
+@message(FlexKind.AWAIT_SAVED)
+@dataclass(slots=True)
+class AwaitSaved:
+    """Reply when the write SaveState started into `path` is complete and in place (StateSaved),
+    or with its error. Served beside whatever the slot does meanwhile."""
+
+    KIND: ClassVar[int]
+    path: str
+
+
+@message(FlexKind.STATE_SAVED)
+@dataclass(slots=True)
+class StateSaved:
+    """Where an agent's state is saved (metadata only: the tensors stay in the files)."""
+
+    KIND: ClassVar[int]
+    agent: str
+    step: int
+    version: int
+    path: str
+    num_bytes: int
+    seconds: float = 0.0
+    """From the SaveState's staging to the state in place."""
+
+
 @message(FlexKind.EXPORT_STATE)
 @dataclass(slots=True)
 class ExportState:
-    """Reply with the agent's whole training state and keep it in the slot: the snapshot a dead
-    slot's agent is restored from, and what a resumable run writes to disk after each step."""
+    """Reply with the agent's whole training state (gathered on rank 0) and keep it in the
+    slot: for tests and tools on small models; runs save with SaveState (no tensor through the
+    orchestrator)."""
 
     KIND: ClassVar[int]
 

@@ -1,4 +1,5 @@
-"""flexmarl.launch.checkpoint: per-step training state on disk, bit for bit, atomic under SIGKILL.
+"""flexmarl.training.state_files (StateCheckpoints, re-exported by flexmarl.launch.checkpoint) and
+flexmarl.launch.checkpoint: per-step training state on disk, bit for bit, atomic under SIGKILL.
 
 The trainer test builds a 2-layer Qwen2 (about 80k parameters) here, never downloaded.
 """
@@ -213,7 +214,7 @@ def test_a_save_killed_before_its_rename_leaves_no_step(tmp_path, monkeypatch, c
     monkeypatch.undo()
     assert ckpt.steps("a") == [] and ckpt.agents() == []
     assert len(leftovers(tmp_path)) == 1 and leftovers(tmp_path)[0].startswith(".tmp-step-000000")
-    with caplog.at_level(logging.INFO, logger="flexmarl.launch.checkpoint"):
+    with caplog.at_level(logging.INFO, logger="flexmarl.training.state_files"):
         StateCheckpoints(tmp_path)
     assert leftovers(tmp_path) == [] and "interrupted save" in caplog.text
 
@@ -236,7 +237,7 @@ def test_a_disk_full_in_safetensors_is_a_checkpoint_error_naming_the_dir(tmp_pat
         raise SafetensorError("Error while serializing: I/O error: No space left on device "
                               "(os error 28)")
 
-    monkeypatch.setattr("flexmarl.launch.checkpoint.save_file", full)
+    monkeypatch.setattr("flexmarl.training.state_files.save_file", full)
     ckpt = StateCheckpoints(tmp_path)
     with pytest.raises(CheckpointError, match="step-000002.*No space left"):
         ckpt.save("a", 2, state("a", 2))

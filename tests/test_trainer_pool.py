@@ -23,8 +23,10 @@ from safetensors.torch import load_file
 
 from flexmarl.orchestrator.batch import micro_batch
 from flexmarl.config.load import load_config
-from flexmarl.protocol import (DropParked, ExportState, ExportWeights, FetchShards, Parked,
-                               SwapDone, SwapIn, SwapOut, TrainBeginBatch, TrainStep, TrainState)
+from flexmarl.protocol import (AwaitSaved, DropParked, ExportState, ExportWeights, FetchShards,
+                               Parked, SaveState, SwapDone, SwapIn, SwapOut, TrainBeginBatch,
+                               TrainStep, TrainState)
+from flexmarl.training.state_files import CheckpointError
 from flexmarl.observe.rundir import RunDir
 from flexmarl.launch.run import train
 from flexmarl.training.trainer import TrainerConfig
@@ -167,6 +169,60 @@ async def test_a_state_moves_bit_for_bit_between_rank_counts(slots, tiny_model_d
         await two.request(FetchShards("y"))
     await one.request(SwapOut())
     await one.request(DropParked("y"))
+
+
+async def save(conn, states, agent: str, step: int):
+    """SaveState then AwaitSaved: the ranks write `agent`'s state as its state of `step`."""
+    tmp, path = states.begin(agent, step)
+    staged = await conn.request(SaveState(str(tmp), str(path), step))
+    saved = await conn.request(AwaitSaved(str(path)))
+    assert (saved.agent, saved.step, saved.version) == (agent, step, staged.version)
+    assert saved.num_bytes > 0 and not tmp.exists() and path.is_dir()
+    return saved
+
+
+@pytest.mark.slow
+@MODULE_LOOP
+async def test_a_saved_state_restores_bit_for_bit_in_a_slot_of_any_rank_count(
+        slots, tiny_model_dir, tmp_path):
+    """The 2-rank slot writes its two shards (torch.distributed.checkpoint, no tensor through
+    this process); the 1-rank slot restores it (SwapIn.state_dir: resharded), bit for bit,
+    equal to what one process reads of the dir; trains on; its save restores into the 2-rank
+    slot, bit for bit. A damaged file is refused when the dir is checked."""
+    from flexmarl.training.state_files import StateCheckpoints
+
+    one, two = slots["one"], slots["two"]
+    states = StateCheckpoints(tmp_path / "state")
+    await two.request(SwapIn("z", tiny_model_dir, CFG))
+    await train_step(two, 1)
+    before = await state_of(two)
+    await save(two, states, "z", 0)
+    assert len([f for f in (tmp_path / "state" / "z" / "step-000000").iterdir()
+                if f.suffix == ".distcp"]) == 2  # each rank its own file
+    assert_same(before, states.load("z", 0))  # read whole in this process: the same
+    await two.request(SwapOut())
+    await two.request(DropParked("z"))
+    done = await one.request(SwapIn("z", tiny_model_dir, CFG,
+                                    state_dir=str(states.path("z", 0))))
+    assert done.how == "restored"
+    assert_same(before, await state_of(one))
+    await train_step(one, 2)
+    again = await state_of(one)
+    await save(one, states, "z", 1)
+    await one.request(SwapOut())
+    await one.request(DropParked("z"))
+    assert (await two.request(SwapIn("z", tiny_model_dir, CFG,
+                                     state_dir=str(states.path("z", 1))))).how == "restored"
+    assert_same(again, await state_of(two))
+    await two.request(SwapOut())
+    await two.request(DropParked("z"))
+    shard = next((tmp_path / "state" / "z" / "step-000001").glob("*.distcp"))
+    with open(shard, "r+b") as f:  # one flipped byte
+        b = f.read(1)
+        f.seek(0)
+        f.write(bytes([b[0] ^ 1]))
+    with pytest.raises(CheckpointError, match="sha256 differs"):
+        states.verify("z", 1)
 
 
 class Recorder:

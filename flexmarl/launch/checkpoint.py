@@ -1,208 +1,24 @@
-"""Each agent's whole training state per global step, on disk: what `flexmarl run --resume
-RUN_DIR` restarts from after every process of the run was killed.
+"""What a run directory needs to resume: which steps' states a run writes (SaveSchedule), the
+step a resumed run starts at (resume_point), and the metrics records it redoes.
 
-    RUN_DIR/state/
-      AGENT/
-        step-000041/            complete: a step dir only ever appears by a rename
-          state.safetensors     TrainState.tensors ("model/...", "optim/.../exp_avg", "rng/cpu")
-          meta.json             {"format": 1, "agent", "step", "version", "meta", "sha256",
-                                 "bytes"}: "meta" is TrainState.meta, "sha256" the file's
-        step-000042/
-        .tmp-step-000043-XXXX/  a save in progress, or one a kill cut short: the next
-                                StateCheckpoints(root) removes it
-
-A save fsyncs its files in a temp dir and renames the dir into place, so a kill at any instant
-leaves either no step-NNNNNN or a complete one. A load checks the file against the sha256: a
-state damaged after its save is refused, never resumed from. Tensors come back bit for bit
-(0-dim ones included); meta is JSON, so tuples in it come back as lists. Bad arguments (an
-agent name that cannot name a dir, a negative step) raise ValueError. One process at a time
-may use a root: StateCheckpoints(root) removes the temp dirs it finds.
+The states themselves, RUN_DIR/state/AGENT/step-NNNNNN, are flexmarl.training.state_files'
+StateCheckpoints (re-exported here), written by the trainer ranks.
 """
 from __future__ import annotations
 
-import hashlib
-import logging
 import os
-import re
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
-import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 
-from flexmarl.protocol import TrainState
 from flexmarl.observe.rundir import METRICS_FILE, read_metrics
+from flexmarl.training.state_files import (FORMAT, META_FILE, SHARDED_FORMAT, STATE_DIR,
+                                           STATE_FILE, CheckpointError, StateCheckpoints)
 
-log = logging.getLogger(__name__)
-
-FORMAT = 1
-STATE_DIR = "state"
-STATE_FILE = "state.safetensors"
-META_FILE = "meta.json"
-TMP_PREFIX = ".tmp-"
-OLD_PREFIX = ".old-"  # a step dir moved aside by a save replacing it
-_STEP_DIR, _STEP_NAME = "step-{:06d}", re.compile(r"step-(\d{6,})")
-_META_KEYS = {"format", "agent", "step", "version", "meta", "sha256", "bytes"}
-
-
-class CheckpointError(RuntimeError):
-    """A state that cannot be saved or loaded; the message names the path and the fix."""
-
-
-class StateCheckpoints:
-    """RUN_DIR/state/<agent>/step-<NNNNNN>/{state.safetensors, meta.json}"""
-
-    def __init__(self, root: str | os.PathLike) -> None:
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
-        for agent_dir in filter(Path.is_dir, self.root.iterdir()):
-            _recover(agent_dir)
-
-    def save(self, agent: str, step: int, state: TrainState) -> Path:
-        """Write `state` as `agent`'s state at global `step`, replacing any saved before, and
-        return its step dir. CheckpointError (naming the step dir) if the state cannot be
-        written as it is or the disk refuses it (full, read-only, permissions)."""
-        target = self._step_dir(agent, step)
-        where = f"agent {agent!r} step {step} ({target})"
-        if state.agent != agent:
-            raise CheckpointError(f"{where}: the state is agent {state.agent!r}'s; save it "
-                                  "under its own agent name")
-        tensors: dict[str, torch.Tensor] = {}
-        storages: set[int] = set()
-        for name, t in state.tensors.items():
-            # safetensors writes a tensor named __metadata__ (then cannot read the file back),
-            # and has no sparse layouts.
-            kind = t.layout if isinstance(t, torch.Tensor) else type(t).__name__
-            if name == "__metadata__" or kind != torch.strided:
-                raise CheckpointError(f"{where}: cannot save {name!r} ({kind}): state.tensors "
-                                      "must hold dense tensors, none named '__metadata__'")
-            t = t.detach().cpu().contiguous()
-            # safetensors refuses two names on one storage: copy only those, not every tensor
-            # (a second copy of a multi-GB optimizer state would double peak memory).
-            if t.untyped_storage().data_ptr() in storages:
-                t = t.clone()
-            storages.add(t.untyped_storage().data_ptr())
-            tensors[name] = t
-        try:
-            target.parent.mkdir(exist_ok=True)
-            _fsync(self.root)  # a new agent dir must survive a machine crash too
-            tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}-", dir=target.parent))
-        except OSError as e:
-            raise CheckpointError(f"{where}: cannot write the state ({e}); free space on that "
-                                  "disk or fix its permissions, then resume the run") from e
-        try:
-            try:
-                save_file(tensors, tmp / STATE_FILE)
-            except SafetensorError as e:  # its I/O errors (disk full, ...) are not OSErrors
-                raise OSError(f"safetensors: {e}") from e
-            except (ValueError, TypeError, RuntimeError) as e:  # a dtype it lacks, ...
-                raise CheckpointError(f"{where}: safetensors cannot write the tensors ({e}); "
-                                      "convert them to a dtype it has") from e
-            _fsync(tmp / STATE_FILE)
-            digest, size = _digest(tmp / STATE_FILE)
-            record = {"format": FORMAT, "agent": agent, "step": step, "version": state.version,
-                      "meta": state.meta, "sha256": digest, "bytes": size}
-            try:
-                (tmp / META_FILE).write_bytes(orjson.dumps(record, option=orjson.OPT_INDENT_2))
-            except orjson.JSONEncodeError as e:
-                raise CheckpointError(f"{where}: state.meta is not JSON ({e}); keep only "
-                                      "dicts, lists, strings, numbers, bools, None") from e
-            _fsync(tmp / META_FILE)
-            _fsync(tmp)
-            old = target.with_name(OLD_PREFIX + target.name)
-            if target.exists():  # replacing: move the old one aside, under a name _recover puts
-                os.rename(target, old)  # back if a kill comes before the new one is in
-            os.rename(tmp, target)
-            _fsync(target.parent)
-            shutil.rmtree(old, ignore_errors=True)
-        except OSError as e:  # disk full, read-only, permissions: often without a file name
-            _recover(target.parent)
-            raise CheckpointError(f"{where}: cannot write the state ({e}); free space on that "
-                                  "disk or fix its permissions, then resume the run") from e
-        except Exception:
-            _recover(target.parent)  # a kill (or KeyboardInterrupt) leaves it to __init__
-            raise
-        return target
-
-    def load(self, agent: str, step: int) -> TrainState:
-        """`agent`'s state saved at `step`, checked against its sha256; CheckpointError
-        naming the path if it is missing or damaged."""
-        path = self._step_dir(agent, step)
-        meta_path, state_path = path / META_FILE, path / STATE_FILE
-        if not path.is_dir():
-            raise CheckpointError(f"no state saved for agent {agent!r} at step {step}: {path} "
-                                  f"does not exist (saved steps: {self.steps(agent)})")
-        damaged = (f"agent {agent!r} step {step} was damaged after its save (disk fault, "
-                   "partial copy, edit): restore its step dir from a copy, or start a new run")
-        try:
-            record = orjson.loads(meta_path.read_bytes())
-            if not isinstance(record, dict) or not _META_KEYS <= record.keys():
-                raise ValueError(f"not a state record, whose keys are {sorted(_META_KEYS)}")
-        except (OSError, ValueError) as e:  # orjson.JSONDecodeError is a ValueError
-            raise CheckpointError(f"{meta_path}: unreadable ({e}); {damaged}") from e
-        if record["format"] != FORMAT:
-            raise CheckpointError(f"{meta_path}: format {record['format']!r}, this flexmarl "
-                                  f"reads format {FORMAT}; resume with the flexmarl that wrote it")
-        if record["agent"] != agent or record["step"] != step:
-            raise CheckpointError(f"{meta_path}: holds agent {record['agent']!r} step "
-                                  f"{record['step']}, not agent {agent!r} step {step}: the dir "
-                                  "was renamed or copied; move it back to where it was saved")
-        try:
-            digest, size = _digest(state_path)
-        except OSError as e:
-            raise CheckpointError(f"{state_path}: unreadable ({e}); {damaged}") from e
-        if size != record["bytes"]:
-            raise CheckpointError(f"{state_path}: {size} bytes, saved as {record['bytes']} "
-                                  f"(truncated?); {damaged}")
-        if digest != record["sha256"]:
-            raise CheckpointError(f"{state_path}: sha256 differs from {META_FILE}'s; {damaged}")
-        try:  # memory-mapped: safe, as a saved file is only ever unlinked, never rewritten
-            tensors = load_file(state_path)
-        except Exception as e:
-            raise CheckpointError(f"{state_path}: safetensors: {e}; {damaged}") from e
-        return TrainState(agent, record["version"], tensors, record["meta"])
-
-    def steps(self, agent: str) -> list[int]:
-        """The steps `agent` has a complete saved state for, ascending."""
-        d = self._step_dir(agent, 0).parent
-        names = [p.name for p in d.iterdir() if p.is_dir()] if d.is_dir() else []
-        return sorted(int(m[1]) for n in names
-                      if (m := _STEP_NAME.fullmatch(n)) and n == _STEP_DIR.format(int(m[1])))
-
-    def agents(self) -> list[str]:
-        """The agents with at least one complete saved state, sorted."""
-        return sorted(p.name for p in self.root.iterdir()
-                      if p.is_dir() and _valid_agent(p.name) and self.steps(p.name))
-
-    def prune(self, keep_from: int) -> None:
-        """Delete every agent's states at steps < `keep_from`."""
-        self._delete_where(lambda s: s < keep_from)
-
-    def drop_after(self, step: int) -> None:
-        """Delete every agent's states at steps > `step` (a resumed run recomputes them)."""
-        self._delete_where(lambda s: s > step)
-
-    def _step_dir(self, agent: str, step: int) -> Path:
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"step must be an int >= 0, got {step!r}")
-        if not isinstance(agent, str) or not _valid_agent(agent):
-            raise ValueError(f"agent name {agent!r} cannot name a state directory")
-        return self.root / agent / _STEP_DIR.format(step)
-
-    def _delete_where(self, doomed) -> None:
-        for agent in self.agents():
-            for step in filter(doomed, self.steps(agent)):
-                # Renamed away first: rmtree removes files one by one, and a kill midway must
-                # not leave a step dir that steps() lists but that holds no state any more.
-                path = self._step_dir(agent, step)
-                tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}del-", dir=path.parent))
-                os.rename(path, tmp / path.name)
-                _fsync(path.parent)
-                shutil.rmtree(tmp, ignore_errors=True)
+__all__ = ["FORMAT", "META_FILE", "SHARDED_FORMAT", "STATE_DIR", "STATE_FILE", "CheckpointError",
+           "SaveSchedule", "StateCheckpoints", "drop_records_after", "last_record_step",
+           "resume_point"]
 
 
 @dataclass(frozen=True)
@@ -285,32 +101,3 @@ def drop_records_after(run_dir: str | os.PathLike, step: int) -> int:
     return cut
 
 
-def _valid_agent(agent: str) -> bool:
-    return bool(agent) and agent not in (".", "..") and "/" not in agent and os.sep not in agent
-
-
-def _digest(path: Path) -> tuple[str, int]:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest(), os.fstat(f.fileno()).st_size
-
-
-def _fsync(path: Path) -> None:
-    """Make a file's bytes, or a dir's entries (names created, renamed, removed), durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _recover(agent_dir: Path) -> None:
-    """Undo what interrupted saves and deletes left in `agent_dir`."""
-    for p in sorted(agent_dir.iterdir()):
-        put_back = agent_dir / p.name.removeprefix(OLD_PREFIX)
-        if p.name.startswith(OLD_PREFIX) and not put_back.exists():
-            log.info("%s: putting back the state a replacing save moved aside", p)
-            os.rename(p, put_back)  # a kill came between the replace's two renames
-            _fsync(agent_dir)
-        elif p.name.startswith((TMP_PREFIX, OLD_PREFIX)):
-            log.info("%s: removing the leftover of an interrupted save", p)
-            shutil.rmtree(p, ignore_errors=True)  # not ours if a file: left alone

@@ -24,8 +24,10 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from flexmarl.protocol import (FetchShards, Parked, ShardData, SwapDone, TrainMicroBatch,
-                               TrainState, WeightUpdate, WeightUpdateDone)
+from flexmarl.protocol import (FetchShards, Parked, ShardData, StateStaged, SwapDone,
+                               TrainMicroBatch, TrainState, WeightUpdate, WeightUpdateDone)
+from flexmarl.training import sharded_state
+from flexmarl.training.sharded_state import StateWriter
 from flexmarl.training.parking import (HostState, fill, park, prepare_pull, pull_plan,
                                        set_rng, sharded_here, slices, unpark)
 from flexmarl.training.trainer import GRPOTrainer, TrainerConfig
@@ -64,6 +66,7 @@ class Command(IntEnum):
     EXPORT_STATE = 11
     DROP = 12  # a = bytes of the agent's name that follows
     SEND_WEIGHTS = 13  # a = bytes of the JSON spec (flexmarl.weights.direct) that follows
+    SAVE_STATE = 14  # a = bytes of the JSON spec {tmp, path, step} that follows
 
 
 class CommandThread:
@@ -137,6 +140,8 @@ class Rank:
         """Device, process-group backend and visible GPUs (SwapDone.device)."""
         self.sender = None
         """Direct weight sync's trainer engine (flexmarl.weights.direct), made at first use."""
+        self.writer: StateWriter | None = None
+        """This rank's state writes (SaveState), on a gloo group of their own (made at start)."""
         self.thread = CommandThread(f"trainer-rank{self.rank}")
         self.ready = self.thread.submit(lambda: self._init(args))
 
@@ -174,6 +179,9 @@ class Rank:
         else:
             dist.init_process_group(backend, init_method=args["init_method"], rank=self.rank,
                                     world_size=self.world_size, timeout=timeout)
+        # Background state writes run their collectives beside the command thread's: on a
+        # group of their own (gloo: DCP's planning exchanges CPU objects).
+        self.writer = StateWriter(self.rank, dist.new_group(backend="gloo", timeout=timeout))
         if args.get("model_dir"):
             self.trainer = GRPOTrainer(args["model_dir"], self.config)
         self.started = True
@@ -218,11 +226,14 @@ class Rank:
 
     def _restore(self, spec: dict[str, Any], tensors: dict, meta: dict
                  ) -> tuple[GRPOTrainer, int, str]:
-        """A fresh trainer from model_dir and, with a whole TrainState (a snapshot or a
-        checkpoint; rank 0 has it), that state restored on every rank."""
+        """A fresh trainer from model_dir and, with a saved state's dir (a snapshot or a
+        checkpoint: every rank reads its own rows) or a whole TrainState (rank 0 has it),
+        that state restored on every rank."""
         from flexmarl.training.trainer import load_state
 
         trainer = GRPOTrainer(spec["model_dir"], self.config)
+        if spec.get("state_dir"):
+            return self._read_saved(trainer, spec["state_dir"])
         if self.world_size > 1:  # every rank gets the full state, then keeps its shards
             tensors, meta = self._broadcast_state(tensors, meta)
         if not tensors:
@@ -231,6 +242,21 @@ class Rank:
         # Each rank counts its share: the sum is the state's bytes, once.
         mine = sum(t.numel() * t.element_size() for t in tensors.values())
         return trainer, mine if self.rank == 0 else 0, "restored"
+
+    def _read_saved(self, trainer: GRPOTrainer, path: str) -> tuple[GRPOTrainer, int, str]:
+        """Restore a saved state dir (flexmarl.training.state_files; every rank sees it)."""
+        from flexmarl.training.state_files import read_record
+        from flexmarl.training.trainer import load_state
+
+        record, tensors = read_record(path)
+        if tensors is not None:  # format 1: one file; every rank maps it, keeps its shards
+            load_state(trainer, tensors, record["meta"])
+            n = sum(t.numel() * t.element_size() for t in tensors.values())
+            return trainer, n if self.rank == 0 else 0, "restored"
+        if not record["files"]:  # saved before the agent's first update
+            return trainer, 0, "fresh"
+        return trainer, sharded_state.read(trainer, path, record["meta"], self.writer.group), \
+            "restored"
 
     def _broadcast_state(self, tensors: dict, meta: dict) -> tuple[dict, dict]:
         """Rank 0's whole state on every rank (the restore path only, never a swap): a JSON
@@ -367,6 +393,10 @@ class Rank:
         num_bytes, seconds = self.sender.send(tr.model, spec, tied)
         return WeightUpdateDone(tr.version, num_bytes, seconds)
 
+    def save_state(self, spec: dict[str, Any]) -> StateStaged:
+        """Stage the bound agent's state and start writing it (SaveState; a collective)."""
+        return self.writer.save(self._bound("SaveState"), self.agent, spec)
+
     def export_state(self) -> TrainState:
         """The agent's whole state (collective); the slot keeps it."""
         from flexmarl.training.trainer import export_state
@@ -391,6 +421,8 @@ class Rank:
         if cmd is Command.KEEPALIVE:
             return None
         if cmd is Command.STOP:
+            if self.writer is not None:
+                self.writer.wait()  # a write in flight ends before its process group goes
             dist.barrier()
             dist.destroy_process_group()
             return None

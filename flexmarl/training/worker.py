@@ -60,8 +60,9 @@ import torch
 from runtime.actor import Actor, handler
 from runtime.codec import Envelope
 from runtime.worker import WorkerContext
-from flexmarl.protocol import (DropParked, ExportState, ExportWeights, FetchShards, Parked,
-                               SendWeights, ShardData, SwapDone, SwapIn, SwapOut,
+from flexmarl.protocol import (AwaitSaved, DropParked, ExportState, ExportWeights,
+                               FetchShards, Parked, SaveState, SendWeights, ShardData,
+                               StateSaved, StateStaged, SwapDone, SwapIn, SwapOut,
                                TrainBeginBatch, TrainMicroBatch, TrainState, TrainStats,
                                TrainStep, TrainStepDone, WeightUpdate, WeightUpdateDone)
 from flexmarl.training.rank import HEADER_LEN, KEEPALIVE_FRACTION, Command, Rank
@@ -141,7 +142,7 @@ class TrainerWorker(Actor):
     @handler(SwapIn, concurrent=True)
     async def on_swap_in(self, msg: SwapIn, env: Envelope) -> SwapDone:
         spec = {"agent": msg.agent, "model_dir": msg.model_dir, "config": msg.config,
-                "source": list(msg.source)}
+                "source": list(msg.source), "state_dir": msg.state_dir}
         TrainerConfig(**msg.config)  # a bad config is refused here, before any broadcast
         return await self._with_spec(Command.SWAP_IN, spec,
                                      lambda g: g.swap_in(spec, msg.tensors, msg.meta))
@@ -163,6 +164,27 @@ class TrainerWorker(Actor):
             return call(g)
 
         return await self.group.thread.submit(lead)
+
+    @handler(SaveState, concurrent=True)
+    async def on_save_state(self, msg: SaveState, env: Envelope) -> StateStaged:
+        spec = {"tmp": msg.tmp, "path": msg.path, "step": msg.step}
+        return await self._with_spec(Command.SAVE_STATE, spec, lambda g: g.save_state(spec))
+
+    # Concurrent and outside the command order: it only waits for a write already started.
+    @handler(AwaitSaved, concurrent=True)
+    async def on_await_saved(self, msg: AwaitSaved, env: Envelope) -> StateSaved:
+        writer = self.group.writer
+        pending = writer.pending.get(msg.path) if writer is not None else None
+        if pending is None:
+            raise ValueError(f"AwaitSaved: no state write into {msg.path!r} was started on "
+                             "this slot (send SaveState first)")
+        started = time.perf_counter()
+        try:
+            agent, step, version, num_bytes = await asyncio.wrap_future(pending)
+        finally:
+            writer.pending.pop(msg.path, None)
+        return StateSaved(agent, step, version, msg.path, num_bytes,
+                          time.perf_counter() - started)
 
     @handler(SendWeights)
     async def on_send_weights(self, msg: SendWeights, env: Envelope) -> WeightUpdateDone:
@@ -239,13 +261,16 @@ class TrainerFollower(Actor):
             cmd = Command(cmd_code)
             mb = _unpack(g, a, b, c) if cmd is Command.MICRO_BATCH else None
             try:
-                if cmd in (Command.SWAP_IN, Command.DROP, Command.SEND_WEIGHTS):
+                if cmd in (Command.SWAP_IN, Command.DROP, Command.SEND_WEIGHTS,
+                           Command.SAVE_STATE):
                     blob = g.broadcast(torch.empty(a, dtype=torch.uint8, device=g.device))
                     spec = json.loads(bytes(blob.cpu().numpy()))
                     if cmd is Command.SWAP_IN:
                         g.swap_in(spec, {}, {})
                     elif cmd is Command.DROP:
                         g.drop(spec)
+                    elif cmd is Command.SAVE_STATE:
+                        g.save_state(spec)
                     else:
                         g.send_weights(spec)
                     continue
@@ -288,6 +313,8 @@ class TrainerFollower(Actor):
     on_drop_parked = _refusing(DropParked)
     on_export_state = _refusing(ExportState)
     on_send_weights = _refusing(SendWeights)
+    on_save_state = _refusing(SaveState)
+    on_await_saved = _refusing(AwaitSaved)
 
 
 def _check_micro_batch(mb: TrainMicroBatch) -> None:

@@ -1,0 +1,96 @@
+"""State-size benchmark: what an agent's training state costs the orchestrator's process.
+
+Trains a team (default agents/smol_duo.py: two SmolLM2-135M-Instruct agents) in this process
+with recovery snapshots on and a durable state write every step (run.save_every = 1), then
+reports this process's peak RSS (the orchestrator's: trainer ranks are other processes), each
+agent's state size on disk, and the per-step timings the step records carry about the state
+writes (how long each agent's write took, and how long the step waited for it).
+
+    .venv/bin/python bench/state_memory.py [--json] [--team PATH] [--steps 3]
+                                           [--set section.key=value ...]
+
+With --json the last line is one JSON object: peak_rss_mb, rss_before_mb (after imports, before
+the run), state_mb per agent, steps, wall_s, and, where the step records carry them,
+write_s / write_wait_s per agent (means over the steps).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# `python bench/state_memory.py` puts bench/, not the repository root, on sys.path.
+if importlib.util.find_spec("flexmarl") is None:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def dir_mb(path: Path) -> float:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2**20
+
+
+async def main(args: argparse.Namespace) -> dict:
+    from flexmarl.config.load import load_config
+    from flexmarl.launch.run import train
+    from flexmarl.observe.rundir import RunDir
+    from flexmarl.team import load_team
+
+    out_dir = tempfile.mkdtemp(prefix="flexmarl-state-memory-")
+    config = load_config(overrides=[
+        f"run.out_dir={out_dir}", f"run.steps={args.steps}",
+        "run.save_state=true", "run.save_every=1", "trainer_pool.snapshots=true",
+        "eval.every_steps=0", "eval.final=false", *args.set], team=args.team)
+    before = peak_rss_mb()
+    started = time.perf_counter()
+    result = await train(load_team(config.team.path), config, run_dir=RunDir.create(config),
+                         progress=False)
+    wall = time.perf_counter() - started
+    state_root = Path(result.run_dir) / "state"
+    out = {"team": args.team, "steps": len(result.metrics), "wall_s": wall,
+           "rss_before_mb": before, "peak_rss_mb": peak_rss_mb(),
+           "state_mb": {a.name: dir_mb(a) for a in sorted(state_root.iterdir()) if a.is_dir()}
+           if state_root.is_dir() else {}}
+    for key in ("write_s", "write_wait_s"):
+        per_agent: dict[str, list[float]] = {}
+        for m in result.metrics:
+            for agent, v in (m.get("state_writes") or {}).items():
+                if v.get(key) is not None:
+                    per_agent.setdefault(agent, []).append(v[key])
+        if per_agent:
+            out[key] = {a: sum(v) / len(v) for a, v in per_agent.items()}
+    return out
+
+
+def cli() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--team", default="agents/smol_duo.py")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--set", action="append", default=[], metavar="section.key=value")
+    args = parser.parse_args()
+    out = asyncio.run(main(args))
+    print(f"team {out['team']}: {out['steps']} steps in {out['wall_s']:.0f} s")
+    print(f"orchestrator peak RSS  {out['peak_rss_mb']:8.0f} MB  (after imports: "
+          f"{out['rss_before_mb']:.0f} MB)")
+    for agent, mb in out["state_mb"].items():
+        line = f"  {agent:12s} state on disk {mb:8.0f} MB"
+        for key in ("write_s", "write_wait_s"):
+            if key in out:
+                line += f"  {key} {out[key].get(agent, float('nan')):6.2f}"
+        print(line)
+    if args.json:
+        print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    cli()

@@ -331,7 +331,7 @@ async def test_a_trainer_killed_after_its_push_before_its_snapshot(tiny_model_di
     from test_e2e import duo
     from workers import running_workers
 
-    real_sync, real_snapshot = WeightSync.sync, TrainerPool.snapshot
+    real_sync, real_snapshot = WeightSync.sync, TrainerPool.save
     pushed, killed, snapshots = asyncio.Event(), [], []
 
     async def sync(self, agent, version, update):
@@ -340,17 +340,17 @@ async def test_a_trainer_killed_after_its_push_before_its_snapshot(tiny_model_di
             pushed.set()
         return out
 
-    async def snapshot(self, agent):
+    async def snapshot(self, agent, step, **kwargs):
         if agent == "solver":
             snapshots.append(agent)
             if len(snapshots) == 3:  # step 2's (every step updates: versions 1, 2, 3, ...)
                 await asyncio.wait_for(pushed.wait(), 120)
                 os.kill(running_workers()["trainer-0-0"], signal.SIGKILL)  # the solver's slot
                 killed.append(True)
-        return await real_snapshot(self, agent)
+        return await real_snapshot(self, agent, step, **kwargs)
 
     monkeypatch.setattr(WeightSync, "sync", sync)
-    monkeypatch.setattr(TrainerPool, "snapshot", snapshot)
+    monkeypatch.setattr(TrainerPool, "save", snapshot)
     path, run_dir = _setup(tmp_path, tiny_model_dir, "run")
     config = load_config(str(path))
     result = await asyncio.wait_for(train(duo(tiny_model_dir), config,

@@ -24,8 +24,8 @@ from safetensors.torch import load_file
 from flexmarl.orchestrator.batch import micro_batch
 from flexmarl.config.load import load_config
 from flexmarl.protocol import (AwaitSaved, DropParked, ExportState, ExportWeights, FetchShards,
-                               Parked, SaveState, SwapDone, SwapIn, SwapOut, TrainBeginBatch,
-                               TrainStep, TrainState)
+                               Parked, SaveState, StateSaved, StateStaged, SwapDone, SwapIn,
+                               SwapOut, TrainBeginBatch, TrainStep, TrainState)
 from flexmarl.training.state_files import CheckpointError
 from flexmarl.observe.rundir import RunDir
 from flexmarl.launch.run import train
@@ -345,6 +345,18 @@ async def test_heterogeneous_agents_share_a_larger_slot(tiny_model_dir, tmp_path
         assert max((ws[k] - wp[k]).abs().max().item() for k in ws) <= CROSS_RANKS_ATOL, name
 
 
+def saving(slot, msg, version: int):
+    """A fake slot's answer to SaveState and AwaitSaved (the state at `version`), else None."""
+    if isinstance(msg, SaveState):
+        slot.saving = (slot.agent, msg.step, msg.path)
+        return StateStaged(slot.agent, version, 8, 0.0)
+    if isinstance(msg, AwaitSaved):
+        agent, step, path = slot.saving
+        assert path == msg.path
+        return StateSaved(agent, step, version, path, 8)
+    return None
+
+
 class RecordingSlot:
     """Stands in for a trainer slot's connection: answers SwapIn/SwapOut like the worker. The
     log says for each SwapIn whether the agent came with a state (parked, or restored)."""
@@ -358,7 +370,7 @@ class RecordingSlot:
         if isinstance(msg, SwapIn):
             assert not self.agent, "SwapIn into a busy slot"
             self.agent = msg.agent
-            self.log.append(("in", msg.agent, bool(msg.source or msg.tensors)))
+            self.log.append(("in", msg.agent, bool(msg.source or msg.tensors or msg.state_dir)))
             return SwapDone(8, 0.0)
         if isinstance(msg, SwapOut):
             agent, self.agent = self.agent, ""
@@ -469,7 +481,7 @@ async def test_a_hung_slot_is_killed_replaced_and_its_agent_restored_from_its_sn
     """A request to the slot times out: its processes are killed (not waited on again), the
     request fails with PeerDied, new processes take the slot, and the agent's next binding
     restores its last snapshot there, with the snapshot's version."""
-    from flexmarl.protocol import ExportState, TrainStep
+    from flexmarl.protocol import TrainStep
     from flexmarl.training.pool import AgentTrainer, TrainerPool
     from runtime.errors import PeerDied, RequestTimeout
 
@@ -477,8 +489,8 @@ async def test_a_hung_slot_is_killed_replaced_and_its_agent_restored_from_its_sn
         hangs = False
 
         async def request(self, msg, timeout_s=None):
-            if isinstance(msg, ExportState):
-                return TrainState(self.agent, 3, {"model/w": torch.ones(2)}, {"version": 3})
+            if reply := saving(self, msg, 3):
+                return reply
             if isinstance(msg, TrainStep) and self.hangs:
                 raise RequestTimeout("TrainStep: no reply within 0.1 s")
             return await super().request(msg, timeout_s)
@@ -500,7 +512,7 @@ async def test_a_hung_slot_is_killed_replaced_and_its_agent_restored_from_its_sn
                        lifecycle=Lifecycle(respawn, owners={"s0-w0": "s0"}, groups=True,
                                            kill=lambda name, reason: killed.append(name)))
     async with pool.bind("a") as conn:
-        await pool.snapshot("a")
+        await (await pool.save("a", 0))
         with pytest.raises(PeerDied, match="trainer slot s0 died: TrainStep timed out"):
             await conn.request(TrainStep(10))
     assert killed == ["s0-w0"] and pool.recoverable()
@@ -511,18 +523,19 @@ async def test_a_hung_slot_is_killed_replaced_and_its_agent_restored_from_its_sn
     assert log == [("in", "a", False), ("in", "a", True)]  # fresh, then the snapshot
     assert [r["slot"] for r in pool.replacements] == ["s0"] and pool.deaths == 1
     assert pool.worker_died("s0-w0", "exited") is False  # the old process: already handled
+    await pool.close()
 
 
 async def test_a_parked_agent_whose_slot_dies_restarts_from_its_snapshot():
     """a is parked in s0 (b evicted it) when s0 dies: a's shards died with it, so a's next
-    binding restores its snapshot (the whole state, SwapIn.tensors) in the replaced slot, as
+    binding restores its snapshot (its saved dir, SwapIn.state_dir) in the replaced slot, as
     for b, the agent loaded there. An agent parked in a live slot is not touched."""
     from flexmarl.training.pool import AgentTrainer, TrainerPool
 
     class Slot(RecordingSlot):
         async def request(self, msg, timeout_s=None):
-            if isinstance(msg, ExportState):
-                return TrainState(self.agent, 5, {"model/w": torch.ones(2)}, {"version": 5})
+            if reply := saving(self, msg, 5):
+                return reply
             return await super().request(msg, timeout_s)
 
         def fail_pending(self, exc):
@@ -540,11 +553,11 @@ async def test_a_parked_agent_whose_slot_dies_restarts_from_its_snapshot():
                        prefetch=False)
     for agent in "ab":
         async with pool.bind(agent):
-            await pool.snapshot(agent)
+            await (await pool.save(agent, 0))
     assert pool.where("a") == ("parked", "s0") and pool.where("b") == ("loaded", "s0")
     assert pool.worker_died("s0-w0", "exited with -9")
     assert pool.where("a") is None and pool.where("b") is None
-    assert all(isinstance(pool.states[a], TrainState) for a in "ab")  # their snapshots
+    assert all(isinstance(pool.states[a], StateSaved) for a in "ab")  # their snapshots
     async with pool.bind("a"):
         pass
     assert log[-1] == ("in", "a", True) and pool.restored_version("a") == 5

@@ -31,6 +31,7 @@ from flexmarl.orchestrator.policy import PipelineConfig
 from flexmarl.rollout.balancer import BalancerConfig
 from flexmarl.rollout.pool import InstancePool, RolloutConfig
 from flexmarl.team import AgentSpec, Team
+from flexmarl.training.state_files import StateCheckpoints
 from flexmarl.training.pool import AgentTrainer, TrainerPool, TrainerPoolConfig
 from flexmarl.training.trainer_config import TrainerConfig
 from runtime.config import SupervisorConfig, TransportConfig
@@ -277,12 +278,12 @@ class _Workers:
 async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, settings: WorkerSettings,
                        balance: BalancerConfig, trainer_configs: dict[str, dict],
                        model_dirs: dict[str, str], work: str, activity: ActivityLog, *,
-                       snapshots: bool = False
+                       saved: StateCheckpoints | None = None
                        ) -> tuple[dict[str, AgentRuntime], InstancePool, TrainerPool]:
     """Start every rollout instance and trainer group at once (engine starts overlap); the
     agents' runtimes and the two pools over them (`trainer_configs`: each trainable agent's
-    TrainerConfig fields; `snapshots`: keep every agent's state after each step even if
-    trainer_pool.snapshots is off, because the run saves it)."""
+    TrainerConfig fields; `saved`: the run's state dir, where the ranks write every agent's
+    state after each step, even if trainer_pool.snapshots is off: a save is a snapshot)."""
     trainable = [spec for spec in team.agents if spec.trainable]
     needs = {spec.name: spec.train_ranks or settings.trainer_pool.ranks_per_agent
              for spec in trainable}
@@ -314,7 +315,7 @@ async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, settings: W
                                       load_tokenizer(model_dirs[spec.name]),
                                       max_model_len=settings.rollout.max_model_len)
               for spec in team.agents}
-    section = (dataclasses.replace(settings.trainer_pool, snapshots=True) if snapshots
+    section = (dataclasses.replace(settings.trainer_pool, snapshots=True) if saved is not None
                else settings.trainer_pool)
     trainers = TrainerPool(
         {f"trainer-{k}": workers.connect(handles[f"trainer-{k}-0"].address)
@@ -325,7 +326,7 @@ async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, settings: W
         section, lifecycle=Lifecycle(
             workers.respawn_slot, kill=sup.kill, groups=True, kind="trainer slot",
             owners={w.name: f"trainer-{k}" for k, ws in enumerate(slot_specs) for w in ws},
-            attempts=settings.replace_attempts, devices=gpus.plan))
+            attempts=settings.replace_attempts, devices=gpus.plan), saved=saved)
     pool = InstancePool(
         {w.name: workers.connect(handles[w.name].address)
          for ws in placement.values() for w in ws},

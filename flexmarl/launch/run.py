@@ -148,13 +148,14 @@ async def _build(setup: RunSetup, work: str) -> _Parts:
     started = time.perf_counter()
     agents, pool, trainers = await start_agents(sup, team, setup.workers, setup.balance,
                                                 setup.trainer_configs, setup.model_dirs, work,
-                                                activity, snapshots=setup.saved is not None)
+                                                activity, saved=setup.saved)
     notice(f"workers ready in {time.perf_counter() - started:.0f} s")
     if isinstance(sup, NodeRegistry):  # a rollout node joining now gets instances
         sup.started_run(on_join=lambda node: grow(pool, cluster.instances_per_node, node))
-    if setup.first_step:
+    if setup.first_step:  # checked here (sha256s); each slot's ranks read their own rows
         for name in trainers.agents:
-            trainers.restore(name, setup.saved.load(name, setup.first_step - 1))
+            trainers.restore(name, await asyncio.to_thread(setup.saved.ref, name,
+                                                           setup.first_step - 1))
     store = ExperienceStore([n for n, rt in agents.items() if rt.spec.trainable])
     # With the gateway, the app's episodes are the tasks' trajectories.
     gateway = Gateway(agents, setup.gateway, setup.pipeline) if setup.gateway.enabled else None
@@ -184,15 +185,6 @@ async def _steps(setup: RunSetup, parts: _Parts, progress: bool | None,
         await _serve_restored(parts)
         log.warning("resuming %s at step %d of %d", run_dir.path, first_step, steps)
 
-    async def save_state(agent: str, step: int, state: TrainState | None) -> None:
-        # The loop's writer task calls this off the critical path, in step order, and emits
-        # step `step`'s record only once every agent's save of it returned (the fsync is done).
-        # Fresh (never updated): an empty state, restored as a fresh trainer.
-        if not schedule.saves(step):
-            return  # run.save_every: this step's record goes out without a write
-        state = state or TrainState(agent, 0, {}, {})
-        await asyncio.to_thread(saved.save, agent, step, state)
-
     async with contextlib.AsyncExitStack() as observing:
         dashboard_url, app = await _observe(observing, parts, monitor, setup.observe,
                                             setup.gateway, setup.stop_timeout_s, on_dashboard,
@@ -207,7 +199,7 @@ async def _steps(setup: RunSetup, parts: _Parts, progress: bool | None,
                                        weights=parts.pool.weights,
                                        policy=pipeline, emit=emit, progress=_Tee(bar, monitor),
                                        first_step=first_step,
-                                       on_agent_step=save_state if saved else None,
+                                       saves=schedule.saves if saved else None,
                                        evaluate=evaluate_at,
                                        eval_every=setup.eval.every_steps,
                                        serial=setup.serial)

@@ -14,13 +14,15 @@
                          │   ─► export ─┬─► sync task: weights.sync(A, version)             │
                          │              │   [defer_sync: after rollout s+1] ─► gate[A].open │
                          │              │   (s + 1 + lag) ─► A's record of step s           │
-                         │              └─► snapshot (slot still bound) ─► slot released    │
-                         │   ─► A's writer task, in step order: on_agent_step(A, s, state)  │
+                         │              └─► save: staged (slot still bound) ─► slot released │
+                         │                  ─► the ranks' write in place (the next batch    │
+                         │                     waits for it) ─► A's writer task, in order:  │
+                         │                     [on_agent_step(A, s, saved)]                 │
                          └──────────────────────────────────────────────────────────────────┘
                                   │ every agent's record of step s
                                   ▼
                          team record of step s (in step order) ─► step_done[s]
-                         ─► emit, once every agent's on_agent_step of step s has returned
+                         ─► emit, once every agent's state of step s is in place
 
     loop        consumes              produces              waits for            unblocked by
     producer    tasks (data cursor)   turns, groups in the  gate[A] per call;    A's sync of
@@ -43,16 +45,17 @@ PipelinePolicy.admit (within the mode's bound). The versions change only through
 transitions (trained, synced, restored), all called here.
 
 After A's optimizer step only the weight push is on the critical path: it is what opens A's
-gate, i.e. what A's next rollout waits for. The recovery snapshot runs beside the push, in the
-slot the agent still holds (its state is resident: a copy out, no swap), so the slot is held
-for export + snapshot as before and never for the push; releasing it before the snapshot would
-only make a waiting agent's swap carry the same bytes out, or force a swap back in to take it.
-The durable save (`on_agent_step`, e.g. flexmarl.launch.run's fsynced state write) runs in the
-agent's own writer task, in step order; a step's record is emitted only once every agent's save
-of that step has returned, so a record never names a step whose states are not on disk (the
-resume point, flexmarl.launch.checkpoint.resume_point), and the run returns only when every
-save is done. A failing save fails the run. A slot that dies after the step's weights went out
-but before its snapshot landed: the push is let finish (the gate opens, the record is made),
+gate, i.e. what A's next rollout waits for. The state save runs beside the push: the agent's
+ranks stage their shards in the slot the agent still holds (its state is resident: a copy, no
+swap), then the slot is released and the ranks write in the background
+(flexmarl.training.sharded_state; no tensor comes here). The save is both the recovery snapshot
+and, in the run's state dir, the checkpoint: A's next batch waits until it is in place, so a
+slot that dies later always finds A's last step saved. A step's record is emitted only once
+every agent's state of that step is in place (and its on_agent_step returned), so a record never
+names a step whose states are not on disk (the resume point,
+flexmarl.launch.checkpoint.resume_point), and the run returns only when every save is done. A
+failing save fails the run. A slot that dies after the step's weights went out but before its
+state was in place: the push is let finish (the gate opens, the record is made),
 then the step is re-trained from the previous snapshot on the same groups fed in the same
 micro-batches (the same update, as for a slot dying mid-batch) and snapshotted; it is not
 pushed again (instances refuse a version they serve), so the trainer never goes on from an
@@ -78,7 +81,7 @@ from flexmarl.orchestrator.orchestrator import Orchestrator, RolloutStats
 from flexmarl.orchestrator.policy import PipelineConfig, PipelinePolicy, make_pipeline
 from flexmarl.orchestrator.records import StepRecorder
 from flexmarl.orchestrator.store import ExperienceStore, Group
-from flexmarl.protocol import TrainState, WeightUpdate
+from flexmarl.protocol import StateSaved, WeightUpdate
 from flexmarl.rollout.pool import InstancePool
 from flexmarl.training.pool import TrainerPool
 from flexmarl.weights.sync import WeightSync
@@ -118,18 +121,21 @@ class PipelineRun:
                  steps: int, *, weights: WeightSync, policy: PipelinePolicy | None = None,
                  emit: Callable[[dict], Awaitable[None] | None] | None = None,
                  progress: Progress | None = None, first_step: int = 0,
-                 on_agent_step: Callable[[str, int, TrainState | None], Awaitable[None]]
-                 | None = None,
+                 on_agent_step: Callable[[str, int, StateSaved | None], Awaitable[None]]
+                 | None = None, saves: Callable[[int], bool] | None = None,
                  evaluate: Callable[[int], Awaitable[dict]] | None = None,
                  eval_every: int = 0, serial: bool = False) -> None:
         """`config` (section `pipeline`) gives the batch shape and, unless `policy` is given,
         the policy; `weights` (the pool's) syncs each update to the agent's instances.
         `emit(record)` gets each step's record, in step order, from one task (it may be a
         coroutine function: the next record waits for it). `first_step` > 0 resumes a run
-        (steps before it are done; their tasks are skipped in the data cursor); `on_agent_step(agent, step, state)` is awaited with the
-        agent's state after step `step` (its snapshot; None with snapshots off or before its
-        first update), e.g. to save it: in the agent's writer task, in step order, off the
-        critical path; the step's record is emitted once every agent's call has returned.
+        (steps before it are done; their tasks are skipped in the data cursor). After each
+        step the agents' ranks write their states (TrainerPool.save, into its `saved` root):
+        every step with trainer_pool.snapshots on (the recovery point), else the steps
+        `saves(step)` names (run.save_every); the step's record is emitted once they are in
+        place. `on_agent_step(agent, step, saved)` is then awaited with where the agent's
+        state of step `step` is (None when none was written), in the agent's writer task, in
+        step order, off the critical path; the record also waits for it.
         `evaluate(step)` (flexmarl.orchestrator.evaluate) runs after every `eval_every` steps
         but the last, between two steps' rollouts; the step's record waits for it and carries
         it as "eval". `serial`: the agents' trainer slots share cores, so their requests go
@@ -145,6 +151,7 @@ class PipelineRun:
         self.micro_batch_groups = config.micro_batch_groups
         self.steps, self.first_step = steps, first_step
         self.on_agent_step = on_agent_step
+        self.saves = saves
         self._pending_sync: dict[str, asyncio.Task | None] = {}
         self.trainer_restarts = 0
         """Agent steps restarted because their trainer slot died."""
@@ -185,7 +192,8 @@ class PipelineRun:
         self._recorder = StepRecorder(self.store, self.pool, self.trainers, started)
         self._last_team_end = started
         self._finished_at = {name: started for name in orch.agents}
-        saving = set(orch.trainable) if self.on_agent_step is not None else set()
+        saving = set(orch.trainable) if self.on_agent_step is not None or \
+            self.trainers.snapshots_on or self.saves is not None else set()
         self._saves_left = {s: set(saving) for s in range(self.first_step, self.steps)}
         try:
             async with asyncio.TaskGroup() as tg:
@@ -269,7 +277,9 @@ class PipelineRun:
                                 rt.trainer_version, sum(map(len, taken)), exc)
             if result is None:  # no update: nothing to push; the gate opens, the record goes
                 await self._sync(agent, step, None, None)
-                state = self.trainers.snapshots.get(agent)  # its state is that of step - 1
+                if self._saves(step):  # its state is that of step - 1, saved as step's too
+                    state = await (await self.trainers.save(
+                        agent, step, durable=self._durable(step), updated=False))
             if (writes := self._writes.get(agent)) is not None:
                 await writes.put((step, state))
         if (pending := self._pending_sync[agent]) is not None:
@@ -285,9 +295,19 @@ class PipelineRun:
         writes = self._writes[agent]
         while (item := await writes.get()) is not None:
             step, state = item
-            await self.on_agent_step(agent, step, state)
+            if self.on_agent_step is not None:
+                await self.on_agent_step(agent, step, state)
             self._saves_left[step].discard(agent)
             self._flush()
+
+    def _saves(self, step: int) -> bool:
+        """Do the agents' ranks write their states after `step`? Always with snapshots on (the
+        recovery point); else on the run's schedule (`saves`: run.save_every)."""
+        return self.trainers.snapshots_on or self._durable(step)
+
+    def _durable(self, step: int) -> bool:
+        """Is `step`'s state a checkpoint (the run's state dir), not only a snapshot?"""
+        return self.saves is not None and self.saves(step)
 
     def _awaiting(self, agent: str, step: int) -> None:
         """`agent` now trains `step`: its rows of that step must never wait for store capacity
@@ -297,7 +317,7 @@ class PipelineRun:
 
     async def _train_step(self, agent: str, step: int, taken: list[list[Group]],
                           synced: list[asyncio.Task]) -> tuple[TrainResult | None,
-                                                               TrainState | None]:
+                                                               StateSaved | None]:
         """One global batch of `agent`: `taken` groups first (a restarted attempt), then the
         step's groups as they come (appended to `taken`), one optimizer step, the weights
         exported and sent out by a sync task (appended to `synced`; not again by a restarted
@@ -338,9 +358,12 @@ class PipelineRun:
                 self._pending_sync[agent] = task
             # else: a restart after the step's weights went out: the instances serve them
             # already (a version is pushed once), and the re-trained state is the same update.
-            async with session.turn():
-                state = await self.trainers.snapshot(agent)
-        return result, state
+            async with session.turn():  # staged while bound; written while the slot goes on
+                landing = (await self.trainers.save(agent, step, durable=self._durable(step))
+                           if self._saves(step) else None)
+        # Out of the session: the slot is free while the ranks write. The next batch waits for
+        # the write, so a slot dying later always finds this step's state to restore.
+        return result, (await landing if landing is not None else None)
 
     async def _next_groups(self, agent: str, select: Callable[[Group], bool],
                            rollout_done: asyncio.Event) -> list[Group]:

@@ -35,8 +35,9 @@ issued together and joined, then `offload_states`; then `_broadcast_to_vllm` age
 wake_up, broadcast, sleep) and its launcher (marti/cli/multi_agent_train_ppo_ray.py: one
 placement group per agent, vLLM and the actor on it with `colocate_all_models` and
 `vllm_enable_sleep`). The FlexMARL rows pay what `flexmarl run` does after every step: the
-recovery snapshot (ExportState; trainer_pool.snapshots) and the durable state write
-(run.save_state); the baselines checkpoint at intervals, which is not priced.
+state save (trainer_pool.snapshots: the ranks stage their shards in host memory, then write
+them in the background; every preset.save_every-th is also the run's checkpoint); the baselines
+checkpoint at intervals, which is not priced.
 
 Devices not in trainer slots serve rollout, split equally between agents at the start.
 """
@@ -117,8 +118,8 @@ class SystemResult:
     snapshot_s: float = 0.0
     """Slot seconds per measured step spent taking recovery snapshots."""
     write_s: float = 0.0
-    """Disk seconds per step the state writes take on average (every preset.save_every
-    steps; one disk, so more than step_s would make the writes the bottleneck)."""
+    """Storage seconds per step the agents' state writes take (one per agent per step; in
+    the background, but each agent's next batch waits for its own)."""
     records: list[dict] = field(default_factory=list, repr=False)
     micro_batches: list[tuple[float, str, int, int]] = field(default_factory=list, repr=False)
     """(time, agent, rows, tokens) of every micro-batch any slot trained."""
@@ -269,17 +270,6 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
 
         orch = Orchestrator(team, agents, store, pool, pipeline, seed=seed, activity=activity,
                             on_rollout_end=rollout_ended)
-        disk = asyncio.Lock()  # the run directory's one disk: state writes queue on it
-
-        async def write_state(agent: str, step: int, state: Any = None) -> None:
-            """flexmarl run's durable write of the agent's state (run.save_state), every
-            preset.save_every steps and after the last."""
-            if (step + 1) % preset.save_every and step + 1 < steps:
-                return
-            async with disk:
-                seconds = costs.state_write_s(models[agent])
-                await asyncio.sleep(seconds)
-
         emits: list[float] = []
 
         def emit(record: dict) -> None:
@@ -293,7 +283,8 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
                 records = await PipelineRun(
                     orch, store, pool, tpool, activity, pipeline, steps, weights=pool.weights,
                     policy=policy or make_pipeline(system.pipeline), emit=emit,
-                    on_agent_step=write_state if system.flexmarl else None).run()
+                    saves=(lambda step: (step + 1) % preset.save_every == 0 or step + 1 == steps)
+                    if system.flexmarl else None).run()
         finally:
             await pool.close()
             await tpool.close()
@@ -323,7 +314,6 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
         train_compute_s=(c1 - c0) / len(measured),
         snapshot_s=(s1 - s0) / len(measured),
         write_s=sum(costs.state_write_s(models[a]) for a in preset.trainable)
-        / preset.save_every
         if system.flexmarl else 0.0,
         records=records, micro_batches=sorted(m for t in trainers for m in t.micro_batches),
         marks=[m[0] for m in marks], emits=emits)

@@ -14,9 +14,10 @@
                    swap_move_efficiency)) + onload
     weight sync  = weight bytes / sync bandwidth (per instance, instances in parallel)
     colocation   = bytes the devices must hold for the next mode / (nodes x host bandwidth)
-    snapshot     = training state bytes / sync bandwidth (gathered on rank 0, one link to the
-                   orchestrator's host: ExportState as the product does it)
-    state write  = training state bytes / storage write bandwidth (the run directory's disk)
+    state save   = staged: each rank's shards to host memory of its node (as swap out's host
+                   transfer, the slot waits), then written: training state bytes / storage
+                   write bandwidth, in the background (the agent's next batch waits for it);
+                   a restore reads them back: state bytes / storage read bandwidth
 
 Attention FLOPs, prefix caching and preemption are left out (see bench/README.md).
 """
@@ -154,11 +155,11 @@ class Costs:
             name: dataclasses.replace(m, train_devices=devices.get(name, m.train_devices))
             for name, m in self.models.items()})
 
-    def snapshot_s(self, m: Model) -> float:
-        return self.state_bytes(m) / self.links.sync_bandwidth
-
     def state_write_s(self, m: Model) -> float:
         return self.state_bytes(m) / self.storage.write_bandwidth
+
+    def state_read_s(self, m: Model) -> float:
+        return self.state_bytes(m) / self.storage.write_bandwidth  # reads: at least as fast
 
     def host_transfer_s(self, num_bytes: float, devices: int) -> float:
         return num_bytes / (self.nodes(devices) * self.links.host_bandwidth_per_node)

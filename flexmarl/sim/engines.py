@@ -29,9 +29,11 @@ from typing import Any
 import torch
 
 from flexmarl.clock import now
-from flexmarl.protocol import (DropParked, ExportState, ExportWeights, FetchShards, Parked,
+from flexmarl.training.state_files import commit_step, read_record
+from flexmarl.protocol import (AwaitSaved, DropParked, ExportWeights, FetchShards, Parked,
+                               SaveState, StateSaved, StateStaged,
                                Sample, SamplingParams, ShardData, SwapDone, SwapIn, SwapOut,
-                               TrainBeginBatch, TrainMicroBatch, TrainState, TrainStats,
+                               TrainBeginBatch, TrainMicroBatch, TrainStats,
                                TrainStep, TrainStepDone, WeightUpdate)
 from flexmarl.sim.costs import Costs, Model
 from runtime.actor import Actor, handler
@@ -304,6 +306,8 @@ class SimTrainer(Actor):
         """(time, agent, rows, tokens) of every micro-batch received: what the bounds of
         flexmarl.sim.bounds price with the real cost model after a run with free training."""
         self.snapshot_s = 0.0
+        self._writes: dict[str, asyncio.Future] = {}
+        """SaveState's path -> its write (AwaitSaved waits for it)."""
 
     async def _compute(self, seconds: float, active: int) -> None:
         mode = ("train", self.agent)
@@ -345,6 +349,10 @@ class SimTrainer(Actor):
             version, how = int(head.meta["version"]), "pulled"
             seconds = (self.costs.move_s(num_bytes, len(msg.source), self.devices)
                        + self.costs.onload_s(num_bytes, self.devices))
+        elif msg.state_dir:  # a saved state: its ranks read it back from storage
+            version = int(read_record(msg.state_dir)[0]["version"])
+            how = "restored"
+            seconds = self.costs.state_read_s(self.models[msg.agent])
         else:
             version = int(msg.meta.get("version", 0))
             how = "restored" if msg.meta else "fresh"
@@ -404,12 +412,26 @@ class SimTrainer(Actor):
         self._model()  # the transfer itself is paid by each instance's load (sync_bandwidth)
         return WeightUpdate(self.version, {})
 
-    @handler(ExportState)
-    async def on_export_state(self, msg: ExportState, env: Envelope) -> TrainState:
-        """The recovery snapshot as the product takes it: the whole state gathered on rank 0
-        and sent to the orchestrator's host (flexmarl.training.worker.export_state)."""
+    @handler(SaveState, concurrent=True)
+    async def on_save_state(self, msg: SaveState, env: Envelope) -> StateStaged:
+        """The state save as the product makes it (flexmarl.training.sharded_state): each rank
+        stages its shards in host memory of its node (the slot waits for that), then writes
+        them to storage in the background (AwaitSaved waits for that)."""
         model = self._model()
-        seconds = self.costs.snapshot_s(model)
+        seconds = self.costs.host_transfer_s(self.costs.state_bytes(model), self.devices)
         await asyncio.sleep(seconds)
         self.snapshot_s += seconds
-        return TrainState(self.agent, self.version, {}, {"version": self.version}, seconds)
+        agent, version = self.agent, self.version
+        written = asyncio.ensure_future(asyncio.sleep(self.costs.state_write_s(model)))
+        self._writes[msg.path] = asyncio.ensure_future(self._commit(written, msg, agent, version))
+        return StateStaged(agent, version, int(self.costs.state_bytes(model)), seconds)
+
+    async def _commit(self, written: asyncio.Future, msg: SaveState, agent: str,
+                      version: int) -> StateSaved:
+        await written  # a step dir (meta.json only) in place, as the product's rank 0 makes it
+        commit_step(msg.tmp, msg.path, agent, msg.step, version, {"version": version})
+        return StateSaved(agent, msg.step, version, msg.path, 0)
+
+    @handler(AwaitSaved, concurrent=True)
+    async def on_await_saved(self, msg: AwaitSaved, env: Envelope) -> StateSaved:
+        return await self._writes.pop(msg.path)

@@ -37,6 +37,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
+import tempfile
+from pathlib import Path
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
@@ -45,8 +48,9 @@ from flexmarl.clock import now
 from flexmarl.training.pool_config import TrainerPoolConfig
 from flexmarl.training.slot_connection import BusyTime, SlotConnection
 from flexmarl.training.slots import Grant, SlotAllocator, TeamOrder
-from flexmarl.protocol import (DropParked, ExportState, ExportWeights, Parked, SwapDone, SwapIn,
-                               SwapOut, TrainState, WeightUpdate)
+from flexmarl.protocol import (AwaitSaved, DropParked, ExportWeights, Parked, SaveState,
+                               StateSaved, SwapDone, SwapIn, SwapOut, TrainState, WeightUpdate)
+from flexmarl.training.state_files import StateCheckpoints
 from runtime.errors import PeerDied
 from runtime.lifecycle import Lifecycle, ReplaceFailed
 from runtime.transport import Connection
@@ -101,12 +105,16 @@ class TrainerPool:
 
     def __init__(self, slots: dict[str, Connection], slot_ranks: dict[str, int],
                  agents: dict[str, AgentTrainer], config: TrainerPoolConfig, *,
-                 prefetch: bool = True, lifecycle: Lifecycle | None = None) -> None:
+                 prefetch: bool = True, lifecycle: Lifecycle | None = None,
+                 saved: StateCheckpoints | None = None) -> None:
         """`slot_ranks`: each slot's ranks (the slots' sizes, from config.slots / slot_ranks or
         one per agent); `config.static`: every agent owns one slot; `config.snapshots`: keep
         each agent's state after its last step (`snapshot`) so a dead slot's agent can be
         restored; `lifecycle` (groups: its owners are the slots) knows each process's slot,
-        replaces a dead slot's processes and kills a hung one (none: a death is final)."""
+        replaces a dead slot's processes and kills a hung one (none: a death is final);
+        `saved`: where the ranks write the agents' durable states (`save`; the run's
+        RUN_DIR/state); other snapshots go to a scratch dir beside it (or in /tmp), removed by
+        `close`."""
         static = config.static
         if static and len(slots) < len(agents):
             raise ValueError(f"static reservation needs one slot per trainable agent: "
@@ -118,10 +126,10 @@ class TrainerPool:
         self.agents = dict(agents)
         self.static = static
         self.request_timeout_s = config.request_timeout_s
-        self.states: dict[str, ParkedState | TrainState] = {}
+        self.states: dict[str, ParkedState | StateSaved | TrainState] = {}
         """Swapped-out agents, oldest first -> where their state is: parked in a slot's
-        processes (ParkedState), or a whole TrainState to restore (a resumed run's checkpoint,
-        the snapshot of an agent whose slot died)."""
+        processes (ParkedState), saved in a dir to restore (StateSaved: a resumed run's
+        checkpoint, the snapshot of an agent whose slot died), or a whole TrainState (tools)."""
         self.swaps: list[SwapRecord] = []
         self.busy = BusyTime(slots)
         """Per slot: time its processes spent on requests (training, export, swaps)."""
@@ -142,8 +150,12 @@ class TrainerPool:
         self._started: set[str] = set()
         """Agents whose trainer has been built: a fresh SwapIn would lose their training."""
         self.snapshots_on = config.snapshots
-        self.snapshots: dict[str, TrainState] = {}
-        """agent -> its whole state after its last finished step (`snapshot`)."""
+        self.saved = saved
+        self.scratch = StateCheckpoints(tempfile.mkdtemp(
+            prefix=".snapshots-", dir=saved.root.parent if saved is not None else None))
+        """Snapshots of steps not saved to `saved`: the agents' last only; gone at close."""
+        self.snapshots: dict[str, StateSaved] = {}
+        """agent -> where its state after its last finished step is (`save`: metadata only)."""
         self._replacing: dict[str, asyncio.Task] = {}
         self.workers = self.lifecycle.owners
         """Live process -> its slot (the lifecycle's, updated in place)."""
@@ -231,10 +243,12 @@ class TrainerPool:
         self._prefetches.add(asyncio.ensure_future(self._prefetch(agent)))
 
     async def close(self) -> None:
-        """No more prefetching; wait for one in flight (before the slots' connections close)."""
+        """No more prefetching; wait for one in flight (before the slots' connections close);
+        a temp dir of saved states goes."""
         self.prefetch = False
         if self._prefetches:
             await asyncio.gather(*self._prefetches, return_exceptions=True)
+        shutil.rmtree(self.scratch.root, ignore_errors=True)
 
     async def _prefetch(self, agent: str) -> None:
         try:
@@ -285,7 +299,9 @@ class TrainerPool:
         started = now()
         if isinstance(state, ParkedState):
             msg = SwapIn(grant.agent, spec.model_dir, spec.config, source=state.ranks)
-        elif state is not None:  # restore a whole state: a checkpoint or a snapshot
+        elif isinstance(state, StateSaved):  # every rank reads its rows of the saved state
+            msg = SwapIn(grant.agent, spec.model_dir, spec.config, state_dir=state.path)
+        elif state is not None:  # a whole state, handed in (tools)
             msg = SwapIn(grant.agent, spec.model_dir, spec.config, tensors=state.tensors,
                          meta=state.meta)
         else:
@@ -311,23 +327,47 @@ class TrainerPool:
         async with self.bind(agent) as trainer:
             return await trainer.request(ExportWeights())
 
-    async def snapshot(self, agent: str) -> TrainState | None:
-        """Keep the agent's whole state (it must be bound, between batches): what it is
-        restored from if its slot dies before its next snapshot. None when snapshots are off."""
-        if not self.snapshots_on:
-            return None
-        async with self.bind(agent) as conn:
-            state: TrainState = await conn.request(ExportState(),
-                                                   timeout_s=self.request_timeout_s)
-        self.snapshots[agent] = state
-        return state
+    async def save(self, agent: str, step: int, *, durable: bool = False, updated: bool = True
+                   ) -> "asyncio.Future[StateSaved]":
+        """Have the agent's slot write its whole state as its state of `step`: staged now,
+        while the agent is bound (call it between batches); the future is done once the
+        ranks' write is in place (the slot is free for other work meanwhile). The state is
+        then what the agent is restored from if its slot dies (its snapshot). `durable`: into
+        `saved` (the run's state dir: a checkpoint), else into this pool's scratch dir, where
+        only each agent's last one is kept. Not `updated` (no step since its last save): the
+        last save also names `step` (hard links), or, before a first update, an empty state
+        (a fresh trainer)."""
+        last = self.snapshots.get(agent)
+        root = self.saved if durable and self.saved is not None else self.scratch
+        if updated:
+            tmp, path = root.begin(agent, step)
+            async with self.bind(agent) as conn:
+                await conn.request(SaveState(str(tmp), str(path), step),
+                                   timeout_s=self.request_timeout_s)
 
-    def restore(self, agent: str, state: TrainState) -> None:
-        """Start the agent from `state` (a resumed run's checkpoint) at its first SwapIn."""
+            async def written() -> StateSaved:
+                return await conn.request(AwaitSaved(str(path)), timeout_s=self.request_timeout_s)
+        else:
+            async def written() -> StateSaved:
+                where = root.link(agent, step, last and Path(last.path))  # links: no data
+                return StateSaved(agent, step, last.version if last else 0, str(where), 0)
+
+        async def landed() -> StateSaved:
+            state = await written()
+            self.snapshots[agent] = state
+            # Nothing resumes from the scratch dir: the agent's last save is all it needs.
+            # Renames and unlinks only, here: a thread's real time would jump the simulator's
+            # clock (flexmarl.sim), making its runs irreproducible.
+            self.scratch.prune(step + durable, agent)
+            return state
+        return asyncio.ensure_future(landed())
+
+    def restore(self, agent: str, state: StateSaved | TrainState) -> None:
+        """Start the agent from `state` (a resumed run's saved state) at its first SwapIn."""
         if agent in self._started:
             raise RuntimeError(f"agent {agent}'s trainer has started already: restore first")
         self.states[agent] = state
-        if self.snapshots_on:
+        if isinstance(state, StateSaved):
             self.snapshots[agent] = state
 
     def recoverable(self) -> bool:

@@ -250,6 +250,8 @@ class Rank:
 
         record, tensors = read_record(path)
         if tensors is not None:  # format 1: one file; every rank maps it, keeps its shards
+            if not tensors:  # saved before the agent's first update
+                return trainer, 0, "fresh"
             load_state(trainer, tensors, record["meta"])
             n = sum(t.numel() * t.element_size() for t in tensors.values())
             return trainer, n if self.rank == 0 else 0, "restored"

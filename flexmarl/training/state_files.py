@@ -40,7 +40,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from flexmarl.protocol import TrainState
+from flexmarl.protocol import StateSaved, TrainState
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +193,14 @@ class StateCheckpoints:
                                       f"{damaged}")
         return record
 
+    def ref(self, agent: str, step: int) -> StateSaved:
+        """Where `agent`'s state of `step` is, once checked (`verify`): what a slot restores
+        from (SwapIn.state_dir), no tensor read here."""
+        record = self.verify(agent, step)
+        files = record.get("files") or {STATE_FILE: [record.get("bytes", 0), ""]}
+        return StateSaved(agent, step, record["version"], str(self.path(agent, step)),
+                          sum(size for size, _ in files.values()))
+
     def load(self, agent: str, step: int) -> TrainState:
         """`agent`'s whole state saved at `step`, in this process (either format), checked
         against its sha256s; CheckpointError naming the path if it is missing or damaged.
@@ -210,17 +218,20 @@ class StateCheckpoints:
                                   f"{_damaged(agent, step)}") from e
         return TrainState(agent, record["version"], tensors, record["meta"])
 
-    def link(self, agent: str, step: int, to_step: int) -> Path:
-        """`agent`'s state of `step` also as its state of `to_step` (an agent that did not
-        update in between): hard links to the same files (no copy), a meta.json of its own,
-        atomic like a save."""
-        source = self._step_dir(agent, step)
-        record = self.verify(agent, step)
-        tmp, target = self.begin(agent, to_step)
+    def link(self, agent: str, step: int, source: Path | None) -> Path:
+        """`agent`'s state in step dir `source` (of any root on this file system) also as its
+        state of `step` here (an agent that did not update in between): hard links to the same
+        files (no copy), a meta.json of its own, atomic like a save. None: an empty state (the
+        agent never updated: a fresh trainer)."""
+        if source is None:
+            return self.save(agent, step, TrainState(agent, 0, {}, {}))
+        record = orjson.loads((source / META_FILE).read_bytes())
+        files = record["files"] if record["format"] == SHARDED_FORMAT else [STATE_FILE]
+        tmp, target = self.begin(agent, step)
         try:
-            for name in record["files"] if record["format"] == SHARDED_FORMAT else [STATE_FILE]:
+            for name in files:
                 os.link(source / name, tmp / name)
-            return _commit(tmp, target, {**record, "step": to_step})
+            return _commit(tmp, target, {**record, "step": step})
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -237,9 +248,9 @@ class StateCheckpoints:
         return sorted(p.name for p in self.root.iterdir()
                       if p.is_dir() and _valid_agent(p.name) and self.steps(p.name))
 
-    def prune(self, keep_from: int) -> None:
-        """Delete every agent's states at steps < `keep_from`."""
-        self._delete_where(lambda s: s < keep_from)
+    def prune(self, keep_from: int, agent: str | None = None) -> None:
+        """Delete every agent's (or `agent`'s) states at steps < `keep_from`."""
+        self._delete_where(lambda s: s < keep_from, agent)
 
     def drop_after(self, step: int) -> None:
         """Delete every agent's states at steps > `step` (a resumed run recomputes them)."""
@@ -252,8 +263,8 @@ class StateCheckpoints:
             raise ValueError(f"agent name {agent!r} cannot name a state directory")
         return self.root / agent / _STEP_DIR.format(step)
 
-    def _delete_where(self, doomed) -> None:
-        for agent in self.agents():
+    def _delete_where(self, doomed, only: str | None = None) -> None:
+        for agent in [only] if only is not None else self.agents():
             for step in filter(doomed, self.steps(agent)):
                 # Renamed away first: rmtree removes files one by one, and a kill midway must
                 # not leave a step dir that steps() lists but that holds no state any more.

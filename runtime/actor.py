@@ -146,6 +146,12 @@ class Actor:
     async def on_drain(self) -> None:
         """Hook: runs once when draining starts, before in-flight requests are awaited."""
 
+    def admit(self, env: Envelope) -> None:
+        """Hook: runs synchronously in the mailbox for each request it accepts, in arrival
+        order, before the request's handler starts (a concurrent one starts later, in its own
+        task): where a request takes its place in an order that concurrent handlers keep
+        (flexmarl.training.ordered). Must not raise."""
+
     def connect(self, address: str) -> Connection:
         """A connection owned by this actor, closed when it stops."""
         conn = connect(address, self.transport)
@@ -178,6 +184,7 @@ class Actor:
             return
         name, concurrent = entry
         method = getattr(self, name)
+        self.admit(env)
         if not concurrent:
             await self._serve(method, env)
             return

@@ -1,7 +1,8 @@
 """Actor base: a mailbox, handlers by message type, named `*_loop` tasks, a shutdown state.
 
-    listener.recv() ──► mailbox_loop ──► handler(msg, env) ──► reply (or Error reply)
-                         (control first)   sequential, or a task per request if concurrent=True
+    listener.recv() ──► mailbox_loop ──► admit(env) ──► handler(msg, env) ──► reply (or Error)
+                         (control first)  (hook, sync,   sequential, or a task per request
+                                           arrival order) if concurrent=True
     other *_loop methods run beside it in the actor's TaskGroup
 
 An actor owns its state; others reach it only through messages at `actor.address`.

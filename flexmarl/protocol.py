@@ -25,6 +25,8 @@ frames, no pickle. Rollout, training and weight-sync messages live here; the run
     ExportState      tests and tools (the whole state here)    (rank 0)           TrainState
     FetchShards      a trainer rank pulling a parked agent     every rank, its    ShardData
                      (SwapIn with a source)                    own shards
+    SlotStatus       anyone asking what a slot is doing        TrainerWorker      SlotStatus-
+                     (answered at once, even mid-step)         (rank 0)           Reply
 
 The one swap path: SwapOut parks the agent in the slot, each rank's own shards to host memory
 of that rank's process (pinned on CUDA), and answers where they are (Parked.ranks, no tensors).
@@ -78,10 +80,12 @@ class FlexKind(IntEnum):
     DROP_PARKED = 126
     WEIGHT_TRANSFER = 127
     SEND_WEIGHTS = 128
-    SAVE_STATE = 130
-    STATE_STAGED = 131
-    AWAIT_SAVED = 132
-    STATE_SAVED = 133
+    SLOT_STATUS = 129
+    SLOT_STATUS_REPLY = 130
+    SAVE_STATE = 131
+    STATE_STAGED = 132
+    AWAIT_SAVED = 133
+    STATE_SAVED = 134
 
 
 # ----------------------------------------------------------------------------- rollout
@@ -491,3 +495,29 @@ class TrainState:
     tensors: dict[str, torch.Tensor]
     meta: dict[str, Any]
     seconds: float = 0.0
+
+
+@message(FlexKind.SLOT_STATUS)
+@dataclass(slots=True)
+class SlotStatus:
+    """Ask a trainer slot's rank 0 what it holds and does; answered at once, also while a
+    step or a swap runs (it does not wait for the slot's commands)."""
+
+    KIND: ClassVar[int]
+
+
+@message(FlexKind.SLOT_STATUS_REPLY)
+@dataclass(slots=True)
+class SlotStatusReply:
+    KIND: ClassVar[int]
+    agent: str
+    """The agent bound to the slot ("" when empty)."""
+    parked: list[str]
+    """Agents parked in the slot (their shards in its ranks' host memory)."""
+    running: str
+    """The command its command thread runs now (a rank.Command name: STEP, SWAP_IN, ...;
+    "" when idle)."""
+    running_s: float
+    """How long that command has run."""
+    queued: list[str]
+    """Commands accepted after it, in the order they will run."""

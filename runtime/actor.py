@@ -1,7 +1,8 @@
 """Actor base: a mailbox, handlers by message type, named `*_loop` tasks, a shutdown state.
 
-    listener.recv() ──► mailbox_loop ──► handler(msg, env) ──► reply (or Error reply)
-                         (control first)   sequential, or a task per request if concurrent=True
+    listener.recv() ──► mailbox_loop ──► admit(env) ──► handler(msg, env) ──► reply (or Error)
+                         (control first)  (hook, sync,   sequential, or a task per request
+                                           arrival order) if concurrent=True
     other *_loop methods run beside it in the actor's TaskGroup
 
 An actor owns its state; others reach it only through messages at `actor.address`.
@@ -146,6 +147,12 @@ class Actor:
     async def on_drain(self) -> None:
         """Hook: runs once when draining starts, before in-flight requests are awaited."""
 
+    def admit(self, env: Envelope) -> None:
+        """Hook: runs synchronously in the mailbox for each request it accepts, in arrival
+        order, before the request's handler starts (a concurrent one starts later, in its own
+        task): where a request takes its place in an order that concurrent handlers keep
+        (flexmarl.training.ordered). Must not raise."""
+
     def connect(self, address: str) -> Connection:
         """A connection owned by this actor, closed when it stops."""
         conn = connect(address, self.transport)
@@ -178,6 +185,7 @@ class Actor:
             return
         name, concurrent = entry
         method = getattr(self, name)
+        self.admit(env)
         if not concurrent:
             await self._serve(method, env)
             return

@@ -15,8 +15,9 @@ torch.distributed broadcasts of plain tensors (no pickle), so every rank makes t
 GRPOTrainer calls in the same order:
 
     client ──TrainMicroBatch──► rank 0: TrainerWorker mailbox_loop (asyncio; heartbeats go on)
-                                  │ await command thread (one at a time, in arrival order)
-                                  ▼
+                                  │ admit: takes its turn (ordered.Turns), in arrival order
+                                  │ its own task: checked, waits for its turn, submitted
+                                  ▼ to the command thread (one at a time, FIFO)
             rank 0 command thread                        rank r > 0 follower thread
             broadcast header [cmd, a, b, c] ──────────► header: which call, which shapes
             broadcast ints, floats, advantages ───────► the micro-batch's tensors
@@ -41,8 +42,15 @@ Swaps (the one swap path; flexmarl.training.parking.park/unpark/pull_plan):
 Every rank's actor serves FetchShards for the agents parked on it, concurrently with whatever
 its group is doing (the parked copies are never written). A pull runs on the rank's event
 loop while its command thread waits, so two slots pulling from each other cannot deadlock.
-Followers' actors otherwise refuse training commands, and stop when rank 0 broadcasts STOP. Blocking torch.distributed calls live in
-a daemon thread per process, never on the event loop. While idle, rank 0 broadcasts a KEEPALIVE
+Rank 0 serves every command as a concurrent handler that keeps its turn, taken synchronously
+at dispatch (Actor.admit): the command thread gets them in arrival order, while the mailbox
+goes on answering FetchShards, SlotStatus (what the slot holds, runs and has queued) and pings
+during a long step or swap. A request refused by its check, a failing command and a cancelled
+one all give their turn up at once. Commands in flight count against the actor's
+max_concurrent (64): a client pipelining more than that makes the mailbox wait (backpressure
+on the micro-batches it holds); TrainSession sends one request at a time per agent.
+Followers' actors otherwise refuse training commands, and stop when rank 0 broadcasts STOP.
+Blocking torch.distributed calls live in a daemon thread per process, never on the event loop. While idle, rank 0 broadcasts a KEEPALIVE
 every collective_timeout_s / KEEPALIVE_FRACTION, so waiting followers never hit the collective
 timeout. Shutdown: rank 0's drain broadcasts STOP, all ranks meet at a barrier and destroy the
 process group; the followers' actors then stop on their own.
@@ -53,6 +61,7 @@ import asyncio
 import json
 import logging
 import time
+from collections import deque
 from typing import Any, Callable
 
 import torch
@@ -62,9 +71,11 @@ from runtime.codec import Envelope
 from runtime.worker import WorkerContext
 from flexmarl.protocol import (AwaitSaved, DropParked, ExportState, ExportWeights,
                                FetchShards, Parked, SaveState, SendWeights, ShardData,
-                               StateSaved, StateStaged, SwapDone, SwapIn, SwapOut,
-                               TrainBeginBatch, TrainMicroBatch, TrainState, TrainStats,
-                               TrainStep, TrainStepDone, WeightUpdate, WeightUpdateDone)
+                               SlotStatus, SlotStatusReply, StateSaved, StateStaged, SwapDone,
+                               SwapIn, SwapOut, TrainBeginBatch, TrainMicroBatch, TrainState,
+                               TrainStats, TrainStep, TrainStepDone, WeightUpdate,
+                               WeightUpdateDone)
+from flexmarl.training.ordered import Turn, Turns
 from flexmarl.training.rank import HEADER_LEN, KEEPALIVE_FRACTION, Command, Rank
 from flexmarl.training.trainer_config import TrainerConfig
 
@@ -82,95 +93,26 @@ def _refusing(msg_type: type) -> Callable:
     return handler(msg_type)(refuse)
 
 
-class TrainerWorker(Actor):
-    """Rank 0: serves the training messages and replays each call to the followers."""
+ORDERED: dict[type, Command] = {
+    TrainBeginBatch: Command.BEGIN_BATCH, TrainMicroBatch: Command.MICRO_BATCH,
+    TrainStep: Command.STEP, SwapIn: Command.SWAP_IN, SwapOut: Command.SWAP_OUT,
+    DropParked: Command.DROP, ExportState: Command.EXPORT_STATE, ExportWeights: Command.EXPORT,
+    SendWeights: Command.SEND_WEIGHTS, SaveState: Command.SAVE_STATE}
+"""The requests rank 0 runs in its command thread: each takes its turn at dispatch."""
 
-    def __init__(self, ctx: WorkerContext) -> None:
-        super().__init__(ctx.name, ctx.bind, transport=ctx.transport)
-        self.group = Rank(ctx.args)
-        self._last_command = time.monotonic()
-        self._stopped_group = False
 
-    async def _command(self, cmd: Command, mb: TrainMicroBatch | None = None, arg: int = 0) -> Any:
-        await self.group.ready  # raises why the process group or the model failed to start
-        if self._stopped_group:
-            if cmd is Command.KEEPALIVE:
-                return None
-            raise RuntimeError("the trainer group has been stopped (its worker is shutting "
-                               "down); start a new group")
-        self._last_command = time.monotonic()
-        if cmd is Command.STOP:
-            self._stopped_group = True
-        return await self.group.thread.submit(lambda: self._lead(cmd, mb, arg))
-
-    def _lead(self, cmd: Command, mb: TrainMicroBatch | None, arg: int) -> Any:
-        g = self.group
-        header = [int(cmd), arg, 0, 0]
-        if mb is not None:
-            rows, width = mb.input_ids.shape
-            header = [int(cmd), rows, width, _flags(mb)]
-        if g.world_size > 1:
-            g.broadcast(torch.tensor(header, dtype=torch.int64, device=g.device))
-            if mb is not None:
-                for t in _pack(mb, g.device):
-                    g.broadcast(t)
-        return g.execute(cmd, mb, arg)
-
-    @handler(TrainBeginBatch)
-    async def on_begin_batch(self, msg: TrainBeginBatch, env: Envelope) -> None:
-        if msg.num_tokens < 0:
-            raise ValueError(f"TrainBeginBatch.num_tokens must be > 0, or 0 to declare it at "
-                             f"TrainStep; got {msg.num_tokens}")
-        await self._command(Command.BEGIN_BATCH, arg=msg.num_tokens)
-
-    @handler(TrainMicroBatch)
-    async def on_micro_batch(self, msg: TrainMicroBatch, env: Envelope) -> TrainStats:
-        _check_micro_batch(msg)  # before any broadcast: a bad batch must not desync the ranks
-        return await self._command(Command.MICRO_BATCH, mb=msg)
-
-    @handler(TrainStep)
-    async def on_step(self, msg: TrainStep, env: Envelope) -> TrainStepDone:
-        if msg.num_tokens < 0:
-            raise ValueError(f"TrainStep.num_tokens must be >= 0, got {msg.num_tokens}")
-        return await self._command(Command.STEP, arg=msg.num_tokens)
-
-    async def on_start(self) -> None:
-        self.group.address, self.group.transport = self.address, self.transport
-
-    # Concurrent: a SwapIn may pull from a slot that pulls from this one at the same time, and
-    # this mailbox must go on serving FetchShards meanwhile (the command thread keeps order).
-    @handler(SwapIn, concurrent=True)
-    async def on_swap_in(self, msg: SwapIn, env: Envelope) -> SwapDone:
-        spec = {"agent": msg.agent, "model_dir": msg.model_dir, "config": msg.config,
-                "source": list(msg.source), "state_dir": msg.state_dir}
-        TrainerConfig(**msg.config)  # a bad config is refused here, before any broadcast
-        return await self._with_spec(Command.SWAP_IN, spec,
-                                     lambda g: g.swap_in(spec, msg.tensors, msg.meta))
-
-    async def _with_spec(self, cmd: Command, spec: Any, call: Callable[[Rank], Any]) -> Any:
-        """Broadcast `cmd` and its JSON `spec` to the followers, then `call` on this rank."""
-        blob = json.dumps(spec).encode()
-        await self.group.ready
-        if self._stopped_group:
-            raise RuntimeError("the trainer group has been stopped; start a new group")
-        self._last_command = time.monotonic()
-
-        def lead() -> Any:
-            g = self.group
-            if g.world_size > 1:
-                g.broadcast(torch.tensor([int(cmd), len(blob), 0, 0],
-                                         dtype=torch.int64, device=g.device))
-                g.broadcast(torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(g.device))
-            return call(g)
-
-        return await self.group.thread.submit(lead)
+class _StateSaves:
+    """Rank 0's handlers of the state saves (flexmarl.training.sharded_state), a part of
+    TrainerWorker: SaveState in line like any command (it stages the shards), AwaitSaved
+    outside it (it only waits for a write already started, while the slot goes on)."""
 
     @handler(SaveState, concurrent=True)
     async def on_save_state(self, msg: SaveState, env: Envelope) -> StateStaged:
         spec = {"tmp": msg.tmp, "path": msg.path, "step": msg.step}
-        return await self._with_spec(Command.SAVE_STATE, spec, lambda g: g.save_state(spec))
+        return await self._command(self._turn_of.pop(id(env)), Command.SAVE_STATE,
+                                   self._with_spec(Command.SAVE_STATE, spec,
+                                                   lambda g: g.save_state(spec)))
 
-    # Concurrent and outside the command order: it only waits for a write already started.
     @handler(AwaitSaved, concurrent=True)
     async def on_await_saved(self, msg: AwaitSaved, env: Envelope) -> StateSaved:
         writer = self.group.writer
@@ -186,7 +128,133 @@ class TrainerWorker(Actor):
         return StateSaved(agent, step, version, msg.path, num_bytes,
                           time.perf_counter() - started)
 
-    @handler(SendWeights)
+
+class TrainerWorker(_StateSaves, Actor):
+    """Rank 0: serves the training messages and replays each call to the followers."""
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        super().__init__(ctx.name, ctx.bind, transport=ctx.transport)
+        self.group = Rank(ctx.args)
+        self._last_command = time.monotonic()
+        self._stopped_group = False
+        self.turns = Turns()
+        self._turn_of: dict[int, Turn] = {}
+        """id(envelope) -> the turn its request took at dispatch (admit), until its handler
+        takes it (the envelope lives as long as its request is served)."""
+        self._in_thread: deque[str] = deque()
+        """Commands submitted to the command thread and not started, in order."""
+        self._running: tuple[str, float] | None = None
+        """The command the thread runs and when it started (written by the thread)."""
+
+    def admit(self, env: Envelope) -> None:
+        cmd = ORDERED.get(type(env.msg))
+        if cmd is not None:
+            self._turn_of[id(env)] = self.turns.take(cmd.name)
+
+    async def _command(self, turn: Turn, cmd: Command, job: Callable[[], Any],
+                       check: Callable[[], Any] = lambda: None) -> Any:
+        """`job` (a broadcast of `cmd` to the followers, then this rank's call) in the command
+        thread once every command accepted before it has gone there; `check` refuses a bad
+        request first, before it holds anyone up."""
+        try:
+            check()  # before any broadcast: a bad request must not desync the ranks
+            await turn.wait()
+            await self.group.ready  # raises why the process group or the model failed to start
+            if self._stopped_group:
+                if cmd is Command.KEEPALIVE:
+                    return None
+                raise RuntimeError("the trainer group has been stopped (its worker is shutting "
+                                   "down); start a new group")
+            self._last_command = time.monotonic()
+            if cmd is Command.STOP:
+                self._stopped_group = True
+            done = self._submit(cmd, job)
+        finally:
+            turn.release()  # submitted (or refused): the thread's FIFO queue keeps the order
+        return await done
+
+    def _submit(self, cmd: Command, job: Callable[[], Any]) -> asyncio.Future:
+        def run() -> Any:
+            self._in_thread.popleft()
+            self._running = (cmd.name, time.monotonic())
+            try:
+                return job()
+            finally:
+                self._running = None
+
+        self._in_thread.append(cmd.name)
+        return self.group.thread.submit(run)
+
+    def _lead(self, cmd: Command, mb: TrainMicroBatch | None = None, arg: int = 0
+              ) -> Callable[[], Any]:
+        def lead() -> Any:
+            g = self.group
+            header = [int(cmd), arg, 0, 0]
+            if mb is not None:
+                rows, width = mb.input_ids.shape
+                header = [int(cmd), rows, width, _flags(mb)]
+            if g.world_size > 1:
+                g.broadcast(torch.tensor(header, dtype=torch.int64, device=g.device))
+                if mb is not None:
+                    for t in _pack(mb, g.device):
+                        g.broadcast(t)
+            return g.execute(cmd, mb, arg)
+
+        return lead
+
+    def _with_spec(self, cmd: Command, spec: Any, call: Callable[[Rank], Any]
+                   ) -> Callable[[], Any]:
+        """A job that broadcasts `cmd` and its JSON `spec` to the followers, then `call`s
+        this rank."""
+        blob = json.dumps(spec).encode()
+
+        def lead() -> Any:
+            g = self.group
+            if g.world_size > 1:
+                g.broadcast(torch.tensor([int(cmd), len(blob), 0, 0],
+                                         dtype=torch.int64, device=g.device))
+                g.broadcast(torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(g.device))
+            return call(g)
+
+        return lead
+
+    # Every command is a concurrent handler that keeps its turn (taken at dispatch): the
+    # mailbox goes on serving FetchShards, SlotStatus and pings while a step or a swap runs.
+
+    @handler(TrainBeginBatch, concurrent=True)
+    async def on_begin_batch(self, msg: TrainBeginBatch, env: Envelope) -> None:
+        await self._command(self._turn_of.pop(id(env)), Command.BEGIN_BATCH,
+                            self._lead(Command.BEGIN_BATCH, arg=msg.num_tokens),
+                            check=lambda: _check_num_tokens(msg))
+
+    @handler(TrainMicroBatch, concurrent=True)
+    async def on_micro_batch(self, msg: TrainMicroBatch, env: Envelope) -> TrainStats:
+        return await self._command(self._turn_of.pop(id(env)), Command.MICRO_BATCH,
+                                   self._lead(Command.MICRO_BATCH, mb=msg),
+                                   check=lambda: _check_micro_batch(msg))
+
+    @handler(TrainStep, concurrent=True)
+    async def on_step(self, msg: TrainStep, env: Envelope) -> TrainStepDone:
+        return await self._command(self._turn_of.pop(id(env)), Command.STEP,
+                                   self._lead(Command.STEP, arg=msg.num_tokens),
+                                   check=lambda: _check_num_tokens(msg))
+
+    async def on_start(self) -> None:
+        self.group.address, self.group.transport = self.address, self.transport
+
+    # A SwapIn may pull from a slot that pulls from this one at the same time: FetchShards
+    # are served on the event loop meanwhile, so two such slots cannot deadlock.
+    @handler(SwapIn, concurrent=True)
+    async def on_swap_in(self, msg: SwapIn, env: Envelope) -> SwapDone:
+        spec = {"agent": msg.agent, "model_dir": msg.model_dir, "config": msg.config,
+                "source": list(msg.source), "state_dir": msg.state_dir}
+        return await self._command(
+            self._turn_of.pop(id(env)), Command.SWAP_IN,
+            self._with_spec(Command.SWAP_IN, spec,
+                            lambda g: g.swap_in(spec, msg.tensors, msg.meta)),
+            check=lambda: TrainerConfig(**msg.config))  # a bad config: refused, no broadcast
+
+    @handler(SendWeights, concurrent=True)
     async def on_send_weights(self, msg: SendWeights, env: Envelope) -> WeightUpdateDone:
         from flexmarl.weights.direct import free_port
 
@@ -196,27 +264,43 @@ class TrainerWorker(Actor):
         spec = {"version": msg.version, "instances": list(msg.instances),
                 "backend": msg.backend, "tensor_parallel_size": msg.tensor_parallel_size,
                 "dtype": msg.dtype, "host": host, "port": free_port(host)}
-        return await self._with_spec(Command.SEND_WEIGHTS, spec, lambda g: g.send_weights(spec))
+        return await self._command(
+            self._turn_of.pop(id(env)), Command.SEND_WEIGHTS,
+            self._with_spec(Command.SEND_WEIGHTS, spec, lambda g: g.send_weights(spec)))
 
-    @handler(SwapOut)
+    @handler(SwapOut, concurrent=True)
     async def on_swap_out(self, msg: SwapOut, env: Envelope) -> Parked:
-        return await self._command(Command.SWAP_OUT)
+        return await self._command(self._turn_of.pop(id(env)), Command.SWAP_OUT,
+                                   self._lead(Command.SWAP_OUT))
 
     @handler(DropParked, concurrent=True)
     async def on_drop_parked(self, msg: DropParked, env: Envelope) -> None:
-        await self._with_spec(Command.DROP, msg.agent, lambda g: g.drop(msg.agent))
+        await self._command(self._turn_of.pop(id(env)), Command.DROP,
+                            self._with_spec(Command.DROP, msg.agent,
+                                            lambda g: g.drop(msg.agent)))
+
+    @handler(ExportState, concurrent=True)
+    async def on_export_state(self, msg: ExportState, env: Envelope) -> TrainState:
+        return await self._command(self._turn_of.pop(id(env)), Command.EXPORT_STATE,
+                                   self._lead(Command.EXPORT_STATE))
+
+    @handler(ExportWeights, concurrent=True)
+    async def on_export(self, msg: ExportWeights, env: Envelope) -> WeightUpdate:
+        return await self._command(self._turn_of.pop(id(env)), Command.EXPORT,
+                                   self._lead(Command.EXPORT))
 
     @handler(FetchShards, concurrent=True)
     async def on_fetch_shards(self, msg: FetchShards, env: Envelope) -> ShardData:
         return self.group.serve_shards(msg)
 
-    @handler(ExportState)
-    async def on_export_state(self, msg: ExportState, env: Envelope) -> TrainState:
-        return await self._command(Command.EXPORT_STATE)
-
-    @handler(ExportWeights)
-    async def on_export(self, msg: ExportWeights, env: Envelope) -> WeightUpdate:
-        return await self._command(Command.EXPORT)
+    @handler(SlotStatus)
+    async def on_status(self, msg: SlotStatus, env: Envelope) -> SlotStatusReply:
+        running = self._running
+        return SlotStatusReply(
+            agent=self.group.agent if self.group.trainer is not None else "",
+            parked=sorted(list(self.group.parked)), running=running[0] if running else "",
+            running_s=time.monotonic() - running[1] if running else 0.0,
+            queued=list(self._in_thread) + self.turns.waiting)
 
     async def keepalive_loop(self) -> None:
         try:
@@ -229,18 +313,24 @@ class TrainerWorker(Actor):
             if self._stopped_group:
                 return
             if time.monotonic() - self._last_command >= interval_s:
-                # A failure here means a broken group: let it end the process, so the
-                # supervisor reports the death instead of requests failing one by one.
-                await self._command(Command.KEEPALIVE)
+                # In line like any command (a whole broadcast of its own, so it cannot split
+                # another's). A failure here means a broken group: let it end the process,
+                # so the supervisor reports the death instead of requests failing one by one.
+                await self._command(self.turns.take("KEEPALIVE"), Command.KEEPALIVE,
+                                    self._lead(Command.KEEPALIVE))
 
     async def on_drain(self) -> None:
         if self._stopped_group:
             return
+        # Taken now, synchronously: STOP goes after every command accepted before draining.
+        turn = self.turns.take("STOP")
         try:
-            await asyncio.wait_for(self._command(Command.STOP), self.group.drain_timeout_s)
+            await asyncio.wait_for(self._command(turn, Command.STOP, self._lead(Command.STOP)),
+                                   self.group.drain_timeout_s)
         except Exception as exc:  # a dead follower or a failed start: exit regardless
             log.warning("trainer rank 0: clean group stop failed (%s: %s)",
                         type(exc).__name__, exc)
+            turn.release()  # if wait_for gave up before _command ever ran
 
 
 class TrainerFollower(Actor):
@@ -315,6 +405,12 @@ class TrainerFollower(Actor):
     on_send_weights = _refusing(SendWeights)
     on_save_state = _refusing(SaveState)
     on_await_saved = _refusing(AwaitSaved)
+
+
+def _check_num_tokens(msg: TrainBeginBatch | TrainStep) -> None:
+    if msg.num_tokens < 0:
+        raise ValueError(f"{type(msg).__name__}.num_tokens must be > 0, or 0 (TrainBeginBatch: "
+                         f"declared at TrainStep; TrainStep: as declared), got {msg.num_tokens}")
 
 
 def _check_micro_batch(mb: TrainMicroBatch) -> None:

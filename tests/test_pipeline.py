@@ -471,29 +471,33 @@ async def test_the_gate_opens_before_the_state_is_saved(tiny_model_dir, tmp_path
     last save is done."""
     import time
 
-    from flexmarl.launch.checkpoint import StateCheckpoints
     from flexmarl.observe.rundir import read_metrics
+    from flexmarl.training.pool import TrainerPool
 
     saves: list[tuple[str, int, float, float]] = []  # agent, step, started, ended
     passes: list[tuple[int, float]] = []  # gate passes: step, when
-    save, wait = StateCheckpoints.save, StepGate.wait
+    save, wait = TrainerPool.save, StepGate.wait
     cfg = config(tmp_path, "micro_batch")
     metrics = Path(cfg.run.dir) / "metrics.jsonl"
 
-    def slow_save(self, agent, step, state):  # runs in a worker thread (asyncio.to_thread)
+    async def slow_save(self, agent, step, **kwargs):  # the ranks' write takes SLOW_SAVE_S more
         started = time.perf_counter()
         recorded = [m["step"] for m in read_metrics(metrics)] if metrics.exists() else []
         assert step not in recorded, (agent, step, recorded)  # the record waits for its states
-        time.sleep(SLOW_SAVE_S)
-        out = save(self, agent, step, state)
-        saves.append((agent, step, started, time.perf_counter()))
-        return out
+        landing = await save(self, agent, step, **kwargs)
+
+        async def slow() -> object:
+            out = await landing
+            await asyncio.sleep(SLOW_SAVE_S)
+            saves.append((agent, step, started, time.perf_counter()))
+            return out
+        return asyncio.ensure_future(slow())
 
     async def timed_wait(self, step):
         await wait(self, step)
         passes.append((step, time.perf_counter()))
 
-    monkeypatch.setattr(StateCheckpoints, "save", slow_save)
+    monkeypatch.setattr(TrainerPool, "save", slow_save)
     monkeypatch.setattr(StepGate, "wait", timed_wait)
     result = await run(duo(tiny_model_dir), cfg)
     returned = time.perf_counter()

@@ -164,29 +164,35 @@ def _assert_resumes_like(run_dir: Path, uninterrupted: Path) -> str:
 
 @pytest.mark.slow
 def test_a_run_killed_during_a_state_write_resumes(tiny_model_dir, tmp_path, uninterrupted):
-    """Saves run in the background (each made 0.5 s slow by the team file, which runs in the
-    `flexmarl run` process): the run is SIGKILLed while a state of step 2 is being written, so
-    step 2 has no record yet; the resumed run redoes it and ends like an uninterrupted one."""
-    team = tmp_path / "slow_team.py"
-    team.write_text(
-        f"import sys, time\nsys.path.insert(0, {str(ROOT / 'tests')!r})\n"
-        "from test_e2e import duo\nfrom flexmarl.launch import checkpoint\n"
-        "_save_file = checkpoint.save_file\n\n"
-        "def slow_save_file(tensors, path):\n"
-        "    time.sleep(0.5)  # inside the save's temp dir: a kill now leaves it half done\n"
-        "    return _save_file(tensors, path)\n\n"
-        "checkpoint.save_file = slow_save_file\n"
-        f"team = duo({tiny_model_dir!r})\n")
-    config, run_dir = _setup(tmp_path, tiny_model_dir, "run", f"team.path={team}")
+    """The trainer ranks write each step's states in the background (sharded, into a temp
+    dir that rank 0 renames once every rank's file is in). As soon as a write of step k >= 2
+    is seen under way, the whole run is frozen (SIGSTOP, so the write cannot finish) and, if
+    the write is still not in place, SIGKILLed: step k has no record and no state; the
+    resumed run takes the last complete state, redoes step k and ends like an uninterrupted
+    one. (Frozen after the write landed: the run goes on, and the next write is the one.)"""
+    config, run_dir = _setup(tmp_path, tiny_model_dir, "run")
     proc = _flexmarl("run", str(config))
     deadline = time.monotonic() + 300
-    while not [p for p in (run_dir / "state").glob("*/.tmp-step-*")
-               if int(p.name.split("-")[2]) >= 2]:
+
+    def writing() -> list[int]:
+        return [int(p.name.split("-")[2]) for p in (run_dir / "state").glob("*/.tmp-step-*")
+                if int(p.name.split("-")[2]) >= 2]
+
+    while True:
         assert proc.poll() is None, proc.communicate()[0]
-        assert time.monotonic() < deadline, "no state of step 2 was written in 300 s"
-        time.sleep(0.02)
+        assert time.monotonic() < deadline, "no state write of step >= 2 caught in 300 s"
+        if writing():
+            tree = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+            for pid in tree:
+                os.kill(pid, signal.SIGSTOP)
+            if caught := writing():
+                break
+            for pid in tree:  # it landed in between: on to the next one
+                os.kill(pid, signal.SIGCONT)
+        time.sleep(0.005)
     _kill_everything(proc)
-    assert not [m for m in read_metrics(run_dir / "metrics.jsonl") if m["step"] >= 2]
+    step = min(caught)
+    assert not [m for m in read_metrics(run_dir / "metrics.jsonl") if m["step"] >= step]
     _assert_resumes_like(run_dir, uninterrupted)
 
 

@@ -151,6 +151,9 @@ class TrainerPool:
         """Agents whose trainer has been built: a fresh SwapIn would lose their training."""
         self.snapshots_on = config.snapshots
         self.saved = saved
+        if saved is not None:  # a killed run's scratch dir (this run resumes it, or redoes it)
+            for old in saved.root.parent.glob(".snapshots-*"):
+                shutil.rmtree(old, ignore_errors=True)
         self.scratch = StateCheckpoints(tempfile.mkdtemp(
             prefix=".snapshots-", dir=saved.root.parent if saved is not None else None))
         """Snapshots of steps not saved to `saved`: the agents' last only; gone at close."""

@@ -1,30 +1,37 @@
 """Swap benchmark: training state in and out of trainer slots, and what sharing slots buys.
 
-1. Per model size, the one swap path against a plain memcpy of the same bytes, in the same run.
+1. Per model size, the one swap path against plain copies of the same bytes, in the same run.
    Two trainer slots (real trainer worker processes, 1 rank each); the agent trains one step in
-   slot a (so AdamW state exists), then, --swaps rounds each (medians):
-   - same slot: SwapOut (offload: the rank's shards to host memory of its process) and SwapIn
-     back into slot a (onload: copied back in place);
+   slot a (so AdamW state exists) and is swapped out and in once untimed (a warm slot parks
+   into host buffers it already has); then, --swaps rounds each (medians):
+   - same slot: SwapOut (offload: the rank's storages into its pooled host buffer) and SwapIn
+     back into slot a (onload: copied back in place; on CPU into re-allocated memory, whose
+     pages the kernel must fault in and zero: a GPU's device memory has no such cost);
    - cross slot: SwapOut from one slot, SwapIn into the other (its rank pulls the shards rank
      to rank through the runtime transport, into modules built empty), alternating a -> b ->
      a, the old copy dropped each time;
-   - memcpy: clone() of the state's tensors (ExportState's, the same bytes) in this process,
-     the fastest of 3 back to back, beside each round's swaps.
+   - baselines in this process, beside each round's swaps: memcpy (Parked.num_bytes copied
+     between two warm host buffers, the fastest of 3 and of torch copy_ and libc memmove),
+     fresh (the same into newly allocated memory) and zmq (the same bytes through a raw pyzmq
+     PUSH/PULL pair over tcp://127.0.0.1, copy=False, two threads with a context each).
    GB/s = state bytes / seconds of that step, timed at this client (so a swap includes its
-   request's round trip); ratio = GB/s / memcpy GB/s (what flexmarl/sim/costs.toml's swap
-   efficiencies are calibrated from).
+   request's round trip); offload and onload ratios are to memcpy, the move's to zmq
+   (move_ratio in the JSON: to memcpy, what flexmarl/sim/costs.toml's efficiencies use).
+   Sizes: the built-in ones (random weights) and smollm2-135m (the pretrained
+   SmolLM2-135M-Instruct, a 1.6 GB state with AdamW; needs the `pretrained` extra).
 2. The default team (agents/math_duo.py, two trainable agents) trained with static reservation
    (`trainer_pool.slots = 0`: one slot per agent) and with one shared slot
    (`trainer_pool.slots = 1`), same config and seeds otherwise: trainer utilisation = time the
    slots' processes spent on requests (training, weight export, swaps) / (slots x wall time of
    the timed steps), step time, swaps.
 
-    .venv/bin/python bench/swap.py [--json] [--sizes tiny,small,medium] [--swaps 3]
-                                   [--steps 6] [--warmup 1] [--set section.key=value ...]
+    .venv/bin/python bench/swap.py [--json] [--sizes|--model tiny,small,medium,smollm2-135m]
+                                   [--swaps 3] [--steps 6] [--warmup 1] [--set section.key=value]
 
-With --json the last line is one JSON object: offload_gbps, onload_gbps, move_gbps and
-memcpy_gbps (largest size), per size its numbers, util_static, util_shared, and per placement
-step_s and swaps.
+With --json the last line is one JSON object: offload_gbps, onload_gbps, move_gbps,
+memcpy_gbps, zmq_gbps, offload_ratio, onload_ratio, move_zmq_ratio (last size), per size its
+numbers, util_static, util_shared, and per placement step_s and swaps. The old path is measured
+by running this script against an older tree: PYTHONPATH=<old checkout> python bench/swap.py.
 """
 from __future__ import annotations
 

@@ -33,8 +33,9 @@ from hypothesis import strategies as st
 from flexmarl.protocol import (ExportState, ExportWeights, SwapIn, SwapOut, TrainBeginBatch,
                                TrainMicroBatch, TrainStats, TrainStep, TrainStepDone,
                                WeightUpdate)
-from flexmarl.training.parking import (chunk_rows, fill, local_tensors, park, prepare_pull,
-                                       pull_plan, set_rng, sharded_here, slices, unpark)
+from flexmarl.training.parking import (HostPool, chunk_rows, fill, local_tensors, park,
+                                       prepare_pull, pull_plan, set_rng, sharded_here, slices,
+                                       unpark)
 from flexmarl.training.trainer import GRPOTrainer, TrainerConfig, export_state, load_state
 from runtime.config import SupervisorConfig
 from runtime.errors import RemoteError
@@ -400,6 +401,46 @@ def test_a_parked_trainer_holds_no_device_memory_and_comes_back_bit_for_bit(mode
     trainer.begin_batch(tokens(batches[1]))
     with pytest.raises(RuntimeError, match=r"step\(\) first"):
         park(trainer)
+
+
+def test_a_slot_parks_into_the_same_host_buffer_every_swap(model_dir, batches):
+    """Swaps of one agent in one slot reuse the pool's host buffer (the same memory, no new
+    allocation after the first park) and still come back bit for bit each time."""
+    trainer = GRPOTrainer(model_dir, TrainerConfig(**CONFIG))
+    step_batch(trainer, batches[0])
+    before = {k: v.clone() for k, v in local_tensors(trainer).items()}
+    pool = HostPool()
+    host = park(trainer, pool)
+    where = [copy.data_ptr() for _, copy in host.storages]
+    assert host.buffer is not None and pool.num_allocations == 1
+    for _ in range(2):
+        unpark(host, pool)
+        assert pool.free and all(torch.equal(before[k], v)
+                                 for k, v in local_tensors(trainer).items())
+        host = park(trainer, pool)
+        assert [copy.data_ptr() for _, copy in host.storages] == where
+        assert pool.num_allocations == 1 and not pool.free
+    unpark(host, pool)
+    step_batch(trainer, batches[1])  # trains on after its swaps like one that never left
+    reference = GRPOTrainer(model_dir, TrainerConfig(**CONFIG))
+    step_batch(reference, batches[0])
+    step_batch(reference, batches[1])
+    a, b = local_tensors(trainer), local_tensors(reference)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_host_pool_hands_out_the_smallest_free_buffer_that_fits_and_keeps_few():
+    pool = HostPool(keep=2)
+    small, large = pool.take(100), pool.take(1000)
+    assert pool.num_allocations == 2 and small.numel() == 100 and large.numel() == 1000
+    pool.give(large)
+    pool.give(small)
+    assert pool.take(50).data_ptr() == small.data_ptr()  # the smallest that fits
+    assert pool.take(50).data_ptr() == large.data_ptr()  # the only one left
+    assert pool.take(2000).numel() == 2000 and pool.num_allocations == 3  # none fits: new
+    for n in (10, 20, 30):
+        pool.give(torch.empty(n, dtype=torch.uint8))
+    assert [b.numel() for b in pool.free] == [20, 30]  # only the `keep` most recent stay
 
 
 @settings(max_examples=300, deadline=None)

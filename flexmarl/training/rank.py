@@ -28,8 +28,9 @@ from flexmarl.protocol import (FetchShards, Parked, ShardData, StateStaged, Swap
                                TrainMicroBatch, TrainState, WeightUpdate, WeightUpdateDone)
 from flexmarl.training import sharded_state
 from flexmarl.training.sharded_state import StateWriter
-from flexmarl.training.parking import (HostState, fill, park, prepare_pull, pull_plan,
-                                       set_rng, sharded_here, slices, unpark)
+from flexmarl.training.parking import (HostPool, HostState, fill, park, populate,
+                                       prepare_pull, pull_plan, set_rng, sharded_here, slices,
+                                       unpark)
 from flexmarl.training.trainer import GRPOTrainer, TrainerConfig
 from runtime.transport import connect
 
@@ -131,6 +132,9 @@ class Rank:
         self.parked: dict[str, HostState] = {}
         """Agents parked in this slot: this rank's shards in host memory (read by the event
         loop's FetchShards handler, written by the command thread)."""
+        self.pool = HostPool()
+        """Host buffers of parked agents, reused across swaps (pinned once the device is
+        known to be a GPU)."""
         self.address = ""
         """This rank's actor address (set once it serves): where other slots pull from."""
         self.transport = None
@@ -161,6 +165,7 @@ class Rank:
             # 0 here); without one, ranks of a machine share its GPUs in rank order.
             torch.cuda.set_device(self.rank % torch.cuda.device_count())
             self.device = torch.device("cuda", torch.cuda.current_device())
+            self.pool = HostPool(pin=True)
             if args.get("memory_fraction"):  # devices.colocate: the engine has the rest
                 torch.cuda.set_per_process_memory_fraction(float(args["memory_fraction"]),
                                                            self.device)
@@ -207,7 +212,7 @@ class Rank:
         try:
             if agent in self.parked:  # every rank parked it: the same branch on every rank
                 num_bytes = self.parked[agent].num_bytes
-                trainer, how = unpark(self.parked.pop(agent)), "here"
+                trainer, how = unpark(self.parked.pop(agent), self.pool), "here"
             elif spec.get("source"):
                 (trainer, num_bytes), how = self._pull(spec), "pulled"
             else:
@@ -302,10 +307,12 @@ class Rank:
                 return fill(tensors, batch, got.tensors)
 
             # A few requests in flight per source rank: its serving, the socket and this
-            # rank's copies overlap.
+            # rank's copies overlap; so does faulting in the new tensors' pages, in bulk.
             in_flight = {w: asyncio.Semaphore(PULL_IN_FLIGHT) for w in plan}
-            pulled = await asyncio.gather(*(one(w, batch) for w, pieces in plan.items()
-                                            for batch in _batches(pieces, head.layout)))
+            storages = [t.untyped_storage() for t in tensors.values()]
+            *pulled, _ = await asyncio.gather(*(one(w, batch) for w, pieces in plan.items()
+                                                for batch in _batches(pieces, head.layout)),
+                                              asyncio.to_thread(populate, storages))
             set_rng(trainer, head.tensors)
         finally:
             for conn in conns:
@@ -325,9 +332,11 @@ class Rank:
         return ShardData(slices(host, msg.pieces))
 
     def drop(self, agent: str) -> None:
-        """Free this rank's host copy of a parked agent (it moved to another slot)."""
-        if self.parked.pop(agent, None) is not None and self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        """Drop this rank's host copy of a parked agent (it moved to another slot): its
+        buffer back to the pool."""
+        host = self.parked.pop(agent, None)
+        if host is not None and host.buffer is not None:
+            self.pool.give(host.buffer)  # kept for this slot's next park
 
     def swap_out(self) -> Parked:
         """Park the agent: this rank's shards to host memory, the slot empty. One collective,
@@ -340,13 +349,13 @@ class Rank:
                                'agent name: give WorkerSpec.args "agent" to swap it')
         error: Exception | None = None
         try:
-            host = park(tr)
+            host = park(tr, self.pool)
         except Exception as exc:
             error, host = exc, None
         ranks, total, failed = self._gather(host.num_bytes if host else 0, error is not None)
         if failed:
             if host is not None:
-                unpark(host)
+                unpark(host, self.pool)
             raise error or RuntimeError("SwapOut: another rank of this trainer group failed "
                                         "(its log says why); the agent stays in the slot")
         agent, self.agent, self.trainer = self.agent, "", None

@@ -1,7 +1,9 @@
 """Trainer slots bound to agents on demand, idle agents' training state parked in host memory.
 
     slot = one trainer worker group (its processes, its devices); empty until a SwapIn
-    bind(agent) ─► SlotAllocator (pure): the agent waits its turn (first come, first served)
+    bind(agent) ─► SlotAllocator (pure): the agent waits its turn (first come, first served),
+                 then takes the slot of least expected cost, or waits a bounded time for a
+                 better one (SlotTimes: swaps and holds measured, handed in as Estimates)
                  ─► its granted slot: already holding its state (no swap), empty, or holding an
                     idle agent's state ─► SwapOut (that agent parked in the slot's own
                     processes) ─► SwapIn (the agent's parked shards, or a fresh trainer the

@@ -20,11 +20,15 @@ and sync_static (their step / this step: > 1 is faster), the gaps to the two bou
 (flexmarl.sim.bounds: perfect overlap, the least over the compared layouts, which no system
 can beat; zero staleness, rollout span + the least tail of a zero-staleness step), moves
 (instances moved between agents), swaps (training states in or out of trainer slots),
-switches (colocated mode changes).
+switches (colocated mode changes), and where trainer slot time goes per measured step
+(slot-seconds, all slots together): swaps out (idle agents parked), in (loaded back in the
+slot they are parked in, or restored), pulled (from another slot: a move and a load),
+snapshots (recovery snapshots), train (micro-batches and optimizer steps).
 
 With --json the last line is one JSON object: preset, systems.<name>.{step_s, tokens_per_s,
 utilisation, perfect_overlap_s (its own layout's), gap_to_perfect_overlap,
-gap_to_zero_staleness, snapshot_s, write_s, ...}, bounds.{perfect_overlap_s, zero_staleness_s,
+gap_to_zero_staleness, snapshot_s, write_s, swap_out_s, swap_in_s, pulled_s,
+train_compute_s, ...}, bounds.{perfect_overlap_s, zero_staleness_s,
 rollout_only_s}, nodes, wall_s (for --preset all: presets.<name> of those).
 """
 from __future__ import annotations
@@ -61,14 +65,18 @@ def table(out: dict) -> str:
              f"{get_preset(out['preset']).description}",
              f"{'system':22s} {'step s':>8s} {'tokens/s':>9s} {'util':>6s} "
              + " ".join(f"{'vs ' + x:>9s}" for x in ("mas_rl", "marti", "sync_st"))
-             + f" {'to p.o.':>8s} {'to z.s.':>8s} {'moves':>6s} {'swaps':>6s} {'switch':>6s}"]
+             + f" {'to p.o.':>8s} {'to z.s.':>8s} {'moves':>6s} {'swaps':>6s} {'switch':>6s}"
+             + " " + " ".join(f"{x:>7s}" for x in ("out", "in", "pulled", "snap", "train"))]
     for name, r in systems.items():
         ratios = [f"{base[x] / r['step_s']:8.2f}x" if x in base else f"{'-':>9s}"
                   for x in bases]
         lines.append(f"{name:22s} {r['step_s']:8.1f} {r['tokens_per_s']:9.1f} "
                      f"{r['utilisation']:6.1%} {' '.join(ratios)} "
                      f"{r['gap_to_perfect_overlap']:+8.1%} {r['gap_to_zero_staleness']:+8.1%} "
-                     f"{r['moves']:6d} {r['swaps']:6d} {r['switches']:6d}")
+                     f"{r['moves']:6d} {r['swaps']:6d} {r['switches']:6d} "
+                     + " ".join(f"{r.get(k, 0.0):7.1f}" for k in (
+                         "swap_out_s", "swap_in_s", "pulled_s", "snapshot_s",
+                         "train_compute_s")))
     for name, why in out.get("infeasible", {}).items():
         lines.append(f"{name:22s} does not fit: {why}")
     lines.append(f"bounds: perfect overlap {b['perfect_overlap_s']:.1f} s (the least over the "

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flexmarl.protocol import DropParked, Parked, SwapIn, SwapOut
-from flexmarl.training.slots import SlotAllocator
+from flexmarl.training.slots import Estimates, SlotAllocator, SlotTimes
 from runtime.transport import connect
 
 
@@ -157,3 +157,193 @@ def test_allocator_evicts_the_idle_agent_expected_last():
     assert two_idle(["a", "b"]) == "b"
     assert two_idle(None) == "a"
     assert two_idle(["b"]) == "a"  # a not named: expected after every named agent
+
+
+# Swap rates of the tests below: a state of 100 bytes parks or loads in place in 10 s, is
+# pulled from another slot in 30 s (a move and a load), as in the simulator's cost model.
+RATES = {"out": 10.0, "in": 10.0, "pull": 100 / 30}
+
+
+def _estimates(agents, frees_at=None, sizes=None):
+    return Estimates({a: (sizes or {}).get(a, 100) for a in agents}, RATES, frees_at or {})
+
+
+def test_an_agent_goes_back_to_the_slot_it_is_parked_in():
+    """a is parked in s0 (b evicted it). When s0 is free again (holding b's idle state) and s1
+    holds c's: a goes back to s0 (its load in place + b's state out and back: 30 s), not into
+    s1 (a pull + c's out and back: 50 s), though s1 was released less recently. When s0 is still
+    bound: a waits for it if it frees within the pull's cost, else it is pulled."""
+    est = _estimates("abc")
+    alloc = SlotAllocator({"s0": 1, "s1": 1, "s2": 1}, {"a": 1, "b": 1, "c": 1})
+    alloc.request("a", 0.0)
+    alloc.request("c", 0.0)
+    assert [x.slot for x in alloc.grant(0.0, est)] == ["s0", "s1"]
+    alloc.release("a")
+    alloc.release("c")
+    alloc.pinned = {"b": "s0"}  # b must take s0 this once
+    alloc.request("b", 1.0)
+    [g] = alloc.grant(1.0, est)
+    assert (g.slot, g.evict) == ("s0", "a") and alloc.parked == {"a": "s0"}
+    alloc.pinned = {"c": "s1"}  # s2 off limits: s0 or s1 for a
+    alloc.release("b")
+    alloc.request("a", 1.5)
+    [g] = alloc.grant(1.5, est)
+    assert (g.agent, g.slot, g.evict) == ("a", "s0", "b") and alloc.parked == {"b": "s0"}
+    alloc.pinned = {}
+    # Again: a parked in s0 under b.
+    alloc = SlotAllocator({"s0": 1, "s1": 1, "s2": 1}, {"a": 1, "b": 1})
+    alloc.request("a", 0.0)
+    assert [x.slot for x in alloc.grant(0.0, est)] == ["s0"]
+    alloc.release("a")
+    alloc.pinned = {"b": "s0"}
+    alloc.request("b", 1.0)
+    alloc.grant(1.0, est)
+    alloc.pinned = {}
+    alloc.request("a", 2.0)
+    # s0 bound by b, freeing at 5 s: wait 3 s + b out and back 20 s + a in place 10 s = 33 s
+    # against a pull into an empty slot now (30 s): a is pulled.
+    [g] = alloc.grant(2.0, _estimates("ab", {"s0": 5.0}))
+    assert g.slot in ("s1", "s2") and g.evict is None
+    # a's state 1000 bytes (load 100 s, pull 300 s), b's 10, s0 freeing in 1 s: waiting
+    # (1 s + b's out and back 2 s + a's load 100 s) beats the pull: a waits, then goes back.
+    alloc = SlotAllocator({"s0": 1, "s1": 1}, {"a": 1, "b": 1})
+    alloc.request("a", 0.0)
+    alloc.grant(0.0, est)
+    alloc.release("a")
+    alloc.pinned = {"b": "s0"}
+    alloc.request("b", 1.0)
+    alloc.grant(1.0, est)
+    alloc.pinned = {}
+    est = _estimates("ab", {"s0": 3.0}, sizes={"a": 1000, "b": 10})
+    alloc.request("a", 2.0)
+    assert alloc.grant(2.0, est) == []  # 1 s + b (2 s) + a in place (100 s) < pull (300 s)
+    assert alloc.recheck_at == 3.0  # look again when s0 should have freed
+    alloc.release("b")
+    [g] = alloc.grant(2.5, est)
+    assert (g.agent, g.slot, g.evict) == ("a", "s0", "b")
+
+
+def test_a_small_agent_waits_rather_than_evict_a_large_one_when_a_fitting_slot_frees_soon():
+    """big (a 32B-class agent, 2 ranks) is idle in the large slot; small (14B-class, 1 rank)
+    asks while the small slot is bound and frees in 5 s. Evicting big costs its state out now
+    and pulled back later (10 + 30 s for 100 bytes) plus small's own load (10 s); the small
+    slot costs 5 s of waiting + its holder's state out and back (20 s) + small's load (10 s):
+    35 < 50 s, small waits.
+    If the small slot frees only later than the eviction's cost, small evicts big."""
+    def case(frees_in: float):
+        alloc = SlotAllocator({"large": 2, "little": 1}, {"big": 2, "small": 1, "other": 1})
+        est = _estimates(["big", "small", "other"])
+        for agent, at in (("big", 0.0), ("other", 0.0)):
+            alloc.request(agent, at)
+        assert {g.agent: g.slot for g in alloc.grant(0.0, est)} == {"big": "large",
+                                                                    "other": "little"}
+        alloc.release("big")
+        alloc.request("small", 10.0)
+        return alloc, alloc.grant(10.0, _estimates(["big", "small", "other"],
+                                                   {"little": 10.0 + frees_in}))
+
+    alloc, grants = case(5.0)
+    assert grants == [] and alloc.waiting() == ["small"]
+    alloc.release("other")  # the small slot frees: small takes it, big stays resident
+    [g] = alloc.grant(15.0, _estimates(["big", "small", "other"]))
+    assert (g.agent, g.slot, g.evict) == ("small", "little", "other")
+    assert alloc.resident["large"] == "big"
+    _, [g] = case(60.0)  # 60 + 30 s > 50 s: evicting is cheaper than that wait
+    assert (g.agent, g.slot, g.evict) == ("small", "large", "big")
+
+
+def test_a_waiting_agent_takes_what_is_free_once_it_waited_the_swap_it_avoids():
+    """The bounded wait: small passed over the large slot (50 s: its load, big's state out and
+    pulled back) for the small one, expected to free at 15 s, which it does not: once that is
+    overdue it takes the large slot; with an estimate that keeps moving ahead, at 60 s (asked at
+    10 s + 50 s) whatever the estimates say."""
+    alloc = SlotAllocator({"large": 2, "little": 1}, {"big": 2, "small": 1, "other": 1})
+    est = _estimates(["big", "small", "other"])
+    alloc.request("big", 0.0)
+    alloc.request("other", 0.0)
+    alloc.grant(0.0, est)
+    alloc.release("big")
+    alloc.request("small", 10.0)
+    soon = _estimates(["big", "small", "other"], {"little": 15.0})
+    assert alloc.grant(10.0, soon) == [] and alloc.recheck_at == 15.0
+    # Overdue: the estimate failed, so nothing is waited for any more.
+    [g] = alloc.grant(16.0, soon)
+    assert (g.agent, g.slot) == ("small", "large")
+    # The same with an estimate that keeps moving ahead: the deadline still holds.
+    alloc2 = SlotAllocator({"large": 2, "little": 1}, {"big": 2, "small": 1, "other": 1})
+    alloc2.request("big", 0.0)
+    alloc2.request("other", 0.0)
+    alloc2.grant(0.0, est)
+    alloc2.release("big")
+    alloc2.request("small", 10.0)
+    for t in (10.0, 40.0, 59.5):
+        assert alloc2.grant(t, _estimates(["big", "small", "other"], {"little": t + 1})) == []
+        assert alloc2.recheck_at == pytest.approx(min(60.0, t + 1))
+    [g] = alloc2.grant(60.0, _estimates(["big", "small", "other"], {"little": 61.0}))
+    assert (g.agent, g.slot) == ("small", "large")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.floats(0.0, 20.0)), min_size=1, max_size=60),
+       st.integers(1, 3), st.lists(st.floats(0.0, 200.0), min_size=6, max_size=6))
+def test_with_estimates_no_double_binding_and_no_livelock(events, num_slots, holds):
+    """Agents of two sizes ask and release in random order at random times, with estimates
+    (measured swaps, hold times that may be wrong): a slot never holds two agents, an agent
+    never two slots, and every waiting agent is granted by the time it has waited its best
+    free slot's cost (at most 6 x 100 bytes of swaps / the slowest rate = 180 s) while a slot
+    that fits it is free."""
+    agents = [f"a{i}" for i in range(6)]
+    needs = {a: 1 + (i % 2) for i, a in enumerate(agents)}  # odd ones need the large slots
+    slots = {f"s{i}": 1 + (i % 2) for i in range(num_slots + 1)}  # s1 (and s3) are large
+    alloc = SlotAllocator(slots, needs)
+    times = SlotTimes()
+    for a in agents:
+        times.swapped(a, "out", 100, 10.0)
+        times.swapped(a, "in", 100, 10.0)
+        times.swapped(a, "pull", 100, 30.0)
+    holding: dict[str, str] = {}
+    asked: dict[str, float] = {}
+    clock = 0.0
+
+    def grant() -> None:
+        for g in alloc.grant(clock, times.estimates(alloc.bound)):
+            assert g.slot not in holding.values() and g.agent not in holding
+            assert slots[g.slot] >= needs[g.agent]
+            holding[g.agent] = g.slot
+            times.granted(g.agent, g.slot, clock)
+            del asked[g.agent]
+        assert len(set(holding.values())) == len(holding)
+        assert set(alloc.bound.items()) == {(s, a) for a, s in holding.items()}
+        for agent, at in asked.items():  # bounded wait: 180 s is more than any option costs
+            if any(s not in alloc.bound and slots[s] >= needs[agent] for s in slots):
+                assert clock - at < 180.0 + 1e-9, (agent, at, clock)
+
+    for k, (choice, dt) in enumerate(events):
+        clock += dt
+        agent = agents[choice]
+        if agent in holding:
+            alloc.release(agent)
+            times.released(agent, clock)
+            times.holds[agent] = holds[choice]  # estimates that may be wrong either way
+            del holding[agent]
+        elif agent not in asked:
+            alloc.request(agent, clock)
+            asked[agent] = clock
+        grant()
+        if alloc.recheck_at is not None and alloc.recheck_at <= clock + 20.0:
+            clock = max(clock, alloc.recheck_at)  # the pool's timer
+            grant()
+    # Holders finish one by one (the pool's timer fires at recheck_at): everyone is served
+    # within a bounded number of releases and rechecks.
+    for _ in range(4 * len(agents)):
+        if not asked:
+            break
+        if alloc.recheck_at is not None:
+            clock = max(clock, alloc.recheck_at)
+        elif holding:
+            agent = next(iter(holding))
+            alloc.release(agent)
+            times.released(agent, clock)
+            del holding[agent]
+        grant()
+    assert not asked and not alloc.waiting()

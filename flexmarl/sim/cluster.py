@@ -117,6 +117,12 @@ class SystemResult:
     """Trainer compute seconds per measured step, all slots together."""
     snapshot_s: float = 0.0
     """Slot seconds per measured step spent taking recovery snapshots."""
+    swap_out_s: float = 0.0
+    """Slot seconds per measured step spent parking idle agents' states (SwapOut)."""
+    swap_in_s: float = 0.0
+    """... loading states back into the slot they are parked in (or restoring them)."""
+    pulled_s: float = 0.0
+    """... pulling states parked in another slot (a move, then the load)."""
     write_s: float = 0.0
     """Storage seconds per step the agents' state writes take (one per agent per step; in
     the background, but each agent's next batch waits for its own)."""
@@ -300,6 +306,11 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
     t1, a1, c1, s1 = marks[last]
     elapsed = t1 - t0
     tokens = sum(a["tokens"] for r in measured for a in r["agents"].values())
+    swapped = {"out": 0.0, "in": 0.0, "pulled": 0.0}  # slot seconds of the measured window
+    for sw in tpool.swaps:
+        if t0 < sw.at <= t1:
+            swapped["out" if sw.direction == "out" else
+                    "pulled" if sw.source not in ("", sw.slot) else "in"] += sw.seconds
     return SystemResult(
         system.name, step_s=elapsed / len(measured),
         tokens_per_s=tokens / elapsed if elapsed else 0.0,
@@ -313,6 +324,8 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
         switches=sum(g.switches for g in layout.groups),
         train_compute_s=(c1 - c0) / len(measured),
         snapshot_s=(s1 - s0) / len(measured),
+        swap_out_s=swapped["out"] / len(measured), swap_in_s=swapped["in"] / len(measured),
+        pulled_s=swapped["pulled"] / len(measured),
         write_s=sum(costs.state_write_s(models[a]) for a in preset.trainable)
         if system.flexmarl else 0.0,
         records=records, micro_batches=sorted(m for t in trainers for m in t.micro_batches),

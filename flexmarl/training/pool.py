@@ -1,7 +1,9 @@
 """Trainer slots bound to agents on demand, idle agents' training state parked in host memory.
 
     slot = one trainer worker group (its processes, its devices); empty until a SwapIn
-    bind(agent) ─► SlotAllocator (pure): the agent waits its turn (first come, first served)
+    bind(agent) ─► SlotAllocator (pure): the agent waits its turn (first come, first served),
+                 then takes the slot of least expected cost, or waits a bounded time for a
+                 better one (SlotTimes: swaps and holds measured, handed in as Estimates)
                  ─► its granted slot: already holding its state (no swap), empty, or holding an
                     idle agent's state ─► SwapOut (that agent parked in the slot's own
                     processes) ─► SwapIn (the agent's parked shards, or a fresh trainer the
@@ -47,7 +49,7 @@ from typing import Any, AsyncIterator
 from flexmarl.clock import now
 from flexmarl.training.pool_config import TrainerPoolConfig
 from flexmarl.training.slot_connection import BusyTime, SlotConnection
-from flexmarl.training.slots import Grant, SlotAllocator, TeamOrder
+from flexmarl.training.slots import Grant, SlotAllocator, SlotTimes, TeamOrder
 from flexmarl.protocol import (AwaitSaved, DropParked, ExportWeights, Parked, SaveState,
                                StateSaved, SwapDone, SwapIn, SwapOut, TrainState, WeightUpdate)
 from flexmarl.training.state_files import StateCheckpoints
@@ -131,6 +133,10 @@ class TrainerPool:
         processes (ParkedState), saved in a dir to restore (StateSaved: a resumed run's
         checkpoint, the snapshot of an agent whose slot died), or a whole TrainState (tools)."""
         self.swaps: list[SwapRecord] = []
+        self.times = SlotTimes()
+        """Swap throughputs, state sizes and hold times measured: the allocator's estimates."""
+        self._recheck: asyncio.TimerHandle | None = None
+        """The allocator's next look when an agent waits for a better slot than a free one."""
         self.busy = BusyTime(slots)
         """Per slot: time its processes spent on requests (training, export, swaps)."""
         self.slots = {name: SlotConnection(conn, name, self.request_timeout_s, self.busy,
@@ -190,6 +196,7 @@ class TrainerPool:
                 if hold.ready.done() and not hold.ready.cancelled() and \
                         hold.ready.exception() is None:
                     self.allocator.release(agent)
+                    self.times.released(agent, now())
                     self._dispatch()
                     if not hold.prefetch_only:  # a prefetch ending must not start another one
                         self._maybe_prefetch()
@@ -200,7 +207,7 @@ class TrainerPool:
         """Wait for the allocator to grant the agent a slot, load its state there; the slot."""
         fut = asyncio.get_running_loop().create_future()
         self._granted[agent] = fut
-        self.allocator.request(agent)
+        self.allocator.request(agent, now())
         self._dispatch()
         try:
             grant: Grant = await fut
@@ -249,6 +256,8 @@ class TrainerPool:
         """No more prefetching; wait for one in flight (before the slots' connections close);
         a temp dir of saved states goes."""
         self.prefetch = False
+        if self._recheck is not None:  # nobody is served after close
+            self._recheck.cancel()
         if self._prefetches:
             await asyncio.gather(*self._prefetches, return_exceptions=True)
         shutil.rmtree(self.scratch.root, ignore_errors=True)
@@ -263,10 +272,19 @@ class TrainerPool:
             self._prefetches.discard(asyncio.current_task())
 
     def _dispatch(self) -> None:
-        for grant in self.allocator.grant():
+        at = now()
+        for grant in self.allocator.grant(at, self.times.estimates(self.allocator.bound)):
+            self.times.granted(grant.agent, grant.slot, at)
             fut = self._granted.pop(grant.agent)
             if not fut.done():
                 fut.set_result(grant)
+        # An agent passed over a free slot for a better one: look again when its wait is up.
+        if self._recheck is not None:
+            self._recheck.cancel()
+            self._recheck = None
+        if self.allocator.recheck_at is not None:  # 1 ms late: rounding never wakes it early
+            self._recheck = asyncio.get_running_loop().call_later(
+                max(self.allocator.recheck_at - at, 0.0) + 1e-3, self._dispatch)
 
     async def _load(self, grant: Grant) -> None:
         if grant.slot in self._replacing:  # the slot died: wait for its new processes
@@ -286,6 +304,7 @@ class TrainerPool:
                                                   out.num_bytes)
                 del self._loaded[grant.slot]
                 self.swaps.append(_swapped(loaded, grant.slot, "out", out.num_bytes, started))
+                self.times.swapped(loaded, "out", out.num_bytes, self.swaps[-1].seconds)
             finally:
                 del self._leaving[loaded]
                 leaving.set_result(None)
@@ -312,11 +331,14 @@ class TrainerPool:
         done: SwapDone = await conn.request(msg, timeout_s=self.request_timeout_s)
         self._loaded[grant.slot] = grant.agent
         self._started.add(grant.agent)
+        self.times.bytes[grant.agent] = done.num_bytes  # a fresh one's too: what evicting it costs
         if state is None:
             return
         del self.states[grant.agent]
         source = state.slot if isinstance(state, ParkedState) else ""
         self.swaps.append(_swapped(grant.agent, grant.slot, "in", done.num_bytes, started, source))
+        self.times.swapped(grant.agent, "pull" if source not in ("", grant.slot) else "in",
+                           done.num_bytes, self.swaps[-1].seconds)
         if source and source != grant.slot:  # pulled from there: free the old copy
             try:
                 await self.slots[source].request(DropParked(grant.agent),
@@ -424,6 +446,7 @@ class TrainerPool:
                 "its agent's update cannot complete (trainer_pool.snapshots and a replacement "
                 "let a run survive this)")))
         lost = [self._loaded.pop(slot)] if slot in self._loaded else []
+        self.allocator.lost(slot)
         lost += [a for a, st in self.states.items()
                  if isinstance(st, ParkedState) and st.slot == slot]
         for agent in lost:  # their shards died with the slot's processes

@@ -1,14 +1,17 @@
 """Which agent gets which trainer slot next: pure policies over names (no I/O, no clock).
 
 SlotAllocator: TrainerPool (flexmarl.training.pool) asks it on every bind and release; the
-simulator (flexmarl.sim) drives the same class. TeamOrder: the order agents ask in, learnt (the
-allocator's evictions and the pool's prefetches follow it).
+simulator (flexmarl.sim) drives the same class. Its choices weigh expected costs in seconds:
+the swaps a grant needs (measured) against the wait for a better slot (estimated), which the
+pool hands in as an `Estimates` at every `grant`. SlotTimes: what the pool measured (swaps,
+how long agents hold slots), the source of those estimates. TeamOrder: the order agents ask in,
+learnt (the allocator's evictions and the pool's prefetches follow it).
 """
 from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -19,14 +22,44 @@ class Grant:
     """The idle agent whose state must be swapped out of the slot first, if any."""
 
 
-class SlotAllocator:
-    """Pure policy over slot and agent names: who gets which slot next. No I/O, no clock.
+@dataclass(frozen=True)
+class Estimates:
+    """What the pool expects, in seconds, handed to SlotAllocator.grant. Unknown entries
+    count as free (0 s) or never (no wait), so with none the policy is structural only:
+    the agent's own state first, then empty slots (smallest first), then evictions."""
 
-    Invariants: a slot is bound to at most one agent at a time; an agent holds at most one slot;
-    waiting agents are served first come, first served among those a free slot fits (so none
-    starves while slots are released). A released slot keeps the agent's state resident until
-    another agent needs the slot. The idle agent evicted is the one expected to ask last
-    (`expect`: the order the pool predicts), the least recently used among equals.
+    bytes: dict[str, int] = field(default_factory=dict)
+    """agent -> bytes of its training state."""
+    rate: dict[str, float] = field(default_factory=dict)
+    """Swap kind -> bytes/s measured: "out" (parked in the slot's host memory), "in" (loaded
+    back in the slot it is parked in, or restored), "pull" (moved from the slot it is parked in
+    to another, and loaded)."""
+    frees_at: dict[str, float] = field(default_factory=dict)
+    """Bound slot -> when it is expected to be released (from its agent's past holds)."""
+
+    def seconds(self, num_bytes: float, kind: str) -> float:
+        """Expected seconds of one swap of that many bytes (0 when the kind's rate is unknown).
+        A pull is at least an in-place load (it ends with one)."""
+        rate = self.rate.get(kind) or (self.rate.get("in") if kind == "pull" else None)
+        return num_bytes / rate if rate else 0.0
+
+
+class SlotAllocator:
+    """Pure policy over slot and agent names: who gets which slot next. No I/O, no clock
+    (times come in as arguments).
+
+    Invariants: a slot is bound to at most one agent at a time; an agent holds at most one slot.
+    Waiting agents choose in the order they asked (first come, first served), each the option
+    of least expected cost (`_cost`): a free slot now (the swaps it needs: the evicted idle
+    agent's state out, its own in, in place where it is parked or pulled from there; a larger
+    agent evicted by a smaller one is priced its pull back), or a bound slot when it frees (the
+    wait plus the same swaps then). An agent may pass over a free slot for a better one only
+    while it has waited less than that free slot's cost (bounded wait: no agent starves, and
+    without estimates nobody waits). A released slot keeps the agent's state resident until
+    another agent needs the slot; an evicted agent's state is parked in the slot it left.
+    Among equal costs: the slot already holding the agent's state, the slot it is parked in,
+    an empty slot (the smallest that fits), then the idle agent expected to ask last
+    (`expect`), the least recently used among equals.
     """
 
     def __init__(self, slots: dict[str, int], needs: dict[str, int],
@@ -44,7 +77,13 @@ class SlotAllocator:
         """slot -> agent currently using it."""
         self.resident: OrderedDict[str, str] = OrderedDict((s, "") for s in slots)
         """slot -> agent whose state is in it ("" = empty), least recently released first."""
-        self._queue: OrderedDict[str, int] = OrderedDict()
+        self.parked: dict[str, str] = {}
+        """agent -> the slot whose host memory its state was parked in when it was evicted."""
+        self.recheck_at: float | None = None
+        """After `grant`: when an agent that passed over a free slot stops waiting for a
+        better one (call `grant` again then); None if none did."""
+        self._queue: OrderedDict[str, tuple[int, float]] = OrderedDict()
+        """agent -> (its place in line, when it asked)."""
         self._order = itertools.count()
         self._expected: dict[str, int] = {}
         """agent -> its place in the predicted order of next requests (0 = soonest)."""
@@ -57,12 +96,13 @@ class SlotAllocator:
     def expected_rank(self, agent: str) -> int:
         return self._expected.get(agent, len(self._expected))
 
-    def request(self, agent: str) -> None:
+    def request(self, agent: str, now: float = 0.0) -> None:
+        """`agent` asks for a slot at time `now` (the start of its bounded wait)."""
         if agent not in self.needs:
             raise ValueError(f"unknown agent {agent!r}")
         if agent in self._queue or agent in self.bound.values():
             raise ValueError(f"agent {agent!r} already waits for or holds a slot")
-        self._queue[agent] = next(self._order)
+        self._queue[agent] = (next(self._order), now)
 
     def release(self, agent: str) -> None:
         slot = next((s for s, a in self.bound.items() if a == agent), None)
@@ -75,40 +115,138 @@ class SlotAllocator:
         """Withdraw a request that has not been granted (nothing happens otherwise)."""
         self._queue.pop(agent, None)
 
+    def lost(self, slot: str) -> None:
+        """The slot's processes died: the states loaded or parked there are gone."""
+        self.resident[slot] = ""
+        self.parked = {a: s for a, s in self.parked.items() if s != slot}
+
     def waiting(self) -> list[str]:
         return list(self._queue)
 
-    def grant(self) -> list[Grant]:
-        """Bind free slots to waiting agents, oldest request first; the grants to carry out."""
+    def grant(self, now: float = 0.0, estimates: Estimates | None = None) -> list[Grant]:
+        """Bind free slots to waiting agents, oldest request first, each to its option of least
+        expected cost at time `now` (see the class docstring); the grants to carry out."""
+        est = estimates or Estimates()
         grants = []
-        for agent in list(self._queue):
-            slot = self._choose(agent)
+        self.recheck_at = None
+        for agent, (_, asked) in list(self._queue.items()):
+            slot = self._choose(agent, now, asked, est)
             if slot is None:
                 continue
             del self._queue[agent]
             previous = self.resident[slot]
             self.bound[slot] = agent
             self.resident[slot] = agent
-            grants.append(Grant(agent, slot, previous if previous not in ("", agent) else None))
+            self.parked.pop(agent, None)
+            evict = previous if previous not in ("", agent) else None
+            if evict is not None:
+                self.parked[evict] = slot  # the pool parks it in the slot's own processes
+            grants.append(Grant(agent, slot, evict))
         return grants
 
-    def _choose(self, agent: str) -> str | None:
-        free = [s for s in self.resident if s not in self.bound
-                and self.slots[s] >= self.needs[agent]
-                and self.pinned.get(agent, s) == s
+    def _fits(self, agent: str, slot: str) -> bool:
+        return (self.slots[slot] >= self.needs[agent] and self.pinned.get(agent, slot) == slot
                 # a slot pinned to another agent is that agent's alone
-                and all(p != s for a, p in self.pinned.items() if a != agent)]
+                and all(p != slot for a, p in self.pinned.items() if a != agent))
+
+    def _cost(self, agent: str, slot: str, est: Estimates) -> float:
+        """Seconds of swaps for `agent` to train in `slot` once it is free: the state there
+        out and back in later (pulled back from elsewhere if it is a larger agent displaced by
+        a smaller one: its slot taken, it comes back to another), its own in (in place if
+        it is parked there, else pulled)."""
+        there = self.resident[slot]
+        if there == agent:
+            return 0.0
+        cost = est.seconds(self._bytes(agent, est),
+                           "in" if self.parked.get(agent, slot) == slot else "pull")
+        if there:
+            size = self._bytes(there, est)
+            cost += est.seconds(size, "out") + est.seconds(
+                size, "pull" if self.needs[there] > self.needs[agent] else "in")
+        return cost
+
+    def _bytes(self, agent: str, est: Estimates) -> float:
+        """The agent's state bytes; unmeasured: the mean of the agents of its size measured
+        (else of all), so an agent never swapped does not look free to evict."""
+        if agent in est.bytes:
+            return est.bytes[agent]
+        known = [b for a, b in est.bytes.items() if self.needs.get(a) == self.needs[agent]] \
+            or list(est.bytes.values())
+        return sum(known) / len(known) if known else 0.0
+
+    def _choose(self, agent: str, now: float, asked: float, est: Estimates) -> str | None:
+        fitting = [s for s in self.resident if self._fits(agent, s)]
+        free = [s for s in fitting if s not in self.bound]
         if not free:
-            return None
-        for slot in free:  # its state is already there: no swap at all
-            if self.resident[slot] == agent:
-                return slot
-        empty = [s for s in free if not self.resident[s]]
-        if empty:
-            return min(empty, key=lambda s: self.slots[s])  # the smallest slot that fits
-        # The idle agent needed last leaves (max keeps the first of equals: the least recently
-        # used, as `resident` is ordered by release).
-        return max(free, key=lambda s: self.expected_rank(self.resident[s]))
+            return None  # a release will call grant again
+
+        def rank(s: str) -> tuple:
+            there = self.resident[s]
+            return (self._cost(agent, s, est),
+                    there != agent, self.parked.get(agent) != s, bool(there),
+                    self.slots[s] if not there else 0,
+                    # the idle agent needed last leaves; `resident` is ordered by release, so
+                    # min keeps the least recently used among equals
+                    -self.expected_rank(there) if there else 0)
+
+        best = min(free, key=rank)
+        cost = rank(best)[0]
+        deadline = asked + cost
+        if now >= deadline:  # waited as long as the swap it avoids: take what is free
+            return best
+        # Bound slots expected to free later, not those overdue (their estimate failed).
+        later = [(est.frees_at[s] - now + self._cost(agent, s, est), est.frees_at[s])
+                 for s in fitting if s in self.bound and est.frees_at.get(s, now) > now]
+        if not later or min(later)[0] >= cost:
+            return best
+        # A bound slot frees soon enough to be cheaper, wait included: wait for it, no longer
+        # than the cost of the slot passed over; look again when it should have freed.
+        look = min(deadline, min(later)[1])
+        self.recheck_at = look if self.recheck_at is None else min(self.recheck_at, look)
+        return None
+
+
+class SlotTimes:
+    """What the pool measured of its slots, pure (times come in as arguments): each swap's
+    bytes and seconds by kind, and how long each agent held its slot; `estimates` turns them
+    into the allocator's Estimates."""
+
+    def __init__(self) -> None:
+        self.bytes: dict[str, int] = {}
+        self._moved: dict[str, list[float]] = {}
+        """Swap kind -> [bytes, seconds] summed over the swaps of that kind."""
+        self._granted: dict[str, tuple[str, float]] = {}
+        """agent -> (slot, when it was granted) while bound."""
+        self.holds: dict[str, float] = {}
+        """agent -> how long it held its slot last time (grant to release)."""
+
+    def swapped(self, agent: str, kind: str, num_bytes: int, seconds: float) -> None:
+        """One swap of `agent`'s state ended: `kind` "out", "in" or "pull" (Estimates.rate)."""
+        if kind not in ("out", "in", "pull"):
+            raise ValueError(f"swap kind {kind!r}: one of out, in, pull")
+        self.bytes[agent] = num_bytes
+        moved = self._moved.setdefault(kind, [0.0, 0.0])
+        moved[0] += num_bytes
+        moved[1] += seconds
+
+    def granted(self, agent: str, slot: str, at: float) -> None:
+        self._granted[agent] = (slot, at)
+
+    def released(self, agent: str, at: float) -> None:
+        """`agent` released its slot at `at` (nothing is learnt from a grant never made)."""
+        if agent in self._granted:
+            self.holds[agent] = at - self._granted.pop(agent)[1]
+
+    def estimates(self, bound: dict[str, str]) -> Estimates:
+        """The estimates for `bound` (slot -> agent now): when each bound slot frees, if its
+        agent held one before (granted time + its last hold)."""
+        frees_at = {}
+        for slot, agent in bound.items():
+            granted = self._granted.get(agent)
+            if granted is not None and granted[0] == slot and agent in self.holds:
+                frees_at[slot] = granted[1] + self.holds[agent]
+        rate = {k: b / s for k, (b, s) in self._moved.items() if b and s > 0}
+        return Estimates(dict(self.bytes), rate, frees_at)
 
 
 class TeamOrder:

@@ -1,8 +1,7 @@
 """FlexMARL's message kinds (100 and up) and their typed dataclasses, in one place.
 
-Built on the runtime's codec (`runtime.protocol.message`): msgpack bodies, tensors as zero-copy
-frames, no pickle. Rollout, training and weight-sync messages live here; the runtime's own kinds
-(1-99) stay in `runtime.protocol`. Who sends each request, who handles it, and its reply:
+Built on the runtime's codec (`runtime.protocol.message`: msgpack, tensors as zero-copy frames,
+no pickle; its own kinds are 1-99). Who sends each request, who handles it, and its reply:
 
     request          sent by                                   handled by         reply
     Generate         InstancePool.generate (rollout/pool.py),  RolloutWorker      GenerateReply
@@ -20,7 +19,7 @@ frames, no pickle. Rollout, training and weight-sync messages live here; the run
     SwapIn           TrainerPool (binding an agent to a slot)  every rank;        SwapDone
     SwapOut          TrainerPool (evicting an idle agent)      followers refuse   Parked
     DropParked       TrainerPool (the agent moved elsewhere)   requests           None
-    SaveState        TrainerPool.save (snapshots, checkpoints) (rank 0)           StateStaged
+    SaveState        TrainerPool.save (snapshots, checkpoints) (rank 0)           StateSaved
     AwaitSaved       TrainerPool.save, after the binding       rank 0 (concurrent) StateSaved
     ExportState      tests and tools (the whole state here)    (rank 0)           TrainState
     FetchShards      a trainer rank pulling a parked agent     every rank, its    ShardData
@@ -28,16 +27,11 @@ frames, no pickle. Rollout, training and weight-sync messages live here; the run
     SlotStatus       anyone asking what a slot is doing        TrainerWorker      SlotStatus-
                      (answered at once, even mid-step)         (rank 0)           Reply
 
-The one swap path: SwapOut parks the agent in the slot, each rank's own shards to host memory
-of that rank's process (pinned on CUDA), and answers where they are (Parked.ranks, no tensors).
-A SwapIn into the same slot copies them back in place; into another slot, its ranks pull the
-slices they need straight from those ranks (FetchShards, rank to rank, in parallel, resharded
-when the rank counts differ), and the pool then frees the old copy (DropParked). No tensor of a
-swap passes through the process that sends these messages, nor any tensor of a snapshot or a
-checkpoint: SaveState has the ranks write the agent's state, each its own shards, into a dir
-(torch.distributed.checkpoint; flexmarl.training.state_files), and a SwapIn with state_dir
-restores it, each rank reading its rows (a resumed run, a dead slot's agent). ExportState and
-SwapIn.tensors move a whole TrainState through the sender: for tests and tools on small models.
+No tensor of a swap, a snapshot or a checkpoint passes through the process that sends these
+messages: SwapOut parks each rank's shards in its own process (Parked.ranks says where), a SwapIn
+puts them back or pulls them rank to rank (FetchShards, resharded); SaveState has the ranks write
+their shards into a dir (flexmarl.training.state_files) that SwapIn.state_dir restores from. Only
+ExportState and SwapIn.tensors carry a whole TrainState: for tests and tools on small models.
 Kinds 116 and 117 (the retired Offload/Onload) are not reused.
 """
 from __future__ import annotations
@@ -83,9 +77,8 @@ class FlexKind(IntEnum):
     SLOT_STATUS = 129
     SLOT_STATUS_REPLY = 130
     SAVE_STATE = 131
-    STATE_STAGED = 132
     AWAIT_SAVED = 133
-    STATE_SAVED = 134
+    STATE_SAVED = 134  # (132: a staged-state reply, folded into this one; not reused)
 
 
 # ----------------------------------------------------------------------------- rollout
@@ -427,7 +420,7 @@ class SaveState:
     """Write the bound agent's whole training state into `tmp` (a collective: each rank its own
     shards, with torch.distributed.checkpoint), then, once every rank's file is written, rank 0
     moves it to `path` as the agent's state of `step` (meta.json with each file's sha256: an
-    atomic rename). The reply (StateStaged) comes once the shards are copied to host memory:
+    atomic rename). The reply (StateSaved, no path yet) comes once the shards are in host memory:
     the slot may train on meanwhile; AwaitSaved waits for the write. A write waits for the
     slot's previous one to finish first."""
 
@@ -437,22 +430,10 @@ class SaveState:
     step: int
 
 
-@message(FlexKind.STATE_STAGED)
-@dataclass(slots=True)
-class StateStaged:
-    KIND: ClassVar[int]
-    agent: str
-    version: int
-    num_bytes: int
-    """What rank 0 staged (its shards)."""
-    seconds: float
-
-
 @message(FlexKind.AWAIT_SAVED)
 @dataclass(slots=True)
 class AwaitSaved:
-    """Reply when the write SaveState started into `path` is complete and in place (StateSaved),
-    or with its error. Served beside whatever the slot does meanwhile."""
+    """Reply (StateSaved, or the error) once SaveState's write into `path` is in place."""
 
     KIND: ClassVar[int]
     path: str
@@ -470,15 +451,14 @@ class StateSaved:
     path: str
     num_bytes: int
     seconds: float = 0.0
-    """From the SaveState's staging to the state in place."""
+    """SaveState's reply: the staging (path ""); AwaitSaved's: the wait for the write."""
 
 
 @message(FlexKind.EXPORT_STATE)
 @dataclass(slots=True)
 class ExportState:
-    """Reply with the agent's whole training state (gathered on rank 0) and keep it in the
-    slot: for tests and tools on small models; runs save with SaveState (no tensor through the
-    orchestrator)."""
+    """Reply with the agent's whole training state, gathered on rank 0, and keep it in the
+    slot: for tests and tools on small models (runs save with SaveState)."""
 
     KIND: ClassVar[int]
 
@@ -500,8 +480,7 @@ class TrainState:
 @message(FlexKind.SLOT_STATUS)
 @dataclass(slots=True)
 class SlotStatus:
-    """Ask a trainer slot's rank 0 what it holds and does; answered at once, also while a
-    step or a swap runs (it does not wait for the slot's commands)."""
+    """What a trainer slot holds and does: answered at once, also while a step or swap runs."""
 
     KIND: ClassVar[int]
 
@@ -509,15 +488,13 @@ class SlotStatus:
 @message(FlexKind.SLOT_STATUS_REPLY)
 @dataclass(slots=True)
 class SlotStatusReply:
+    """The agent bound ("" when empty), those parked (shards in the ranks' host memory), the
+    command running now (a rank.Command name, "" when idle) for how long, and the commands
+    accepted after it, in the order they will run."""
+
     KIND: ClassVar[int]
     agent: str
-    """The agent bound to the slot ("" when empty)."""
     parked: list[str]
-    """Agents parked in the slot (their shards in its ranks' host memory)."""
     running: str
-    """The command its command thread runs now (a rank.Command name: STEP, SWAP_IN, ...;
-    "" when idle)."""
     running_s: float
-    """How long that command has run."""
     queued: list[str]
-    """Commands accepted after it, in the order they will run."""

@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 from flexmarl.orchestrator.batch import micro_batch
 from flexmarl.config.load import load_config
 from flexmarl.protocol import (AwaitSaved, DropParked, ExportState, ExportWeights, FetchShards,
-                               Parked, SaveState, StateSaved, StateStaged, SwapDone, SwapIn,
+                               Parked, SaveState, StateSaved, SwapDone, SwapIn,
                                SwapOut, TrainBeginBatch, TrainStep, TrainState)
 from flexmarl.training.state_files import CheckpointError
 from flexmarl.observe.rundir import RunDir
@@ -349,7 +349,7 @@ def saving(slot, msg, version: int):
     """A fake slot's answer to SaveState and AwaitSaved (the state at `version`), else None."""
     if isinstance(msg, SaveState):
         slot.saving = (slot.agent, msg.step, msg.path)
-        return StateStaged(slot.agent, version, 8, 0.0)
+        return StateSaved(slot.agent, msg.step, version, "", 8)
     if isinstance(msg, AwaitSaved):
         agent, step, path = slot.saving
         assert path == msg.path

@@ -16,8 +16,7 @@
                          │              │   (s + 1 + lag) ─► A's record of step s           │
                          │              └─► save: staged (slot still bound) ─► slot released │
                          │                  ─► the ranks' write in place (the next batch    │
-                         │                     waits for it) ─► A's writer task, in order:  │
-                         │                     [on_agent_step(A, s, saved)]                 │
+                         │                     waits for it)                                │
                          └──────────────────────────────────────────────────────────────────┘
                                   │ every agent's record of step s
                                   ▼
@@ -51,7 +50,7 @@ swap), then the slot is released and the ranks write in the background
 (flexmarl.training.sharded_state; no tensor comes here). The save is both the recovery snapshot
 and, in the run's state dir, the checkpoint: A's next batch waits until it is in place, so a
 slot that dies later always finds A's last step saved. A step's record is emitted only once
-every agent's state of that step is in place (and its on_agent_step returned), so a record never
+every agent's state of that step is in place, so a record never
 names a step whose states are not on disk (the resume point,
 flexmarl.launch.checkpoint.resume_point), and the run returns only when every save is done. A
 failing save fails the run. A slot that dies after the step's weights went out but before its
@@ -121,8 +120,7 @@ class PipelineRun:
                  steps: int, *, weights: WeightSync, policy: PipelinePolicy | None = None,
                  emit: Callable[[dict], Awaitable[None] | None] | None = None,
                  progress: Progress | None = None, first_step: int = 0,
-                 on_agent_step: Callable[[str, int, StateSaved | None], Awaitable[None]]
-                 | None = None, saves: Callable[[int], bool] | None = None,
+                 saves: Callable[[int], bool] | None = None,
                  evaluate: Callable[[int], Awaitable[dict]] | None = None,
                  eval_every: int = 0, serial: bool = False) -> None:
         """`config` (section `pipeline`) gives the batch shape and, unless `policy` is given,
@@ -130,12 +128,10 @@ class PipelineRun:
         `emit(record)` gets each step's record, in step order, from one task (it may be a
         coroutine function: the next record waits for it). `first_step` > 0 resumes a run
         (steps before it are done; their tasks are skipped in the data cursor). After each
-        step the agents' ranks write their states (TrainerPool.save, into its `saved` root):
-        every step with trainer_pool.snapshots on (the recovery point), else the steps
-        `saves(step)` names (run.save_every); the step's record is emitted once they are in
-        place. `on_agent_step(agent, step, saved)` is then awaited with where the agent's
-        state of step `step` is (None when none was written), in the agent's writer task, in
-        step order, off the critical path; the record also waits for it.
+        step the agents' ranks write their states (TrainerPool.save): every step with
+        trainer_pool.snapshots on (the recovery point), else the steps `saves(step)` names
+        (run.save_every); those `saves` names are durable (the run's state dir). The step's
+        record is emitted once they are in place.
         `evaluate(step)` (flexmarl.orchestrator.evaluate) runs after every `eval_every` steps
         but the last, between two steps' rollouts; the step's record waits for it and carries
         it as "eval". `serial`: the agents' trainer slots share cores, so their requests go
@@ -150,7 +146,6 @@ class PipelineRun:
         self.tasks_per_step = config.tasks_per_step
         self.micro_batch_groups = config.micro_batch_groups
         self.steps, self.first_step = steps, first_step
-        self.on_agent_step = on_agent_step
         self.saves = saves
         self._pending_sync: dict[str, asyncio.Task | None] = {}
         self.trainer_restarts = 0
@@ -159,8 +154,7 @@ class PipelineRun:
         self._unemitted: collections.deque[dict] = collections.deque()
         """Built records (in step order) waiting for their step's saves before `emit`."""
         self._saves_left: dict[int, set[str]] = {}
-        """step -> agents whose on_agent_step of that step has not returned yet."""
-        self._writes: dict[str, asyncio.Queue] = {}
+        """step -> agents whose state of that step is not in place yet."""
         self._ready: asyncio.Queue[dict] = asyncio.Queue()
         """Records whose states are saved, in step order, for `_emitter`."""
         self._tg: asyncio.TaskGroup | None = None
@@ -192,8 +186,7 @@ class PipelineRun:
         self._recorder = StepRecorder(self.store, self.pool, self.trainers, started)
         self._last_team_end = started
         self._finished_at = {name: started for name in orch.agents}
-        saving = set(orch.trainable) if self.on_agent_step is not None or \
-            self.trainers.snapshots_on or self.saves is not None else set()
+        saving = set(orch.trainable) if self.trainers.snapshots_on or self.saves else set()
         self._saves_left = {s: set(saving) for s in range(self.first_step, self.steps)}
         try:
             async with asyncio.TaskGroup() as tg:
@@ -202,11 +195,6 @@ class PipelineRun:
                 tg.create_task(self._emitter(), name="pipeline.emit")
                 for name in orch.trainable:
                     tg.create_task(self._agent_loop(name), name=f"pipeline.{name}")
-                    if name in saving:
-                        # maxsize 1: at most one state waits while one is written, so a slow
-                        # disk holds back the agent's next step, never grows its memory.
-                        self._writes[name] = asyncio.Queue(maxsize=1)
-                        tg.create_task(self._writer(name), name=f"pipeline.{name}.writer")
                 if not orch.trainable:  # a frozen team: steps end with their rollouts
                     tg.create_task(self._frozen_steps(), name="pipeline.frozen")
         except BaseExceptionGroup as group:
@@ -280,25 +268,12 @@ class PipelineRun:
                 if self._saves(step):  # its state is that of step - 1, saved as step's too
                     state = await (await self.trainers.save(
                         agent, step, durable=self._durable(step), updated=False))
-            if (writes := self._writes.get(agent)) is not None:
-                await writes.put((step, state))
+            self._saves_left[step].discard(agent)  # its state of `step` is in place
+            self._flush()
         if (pending := self._pending_sync[agent]) is not None:
             await pending
         self._awaiting(agent, self.steps)
         rt.synced(rt.version)  # raises unless the last update reached the instances
-        if (writes := self._writes.get(agent)) is not None:
-            await writes.put(None)  # the writer ends after the last save: the run waits for it
-
-    async def _writer(self, agent: str) -> None:
-        """`agent`'s saves, one at a time in step order; each one returned lets the records of
-        its step go out."""
-        writes = self._writes[agent]
-        while (item := await writes.get()) is not None:
-            step, state = item
-            if self.on_agent_step is not None:
-                await self.on_agent_step(agent, step, state)
-            self._saves_left[step].discard(agent)
-            self._flush()
 
     def _saves(self, step: int) -> bool:
         """Do the agents' ranks write their states after `step`? Always with snapshots on (the

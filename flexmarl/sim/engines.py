@@ -31,7 +31,7 @@ import torch
 from flexmarl.clock import now
 from flexmarl.training.state_files import commit_step, read_record
 from flexmarl.protocol import (AwaitSaved, DropParked, ExportWeights, FetchShards, Parked,
-                               SaveState, StateSaved, StateStaged,
+                               SaveState, StateSaved,
                                Sample, SamplingParams, ShardData, SwapDone, SwapIn, SwapOut,
                                TrainBeginBatch, TrainMicroBatch, TrainStats,
                                TrainStep, TrainStepDone, WeightUpdate)
@@ -413,7 +413,7 @@ class SimTrainer(Actor):
         return WeightUpdate(self.version, {})
 
     @handler(SaveState, concurrent=True)
-    async def on_save_state(self, msg: SaveState, env: Envelope) -> StateStaged:
+    async def on_save_state(self, msg: SaveState, env: Envelope) -> StateSaved:
         """The state save as the product makes it (flexmarl.training.sharded_state): each rank
         stages its shards in host memory of its node (the slot waits for that), then writes
         them to storage in the background (AwaitSaved waits for that)."""
@@ -424,7 +424,8 @@ class SimTrainer(Actor):
         agent, version = self.agent, self.version
         written = asyncio.ensure_future(asyncio.sleep(self.costs.state_write_s(model)))
         self._writes[msg.path] = asyncio.ensure_future(self._commit(written, msg, agent, version))
-        return StateStaged(agent, version, int(self.costs.state_bytes(model)), seconds)
+        return StateSaved(agent, msg.step, version, "", int(self.costs.state_bytes(model)),
+                          seconds)
 
     async def _commit(self, written: asyncio.Future, msg: SaveState, agent: str,
                       version: int) -> StateSaved:

@@ -110,13 +110,11 @@ class TrainerPool:
                  prefetch: bool = True, lifecycle: Lifecycle | None = None,
                  saved: StateCheckpoints | None = None) -> None:
         """`slot_ranks`: each slot's ranks (the slots' sizes, from config.slots / slot_ranks or
-        one per agent); `config.static`: every agent owns one slot; `config.snapshots`: keep
-        each agent's state after its last step (`snapshot`) so a dead slot's agent can be
-        restored; `lifecycle` (groups: its owners are the slots) knows each process's slot,
-        replaces a dead slot's processes and kills a hung one (none: a death is final);
-        `saved`: where the ranks write the agents' durable states (`save`; the run's
-        RUN_DIR/state); other snapshots go to a scratch dir beside it (or in /tmp), removed by
-        `close`."""
+        one per agent); `config.static`: every agent owns one slot; `config.snapshots`: save
+        each agent's state after every step (`save`) so a dead slot's agent is restored;
+        `lifecycle` (groups: its owners are the slots) knows each process's slot, replaces a
+        dead slot's processes and kills a hung one (none: a death is final); `saved`: the
+        run's state dir (durable saves); the others go to a scratch dir beside it (or /tmp)."""
         static = config.static
         if static and len(slots) < len(agents):
             raise ValueError(f"static reservation needs one slot per trainable agent: "
@@ -354,14 +352,10 @@ class TrainerPool:
 
     async def save(self, agent: str, step: int, *, durable: bool = False, updated: bool = True
                    ) -> "asyncio.Future[StateSaved]":
-        """Have the agent's slot write its whole state as its state of `step`: staged now,
-        while the agent is bound (call it between batches); the future is done once the
-        ranks' write is in place (the slot is free for other work meanwhile). The state is
-        then what the agent is restored from if its slot dies (its snapshot). `durable`: into
-        `saved` (the run's state dir: a checkpoint), else into this pool's scratch dir, where
-        only each agent's last one is kept. Not `updated` (no step since its last save): the
-        last save also names `step` (hard links), or, before a first update, an empty state
-        (a fresh trainer)."""
+        """The agent's slot writes its state of `step` (its snapshot): staged now, bound
+        (between batches); the future is done once the ranks' write is in place (the slot is
+        free meanwhile). `durable`: into `saved` (a checkpoint), else the scratch dir (each
+        agent's last only). Not `updated`: the last save (hard links) or an empty state."""
         last = self.snapshots.get(agent)
         root = self.saved if durable and self.saved is not None else self.scratch
         if updated:

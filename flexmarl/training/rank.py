@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from flexmarl.protocol import (FetchShards, Parked, ShardData, StateStaged, SwapDone,
+from flexmarl.protocol import (FetchShards, Parked, ShardData, StateSaved, SwapDone,
                                TrainMicroBatch, TrainState, WeightUpdate, WeightUpdateDone)
 from flexmarl.training import sharded_state
 from flexmarl.training.sharded_state import StateWriter
@@ -404,7 +404,7 @@ class Rank:
         num_bytes, seconds = self.sender.send(tr.model, spec, tied)
         return WeightUpdateDone(tr.version, num_bytes, seconds)
 
-    def save_state(self, spec: dict[str, Any]) -> StateStaged:
+    def save_state(self, spec: dict[str, Any]) -> StateSaved:
         """Stage the bound agent's state and start writing it (SaveState; a collective)."""
         return self.writer.save(self._bound("SaveState"), self.agent, spec)
 

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from flexmarl.training.trainer import GRPOTrainer
 
 if TYPE_CHECKING:
-    from flexmarl.protocol import StateStaged
+    from flexmarl.protocol import StateSaved
 
 
 def _flat(trainer: GRPOTrainer) -> tuple[dict[str, Any], dict, dict]:
@@ -115,13 +115,13 @@ class StateWriter:
         """path -> done when that state is in place (rank 0): (agent, step, version, bytes)."""
         self._committer = None
 
-    def save(self, trainer: GRPOTrainer, agent: str, spec: dict[str, Any]) -> "StateStaged":
+    def save(self, trainer: GRPOTrainer, agent: str, spec: dict[str, Any]) -> "StateSaved":
         """Stage `trainer`'s state and start its write (spec: tmp, path, step, from SaveState);
         every rank calls it. The previous write ends first: two writes' collectives must not
         interleave, and a slot's writes then land in order."""
         from concurrent.futures import ThreadPoolExecutor
 
-        from flexmarl.protocol import StateStaged
+        from flexmarl.protocol import StateSaved
         from flexmarl.training.state_files import commit_step
 
         started = time.perf_counter()
@@ -143,7 +143,8 @@ class StateWriter:
                 return agent, int(spec["step"]), meta["version"], size
 
             self.pending[spec["path"]] = self._committer.submit(commit)
-        return StateStaged(agent, meta["version"], num_bytes, time.perf_counter() - started)
+        return StateSaved(agent, int(spec["step"]), meta["version"], "", num_bytes,
+                          time.perf_counter() - started)
 
     def wait(self) -> None:
         """Until this rank's last write has ended (its error, if any, is AwaitSaved's)."""

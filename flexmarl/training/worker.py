@@ -71,7 +71,7 @@ from runtime.codec import Envelope
 from runtime.worker import WorkerContext
 from flexmarl.protocol import (AwaitSaved, DropParked, ExportState, ExportWeights,
                                FetchShards, Parked, SaveState, SendWeights, ShardData,
-                               SlotStatus, SlotStatusReply, StateSaved, StateStaged, SwapDone,
+                               SlotStatus, SlotStatusReply, StateSaved, SwapDone,
                                SwapIn, SwapOut, TrainBeginBatch, TrainMicroBatch, TrainState,
                                TrainStats, TrainStep, TrainStepDone, WeightUpdate,
                                WeightUpdateDone)
@@ -107,7 +107,7 @@ class _StateSaves:
     outside it (it only waits for a write already started, while the slot goes on)."""
 
     @handler(SaveState, concurrent=True)
-    async def on_save_state(self, msg: SaveState, env: Envelope) -> StateStaged:
+    async def on_save_state(self, msg: SaveState, env: Envelope) -> StateSaved:
         spec = {"tmp": msg.tmp, "path": msg.path, "step": msg.step}
         return await self._command(self._turn_of.pop(id(env)), Command.SAVE_STATE,
                                    self._with_spec(Command.SAVE_STATE, spec,

@@ -3,15 +3,16 @@
 Trains a team (default agents/smol_duo.py: two SmolLM2-135M-Instruct agents) in this process
 with recovery snapshots on and a durable state write every step (run.save_every = 1), then
 reports this process's peak RSS (the orchestrator's: trainer ranks are other processes), each
-agent's state size on disk, and the per-step timings the step records carry about the state
-writes (how long each agent's write took, and how long the step waited for it).
+agent's state size on disk, and the state saves' timings from the step records: stage_s (the
+ranks copy their shards to host memory; the slot is held) and write_s (the ranks write them to
+disk afterwards; the slot is free, the agent's next batch waits for it).
 
     .venv/bin/python bench/state_memory.py [--json] [--team PATH] [--steps 3]
                                            [--set section.key=value ...]
 
 With --json the last line is one JSON object: peak_rss_mb, rss_before_mb (after imports, before
-the run), state_mb per agent, steps, wall_s, and, where the step records carry them,
-write_s / write_wait_s per agent (means over the steps).
+the run), state_mb per agent, steps, wall_s, and, where the step records carry them, stage_s
+and write_s per agent (means over the saves).
 """
 from __future__ import annotations
 
@@ -60,12 +61,11 @@ async def main(args: argparse.Namespace) -> dict:
            "rss_before_mb": before, "peak_rss_mb": peak_rss_mb(),
            "state_mb": {a.name: dir_mb(a) for a in sorted(state_root.iterdir()) if a.is_dir()}
            if state_root.is_dir() else {}}
-    for key in ("write_s", "write_wait_s"):
+    for key in ("stage_s", "write_s"):
         per_agent: dict[str, list[float]] = {}
         for m in result.metrics:
-            for agent, v in (m.get("state_writes") or {}).items():
-                if v.get(key) is not None:
-                    per_agent.setdefault(agent, []).append(v[key])
+            for save in m.get("state_writes") or []:
+                per_agent.setdefault(save["agent"], []).append(save[key])
         if per_agent:
             out[key] = {a: sum(v) / len(v) for a, v in per_agent.items()}
     return out
@@ -84,7 +84,7 @@ def cli() -> None:
           f"{out['rss_before_mb']:.0f} MB)")
     for agent, mb in out["state_mb"].items():
         line = f"  {agent:12s} state on disk {mb:8.0f} MB"
-        for key in ("write_s", "write_wait_s"):
+        for key in ("stage_s", "write_s"):
             if key in out:
                 line += f"  {key} {out[key].get(agent, float('nan')):6.2f}"
         print(line)

@@ -417,17 +417,17 @@ class DropParked:
 @message(FlexKind.SAVE_STATE)
 @dataclass(slots=True)
 class SaveState:
-    """Write the bound agent's whole training state into `tmp` (a collective: each rank its own
-    shards, with torch.distributed.checkpoint), then, once every rank's file is written, rank 0
-    moves it to `path` as the agent's state of `step` (meta.json with each file's sha256: an
-    atomic rename). The reply (StateSaved, no path yet) comes once the shards are in host memory:
-    the slot may train on meanwhile; AwaitSaved waits for the write. A write waits for the
-    slot's previous one to finish first."""
+    """Write the bound agent's whole state into `tmp` (a collective: each rank its shards, by
+    torch.distributed.checkpoint); rank 0 then moves it to `path` as its state of `step`
+    (meta.json with each file's sha256, an atomic rename). Replied (StateSaved, path "") once
+    the shards are in host memory: the slot goes on; AwaitSaved waits for the write."""
 
     KIND: ClassVar[int]
     tmp: str
     path: str
     step: int
+    model_dir: str = ""
+    """Set: the weights instead, as a model dir path/version-N (rank 0; replied once written)."""
 
 
 @message(FlexKind.AWAIT_SAVED)

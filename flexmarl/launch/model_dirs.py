@@ -8,20 +8,17 @@
 """
 from __future__ import annotations
 
-import asyncio
-import shutil
 from pathlib import Path
 
 from flexmarl.checks import ConfigError
 from flexmarl.launch.gguf import PRETRAINED, gguf_dir, is_gguf, pretrained_gguf
-from flexmarl.models import SIZES, ensure_model, model_weights
-from flexmarl.protocol import WeightUpdate
+from flexmarl.models import SIZES, ensure_model
+from flexmarl.models.build import write_model_dir
+from flexmarl.protocol import SaveState
 from flexmarl.team import AgentSpec
 from flexmarl.training.pool import TrainerPool
 
 MODEL_SEED = 0  # built-in models are built with one seed so every run shares the cache
-_MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json",
-                "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 
 def resolve_model(spec: AgentSpec) -> str:
@@ -68,26 +65,11 @@ def check_model(spec: AgentSpec) -> str:
 
 async def save_model_dir(trainers: TrainerPool, agent: str, model_dir: str,
                          directory: Path) -> Path:
-    """Save the agent's current weights (from its trainer) as a loadable model directory:
-    directory/version-N (write_model_dir)."""
-    return await asyncio.to_thread(write_model_dir, await trainers.export(agent), model_dir,
-                                   directory)
+    """Save the agent's current weights as a loadable model directory, directory/version-N
+    (write_model_dir), written by its trainer's rank 0: no weight comes to this process."""
+    async with trainers.bind(agent) as conn:
+        saved = await conn.request(SaveState("", str(directory), -1, model_dir=model_dir),
+                                   timeout_s=trainers.request_timeout_s)
+    return Path(saved.path)
 
 
-def write_model_dir(weights: WeightUpdate, model_dir: str, directory: Path) -> Path:
-    """`weights` as directory/version-N beside the config and tokenizer files of its base model
-    `model_dir`, loadable by transformers and vLLM. A partial export (only the trained layers,
-    AgentSpec.train_layers) is completed with the base model's frozen rest."""
-    from safetensors.torch import save_file
-
-    tensors = weights.tensors
-    if not weights.complete:
-        tensors = {**model_weights(model_dir), **tensors}
-    target = Path(directory) / f"version-{weights.version}"
-    target.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(target / "model.safetensors"))
-    for name in _MODEL_FILES:
-        src = Path(model_dir) / name
-        if src.is_file():
-            shutil.copy2(src, target / name)
-    return target

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig,
                           PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer)
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+from flexmarl.protocol import WeightUpdate
 from flexmarl.tasks import Task
 
 EOS_TOKEN = "<|im_end|>"  # ends every assistant turn, so generation stops there
@@ -223,3 +225,27 @@ def num_parameters(size: str) -> int:
     with torch.device("meta"):
         model = Qwen2ForCausalLM(_config(spec, build_tokenizer()))
     return sum(p.numel() for p in model.parameters())
+
+
+MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json",
+               "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+"""The files of a base model directory that a saved one copies beside its weights."""
+
+
+def write_model_dir(weights: WeightUpdate, model_dir: str, directory: Path) -> Path:
+    """`weights` as directory/version-N beside the config and tokenizer files of its base model
+    `model_dir`, loadable by transformers and vLLM. A partial export (only the trained layers,
+    AgentSpec.train_layers) is completed with the base model's frozen rest."""
+    from safetensors.torch import save_file
+
+    tensors = weights.tensors
+    if not weights.complete:
+        tensors = {**model_weights(model_dir), **tensors}
+    target = Path(directory) / f"version-{weights.version}"
+    target.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(target / "model.safetensors"))
+    for name in MODEL_FILES:
+        src = Path(model_dir) / name
+        if src.is_file():
+            shutil.copy2(src, target / name)
+    return target

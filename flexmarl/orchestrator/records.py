@@ -6,6 +6,7 @@ how much of each it has reported and adds the new part to each record:
 
     moves        instances the balancer moved between agents (cause and cost)
     swaps        training states swapped between trainer slots and host memory
+    state_writes the agents' state saves that landed since (staging, the write after it)
     trainer_slots_busy_s   per slot, busy time since the last record
     faults       rollout instances that died, requests re-sent, replacements; trainer slots
                  that died, their replacements, agent steps restarted from a snapshot
@@ -28,7 +29,7 @@ class StepRecorder:
                  trainers: TrainerPool, started: float) -> None:
         self.store, self.pool, self.trainers, self.started = store, pool, trainers, started
         self._moves_seen = 0
-        self._swaps_seen = 0
+        self._swaps_seen = self._saves_seen = 0
         self._dead_seen = self._redispatched_seen = self._replaced_seen = 0
         self._trainer_seen = (0, 0, 0)
 
@@ -40,6 +41,8 @@ class StepRecorder:
         record["swaps"] = [{**dataclasses.asdict(sw), "at": sw.at - self.started}
                            for sw in trainers.swaps[self._swaps_seen:]]
         self._swaps_seen += len(record["swaps"])
+        record["state_writes"] = trainers.saves[self._saves_seen:]
+        self._saves_seen += len(record["state_writes"])
         record["trainer_slots_busy_s"] = trainers.busy.take()
         # Rollout instances that died, requests re-sent because of them, and their
         # replacements (seconds from the death to serving).

@@ -14,26 +14,23 @@
                  in now, while rollout runs, instead of when it asks; evictions take the idle
                  agent expected last (SlotAllocator.expect)
 
-A swap moves no tensor through this process: SwapOut leaves each rank's own shards in host
-memory of that rank's process (pinned on CUDA) and answers where (Parked: the ranks'
-addresses); a SwapIn into the same slot copies them back in place; into another slot, its ranks
-pull them rank to rank from those addresses (resharded when the rank counts differ), and the
-old slot then frees its copy (DropParked). `states` says where each swapped-out agent's state
-is. With `static` placement every agent owns one slot for good (the baseline: no swaps, slots
-idle between the agent's updates); with a shared pool of fewer slots than agents, slots go
-where the work is.
+No tensor of a swap or a save passes through this process. SwapOut leaves each rank's shards
+in host memory of its own process and answers where (Parked); a SwapIn into the same slot copies
+them back in place, into another slot its ranks pull them rank to rank (resharded), and the old
+slot then frees its copy (DropParked). `save` has the ranks write the agent's state into a dir
+(flexmarl.training.state_files): the run's state dir (durable) or this pool's scratch dir.
+`states` says where each swapped-out agent's state is. `static`: every agent owns one slot (no
+swaps); a shared pool of fewer slots than agents sends slots where the work is.
 
 Dead slots (with `snapshots` on and a lifecycle that respawns; runtime.lifecycle owns the
 processes: whose slot each is, the replacement attempts, the kill of a hung one):
 
     worker_died(process) ─► slot_died: its requests fail now (PeerDied); the agents whose
-                 state it held (the one loaded, and those parked there) get their snapshot (their
-                 state after their last finished step, taken by `snapshot`) put in `states` to
-                 restore, or, if they never finished a step, may start fresh; new processes
-                 replace the slot's (new names: Lifecycle.replace)
-    the agent's loop ─► PeerDied ─► binds again: a SwapIn of the snapshot (SwapIn.tensors, the
-                 restore path) into the new slot (or any other), then re-accumulates the batch it
-                 had taken: the same update
+                 state it held (loaded or parked there) get their last save put in `states`
+                 (or, before their first, start fresh); new processes replace the slot's
+    the agent's loop ─► PeerDied ─► binds again: a SwapIn of the saved dir (SwapIn.state_dir:
+                 each rank reads its rows) into any slot, then re-accumulates the batch it had
+                 taken: the same update
 """
 from __future__ import annotations
 
@@ -131,6 +128,7 @@ class TrainerPool:
         processes (ParkedState), saved in a dir to restore (StateSaved: a resumed run's
         checkpoint, the snapshot of an agent whose slot died), or a whole TrainState (tools)."""
         self.swaps: list[SwapRecord] = []
+        self.saves: list[dict] = []  # agent, step, bytes, stage_s (slot held), write_s (after)
         self.times = SlotTimes()
         """Swap throughputs, state sizes and hold times measured: the allocator's estimates."""
         self._recheck: asyncio.TimerHandle | None = None
@@ -358,11 +356,13 @@ class TrainerPool:
         agent's last only). Not `updated`: the last save (hard links) or an empty state."""
         last = self.snapshots.get(agent)
         root = self.saved if durable and self.saved is not None else self.scratch
+        started = staged = now()
         if updated:
             tmp, path = root.begin(agent, step)
             async with self.bind(agent) as conn:
                 await conn.request(SaveState(str(tmp), str(path), step),
                                    timeout_s=self.request_timeout_s)
+            staged = now()
 
             async def written() -> StateSaved:
                 return await conn.request(AwaitSaved(str(path)), timeout_s=self.request_timeout_s)
@@ -374,9 +374,10 @@ class TrainerPool:
         async def landed() -> StateSaved:
             state = await written()
             self.snapshots[agent] = state
-            # Nothing resumes from the scratch dir: the agent's last save is all it needs.
-            # Renames and unlinks only, here: a thread's real time would jump the simulator's
-            # clock (flexmarl.sim), making its runs irreproducible.
+            self.saves.append({"agent": agent, "step": step, "bytes": state.num_bytes,
+                               "stage_s": staged - started, "write_s": now() - staged})
+            # Nothing resumes from scratch: the last save is all it needs. Unlinks, here: a
+            # thread's real time would jump the simulator's clock (irreproducible runs).
             self.scratch.prune(step + durable, agent)
             return state
         return asyncio.ensure_future(landed())

@@ -405,7 +405,10 @@ class Rank:
         return WeightUpdateDone(tr.version, num_bytes, seconds)
 
     def save_state(self, spec: dict[str, Any]) -> StateSaved:
-        """Stage the bound agent's state and start writing it (SaveState; a collective)."""
+        """Stage the bound agent's state and start writing it (SaveState; a collective), or
+        with spec["model_dir"], write its weights as a model directory (rank 0)."""
+        if spec.get("model_dir"):
+            return sharded_state.write_model(self._bound("SaveState"), self.agent, spec)
         return self.writer.save(self._bound("SaveState"), self.agent, spec)
 
     def export_state(self) -> TrainState:

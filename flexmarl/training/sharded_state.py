@@ -95,6 +95,24 @@ def read(trainer: GRPOTrainer, path: str, meta: dict, group: dist.ProcessGroup |
     return sum(_bytes(t) for t in flat.values())
 
 
+def write_model(trainer: GRPOTrainer, agent: str, spec: dict[str, Any]) -> "StateSaved":
+    """The trainer's weights gathered on rank 0 (a collective) and written there as a loadable
+    model directory spec["path"]/version-N beside the base model spec["model_dir"]'s files
+    (flexmarl.models.build.write_model_dir); the reply names it (rank 0)."""
+    from flexmarl.models.build import write_model_dir
+    from flexmarl.protocol import StateSaved, WeightUpdate
+
+    started = time.perf_counter()
+    tensors = trainer.export_weights()
+    if trainer.rank != 0:
+        return StateSaved(agent, -1, trainer.version, "", 0)
+    update = WeightUpdate(trainer.version, tensors, complete=not trainer.config.train_layers)
+    target = write_model_dir(update, spec["model_dir"], spec["path"])
+    return StateSaved(agent, -1, trainer.version, str(target),
+                      sum(t.numel() * t.element_size() for t in tensors.values()),
+                      time.perf_counter() - started)
+
+
 def _bytes(t: Any) -> int:
     if not isinstance(t, torch.Tensor):
         return 0

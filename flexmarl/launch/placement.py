@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import dataclasses
 import importlib.util
 from dataclasses import dataclass
@@ -326,7 +327,10 @@ async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, settings: W
         section, lifecycle=Lifecycle(
             workers.respawn_slot, kill=sup.kill, groups=True, kind="trainer slot",
             owners={w.name: f"trainer-{k}" for k, ws in enumerate(slot_specs) for w in ws},
-            attempts=settings.replace_attempts, devices=gpus.plan), saved=saved)
+            attempts=settings.replace_attempts, devices=gpus.plan), saved=saved,
+        # Snapshots in memory (tmpfs) when every rank is on this machine: see training/saves.py.
+        scratch_in="/dev/shm" if not isinstance(sup, NodeRegistry) and os.path.isdir("/dev/shm")
+        else None)
     pool = InstancePool(
         {w.name: workers.connect(handles[w.name].address)
          for ws in placement.values() for w in ws},

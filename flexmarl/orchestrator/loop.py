@@ -43,22 +43,17 @@ trained on step s-1) and is checked per sample: AgentRuntime.staleness (never ne
 PipelinePolicy.admit (within the mode's bound). The versions change only through AgentRuntime's
 transitions (trained, synced, restored), all called here.
 
-After A's optimizer step only the weight push is on the critical path: it is what opens A's
-gate, i.e. what A's next rollout waits for. The state save runs beside the push: the agent's
-ranks stage their shards in the slot the agent still holds (its state is resident: a copy, no
-swap), then the slot is released and the ranks write in the background
-(flexmarl.training.sharded_state; no tensor comes here). The save is both the recovery snapshot
-and, in the run's state dir, the checkpoint: A's next batch waits until it is in place, so a
-slot that dies later always finds A's last step saved. A step's record is emitted only once
-every agent's state of that step is in place, so a record never
-names a step whose states are not on disk (the resume point,
-flexmarl.launch.checkpoint.resume_point), and the run returns only when every save is done. A
-failing save fails the run. A slot that dies after the step's weights went out but before its
-state was in place: the push is let finish (the gate opens, the record is made),
-then the step is re-trained from the previous snapshot on the same groups fed in the same
-micro-batches (the same update, as for a slot dying mid-batch) and snapshotted; it is not
-pushed again (instances refuse a version they serve), so the trainer never goes on from an
-older state than its instances serve.
+After A's optimizer step only the weight push is on the critical path: it opens A's gate, what
+A's next rollout waits for. The state save runs beside it (TrainerPool.save: the ranks stage
+their shards while A still holds the slot, then write them to the scratch dir, no tensor coming
+here); A's next batch waits until that snapshot is in place, so a slot dying later always finds
+A's last step. Durable copies (run.save_every) go on in the background; a step's record goes
+out only once every agent's state of it is in place, so a record never names a step whose
+states are not on disk (flexmarl.launch.checkpoint.resume_point), and the run returns only when
+every save is done. A failing save fails the run. A slot that dies after the step's weights
+went out but before its state was in place: the push is let finish, then the step is
+re-trained from the previous snapshot on the same groups in the same micro-batches (the same
+update) and saved; it is not pushed again (instances refuse a version they serve).
 
 The loop is handed what it uses: the orchestrator (rollouts), the store (groups), the rollout
 pool (its records), the weight sync (flexmarl.weights.sync: "agent A at version v", whichever
@@ -268,12 +263,19 @@ class PipelineRun:
                 if self._saves(step):  # its state is that of step - 1, saved as step's too
                     state = await (await self.trainers.save(
                         agent, step, durable=self._durable(step), updated=False))
-            self._saves_left[step].discard(agent)  # its state of `step` is in place
-            self._flush()
+            self._tg.create_task(self._saved(agent, step), name=f"pipeline.{agent}.saved")
         if (pending := self._pending_sync[agent]) is not None:
             await pending
         self._awaiting(agent, self.steps)
         rt.synced(rt.version)  # raises unless the last update reached the instances
+
+    async def _saved(self, agent: str, step: int) -> None:
+        """Once `agent`'s state of `step` is in place (and its durable copy, off the critical
+        path: TrainerPool.saving), the step's record may go out (it is the resume point)."""
+        if (copy := self.trainers.saving.copies.pop((agent, step), None)) is not None:
+            await copy
+        self._saves_left[step].discard(agent)
+        self._flush()
 
     def _saves(self, step: int) -> bool:
         """Do the agents' ranks write their states after `step`? Always with snapshots on (the

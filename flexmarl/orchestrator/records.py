@@ -41,7 +41,7 @@ class StepRecorder:
         record["swaps"] = [{**dataclasses.asdict(sw), "at": sw.at - self.started}
                            for sw in trainers.swaps[self._swaps_seen:]]
         self._swaps_seen += len(record["swaps"])
-        record["state_writes"] = trainers.saves[self._saves_seen:]
+        record["state_writes"] = trainers.saving.log[self._saves_seen:]
         self._saves_seen += len(record["state_writes"])
         record["trainer_slots_busy_s"] = trainers.busy.take()
         # Rollout instances that died, requests re-sent because of them, and their

@@ -36,8 +36,8 @@ wake_up, broadcast, sleep) and its launcher (marti/cli/multi_agent_train_ppo_ray
 placement group per agent, vLLM and the actor on it with `colocate_all_models` and
 `vllm_enable_sleep`). The FlexMARL rows pay what `flexmarl run` does after every step: the
 state save (trainer_pool.snapshots: the ranks stage their shards in host memory, then write
-them in the background; every preset.save_every-th is also the run's checkpoint); the baselines
-checkpoint at intervals, which is not priced.
+them to the scratch dir in memory; every preset.save_every-th is copied to disk in the
+background: not priced, as the baselines' interval checkpoints are not).
 
 Devices not in trainer slots serve rollout, split equally between agents at the start.
 """
@@ -124,8 +124,9 @@ class SystemResult:
     pulled_s: float = 0.0
     """... pulling states parked in another slot (a move, then the load)."""
     write_s: float = 0.0
-    """Storage seconds per step the agents' state writes take (one per agent per step; in
-    the background, but each agent's next batch waits for its own)."""
+    """Disk seconds per step the durable state copies take on average (every
+    preset.save_every steps, in the background; more than step_s would make them the
+    bottleneck)."""
     records: list[dict] = field(default_factory=list, repr=False)
     micro_batches: list[tuple[float, str, int, int]] = field(default_factory=list, repr=False)
     """(time, agent, rows, tokens) of every micro-batch any slot trained."""
@@ -327,7 +328,7 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
         swap_out_s=swapped["out"] / len(measured), swap_in_s=swapped["in"] / len(measured),
         pulled_s=swapped["pulled"] / len(measured),
         write_s=sum(costs.state_write_s(models[a]) for a in preset.trainable)
-        if system.flexmarl else 0.0,
+        / preset.save_every if system.flexmarl else 0.0,
         records=records, micro_batches=sorted(m for t in trainers for m in t.micro_batches),
         marks=[m[0] for m in marks], emits=emits)
 

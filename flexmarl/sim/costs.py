@@ -15,9 +15,10 @@
     weight sync  = weight bytes / sync bandwidth (per instance, instances in parallel)
     colocation   = bytes the devices must hold for the next mode / (nodes x host bandwidth)
     state save   = staged: each rank's shards to host memory of its node (as swap out's host
-                   transfer, the slot waits), then written: training state bytes / storage
-                   write bandwidth, in the background (the agent's next batch waits for it);
-                   a restore reads them back: state bytes / storage read bandwidth
+                   transfer, the slot waits), then written to the scratch dir in memory (the
+                   same again; the agent's next batch waits); the durable copy to disk:
+                   state bytes / storage write bandwidth, in the background; a restore reads
+                   the snapshot back from memory (the same as a stage)
 
 Attention FLOPs, prefix caching and preemption are left out (see bench/README.md).
 """
@@ -158,8 +159,7 @@ class Costs:
     def state_write_s(self, m: Model) -> float:
         return self.state_bytes(m) / self.storage.write_bandwidth
 
-    def state_read_s(self, m: Model) -> float:
-        return self.state_bytes(m) / self.storage.write_bandwidth  # reads: at least as fast
+
 
     def host_transfer_s(self, num_bytes: float, devices: int) -> float:
         return num_bytes / (self.nodes(devices) * self.links.host_bandwidth_per_node)

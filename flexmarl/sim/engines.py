@@ -352,7 +352,7 @@ class SimTrainer(Actor):
         elif msg.state_dir:  # a saved state: its ranks read it back from storage
             version = int(read_record(msg.state_dir)[0]["version"])
             how = "restored"
-            seconds = self.costs.state_read_s(self.models[msg.agent])
+            seconds = self.costs.host_transfer_s(num_bytes, self.devices)
         else:
             version = int(msg.meta.get("version", 0))
             how = "restored" if msg.meta else "fresh"
@@ -414,15 +414,17 @@ class SimTrainer(Actor):
 
     @handler(SaveState, concurrent=True)
     async def on_save_state(self, msg: SaveState, env: Envelope) -> StateSaved:
-        """The state save as the product makes it (flexmarl.training.sharded_state): each rank
-        stages its shards in host memory of its node (the slot waits for that), then writes
-        them to storage in the background (AwaitSaved waits for that)."""
+        """The state save as the product makes it (flexmarl.training.saves): each rank stages
+        its shards in host memory of its node (the slot waits for that), then writes them to
+        the scratch dir in memory (AwaitSaved waits for that: the agent's next batch does)."""
         model = self._model()
         seconds = self.costs.host_transfer_s(self.costs.state_bytes(model), self.devices)
         await asyncio.sleep(seconds)
         self.snapshot_s += seconds
         agent, version = self.agent, self.version
-        written = asyncio.ensure_future(asyncio.sleep(self.costs.state_write_s(model)))
+        # The write goes to the scratch dir in memory (/dev/shm; training/saves.py): another
+        # host-memory copy. The durable copies (every save_every) are off the critical path.
+        written = asyncio.ensure_future(asyncio.sleep(seconds))
         self._writes[msg.path] = asyncio.ensure_future(self._commit(written, msg, agent, version))
         return StateSaved(agent, msg.step, version, "", int(self.costs.state_bytes(model)),
                           seconds)

@@ -18,7 +18,7 @@ No tensor of a swap or a save passes through this process. SwapOut leaves each r
 in host memory of its own process and answers where (Parked); a SwapIn into the same slot copies
 them back in place, into another slot its ranks pull them rank to rank (resharded), and the old
 slot then frees its copy (DropParked). `save` has the ranks write the agent's state into a dir
-(flexmarl.training.state_files): the run's state dir (durable) or this pool's scratch dir.
+(flexmarl.training.saves): a scratch dir (the snapshot), copied to the run's state dir.
 `states` says where each swapped-out agent's state is. `static`: every agent owns one slot (no
 swaps); a shared pool of fewer slots than agents sends slots where the work is.
 
@@ -36,9 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
-import tempfile
-from pathlib import Path
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
@@ -47,8 +44,9 @@ from flexmarl.clock import now
 from flexmarl.training.pool_config import TrainerPoolConfig
 from flexmarl.training.slot_connection import BusyTime, SlotConnection
 from flexmarl.training.slots import Grant, SlotAllocator, SlotTimes, TeamOrder
-from flexmarl.protocol import (AwaitSaved, DropParked, ExportWeights, Parked, SaveState,
-                               StateSaved, SwapDone, SwapIn, SwapOut, TrainState, WeightUpdate)
+from flexmarl.protocol import (DropParked, ExportWeights, Parked, StateSaved, SwapDone, SwapIn,
+                               SwapOut, TrainState, WeightUpdate)
+from flexmarl.training.saves import Saves
 from flexmarl.training.state_files import StateCheckpoints
 from runtime.errors import PeerDied
 from runtime.lifecycle import Lifecycle, ReplaceFailed
@@ -105,13 +103,13 @@ class TrainerPool:
     def __init__(self, slots: dict[str, Connection], slot_ranks: dict[str, int],
                  agents: dict[str, AgentTrainer], config: TrainerPoolConfig, *,
                  prefetch: bool = True, lifecycle: Lifecycle | None = None,
-                 saved: StateCheckpoints | None = None) -> None:
+                 saved: StateCheckpoints | None = None, scratch_in: str | None = None) -> None:
         """`slot_ranks`: each slot's ranks (the slots' sizes, from config.slots / slot_ranks or
         one per agent); `config.static`: every agent owns one slot; `config.snapshots`: save
         each agent's state after every step (`save`) so a dead slot's agent is restored;
         `lifecycle` (groups: its owners are the slots) knows each process's slot, replaces a
         dead slot's processes and kills a hung one (none: a death is final); `saved`: the
-        run's state dir (durable saves); the others go to a scratch dir beside it (or /tmp)."""
+        run's state dir (durable saves), `scratch_in`: where snapshots go (Saves)."""
         static = config.static
         if static and len(slots) < len(agents):
             raise ValueError(f"static reservation needs one slot per trainable agent: "
@@ -128,7 +126,6 @@ class TrainerPool:
         processes (ParkedState), saved in a dir to restore (StateSaved: a resumed run's
         checkpoint, the snapshot of an agent whose slot died), or a whole TrainState (tools)."""
         self.swaps: list[SwapRecord] = []
-        self.saves: list[dict] = []  # agent, step, bytes, stage_s (slot held), write_s (after)
         self.times = SlotTimes()
         """Swap throughputs, state sizes and hold times measured: the allocator's estimates."""
         self._recheck: asyncio.TimerHandle | None = None
@@ -152,14 +149,8 @@ class TrainerPool:
         self._started: set[str] = set()
         """Agents whose trainer has been built: a fresh SwapIn would lose their training."""
         self.snapshots_on = config.snapshots
-        self.saved = saved
-        if saved is not None:  # a killed run's scratch dir (this run resumes it, or redoes it)
-            for old in saved.root.parent.glob(".snapshots-*"):
-                shutil.rmtree(old, ignore_errors=True)
-        self.scratch = StateCheckpoints(tempfile.mkdtemp(
-            prefix=".snapshots-", dir=saved.root.parent if saved is not None else None))
-        """Snapshots of steps not saved to `saved`: the agents' last only; gone at close."""
-        self.snapshots: dict[str, StateSaved] = {}
+        self.saving = Saves(self.bind, self.request_timeout_s, saved, scratch_in)
+        self.snapshots = self.saving.snapshots
         """agent -> where its state after its last finished step is (`save`: metadata only)."""
         self._replacing: dict[str, asyncio.Task] = {}
         self.workers = self.lifecycle.owners
@@ -256,7 +247,7 @@ class TrainerPool:
             self._recheck.cancel()
         if self._prefetches:
             await asyncio.gather(*self._prefetches, return_exceptions=True)
-        shutil.rmtree(self.scratch.root, ignore_errors=True)
+        await self.saving.close()
 
     async def _prefetch(self, agent: str) -> None:
         try:
@@ -350,37 +341,9 @@ class TrainerPool:
 
     async def save(self, agent: str, step: int, *, durable: bool = False, updated: bool = True
                    ) -> "asyncio.Future[StateSaved]":
-        """The agent's slot writes its state of `step` (its snapshot): staged now, bound
-        (between batches); the future is done once the ranks' write is in place (the slot is
-        free meanwhile). `durable`: into `saved` (a checkpoint), else the scratch dir (each
-        agent's last only). Not `updated`: the last save (hard links) or an empty state."""
-        last = self.snapshots.get(agent)
-        root = self.saved if durable and self.saved is not None else self.scratch
-        started = staged = now()
-        if updated:
-            tmp, path = root.begin(agent, step)
-            async with self.bind(agent) as conn:
-                await conn.request(SaveState(str(tmp), str(path), step),
-                                   timeout_s=self.request_timeout_s)
-            staged = now()
-
-            async def written() -> StateSaved:
-                return await conn.request(AwaitSaved(str(path)), timeout_s=self.request_timeout_s)
-        else:
-            async def written() -> StateSaved:
-                where = root.link(agent, step, last and Path(last.path))  # links: no data
-                return StateSaved(agent, step, last.version if last else 0, str(where), 0)
-
-        async def landed() -> StateSaved:
-            state = await written()
-            self.snapshots[agent] = state
-            self.saves.append({"agent": agent, "step": step, "bytes": state.num_bytes,
-                               "stage_s": staged - started, "write_s": now() - staged})
-            # Nothing resumes from scratch: the last save is all it needs. Unlinks, here: a
-            # thread's real time would jump the simulator's clock (irreproducible runs).
-            self.scratch.prune(step + durable, agent)
-            return state
-        return asyncio.ensure_future(landed())
+        """The agent's state of `step` saved by its slot's ranks (flexmarl.training.saves):
+        staged now, bound; the future is done once it is the agent's snapshot."""
+        return await self.saving.save(agent, step, durable=durable, updated=updated)
 
     def restore(self, agent: str, state: StateSaved | TrainState) -> None:
         """Start the agent from `state` (a resumed run's saved state) at its first SwapIn."""

@@ -230,7 +230,26 @@ class StateCheckpoints:
         tmp, target = self.begin(agent, step)
         try:
             for name in files:
-                os.link(source / name, tmp / name)
+                try:
+                    os.link(source / name, tmp / name)
+                except OSError:  # another file system (a resumed run's state into /dev/shm)
+                    shutil.copyfile(source / name, tmp / name)
+            return _commit(tmp, target, {**record, "step": step})
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    def copy_in(self, agent: str, step: int, source: Path) -> Path:
+        """A complete step dir of another root (a snapshot in the scratch dir) as `agent`'s
+        state of `step` here: each file copied by the kernel (copy_file_range: no byte in this
+        process's memory) and fsynced, then renamed into place like a save."""
+        record = orjson.loads((source / META_FILE).read_bytes())
+        tmp, target = self.begin(agent, step)
+        try:
+            for p in source.iterdir():
+                if p.name != META_FILE:
+                    shutil.copyfile(p, tmp / p.name)
+                    _fsync(tmp / p.name)
             return _commit(tmp, target, {**record, "step": step})
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

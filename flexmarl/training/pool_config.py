@@ -38,8 +38,9 @@ class TrainerPoolConfig:
     """Longest wait for one request to a trainer slot (a micro-batch, a step, a swap, an export);
     past it the slot is taken for hung and replaced (with snapshots) or the run stops."""
     snapshots: bool = True
-    """Keep each agent's training state after each step in host memory: a dead trainer slot
-    is replaced and its agent's batch re-accumulated from it (off: the run stops)."""
+    """The ranks save each agent's training state after each step (training/saves.py: on
+    /dev/shm when every rank is on this machine): a dead trainer slot is replaced and its
+    agent's batch re-accumulated from it (off: the run stops)."""
     nice: int | str = "auto"
     """Trainer processes' niceness (0..19); "auto": flexmarl.launch.placement.trainer_nice."""
     serial: bool | str = "auto"

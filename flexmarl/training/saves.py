@@ -24,6 +24,7 @@ from typing import Any, AsyncContextManager, Callable
 from flexmarl.clock import now
 from flexmarl.protocol import AwaitSaved, SaveState, StateSaved
 from flexmarl.training.state_files import StateCheckpoints
+from runtime.supervisor import pid_alive
 
 SCRATCH_PREFIX = "flexmarl-snapshots-"
 
@@ -78,7 +79,7 @@ class Saves:
             if (previous := self._copying.pop(agent, None)) is not None:
                 await previous  # it reads a scratch dir that the prune below removes
             # Unlinks, here: a thread's real time would jump the simulator's clock.
-            self.scratch.prune(step, agent)
+            self.scratch.keep_from(agent, step)
             if durable and self.saved is not None:
                 self.copies[agent, step] = self._copying[agent] = asyncio.ensure_future(
                     asyncio.to_thread(self.saved.copy_in, agent, step, Path(state.path)))
@@ -95,15 +96,5 @@ def _remove_orphans(parent: str) -> None:
     """Scratch dirs of runs whose process is gone (SIGKILLed): on /dev/shm they hold memory."""
     for d in Path(parent).glob(f"{SCRATCH_PREFIX}*"):
         m = re.match(rf"{SCRATCH_PREFIX}(\d+)-", d.name)
-        if m and not _alive(int(m[1])):
+        if m and not pid_alive(int(m[1])):
             shutil.rmtree(d, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -96,13 +96,7 @@ class StateCheckpoints:
                 t = t.clone()
             storages.add(t.untyped_storage().data_ptr())
             tensors[name] = t
-        try:
-            target.parent.mkdir(exist_ok=True)
-            _fsync(self.root)  # a new agent dir must survive a machine crash too
-            tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}-", dir=target.parent))
-        except OSError as e:
-            raise CheckpointError(f"{where}: cannot write the state ({e}); free space on that "
-                                  "disk or fix its permissions, then resume the run") from e
+        tmp, _ = self.begin(agent, step)
         try:
             try:
                 save_file(tensors, tmp / STATE_FILE)
@@ -267,9 +261,13 @@ class StateCheckpoints:
         return sorted(p.name for p in self.root.iterdir()
                       if p.is_dir() and _valid_agent(p.name) and self.steps(p.name))
 
-    def prune(self, keep_from: int, agent: str | None = None) -> None:
-        """Delete every agent's (or `agent`'s) states at steps < `keep_from`."""
-        self._delete_where(lambda s: s < keep_from, agent)
+    def prune(self, keep_from: int) -> None:
+        """Delete every agent's states at steps < `keep_from`."""
+        self._delete_where(lambda s: s < keep_from)
+
+    def keep_from(self, agent: str, step: int) -> None:
+        """Delete `agent`'s states at steps < `step` (a scratch dir: its last only)."""
+        self._delete_where(lambda s: s < step, agent)
 
     def drop_after(self, step: int) -> None:
         """Delete every agent's states at steps > `step` (a resumed run recomputes them)."""

@@ -288,28 +288,27 @@ def _in_process_config(tmp_path: Path, *extra: str):
 @pytest.mark.slow
 async def test_a_failing_state_write_fails_the_run_naming_its_path(tiny_model_dir, tmp_path,
                                                                    monkeypatch):
-    """The writes run in the background, but a full disk at step 1 still stops the run, with an
-    error naming the agent, the step and its dir; step 1's record is never written."""
+    """The copies into RUN_DIR/state run in the background, but a full disk at step 1 still
+    stops the run, with an error naming the agent, the step and its dir; step 1's record is
+    never written."""
     import asyncio
+    import errno
     import sys as _sys
 
-    from safetensors import SafetensorError
-
-    from flexmarl.launch import checkpoint
     from flexmarl.launch.checkpoint import CheckpointError
     from flexmarl.launch.run import train
+    from flexmarl.training import state_files
     _sys.path.insert(0, str(ROOT / "tests"))
     from test_e2e import duo
 
-    real = checkpoint.save_file
+    real = state_files.copyfile
 
-    def full_at_step_1(tensors, path):
-        if ".tmp-step-000001-" in str(path):
-            raise SafetensorError("Error while serializing: I/O error: No space left on device "
-                                  "(os error 28)")
-        return real(tensors, path)
+    def full_at_step_1(src, dst):
+        if ".tmp-step-000001-" in str(dst):
+            raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+        return real(src, dst)
 
-    monkeypatch.setattr(checkpoint, "save_file", full_at_step_1)
+    monkeypatch.setattr(state_files, "copyfile", full_at_step_1)
     config, run_dir = _in_process_config(tmp_path, "run.steps=4")
     with pytest.raises(CheckpointError, match=r"agent '(solver|checker)' step 1 \(.*/run/state/"
                                               r"(solver|checker)/step-000001\): cannot write the "

@@ -13,12 +13,14 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import dataclasses
 import importlib.util
-from dataclasses import dataclass
 import itertools
 import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from flexmarl import checks
@@ -276,6 +278,20 @@ class _Workers:
         return [h.name for h in started], self.connect(started[0].address)
 
 
+def _snapshots_in(sup: "Supervisor | NodeRegistry", model_dirs: list[str]) -> str | None:
+    """/dev/shm (snapshots at memory speed, training/saves.py) when every trainer rank runs on
+    this machine and it holds two states per agent (weights and AdamW's two moments, ~3x the
+    weight files); else None: beside RUN_DIR/state."""
+    if isinstance(sup, NodeRegistry) or not os.path.isdir("/dev/shm"):
+        return None
+    need = 2 * 3 * sum(f.stat().st_size for d in model_dirs for f in Path(d).glob("*.safetensors"))
+    if shutil.disk_usage("/dev/shm").free < need:
+        log.warning("snapshots go to disk beside RUN_DIR/state: /dev/shm has %.1f GB free, "
+                    "they need ~%.1f GB", shutil.disk_usage("/dev/shm").free / 1e9, need / 1e9)
+        return None
+    return "/dev/shm"
+
+
 async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, settings: WorkerSettings,
                        balance: BalancerConfig, trainer_configs: dict[str, dict],
                        model_dirs: dict[str, str], work: str, activity: ActivityLog, *,
@@ -328,9 +344,7 @@ async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, settings: W
             workers.respawn_slot, kill=sup.kill, groups=True, kind="trainer slot",
             owners={w.name: f"trainer-{k}" for k, ws in enumerate(slot_specs) for w in ws},
             attempts=settings.replace_attempts, devices=gpus.plan), saved=saved,
-        # Snapshots in memory (tmpfs) when every rank is on this machine: see training/saves.py.
-        scratch_in="/dev/shm" if not isinstance(sup, NodeRegistry) and os.path.isdir("/dev/shm")
-        else None)
+        scratch_in=_snapshots_in(sup, [model_dirs[spec.name] for spec in trainable]))
     pool = InstancePool(
         {w.name: workers.connect(handles[w.name].address)
          for ws in placement.values() for w in ws},

@@ -34,6 +34,7 @@ import shutil
 import tempfile
 import warnings
 from pathlib import Path
+from shutil import copyfile
 
 import orjson
 import torch
@@ -227,7 +228,7 @@ class StateCheckpoints:
                 try:
                     os.link(source / name, tmp / name)
                 except OSError:  # another file system (a resumed run's state into /dev/shm)
-                    shutil.copyfile(source / name, tmp / name)
+                    copyfile(source / name, tmp / name)
             return _commit(tmp, target, {**record, "step": step})
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -242,9 +243,14 @@ class StateCheckpoints:
         try:
             for p in source.iterdir():
                 if p.name != META_FILE:
-                    shutil.copyfile(p, tmp / p.name)
+                    copyfile(p, tmp / p.name)
                     _fsync(tmp / p.name)
             return _commit(tmp, target, {**record, "step": step})
+        except OSError as e:  # disk full, read-only, permissions
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(f"agent {agent!r} step {step} ({target}): cannot write the "
+                                  f"state ({e}); free space on that disk or fix its "
+                                  "permissions, then resume the run") from e
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

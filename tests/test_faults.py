@@ -311,7 +311,10 @@ async def test_a_dead_follower_rank_of_a_shared_two_rank_slot_is_replaced(
     assert killed
     assert [m["step"] for m in result.metrics] == [0, 1, 2]
     faults = result.metrics[1]["faults"]["trainer"]
-    assert faults["dead"] == 1 and faults["restarted_steps"] == 1
+    # The checker's step restarts; so does the solver's when its state save of step 1, staged
+    # before the checker took the slot, was still being written by the slot's ranks (its
+    # snapshot then is step 0's, and step 1 is re-trained on the same groups).
+    assert faults["dead"] == 1 and faults["restarted_steps"] in (1, 2)
     assert sorted(faults["replacements"][0]["workers"]) == ["trainer-0-0-r1", "trainer-0-1-r1"]
     ours, theirs = _weights(result), _weights(clean)
     for name in ours:

@@ -262,8 +262,9 @@ class Rank:
             return trainer, n if self.rank == 0 else 0, "restored"
         if not record["files"]:  # saved before the agent's first update
             return trainer, 0, "fresh"
-        return trainer, sharded_state.read(trainer, path, record["meta"], self.writer.group), \
-            "restored"
+        # On the default group, in this (the command) thread: a restore on the writes' group
+        # was seen to hang in a replaced slot (DCP's planning all_gather), not understood yet.
+        return trainer, sharded_state.read(trainer, path, record["meta"], None), "restored"
 
     def _broadcast_state(self, tensors: dict, meta: dict) -> tuple[dict, dict]:
         """Rank 0's whole state on every rank (the restore path only, never a swap): a JSON

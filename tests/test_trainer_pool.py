@@ -261,8 +261,8 @@ def tensors_in(obj) -> int:
 async def test_the_pool_swaps_between_real_slots_with_no_tensor_through_it(slots,
                                                                            tiny_model_dir):
     """Three agents, two 1-rank slots: b into one, a into other; c evicts a (parked in other:
-    the team's order says a asks after b), then a gets slot one (evicting b there, pulled from
-    other), then b comes back in place in one. Everything the pool sent and received on a swap
+    the team's order says a asks after b), then, with c holding other, a gets slot one
+    (evicting b there, pulled from other), then b comes back in place in one. Everything the pool sent and received on a swap
     is control data: no tensor, either way; each agent's state is where the pool says."""
     from flexmarl.training.pool import AgentTrainer, TrainerPool
     log: list = []
@@ -276,8 +276,11 @@ async def test_the_pool_swaps_between_real_slots_with_no_tensor_through_it(slots
             await train_step(conn, ord(agent))
             states[agent] = await conn.request(ExportState())
     assert pool.where("a") == ("parked", "other") and pool.where("c") == ("loaded", "other")
-    async with pool.bind("a") as conn:  # evicts b from one, pulls a from other
-        assert_same(states["a"], await conn.request(ExportState()))
+    # c holds other, where a is parked: a waits at most a swap's cost for it (the allocator
+    # prefers a parked slot), then takes one, evicting b, and is pulled from other.
+    async with pool.bind("c"):
+        async with pool.bind("a") as conn:
+            assert_same(states["a"], await conn.request(ExportState()))
     assert pool.where("a") == ("loaded", "one") and pool.where("b") == ("parked", "one")
     async with pool.bind("b") as conn:  # evicts a from one (c is expected sooner), in place
         assert_same(states["b"], await conn.request(ExportState()))

@@ -35,12 +35,11 @@
     records     every agent's record  the team record       step_done[s] in      the last agent's
                 of step s                                   step order           record of s
 
-Every mode is this loop with different settings of four knobs (`PipelinePolicy`, see
-flexmarl.orchestrator.policy for the table of modes). Each agent has its own loop, version and
-gate: agent A trains and syncs as soon as its own batch is in, without waiting for agent B.
-Zero staleness in micro_batch follows from the gate (A generates for step s only with the weights
-trained on step s-1) and is checked per sample: AgentRuntime.staleness (never negative) and
-PipelinePolicy.admit (within the mode's bound). The versions change only through AgentRuntime's
+Every mode is this loop with four knobs set differently (`PipelinePolicy`; the table of modes
+is flexmarl.orchestrator.policy's). Each agent has its own loop, version and gate: A trains and
+syncs as soon as its own batch is in. Zero staleness in micro_batch follows from the gate (A
+generates for step s only with the weights trained on step s-1), checked per sample
+(AgentRuntime.staleness, PipelinePolicy.admit); versions change only through AgentRuntime's
 transitions (trained, synced, restored), all called here.
 
 After A's optimizer step only the weight push is on the critical path: it opens A's gate, what
@@ -55,9 +54,8 @@ went out but before its state was in place: the push is let finish, then the ste
 re-trained from the previous snapshot on the same groups in the same micro-batches (the same
 update) and saved; it is not pushed again (instances refuse a version they serve).
 
-The loop is handed what it uses: the orchestrator (rollouts), the store (groups), the rollout
-pool (its records), the weight sync (flexmarl.weights.sync: "agent A at version v", whichever
-transport carries it), the trainer pool (slots), the activity log, and the `pipeline` section.
+Handed in: the orchestrator, the store, the rollout pool, the weight sync (flexmarl.weights.sync:
+"agent A at version v"), the trainer pool, the activity log and the `pipeline` section.
 """
 from __future__ import annotations
 
@@ -122,11 +120,9 @@ class PipelineRun:
         the policy; `weights` (the pool's) syncs each update to the agent's instances.
         `emit(record)` gets each step's record, in step order, from one task (it may be a
         coroutine function: the next record waits for it). `first_step` > 0 resumes a run
-        (steps before it are done; their tasks are skipped in the data cursor). After each
-        step the agents' ranks write their states (TrainerPool.save): every step with
-        trainer_pool.snapshots on (the recovery point), else the steps `saves(step)` names
-        (run.save_every); those `saves` names are durable (the run's state dir). The step's
-        record is emitted once they are in place.
+        (steps before it are done; their tasks are skipped in the data cursor). The ranks save
+        the agents' states (TrainerPool.save) every step with trainer_pool.snapshots on, else
+        on `saves(step)` (run.save_every: durable ones); a record waits for its step's.
         `evaluate(step)` (flexmarl.orchestrator.evaluate) runs after every `eval_every` steps
         but the last, between two steps' rollouts; the step's record waits for it and carries
         it as "eval". `serial`: the agents' trainer slots share cores, so their requests go
@@ -148,8 +144,8 @@ class PipelineRun:
         self._next_record = first_step
         self._unemitted: collections.deque[dict] = collections.deque()
         """Built records (in step order) waiting for their step's saves before `emit`."""
-        self._saves_left: dict[int, set[str]] = {}
-        """step -> agents whose state of that step is not in place yet."""
+        self._next_emit = first_step
+        self._saves_left: dict[int, set[str]] = {}  # step -> agents whose state is not in place
         self._ready: asyncio.Queue[dict] = asyncio.Queue()
         """Records whose states are saved, in step order, for `_emitter`."""
         self._tg: asyncio.TaskGroup | None = None
@@ -270,10 +266,14 @@ class PipelineRun:
         rt.synced(rt.version)  # raises unless the last update reached the instances
 
     async def _saved(self, agent: str, step: int) -> None:
-        """Once `agent`'s state of `step` is in place (and its durable copy, off the critical
-        path: TrainerPool.saving), the step's record may go out (it is the resume point)."""
+        """`agent`'s state of `step` in place, its durable copy too: the record may go out."""
         if (copy := self.trainers.saving.copies.pop((agent, step), None)) is not None:
-            await copy
+            try:
+                await copy
+            except Exception:  # the steps before it are on disk: their records go out first
+                while self._next_emit < step and (self._unemitted or self._ready.qsize()):
+                    await asyncio.sleep(0.01)
+                raise
         self._saves_left[step].discard(agent)
         self._flush()
 
@@ -497,3 +497,4 @@ class PipelineRun:
             record = await self._ready.get()
             if self.emit is not None and (pending := self.emit(record)) is not None:
                 await pending
+            self._next_emit = record["step"] + 1

@@ -1,22 +1,51 @@
 """Plain-PyTorch rollout backend: batched sampling with a KV cache, for small models.
 
-The `n` samples of a request decode together as one batch over a shared prompt (no padding is
-needed); requests run one at a time on a single thread, so the event loop stays free and two
-requests never fight for the same cores. Log-probabilities follow vLLM's `processed_logprobs`:
-the sampled token's log-probability under the distribution actually sampled from (temperature,
-then top-k and top-p with vLLM's rules: flexmarl.sampling.truncate); greedy requests report
-the raw model distribution.
+    generate() ─► queue ─► (the queue stops growing: BATCH_WINDOW_S) ─► one batch of every
+    queued request's n rows, prompts left-padded ─► prefill ─► decode until every row stopped
+    ─► each request's samples
+
+Concurrent requests decode together: on a CPU a 135M-parameter model decodes 32 rows in about
+3x the time of one (the weights are read once per step for all rows), so a workflow's many
+trajectories cost little more than one. A request that arrives while a batch runs waits for
+the next batch (static batching: simple, and a workflow's calls arrive in waves anyway).
+Batches run one at a time on a single thread, so the event loop stays free and two batches
+never fight for the same cores.
+
+Log-probabilities follow vLLM's `processed_logprobs`: the sampled token's log-probability under
+the distribution actually sampled from (temperature, then top-k and top-p with vLLM's rules:
+flexmarl.sampling.truncate); greedy requests report the raw model distribution. Each request
+samples from its own generator (its seed, or the engine's seed and its arrival number), so its
+draws do not depend on what it was batched with; greedy and log-probabilities may differ from
+an unbatched run in the last float bits (padding changes the order of the sums).
 """
 from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import torch
 
 from flexmarl.protocol import Sample, SamplingParams
 from flexmarl.rollout.engine import EngineConfig
 from flexmarl.sampling import truncate
+
+BATCH_WINDOW_S = 0.005
+"""A batch starts once no request has arrived for this long (a workflow's calls of one wave
+arrive within a few milliseconds of each other), or MAX_WAIT_S after its first request."""
+MAX_WAIT_S = 0.05
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    seed: int
+    done: asyncio.Future
+    rows: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rows = self.params.n
 
 
 class TorchEngine:
@@ -27,6 +56,11 @@ class TorchEngine:
         self.tokenizer = None
         self._eos: set[int] = set()
         self._requests = 0
+        self._queue: list[_Request] = []
+        self._arrived = asyncio.Event()
+        self._batcher: asyncio.Task | None = None
+        self.batches = 0
+        """Batches run so far (tests and the benchmark read it)."""
 
     async def start(self) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
@@ -48,70 +82,157 @@ class TorchEngine:
             raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens "
                              f"({params.max_tokens}) exceeds rollout.max_model_len="
                              f"{self.config.max_model_len}")
+        if not prompt_ids:
+            raise ValueError("empty prompt: give at least one token")
         self._requests += 1
         seed = params.seed if params.seed is not None else self.config.seed * 1_000_003 + self._requests
-        return await asyncio.get_running_loop().run_in_executor(
-            self._executor, self._generate, prompt_ids, params, seed)
+        request = _Request(list(prompt_ids), params, seed,
+                           asyncio.get_running_loop().create_future())
+        self._queue.append(request)
+        self._arrived.set()
+        if self._batcher is None or self._batcher.done():
+            self._batcher = asyncio.create_task(self._batch_loop(), name="torch-engine-batcher")
+        return await request.done
+
+    async def _batch_loop(self) -> None:
+        """Run the queue in batches until it is empty."""
+        loop = asyncio.get_running_loop()
+        while self._queue:
+            started = loop.time()
+            while loop.time() - started < MAX_WAIT_S:  # let the wave's requests arrive
+                self._arrived.clear()
+                try:
+                    await asyncio.wait_for(self._arrived.wait(), BATCH_WINDOW_S)
+                except TimeoutError:
+                    break
+            batch = self._take()
+            batch = [r for r in batch if not r.done.cancelled()]
+            if not batch:
+                continue
+            try:
+                results = await loop.run_in_executor(self._executor, self._generate, batch)
+            except Exception as exc:  # the whole batch fails alike; the engine goes on
+                for r in batch:
+                    if not r.done.done():
+                        r.done.set_exception(exc)
+                continue
+            self.batches += 1
+            for r, result in zip(batch, results):
+                if not r.done.done():
+                    r.done.set_result(result)
+
+    def _take(self) -> list[_Request]:
+        """The queued requests up to engine.max_num_seqs rows (at least one request)."""
+        batch, rows = [], 0
+        while self._queue and (not batch or rows + self._queue[0].rows <= self.config.max_num_seqs):
+            rows += self._queue[0].rows
+            batch.append(self._queue.pop(0))
+        return batch
 
     @torch.inference_mode()
-    def _generate(self, prompt_ids: list[int], params: SamplingParams,
-                  seed: int) -> tuple[list[Sample], list[float] | None]:
-        n = params.n
-        gen = torch.Generator().manual_seed(seed)
-        prompt = torch.tensor([prompt_ids], dtype=torch.long)
-        out = self.model(input_ids=prompt, use_cache=True)
-        prompt_lp = None
-        if params.prompt_logprobs:
-            lp = torch.log_softmax(out.logits[0, :-1].float(), dim=-1)
-            prompt_lp = lp.gather(1, prompt[0, 1:, None])[:, 0].tolist()
+    def _generate(self, batch: list[_Request]) -> list[tuple[list[Sample], list[float] | None]]:
+        # One row per request for the prompt (left-padded so every row's next token is the
+        # last); its KV is then repeated for the request's n samples, which decode as rows.
+        longest = max(len(r.prompt_ids) for r in batch)
+        ids = torch.zeros(len(batch), longest, dtype=torch.long)
+        mask = torch.zeros(len(batch), longest, dtype=torch.long)
+        for i, r in enumerate(batch):
+            ids[i, longest - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
+            mask[i, longest - len(r.prompt_ids):] = 1
+        positions = (mask.cumsum(1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                         use_cache=True)
+        prompt_lps = [self._prompt_logprobs(out.logits, i, r, longest)
+                      for i, r in enumerate(batch)]
+        owner = [i for i, r in enumerate(batch) for _ in range(r.rows)]
+        rows = len(owner)
+        index = torch.tensor(owner)
         cache = out.past_key_values
-        cache.batch_repeat_interleave(n)  # the n samples share the prompt's KV
-        logits = out.logits[:, -1].float().expand(n, -1)
-        tokens: list[list[int]] = [[] for _ in range(n)]
-        logprobs: list[list[float]] = [[] for _ in range(n)]
-        finish = [""] * n
-        texts: list[str | None] = [None] * n  # set when a stop string cuts the text
-        for step in range(params.max_tokens):
-            token, logprob = self._sample(logits, params, gen)
-            for i in range(n):
-                if finish[i]:
+        if rows != len(batch):
+            cache.batch_select_indices(index)
+        logits = out.logits[index, -1].float()
+        mask, position = mask[index], positions[index, -1:]
+        gens = [torch.Generator().manual_seed(r.seed) for r in batch]
+        temperature = torch.tensor([batch[i].params.temperature for i in owner])
+        top_k = torch.tensor([batch[i].params.top_k for i in owner])
+        top_p = torch.tensor([batch[i].params.top_p for i in owner])
+        budget = [batch[i].params.max_tokens for i in owner]
+        tokens: list[list[int]] = [[] for _ in range(rows)]
+        logprobs: list[list[float]] = [[] for _ in range(rows)]
+        finish = [""] * rows
+        texts: list[str | None] = [None] * rows  # set when a stop string cuts the text
+        for step in range(max(budget)):
+            token, logprob = self._sample(logits, temperature, top_k, top_p, owner, gens)
+            for row in range(rows):
+                if finish[row]:
                     continue
-                tokens[i].append(int(token[i]))
-                logprobs[i].append(float(logprob[i]))
-                if tokens[i][-1] in self._eos:
-                    finish[i] = "stop"
-                elif params.stop:
-                    text = self.tokenizer.decode(tokens[i], skip_special_tokens=True)
-                    cut = min((text.find(s) for s in params.stop if s in text), default=-1)
+                tokens[row].append(int(token[row]))
+                logprobs[row].append(float(logprob[row]))
+                stop = batch[owner[row]].params.stop
+                if tokens[row][-1] in self._eos:
+                    finish[row] = "stop"
+                elif stop:
+                    text = self.tokenizer.decode(tokens[row], skip_special_tokens=True)
+                    cut = min((text.find(s) for s in stop if s in text), default=-1)
                     if cut >= 0:
-                        finish[i], texts[i] = "stop", text[:cut]
+                        finish[row], texts[row] = "stop", text[:cut]
+                if not finish[row] and len(tokens[row]) >= budget[row]:
+                    finish[row] = "length"
             if all(finish):
                 break
-            out = self.model(input_ids=token[:, None], past_key_values=cache, use_cache=True)
+            mask = torch.cat([mask, torch.ones(rows, 1, dtype=torch.long)], dim=1)
+            position = position + 1
+            out = self.model(input_ids=token[:, None], attention_mask=mask, position_ids=position,
+                             past_key_values=cache, use_cache=True)
             cache = out.past_key_values
             logits = out.logits[:, -1].float()
-        samples = []
-        for i in range(n):
-            text = texts[i]
+        results: list[tuple[list[Sample], list[float] | None]] = [([], lp) for lp in prompt_lps]
+        for row, i in enumerate(owner):
+            text = texts[row]
             if text is None:
-                text = self.tokenizer.decode(tokens[i], skip_special_tokens=True)
-            samples.append(Sample(tokens[i], logprobs[i], finish[i] or "length", text))
-        return samples, prompt_lp
+                text = self.tokenizer.decode(tokens[row], skip_special_tokens=True)
+            results[i][0].append(Sample(tokens[row], logprobs[row], finish[row], text))
+        return results
 
     @staticmethod
-    def _sample(logits: torch.Tensor, params: SamplingParams,
-                gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        if params.temperature == 0:
-            lp = torch.log_softmax(logits, dim=-1)
-            token = lp.argmax(dim=-1)
-            return token, lp.gather(1, token[:, None])[:, 0]
-        scaled = logits / params.temperature
-        rows = scaled.shape[0]
-        scaled = truncate(scaled, torch.full((rows,), params.top_k),
-                          torch.full((rows,), params.top_p))
-        lp = torch.log_softmax(scaled, dim=-1)
-        token = torch.multinomial(lp.exp(), 1, generator=gen)[:, 0]
-        return token, lp.gather(1, token[:, None])[:, 0]
+    def _prompt_logprobs(logits: torch.Tensor, row: int, request: _Request,
+                         longest: int) -> list[float] | None:
+        if not request.params.prompt_logprobs:
+            return None
+        start = longest - len(request.prompt_ids)  # the prompt's first column
+        lp = torch.log_softmax(logits[row, start:-1].float(), dim=-1)
+        target = torch.tensor(request.prompt_ids[1:])
+        return lp.gather(1, target[:, None])[:, 0].tolist()
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                top_p: torch.Tensor, owner: list[int],
+                gens: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's next token and its log-probability; rows of temperature 0 take the argmax
+        of the raw distribution, the others sample from their request's generator."""
+        raw = torch.log_softmax(logits, dim=-1)
+        token = raw.argmax(dim=-1)
+        logprob = raw.gather(1, token[:, None])[:, 0]
+        hot = temperature > 0
+        if hot.any():
+            scaled = logits[hot] / temperature[hot, None]
+            scaled = truncate(scaled, top_k[hot], top_p[hot])
+            lp = torch.log_softmax(scaled, dim=-1)
+            probs = lp.exp()
+            rows = hot.nonzero()[:, 0].tolist()
+            picked = torch.empty(len(rows), dtype=torch.long)
+            # A request's rows draw together from its own generator, as they would alone.
+            start = 0
+            while start < len(rows):
+                end = start
+                while end < len(rows) and owner[rows[end]] == owner[rows[start]]:
+                    end += 1
+                picked[start:end] = torch.multinomial(probs[start:end], 1,
+                                                      generator=gens[owner[rows[start]]])[:, 0]
+                start = end
+            token[hot] = picked
+            logprob[hot] = lp.gather(1, picked[:, None])[:, 0]
+        return token, logprob
 
     async def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
         await asyncio.get_running_loop().run_in_executor(self._executor, self._load, tensors)
@@ -126,4 +247,10 @@ class TorchEngine:
                              f"{unexpected[:5]} of {len(tensors)} tensors")
 
     async def close(self) -> None:
+        if self._batcher is not None and not self._batcher.done():
+            self._batcher.cancel()
+        for r in self._queue:
+            if not r.done.done():
+                r.done.set_exception(RuntimeError("the rollout engine was closed"))
+        self._queue.clear()
         self._executor.shutdown(wait=True)

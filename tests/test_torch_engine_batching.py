@@ -12,11 +12,13 @@ import torch
 from flexmarl.models import build_model_dir, chat_prompt, load_tokenizer
 from flexmarl.protocol import SamplingParams
 from flexmarl.rollout.engine import EngineConfig
-from flexmarl.rollout.torch_engine import TorchEngine
+from flexmarl.rollout.torch_engine import MIN_SHARED_PREFIX, TorchEngine, common_prefix
 
-QUESTIONS = ["Compute 12+34.", "Compute 1+2.", "What is 7 plus 8? Reply with the number.",
-             "Add 99 and 1.", "Sum: 5 + 5 + 5"]
-"""Prompts of different lengths: the batch pads them on the left."""
+QUESTIONS = ["Be brief. Compute 12+34.", "Be brief. Compute 1+2.",
+             "Be brief. What is 7 plus 8? Reply with the number.", "Be brief. Add 99 and 1.",
+             "Be brief. Sum: 5 + 5 + 5"]
+"""Prompts of different lengths (the batch pads them on the left) sharing a prefix (the batch
+computes it once)."""
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +41,18 @@ def prompts(engine: TorchEngine) -> list[list[int]]:
     return out
 
 
-async def test_greedy_batched_equals_alone_and_runs_as_one_batch(engine):
+def test_the_shared_prefix_leaves_every_prompt_its_last_token():
+    assert common_prefix([[1, 2, 3, 4], [1, 2, 3, 5, 6]]) == 3
+    assert common_prefix([[1, 2, 3], [1, 2, 3, 4]]) == 2  # the shorter keeps its last token
+    assert common_prefix([[7, 1], [8, 1]]) == 0
+
+
+@pytest.mark.parametrize("prompt_logprobs", [True, False], ids=["whole-prompts", "shared-prefix"])
+async def test_greedy_batched_equals_alone_and_runs_as_one_batch(engine, prompt_logprobs):
     asked = prompts(engine)
-    params = SamplingParams(temperature=0.0, max_tokens=10, prompt_logprobs=True)
+    if not prompt_logprobs:  # the batch computes the prompts' common prefix once
+        assert common_prefix(asked) >= MIN_SHARED_PREFIX
+    params = SamplingParams(temperature=0.0, max_tokens=10, prompt_logprobs=prompt_logprobs)
     alone = [await engine.generate(p, params) for p in asked]
     before = engine.batches
     together = await asyncio.gather(*[engine.generate(p, params) for p in asked])
@@ -50,8 +61,11 @@ async def test_greedy_batched_equals_alone_and_runs_as_one_batch(engine):
         assert a[0].token_ids == b[0].token_ids and a[0].finish_reason == b[0].finish_reason
         # padding changes the order of float sums: equal to float32 noise, not bit for bit
         assert torch.allclose(torch.tensor(a[0].logprobs), torch.tensor(b[0].logprobs), atol=1e-4)
-        assert torch.allclose(torch.tensor(a_lp), torch.tensor(b_lp), atol=1e-4)
-        assert len(b_lp) == len(p) - 1  # the padding's columns are not the prompt's
+        if prompt_logprobs:
+            assert torch.allclose(torch.tensor(a_lp), torch.tensor(b_lp), atol=1e-4)
+            assert len(b_lp) == len(p) - 1  # the padding's columns are not the prompt's
+        else:
+            assert a_lp is None and b_lp is None
 
 
 async def test_seeded_draws_do_not_depend_on_the_batch(engine):

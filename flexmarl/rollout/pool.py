@@ -45,8 +45,10 @@ log = logging.getLogger(__name__)
 class RolloutConfig:
     """Rollout instances of every agent (section `rollout`)."""
 
-    backend: str = "vllm"
-    """`vllm` or `torch` (plain PyTorch generation, for small models and machines without vLLM)."""
+    backend: str = "auto"
+    """`vllm`, `torch` (plain PyTorch generation, batched: for small models and machines
+    without vLLM) or `auto`: vLLM where its instances get GPUs, else torch
+    (flexmarl.launch.build.resolve_backend)."""
     instances_per_agent: int = 1
     """Rollout worker processes serving each agent's policy."""
     kv_cache_bytes: int = 256 << 20
@@ -86,8 +88,8 @@ class RolloutConfig:
     container's /dev/shm may be too small: Docker's default is 64 MB)."""
 
     def __post_init__(self) -> None:
-        require(self.backend in BACKENDS, "rollout.backend", self.backend,
-                 f"must be one of {', '.join(BACKENDS)}")
+        require(self.backend in BACKENDS or self.backend == "auto", "rollout.backend",
+                self.backend, f"must be one of {', '.join(BACKENDS)} or auto")
         require(self.dtype in DTYPES, "rollout.dtype", self.dtype,
                 f"must be one of {', '.join(DTYPES)}")
         require(0 < self.gpu_memory_utilization < 1, "rollout.gpu_memory_utilization",

@@ -77,6 +77,8 @@ async def test_measure_runs_greedy_and_sampled_with_the_same_draws_every_time():
     temps = {m.params.temperature for _, m in first.seen}
     assert temps == {0.0, 0.7}  # greedy, and the agent's own sampling (eval.n is not used)
     assert len(first.seen) == 2 * 2 * 10
+    # Both modes in flight together: never one request id twice (an engine refuses that).
+    assert len({m.request_id for _, m in first.seen}) == len(first.seen)
     # Both modes share eval.max_concurrent_tasks: at most 3 tasks (one request each) at once.
     assert first.most <= 3
     sampled = sorted((m.request_id, m.params.seed) for _, m in first.seen

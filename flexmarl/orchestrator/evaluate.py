@@ -131,13 +131,14 @@ class EvalContext(TrajectoryContext):
 async def evaluate(team: Team, agents: dict[str, AgentRuntime], generate: Generator,
                    tasks: list[Any], config: EvalConfig, *, seed: int = 0,
                    max_concurrent_calls: int = 64,
-                   slots: asyncio.Semaphore | None = None) -> dict[str, Any]:
+                   slots: asyncio.Semaphore | None = None, tag: str = "") -> dict[str, Any]:
     """Run the workflow on `tasks` with training off; the means as plain data:
     {tasks, trajectories, failed, team_reward, best_team (n > 1), agents: {name: {reward,
     var, turns}}, versions: {name: [lowest, highest]}, mode, seconds}. `var`: the sample
     variance of the agent's turn rewards (None under 2 turns), for the standard error of a
     change in any reward. `slots`: the tasks-at-once limit shared with evaluations running
-    at the same time (default: eval.max_concurrent_tasks of this one)."""
+    at the same time (default: eval.max_concurrent_tasks of this one); `tag` prefixes its
+    request ids, which must differ from theirs (the seeds follow the ids)."""
     if not tasks:
         raise ValueError(f"team {team.name} has no held-out tasks to evaluate: give the team "
                          "Team.heldout, or a task file with team.heldout (config)")
@@ -153,7 +154,8 @@ async def evaluate(team: Team, agents: dict[str, AgentRuntime], generate: Genera
     async def one(i: int, task: Any) -> None:
         async with slots:
             for j in range(trajectories):
-                ctx = EvalContext(team, agents, generate, task, f"h{i}", j, config, calls, seed)
+                ctx = EvalContext(team, agents, generate, task, f"{tag}h{i}", j, config, calls,
+                                  seed)
                 try:
                     await team.workflow(ctx, task)
                 except _RUN_ERRORS:

@@ -42,11 +42,15 @@ async def measure(team: Team, agents: dict[str, AgentRuntime], generate: Generat
     tasks = heldout_tasks(team, settings, final=True)
     started = time.perf_counter()
     # One limit for both modes: the engines see up to eval.max_concurrent_tasks tasks at once.
+    # The greedy requests get their own ids (both modes are in flight together); the sampled
+    # ones keep those of any sampled evaluation, hence its seeds (`flexmarl eval` agrees).
     slots = asyncio.Semaphore(settings.max_concurrent_tasks)
+    tags = {"greedy": "greedy-", "sampled": ""}
     async with asyncio.TaskGroup() as tg:
         runs = {mode: tg.create_task(evaluate(team, agents, generate, tasks, config, seed=seed,
                                               max_concurrent_calls=max_concurrent_calls,
-                                              slots=slots), name=f"heldout.{mode}")
+                                              slots=slots, tag=tags[mode]),
+                                     name=f"heldout.{mode}")
                 for mode, config in mode_configs(settings).items()}
     return {mode: run.result() for mode, run in runs.items()} | {
         "seconds": time.perf_counter() - started}

@@ -212,8 +212,10 @@ async def _steps(setup: RunSetup, parts: _Parts, progress: bool | None,
                 measure, parts.orch.team, parts.agents, parts.pool.generate, setup.eval,
                 seed=setup.run.seed, max_concurrent_calls=setup.pipeline.max_concurrent_calls)
             async with parts.orch.serving():
+                monitor.state = "evaluating"  # the dashboard's state; no stall warnings
                 before = await _before(measure_now if setup.eval.before else None, first_step,
                                        parts)
+                monitor.state = "starting"
                 with Progress(steps, enabled=progress) as bar:
                     loop = PipelineRun(parts.orch, parts.store, parts.pool, parts.trainers,
                                        parts.activity, setup.pipeline, steps,
@@ -227,6 +229,7 @@ async def _steps(setup: RunSetup, parts: _Parts, progress: bool | None,
                     await unless_app_exits(loop.run(), app)
                 after = None
                 if measure_now is not None and setup.eval.final:
+                    monitor.state = "evaluating"
                     notice("measuring the final weights on the held-out tasks")
                     after = await measure_now()
             first_record_s = metrics[0]["time"] - started_at if metrics else None

@@ -4,17 +4,19 @@ Runs `flexmarl.train` on a team (default: agents/math_duo.py, `--team PATH` anot
 embedded default config (plus any --set overrides), then reports per agent, and for the team
 reward, the mean reward of the first and last `--window` steps, the number of steps and the wall
 time (model builds included when they are not cached yet). When the team has held-out tasks
-(Team.heldout, Team.score), each trainable agent is also measured on them before training (its
-starting weights) and after (its final checkpoint): greedy and sampled accuracy, by
-flexmarl.launch.heldout.
+(Team.heldout), the run itself measures each trainable agent on them before training (its
+starting weights, eval.before) and after (its final weights, eval.final), greedy and sampled,
+through its own rollout instances (flexmarl.orchestrator.heldout): this reports those numbers
+(RunResult.heldout), and the time from the run's start to its first step's record.
 
-    .venv/bin/python bench/learning.py [--json] [--team PATH] [--window 3] [--heldout 200]
+    .venv/bin/python bench/learning.py [--json] [--team PATH] [--window 3] [--heldout N]
                                        [--set section.key=value ...]
 
 With --json the last line is one JSON object: {"first_reward": {agent|"team": r}, "last_reward":
 {...}, "curve": {agent|"team": [reward per step]}, "noise": {agent|"team": one step's std},
-"agents": {name: {"heldout": {"greedy"|"sampled": {"before": a, "after": a, "se_change": s}}}},
-"models": {name: model}, "steps": n, "wall_s": s, "seed": run.seed, ...}.
+"agents": {name: {"heldout": {"greedy"|"sampled": {"before": a, "after": a, "se_change": s,
+"tasks": n}}}}, "models": {name: model}, "steps": n, "wall_s": s, "time_to_first_step_s": s,
+"heldout_before_s": s, "heldout_after_s": s, "seed": run.seed, ...}.
 """
 from __future__ import annotations
 
@@ -47,11 +49,6 @@ def step_noise(curve: list[float]) -> float | None:
     return math.sqrt(sum((d - mu) ** 2 for d in diffs) / (len(diffs) - 1) / 2)
 
 
-def heldout_se(before: float, after: float, n: int) -> float:
-    """Standard error of an accuracy change measured on n tasks (binomial, both ends)."""
-    return math.sqrt((before * (1 - before) + after * (1 - after)) / n)
-
-
 def summarize(metrics: list[dict], window: int) -> dict:
     first, last = metrics[:window], metrics[-window:]
     agents = sorted(metrics[0]["agents"])
@@ -72,47 +69,54 @@ async def main(args: argparse.Namespace) -> None:
     from flexmarl.config.load import load_config
     from flexmarl.observe.rundir import RunDir
     from flexmarl.launch.run import train
-    from flexmarl.launch.heldout import heldout_accuracy
-    from flexmarl.launch.model_dirs import resolve_model
     from flexmarl.team import load_team
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # CPU-irrelevant warnings  # as `flexmarl run` does
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     workdir = tempfile.mkdtemp(prefix="flexmarl-learning-")
-    config = load_config(overrides=[f"run.out_dir={workdir}", *args.set], team=args.team)
+    heldout = [] if args.heldout is None else [f"eval.final_tasks={args.heldout}"]
+    config = load_config(overrides=[f"run.out_dir={workdir}", *heldout, *args.set],
+                         team=args.team)
     team = load_team(config.team.path)
     run_dir = RunDir.create(config)
     started = time.perf_counter()
-    measured = [s for s in team.agents if s.trainable] if team.heldout and args.heldout else []
-    before = {}
-    for spec in measured:  # the starting weights (built or converted now if not cached)
-        before[spec.name] = await heldout_accuracy(team, spec, resolve_model(spec),
-                                                   limit=args.heldout)
     result = await train(team, config, run_dir=run_dir, progress=args.progress)
     wall_s = time.perf_counter() - started
     summary = summarize(result.metrics, args.window)
-    summary["agents"] = {}
-    for spec in measured:
-        after = await heldout_accuracy(team, spec, str(result.checkpoints[spec.name]),
-                                       limit=args.heldout)
-        n = min(len(team.heldout), args.heldout)
-        summary["agents"][spec.name] = {"heldout": {
-            mode: {"before": before[spec.name][mode], "after": after[mode],
-                   "se_change": heldout_se(before[spec.name][mode], after[mode], n)}
-            for mode in ("greedy", "sampled")}}
-    summary.update(wall_s=wall_s, train_wall_s=result.wall_s, seed=config.run.seed,
+    summary["agents"] = {name: {"heldout": modes}
+                         for name, modes in sorted((result.heldout or {}).items())}
+    measured = result.final_eval or {}
+    tasks = [m["tasks"] for a in summary["agents"].values() for m in a["heldout"].values()]
+    summary.update(wall_s=wall_s, train_wall_s=result.wall_s,
+                   time_to_first_step_s=result.time_to_first_step_s,
+                   heldout_before_s=_seconds(measured.get("before")),
+                   heldout_after_s=_seconds(measured.get("after")), seed=config.run.seed,
                    backend=config.rollout.backend, run_dir=str(run_dir.path), team=team.name,
                    models={s.name: s.model for s in team.agents},
-                   heldout_tasks=min(len(team.heldout), args.heldout) if measured else 0)
+                   heldout_tasks=max(tasks, default=0))
     print(table(summary, config, args))
     print(f"run dir: {run_dir.path}")
     if args.json:
         print(json.dumps(summary))
 
 
+def _seconds(measurement: dict | None) -> float | None:
+    """A before/after measurement's duration (None: not made, or skipped)."""
+    return (measurement or {}).get("seconds")
+
+
+def _cell(change: dict) -> str:
+    """"0.630 -> 0.675 ±0.047"; what was not measured as "-"."""
+    def f(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3f}"
+    return f"{f(change['before'])} -> {f(change['after'])} ±{f(change['se_change'])}"
+
+
 def table(summary: dict, config, args: argparse.Namespace) -> str:
     rows = ["team"] + sorted(k for k in summary["first_reward"] if k != "team")
-    out = [f"team {summary['team']}: {summary['steps']} steps, {summary['wall_s']:.0f} s wall, "
+    first = summary["time_to_first_step_s"]
+    out = [f"team {summary['team']}: {summary['steps']} steps, {summary['wall_s']:.0f} s wall "
+           f"({'-' if first is None else f'{first:.0f}'} s to the first step), "
            f"seed {config.run.seed}, {config.rollout.backend} rollout; mean reward of the first "
            f"and last {args.window} steps (noise: one step's std, from step-to-step changes)",
            f"{'':<10} {'first':>8} {'last':>8} {'change':>8} {'noise':>8}"]
@@ -122,12 +126,14 @@ def table(summary: dict, config, args: argparse.Namespace) -> str:
         out.append(f"{name:<10} {a:>8.3f} {b:>8.3f} {b - a:>+8.3f} "
                    f"{'-' if noise is None else f'{noise:.3f}':>8}")
     if summary["agents"]:
-        out.append(f"held-out accuracy ({summary['heldout_tasks']} tasks never trained on), "
-                   f"before -> after training (± the change's standard error)")
+        took = [f"{s:.1f} s" if (s := summary[k]) is not None else "-"
+                for k in ("heldout_before_s", "heldout_after_s")]
+        out.append(f"held-out reward ({summary['heldout_tasks']} tasks never trained on), "
+                   f"before -> after training (± the change's standard error; measured in "
+                   f"{took[0]} before and {took[1]} after)")
         out.append(f"{'':<10} {'greedy':>26} {'sampled':>26}")
         for name, a in sorted(summary["agents"].items()):
-            cells = [f"{a['heldout'][m]['before']:.3f} -> {a['heldout'][m]['after']:.3f} "
-                     f"±{a['heldout'][m]['se_change']:.3f}" for m in ("greedy", "sampled")]
+            cells = [_cell(a["heldout"][m]) for m in ("greedy", "sampled")]
             out.append(f"{name:<10} {cells[0]:>26} {cells[1]:>26}")
     return "\n".join(out)
 
@@ -137,8 +143,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--window", type=int, default=3, help="steps averaged at each end")
     ap.add_argument("--team", default=None, help="team file (default: the config's team.path)")
-    ap.add_argument("--heldout", type=int, default=200,
-                    help="held-out tasks per agent before and after (0: skip)")
+    ap.add_argument("--heldout", type=int, default=None, metavar="N",
+                    help="held-out tasks measured before and after (eval.final_tasks; 0: all; "
+                         "default: the config's); --set eval.before=false skips before")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     ap.add_argument("--progress", action="store_true", help="show progress bars")
     return ap.parse_args(argv)

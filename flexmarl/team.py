@@ -127,13 +127,17 @@ class Team:
     """Task objects handed to the workflow; each needs a unique, stable `task_id` (str). A task's
     `prompt` attribute, if it has one, must be something ctx.generate takes (checked here)."""
     heldout: Sequence[Any] = ()
-    """Tasks never trained on, to measure each agent before and after training
-    (flexmarl.launch.heldout; bench/learning.py). Empty: no held-out measurement."""
+    """Tasks never trained on: the run runs the workflow on them with training off, before
+    training and after it (eval.before, eval.final: each agent's turn rewards, greedy and
+    sampled) and between steps (eval.every_steps); flexmarl.orchestrator.heldout, evaluate.
+    Empty: no held-out measurement."""
     score: Callable[[str, str, Any], float] | None = None
-    """(agent, completion text, held-out task) -> 1.0 if the agent got it right (0..1); the
-    agent is asked `task.prompt`, or `prompts(agent, task)` when given."""
+    """(agent, completion text, held-out task) -> 1.0 if the agent got it right (0..1). Not
+    read by the framework (the held-out measurement takes the workflow's rewards); for a
+    team's own scripts and workflows."""
     prompts: Callable[[str, Any], Any] | None = None
-    """(agent, held-out task) -> what to ask the agent; default: task.prompt."""
+    """(agent, held-out task) -> what to ask the agent (with `score`); not read by the
+    framework either."""
 
     def __post_init__(self) -> None:
         if not self.agents:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 
 import pytest
 
@@ -63,7 +64,8 @@ async def test_greedy_evaluation_runs_the_workflow_once_per_task_at_temperature_
     assert out["tasks"] == 5 and out["trajectories"] == 5 and out["failed"] == 0
     assert out["team_reward"] == 0.5 and out["agents"]["checker"]["reward"] == 0.5
     solver = [1.0 if m.params.seed % 2 else 0.0 for a, m in seen if a == "solver"]
-    assert out["agents"]["solver"] == {"reward": sum(solver) / 5, "turns": 5}
+    assert out["agents"]["solver"] == {"reward": sum(solver) / 5, "turns": 5,
+                                       "var": statistics.variance(solver)}
     assert out["versions"] == {"checker": [3, 3], "solver": [3, 3]} and out["mode"] == "greedy"
     again: list = []
     await evaluate(team(tasks), agents, fake_generate(again), tasks, EvalConfig(), seed=7)
@@ -93,6 +95,11 @@ def test_eval_config_and_task_choice():
     tasks = [Task(f"q{i}", "1", f"h{i}") for i in range(10)]
     assert heldout_tasks(team(tasks), EvalConfig(tasks=3)) == tasks[:3]
     assert heldout_tasks(team(tasks), EvalConfig()) == tasks
+    # The before/after measurement takes eval.final_tasks, the periodic one eval.tasks.
+    assert heldout_tasks(team(tasks), EvalConfig(tasks=3, final_tasks=5), final=True) == tasks[:5]
+    assert heldout_tasks(team(tasks), EvalConfig(tasks=3), final=True) == tasks
+    with pytest.raises(ConfigError, match="eval.final_tasks"):
+        EvalConfig(final_tasks=-1)
 
 
 def test_a_run_that_evaluates_needs_held_out_tasks():
@@ -156,7 +163,9 @@ async def test_a_run_evaluates_between_steps_and_at_the_end_and_flexmarl_eval_ag
         tiny_model_dir, tmp_path, capsys, no_leftover_children):
     """eval.every_steps = 1 over 3 steps: the records of steps 0 and 1 carry an evaluation of
     the weights after them (every agent at version step + 1: the evaluation waits for the
-    step to end); the last step is evaluated once at the end (RUN_DIR/eval.json).
+    step to end). Before step 1 (eval.before) and after the last step (eval.final) every
+    held-out task is measured greedy and sampled: RunResult.heldout and RUN_DIR/eval.json
+    carry each trainable agent's before, after and the change's standard error.
     `flexmarl eval RUN_DIR` of the final checkpoints, in another engine in this process, gives
     the same numbers (seeded samples: the same draws from the same weights)."""
     from flexmarl.config.load import load_config
@@ -182,11 +191,25 @@ async def test_a_run_evaluates_between_steps_and_at_the_end_and_flexmarl_eval_ag
         assert e["tasks"] == 6 and e["trajectories"] == 12 and e["failed"] == 0
         assert e["versions"] == {"checker": [step + 1, step + 1], "solver": [step + 1, step + 1]}
         assert 0 <= e["team_reward"] <= 1
-    final = result.final_eval
+    final = result.final_eval  # the greedy measurement's fields at the top
     assert final["final"] and final["versions"] == {"checker": [3, 3], "solver": [3, 3]}
-    assert 0 < final["team_reward"] < 1 and final["best_team"] >= final["team_reward"]
+    assert final["mode"] == "greedy" and final["tasks"] == 6
+    assert final["before"]["greedy"]["versions"] == {"checker": [0, 0], "solver": [0, 0]}
+    assert final["before"]["sampled"]["mode"] == "sampled (n=1)"
+    sampled = final["after"]["sampled"]
+    assert sampled["versions"] == final["versions"] and 0 < sampled["team_reward"] < 1
+    assert set(result.heldout) == {"checker", "solver"}
+    for agent, modes in result.heldout.items():
+        assert set(modes) == {"greedy", "sampled"}
+        for mode, change in modes.items():
+            assert change["tasks"] == 6 and change["se_change"] >= 0
+            assert change["before"] == final["before"][mode]["agents"][agent]["reward"]
+            assert change["after"] == final["after"][mode]["agents"][agent]["reward"]
+    assert 0 < result.time_to_first_step_s < result.wall_s
     on_disk = json.loads((result.run_dir / "eval.json").read_text())
     assert on_disk["team_reward"] == final["team_reward"]
+    assert on_disk["heldout"] == result.heldout
+    assert on_disk["time_to_first_step_s"] == result.time_to_first_step_s
 
     async def cli(*argv: str) -> int:  # `flexmarl ...` runs its own event loop: a thread
         try:
@@ -195,15 +218,19 @@ async def test_a_run_evaluates_between_steps_and_at_the_end_and_flexmarl_eval_ag
             return done.code
         raise AssertionError("main() returned without SystemExit")
 
-    assert await cli("eval", str(result.run_dir), "--json") == 0
+    assert await cli("eval", str(result.run_dir), "--json") == 0  # the run's eval.n = 2
     again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert again["weights"] == "final" and again["team_reward"] == final["team_reward"]
-    assert again["agents"] == final["agents"]
+    assert again["weights"] == "final" and again["mode"] == "sampled (n=2)"
+    assert await cli("eval", str(result.run_dir), "--set", "eval.n=1", "--json") == 0
+    again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert again["team_reward"] == sampled["team_reward"]
+    assert again["agents"] == sampled["agents"]
     assert (result.run_dir / "eval-final.json").is_file()
     # The state saved after the last step holds the same weights; others were pruned.
-    assert await cli("eval", str(result.run_dir), "--step", "2", "--json") == 0
+    assert await cli("eval", str(result.run_dir), "--step", "2", "--set", "eval.n=1",
+                     "--json") == 0
     step2 = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert step2["team_reward"] == final["team_reward"] and step2["weights"] == "after step 2"
+    assert step2["team_reward"] == again["team_reward"] and step2["weights"] == "after step 2"
     assert await cli("eval", str(result.run_dir), "--step", "0") == 2
     assert "saved steps: [2]" in capsys.readouterr().err
     assert await cli("eval", str(tmp_path)) == 2

@@ -1,66 +1,171 @@
-"""Held-out accuracy (flexmarl.launch.heldout): what bench/learning.py reports before and after."""
+"""Held-out accuracy before and after training (flexmarl.orchestrator.heldout, and its place in
+a run: flexmarl.launch.run's eval.before and eval.final): the measurement, the change's standard
+error, the result's shape, a resumed run's skip, RUN_DIR/eval.json."""
 from __future__ import annotations
+
+import asyncio
+import json
+import math
+import statistics
+from types import SimpleNamespace
 
 import pytest
 
 from flexmarl import AgentSpec, SamplingParams, Team
-from flexmarl.launch.heldout import heldout_accuracy
-from flexmarl.tasks import addition_tasks, exact_match
+from flexmarl.orchestrator.evaluate import EvalConfig
+from flexmarl.orchestrator.heldout import changes, measure, se_change, summary_line
+from flexmarl.protocol import GenerateReply, Sample
+from flexmarl.tasks import Task
 
 
-async def _noop(ctx, task) -> None:
-    return None
+class Runtime:
+    """The part of AgentRuntime evaluation uses."""
+
+    def __init__(self, name: str) -> None:
+        self.spec = AgentSpec(name=name, model="tiny",
+                              sampling=SamplingParams(max_tokens=4, temperature=0.7))
+
+    def encode(self, prompt):
+        return [ord(c) % 50 for c in prompt]
+
+    def check_room(self, prompt_ids, max_tokens):
+        pass
 
 
-def team(model_dir: str, **kwargs) -> Team:
-    return Team(name="t", agents=[AgentSpec(name="a", model=model_dir,
-                                            sampling=SamplingParams(max_tokens=6))],
-                workflow=_noop, tasks=addition_tasks(4, seed=0), **kwargs)
+class Engines:
+    """A fake `generate`: answers the seed's parity (greedy: always "1"); records each request
+    and the most requests in flight at once."""
+
+    def __init__(self, version: int = 0) -> None:
+        self.seen, self.version, self.in_flight, self.most = [], version, 0, 0
+
+    async def __call__(self, agent, msg):
+        self.seen.append((agent, msg))
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        await asyncio.sleep(0.001)  # let the other tasks in
+        self.in_flight -= 1
+        bit = 1 if msg.params.temperature == 0 else msg.params.seed % 2
+        return GenerateReply(msg.request_id, self.version, msg.prompt_ids,
+                             [Sample([1], [-0.1], "stop", str(bit))], None, "fake")
 
 
-async def test_heldout_accuracy_is_a_fraction_and_repeatable(tiny_model_dir):
-    """Greedy and sampled accuracy in [0, 1]; the same weights give the same numbers (the
-    sampled answers use fixed seeds), and the score function decides what counts."""
-    tasks = addition_tasks(12, seed=5)
-    scored = team(tiny_model_dir, heldout=tasks, score=lambda a, text, t: exact_match(text, t))
-    spec = scored.agents[0]
-    first = await heldout_accuracy(scored, spec, tiny_model_dir)
-    assert set(first) == {"greedy", "sampled"} and all(0 <= v <= 1 for v in first.values())
-    assert await heldout_accuracy(scored, spec, tiny_model_dir) == first
-    always = team(tiny_model_dir, heldout=tasks, score=lambda a, text, t: 1.0)
-    assert await heldout_accuracy(always, spec, tiny_model_dir, limit=3) == {
-        "greedy": 1.0, "sampled": 1.0}
+async def workflow(ctx, task) -> None:
+    [a] = await ctx.generate("solver", task.prompt)
+    ctx.reward(a, float(a.text == "1"))
+    [b] = await ctx.generate("checker", task.prompt)
+    ctx.reward(b, 1.0)
 
 
-async def test_a_team_without_heldout_tasks_says_so(tiny_model_dir):
-    plain = team(tiny_model_dir)
-    with pytest.raises(ValueError, match="no held-out tasks"):
-        await heldout_accuracy(plain, plain.agents[0], tiny_model_dir)
+def make_team(n: int = 12) -> Team:
+    return Team(name="t", workflow=workflow, tasks=[Task("q", "1", "x")],
+                heldout=[Task(f"Compute {i}+1.", str(i + 1), f"h{i}") for i in range(n)],
+                agents=[AgentSpec(name="solver", model="tiny"),
+                        AgentSpec(name="checker", model="tiny", trainable=False)])
 
 
-def _bench_learning():
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parent.parent / "bench" / "learning.py"
-    spec = importlib.util.spec_from_file_location("bench_learning", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+AGENTS = {n: Runtime(n) for n in ("solver", "checker")}
 
 
-def test_learning_bench_reports_curves_and_their_noise():
-    """bench/learning.py: the reward curve per agent, the window means, one step's noise from
-    step-to-step changes (a steady trend adds none) and the held-out change's standard error."""
-    bench = _bench_learning()
-    assert bench.step_noise([0.1 * i for i in range(10)]) == pytest.approx(0.0, abs=1e-12)
-    # differences +-0.2: sample variance 4 * 0.04 / 3, halved
-    assert bench.step_noise([0.0, 0.2, 0.0, 0.2, 0.0]) == pytest.approx((0.16 / 3 / 2) ** 0.5)
-    assert bench.step_noise([0.5]) is None
-    metrics = [{"team_reward": r, "step_s": 1.0, "agents": {"a": {"reward": r / 2}}}
-               for r in (0.1, 0.2, 0.3, 0.4)]
-    out = bench.summarize(metrics, 2)
-    assert out["curve"] == {"team": [0.1, 0.2, 0.3, 0.4], "a": [0.05, 0.1, 0.15, 0.2]}
-    assert out["first_reward"]["team"] == pytest.approx(0.15)
-    assert out["last_reward"]["a"] == pytest.approx(0.175)
-    assert out["noise"]["team"] == pytest.approx(0.0, abs=1e-12) and out["steps"] == 4
-    assert bench.heldout_se(0.5, 0.5, 100) == pytest.approx((0.5 / 100) ** 0.5)
+async def test_measure_runs_greedy_and_sampled_with_the_same_draws_every_time():
+    settings = EvalConfig(final_tasks=10, max_concurrent_tasks=3, greedy=False, n=2)
+    first, again = Engines(), Engines(version=5)
+    before = await measure(make_team(), AGENTS, first, settings, seed=3, max_concurrent_calls=64)
+    after = await measure(make_team(), AGENTS, again, settings, seed=3, max_concurrent_calls=64)
+    assert before["greedy"]["mode"] == "greedy" and before["sampled"]["mode"] == "sampled (n=1)"
+    assert before["greedy"]["tasks"] == before["sampled"]["tasks"] == 10  # eval.final_tasks
+    temps = {m.params.temperature for _, m in first.seen}
+    assert temps == {0.0, 0.7}  # greedy, and the agent's own sampling (eval.n is not used)
+    assert len(first.seen) == 2 * 2 * 10
+    # Both modes in flight together: never one request id twice (an engine refuses that).
+    assert len({m.request_id for _, m in first.seen}) == len(first.seen)
+    # Both modes share eval.max_concurrent_tasks: at most 3 tasks (one request each) at once.
+    assert first.most <= 3
+    sampled = sorted((m.request_id, m.params.seed) for _, m in first.seen
+                     if m.params.temperature)
+    assert sampled == sorted((m.request_id, m.params.seed) for _, m in again.seen
+                             if m.params.temperature)
+    assert before["greedy"]["agents"]["solver"]["reward"] == 1.0
+    assert before["sampled"]["agents"] == after["sampled"]["agents"]
+    assert after["sampled"]["versions"] == {"checker": [5, 5], "solver": [5, 5]}
+    line = summary_line(before, ["solver"])
+    assert line.startswith("solver greedy 1.000 sampled ") and "on 10 tasks" in line
+
+
+def test_se_change_is_the_standard_error_of_a_difference_of_two_means():
+    b = {"reward": 0.2, "var": statistics.variance([1, 0, 0, 0, 0]), "turns": 5}
+    a = {"reward": 0.6, "var": statistics.variance([1, 1, 1, 0, 0]), "turns": 5}
+    assert se_change(b, a) == pytest.approx(math.sqrt(0.2 / 5 + 0.3 / 5))
+    # Any reward, not only 0/1: the variance of the turn rewards is what counts.
+    graded = {"reward": 0.5, "var": statistics.variance([0.25, 0.75] * 50), "turns": 100}
+    assert se_change(graded, graded) == pytest.approx(math.sqrt(2 * 0.25 ** 2 * 100 / 99 / 100))
+    assert se_change(None, a) is None and se_change(b, {"reward": 1, "var": None, "turns": 1}) \
+        is None
+
+
+def _result(rewards: dict[str, float], tasks: int = 4) -> dict:
+    agents = {n: {"reward": r, "var": 0.25, "turns": tasks} for n, r in rewards.items()}
+    return {"greedy": {"agents": agents, "tasks": tasks, "failed": 0},
+            "sampled": {"agents": agents, "tasks": tasks, "failed": 0}, "seconds": 1.0}
+
+
+def test_changes_per_trainable_agent_that_took_turns_in_both_modes():
+    before = _result({"solver": 0.25, "checker": 0.5})
+    after = _result({"solver": 0.75, "checker": 0.5})
+    out = changes(before, after, ["solver", "idle"])  # idle: trainable, never asked
+    assert out == {"solver": {m: {"before": 0.25, "after": 0.75,
+                                  "se_change": pytest.approx(math.sqrt(0.25 / 4 * 2)),
+                                  "tasks": 4} for m in ("greedy", "sampled")}}
+    # Not measured before (eval.before off, or a resumed run): after only, no error.
+    assert changes(None, after, ["solver"])["solver"]["greedy"] == {
+        "before": None, "after": 0.75, "se_change": None, "tasks": 4}
+    assert changes(before, None, ["solver"])["solver"]["sampled"]["after"] is None
+    assert changes(None, None, ["solver"]) is None
+
+
+# ------------------------------------------------------------ in a run (flexmarl.launch.run)
+
+def _parts(versions: dict[str, int]) -> SimpleNamespace:
+    agents = {n: SimpleNamespace(spec=SimpleNamespace(trainable=n != "checker"), version=v)
+              for n, v in versions.items()}
+    return SimpleNamespace(agents=agents)
+
+
+async def test_a_resumed_run_skips_the_measurement_before_and_says_why():
+    from flexmarl.launch.run import _before
+
+    async def never() -> dict:
+        raise AssertionError("a resumed run must not measure its (restored) starting weights")
+
+    skipped = await _before(never, 3, _parts({"solver": 3}))
+    assert skipped == {"skipped": "skipped: the run resumed at step 3, its starting weights "
+                                  "are no longer the initial ones"}
+    assert await _before(None, 0, _parts({"solver": 0})) is None  # eval.before = false
+
+    async def now() -> dict:
+        return _result({"solver": 0.5})
+    assert (await _before(now, 0, _parts({"solver": 0})))["greedy"]["agents"]["solver"]
+
+
+def test_the_results_and_eval_json(tmp_path):
+    from flexmarl.launch.run import _heldout_results
+
+    run_dir = SimpleNamespace(path=tmp_path)
+    parts = _parts({"solver": 2, "checker": 0})
+    before, after = _result({"solver": 0.25, "checker": 1.0}), _result({"solver": 0.5})
+    final, heldout = _heldout_results(parts, before, after, 2, run_dir, None, 12.5)
+    assert set(heldout) == {"solver"} and heldout["solver"]["greedy"]["after"] == 0.5
+    assert final["final"] and final["after_step"] == 1
+    assert final["versions_final"] == {"solver": 2, "checker": 0}
+    assert final["agents"] == after["greedy"]["agents"]  # the greedy fields at the top
+    on_disk = json.loads((tmp_path / "eval.json").read_text())
+    assert on_disk["heldout"] == heldout and on_disk["time_to_first_step_s"] == 12.5
+    assert on_disk["before"]["greedy"]["agents"]["checker"]["reward"] == 1.0
+    # Resumed: the skip recorded, only "after" values; no eval.final: no final_eval, but the
+    # file still keeps what was measured.
+    final, heldout = _heldout_results(parts, {"skipped": "why"}, after, 2, run_dir, None, None)
+    assert heldout["solver"]["greedy"]["before"] is None and final["before"] == {"skipped": "why"}
+    final, heldout = _heldout_results(parts, before, None, 2, run_dir, None, 3.0)
+    assert final is None and heldout["solver"]["sampled"] == {
+        "before": 0.25, "after": None, "se_change": None, "tasks": 4}
+    assert json.loads((tmp_path / "eval.json").read_text())["after"] is None

@@ -102,7 +102,7 @@ async def test_each_team_runs_end_to_end_and_is_evaluated(name, tiny_model_dir, 
         f"run.dir={tmp_path / 'run'}", "run.steps=2", "rollout.backend=torch",
         f"team.path={AGENTS / f'{name}.py'}", "pipeline.tasks_per_step=2",
         "pipeline.trajectories_per_task=2", "eval.every_steps=1", "eval.tasks=2",
-        "observe.report=false"])
+        "eval.final_tasks=2", "observe.report=false"])
     result = await asyncio.wait_for(train(team, config, run_dir=RunDir.create(config),
                                           progress=False), 300)
     assert [r["step"] for r in result.metrics] == [0, 1]

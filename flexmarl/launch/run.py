@@ -4,14 +4,16 @@
     planned by the cluster simulator], resume point, model directories, each part's sections
     ─► start processes (rollout instances per agent, a trainer group per trainable
     agent) ─► [resume: each agent's saved state after the last recorded step into its trainer
-    and its weights to its instances] ─► PipelineRun (flexmarl.orchestrator.loop): tasks from the data
+    and its weights to its instances] ─► [eval.before, not resumed: the starting weights on
+    the held-out tasks, greedy and sampled] ─► PipelineRun (flexmarl.orchestrator.loop): tasks from the data
     cursor, rollout, training and sync of every agent, overlapped as pipeline.mode allows
     ─► per agent and step, off the critical path (after the weight push has opened its gate):
     its whole state to RUN_DIR/state (run.save_state, every run.save_every steps and the last;
     fsynced, in step order)
     ─► metrics.jsonl, one record per finished global step, written once every agent's state of
     that step is on disk (also to the live dashboard, /metrics, TensorBoard, W&B); then the
-    states it supersedes are pruned ─► [the loop returns once every save is done] ─► final
+    states it supersedes are pruned ─► [the loop returns once every save is done] ─► [eval.final:
+    the same held-out measurement of the final weights; RUN_DIR/eval.json] ─► final
     per-agent checkpoints ─► ordered shutdown ─► the run report ─► RunResult
 
 The CLI (`flexmarl run`) is a thin wrapper over this function.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import shutil
 import tempfile
@@ -41,6 +44,7 @@ from flexmarl.observe.monitor import RunMonitor
 from flexmarl.observe.rundir import Progress, RunDir
 from flexmarl.observe.server import StatusServer
 from flexmarl.orchestrator.evaluate import EvalConfig, evaluate, heldout_tasks
+from flexmarl.orchestrator.heldout import changes, measure, summary_line
 from flexmarl.orchestrator.loop import PipelineRun
 from flexmarl.orchestrator.orchestrator import Orchestrator
 from flexmarl.orchestrator.policy import make_pipeline
@@ -73,7 +77,17 @@ class RunResult:
     first_step: int = 0
     """The step this run started at (> 0: it resumed a run directory)."""
     final_eval: dict | None = None
-    """The held-out evaluation of the final weights (eval.final; RUN_DIR/eval.json)."""
+    """The held-out evaluation of the final weights (eval.final; RUN_DIR/eval.json): the
+    greedy measurement's fields at the top (evaluate()'s), and "before", "after" (each
+    {"greedy", "sampled", "seconds"}; "before" {"skipped": why} in a resumed run),
+    "heldout", "time_to_first_step_s"."""
+    heldout: dict | None = None
+    """{agent: {"greedy"|"sampled": {"before", "after", "se_change", "tasks"}}}: each trainable
+    agent that took turns, its mean turn reward on the held-out tasks before training
+    (eval.before; None when skipped: a resumed run) and after it (eval.final)."""
+    time_to_first_step_s: float | None = None
+    """Seconds from train()'s call (model builds and conversions, worker starts and the
+    eval.before measurement included) to the first step's record."""
     timeline: list[list] = field(default_factory=list)
     """The activity log's intervals [who, kind, start, end] in seconds since the loop started,
     the origin of the records' t_* fields (flexmarl.observe.timeline reads them)."""
@@ -93,14 +107,15 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
     `resume`, `run_dir` is a run that stopped (or was killed) part way: training goes on from
     the step after its last recorded one, from every agent's saved state, and, with fixed
     seeds, ends with the same weights as an uninterrupted run."""
-    started = time.perf_counter()
+    started, started_at = time.perf_counter(), time.time()
     setup = await build_run(team, config, run_dir=run_dir, resume=resume)  # config: read there
     work = tempfile.mkdtemp(prefix="flexmarl-run-")
     try:
         async with setup.sup.serving():
             parts = await _build(setup, work)
             try:
-                result = await _steps(setup, parts, progress, on_dashboard, on_gateway)
+                result = await _steps(setup, parts, progress, on_dashboard, on_gateway,
+                                      started_at)
             finally:
                 parts.store.close()
                 await parts.trainers.close()
@@ -166,9 +181,10 @@ async def _build(setup: RunSetup, work: str) -> _Parts:
 
 async def _steps(setup: RunSetup, parts: _Parts, progress: bool | None,
                  on_dashboard: Callable[[str], None] | None,
-                 on_gateway: Callable[[str], None] | None) -> RunResult:
-    """The instances up, the observers and the gateway on, the loop's steps; the final
-    checkpoints."""
+                 on_gateway: Callable[[str], None] | None, started_at: float) -> RunResult:
+    """The instances up, the observers and the gateway on, the held-out measurement before,
+    the loop's steps, the one after; the final checkpoints. `started_at`: train()'s call
+    (time.time())."""
     run_dir, saved, first_step = setup.run_dir, setup.saved, setup.first_step
     steps = setup.run.steps
     pipeline = make_pipeline(setup.pipeline.mode, max_staleness=setup.pipeline.max_staleness)
@@ -192,7 +208,14 @@ async def _steps(setup: RunSetup, parts: _Parts, progress: bool | None,
         try:
             evaluate_at = evaluator(parts, setup.eval, setup.run.seed,
                                     setup.pipeline.max_concurrent_calls)
+            measure_now = None if evaluate_at is None else functools.partial(
+                measure, parts.orch.team, parts.agents, parts.pool.generate, setup.eval,
+                seed=setup.run.seed, max_concurrent_calls=setup.pipeline.max_concurrent_calls)
             async with parts.orch.serving():
+                monitor.state = "evaluating"  # the dashboard's state; no stall warnings
+                before = await _before(measure_now if setup.eval.before else None, first_step,
+                                       parts)
+                monitor.state = "starting"
                 with Progress(steps, enabled=progress) as bar:
                     loop = PipelineRun(parts.orch, parts.store, parts.pool, parts.trainers,
                                        parts.activity, setup.pipeline, steps,
@@ -204,9 +227,14 @@ async def _steps(setup: RunSetup, parts: _Parts, progress: bool | None,
                                        eval_every=setup.eval.every_steps,
                                        serial=setup.serial)
                     await unless_app_exits(loop.run(), app)
-                    final_eval = await _final_eval(
-                        parts, evaluate_at if setup.eval.final else None, steps, run_dir,
-                        loggers)
+                after = None
+                if measure_now is not None and setup.eval.final:
+                    monitor.state = "evaluating"
+                    notice("measuring the final weights on the held-out tasks")
+                    after = await measure_now()
+            first_record_s = metrics[0]["time"] - started_at if metrics else None
+            final_eval, heldout = _heldout_results(parts, before, after, steps, run_dir, loggers,
+                                                   first_record_s)
             monitor.state = "finished"
         except BaseException:
             monitor.state = "failed"
@@ -227,7 +255,8 @@ async def _steps(setup: RunSetup, parts: _Parts, progress: bool | None,
     return RunResult(metrics, run_dir.path if run_dir else None,
                      {n: rt.version for n, rt in parts.agents.items()}, checkpoints,
                      dashboard_url=dashboard_url, first_step=first_step,
-                     final_eval=final_eval, timeline=timeline, loop_started=t0)
+                     final_eval=final_eval, heldout=heldout,
+                     time_to_first_step_s=first_record_s, timeline=timeline, loop_started=t0)
 
 
 def evaluator(parts: _Parts, settings: EvalConfig, seed: int, max_concurrent_calls: int
@@ -245,22 +274,49 @@ def evaluator(parts: _Parts, settings: EvalConfig, seed: int, max_concurrent_cal
     return run
 
 
-async def _final_eval(parts: _Parts, run: Callable[[int], Awaitable[dict]] | None, steps: int,
-                      run_dir: RunDir | None, loggers: "MetricLoggers | None") -> dict | None:
-    """eval.final (`run`: the evaluator, None without eval.final): the final weights (what the
-    checkpoints hold) on the held-out tasks, once, while the instances still serve them;
-    RUN_DIR/eval.json and RunResult.final_eval (which `flexmarl run` prints)."""
-    if run is None:
+async def _before(measure_now: Callable[[], Awaitable[dict]] | None, first_step: int,
+                  parts: _Parts) -> dict | None:
+    """eval.before (`measure_now`: None without it): the starting weights on the held-out
+    tasks, before step 1's rollout (it delays that step: its duration is logged and kept in
+    RUN_DIR/eval.json); a resumed run skips it and says why."""
+    if measure_now is None:
         return None
-    result = await run(steps - 1)
-    result |= {"after_step": steps - 1, "final": True,
-               "versions_final": {n: rt.version for n, rt in parts.agents.items()}}
-    if loggers is not None:  # at step `steps`: after the last step's record
-        loggers.log({"step": steps, "eval": result})
-    if run_dir is not None:
-        import orjson
-        (run_dir.path / EVAL_FILE).write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    if first_step:
+        why = (f"skipped: the run resumed at step {first_step}, its starting weights are no "
+               "longer the initial ones")
+        log.warning("held-out measurement before training %s", why)
+        return {"skipped": why}
+    notice("measuring the starting weights on the held-out tasks (greedy and sampled)")
+    result = await measure_now()
+    trainable = [n for n, rt in parts.agents.items() if rt.spec.trainable]
+    notice(f"held-out before training: {summary_line(result, trainable)}")
     return result
+
+
+def _heldout_results(parts: _Parts, before: dict | None, after: dict | None, steps: int,
+                     run_dir: RunDir | None, loggers: "MetricLoggers | None",
+                     first_record_s: float | None) -> tuple[dict | None, dict | None]:
+    """(RunResult.final_eval, RunResult.heldout) from the measurements before and after
+    training; both, the measurements and the time to the first step go to RUN_DIR/eval.json.
+    The final one's greedy fields sit at the file's top, as `flexmarl eval` writes its own."""
+    trainable = [n for n, rt in parts.agents.items() if rt.spec.trainable]
+    heldout = changes(None if before is None or "skipped" in before else before, after,
+                      trainable)
+    final = None
+    if after is not None:
+        final = after["greedy"] | {
+            "after_step": steps - 1, "final": True,
+            "versions_final": {n: rt.version for n, rt in parts.agents.items()}}
+        if loggers is not None:  # at step `steps`: after the last step's record
+            loggers.log({"step": steps, "eval": final})
+        log.info("held-out after training: %s", summary_line(after, trainable))
+    document = (final or {}) | {"before": before, "after": after, "heldout": heldout,
+                                "time_to_first_step_s": first_record_s}
+    if run_dir is not None and (before is not None or after is not None):
+        import orjson
+        (run_dir.path / EVAL_FILE).write_bytes(orjson.dumps(document,
+                                                            option=orjson.OPT_INDENT_2))
+    return (document if final is not None else None), heldout
 
 
 EVAL_FILE = "eval.json"

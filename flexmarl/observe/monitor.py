@@ -13,7 +13,7 @@ A sample_loop() takes every busy counter once a second, so utilisation is "busy 
 the last `window_s`" for each agent's rollout, each rollout instance and each trainer slot.
 The status schema (tests/data/status_sample.json is an example):
 
-    run        team, mode, state (starting|running|finished|failed), steps, steps_done,
+    run        team, mode, state (starting|evaluating|running|finished|failed), steps, steps_done,
                rollout_step, started_at (unix), elapsed_s, run_dir, stalled (null, or
                {for_s, waiting_for}: no sample stored and no step finished for stall_after_s)
     agents     name -> trainable, version, trainer_version, instances, slot, inflight, samples,
@@ -161,9 +161,11 @@ class RunMonitor:
         self._samples.append((t, self._busy(parts)))
         while len(self._samples) > 2 and self._samples[1][0] <= t - self.window_s:
             self._samples.popleft()
-        # Progress: a sample stored, a step finished, an agent updated.
+        # Progress: a sample stored, a step finished, an agent updated, or a new state (the
+        # held-out measurement before step 1 stores no sample: its minutes are no stall).
         agents = parts[0]["agents"]
-        self.stall.observe((len(self.history), sum(a["samples"] for a in agents.values()),
+        self.stall.observe((self.state, len(self.history),
+                            sum(a["samples"] for a in agents.values()),
                             tuple(a["trainer_version"] for a in agents.values())), t)
         if self._live and self.stall.due(t):
             log.warning("no progress for %.0f s (no sample stored, no step finished, no agent "

@@ -8,7 +8,8 @@
 
 During a run (`eval.every_steps`) the rollout producer evaluates between two steps' rollouts,
 so no training sample is generated meanwhile; the step's record waits for it and carries it as
-`record["eval"]`. The run's final weights are evaluated once more at its end (`eval.final`), and
+`record["eval"]`. Before the first step (`eval.before`) and after the last (`eval.final`) the run
+measures its starting and final weights greedy and sampled (flexmarl.orchestrator.heldout), and
 `flexmarl eval RUN_DIR` evaluates saved checkpoints the same way (flexmarl.launch.evaluation).
 A workflow that raises fails that trajectory (counted, not scored), as in training.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import statistics
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -46,14 +48,21 @@ class EvalConfig:
     sampling settings (seeded: the same draws every evaluation)."""
     n: int = 1
     """Trajectories per task when not greedy (their mean, and the best of them: best_team)."""
+    before: bool = True
+    """Measure the starting weights (greedy and sampled, `final_tasks`) once the workers are up
+    and before step 1's rollout, when the team has held-out tasks; a resumed run skips it (its
+    starting weights are no longer the initial ones)."""
     final: bool = True
-    """Evaluate the run's final weights once at its end (RUN_DIR/eval.json), when the team has
-    held-out tasks."""
-    max_concurrent_tasks: int = 16
-    """Held-out tasks evaluated at once."""
+    """The same measurement on the run's final weights at its end (RUN_DIR/eval.json), when
+    the team has held-out tasks."""
+    final_tasks: int = 0
+    """Held-out tasks of the before and final measurements, the first of Team.heldout; 0: all
+    of them (`tasks` stays the, usually smaller, set evaluated during the run)."""
+    max_concurrent_tasks: int = 64
+    """Held-out tasks evaluated at once (their requests batch in the engines)."""
 
     def __post_init__(self) -> None:
-        for name in ("every_steps", "tasks"):
+        for name in ("every_steps", "tasks", "final_tasks"):
             require(getattr(self, name) >= 0, f"eval.{name}", getattr(self, name),
                     "must be >= 0 (0: " + ("never" if name == "every_steps" else "all") + ")")
         require(self.n >= 1, "eval.n", self.n, "must be >= 1")
@@ -65,13 +74,15 @@ class EvalConfig:
 
     @property
     def active(self) -> bool:
-        return self.every_steps > 0 or self.final
+        return self.every_steps > 0 or self.before or self.final
 
 
-def heldout_tasks(team: Team, config: EvalConfig) -> list[Any]:
-    """The tasks an evaluation uses (the first eval.tasks of Team.heldout)."""
+def heldout_tasks(team: Team, config: EvalConfig, *, final: bool = False) -> list[Any]:
+    """The tasks an evaluation uses: the first eval.tasks of Team.heldout, or with `final` (the
+    before and final measurements) the first eval.final_tasks."""
     tasks = list(team.heldout)
-    return tasks[:config.tasks] if config.tasks else tasks
+    count = config.final_tasks if final else config.tasks
+    return tasks[:count] if count else tasks
 
 
 class EvalContext(TrajectoryContext):
@@ -119,16 +130,21 @@ class EvalContext(TrajectoryContext):
 
 async def evaluate(team: Team, agents: dict[str, AgentRuntime], generate: Generator,
                    tasks: list[Any], config: EvalConfig, *, seed: int = 0,
-                   max_concurrent_calls: int = 64) -> dict[str, Any]:
+                   max_concurrent_calls: int = 64,
+                   slots: asyncio.Semaphore | None = None, tag: str = "") -> dict[str, Any]:
     """Run the workflow on `tasks` with training off; the means as plain data:
     {tasks, trajectories, failed, team_reward, best_team (n > 1), agents: {name: {reward,
-    turns}}, versions: {name: [lowest, highest]}, mode, seconds}."""
+    var, turns}}, versions: {name: [lowest, highest]}, mode, seconds}. `var`: the sample
+    variance of the agent's turn rewards (None under 2 turns), for the standard error of a
+    change in any reward. `slots`: the tasks-at-once limit shared with evaluations running
+    at the same time (default: eval.max_concurrent_tasks of this one); `tag` prefixes its
+    request ids, which must differ from theirs (the seeds follow the ids)."""
     if not tasks:
         raise ValueError(f"team {team.name} has no held-out tasks to evaluate: give the team "
                          "Team.heldout, or a task file with team.heldout (config)")
     started = time.perf_counter()
     trajectories = 1 if config.greedy else config.n
-    slots = asyncio.Semaphore(config.max_concurrent_tasks)
+    slots = slots or asyncio.Semaphore(config.max_concurrent_tasks)
     calls = asyncio.Semaphore(max_concurrent_calls)
     team_rewards: list[list[float]] = [[] for _ in tasks]
     agent_rewards: dict[str, list[float]] = defaultdict(list)
@@ -138,7 +154,8 @@ async def evaluate(team: Team, agents: dict[str, AgentRuntime], generate: Genera
     async def one(i: int, task: Any) -> None:
         async with slots:
             for j in range(trajectories):
-                ctx = EvalContext(team, agents, generate, task, f"h{i}", j, config, calls, seed)
+                ctx = EvalContext(team, agents, generate, task, f"{tag}h{i}", j, config, calls,
+                                  seed)
                 try:
                     await team.workflow(ctx, task)
                 except _RUN_ERRORS:
@@ -162,7 +179,7 @@ async def evaluate(team: Team, agents: dict[str, AgentRuntime], generate: Genera
         "tasks": len(tasks), "trajectories": sum(map(len, team_rewards)) + len(failed),
         "failed": len(failed), "errors": sorted(set(failed))[:3],
         "team_reward": _mean([v for r in scored for v in r]),
-        "agents": {a: {"reward": _mean(v), "turns": len(v)}
+        "agents": {a: {"reward": _mean(v), "var": _var(v), "turns": len(v)}
                    for a, v in sorted(agent_rewards.items())},
         "versions": {a: [min(v), max(v)] for a, v in sorted(versions.items())},
         "seconds": time.perf_counter() - started}
@@ -173,3 +190,8 @@ async def evaluate(team: Team, agents: dict[str, AgentRuntime], generate: Genera
 
 def _mean(values: list[float]) -> float | None:
     return math.fsum(values) / len(values) if values else None
+
+
+def _var(values: list[float]) -> float | None:
+    """The sample variance (n - 1): its mean's standard error is sqrt(var / n)."""
+    return statistics.variance(values) if len(values) >= 2 else None

@@ -97,7 +97,7 @@ function renderHeader(run) {
   setText("team", team);
   setText("mode", str(run.mode));
   // The state becomes a CSS class only when it is one we know, never a name taken from data.
-  const state = ["starting", "running", "finished", "failed"].includes(run.state) ? run.state : "unknown";
+  const state = ["starting", "evaluating", "running", "finished", "failed"].includes(run.state) ? run.state : "unknown";
   const badge = document.getElementById("state");
   badge.textContent = str(run.state);
   badge.className = `state state-${state}`;

@@ -128,15 +128,6 @@ async def workflow(ctx, task: CodeTask) -> None:
     ctx.team_reward(passes * accepted)
 
 
-def score(agent: str, text: str, task: CodeTask) -> float:
-    """Held-out correctness by the hidden tests (the coder only; flexmarl.launch.heldout is
-    synchronous, so this runs the sandbox in its own event loop)."""
-    import asyncio
-    if agent != "coder":
-        return 0.0
-    return asyncio.run(code_reward(extract_code(text), task.tests, **LIMITS))
-
-
 team = Team(
     name="code_pair",
     agents=[
@@ -149,6 +140,4 @@ team = Team(
     workflow=workflow,
     tasks=TRAIN,
     heldout=HELDOUT,
-    score=score,
-    prompts=lambda agent, task: coder_prompt(task) if agent == "coder" else tester_prompt(task),
 )

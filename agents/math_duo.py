@@ -59,11 +59,6 @@ HELDOUT = [t for t in addition_tasks(4 * NUM_HELDOUT, seed=99) if t.prompt not i
     :NUM_HELDOUT]
 
 
-def score(agent: str, text: str, task) -> float:
-    """Both agents answer the sum; right means exact_match, as in training."""
-    return exact_match(text, task)
-
-
 team = Team(
     name="math_duo",
     agents=[
@@ -75,5 +70,4 @@ team = Team(
     workflow=workflow,
     tasks=TRAIN_TASKS,
     heldout=HELDOUT,
-    score=score,
 )

@@ -63,14 +63,6 @@ async def workflow(ctx, task) -> None:
     ctx.team_reward(right)
 
 
-def score(agent: str, text: str, task) -> float:
-    """Held-out: the proposer's number is right; the verifier, shown the right answer, says
-    yes."""
-    if agent == "proposer":
-        return numeric_match(text, task)
-    return 1.0 if verdict(text) == "yes" else 0.0
-
-
 team = Team(
     name="propose_verify",
     agents=[
@@ -83,7 +75,4 @@ team = Team(
     workflow=workflow,
     tasks=SPLIT.train,
     heldout=SPLIT.heldout,
-    score=score,
-    prompts=lambda agent, task: (task.prompt if agent == "proposer"
-                                 else verifier_prompt(task.prompt, task.answer)),
 )

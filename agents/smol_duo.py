@@ -13,9 +13,8 @@ right sum only about 1 time in 7 (greedy). So the solver must add better and the
 work the sum out instead of agreeing.
 
 Operands are 1..20 (400 sums); 100 held-out sums never appear in training, and the held-out
-evaluation runs this same workflow (`flexmarl run` measures it before and after training).
-`Team.prompts` gives each agent's prompt of a held-out task on its own (for the checker a fixed
-claim, wrong for half of the sums): bench/learning.py's per-agent measurement.
+evaluation runs this same workflow: `flexmarl run` measures each agent's accuracy on them
+before and after training, greedy and sampled (for the checker, on the claims the solver makes).
 
     make run                                   # this team is the default
     flexmarl run --team agents/smol_duo.py     # the same, by name
@@ -45,11 +44,10 @@ _NUMBER = re.compile(r"-?[0-9]+")
 
 @dataclass(frozen=True)
 class Sum:
-    """One sum; `claim` is what a held-out checker prompt says the student answered."""
+    """One sum."""
 
     a: int
     b: int
-    claim: int
     task_id: str
 
     @property
@@ -98,22 +96,11 @@ def _split() -> tuple[list[Sum], list[Sum]]:
     rng = random.Random("flexmarl.smol_duo")
     rng.shuffle(pairs)
     held, train = pairs[:HELDOUT_SUMS], pairs[HELDOUT_SUMS:]
-    # Held-out claims: right for every other sum, off by 1-3 for the rest.
-    heldout = [Sum(a, b, a + b + (0 if i % 2 == 0 else rng.choice([-3, -2, -1, 1, 2, 3])),
-                   f"heldout-{a}+{b}") for i, (a, b) in enumerate(held)]
-    return [Sum(a, b, a + b, f"sum-{a}+{b}") for a, b in train], heldout
+    return ([Sum(a, b, f"sum-{a}+{b}") for a, b in train],
+            [Sum(a, b, f"heldout-{a}+{b}") for a, b in held])
 
 
 TRAIN_TASKS, HELDOUT = _split()
-
-
-def prompts(agent: str, task: Sum) -> list[dict]:
-    return solver_prompt(task) if agent == "solver" else checker_prompt(task, str(task.claim))
-
-
-def score(agent: str, text: str, task: Sum) -> float:
-    """Both agents are right when their last number is the sum."""
-    return right(text, task)
 
 
 team = Team(
@@ -123,6 +110,4 @@ team = Team(
     workflow=workflow,
     tasks=TRAIN_TASKS,
     heldout=HELDOUT,
-    score=score,
-    prompts=prompts,
 )

@@ -143,7 +143,7 @@ def check_team(model: str):
 
     agents = [dataclasses.replace(a, model=model, warm_start_steps=None) for a in base.agents]
     return dataclasses.replace(base, name="gpu_check", agents=agents, workflow=workflow,
-                               heldout=[], score=None)
+                               heldout=[])
 
 
 def check_config(steps: int, gpus: int, run_dir: str):

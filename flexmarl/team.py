@@ -131,13 +131,6 @@ class Team:
     training and after it (eval.before, eval.final: each agent's turn rewards, greedy and
     sampled) and between steps (eval.every_steps); flexmarl.orchestrator.heldout, evaluate.
     Empty: no held-out measurement."""
-    score: Callable[[str, str, Any], float] | None = None
-    """(agent, completion text, held-out task) -> 1.0 if the agent got it right (0..1). Not
-    read by the framework (the held-out measurement takes the workflow's rewards); for a
-    team's own scripts and workflows."""
-    prompts: Callable[[str, Any], Any] | None = None
-    """(agent, held-out task) -> what to ask the agent (with `score`); not read by the
-    framework either."""
 
     def __post_init__(self) -> None:
         if not self.agents:

@@ -30,7 +30,7 @@ def team_file(tmp_path) -> str:
 def in_tmp(tmp_path, monkeypatch) -> Path:
     """Work in tmp_path, with the default team file present there (resolved cwd-first)."""
     (tmp_path / "agents").mkdir()
-    (tmp_path / "agents" / "math_duo.py").write_text("")
+    (tmp_path / "agents" / "smol_duo.py").write_text("")
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -45,7 +45,7 @@ def error(*args, **kwargs) -> str:
 
 def test_default_config_loads_and_matches_the_dataclass_defaults(in_tmp):
     config = load_config()
-    team = str(in_tmp / "agents" / "math_duo.py")
+    team = str(in_tmp / "agents" / "smol_duo.py")
     assert config == Config(team=TeamRef(path=team))
     assert isinstance(config.trainer, TrainerConfig)  # the trainer's own config, reused
     assert config.pipeline.mode in PIPELINE_MODES
@@ -182,7 +182,7 @@ def test_bad_set_syntax(team_file, override):
 @pytest.mark.parametrize("override, expected", [
     ("pipeline.tasks_per_step=0", "pipeline.tasks_per_step must be >= 1, got 0"),
     ("pipeline.trajectories_per_task=1", "pipeline.trajectories_per_task must be >= 2"),
-    ("rollout.backend=tgi", "rollout.backend must be one of vllm, torch, got 'tgi'"),
+    ("rollout.backend=tgi", "rollout.backend must be one of vllm, torch or auto, got 'tgi'"),
     ("pipeline.mode=async", "pipeline.mode must be one of sync, micro_batch, one_step_off, bounded, got 'async'"),
     ("pipeline.max_staleness=0", "pipeline.max_staleness must be >= 1"),
     ("rollout.cpus=0-x", "rollout.cpus must list CPU cores"),
@@ -451,3 +451,23 @@ def test_trainer_nice_and_serial_resolve(overrides, nice, serial):
 def test_trainer_nice_and_serial_refuse_bad_values(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(overrides=[override])
+
+
+def test_the_auto_rollout_backend_is_vllm_with_gpus_or_nodes_else_torch(monkeypatch, team_file):
+    """rollout.backend = "auto" (the default) picks vLLM where rollout gets GPUs, the torch
+    engine on a CPU-only machine; a backend named in the config is kept as it is."""
+    import torch
+
+    from flexmarl.launch.build import resolve_backend
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert load_config(team=team_file).rollout.backend == "auto"
+    assert resolve_backend(load_config(team=team_file)).rollout.backend == "torch"
+    listen = load_config(overrides=["cluster.listen=tcp://127.0.0.1:5555"], team=team_file)
+    assert resolve_backend(listen).rollout.backend == "vllm"
+    named = load_config(overrides=["rollout.backend=vllm"], team=team_file)
+    assert resolve_backend(named).rollout.backend == "vllm"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_backend(load_config(team=team_file)).rollout.backend == "vllm"
+    no_gpus = load_config(overrides=["devices.gpus=none"], team=team_file)
+    assert resolve_backend(no_gpus).rollout.backend == "torch"

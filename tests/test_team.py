@@ -1,6 +1,8 @@
 """Team API: validation, loading team files by path, model resolution errors, the workflow ctx."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from flexmarl import AgentSpec, Team, load_team
@@ -97,22 +99,18 @@ class ScriptedContext:
 
 
 def test_the_real_model_team_file():
-    """agents/smol_duo.py: two SmolLM2 copies; held-out sums never trained on, half of their
-    checker claims wrong; right means the last number is the sum."""
+    """agents/smol_duo.py: two SmolLM2 copies; held-out sums never trained on; right means the
+    last number is the sum."""
     team = load_team("agents/smol_duo.py")
     assert [(a.name, a.model, a.train_layers) for a in team.agents] == [
         ("solver", "smollm2-135m", 6), ("checker", "smollm2-135m", 6)]
     train = {(t.a, t.b) for t in team.tasks}
     held = {(t.a, t.b) for t in team.heldout}
     assert len(train) == 300 and len(held) == 100 and not train & held
-    wrong = [t for t in team.heldout if t.claim != t.a + t.b]
-    assert len(wrong) == 50 and all(0 < abs(t.claim - t.a - t.b) <= 3 for t in wrong)
+    right = sys.modules[team.workflow.__module__].right
     task = team.heldout[1]
-    assert str(task.claim) in team.prompts("checker", task)[-1]["content"]
-    asked = team.prompts("solver", task)[-1]["content"]
-    assert str(task.claim) not in asked.replace(str(task.a), "")
-    assert team.score("solver", f"{task.a} + {task.b} = {task.a + task.b}", task) == 1.0
-    assert team.score("solver", f"{task.a + task.b}, since {task.a} + {task.b}", task) == 0.0
+    assert right(f"{task.a} + {task.b} = {task.a + task.b}", task) == 1.0
+    assert right(f"{task.a + task.b}, since {task.a} + {task.b}", task) == 0.0
 
 
 async def test_the_real_model_team_workflow():

@@ -36,7 +36,7 @@ from flexmarl.launch.build import RunSetup, build_run
 from flexmarl.launch.checkpoint import SaveSchedule, StateCheckpoints
 from flexmarl.launch.model_dirs import save_model_dir
 from flexmarl.launch.placement import grow, start_agents, watch_workers
-from flexmarl.models import notice
+from flexmarl.console import Bar, phase, ticking
 from flexmarl.observe.monitor import RunMonitor
 from flexmarl.observe.rundir import Progress, RunDir
 from flexmarl.observe.server import StatusServer
@@ -110,6 +110,7 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
         shutil.rmtree(work, ignore_errors=True)
     if run_dir is not None and setup.observe.report and result.metrics:
         from flexmarl.observe.report import write_report
+        phase("writing the run report")
         try:
             result.report = await asyncio.to_thread(write_report, run_dir.path)
         except Exception as exc:  # the run itself succeeded: say why there is no report
@@ -142,14 +143,24 @@ async def _build(setup: RunSetup, work: str) -> _Parts:
     activity = ActivityLog()
     instances = sum(s.instances or setup.workers.rollout.instances_per_agent for s in team.agents)
     backend = setup.workers.rollout.backend
-    notice(f"starting {instances} rollout instance{'s' * (instances != 1)} ({backend}) and the "
-           f"trainer processes" + ("; a cold vLLM engine takes a minute or more on a CPU"
-                                   if backend == "vllm" else ""))
-    started = time.perf_counter()
-    agents, pool, trainers = await start_agents(sup, team, setup.workers, setup.balance,
-                                                setup.trainer_configs, setup.model_dirs, work,
-                                                activity, saved=setup.saved)
-    notice(f"workers ready in {time.perf_counter() - started:.0f} s")
+    ready = {"rollout": 0, "trainer": 0}
+    bar = Bar(f"waiting for {instances} rollout engine{'s' * (instances != 1)} ({backend}) and "
+              "the trainers" + (" (a cold vLLM engine takes a minute or more on a CPU)"
+                                if backend == "vllm" else ""))
+
+    def on_ready(name: str) -> None:
+        ready["trainer" if name.startswith("trainer") else "rollout"] += 1
+        bar.update(note=f"ready: {ready['rollout']}/{instances} engines, "
+                        f"{ready['trainer']} trainer ranks")
+
+    with bar:
+        tick = asyncio.create_task(ticking(bar), name="run.waiting")
+        try:
+            agents, pool, trainers = await start_agents(
+                sup, team, setup.workers, setup.balance, setup.trainer_configs,
+                setup.model_dirs, work, activity, saved=setup.saved, on_ready=on_ready)
+        finally:
+            tick.cancel()
     if isinstance(sup, NodeRegistry):  # a rollout node joining now gets instances
         sup.started_run(on_join=lambda node: grow(pool, cluster.instances_per_node, node))
     if setup.first_step:  # checked here (sha256s); each slot's ranks read their own rows
@@ -193,6 +204,7 @@ async def _steps(setup: RunSetup, parts: _Parts, progress: bool | None,
             evaluate_at = evaluator(parts, setup.eval, setup.run.seed,
                                     setup.pipeline.max_concurrent_calls)
             async with parts.orch.serving():
+                phase(f"training: steps {first_step}-{steps - 1} ({pipeline.name} pipeline)")
                 with Progress(steps, enabled=progress) as bar:
                     loop = PipelineRun(parts.orch, parts.store, parts.pool, parts.trainers,
                                        parts.activity, setup.pipeline, steps,
@@ -342,8 +354,8 @@ class _Tee:
         self.bar.add_samples(n)
 
     def end_step(self, step: int, rewards: dict[str, float], seconds: float | None = None,
-                 no_signal: Sequence[str] = ()) -> None:
-        self.bar.end_step(step, rewards, seconds, no_signal)
+                 no_signal: Sequence[str] = (), team: float | None = None) -> None:
+        self.bar.end_step(step, rewards, seconds, no_signal, team=team)
 
     def evaluated(self, step: int, result: dict) -> None:
         self.bar.evaluated(step, result)

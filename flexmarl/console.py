@@ -191,6 +191,8 @@ class ConsoleHandler(logging.Handler):
         self.verbose = verbose
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < self.level:
+            return False
         if self.verbose or record.levelno >= logging.ERROR:
             return super().filter(record)
         return record.name.split(".")[0] in self.OWN and super().filter(record)

@@ -109,12 +109,15 @@ class Bar:
             phase(self.text(), file=self._file)
             self._drawn = now
 
-    def close(self, note: str | None = None) -> None:
-        """The end line: "LABEL: done in 42 s  NOTE" (the live line, redrawn a last time and
-        ended, on a terminal)."""
+    def close(self, note: str | None = None, *, line: str | None = None) -> None:
+        """The end line: "LABEL: done in 42 s  NOTE", or `line` with "{elapsed}" filled (the
+        live line, redrawn a last time and ended, on a terminal)."""
         if self.closed:
             return
         self.closed = True
+        if line is not None:
+            self._end(line.format(elapsed=duration(self.elapsed_s())))
+            return
         if note is not None:
             self.note = note
         if self.total and self.done is not None:

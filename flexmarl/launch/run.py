@@ -141,7 +141,26 @@ async def _build(setup: RunSetup, work: str) -> _Parts:
         await sup.wait_for({"rollout": cluster.rollout_nodes, "trainer": cluster.trainer_nodes},
                            cluster.join_timeout_s, report=log.warning)
     activity = ActivityLog()
-    instances = sum(s.instances or setup.workers.rollout.instances_per_agent for s in team.agents)
+    agents, pool, trainers = await _start_workers(setup, work, activity)
+    if isinstance(sup, NodeRegistry):  # a rollout node joining now gets instances
+        sup.started_run(on_join=lambda node: grow(pool, cluster.instances_per_node, node))
+    if setup.first_step:  # checked here (sha256s); each slot's ranks read their own rows
+        for name in trainers.agents:
+            trainers.restore(name, await asyncio.to_thread(setup.saved.ref, name,
+                                                           setup.first_step - 1))
+    store = ExperienceStore([n for n, rt in agents.items() if rt.spec.trainable])
+    # With the gateway, the app's episodes are the tasks' trajectories.
+    gateway = Gateway(agents, setup.gateway, setup.pipeline) if setup.gateway.enabled else None
+    orch = Orchestrator(gateway.team(team) if gateway else team, agents, store, pool,
+                        setup.pipeline, seed=setup.run.seed, activity=activity)
+    return _Parts(sup, agents, pool, trainers, store, activity, orch, gateway)
+
+
+async def _start_workers(setup: RunSetup, work: str, activity: ActivityLog
+                         ) -> tuple[dict[str, AgentRuntime], InstancePool, TrainerPool]:
+    """start_agents, with one console line counting the workers ready and the time waited."""
+    instances = sum(a.instances or setup.workers.rollout.instances_per_agent
+                    for a in setup.team.agents)
     backend = setup.workers.rollout.backend
     ready = {"rollout": 0, "trainer": 0}
     bar = Bar(f"waiting for {instances} rollout engine{'s' * (instances != 1)} ({backend}) and "
@@ -157,22 +176,14 @@ async def _build(setup: RunSetup, work: str) -> _Parts:
         tick = asyncio.create_task(ticking(bar), name="run.waiting")
         try:
             agents, pool, trainers = await start_agents(
-                sup, team, setup.workers, setup.balance, setup.trainer_configs,
+                setup.sup, setup.team, setup.workers, setup.balance, setup.trainer_configs,
                 setup.model_dirs, work, activity, saved=setup.saved, on_ready=on_ready)
         finally:
             tick.cancel()
-    if isinstance(sup, NodeRegistry):  # a rollout node joining now gets instances
-        sup.started_run(on_join=lambda node: grow(pool, cluster.instances_per_node, node))
-    if setup.first_step:  # checked here (sha256s); each slot's ranks read their own rows
-        for name in trainers.agents:
-            trainers.restore(name, await asyncio.to_thread(setup.saved.ref, name,
-                                                           setup.first_step - 1))
-    store = ExperienceStore([n for n, rt in agents.items() if rt.spec.trainable])
-    # With the gateway, the app's episodes are the tasks' trajectories.
-    gateway = Gateway(agents, setup.gateway, setup.pipeline) if setup.gateway.enabled else None
-    orch = Orchestrator(gateway.team(team) if gateway else team, agents, store, pool,
-                        setup.pipeline, seed=setup.run.seed, activity=activity)
-    return _Parts(sup, agents, pool, trainers, store, activity, orch, gateway)
+        bar.close(line=f"{ready['rollout']} rollout engine{'s' * (instances != 1)} and "
+                       f"{ready['trainer']} trainer rank{'s' * (ready['trainer'] != 1)} ready "
+                       "in {elapsed}")
+    return agents, pool, trainers
 
 
 async def _steps(setup: RunSetup, parts: _Parts, progress: bool | None,
@@ -264,6 +275,7 @@ async def _final_eval(parts: _Parts, run: Callable[[int], Awaitable[dict]] | Non
     RUN_DIR/eval.json and RunResult.final_eval (which `flexmarl run` prints)."""
     if run is None:
         return None
+    phase("evaluating the final weights on the held-out tasks")
     result = await run(steps - 1)
     result |= {"after_step": steps - 1, "final": True,
                "versions_final": {n: rt.version for n, rt in parts.agents.items()}}

@@ -85,7 +85,8 @@ def _rewards(metrics: list[dict]) -> str:
             parts.append(f"{name} {values[-1]:.3f}")
     if not parts:
         return ""
-    head = f"reward (first {n} -> last {n} steps)" if n else "reward"
+    head = ("reward" if not n else "reward (first -> last step)" if n == 1 else
+            f"reward (first {n} -> last {n} steps)")
     return "   ".join([head, *parts])
 
 

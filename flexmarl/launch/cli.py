@@ -372,6 +372,21 @@ def _configure_logging(level: str, *, verbose: bool = False) -> None:
                           "ERROR" if level == "WARNING" else level)
     if level != "DEBUG":  # per-load bars are noise in a log file and on a console alike
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    _route_transformers_logs(quiet_bars=level != "DEBUG")
+
+
+def _route_transformers_logs(*, quiet_bars: bool) -> None:
+    """transformers writes its warnings with a handler of its own, past the root logger: send
+    them through it (so to the log file, and to the console only with -v); its per-load bars
+    read HF_HUB_DISABLE_PROGRESS_BARS at import, which happened already here."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        return
+    hf_logging.disable_default_handler()
+    hf_logging.enable_propagation()
+    if quiet_bars:
+        hf_logging.disable_progress_bar()
 
 
 def _log_to_file(path: Any, level: str) -> None:

@@ -101,7 +101,7 @@ def _convert(source: Path, target: Path) -> None:
     """Dequantize `source` into a float32 model directory at `target`."""
     log.info("converting %s into %s (cached in %s)", source, target, target.parent)
     with Bar(f"converting {source.name} to float32 (once, then cached)",
-             unit="tensors") as bar:
+             unit="tensors") as bar, _no_transformers_bars():
         parameters = _dequantize_and_save(source, target, bar)
         bar.note = f"{parameters / 1e6:.1f}M parameters"
 
@@ -166,3 +166,18 @@ def _counted_by(bar: Bar) -> Iterator[None]:
         yield
     finally:
         loader.tqdm = saved
+
+
+@contextlib.contextmanager
+def _no_transformers_bars() -> Iterator[None]:
+    """transformers' own bars ("Loading weights", "Writing model shards") off while it lasts:
+    the conversion's one line says where it is."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()

@@ -393,7 +393,7 @@ def test_cli_run_makes_the_run_dir_and_prints_a_summary(tmp_path, team_file, cap
     out = captured.out
     assert "flexmarl: done: 1 step in 0 s" in out and "reward   team 0.750" in out
     assert str(tmp_path / "run" / "run.log") in out
-    assert "install check" in captured.err and str(tmp_path / "run") in captured.err
+    assert "install check" in captured.err and f"run dir {tmp_path / 'run'}" in out
     assert (tmp_path / "run" / "config.toml").is_file()
 
 

@@ -164,14 +164,19 @@ def _run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         return _config_error(e)
     _log_to_file(run_dir.log_path, config.run.log_level)
+    # Where the run is and its addresses go to stdout, as the summary does: a script reads
+    # them there; the phase lines of the work itself go to stderr.
     phase(f"team {team.name!r} ({', '.join(a.name for a in team.agents)}); run dir "
-          f"{run_dir.path}{' (resuming)' if args.resume else ''}; log {run_dir.log_path}")
+          f"{run_dir.path}{' (resuming)' if args.resume else ''}; log {run_dir.log_path}",
+          file=sys.stdout)
 
     def announce(url: str) -> None:
-        phase(f"dashboard at {url} (live while the run goes; /metrics for Prometheus)")
+        phase(f"dashboard at {url} (live while the run goes; /metrics for Prometheus)",
+              file=sys.stdout)
 
     def announce_gateway(url: str) -> None:
-        phase(f"gateway at {url}v1 (OpenAI-compatible: set OPENAI_BASE_URL to it)")
+        phase(f"gateway at {url}v1 (OpenAI-compatible: set OPENAI_BASE_URL to it)",
+              file=sys.stdout)
 
     try:
         with run_dir:

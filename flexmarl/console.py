@@ -9,8 +9,9 @@
     await ticking(bar)                      redraws a bar whose line shows the time waited
     ConsoleHandler                          log records on the console between live lines
 
-Everything goes to stderr (stdout carries only the run's closing summary) and nothing here
-reads the clock at import or starts a thread: a bar moves only when its owner updates it.
+Lines go to stderr unless told otherwise (the CLI puts the run's place, its addresses and its
+closing summary on stdout). Nothing here starts a thread: a bar moves only when its owner
+updates it (or `ticking` does, on the event loop).
 """
 from __future__ import annotations
 
@@ -33,6 +34,9 @@ BAR_WIDTH = 24
 def phase(text: str, *, file: IO[str] | None = None) -> None:
     """One line for a phase of the run (a model build, a conversion, the workers starting):
     shown whatever the log level, so a long preparation does not look like a hang."""
+    if file is None and _live:  # above the live line on the terminal, not through it
+        write(PREFIX + text)
+        return
     print(PREFIX + text, file=file or sys.stderr, flush=True)
 
 

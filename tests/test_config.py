@@ -267,15 +267,18 @@ def test_progress_without_a_terminal_writes_one_line_per_step(capsys):
         progress.start_step(1, total_samples=8)
         progress.add_samples(5)
         progress.add_samples(3)
-        progress.end_step(1, {"solver": 0.25, "verifier": 1.0})
+        progress.end_step(1, {"solver": 0.25, "verifier": 1.0}, 12.44, team=0.5)
     err = capsys.readouterr().err
-    assert err.startswith("step 1/2  trajectories 8/8  reward solver=0.250 verifier=1.000")
+    assert err == "step 1/2  12.4 s  team 0.500  solver 0.250  verifier 1.000\n"
 
 
 def test_progress_names_the_agents_without_a_learning_signal(capsys):
     """A step in which an agent did not update says so, naming the agent and why; the run's
     summary names the agents that never updated at all."""
-    from flexmarl.launch.cli import _summary
+    from flexmarl.launch.summary import summary
+
+    def _summary(metrics, run_dir):
+        return summary(types.SimpleNamespace(metrics=metrics, run_dir=run_dir))
 
     with Progress(1, enabled=False) as progress:
         progress.start_step(0, total_samples=2)
@@ -294,7 +297,8 @@ def test_progress_bars(capsys):
         progress.start_step(0, total_samples=4)
         progress.add_samples(4)
         progress.end_step(0, {"ordered_dict": 0.5})  # an agent named like a tqdm keyword
-    assert "ordered_dict=0.500" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "step 0/1" in err and "ordered_dict 0.500" in err
 
 
 # ------------------------------------------------------------------------------ CLI
@@ -369,7 +373,8 @@ def fake_train_modules(monkeypatch, train) -> None:
     monkeypatch.setitem(sys.modules, "flexmarl.launch.task_files",
                         types.SimpleNamespace(team_with_task_file=lambda team, ref, seed: team))
     monkeypatch.setitem(sys.modules, "flexmarl.launch.model_dirs",
-                        types.SimpleNamespace(check_model=lambda spec: spec))
+                        types.SimpleNamespace(check_model=lambda spec: spec,
+                                              install_line=lambda agents: "install check: -"))
     monkeypatch.delenv("FLEXMARL_LOG", raising=False)
 
 
@@ -384,9 +389,11 @@ def test_cli_run_makes_the_run_dir_and_prints_a_summary(tmp_path, team_file, cap
     with pytest.raises(SystemExit) as info:
         main(["run", "--team", team_file, "--set", f"run.dir={tmp_path / 'run'}"])
     assert info.value.code == 0
-    out = capsys.readouterr().out
-    assert str(tmp_path / "run") in out and "1 metric records" in out
-    assert "team_reward=0.75" in out and "agents.solver=1" in out
+    captured = capsys.readouterr()
+    out = captured.out
+    assert "flexmarl: done: 1 step in 0 s" in out and "reward   team 0.750" in out
+    assert str(tmp_path / "run" / "run.log") in out
+    assert "install check" in captured.err and f"run dir {tmp_path / 'run'}" in out
     assert (tmp_path / "run" / "config.toml").is_file()
 
 

@@ -101,6 +101,21 @@ async def test_hung_worker_is_declared_dead_and_killed(no_leftover_children):
         assert sup.events.empty()  # one event per death, not two
 
 
+async def test_a_worker_log_gets_the_workers_output_and_the_error_its_last_words(
+        no_leftover_children, tmp_path, capfd):
+    """With worker_log (a run's log file), a worker's stderr goes there and not to this
+    process's stderr; a start failure still names its last stderr lines."""
+    log = tmp_path / "run.log"
+    sup = Supervisor(config=SupervisorConfig(ready_timeout_s=STARTUP_S, stop_timeout_s=2.0),
+                     worker_log=log)
+    async with sup.serving():
+        with pytest.raises(WorkerStartError) as e:
+            await sup.start_worker(WorkerSpec(name="crash", entry="tests.workers:crash"))
+    assert "RuntimeError: this worker fails on purpose before it is ready" in str(e.value)
+    assert "this worker fails on purpose" in log.read_text()
+    assert "this worker fails on purpose" not in capfd.readouterr().err
+
+
 async def test_start_failures_are_typed_and_name_the_fix(no_leftover_children):
     sup = Supervisor(config=SupervisorConfig(ready_timeout_s=STARTUP_S, stop_timeout_s=2.0))
     async with sup.serving():

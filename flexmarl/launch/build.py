@@ -112,7 +112,8 @@ async def build_run(team: Team, config: Config, *, run_dir: RunDir | None = None
         replace_attempts=config.supervisor.replace_attempts)
     sup = launcher(config.cluster, config.supervisor, config.transport,
                    start_timeout_s=max(config.rollout.ready_timeout_s,
-                                       config.trainer_pool.ready_timeout_s))
+                                       config.trainer_pool.ready_timeout_s),
+                   worker_log=run_dir.worker_log if run_dir is not None else None)
     return RunSetup(
         team, sup, workers,
         {spec.name: trainer_config(config.trainer, config.pipeline, config.run.seed, spec)

@@ -43,6 +43,9 @@ def _parser() -> argparse.ArgumentParser:
                      metavar="SECTION.KEY=VALUE",
                      help="override one setting; VALUE is a TOML literal or a bare string, "
                           "e.g. --set pipeline.tasks_per_step=16 --set trainer.betas=[0.9,0.95]")
+    run.add_argument("-v", "--verbose", action="store_true",
+                     help="also show third-party warnings and the workers' logs (engines, "
+                          "trainers) on the console; they always go to RUN_DIR/run.log")
     run.add_argument("--dry-run", action="store_true",
                      help="print the resolved config as TOML and exit")
     run.add_argument("--listen", metavar="tcp://ADDR:PORT",
@@ -105,7 +108,7 @@ def _run(args: argparse.Namespace) -> int:
         config = _run_config(args)
     except ConfigError as e:
         return _config_error(e)
-    _configure_logging(config.run.log_level)
+    _configure_logging(config.run.log_level, verbose=args.verbose)
     if args.dry_run:
         note = ""
         if config.trainer_pool.slots == "auto":
@@ -125,7 +128,9 @@ def _run(args: argparse.Namespace) -> int:
     from flexmarl.launch.checkpoint import CheckpointError
     from flexmarl.orchestrator.orchestrator import WorkflowError
     from flexmarl.observe.rundir import RunDir
-    from flexmarl.launch.model_dirs import check_model
+    from flexmarl.launch.model_dirs import check_model, install_line
+    from flexmarl.launch.summary import summary
+    from flexmarl.console import phase
     from flexmarl.launch.placement import check_backend, check_devices
     from flexmarl.launch.evaluation import check_eval
     from flexmarl.launch.run import train
@@ -141,33 +146,37 @@ def _run(args: argparse.Namespace) -> int:
         print(f"flexmarl: team error ({config.team.path}): {type(e).__name__}: {e} "
               "(--set run.log_level=DEBUG shows the traceback)", file=sys.stderr)
         return EXIT_CONFIG
+    phase(install_line(team.agents))
     try:
         for spec in team.agents:  # a missing model directory: say so before making a run dir
             check_model(spec)
         check_backend(config.rollout.backend, config.cluster.listen)
         if config.trainer_pool.slots == "auto":  # planned now: the run dir records the plan
             from flexmarl.sim.team_plan import resolve_auto
-            print('flexmarl: planning trainer_pool.slots = "auto" with the cluster simulator',
-                  flush=True)
+            phase('planning trainer_pool.slots = "auto" with the cluster simulator')
             config = resolve_auto(config, team)
         # The GPUs fit, before a run dir or a process exists.
         check_devices(team, config.cluster.listen, rollout=config.rollout,
                       trainer_device=config.trainer.device, devices=config.devices,
                       trainer_pool=config.trainer_pool)
         check_eval(team, config.eval, config.gateway.enabled)
-        run_dir = RunDir.create(config, resume=bool(args.resume))
+        run_dir = RunDir.create(config, resume=bool(args.resume), verbose=args.verbose)
     except ConfigError as e:
         return _config_error(e)
-    print(f"flexmarl: team {team.name!r} ({', '.join(a.name for a in team.agents)}); "
-          f"run dir {run_dir.path}{' (resuming)' if args.resume else ''}", flush=True)
+    _log_to_file(run_dir.log_path, config.run.log_level)
+    # Where the run is and its addresses go to stdout, as the summary does: a script reads
+    # them there; the phase lines of the work itself go to stderr.
+    phase(f"team {team.name!r} ({', '.join(a.name for a in team.agents)}); run dir "
+          f"{run_dir.path}{' (resuming)' if args.resume else ''}; log {run_dir.log_path}",
+          file=sys.stdout)
 
     def announce(url: str) -> None:
-        print(f"flexmarl: dashboard at {url} (live while the run goes; /metrics for Prometheus)",
-              flush=True)
+        phase(f"dashboard at {url} (live while the run goes; /metrics for Prometheus)",
+              file=sys.stdout)
 
     def announce_gateway(url: str) -> None:
-        print(f"flexmarl: gateway at {url}v1 (OpenAI-compatible: set OPENAI_BASE_URL to it)",
-              flush=True)
+        phase(f"gateway at {url}v1 (OpenAI-compatible: set OPENAI_BASE_URL to it)",
+              file=sys.stdout)
 
     try:
         with run_dir:
@@ -186,13 +195,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"flexmarl: workflow error: {broken} (what was written so far is in "
               f"{run_dir.path})", file=sys.stderr)
         return 1  # the run failed, as an uncaught error would exit
-    print(_summary(result.metrics, result.run_dir))
-    if result.final_eval is not None:
-        from flexmarl.observe.rundir import eval_line
-        print(f"flexmarl: held-out evaluation of the final weights: "
-              f"{eval_line(result.final_eval)} (RUN_DIR/eval.json)")
-    if result.report is not None:
-        print(f"flexmarl: report {result.report}")
+    print(summary(result, log_path=run_dir.log_path), flush=True)
     return EXIT_OK
 
 
@@ -344,18 +347,67 @@ def _config_error(e: ConfigError) -> int:
     return EXIT_CONFIG
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def _configure_logging(level: str, *, verbose: bool = False) -> None:
+    """The console's share of the log: this project's records at `level`, other libraries'
+    (and Python warnings) only with `verbose` or from ERROR on (flexmarl.console.
+    ConsoleHandler); `_log_to_file` adds the run's log file once the run directory exists."""
+    from flexmarl.console import ConsoleHandler
+
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, ConsoleHandler)]:  # main() again
+        root.removeHandler(old)
+    console = ConsoleHandler(level, verbose=verbose)
+    console.setFormatter(logging.Formatter(LOG_FORMAT))
+    root.addHandler(console)
+    root.setLevel(level)
+    # warnings.warn (FutureWarnings of torch and transformers, ...) become records of the
+    # "py.warnings" logger: in the log file, on the console only with -v.
+    logging.captureWarnings(True)
     # Worker processes read their level from here at bootstrap (runtime.worker).
     os.environ["FLEXMARL_LOG"] = level
-    # Worker processes inherit these: vLLM's own logger and Hugging Face's per-load progress
-    # bars follow the run's log level instead of flooding the terminal. vLLM warns at every
-    # engine start and weight reload about things that do not apply on CPU (Triton, tcmalloc,
-    # rotary embeddings having no weights): its warnings show from INFO on, errors always.
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", level if level in ("DEBUG", "INFO") else
+    # Worker processes inherit these. Without -v the workers' output goes to the run's log
+    # file, so vLLM's engine logs may say what they say there; with -v (on the console) vLLM
+    # warns at every engine start and weight reload about things that do not apply on CPU
+    # (Triton, tcmalloc, rotary embeddings having no weights): shown from INFO on.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if not verbose else
+                          level if level in ("DEBUG", "INFO") else
                           "ERROR" if level == "WARNING" else level)
-    if level != "DEBUG":
+    if level != "DEBUG":  # per-load bars are noise in a log file and on a console alike
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    _route_transformers_logs(quiet_bars=level != "DEBUG")
+
+
+def _route_transformers_logs(*, quiet_bars: bool) -> None:
+    """transformers writes its warnings with a handler of its own, past the root logger: send
+    them through it (so to the log file, and to the console only with -v); its per-load bars
+    read HF_HUB_DISABLE_PROGRESS_BARS at import, which happened already here."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        return
+    hf_logging.disable_default_handler()
+    hf_logging.enable_propagation()
+    if quiet_bars:
+        hf_logging.disable_progress_bar()
+
+
+def _log_to_file(path: Any, level: str) -> None:
+    """Every record from `level` (and from INFO, when `level` is quieter) to the run's log
+    file, which the workers' output is appended to as well (runtime.supervisor.StderrTail)."""
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, "run_log", False)]:  # main() again
+        root.removeHandler(old)
+        old.close()
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.run_log = True  # type: ignore[attr-defined]
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    file_level = min(logging.getLevelName(level), logging.INFO)
+    handler.setLevel(file_level)
+    root.addHandler(handler)
+    root.setLevel(file_level)
 
 
 def _per_agent_settings(team_path: str, trainer: Any, pipeline: Any, seed: int) -> str:
@@ -410,30 +462,6 @@ def _gpu_placement(team_path: str, listen: str, *, rollout: Any, trainer_device:
                 "worker runs on CPU\n")
     lines = [f"GPU placement ({gpus.transfer} weight sync):", *gpus.plan.table().splitlines()]
     return "".join(f"# {line}\n" for line in lines)
-
-
-def _summary(metrics: list[dict[str, Any]], run_dir: Any) -> str:
-    """'done: N metric records in DIR' and the last record's numbers, one level flattened."""
-    lines = [f"flexmarl: done: {len(metrics)} metric records in {run_dir}"]
-    last = metrics[-1] if metrics else {}
-    numbers = {}
-    for key, value in last.items():
-        items = value.items() if isinstance(value, dict) else [(None, value)]
-        for sub, v in items:
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and key != "time":
-                numbers[key if sub is None else f"{key}.{sub}"] = v
-    if numbers:
-        lines.append("last: " + "  ".join(f"{k}={v:.4g}" for k, v in numbers.items()))
-    never = [name for name, a in last.get("agents", {}).items()
-             if isinstance(a, dict) and a.get("trainable")
-             and not any(m.get("agents", {}).get(name, {}).get("trained_samples")
-                         for m in metrics)]
-    if never:
-        lines.append(f"flexmarl: never updated: {', '.join(never)}: in every step every group's "
-                     "rewards were equal, so GRPO had no learning signal (check the reward "
-                     "function, or sample more varied answers: more trajectories per task, a "
-                     "higher temperature)")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

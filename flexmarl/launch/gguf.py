@@ -4,7 +4,8 @@
                     = "path/to/x.gguf" ─► that file
         ─► cached? FLEXMARL_CACHE/gguf-<name>-<size+mtime hash>/ (config, safetensors, tokenizer
            with its chat template)
-        ─► else: transformers dequantizes the GGUF (its own progress bar), the weights go into a
+        ─► else: transformers dequantizes the GGUF (its tensors counted on our one progress
+           line, flexmarl.console; its own tqdm bar silenced), the weights go into a
            model rebuilt from the config without the GGUF quantization (transformers will not
            save a "GGUF-quantized" model), saved as float32 safetensors next to the tokenizer;
            built beside the final place and renamed into it (a reader never sees half of it)
@@ -14,17 +15,19 @@ Every engine and trainer then loads a plain model directory. Converting SmolLM2-
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import logging
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
+from typing import Any, Iterable, Iterator
 
 from flexmarl.checks import ConfigError
-from flexmarl.models import cache_root, notice
+from flexmarl.console import Bar
+from flexmarl.models import cache_root
 
 log = logging.getLogger(__name__)
 
@@ -97,17 +100,26 @@ def _require_gguf_support(model: str) -> None:
 
 def _convert(source: Path, target: Path) -> None:
     """Dequantize `source` into a float32 model directory at `target`."""
+    log.info("converting %s into %s (cached in %s)", source, target, target.parent)
+    with Bar(f"converting {source.name} to float32 (once, then cached)",
+             unit="tensors") as bar, _no_transformers_bars():
+        parameters = _dequantize_and_save(source, target, bar)
+        bar.note = f"{parameters / 1e6:.1f}M parameters"
+
+
+def _dequantize_and_save(source: Path, target: Path, bar: Bar) -> int:
+    """The conversion itself, each stage named on `bar`; the model's parameter count."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    started = time.perf_counter()
-    say = notice
-    say(f"converting {source.name} to a float32 model directory (once; cached in "
-        f"{target.parent})")
     folder, name = str(source.parent), source.name
+    bar.update(note="reading the tokenizer")
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    bar.update(note="dequantizing")
+    with _counted_by(bar):
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name,
+                                                      dtype=torch.float32)
     # A model loaded from GGUF carries its quantization config and refuses save_pretrained;
     # the same architecture built from the config takes the dequantized weights as they are.
     if hasattr(config, "quantization_config"):
@@ -122,8 +134,51 @@ def _convert(source: Path, target: Path) -> None:
                            f"architecture (missing {missing[:5]}, unexpected {unexpected[:5]})")
     if config.tie_word_embeddings:
         model.tie_weights()
+    bar.update(note="saving")
     model.save_pretrained(target, safe_serialization=True)
     tokenizer.save_pretrained(target)
-    say(f"converted {source.name} in {time.perf_counter() - started:.0f} s: "
-        f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
+    return sum(p.numel() for p in model.parameters())
 
+
+@contextlib.contextmanager
+def _counted_by(bar: Bar) -> Iterator[None]:
+    """While it lasts, transformers' GGUF loader counts its tensors on `bar` instead of
+    drawing its own tqdm bar on the console (it calls `tqdm` by that module-level name; a
+    transformers without it converts the same, the line showing only the time)."""
+    try:
+        import transformers.modeling_gguf_pytorch_utils as loader
+    except ImportError:
+        yield
+        return
+    if not hasattr(loader, "tqdm"):
+        yield
+        return
+
+    def counted(items: Iterable[Any], *_: Any, **__: Any) -> Iterator[Any]:
+        items = list(items)
+        bar.update(0, total=len(items))
+        for i, item in enumerate(items):
+            yield item
+            bar.update(i + 1)
+
+    saved = loader.tqdm
+    loader.tqdm = counted
+    try:
+        yield
+    finally:
+        loader.tqdm = saved
+
+
+@contextlib.contextmanager
+def _no_transformers_bars() -> Iterator[None]:
+    """transformers' own bars ("Loading weights", "Writing model shards") off while it lasts:
+    the conversion's one line says where it is."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()

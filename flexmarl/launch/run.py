@@ -39,7 +39,7 @@ from flexmarl.launch.build import RunSetup, build_run
 from flexmarl.launch.checkpoint import SaveSchedule, StateCheckpoints
 from flexmarl.launch.model_dirs import save_model_dir
 from flexmarl.launch.placement import grow, start_agents, watch_workers
-from flexmarl.models import notice
+from flexmarl.console import Bar, phase, ticking
 from flexmarl.observe.monitor import RunMonitor
 from flexmarl.observe.rundir import Progress, RunDir
 from flexmarl.observe.server import StatusServer
@@ -125,6 +125,7 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
         shutil.rmtree(work, ignore_errors=True)
     if run_dir is not None and setup.observe.report and result.metrics:
         from flexmarl.observe.report import write_report
+        phase("writing the run report")
         try:
             result.report = await asyncio.to_thread(write_report, run_dir.path)
         except Exception as exc:  # the run itself succeeded: say why there is no report
@@ -155,16 +156,7 @@ async def _build(setup: RunSetup, work: str) -> _Parts:
         await sup.wait_for({"rollout": cluster.rollout_nodes, "trainer": cluster.trainer_nodes},
                            cluster.join_timeout_s, report=log.warning)
     activity = ActivityLog()
-    instances = sum(s.instances or setup.workers.rollout.instances_per_agent for s in team.agents)
-    backend = setup.workers.rollout.backend
-    notice(f"starting {instances} rollout instance{'s' * (instances != 1)} ({backend}) and the "
-           f"trainer processes" + ("; a cold vLLM engine takes a minute or more on a CPU"
-                                   if backend == "vllm" else ""))
-    started = time.perf_counter()
-    agents, pool, trainers = await start_agents(sup, team, setup.workers, setup.balance,
-                                                setup.trainer_configs, setup.model_dirs, work,
-                                                activity, saved=setup.saved)
-    notice(f"workers ready in {time.perf_counter() - started:.0f} s")
+    agents, pool, trainers = await _start_workers(setup, work, activity)
     if isinstance(sup, NodeRegistry):  # a rollout node joining now gets instances
         sup.started_run(on_join=lambda node: grow(pool, cluster.instances_per_node, node))
     if setup.first_step:  # checked here (sha256s); each slot's ranks read their own rows
@@ -177,6 +169,36 @@ async def _build(setup: RunSetup, work: str) -> _Parts:
     orch = Orchestrator(gateway.team(team) if gateway else team, agents, store, pool,
                         setup.pipeline, seed=setup.run.seed, activity=activity)
     return _Parts(sup, agents, pool, trainers, store, activity, orch, gateway)
+
+
+async def _start_workers(setup: RunSetup, work: str, activity: ActivityLog
+                         ) -> tuple[dict[str, AgentRuntime], InstancePool, TrainerPool]:
+    """start_agents, with one console line counting the workers ready and the time waited."""
+    instances = sum(a.instances or setup.workers.rollout.instances_per_agent
+                    for a in setup.team.agents)
+    backend = setup.workers.rollout.backend
+    ready = {"rollout": 0, "trainer": 0}
+    bar = Bar(f"waiting for {instances} rollout engine{'s' * (instances != 1)} ({backend}) and "
+              "the trainers" + (" (a cold vLLM engine takes a minute or more on a CPU)"
+                                if backend == "vllm" else ""))
+
+    def on_ready(name: str) -> None:
+        ready["trainer" if name.startswith("trainer") else "rollout"] += 1
+        bar.update(note=f"ready: {ready['rollout']}/{instances} engines, "
+                        f"{ready['trainer']} trainer ranks")
+
+    with bar:
+        tick = asyncio.create_task(ticking(bar), name="run.waiting")
+        try:
+            agents, pool, trainers = await start_agents(
+                setup.sup, setup.team, setup.workers, setup.balance, setup.trainer_configs,
+                setup.model_dirs, work, activity, saved=setup.saved, on_ready=on_ready)
+        finally:
+            tick.cancel()
+        bar.close(line=f"{ready['rollout']} rollout engine{'s' * (instances != 1)} and "
+                       f"{ready['trainer']} trainer rank{'s' * (ready['trainer'] != 1)} ready "
+                       "in {elapsed}")
+    return agents, pool, trainers
 
 
 async def _steps(setup: RunSetup, parts: _Parts, progress: bool | None,
@@ -216,6 +238,7 @@ async def _steps(setup: RunSetup, parts: _Parts, progress: bool | None,
                 before = await _before(measure_now if setup.eval.before else None, first_step,
                                        parts)
                 monitor.state = "starting"
+                phase(f"training: steps {first_step}-{steps - 1} ({pipeline.name} pipeline)")
                 with Progress(steps, enabled=progress) as bar:
                     loop = PipelineRun(parts.orch, parts.store, parts.pool, parts.trainers,
                                        parts.activity, setup.pipeline, steps,
@@ -230,7 +253,7 @@ async def _steps(setup: RunSetup, parts: _Parts, progress: bool | None,
                 after = None
                 if measure_now is not None and setup.eval.final:
                     monitor.state = "evaluating"
-                    notice("measuring the final weights on the held-out tasks")
+                    phase("evaluating the final weights on the held-out tasks (greedy and sampled)")
                     after = await measure_now()
             first_record_s = metrics[0]["time"] - started_at if metrics else None
             final_eval, heldout = _heldout_results(parts, before, after, steps, run_dir, loggers,
@@ -286,10 +309,10 @@ async def _before(measure_now: Callable[[], Awaitable[dict]] | None, first_step:
                "longer the initial ones")
         log.warning("held-out measurement before training %s", why)
         return {"skipped": why}
-    notice("measuring the starting weights on the held-out tasks (greedy and sampled)")
+    phase("evaluating the starting weights on the held-out tasks (greedy and sampled)")
     result = await measure_now()
     trainable = [n for n, rt in parts.agents.items() if rt.spec.trainable]
-    notice(f"held-out before training: {summary_line(result, trainable)}")
+    phase(f"held-out before training: {summary_line(result, trainable)}")
     return result
 
 
@@ -398,8 +421,8 @@ class _Tee:
         self.bar.add_samples(n)
 
     def end_step(self, step: int, rewards: dict[str, float], seconds: float | None = None,
-                 no_signal: Sequence[str] = ()) -> None:
-        self.bar.end_step(step, rewards, seconds, no_signal)
+                 no_signal: Sequence[str] = (), team: float | None = None) -> None:
+        self.bar.end_step(step, rewards, seconds, no_signal, team=team)
 
     def evaluated(self, step: int, result: dict) -> None:
         self.bar.evaluated(step, result)

@@ -32,6 +32,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from flexmarl.console import Bar, phase
+
 # The cache's own calls (build_model_dir, ...) go through these names, so a test that patches
 # flexmarl.models.build_model_dir reaches ensure_model.
 from flexmarl.models.build import (CHAT_TEMPLATE, EOS_TOKEN, IM_START_TOKEN,
@@ -58,9 +60,8 @@ WARM_START_FILE = "warm_start.json"  # ensure_model records warm_start's metrics
 
 
 def notice(text: str) -> None:
-    """A line on the terminal even when logging shows only warnings (the CLI's default): a long
-    preparation (a model build, a conversion, workers starting) must not look like a hang."""
-    print(f"flexmarl: {text}", file=sys.stderr, flush=True)
+    """A phase line on the console (flexmarl.console.phase), whatever the log level."""
+    phase(text)
 
 
 # --- cache -----------------------------------------------------------------------------------
@@ -118,7 +119,8 @@ def ensure_model(size: str, *, warm_start_steps: int = DEFAULT_WARM_START_STEPS,
         metrics: dict = {"steps": 0}
         if warm_start_steps:
             log.info("model %s: warm-starting %d steps in %s", size, warm_start_steps, tmp)
-            metrics = _warm_start_in_child(tmp, steps=warm_start_steps, seed=seed)
+            metrics = _warm_start_in_child(tmp, steps=warm_start_steps, seed=seed,
+                                           label=repr(size))
         (tmp / WARM_START_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
         log.info("model %s: %s", size, _describe_warm_start(tmp))
         try:
@@ -132,21 +134,44 @@ def ensure_model(size: str, *, warm_start_steps: int = DEFAULT_WARM_START_STEPS,
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     log.info("model %s: ready at %s", size, final)
-    notice(f"model {size!r} ready in {time.perf_counter() - started:.0f} s")
+    notice(f"model {size!r} ready in {time.perf_counter() - started:.0f} s "
+           f"({_describe_warm_start(final)})")
     return final
 
 
-def _warm_start_in_child(model_dir: Path, *, steps: int, seed: int) -> dict:
+def _warm_start_in_child(model_dir: Path, *, steps: int, seed: int, label: str = "") -> dict:
     """`warm_start` in a fresh interpreter with `warm_start_env()` (ISA settings act only
-    before torch and MKL start); its metrics, with the numerics it ran with."""
+    before torch and MKL start); its metrics, with the numerics it ran with.
+
+    The child reports each step on its stdout (one JSON line: step, steps, loss), drawn here as
+    one progress line; its stderr (torch's warnings) goes to the log, and its tail into the
+    error if it fails."""
     result = model_dir / (WARM_START_FILE + ".child")
+    errors = model_dir / (WARM_START_FILE + ".stderr")
     cmd = [sys.executable, "-m", "flexmarl.models", str(model_dir), "--steps", str(steps),
-           "--seed", str(seed), "--metrics", str(result)]
-    proc = subprocess.run(cmd, env={**os.environ, **warm_start_env()})
+           "--seed", str(seed), "--metrics", str(result), "--progress"]
+    with open(errors, "wb") as err, Bar(f"warm start {label or model_dir.name}", steps,
+                                        unit="steps") as bar:
+        proc = subprocess.Popen(cmd, env={**os.environ, **warm_start_env()},
+                                stdout=subprocess.PIPE, stderr=err, text=True)
+        with proc:
+            for line in proc.stdout:
+                try:
+                    report = json.loads(line)
+                    bar.update(report["step"], f"loss {report['loss']:.3f}")
+                except (ValueError, KeyError, TypeError):  # not a report: keep it for the log
+                    log.info("warm start %s: %s", model_dir.name, line.rstrip())
+        if proc.returncode != 0 or not result.is_file():
+            bar.fail("failed")
+    said = errors.read_text(errors="replace").strip()
+    errors.unlink()
     if proc.returncode != 0 or not result.is_file():
+        tail = "\n  ".join(said.splitlines()[-20:])
         raise RuntimeError(f"the warm start of {model_dir.name} failed in its child process "
-                           f"(exit code {proc.returncode}; its error is printed above): "
-                           f"{' '.join(cmd)}")
+                           f"(exit code {proc.returncode}): {' '.join(cmd)}"
+                           + (f"; its last stderr lines:\n  {tail}" if tail else ""))
+    if said:
+        log.info("warm start %s, its stderr:\n%s", model_dir.name, said)
     metrics = json.loads(result.read_text())
     result.unlink()
     return metrics

@@ -11,8 +11,7 @@ import math
 import os
 import time
 from pathlib import Path
-
-from tqdm import tqdm
+from typing import Callable
 
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
@@ -157,7 +156,8 @@ def _lr_factor(step: int, steps: int) -> float:
 
 
 def warm_start(model_dir: str | os.PathLike, *, steps: int, batch_size: int, lr: float,
-               seed: int, tasks: list[Task] | None = None, log_every_steps: int = 50) -> dict:
+               seed: int, tasks: list[Task] | None = None, log_every_steps: int = 50,
+               progress: Callable[[int, int, float], None] | None = None) -> dict:
     """Supervised training on chat-formatted tasks; saves the weights back into `model_dir`.
 
     `tasks` defaults to TRAIN_POOL_SIZE 2-digit addition tasks drawn with `seed`, minus the
@@ -194,10 +194,7 @@ def warm_start(model_dir: str | os.PathLike, *, steps: int, batch_size: int, lr:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, steps))
     model.train()
     start = time.perf_counter()
-    # A bar with an ETA on a terminal (tqdm stays quiet when stderr is not one).
-    bar = tqdm(range(steps), desc=f"warm-starting {Path(model_dir).name[:40]}", unit="step",
-               disable=None, leave=False, dynamic_ncols=True)
-    for step in bar:
+    for step in range(steps):
         rows = torch.randint(len(ids), (batch_size,), generator=generator)
         loss = _answer_loss(model, ids[rows], labels[rows])
         optimizer.zero_grad(set_to_none=True)
@@ -208,8 +205,8 @@ def warm_start(model_dir: str | os.PathLike, *, steps: int, batch_size: int, lr:
         if (step + 1) % log_every_steps == 0 or step + 1 == steps:
             log.info("warm start %s: step %d/%d loss %.4f (%.0f s)", Path(model_dir).name,
                      step + 1, steps, loss.item(), time.perf_counter() - start)
-            bar.set_postfix(loss=f"{loss.item():.3f}")
-    bar.close()
+        if progress is not None:
+            progress(step + 1, steps, loss.item())
     train_s = time.perf_counter() - start
     accuracy = evaluate(model, tokenizer, held_out)
     model.save_pretrained(model_dir)
@@ -217,18 +214,25 @@ def warm_start(model_dir: str | os.PathLike, *, steps: int, batch_size: int, lr:
 
 
 def _child_main(argv: list[str] | None = None) -> None:
-    """`python -m flexmarl.models DIR --steps N --seed S --metrics FILE` (ensure_model's)."""
+    """`python -m flexmarl.models DIR --steps N --seed S --metrics FILE [--progress]`
+    (ensure_model's; --progress: one JSON line per step on stdout, {"step", "steps", "loss"})."""
     import argparse
     ap = argparse.ArgumentParser(description=_child_main.__doc__)
     ap.add_argument("model_dir")
     ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--metrics", required=True)
+    ap.add_argument("--progress", action="store_true")
     args = ap.parse_args(argv)
+
+    def report(step: int, steps: int, loss: float) -> None:
+        print(json.dumps({"step": step, "steps": steps, "loss": loss}), flush=True)
+
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(WARM_START_THREADS)
     metrics = warm_start(args.model_dir, steps=args.steps, batch_size=WARM_START_BATCH_SIZE,
-                         lr=WARM_START_LR, seed=args.seed)
+                         lr=WARM_START_LR, seed=args.seed,
+                         progress=report if args.progress else None)
     metrics["numerics"] = {"threads": torch.get_num_threads(),
                            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                            "mkl_cbwr": os.environ.get("MKL_CBWR", "")}

@@ -3,10 +3,12 @@
     run dir/
       config.toml        the resolved config: `flexmarl run run_dir/config.toml` repeats the run
       metrics.jsonl      one JSON object per line, appended and flushed as it is written
+      run.log            the log: this process's records, Python warnings, and the workers'
+                         stdout and stderr (engine logs), which stay off the console unless -v
       checkpoints/AGENT/ one directory per agent
 
-`Progress` draws two tqdm bars (global steps; samples of the current step) with the latest reward
-per agent, or, when stderr is not a terminal, writes one plain line per step.
+`Progress` writes one line per step with its mean reward per agent and the team's; on a
+terminal two tqdm bars (global steps; samples of the current step) stay below those lines.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.toml"
 METRICS_FILE = "metrics.jsonl"
+LOG_FILE = "run.log"
 CHECKPOINTS_DIR = "checkpoints"
 TIMESTAMP_FORMAT = "%Y%m%d-%H%M%S"
 
@@ -35,14 +38,25 @@ TIMESTAMP_FORMAT = "%Y%m%d-%H%M%S"
 class RunDir:
     """The directory of one run; make it with `RunDir.create(config)`."""
 
-    def __init__(self, path: Path, config: Config) -> None:
+    def __init__(self, path: Path, config: Config, *, verbose: bool = False) -> None:
         self.path = path
         self.config = config
+        self.verbose = verbose
+        """`flexmarl run -v`: the workers' output on the console, not only in the log."""
         self.metrics = MetricsWriter(path / METRICS_FILE)
 
+    @property
+    def log_path(self) -> Path:
+        return self.path / LOG_FILE
+
+    @property
+    def worker_log(self) -> Path | None:
+        """Where the workers' stdout and stderr go: the log, or (verbose) the console."""
+        return None if self.verbose else self.log_path
+
     @classmethod
-    def create(cls, config: Config, *, resume: bool = False) -> RunDir:
-        """Make the run directory and write the resolved config.
+    def create(cls, config: Config, *, resume: bool = False, verbose: bool = False) -> RunDir:
+        """Make the run directory and write the resolved config (`verbose`: see .verbose).
 
         `run.dir` if set (it must be new or empty, unless `resume`), else a new
         `run.out_dir/run.name-YYYYmmdd-HHMMSS` (with `-1`, `-2`, ... if that second is taken).
@@ -72,7 +86,7 @@ class RunDir:
                 raise ConfigError(f"run.out_dir {str(parent)!r} already holds 1000 runs named "
                                   f"{stem!r}; choose another run.name")
         (path / CONFIG_FILE).write_text(config.to_toml(), encoding="utf-8")
-        return cls(path, config)
+        return cls(path, config, verbose=verbose)
 
     def checkpoint_dir(self, agent: str) -> Path:
         """`path/checkpoints/agent`, created."""
@@ -188,10 +202,6 @@ class Progress:
         self.enabled = sys.stderr.isatty() if enabled is None else enabled
         self._file = file
         self._step_started = time.perf_counter()
-        self._samples = 0
-        self._total_samples = 0
-        self._rollout_step = -1
-        self._counts: dict[int, list[int]] = {}
         self._stack = ExitStack()
         if self.enabled:
             from tqdm import tqdm
@@ -207,42 +217,32 @@ class Progress:
 
     def start_step(self, step: int, total_samples: int) -> None:
         self._step_started = time.perf_counter()
-        self._samples, self._total_samples = 0, total_samples
-        self._rollout_step = step
-        self._counts[step] = [0, total_samples]
         if self.enabled:
             self._samples_bar.reset(total=total_samples)
             self._samples_bar.set_description(f"step {step} trajectories")
 
     def add_samples(self, n: int) -> None:
         """`n` more samples of the step whose rollout started last."""
-        self._samples += n
-        if self._rollout_step in self._counts:
-            self._counts[self._rollout_step][0] += n
         if self.enabled:
             self._samples_bar.update(n)
 
     def end_step(self, step: int, rewards: dict[str, float], seconds: float | None = None,
-                 no_signal: Sequence[str] = ()) -> None:
-        """Step `step` finished (its rollout may have ended steps ago: pipelines overlap).
-        `no_signal`: trainable agents that did not update in it (every group's rewards equal)."""
-        done, total = self._counts.pop(step, (self._samples, self._total_samples))
-        idle = (f"  no learning signal: {', '.join(no_signal)} (equal rewards in every group)"
-                if no_signal else "")
-        if self.enabled:
-            # ordered_dict=, not **rewards: an agent may be named like a tqdm keyword.
-            self._steps_bar.set_postfix(ordered_dict={k: f"{v:.3f}" for k, v in rewards.items()},
-                                        refresh=False)
-            self._steps_bar.update(1)
-            if idle:
-                self._steps_bar.write(f"step {step}:{idle}", file=sys.stderr)
-            return
-        reward = " ".join(f"{k}={v:.3f}" for k, v in rewards.items())
+                 no_signal: Sequence[str] = (), team: float | None = None) -> None:
+        """Step `step` finished (its rollout may have ended steps ago: pipelines overlap):
+        one line, "step 3/20  12.4 s  team 0.410  solver 0.380  checker 0.520" (`team`: the
+        team reward's mean). `no_signal`: trainable agents that did not update in it (every
+        group's rewards equal)."""
         if seconds is None:
             seconds = time.perf_counter() - self._step_started
-        print(f"step {step}/{self.total_steps}  trajectories {done}/{total}  "
-              f"reward {reward or '-'}  {seconds:.1f}s{idle}", file=self._file or sys.stderr,
-              flush=True)
+        line = step_line(step, self.total_steps, seconds, rewards, team)
+        if no_signal:
+            line += (f"  no learning signal: {', '.join(no_signal)} (equal rewards in every "
+                     "group)")
+        if self.enabled:
+            self._steps_bar.update(1)
+            self._steps_bar.write(line, file=sys.stderr)
+            return
+        print(line, file=self._file or sys.stderr, flush=True)
 
     def evaluated(self, step: int, result: dict) -> None:
         """A held-out evaluation after `step` (flexmarl.orchestrator.evaluate): one line."""
@@ -260,6 +260,17 @@ class Progress:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def step_line(step: int, total_steps: int, seconds: float, rewards: dict[str, float],
+              team: float | None = None) -> str:
+    """"step 3/20  12.4 s  team 0.410  solver 0.380  checker 0.520": the step's mean rewards."""
+    parts = [f"step {step}/{total_steps}", f"{seconds:.1f} s"]
+    if team is not None:
+        parts.append(f"team {team:.3f}")
+    parts.append("  ".join(f"{name} {value:.3f}" for name, value in rewards.items()) or
+                 "no rewards")
+    return "  ".join(parts)
 
 
 def eval_line(result: dict) -> str:

@@ -101,7 +101,7 @@ class Progress:
     def start_step(self, step: int, total_samples: int) -> None: ...
     def add_samples(self, n: int) -> None: ...
     def end_step(self, step: int, rewards: dict[str, float], seconds: float | None = None,
-                 no_signal: Sequence[str] = ()) -> None: ...
+                 no_signal: Sequence[str] = (), team: float | None = None) -> None: ...
     def evaluated(self, step: int, result: dict) -> None: ...
 
 
@@ -474,7 +474,8 @@ class PipelineRun:
         no_signal = [n for n, a in record["agents"].items()
                      if a.get("trainable") and not a.get("trained_samples")]
         self.progress.end_step(step, {n: a["reward"] for n, a in record["agents"].items()
-                                      if a["reward"] is not None}, record["step_s"], no_signal)
+                                      if a["reward"] is not None}, record["step_s"], no_signal,
+                               team=record["team_reward"])
         self._flush()
 
     def _flush(self) -> None:

@@ -27,7 +27,7 @@ class RunConfig:
     """Explicit run directory (must be new or empty); empty means a timestamped one."""
     seed: int = 0
     """Experiment seed (task order, sampling seeds)."""
-    steps: int = 40
+    steps: int = 20
     """Global steps: each samples one batch of tasks and updates every agent once."""
     log_level: str = "WARNING"
     """Python logging level of the driver and of worker processes (case-insensitive)."""

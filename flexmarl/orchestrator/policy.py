@@ -86,7 +86,7 @@ class PipelineConfig:
 
     mode: str = "micro_batch"
     """Pipeline policy; one of PIPELINE_MODES."""
-    tasks_per_step: int = 16
+    tasks_per_step: int = 4
     """Tasks in one global batch."""
     trajectories_per_task: int = 8
     """GRPO group size: independent runs of the workflow per task."""

@@ -131,7 +131,7 @@ async def workflow(ctx, task: CodeTask) -> None:
 team = Team(
     name="code_pair",
     agents=[
-        # The default team's built-in models (cached once built: no second warm start).
+        # math_duo.py's built-in models (cached once built: no second warm start).
         AgentSpec(name="coder", model="small", warm_start_steps=250, sampling=SAMPLING,
                   lr=1e-5),
         AgentSpec(name="tester", model="medium", warm_start_steps=300, sampling=SAMPLING,

@@ -66,7 +66,7 @@ async def workflow(ctx, task) -> None:
 team = Team(
     name="propose_verify",
     agents=[
-        # The default team's built-in models (cached once built: no second warm start).
+        # math_duo.py's built-in models (cached once built: no second warm start).
         AgentSpec(name="proposer", model="small", warm_start_steps=250, lr=1e-5,
                   sampling=SamplingParams(temperature=1.0, max_tokens=8)),
         AgentSpec(name="verifier", model="medium", warm_start_steps=300, lr=1e-5,

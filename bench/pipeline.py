@@ -50,7 +50,10 @@ ACTIVITY_MAXLEN = 5000  # flexmarl.activity.ActivityLog's default bound
 # the issue's first aim and measured 0.62-0.93 over seven runs of the same code.
 TARGET_FRACTION = 0.75
 DEFAULTS = ["pipeline.tasks_per_step=16", "pipeline.trajectories_per_task=8",
-            "pipeline.max_concurrent_tasks=4", "pipeline.micro_batch_groups=8"]
+            "pipeline.max_concurrent_tasks=4", "pipeline.micro_batch_groups=8",
+            "rollout.backend=vllm"]
+"""The batch shape and engine the numbers below bench/README's pipeline section were measured
+with (the defaults of the time), on the built-in models' team unless --team says otherwise."""
 
 
 def mean(values) -> float:
@@ -292,7 +295,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=6, help="global steps per mode")
     ap.add_argument("--warmup", type=int, default=1, help="first steps left out of the means")
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES + ("bounded",))
-    ap.add_argument("--team", default="", help="team file (default: the config's team.path)")
+    ap.add_argument("--team", default="agents/math_duo.py",
+                    help="team file (default: agents/math_duo.py, the built-in models' team)")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="config override applied to every mode")
     ap.add_argument("--progress", action="store_true", help="show progress bars")

@@ -19,7 +19,7 @@
    (move_ratio in the JSON: to memcpy, what flexmarl/sim/costs.toml's efficiencies use).
    Sizes: the built-in ones (random weights) and smollm2-135m (the pretrained
    SmolLM2-135M-Instruct, a 1.6 GB state with AdamW; needs the `pretrained` extra).
-2. The default team (agents/math_duo.py, two trainable agents) trained with static reservation
+2. The built-in models' team (agents/math_duo.py, two trainable agents) trained with static reservation
    (`trainer_pool.slots = 0`: one slot per agent) and with one shared slot
    (`trainer_pool.slots = 1`), same config and seeds otherwise: trainer utilisation = time the
    slots' processes spent on requests (training, weight export, swaps) / (slots x wall time of
@@ -221,7 +221,8 @@ async def run_placement(slots: int, args: argparse.Namespace) -> dict:
 
     config = load_config(overrides=[
         f"run.out_dir={tempfile.mkdtemp(prefix='flexmarl-swap-')}", f"run.steps={args.steps}",
-        f"trainer_pool.slots={slots}", *args.set])
+        f"trainer_pool.slots={slots}", "team.path=agents/math_duo.py",  # as measured
+        "rollout.backend=vllm", "pipeline.tasks_per_step=16", *args.set])
     result = await train(load_team(config.team.path), config, progress=False)
     timed = result.metrics[args.warmup:]
     wall = sum(m["step_s"] for m in timed)

@@ -50,7 +50,9 @@ async def main(args: argparse.Namespace) -> None:
     from flexmarl.launch.run import train
     from flexmarl.team import load_team
 
-    config = load_config(overrides=[f"run.steps={args.steps}", "run.name=docs"])
+    config = load_config(overrides=[f"run.steps={args.steps}", "run.name=docs",
+                                    "team.path=agents/math_duo.py", "rollout.backend=vllm",
+                                    "pipeline.tasks_per_step=16"])  # as the pictures were taken
     team = load_team(config.team.path)
     url: asyncio.Future = asyncio.get_running_loop().create_future()
     run_dir = RunDir.create(config)

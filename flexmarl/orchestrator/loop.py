@@ -473,9 +473,8 @@ class PipelineRun:
         self._unemitted.append(record)
         no_signal = [n for n, a in record["agents"].items()
                      if a.get("trainable") and not a.get("trained_samples")]
-        self.progress.end_step(step, {n: a["reward"] for n, a in record["agents"].items()
-                                      if a["reward"] is not None}, record["step_s"], no_signal,
-                               team=record["team_reward"])
+        rewards = {n: a["reward"] for n, a in record["agents"].items() if a["reward"] is not None}
+        self.progress.end_step(step, rewards, record["step_s"], no_signal, record["team_reward"])
         self._flush()
 
     def _flush(self) -> None:

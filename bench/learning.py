@@ -50,7 +50,6 @@ def step_noise(curve: list[float]) -> float | None:
 
 
 def summarize(metrics: list[dict], window: int) -> dict:
-    first, last = metrics[:window], metrics[-window:]
     agents = sorted(metrics[0]["agents"])
     curve = {"team": [m["team_reward"] for m in metrics]}
     curve.update({name: [m["agents"][name]["reward"] for m in metrics] for name in agents})
@@ -69,6 +68,7 @@ async def main(args: argparse.Namespace) -> None:
     from flexmarl.config.load import load_config
     from flexmarl.observe.rundir import RunDir
     from flexmarl.launch.run import train
+    from flexmarl.launch.build import resolve_backend
     from flexmarl.team import load_team
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # CPU-irrelevant warnings  # as `flexmarl run` does
@@ -91,7 +91,7 @@ async def main(args: argparse.Namespace) -> None:
                    time_to_first_step_s=result.time_to_first_step_s,
                    heldout_before_s=_seconds(measured.get("before")),
                    heldout_after_s=_seconds(measured.get("after")), seed=config.run.seed,
-                   backend=config.rollout.backend, run_dir=str(run_dir.path), team=team.name,
+                   backend=resolve_backend(config).rollout.backend, run_dir=str(run_dir.path), team=team.name,
                    models={s.name: s.model for s in team.agents},
                    heldout_tasks=max(tasks, default=0))
     print(table(summary, config, args))
@@ -117,7 +117,7 @@ def table(summary: dict, config, args: argparse.Namespace) -> str:
     first = summary["time_to_first_step_s"]
     out = [f"team {summary['team']}: {summary['steps']} steps, {summary['wall_s']:.0f} s wall "
            f"({'-' if first is None else f'{first:.0f}'} s to the first step), "
-           f"seed {config.run.seed}, {config.rollout.backend} rollout; mean reward of the first "
+           f"seed {config.run.seed}, {summary['backend']} rollout; mean reward of the first "
            f"and last {args.window} steps (noise: one step's std, from step-to-step changes)",
            f"{'':<10} {'first':>8} {'last':>8} {'change':>8} {'noise':>8}"]
     for name in rows:

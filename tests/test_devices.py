@@ -193,8 +193,10 @@ def test_any_plan_is_valid_and_one_gpu_asks_fail_only_without_room(hosts, tps, s
 # ----------------------------------------------------------------------------- the run's wiring
 
 def _config(*sets: str):
+    """The run's config, with vLLM named: these tests place its instances on GPUs that this
+    machine may lack (rollout.backend "auto" resolves on the GPUs really here)."""
     from flexmarl.config.load import load_config
-    return load_config(None, list(sets))
+    return load_config(None, ["rollout.backend=vllm", *sets])
 
 
 def _team():

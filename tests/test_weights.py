@@ -102,6 +102,19 @@ async def test_a_dead_instance_is_skipped_and_any_other_failure_raises():
     assert (await ws.served("x"))["a.weight"].eq(1.0).all()
 
 
+async def test_a_sync_with_every_instance_gone_is_served_to_the_replacement():
+    """A node lost with all of an agent's instances: the sync records the version and its
+    weights, and the replacement that joins later loads them."""
+    insts = {"x": []}
+    ws = make_sync(insts)
+    report = await ws.sync("x", 1, WeightUpdate(1, weights(1.0)))
+    assert report.version == 1 and report.load_s == {} and ws.versions["x"] == 1
+    replacement = FakeInstance("new")
+    async with ws.locked("x"):
+        await ws.load_into(replacement, "x")
+    assert replacement.version == 1 and replacement.tensors["a.weight"].eq(1.0).all()
+
+
 async def test_an_instance_loaded_by_a_move_gets_exactly_the_served_version():
     insts = {"x": [FakeInstance("i0")], "y": [FakeInstance("i1")]}
     ws = make_sync(insts)

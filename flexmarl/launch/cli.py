@@ -110,6 +110,7 @@ def _run(args: argparse.Namespace) -> int:
         return _config_error(e)
     _configure_logging(config.run.log_level, verbose=args.verbose)
     if args.dry_run:
+        from flexmarl.launch.build import resolve_backend
         note = ""
         if config.trainer_pool.slots == "auto":
             note = ('# trainer_pool.slots = "auto": planned at start by the cluster simulator; '
@@ -118,7 +119,8 @@ def _run(args: argparse.Namespace) -> int:
             config.to_toml() + note +
             _per_agent_settings(config.team.path, config.trainer, config.pipeline,
                                 config.run.seed) +
-            _gpu_placement(config.team.path, config.cluster.listen, rollout=config.rollout,
+            _gpu_placement(config.team.path, config.cluster.listen,
+                           rollout=resolve_backend(config).rollout,  # "auto" as a run sees it
                            trainer_device=config.trainer.device, devices=config.devices,
                            trainer_pool=config.trainer_pool))
         return EXIT_OK
@@ -131,6 +133,7 @@ def _run(args: argparse.Namespace) -> int:
     from flexmarl.launch.model_dirs import check_model, install_line
     from flexmarl.launch.summary import summary
     from flexmarl.console import phase
+    from flexmarl.launch.build import resolve_backend
     from flexmarl.launch.placement import check_backend, check_devices
     from flexmarl.launch.evaluation import check_eval
     from flexmarl.launch.run import train
@@ -150,6 +153,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         for spec in team.agents:  # a missing model directory: say so before making a run dir
             check_model(spec)
+        config = resolve_backend(config)  # rollout.backend "auto": what the GPUs here allow
         check_backend(config.rollout.backend, config.cluster.listen)
         if config.trainer_pool.slots == "auto":  # planned now: the run dir records the plan
             from flexmarl.sim.team_plan import resolve_auto

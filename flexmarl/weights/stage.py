@@ -88,6 +88,10 @@ class StagedTransfer:
     async def send(self, tensors: dict[str, torch.Tensor] | None) -> None:
         if tensors is None:
             raise ValueError("a staged sync needs the trainer's exported tensors")
+        if not self.instances:  # every instance died (a node lost): the replacements load the
+            # served weights, which the sync records, when they join (under the agent's lock)
+            self.report = SyncReport(self.version, weights_nbytes(tensors), 0.0)
+            return
         self.report = await push_weights(self.instances, self.version, tensors,
                                          timeout_s=self.timeout_s, tolerate=(PeerDied,))
 

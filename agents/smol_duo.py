@@ -7,9 +7,9 @@ Each turn is rewarded for being right (its last number is the sum: SmolLM2 resta
 question, "7 + 8 = 15", so the first number would score nothing); the team reward is the
 checker's answer, the team's output. What each agent has to learn is a real skill, not a form:
 before training both already answer in the form "a + b = c" (the last number counts, so a
-restated question is fine), but the solver gets about 4 sums in 10 wrong (greedy, "10 + 16 =
+restated question is fine), but the solver gets about 6 sums in 10 wrong (greedy, "10 + 16 =
 22") and the checker mostly repeats the student's claim: when the claim is wrong it gives the
-right sum only about 1 time in 7 (greedy). So the solver must add better and the checker must
+right sum only about 1 time in 6 (greedy). So the solver must add better and the checker must
 work the sum out instead of agreeing.
 
 Operands are 1..20 (400 sums); 100 held-out sums never appear in training, and the held-out

@@ -71,7 +71,7 @@ async def main(args: argparse.Namespace) -> None:
     from flexmarl.launch.build import resolve_backend
     from flexmarl.team import load_team
 
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # CPU-irrelevant warnings  # as `flexmarl run` does
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # CPU-irrelevant warnings
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     workdir = tempfile.mkdtemp(prefix="flexmarl-learning-")
     heldout = [] if args.heldout is None else [f"eval.final_tasks={args.heldout}"]
@@ -91,7 +91,8 @@ async def main(args: argparse.Namespace) -> None:
                    time_to_first_step_s=result.time_to_first_step_s,
                    heldout_before_s=_seconds(measured.get("before")),
                    heldout_after_s=_seconds(measured.get("after")), seed=config.run.seed,
-                   backend=resolve_backend(config).rollout.backend, run_dir=str(run_dir.path), team=team.name,
+                   backend=resolve_backend(config).rollout.backend, run_dir=str(run_dir.path),
+                   team=team.name,
                    models={s.name: s.model for s in team.agents},
                    heldout_tasks=max(tasks, default=0))
     print(table(summary, config, args))
@@ -105,14 +106,9 @@ def _seconds(measurement: dict | None) -> float | None:
     return (measurement or {}).get("seconds")
 
 
-def _cell(change: dict) -> str:
-    """"0.630 -> 0.675 ±0.047"; what was not measured as "-"."""
-    def f(v: float | None) -> str:
-        return "-" if v is None else f"{v:.3f}"
-    return f"{f(change['before'])} -> {f(change['after'])} ±{f(change['se_change'])}"
-
-
 def table(summary: dict, config, args: argparse.Namespace) -> str:
+    from flexmarl.launch.summary import change_cell
+
     rows = ["team"] + sorted(k for k in summary["first_reward"] if k != "team")
     first = summary["time_to_first_step_s"]
     out = [f"team {summary['team']}: {summary['steps']} steps, {summary['wall_s']:.0f} s wall "
@@ -133,7 +129,7 @@ def table(summary: dict, config, args: argparse.Namespace) -> str:
                    f"{took[0]} before and {took[1]} after)")
         out.append(f"{'':<10} {'greedy':>26} {'sampled':>26}")
         for name, a in sorted(summary["agents"].items()):
-            cells = [_cell(a["heldout"][m]) for m in ("greedy", "sampled")]
+            cells = [change_cell(a["heldout"].get(m)) for m in ("greedy", "sampled")]
             out.append(f"{name:<10} {cells[0]:>26} {cells[1]:>26}")
     return "\n".join(out)
 

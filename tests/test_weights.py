@@ -115,6 +115,15 @@ async def test_a_sync_with_every_instance_gone_is_served_to_the_replacement():
     assert replacement.version == 1 and replacement.tensors["a.weight"].eq(1.0).all()
 
 
+async def test_a_direct_sync_with_every_instance_gone_leaves_the_weights_in_the_trainer():
+    trainers = FakeTrainers()
+    ws = make_sync({"x": []}, transport=DirectTransport(
+        trainers, "nccl", tensor_parallel_size=1, dtype="auto", timeout_s=5.0))
+    report = await ws.sync("x", 1, None)
+    assert report.version == 1 and trainers.requests == [] and ws.versions["x"] == 1
+    assert not ws.fresh("x")  # a replacement asks the trainer for what it serves
+
+
 async def test_an_instance_loaded_by_a_move_gets_exactly_the_served_version():
     insts = {"x": [FakeInstance("i0")], "y": [FakeInstance("i1")]}
     ws = make_sync(insts)

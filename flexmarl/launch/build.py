@@ -37,7 +37,7 @@ from flexmarl.launch.placement import (WorkerSettings, check_backend, launcher, 
                                        serial_trainers, trainer_config, trainer_nice,
                                        trainers_on_local_cpu)
 from flexmarl.launch.task_files import team_with_task_file
-from flexmarl.models import notice
+from flexmarl.console import phase
 from flexmarl.observe.rundir import RunDir
 from flexmarl.orchestrator.evaluate import EvalConfig
 from flexmarl.orchestrator.policy import PipelineConfig
@@ -92,7 +92,7 @@ async def build_run(team: Team, config: Config, *, run_dir: RunDir | None = None
     check_eval(team, config.eval, config.gateway.enabled)
     if config.trainer_pool.slots == "auto":  # the cluster simulator plans the slots (seconds)
         from flexmarl.sim.team_plan import resolve_auto
-        notice('planning trainer_pool.slots = "auto" with the cluster simulator')
+        phase('planning trainer_pool.slots = "auto" with the cluster simulator')
         config = await asyncio.to_thread(resolve_auto, config, team)
     saved, first_step = _saved_states([a.name for a in team.agents if a.trainable], config.run,
                                       run_dir, resume)

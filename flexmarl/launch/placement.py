@@ -305,7 +305,8 @@ async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, settings: W
     `on_ready(name)` is told of each worker that has sent Ready (the console's waiting line)."""
     async def start_worker(spec: WorkerSpec) -> WorkerHandle:
         handle = await sup.start_worker(spec)
-        (on_ready or str)(spec.name)
+        if on_ready is not None:
+            on_ready(spec.name)
         return handle
 
     trainable = [spec for spec in team.agents if spec.trainable]

@@ -8,8 +8,10 @@
       log: RUN_DIR/run.log
 
 Pure formatting of a run's result (flexmarl.launch.run.RunResult), so it is tested without a
-run. `heldout` ({agent: {"greedy"|"sampled": {"before", "after", "se_change"}}}) and
-`time_to_first_step_s` are read with getattr: a result without them gets the lines it can.
+run: fields are read with getattr, and a result without some (a test's fake, a run without
+held-out tasks) gets the lines it can. `heldout` is RunResult.heldout: {agent:
+{"greedy"|"sampled": {"before", "after", "se_change"}}}; bench/learning.py prints its cells
+with `change_cell` too.
 """
 from __future__ import annotations
 
@@ -98,7 +100,7 @@ def _heldout(heldout: dict[str, dict[str, dict[str, float]]],
     tasks = final_eval.get("tasks") if isinstance(final_eval, dict) else None
     head = f"held-out ({tasks} tasks)" if tasks else "held-out"
     name_width = max(len(head) - 2, *(len(a) for a in heldout))
-    cells = {agent: [_change(by_mode.get(mode)) for mode in modes]
+    cells = {agent: [change_cell(by_mode.get(mode)) for mode in modes]
              for agent, by_mode in heldout.items()}
     width = max([len(c) for row in cells.values() for c in row] + [len(m) for m in modes])
     lines = [head.ljust(name_width + 2) + "   " + "   ".join(m.ljust(width) for m in modes)]
@@ -108,7 +110,7 @@ def _heldout(heldout: dict[str, dict[str, dict[str, float]]],
     return [line.rstrip() for line in lines]
 
 
-def _change(cell: dict[str, float] | None) -> str:
+def change_cell(cell: dict[str, float] | None) -> str:
     """"0.410 -> 0.550 ±0.070" (± the change's standard error)."""
     if not cell:
         return "-"

@@ -59,11 +59,6 @@ ignored rather than loaded. 2: warm starts run in a child process with fixed num
 WARM_START_FILE = "warm_start.json"  # ensure_model records warm_start's metrics here
 
 
-def notice(text: str) -> None:
-    """A phase line on the console (flexmarl.console.phase), whatever the log level."""
-    phase(text)
-
-
 # --- cache -----------------------------------------------------------------------------------
 
 def cache_root(cache_dir: str | os.PathLike | None) -> Path:
@@ -106,7 +101,7 @@ def ensure_model(size: str, *, warm_start_steps: int = DEFAULT_WARM_START_STEPS,
         log.info("model %s: cached at %s (%s)", size, final, _describe_warm_start(final))
         return final
     log.info("model %s: not in the cache; building %s", size, final)
-    notice(f"building model {size!r} (once: cached in {root})"
+    phase(f"building model {size!r} (once: cached in {root})"
            + (f", then {warm_start_steps} warm-start steps" if warm_start_steps else ""))
     started = time.perf_counter()
     root.mkdir(parents=True, exist_ok=True)
@@ -134,7 +129,7 @@ def ensure_model(size: str, *, warm_start_steps: int = DEFAULT_WARM_START_STEPS,
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     log.info("model %s: ready at %s", size, final)
-    notice(f"model {size!r} ready in {time.perf_counter() - started:.0f} s "
+    phase(f"model {size!r} ready in {time.perf_counter() - started:.0f} s "
            f"({_describe_warm_start(final)})")
     return final
 

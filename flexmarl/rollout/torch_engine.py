@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -56,10 +56,11 @@ class _Request:
     params: SamplingParams
     seed: int
     done: asyncio.Future
-    rows: int = field(init=False)
 
-    def __post_init__(self) -> None:
-        self.rows = self.params.n
+    @property
+    def rows(self) -> int:
+        """Rows it takes in a batch: one per sample."""
+        return self.params.n
 
 
 class TorchEngine:

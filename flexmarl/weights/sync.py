@@ -26,7 +26,7 @@ import torch
 
 from flexmarl.models import model_weights
 from flexmarl.protocol import WeightUpdate
-from flexmarl.weights.base import SyncReport, Transport
+from flexmarl.weights.base import SyncReport, Transport, weights_nbytes
 from flexmarl.weights.stage import StageTransport, push_weights
 from runtime.transport import Connection
 
@@ -56,7 +56,8 @@ class WeightSync:
 
     async def sync(self, agent: str, version: int, update: WeightUpdate | None) -> SyncReport:
         """Every instance of `agent` serves `version` when this returns (an instance that died
-        meanwhile is skipped: its replacement loads the served weights). `update`: the trainer's
+        meanwhile is skipped, and so is the push when none is left: the replacements load the
+        served weights when they join). `update`: the trainer's
         exported weights (staged, whatever the run's transport: a resumed run's restored
         weights), or None where the transport does not export (the trainer sends)."""
         if update is None and self.exports:
@@ -67,13 +68,18 @@ class WeightSync:
                              f"sync is of version {version}")
         transport = self.transport if update is None else self.stage
         async with self._locks[agent]:
-            transfer = transport.begin(agent, version, self.instances(agent))
-            try:
-                await transfer.send(None if update is None else update.tensors)
-                report = await transfer.finish()
-            except Exception:
-                await transfer.abort()
-                raise
+            instances = self.instances(agent)
+            if instances:
+                transfer = transport.begin(agent, version, instances)
+                try:
+                    await transfer.send(None if update is None else update.tensors)
+                    report = await transfer.finish()
+                except Exception:
+                    await transfer.abort()
+                    raise
+            else:  # every instance died (a node lost): the replacements load what is recorded
+                report = SyncReport(version, 0 if update is None else
+                                    weights_nbytes(update.tensors), 0.0)
             self.versions[agent] = version
             if update is None:
                 self._served.pop(agent, None)

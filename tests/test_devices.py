@@ -206,7 +206,7 @@ def _team():
 
 def _plan_gpus(config, team, sizes, hosts):
     """plan_gpus with the sections of `config`, as flexmarl.launch.build hands them."""
-    from flexmarl.launch.placement import plan_gpus
+    from flexmarl.launch.layout import plan_gpus
     return plan_gpus(team, sizes, hosts, rollout=config.rollout,
                      trainer_device=config.trainer.device, devices=config.devices,
                      trainer_pool=config.trainer_pool)
@@ -323,7 +323,8 @@ async def test_a_trainer_slot_starts_with_the_runs_trainer_config_and_its_gpus(
     can only say if the config and the seat got there."""
     import dataclasses
 
-    from flexmarl.launch.placement import GpuPlan, _Workers
+    from flexmarl.launch.layout import GpuPlan
+    from flexmarl.launch.placement import _Workers
     from flexmarl.protocol import SwapIn
     from runtime.errors import RemoteError
     from runtime.supervisor import Supervisor
@@ -378,7 +379,8 @@ def test_the_monitor_shows_each_workers_gpus():
 def test_workers_of_a_lost_node_are_placed_again_on_the_nodes_left(tmp_path):
     """A node's GPUs go with it: the replacement of an instance that ran there is seated on
     another node's free GPUs (and started on that node), not on the lost one."""
-    from flexmarl.launch.placement import _Workers, hosts
+    from flexmarl.launch.layout import hosts
+    from flexmarl.launch.placement import _Workers
     from runtime.protocol import NodeHello
     from runtime.registry import NodeInfo, NodeRegistry
 

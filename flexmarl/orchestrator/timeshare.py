@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable, Iterable
 
 from flexmarl.clock import now
+from flexmarl.protocol import Sleep, WakeUp
 
 ROLLOUT = "rollout"
 """The mode of every engine of a group awake; a trainer's is ("train", agent)."""
@@ -275,3 +276,36 @@ async def run_switch(old: object, new: object, *, sleep: Callable[[], Awaitable[
         await park(old[1])
     if new == ROLLOUT and old is not None:  # engines start awake
         await wake()
+
+
+class Handover:
+    """The product's switch of one group (TimeShare.switch): its agents' instances put to
+    sleep and woken through the rollout pool's connections (Sleep / WakeUp: each answers its
+    resident memory before and after, kept in `records`), its trainers parked through the
+    trainer pool (TrainerPool.park)."""
+
+    def __init__(self, agents: tuple[str, ...], pool, trainers, timeout_s: float) -> None:
+        self.agents, self.pool, self.trainers, self.timeout_s = agents, pool, trainers, timeout_s
+        self.records: list[dict] = []
+        """Each instance's sleep or wake: {instance, agent, asleep, rss_before, rss_after,
+        seconds, at}."""
+
+    async def __call__(self, old: object, new: object) -> None:
+        await run_switch(old, new, sleep=lambda: self._engines(Sleep()),
+                         wake=lambda: self._engines(WakeUp()), park=self.trainers.park)
+
+    async def _engines(self, msg: object) -> None:
+        names = [(agent, name) for agent in self.agents for name in self.pool.instances(agent)]
+        replies = await asyncio.gather(*(self.pool.conns[name].request(
+            msg, timeout_s=self.timeout_s) for _, name in names))
+        for (agent, name), r in zip(names, replies):
+            self.records.append({"instance": name, "agent": agent, "asleep": r.asleep,
+                                 "rss_before": r.rss_before, "rss_after": r.rss_after,
+                                 "seconds": r.seconds, "at": now()})
+
+
+def time_shares(groups: list[tuple[str, ...]], pool, trainers, timeout_s: float) -> TimeShares:
+    """The run's TimeShares: one group per tuple of agents, each switching through a Handover
+    (`pool` and `trainers` may be attached later: the switch only runs once the run does)."""
+    return TimeShares(TimeShare(group_name(g), g, Handover(g, pool, trainers, timeout_s))
+                      for g in groups)

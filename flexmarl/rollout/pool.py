@@ -379,7 +379,8 @@ class InstancePool:
         return {"instances": instances, "agents": agents, "moves": self.moves[-recent:],
                 "moves_total": len(self.moves),
                 "devices": (self.lifecycle.devices.rows() if self.lifecycle.devices is not None
-                            else [])}
+                            else []),
+                "time_shares": self.shares.status() if self.shares else {}}
 
     def take_stats(self) -> dict:
         """Since the last call: per agent request latency p50/p99 (s) and count, and tokens

@@ -405,3 +405,45 @@ def test_workers_of_a_lost_node_are_placed_again_on_the_nodes_left(tmp_path):
     on_r2 = [s.devices for s in gpus.plan.seats.values() if s.host == "r2"]
     assert sorted(on_r2) == [(0,), (1,)]  # beside the instance already there, not on it
     assert "r1" not in {h.name for h in gpus.plan.hosts} and on_r1 not in gpus.plan.seats
+
+
+def test_time_shared_instances_sit_on_their_group_s_slot_and_take_no_gpu_of_their_own():
+    """devices.placement time_shared: each agent's slot comes after the shared ones, pinned to
+    it, and its instances run on that slot's GPUs (engines asleep while it trains)."""
+    from flexmarl.launch.layout import slot_layout
+    config = _config("trainer.device=cuda", "devices.placement=solver=time_shared")
+    team = _team()
+    layout = slot_layout(team, config.trainer_pool, config.devices)
+    assert layout.sizes == [1, 1] and layout.pinned == {"solver": "trainer-1"}
+    gpus = _plan_gpus(config, team, layout.sizes, [Host("local", (0, 1, 2))])
+    seats = gpus.plan.seats
+    [solver] = [s for s in seats.values() if s.role == "rollout" and s.label == "solver"]
+    assert solver.devices == seats["trainer-1-0"].devices and solver.inside == "trainer-1"
+    assert gpus.transfer == "stage"  # the trainer is parked while the engines take weights
+    assert "(time-shared with trainer-1)" in gpus.plan.table()
+    grouped = _config("trainer.device=cuda", "devices.placement=solver+checker=time_shared")
+    layout = slot_layout(team, grouped.trainer_pool, grouped.devices)
+    assert layout.sizes == [1] and set(layout.pinned.values()) == {"trainer-0"}
+
+
+@pytest.mark.parametrize("sets, match", [
+    (("devices.placement=time_shared", "rollout.backend=vllm"), "sleep mode"),
+    (("devices.placement=time_shared", "trainer.device=cpu"), "take turns on the same"),
+    (("devices.placement=time_shared", "trainer.device=cuda",
+      "rollout.weight_transfer=nccl"), 'use "stage"'),
+    (("devices.placement=nobody=time_shared",), "the team has")])
+def test_time_shared_placements_that_cannot_run_are_refused_with_the_way_out(sets, match):
+    from flexmarl.launch.layout import slot_layout
+    config = _config(*sets)
+    team = _team()
+    gpu = [Host("local", (0, 1))] if "rollout.backend=vllm" not in sets else [Host("local", ())]
+    with pytest.raises(ConfigError, match=match):
+        _plan_gpus(config, team, slot_layout(team, config.trainer_pool, config.devices).sizes
+                   if "nobody" not in sets[0] else [1, 1], gpu)
+
+
+def test_the_dry_run_says_which_agents_are_time_shared():
+    shown = _gpu_placement(_config("devices.placement=solver=time_shared"))
+    assert "# placement: time-shared solver on trainer-1" in shown
+    assert "disaggregated checker" in shown
+    assert "# placement: disaggregated" in _gpu_placement(_config())

@@ -306,7 +306,8 @@ def test_dry_run_shows_the_placement(monkeypatch):
     assert "none (GPUs used here: 0" in _gpu_placement(_config())
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     shown = _gpu_placement(_config("trainer.device=cuda"))
-    assert shown.startswith("# GPU placement (nccl weight sync):")
+    assert shown.startswith("# placement: disaggregated")
+    assert "\n# GPU placement (nccl weight sync):" in shown
     assert "# rollout-0" in shown and "# trainer-1-0" in shown
     assert "not enough GPUs" in _gpu_placement(_config("trainer.device=cuda",
                                                        "rollout.instances_per_agent=2"))
@@ -395,7 +396,7 @@ def test_workers_of_a_lost_node_are_placed_again_on_the_nodes_left(tmp_path):
     workers = _Workers.__new__(_Workers)  # no TCPStore: only the placement is exercised
     workers.sup, workers.settings, workers.gpus = registry, _settings(config), gpus
     workers.model_dirs = {a.name: "/m" for a in team.agents}
-    workers.rollout_cpus, workers.rollout_env = (), {}
+    workers.rollout_cpus, workers.rollout_env, workers.time_shared = (), {}, frozenset()
     import itertools
     workers._instances = itertools.count(2)
     on_r1 = next(w for w, s in gpus.plan.seats.items() if s.host == "r1")
@@ -443,7 +444,7 @@ def test_time_shared_placements_that_cannot_run_are_refused_with_the_way_out(set
 
 
 def test_the_dry_run_says_which_agents_are_time_shared():
-    shown = _gpu_placement(_config("devices.placement=solver=time_shared"))
+    shown = _gpu_placement(_config("devices.placement=solver=time_shared", "rollout.backend=torch"))
     assert "# placement: time-shared solver on trainer-1" in shown
     assert "disaggregated checker" in shown
     assert "# placement: disaggregated" in _gpu_placement(_config())

@@ -29,12 +29,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import deque
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable, Iterable
 
 from flexmarl.clock import now
 from flexmarl.protocol import Sleep, WakeUp
+from runtime.errors import PeerDied, RequestTimeout, TransportClosed
+
+log = logging.getLogger(__name__)
 
 ROLLOUT = "rollout"
 """The mode of every engine of a group awake; a trainer's is ("train", agent)."""
@@ -67,6 +71,7 @@ class TimeShare:
     _switching: bool = False
     _waiting: deque = field(default_factory=deque)
     """(mode, future) of uses not yet admitted, in arrival order."""
+    _task: asyncio.Future | None = None
 
     @contextlib.asynccontextmanager
     async def use(self, mode: object) -> AsyncIterator[None]:
@@ -130,7 +135,7 @@ class TimeShare:
             self._admit(mode)
             return
         self._switching = True
-        asyncio.ensure_future(self._switch_to(mode))
+        self._task = asyncio.ensure_future(self._switch_to(mode))  # held: a loop keeps weak refs
 
     async def _switch_to(self, mode: object) -> None:
         old, started = self.mode, now()
@@ -296,13 +301,29 @@ class Handover:
 
     async def __call__(self, old: object, new: object) -> None:
         await run_switch(old, new, sleep=lambda: self._engines(Sleep()),
-                         wake=lambda: self._engines(WakeUp()), park=self.trainers.park)
+                         wake=lambda: self._engines(WakeUp()), park=self._park)
+
+    async def _park(self, agent: str) -> None:
+        try:
+            await self.trainers.park(agent)
+        except PeerDied as exc:  # the slot died: the pool restores its agent from its snapshot
+            log.warning("parking %s's trainer: %s (its engines wake all the same)", agent, exc)
 
     async def _engines(self, msg: object) -> None:
         names = [(agent, name) for agent in self.agents for name in self.pool.instances(agent)]
         replies = await asyncio.gather(*(self.pool.conns[name].request(
-            msg, timeout_s=self.timeout_s) for _, name in names))
+            msg, timeout_s=self.timeout_s) for _, name in names), return_exceptions=True)
         for (agent, name), r in zip(names, replies):
+            if isinstance(r, RequestTimeout):  # hung: killed and replaced, as a hung generate
+                if not self.pool.lifecycle.kill(name, "unresponsive"):
+                    self.pool.instance_died(name, "unresponsive")
+            if isinstance(r, (PeerDied, TransportClosed, RequestTimeout)):
+                # A dead instance is the pool's to replace (awake, inside a rollout use).
+                log.warning("%s of %s did not %s: %s", name, agent,
+                            "sleep" if isinstance(msg, Sleep) else "wake", r)
+                continue
+            if isinstance(r, BaseException):
+                raise r
             self.records.append({"instance": name, "agent": agent, "asleep": r.asleep,
                                  "rss_before": r.rss_before, "rss_after": r.rss_after,
                                  "seconds": r.seconds, "at": now()})

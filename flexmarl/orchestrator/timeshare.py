@@ -103,8 +103,9 @@ class TimeShare:
             raise
 
     def release(self, mode: object) -> None:
+        if self._users <= 0:
+            raise RuntimeError(f"time-shared group {self.name}: a release without an acquire")
         self._users -= 1
-        assert self._users >= 0, "TimeShare.release without acquire"
         self._next()
 
     @property

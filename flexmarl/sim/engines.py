@@ -37,6 +37,7 @@ from flexmarl.protocol import (AwaitSaved, DropParked, ExportWeights, FetchShard
                                Sample, SamplingParams, ShardData, SwapDone, SwapIn, SwapOut,
                                TrainBeginBatch, TrainMicroBatch, TrainStats,
                                TrainStep, TrainStepDone, WeightUpdate)
+from flexmarl.orchestrator.timeshare import ROLLOUT, TimeShare
 from flexmarl.sim.costs import Costs, Model
 from runtime.actor import Actor, handler
 from runtime.codec import Envelope
@@ -73,6 +74,10 @@ class DeviceGroup:
     colocated: bool = False
     resident_bytes: Any = None
     """mode -> bytes the mode holds on the group's devices (colocated only)."""
+    share: TimeShare | None = None
+    """A time-shared group's arbiter: the product's own (flexmarl.orchestrator.timeshare),
+    whose switch waits the cost model's transfer time; it then decides who goes when (rollout
+    first) instead of the first-asked order below (mas_rl's cluster, MARTI's driver)."""
     active_device_s: float = 0.0
     switches: int = 0
     switch_s: float = 0.0
@@ -84,7 +89,23 @@ class DeviceGroup:
     def busy(self, devices: float, seconds: float) -> None:
         self.active_device_s += devices * seconds
 
+    def time_shared(self, agents: tuple[str, ...]) -> "DeviceGroup":
+        """Arbitrate this group with the product's TimeShare over `agents`' modes."""
+        self.colocated = True
+        self.share = TimeShare(self.name, agents, switch=self._switch, mode=None)
+        return self
+
+    async def _switch(self, old: object, new: object) -> None:
+        seconds = self.costs.switch_s(self.resident_bytes(_full(old)) if old else 0.0,
+                                      self.resident_bytes(_full(new)), self.devices)
+        self.switches += 1
+        self.switch_s += seconds
+        await asyncio.sleep(seconds)
+
     async def acquire(self, mode: tuple) -> None:
+        if self.share is not None:
+            await self.share.acquire(ROLLOUT if mode[0] == "rollout" else mode)
+            return
         if not self.colocated:
             return
         if self._mode == mode and not self._waiting and not self._switching:
@@ -96,6 +117,9 @@ class DeviceGroup:
         await fut
 
     def release(self, mode: tuple) -> None:
+        if self.share is not None:
+            self.share.release(ROLLOUT if mode[0] == "rollout" else mode)
+            return
         if not self.colocated:
             return
         self._users -= 1
@@ -134,6 +158,11 @@ class DeviceGroup:
         self._waiting = keep
         if not self._users:
             self._next()
+
+
+def _full(mode: object) -> tuple:
+    """A TimeShare mode as a DeviceGroup one: ROLLOUT is ("rollout", "")."""
+    return ("rollout", "") if mode == ROLLOUT else mode  # type: ignore[return-value]
 
 
 class _Seq:

@@ -152,7 +152,8 @@ def _time_shared(preset: Preset, system: Any, costs: Costs, groups: list[tuple[s
     driver = DeviceGroup("driver", 0, costs, colocated=True, resident_bytes=lambda mode: 0.0)
     for k, (members, n) in enumerate(zip(groups, devices)):
         key = "+".join(members)
-        group = DeviceGroup(f"group-{key}", n, costs, colocated=True)
+        group = DeviceGroup(f"group-{key}", n, costs).time_shared(
+            tuple(a for a in members if a in trainable))
         counts = {}
         for agent in members:
             model = models[agent]

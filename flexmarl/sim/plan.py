@@ -185,8 +185,12 @@ def plan(preset: Preset, costs: Costs, simulate: Callable[[Preset, str, str], An
 
 def _time_shared(preset: Preset, costs: Costs, run: Callable[[Placement], Placement | None],
                  modes: list[str], evaluated: list[Placement]) -> None:
-    """The time-shared candidates (see the module docstring)."""
+    """The time-shared candidates (see the module docstring). Not for a team with frozen
+    agents: they have no trainer to share devices with, and a placement mixing time-shared
+    and disaggregated agents is not searched."""
     agents = list(preset.models)
+    if len(preset.trainable) < len(agents):
+        return
     total = preset.nodes * costs.device.devices_per_node
     per_agent = tuple((a,) for a in agents)
     demand = _demand(preset, costs, min(evaluated, key=rank) if evaluated else None)

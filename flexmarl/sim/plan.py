@@ -107,11 +107,12 @@ def slot_sizes(preset: Preset, costs: Costs) -> list[dict[str, int] | None]:
 
 def plan(preset: Preset, costs: Costs, simulate: Callable[[Preset, str, str], Any],
          progress: Callable[[Placement], Any] | None = None, *,
-         pipeline: str = "micro_batch") -> list[Placement]:
+         pipeline: str = "micro_batch", timeshare: bool = True) -> list[Placement]:
     """Every evaluated placement, best first; `simulate(preset, strategy, pipeline)` runs the
     system on a preset laid out as the candidate (shared_slots, train_devices, instances,
     timeshare), with that balance.strategy and pipeline.mode. `pipeline`: the system's own
-    mode; sync is tried beside it where it keeps the same staleness (micro_batch)."""
+    mode; sync is tried beside it where it keeps the same staleness (micro_batch).
+    `timeshare`: try time-shared placements (False: the product in use cannot run them)."""
     total = preset.nodes * costs.device.devices_per_node
     modes = [pipeline] + (["sync"] if pipeline == "micro_batch" else [])
     done: dict[tuple[int, int], Placement] = {}
@@ -144,16 +145,20 @@ def plan(preset: Preset, costs: Costs, simulate: Callable[[Preset, str, str], An
         sized = costs.with_train_devices(devices or {})
         options = [c for c in candidates(preset, sized) if fits(preset, sized, c)]
 
+        asked: set[int] = set()
+
         def evaluate(k: int) -> None:
-            if (j, k) not in done and 0 <= k < len(options):
-                done[(j, k)] = shared(j, options[k], "hierarchical")
+            if k not in asked and 0 <= k < len(options):
+                asked.add(k)
+                if (p := shared(j, options[k], "hierarchical")) is not None:
+                    done[(j, k)] = p
 
         for k in sorted({*range(0, len(options), 3), len(options) - 1}):
             evaluate(k)
-        while options:  # refine around this size's best until its neighbours are known
+        while any(i == j for i, _ in done):  # refine around this size's best
             best = min((k for (i, k) in done if i == j), key=lambda k: (done[(j, k)].step_s, k))
             missing = [k for k in (best - 1, best + 1)
-                       if 0 <= k < len(options) and (j, k) not in done]
+                       if 0 <= k < len(options) and k not in asked]
             if not missing:
                 break
             for k in missing:
@@ -169,7 +174,8 @@ def plan(preset: Preset, costs: Costs, simulate: Callable[[Preset, str, str], An
         if split is not None:  # instances where the work is, with each balancing strategy
             for strategy in ORDER:
                 shared(scales.index(best.train_devices), best.slots, strategy, split)
-    _time_shared(preset, costs, run, modes, list(tried.values()))
+    if timeshare:
+        _time_shared(preset, costs, run, modes, list(tried.values()))
     if not tried:
         raise ValueError(f"preset {preset.name} on {preset.nodes} nodes: no placement (number "
                          "of shared trainer slots, or time-shared groups) leaves every agent a "

@@ -96,7 +96,7 @@ def test_the_planner_is_deterministic_and_lists_the_best_first():
 def test_too_few_nodes_is_one_error_naming_the_fix():
     # One node: the 32B agent's smallest slot (16 devices) leaves no rollout device.
     config = load_config(overrides=[SIZES, "plan.nodes=1"], team=MATH_DUO)
-    with pytest.raises(ConfigError, match=r"no number of shared trainer slots .*add nodes"):
+    with pytest.raises(ConfigError, match=r"no placement .*add nodes"):
         plan_team(load_team(config.team.path), config)
 
 
@@ -111,7 +111,7 @@ def test_flexmarl_plan_prints_writes_and_errs(tmp_path):
     done = _plan("--team", MATH_DUO, "--nodes", "2", "--set", SIZES.replace("32b", "14b"),
                  "--write", str(out_file), "--json")
     assert done.returncode == 0, done.stderr
-    assert "slot sizes (devices)" in done.stdout and "empty answer" in done.stdout
+    assert "rollout devices" in done.stdout and "empty answer" in done.stdout
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["nodes"] == 2 and report["models"] == {"solver": "14b", "checker": "14b"}
     # 2 nodes: one 16-device slot, or one or two of 8 devices (the fewest for a 14B state);

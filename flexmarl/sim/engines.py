@@ -210,18 +210,13 @@ class SimRolloutEngine:
         instances load together, agents one after another (a driver that broadcasts to each
         agent's engines in turn, as MARTI's does). None: every load is independent."""
         self.broadcast_extra_s = 0.0
-        """Seconds each such broadcast adds on top of the transfer (MARTI wakes the sleeping
-        engines for it and puts them back to sleep)."""
+        """Added to each such broadcast (MARTI wakes its engines for it, then re-sleeps them)."""
         self.rollout_key = ""
-        """The key of this engine's rollout mode in its group: ("rollout", key); "": its
-        agent. A time-shared group of several agents keeps all their engines awake together
-        under one key."""
+        """This engine's rollout mode is ("rollout", key) ("": its agent's)."""
         self.local_sync = False
-        """The trainer shares this engine's devices (a time-shared group): weights arrive over
-        NVLink, with the engines awake (the group in rollout mode)."""
+        """Weights come over NVLink from a trainer on these devices, the engines awake."""
         self.sequence_tokens = 0
-        """Prompt + response tokens of every sample generated (MARTI's experience pass reads
-        them)."""
+        """Prompt + response tokens of every sample generated (MARTI's experience pass)."""
 
     async def start(self) -> None:
         self._last = now()

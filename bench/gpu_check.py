@@ -160,7 +160,7 @@ def check_config(steps: int, gpus: int, run_dir: str):
 
 
 def run_check(args: argparse.Namespace) -> dict:
-    from flexmarl.launch.placement import _slot_sizes, hosts, plan_gpus
+    from flexmarl.launch.layout import _slot_sizes, hosts, plan_gpus
     from flexmarl.launch.run import train
     from flexmarl.observe.rundir import RunDir
 

@@ -93,6 +93,33 @@ async def test_vllm_serves_on_gpu_and_reloads_staged_weights(tiny_model_dir):
 
 
 @pytest.mark.vllm
+async def test_vllm_sleeps_frees_its_gpu_memory_and_wakes_serving_the_same(tiny_model_dir):
+    """devices.placement time_shared on GPU: vLLM's sleep mode (level 1) gives the GPU memory
+    back while the agent trains and wakes with the same weights (the same greedy tokens)."""
+    _vllm_on_gpu()
+    from flexmarl.protocol import SamplingParams
+    from flexmarl.rollout.engine import EngineConfig
+    from flexmarl.rollout.vllm_engine import VllmEngine
+
+    engine = VllmEngine(EngineConfig(backend="vllm", model_dir=tiny_model_dir,
+                                     gpu_memory_utilization=0.3, sleep_mode=True))
+    await engine.start()
+    try:
+        params = SamplingParams(n=1, temperature=0, max_tokens=8)
+        [before], _ = await engine.generate([1, 2, 3], params)
+        free_awake = torch.cuda.mem_get_info()[0]
+        await engine.sleep()
+        free_asleep = torch.cuda.mem_get_info()[0]
+        # most of its 30% share of the GPU comes back (the KV cache at least)
+        assert free_asleep - free_awake > 0.2 * torch.cuda.mem_get_info()[1]
+        await engine.wake_up()
+        [after], _ = await engine.generate([1, 2, 3], params)
+        assert after.token_ids == before.token_ids
+    finally:
+        await engine.close()
+
+
+@pytest.mark.vllm
 @pytest.mark.parametrize("backend", ["ipc", "nccl"])
 async def test_a_trainer_slot_sends_its_weights_to_an_instance_directly(
         tiny_model_dir, tmp_path, backend):

@@ -206,7 +206,7 @@ def _team():
 
 def _plan_gpus(config, team, sizes, hosts):
     """plan_gpus with the sections of `config`, as flexmarl.launch.build hands them."""
-    from flexmarl.launch.placement import plan_gpus
+    from flexmarl.launch.layout import plan_gpus
     return plan_gpus(team, sizes, hosts, rollout=config.rollout,
                      trainer_device=config.trainer.device, devices=config.devices,
                      trainer_pool=config.trainer_pool)
@@ -306,7 +306,8 @@ def test_dry_run_shows_the_placement(monkeypatch):
     assert "none (GPUs used here: 0" in _gpu_placement(_config())
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     shown = _gpu_placement(_config("trainer.device=cuda"))
-    assert shown.startswith("# GPU placement (nccl weight sync):")
+    assert shown.startswith("# placement: disaggregated")
+    assert "\n# GPU placement (nccl weight sync):" in shown
     assert "# rollout-0" in shown and "# trainer-1-0" in shown
     assert "not enough GPUs" in _gpu_placement(_config("trainer.device=cuda",
                                                        "rollout.instances_per_agent=2"))
@@ -323,7 +324,8 @@ async def test_a_trainer_slot_starts_with_the_runs_trainer_config_and_its_gpus(
     can only say if the config and the seat got there."""
     import dataclasses
 
-    from flexmarl.launch.placement import GpuPlan, _Workers
+    from flexmarl.launch.layout import GpuPlan
+    from flexmarl.launch.placement import _Workers
     from flexmarl.protocol import SwapIn
     from runtime.errors import RemoteError
     from runtime.supervisor import Supervisor
@@ -378,7 +380,8 @@ def test_the_monitor_shows_each_workers_gpus():
 def test_workers_of_a_lost_node_are_placed_again_on_the_nodes_left(tmp_path):
     """A node's GPUs go with it: the replacement of an instance that ran there is seated on
     another node's free GPUs (and started on that node), not on the lost one."""
-    from flexmarl.launch.placement import _Workers, hosts
+    from flexmarl.launch.layout import hosts
+    from flexmarl.launch.placement import _Workers
     from runtime.protocol import NodeHello
     from runtime.registry import NodeInfo, NodeRegistry
 
@@ -393,7 +396,7 @@ def test_workers_of_a_lost_node_are_placed_again_on_the_nodes_left(tmp_path):
     workers = _Workers.__new__(_Workers)  # no TCPStore: only the placement is exercised
     workers.sup, workers.settings, workers.gpus = registry, _settings(config), gpus
     workers.model_dirs = {a.name: "/m" for a in team.agents}
-    workers.rollout_cpus, workers.rollout_env = (), {}
+    workers.rollout_cpus, workers.rollout_env, workers.time_shared = (), {}, frozenset()
     import itertools
     workers._instances = itertools.count(2)
     on_r1 = next(w for w, s in gpus.plan.seats.items() if s.host == "r1")
@@ -403,3 +406,45 @@ def test_workers_of_a_lost_node_are_placed_again_on_the_nodes_left(tmp_path):
     on_r2 = [s.devices for s in gpus.plan.seats.values() if s.host == "r2"]
     assert sorted(on_r2) == [(0,), (1,)]  # beside the instance already there, not on it
     assert "r1" not in {h.name for h in gpus.plan.hosts} and on_r1 not in gpus.plan.seats
+
+
+def test_time_shared_instances_sit_on_their_group_s_slot_and_take_no_gpu_of_their_own():
+    """devices.placement time_shared: each agent's slot comes after the shared ones, pinned to
+    it, and its instances run on that slot's GPUs (engines asleep while it trains)."""
+    from flexmarl.launch.layout import slot_layout
+    config = _config("trainer.device=cuda", "devices.placement=solver=time_shared")
+    team = _team()
+    layout = slot_layout(team, config.trainer_pool, config.devices)
+    assert layout.sizes == [1, 1] and layout.pinned == {"solver": "trainer-1"}
+    gpus = _plan_gpus(config, team, layout.sizes, [Host("local", (0, 1, 2))])
+    seats = gpus.plan.seats
+    [solver] = [s for s in seats.values() if s.role == "rollout" and s.label == "solver"]
+    assert solver.devices == seats["trainer-1-0"].devices and solver.inside == "trainer-1"
+    assert gpus.transfer == "stage"  # the trainer is parked while the engines take weights
+    assert "(time-shared with trainer-1)" in gpus.plan.table()
+    grouped = _config("trainer.device=cuda", "devices.placement=solver+checker=time_shared")
+    layout = slot_layout(team, grouped.trainer_pool, grouped.devices)
+    assert layout.sizes == [1] and set(layout.pinned.values()) == {"trainer-0"}
+
+
+@pytest.mark.parametrize("sets, match", [
+    (("devices.placement=time_shared", "rollout.backend=vllm"), "sleep mode"),
+    (("devices.placement=time_shared", "trainer.device=cpu"), "take turns on the same"),
+    (("devices.placement=time_shared", "trainer.device=cuda",
+      "rollout.weight_transfer=nccl"), 'use "stage"'),
+    (("devices.placement=nobody=time_shared",), "the team has")])
+def test_time_shared_placements_that_cannot_run_are_refused_with_the_way_out(sets, match):
+    from flexmarl.launch.layout import slot_layout
+    config = _config(*sets)
+    team = _team()
+    gpu = [Host("local", (0, 1))] if "rollout.backend=vllm" not in sets else [Host("local", ())]
+    with pytest.raises(ConfigError, match=match):
+        _plan_gpus(config, team, slot_layout(team, config.trainer_pool, config.devices).sizes
+                   if "nobody" not in sets[0] else [1, 1], gpu)
+
+
+def test_the_dry_run_says_which_agents_are_time_shared():
+    shown = _gpu_placement(_config("devices.placement=solver=time_shared", "rollout.backend=torch"))
+    assert "# placement: time-shared solver on trainer-1" in shown
+    assert "disaggregated checker" in shown
+    assert "# placement: disaggregated" in _gpu_placement(_config())

@@ -93,9 +93,30 @@ def test_a_parked_trainer_holds_no_device_memory_and_comes_back_bit_for_bit(mode
     step_batch(empty, batches[1])
     a, b = export_state(back)[0], export_state(empty)[0]
     assert all(torch.equal(a[k], b[k]) for k in a)
-    trainer.begin_batch(tokens(batches[1]))
-    with pytest.raises(RuntimeError, match=r"step\(\) first"):
-        park(trainer)
+
+
+def test_a_trainer_parked_mid_batch_keeps_its_accumulated_gradient(model_dir, batches):
+    """devices.placement time_shared: a trainer gives its devices back to its engines between
+    micro-batches. Parked after the first half of a batch and unparked, it steps to exactly
+    the weights of a trainer that never left."""
+    mb = batches[0]
+    half = mb.input_ids.shape[0] // 2
+    results = []
+    for parked in (False, True):
+        trainer = GRPOTrainer(model_dir, TrainerConfig(**CONFIG))
+        trainer.begin_batch(tokens(mb))
+        trainer.accumulate(rows(mb, 0, half))
+        if parked:
+            host = park(trainer)
+            assert host.mid_batch
+            assert all(p.grad.untyped_storage().nbytes() == 0
+                       for p in trainer.model.parameters() if p.grad is not None)
+            trainer = unpark(host)
+        trainer.accumulate(rows(mb, half, mb.input_ids.shape[0]))
+        trainer.step()
+        results.append(export_state(trainer)[0])
+    a, b = results
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_a_slot_parks_into_the_same_host_buffer_every_swap(model_dir, batches):

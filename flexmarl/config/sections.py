@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flexmarl.checks import ConfigError, parse_ranges, require
+from flexmarl.orchestrator.timeshare import parse_placement
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -249,9 +250,21 @@ class DevicesConfig:
     trainer_memory_fraction: float = 0.4
     """With colocate: the share of its GPU's memory a trainer rank may use (set as torch's
     per-process memory fraction, so it cannot take the engine's)."""
+    placement: str = "disaggregated"
+    """Where each agent generates and trains. "disaggregated": rollout instances and trainer
+    slots on devices of their own (slots shared by agents, trainer_pool.slots). "time_shared":
+    each trainable agent's instances and its own trainer slot on one set of devices that
+    alternate: the engines sleep while the agent trains (vLLM's sleep mode on GPU; the torch
+    engine offloads its weights), the trainer is parked while they generate. Per agent:
+    "solver=time_shared,checker=disaggregated"; agents joined by + share one group of devices
+    and one slot: "solver+checker=time_shared" (flexmarl.orchestrator.timeshare)."""
 
     def __post_init__(self) -> None:
         parse_gpus(self.gpus)
+        try:
+            parse_placement(self.placement)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         require(0 < self.trainer_memory_fraction <= 1, "devices.trainer_memory_fraction",
                 self.trainer_memory_fraction, "must be in (0, 1]")
 

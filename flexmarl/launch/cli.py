@@ -134,7 +134,8 @@ def _run(args: argparse.Namespace) -> int:
     from flexmarl.launch.summary import summary
     from flexmarl.console import phase
     from flexmarl.launch.build import resolve_backend
-    from flexmarl.launch.placement import check_backend, check_devices
+    from flexmarl.launch.layout import check_devices
+    from flexmarl.launch.placement import check_backend
     from flexmarl.launch.evaluation import check_eval
     from flexmarl.launch.run import train
     from flexmarl.launch.task_files import team_with_task_file
@@ -444,7 +445,7 @@ def _gpu_placement(team_path: str, listen: str, *, rollout: Any, trainer_device:
                    devices: Any, trainer_pool: Any) -> str:
     """TOML comments: which GPUs each worker of the team at `team_path` would get on this
     machine (flexmarl.launch.devices; none are placed with cluster.listen), or why none."""
-    from flexmarl.launch.placement import _slot_sizes, hosts, plan_gpus
+    from flexmarl.launch.layout import _slot_sizes, hosts, plan_gpus
     from flexmarl.team import load_team
 
     if listen:
@@ -461,6 +462,24 @@ def _gpu_placement(team_path: str, listen: str, *, rollout: Any, trainer_device:
                          devices=devices, trainer_pool=trainer_pool)
     except Exception as e:  # a placement that does not fit: the dry run says why
         return f"# GPU placement: {' '.join(str(e).split())}\n"
+    return _placement_line(team, trainer_pool, devices) + _gpu_table(gpus, machine, devices,
+                                                                     trainer_device)
+
+
+def _placement_line(team: Any, trainer_pool: Any, devices: Any) -> str:
+    """devices.placement as the run makes it: each agent's slot, time-shared or not."""
+    from flexmarl.launch.layout import slot_layout
+
+    layout = slot_layout(team, trainer_pool, devices)
+    if not layout.groups:
+        return "# placement: disaggregated (rollout instances and trainer slots apart)\n"
+    shared = ", ".join(f"{'+'.join(g)} on {layout.pinned[g[0]]}" for g in layout.groups)
+    rest = [s.name for s in team.agents if s.name not in layout.pinned]
+    return (f"# placement: time-shared {shared} (engines asleep while their trainer runs)"
+            + (f"; disaggregated {', '.join(rest)}" if rest else "") + "\n")
+
+
+def _gpu_table(gpus: Any, machine: Any, devices: Any, trainer_device: str) -> str:
     if gpus.plan is None:
         seen = len(machine[0].gpus)
         return (f"# GPU placement: none (GPUs used here: {seen}; devices.gpus = "

@@ -59,6 +59,9 @@ class Ask:
     """Share of each of its GPUs' memory (with colocate; otherwise it owns them whole)."""
     near: str = ""
     """With colocate: a trainer group whose GPUs it should share (its agent's slot)."""
+    inside: str = ""
+    """Time-shared (devices.placement): the trainer group whose GPUs it runs on, taking no room
+    of its own there (the two take turns, the engine asleep while the group trains)."""
 
     def __post_init__(self) -> None:
         require(self.role in ROLES, "Ask.role", self.role, f"must be one of {ROLES}")
@@ -75,6 +78,7 @@ class Seat:
     devices: tuple[int, ...]
     label: str = ""
     memory: float = 1.0
+    inside: str = ""
 
 
 @dataclass
@@ -97,13 +101,16 @@ class DevicePlan:
     def used(self, host: str, gpu: int) -> float:
         """The share of a GPU's memory its workers hold (1 per worker without colocate)."""
         return sum(s.memory if self.colocate else 1.0 for s in self.seats.values()
-                   if s.host == host and gpu in s.devices)
+                   if s.host == host and gpu in s.devices and not s.inside)
 
     def free(self, host: Host, ask: Ask) -> list[int]:
         """GPUs of `host` that `ask` fits on, best first: its `near` group's GPUs, then those
         with most room (with colocate), then in order."""
         if not host.serves(ask.role):
             return []
+        if ask.inside:  # exactly its trainer group's GPUs on this host, however full
+            return sorted({d for s in self.seats.values() if s.host == host.name
+                           and s.worker.startswith(ask.inside + "-") for d in s.devices})
         need = ask.memory if self.colocate else 1.0
         fits = [d for d in host.gpus if self.used(host.name, d) + need <= 1.0 + 1e-9]
         near = {d for s in self.seats.values() if ask.near and s.host == host.name
@@ -115,7 +122,7 @@ class DevicePlan:
         seat = self.seats.pop(old, None)
         if seat is not None:
             self.seats[new] = Seat(new, seat.role, seat.host, seat.devices, seat.label,
-                                   seat.memory)
+                                   seat.memory, seat.inside)
 
     def take(self, ask: Ask, host: str | None = None) -> Seat | None:
         """Seat one more worker (on `host` if given); None if no host has room for it."""
@@ -145,7 +152,7 @@ class DevicePlan:
 
     def _seat(self, ask: Ask, host: Host, devices: list[int]) -> Seat:
         seat = Seat(ask.worker, ask.role, host.name, tuple(sorted(devices)),
-                    ask.label or ask.group, ask.memory if self.colocate else 1.0)
+                    ask.label or ask.group, ask.memory if self.colocate else 1.0, ask.inside)
         self.seats[ask.worker] = seat
         return seat
 
@@ -158,7 +165,8 @@ class DevicePlan:
         share = (lambda s: f"  ({s.memory:.0%} of each)") if self.colocate else (lambda s: "")
         lines = [f"{'worker':<18}{'role':<9}{'serves':<14}{'host':<14}gpus"]
         lines += [f"{s.worker:<18}{s.role:<9}{s.label:<14}{s.host:<14}{_span(s.devices)}"
-                  f"{share(s)}" for s in self.seats.values()]
+                  f"{share(s)}" + (f"  (time-shared with {s.inside})" if s.inside else "")
+                  for s in self.seats.values()]
         idle = [f"{h.name}: {_span(d)}" for h in self.hosts
                 if (d := [g for g in h.gpus if not any(
                     s.host == h.name and g in s.devices for s in self.seats.values())])]

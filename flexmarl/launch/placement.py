@@ -26,8 +26,10 @@ from typing import Any, Callable
 from flexmarl import checks
 from flexmarl.activity import ActivityLog
 from flexmarl.config.sections import ClusterConfig, DevicesConfig
-from flexmarl.launch.devices import Ask, DevicePlan, Host, parse_gpus, plan_devices
-from flexmarl.weights.direct import DIRECT, DirectTransport, resolve_transfer
+from flexmarl.launch.devices import Ask, Host
+from flexmarl.launch.layout import GpuPlan, hosts, plan_gpus, slot_layout
+from flexmarl.orchestrator.timeshare import time_shares
+from flexmarl.weights.direct import DIRECT, DirectTransport
 from flexmarl.models import load_tokenizer
 from flexmarl.orchestrator.agents import AgentRuntime
 from flexmarl.orchestrator.policy import PipelineConfig
@@ -118,8 +120,10 @@ def grow(pool: InstancePool, instances_per_node: int, node: NodeInfo) -> None:
     if devices is not None:  # its GPUs join the placement (new instances are seated there)
         devices.add_host(Host(node.name, tuple(range(node.hello.devices)),
                               tuple(node.hello.roles)))
-    for _ in range(instances_per_node):
-        agent = min(pool.versions, key=lambda a: len(pool.instances(a)))
+    # A time-shared agent's instances live on its own devices: a new node's go to the others.
+    movable = [a for a in pool.versions if not (pool.shares and pool.shares.of(a))]
+    for _ in range(instances_per_node if movable else 0):
+        agent = min(movable, key=lambda a: len(pool.instances(a)))
         log.warning("node %s joined: a new rollout instance for %s", node.name, agent)
         pool.grow(agent)
 
@@ -165,9 +169,12 @@ class _Workers:
 
     def __init__(self, sup: "Supervisor | NodeRegistry", settings: WorkerSettings,
                  model_dirs: dict[str, str], work: str, sizes: list[int],
-                 gpus: "GpuPlan | None" = None) -> None:
+                 gpus: "GpuPlan | None" = None, time_shared: frozenset[str] = frozenset()
+                 ) -> None:
         self.sup, self.settings, self.model_dirs, self.work, self.sizes = (
             sup, settings, model_dirs, work, sizes)
+        self.time_shared = time_shared
+        """Agents whose instances sleep while their trainer runs (EngineConfig.sleep_mode)."""
         self.gpus = gpus or GpuPlan(None, "stage", False, False)
         self.store = None
         if isinstance(sup, NodeRegistry):  # trainer ranks on several nodes meet at a TCPStore
@@ -206,6 +213,7 @@ class _Workers:
         args = dataclasses.asdict(r.engine_config(self.model_dirs[agent],
                                                   seed=self.settings.seed + k,
                                                   transfer=self.gpus.transfer))
+        args["sleep_mode"] = agent in self.time_shared
         return WorkerSpec(name=name, entry="flexmarl.rollout.worker:rollout_worker", args=args,
                           ready_timeout_s=r.ready_timeout_s, cpus=self.rollout_cpus, env=env,
                           role="rollout", node=self.gpus.host(name))
@@ -312,13 +320,14 @@ async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, settings: W
     trainable = [spec for spec in team.agents if spec.trainable]
     needs = {spec.name: spec.train_ranks or settings.trainer_pool.ranks_per_agent
              for spec in trainable}
-    sizes = _slot_sizes(settings.trainer_pool, needs)
+    layout = slot_layout(team, settings.trainer_pool, settings.devices)
+    sizes = layout.sizes
     gpus = plan_gpus(team, sizes, hosts(settings.devices.gpus, sup), rollout=settings.rollout,
                      trainer_device=settings.trainer.device, devices=settings.devices,
                      trainer_pool=settings.trainer_pool)
     if gpus.plan is not None:
         log.warning("GPU placement (%s weight sync):\n%s", gpus.transfer, gpus.plan.table())
-    workers = _Workers(sup, settings, model_dirs, work, sizes, gpus)
+    workers = _Workers(sup, settings, model_dirs, work, sizes, gpus, frozenset(layout.pinned))
     placement = {spec.name: [workers.rollout(spec.name)
                              for _ in range(spec.instances or settings.rollout.instances_per_agent)]
                  for spec in team.agents}
@@ -342,6 +351,9 @@ async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, settings: W
               for spec in team.agents}
     section = (dataclasses.replace(settings.trainer_pool, snapshots=True) if saved is not None
                else settings.trainer_pool)
+    # Time-shared groups switch through both pools, attached below (nothing switches before
+    # the run's first request).
+    shares = time_shares(layout.groups, None, None, settings.rollout.request_timeout_s)
     trainers = TrainerPool(
         {f"trainer-{k}": workers.connect(handles[f"trainer-{k}-0"].address)
          for k in range(len(sizes))},
@@ -352,7 +364,8 @@ async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, settings: W
             workers.respawn_slot, kill=sup.kill, groups=True, kind="trainer slot",
             owners={w.name: f"trainer-{k}" for k, ws in enumerate(slot_specs) for w in ws},
             attempts=settings.replace_attempts, devices=gpus.plan), saved=saved,
-        scratch_in=_snapshots_in(sup, [model_dirs[spec.name] for spec in trainable]))
+        scratch_in=_snapshots_in(sup, [model_dirs[spec.name] for spec in trainable]),
+        pinned=layout.pinned, shares=shares)
     pool = InstancePool(
         {w.name: workers.connect(handles[w.name].address)
          for ws in placement.values() for w in ws},
@@ -365,104 +378,10 @@ async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, settings: W
                                    tensor_parallel_size=settings.rollout.tensor_parallel_size,
                                    dtype=settings.rollout.dtype,
                                    timeout_s=settings.rollout.request_timeout_s)
-                   if gpus.transfer in DIRECT else None))
+                   if gpus.transfer in DIRECT else None), shares=shares)
+    for group in shares.groups:
+        group.switch.pool, group.switch.trainers = pool, trainers
     return agents, pool, trainers
-
-
-@dataclass
-class GpuPlan:
-    """The run's GPU placement (None: no GPU worker) and its weight sync: which roles run on
-    GPUs, and "stage", "nccl" or "ipc" (flexmarl.weights.direct)."""
-
-    plan: DevicePlan | None
-    transfer: str
-    rollout: bool
-    trainer: bool
-
-    def env(self, worker: str) -> dict[str, str]:
-        return self.plan.env(worker) if self.plan is not None else {}
-
-    def host(self, worker: str) -> str:
-        # Local workers have no node; the planner calls this machine "local".
-        host = self.plan.host(worker) if self.plan is not None else ""
-        return "" if host == LOCAL else host
-
-
-LOCAL = "local"
-
-
-def hosts(gpus: str, sup: "Supervisor | NodeRegistry | None") -> list[Host]:
-    """The GPUs the run may use: this machine's (`gpus`: devices.gpus), or each joined node's."""
-    if isinstance(sup, NodeRegistry):
-        return [Host(n.name, tuple(range(n.hello.devices)), tuple(n.hello.roles))
-                for n in sup.alive()]
-    import torch
-    return [Host(LOCAL, parse_gpus(gpus, torch.cuda.device_count()))]
-
-
-def plan_gpus(team: Team, sizes: list[int], hosts: list[Host], *, rollout: RolloutConfig,
-              trainer_device: str, devices: DevicesConfig, trainer_pool: TrainerPoolConfig
-              ) -> GpuPlan:
-    """Who gets GPUs (trainer ranks with trainer.device = "cuda"; vLLM instances whenever GPUs
-    are there), where (flexmarl.launch.devices), and how weights reach the engines."""
-    have = any(h.gpus for h in hosts)
-    r = rollout  # the section; `rollout` below: whether instances get GPUs
-    rollout = r.backend == "vllm" and have
-    trainer = trainer_device == "cuda"
-    dev = devices
-    transfer = resolve_transfer(r.weight_transfer, vllm_on_gpu=rollout,
-                                trainer_on_gpu=trainer, colocate=dev.colocate)
-    if not (rollout or trainer):
-        return GpuPlan(None, transfer, False, False)
-    # Static slots (one per agent, in team order): an instance goes near its agent's trainer.
-    trainable = [a.name for a in team.agents if a.trainable]
-    group_of = ({name: f"trainer-{k}" for k, name in enumerate(trainable)}
-                if len(sizes) == len(trainable) and not trainer_pool.slots
-                and not trainer_pool.slot_ranks else {})
-    asks = []
-    if trainer:
-        asks += [Ask(f"trainer-{k}-{r}", "trainer", group=f"trainer-{k}",
-                     memory=dev.trainer_memory_fraction)
-                 for k, n in enumerate(sizes) for r in range(n)]
-    if rollout:
-        names = (f"rollout-{k}" for k in itertools.count())
-        asks += [Ask(next(names), "rollout", r.tensor_parallel_size, label=spec.name,
-                     memory=r.gpu_memory_utilization,
-                     near=group_of.get(spec.name, "") if trainer else "")
-                 for spec in team.agents
-                 for _ in range(spec.instances or r.instances_per_agent)]
-    plan = plan_devices(hosts, asks, colocate=dev.colocate)
-    if transfer == "ipc" and not plan.paired(group_of):
-        if r.weight_transfer == "ipc":
-            raise checks.ConfigError(
-                'rollout.weight_transfer = "ipc" needs every instance on a GPU of its agent\'s '
-                "trainer slot (one slot per agent, room for both on a GPU); the placement is:\n"
-                + plan.table())
-        transfer = "stage"  # auto: instances apart from their trainers; NCCL cannot share a GPU
-    return GpuPlan(plan, transfer, rollout, trainer)
-
-
-def _slot_sizes(trainer_pool: TrainerPoolConfig, needs: dict[str, int]) -> list[int]:
-    """Ranks of each trainer slot: one per agent of its size (static), `trainer_pool.slots` of
-    ranks_per_agent each, or the explicit `trainer_pool.slot_ranks` list (a shared pool)."""
-    if trainer_pool.slot_ranks and needs:
-        return [int(x) for x in trainer_pool.slot_ranks.split(",")]
-    if trainer_pool.slots and needs:
-        return [trainer_pool.ranks_per_agent] * trainer_pool.slots
-    return list(needs.values())
-
-
-def check_devices(team: Team, listen: str, *, rollout: RolloutConfig, trainer_device: str,
-                  devices: DevicesConfig, trainer_pool: TrainerPoolConfig) -> None:
-    """At start, for workers on this machine (no cluster.listen): the GPU placement fits (one
-    PlacementError listing what was asked and what exists, before any process starts)."""
-    if listen:
-        return  # placed when the nodes have joined
-    needs = {s.name: s.train_ranks or trainer_pool.ranks_per_agent
-             for s in team.agents if s.trainable}
-    plan_gpus(team, _slot_sizes(trainer_pool, needs), hosts(devices.gpus, None),
-              rollout=rollout, trainer_device=trainer_device, devices=devices,
-              trainer_pool=trainer_pool)
 
 
 def check_backend(backend: str, listen: str) -> None:

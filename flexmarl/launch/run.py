@@ -93,6 +93,9 @@ class RunResult:
     the origin of the records' t_* fields (flexmarl.observe.timeline reads them)."""
     loop_started: float = 0.0
     """time.perf_counter() when the loop started (that origin, on this process's clock)."""
+    time_shares: dict = field(default_factory=dict)
+    """devices.placement time_shared: per group {agents, switches, switch_s, sleeps,
+    released_bytes (each of the last sleeps' resident memory released)}; {}: none."""
 
 
 async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
@@ -279,7 +282,8 @@ async def _steps(setup: RunSetup, parts: _Parts, progress: bool | None,
                      {n: rt.version for n, rt in parts.agents.items()}, checkpoints,
                      dashboard_url=dashboard_url, first_step=first_step,
                      final_eval=final_eval, heldout=heldout,
-                     time_to_first_step_s=first_record_s, timeline=timeline, loop_started=t0)
+                     time_to_first_step_s=first_record_s, timeline=timeline, loop_started=t0,
+                     time_shares=parts.pool.shares.status() if parts.pool.shares else {})
 
 
 def evaluator(parts: _Parts, settings: EvalConfig, seed: int, max_concurrent_calls: int

@@ -235,6 +235,7 @@ class RunMonitor:
             "timeline": {"now": t - self.t0, "intervals": self._intervals(t, trainers)},
             "events": self._events(pool, trainers),
             "devices": pool.get("devices", []),
+            "time_shares": pool.get("time_shares", {}),
             "totals": {"moves": pool["moves_total"], "swaps": trainers["swaps_total"]}}, t)
 
     @property

@@ -127,8 +127,19 @@ def _summary(run: _Run) -> list[tuple[str, str]]:
         ("last team reward", _fmt(team[-1] if team else None)),
         ("instance moves", str(sum(len(_list(r.get("moves"))) for r in records))),
         ("trainer swaps", str(sum(len(_list(r.get("swaps"))) for r in records))),
+        *_time_share_rows(records),
         *_eval_rows(records),
     ]
+
+
+def _time_share_rows(records: list[dict]) -> list[tuple[str, str]]:
+    """devices.placement time_shared: each group's switches between its engines and its
+    trainer (the last record's totals)."""
+    last = next((r["time_shares"] for r in reversed(records)
+                 if isinstance(r.get("time_shares"), dict)), {})
+    return [(f"time-shared {name}", f"{g.get('switches', 0)} switches, "
+             f"{_duration(_num(g.get('switch_s')))} switching")
+            for name, g in last.items() if isinstance(g, dict)]
 
 
 def _eval_rows(records: list[dict]) -> list[tuple[str, str]]:

@@ -120,6 +120,9 @@ out as larger (more efficient) micro-batches of up to `micro_batch_groups`.
         self.eager = eager
         self.version = rt.trainer_version
         """The version this batch updates: each sample's staleness is version - policy_version."""
+        shares = getattr(trainers, "shares", None)
+        self.time_shared = shares is not None and shares.of(rt.spec.name) is not None
+        """Its devices alternate with its engines: each request binds the slot on its own."""
         self._binding = contextlib.AsyncExitStack()
         self._trainer: "Connection | None" = None
         self._buffer: list[Group] = []
@@ -138,26 +141,33 @@ out as larger (more efficient) micro-batches of up to `micro_batch_groups`.
 
     async def _request(self, msg: Any) -> Any:
         async with self.turn():
-            return await self._timed_request(msg)
+            if self._trainer is not None:
+                return await self._timed_request(self._trainer, msg)
+            # Time-shared: bound for this request only (the binding waits for the agent's
+            # devices), so its engines can take them back between micro-batches.
+            async with self.trainers.bind(self.rt.spec.name) as trainer:
+                return await self._timed_request(trainer, msg)
 
     def turn(self) -> contextlib.AbstractAsyncContextManager:
-        """This agent's turn in the trainer lane (at once without one)."""
+        """This agent's turn in the trainer lane (at once without one); taken before a binding
+        waits for time-shared devices (the one order of the two, so they cannot deadlock)."""
         return (self.lane.turn(self.rt.spec.name) if self.lane is not None
                 else contextlib.nullcontext())
 
-    async def _timed_request(self, msg: Any) -> Any:
+    async def _timed_request(self, trainer: "Connection", msg: Any) -> Any:
         started = now()
         if self.activity is not None:
             self.activity.enter(self.rt.spec.name, "train")
         try:
-            return await self._trainer.request(msg)  # the pool's trainer_pool.request_timeout_s
+            return await trainer.request(msg)  # the pool's trainer_pool.request_timeout_s
         finally:
             self.busy_s += now() - started
             if self.activity is not None:
                 self.activity.exit(self.rt.spec.name, "train")
 
     async def add(self, groups: list[Group]) -> None:
-        if groups and self._trainer is None:  # a trainer slot is bound once there is work
+        if groups and self._trainer is None and not self.time_shared:
+            # a trainer slot is bound once there is work, for the session
             self._trainer = await self._binding.enter_async_context(
                 self.trainers.bind(self.rt.spec.name))
         for g in groups:
@@ -214,7 +224,7 @@ out as larger (more efficient) micro-batches of up to `micro_batch_groups`.
         nests in the session's); seconds."""
         agent = self.rt.spec.name
         started = now()
-        async with self.trainers.bind(agent) as trainer, self.turn():
+        async with self.turn(), self.trainers.bind(agent) as trainer:
             if self.activity is not None:
                 self.activity.enter(agent, "sync")
             try:

@@ -63,6 +63,10 @@ class StepRecorder:
         samples the store refused as duplicates (a re-sent request is never trained twice)."""
         stats = self.pool.take_stats()
         record["instance_tokens"] = stats["instance_tokens"]
+        if getattr(self.pool, "shares", None):  # devices.placement time_shared: totals so far
+            record["time_shares"] = {name: {k: g[k] for k in (
+                "agents", "switches", "switch_s", "sleeps", "released_bytes")}
+                for name, g in self.pool.shares.status().items()}
         return {agent: {"instances": len(self.pool.instances(agent)),
                         "latency": stats["latency"][agent],
                         "duplicates": self.store.duplicates(agent)}

@@ -29,11 +29,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import deque
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable, Iterable
 
 from flexmarl.clock import now
+from flexmarl.protocol import Sleep, WakeUp
+from runtime.errors import PeerDied, RequestTimeout, TransportClosed
+
+log = logging.getLogger(__name__)
 
 ROLLOUT = "rollout"
 """The mode of every engine of a group awake; a trainer's is ("train", agent)."""
@@ -66,6 +71,7 @@ class TimeShare:
     _switching: bool = False
     _waiting: deque = field(default_factory=deque)
     """(mode, future) of uses not yet admitted, in arrival order."""
+    _task: asyncio.Future | None = None
 
     @contextlib.asynccontextmanager
     async def use(self, mode: object) -> AsyncIterator[None]:
@@ -129,7 +135,7 @@ class TimeShare:
             self._admit(mode)
             return
         self._switching = True
-        asyncio.ensure_future(self._switch_to(mode))
+        self._task = asyncio.ensure_future(self._switch_to(mode))  # held: a loop keeps weak refs
 
     async def _switch_to(self, mode: object) -> None:
         old, started = self.mode, now()
@@ -168,10 +174,14 @@ class TimeShare:
             self._next()
 
     def status(self) -> dict:
-        """Plain data for the dashboard and the run report."""
+        """Plain data for the dashboard and the run report: the mode now, the switches so
+        far, and what its engines' sleeps released (resident memory, from their replies)."""
+        slept = [r for r in getattr(self.switch, "records", []) if r["asleep"]]
         return {"agents": list(self.agents), "mode": _label(self.mode), "users": self._users,
                 "waiting": [_label(m) for m, _ in self._waiting],
-                "switches": len(self.switches), "switch_s": round(self.seconds, 3)}
+                "switches": len(self.switches), "switch_s": round(self.seconds, 3),
+                "sleeps": len(slept),
+                "released_bytes": [r["rss_before"] - r["rss_after"] for r in slept][-20:]}
 
 
 def _label(mode: object) -> str:
@@ -275,3 +285,52 @@ async def run_switch(old: object, new: object, *, sleep: Callable[[], Awaitable[
         await park(old[1])
     if new == ROLLOUT and old is not None:  # engines start awake
         await wake()
+
+
+class Handover:
+    """The product's switch of one group (TimeShare.switch): its agents' instances put to
+    sleep and woken through the rollout pool's connections (Sleep / WakeUp: each answers its
+    resident memory before and after, kept in `records`), its trainers parked through the
+    trainer pool (TrainerPool.park)."""
+
+    def __init__(self, agents: tuple[str, ...], pool, trainers, timeout_s: float) -> None:
+        self.agents, self.pool, self.trainers, self.timeout_s = agents, pool, trainers, timeout_s
+        self.records: list[dict] = []
+        """Each instance's sleep or wake: {instance, agent, asleep, rss_before, rss_after,
+        seconds, at}."""
+
+    async def __call__(self, old: object, new: object) -> None:
+        await run_switch(old, new, sleep=lambda: self._engines(Sleep()),
+                         wake=lambda: self._engines(WakeUp()), park=self._park)
+
+    async def _park(self, agent: str) -> None:
+        try:
+            await self.trainers.park(agent)
+        except PeerDied as exc:  # the slot died: the pool restores its agent from its snapshot
+            log.warning("parking %s's trainer: %s (its engines wake all the same)", agent, exc)
+
+    async def _engines(self, msg: object) -> None:
+        names = [(agent, name) for agent in self.agents for name in self.pool.instances(agent)]
+        replies = await asyncio.gather(*(self.pool.conns[name].request(
+            msg, timeout_s=self.timeout_s) for _, name in names), return_exceptions=True)
+        for (agent, name), r in zip(names, replies):
+            if isinstance(r, RequestTimeout):  # hung: killed and replaced, as a hung generate
+                if not self.pool.lifecycle.kill(name, "unresponsive"):
+                    self.pool.instance_died(name, "unresponsive")
+            if isinstance(r, (PeerDied, TransportClosed, RequestTimeout)):
+                # A dead instance is the pool's to replace (awake, inside a rollout use).
+                log.warning("%s of %s did not %s: %s", name, agent,
+                            "sleep" if isinstance(msg, Sleep) else "wake", r)
+                continue
+            if isinstance(r, BaseException):
+                raise r
+            self.records.append({"instance": name, "agent": agent, "asleep": r.asleep,
+                                 "rss_before": r.rss_before, "rss_after": r.rss_after,
+                                 "seconds": r.seconds, "at": now()})
+
+
+def time_shares(groups: list[tuple[str, ...]], pool, trainers, timeout_s: float) -> TimeShares:
+    """The run's TimeShares: one group per tuple of agents, each switching through a Handover
+    (`pool` and `trainers` may be attached later: the switch only runs once the run does)."""
+    return TimeShares(TimeShare(group_name(g), g, Handover(g, pool, trainers, timeout_s))
+                      for g in groups)

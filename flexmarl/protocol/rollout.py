@@ -190,14 +190,12 @@ class WakeUp:
 @message(FlexKind.ENGINE_MEMORY)
 @dataclass(slots=True)
 class EngineMemory:
-    """A rollout instance after Sleep or WakeUp: whether it sleeps, its process's resident
-    memory before and after (bytes, /proc; on GPU the device memory the engine reports), and
-    how long the change took."""
+    """A rollout instance after Sleep or WakeUp: whether it sleeps, its worker process's
+    resident memory before and after (bytes, /proc/self/status; vLLM's engine core is another
+    process, whose GPU memory this does not see), and how long the change took."""
 
     KIND: ClassVar[int]
     asleep: bool
     rss_before: int
     rss_after: int
     seconds: float
-    device_bytes_before: int = 0
-    device_bytes_after: int = 0

@@ -44,6 +44,10 @@ class EngineConfig:
     weight_transfer: str = "stage"
     """"stage" (WeightUpdate tensors, loaded in place), "nccl" or "ipc" (vLLM's weight-transfer
     engine; the trainer sends, flexmarl.weights.direct)."""
+    sleep_mode: bool = False
+    """The instance is time-shared with its agent's trainer (devices.placement): it is put to
+    sleep while the trainer runs. vLLM: enable_sleep_mode (GPU only); the torch engine can
+    always sleep."""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -78,6 +82,15 @@ class RolloutEngine(Protocol):
 
     async def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
         """Replace the weights in place; called only while no request is running."""
+        ...
+
+    async def sleep(self) -> None:
+        """Release the engine's memory (weights offloaded, KV cache dropped); called only while
+        no request runs. Nothing is served until wake_up."""
+        ...
+
+    async def wake_up(self) -> None:
+        """Take the memory back, with the weights sleep offloaded."""
         ...
 
     async def close(self) -> None: ...

@@ -18,11 +18,13 @@ serve.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -152,7 +154,7 @@ class InstancePool:
                  activity: ActivityLog | None = None, signatures: dict[str, str] | None = None,
                  served: dict[str, dict[str, torch.Tensor]] | None = None,
                  lifecycle: Lifecycle | None = None,
-                 transport: Transport | None = None) -> None:
+                 transport: Transport | None = None, shares: Any = None) -> None:
         """`config` (section `rollout`) gives the request timeout, `balance` the balancer's
         settings; `activity` records each instance's busy intervals (its requests in flight).
         `signatures` (agent -> model signature) and `served` (agent -> the weights its
@@ -163,18 +165,23 @@ class InstancePool:
         stopped answering (its death then comes to instance_died) and holds the run's GPU
         placement (shown in status()); none: a death is final.
         `transport`: the run's weight sync (default staged; on GPU the trainer sending to the
-        instances itself, flexmarl.weights.direct), under the pool's `weights`."""
+        instances itself, flexmarl.weights.direct), under the pool's `weights`. `shares`
+        (flexmarl.orchestrator.timeshare.TimeShares): time-shared agents' devices, taken by
+        each of their requests and weight pushes; their instances never move."""
+        self.shares = shares
+        fixed = set() if shares is None else {a for g in shares.groups for a in g.agents}
         self.conns = dict(instances)
         self.lifecycle = lifecycle or Lifecycle(kind="rollout instance")
         self.model_dirs = dict(model_dirs)
         if signatures is None:
             signatures = {a: model_signature(d) for a, d in model_dirs.items()}
         self.balancer = Balancer(placement, balance,
-                                 compatible=lambda src, dst: signatures[src] == signatures[dst])
+                                 compatible=lambda src, dst: signatures[src] == signatures[dst]
+                                 and not {src, dst} & fixed)
         self.request_timeout_s = config.request_timeout_s
         self.weights = WeightSync(placement, self.of, model_dirs,
                                   timeout_s=config.request_timeout_s, transport=transport,
-                                  served=served)
+                                  served=served, rollout=self._rollout)
         """Each agent's version and served weights: synced by the loop, loaded by moves."""
         self._tasks: list[asyncio.Task] = []
         self.moves: list[MoveRecord] = []
@@ -203,6 +210,10 @@ class InstancePool:
     def of(self, agent: str) -> list[Connection]:
         return [self.conns[name] for name in self.balancer.loads.instances(agent)]
 
+    def _rollout(self, agent: str) -> contextlib.AbstractAsyncContextManager:
+        """The agent's devices for rollout (at once unless it is time-shared)."""
+        return self.shares.rollout(agent) if self.shares else contextlib.nullcontext()
+
     # ------------------------------------------------------------------ requests
 
     async def generate(self, agent: str, msg: Generate, *, episode: str | None = None
@@ -210,6 +221,10 @@ class InstancePool:
         """One request to an instance of `agent`. If that instance dies (or stops answering)
         before replying, the request goes to another instance of the agent (or waits for the
         dead one's replacement): the reply is the one the request's seed gives, stored once."""
+        async with self._rollout(agent):
+            return await self._generate(agent, msg, episode)
+
+    async def _generate(self, agent: str, msg: Generate, episode: str | None) -> GenerateReply:
         bal = self.balancer
         cost = bal.loads.estimate(agent, n=msg.params.n, max_tokens=msg.params.max_tokens)
         while True:
@@ -285,7 +300,8 @@ class InstancePool:
             name = await self._start_replacement(agent, names[0], conn)
             return {"dead": dead, "new": name, "agent": agent, "version": self.versions[agent]}
         try:
-            await self.lifecycle.replace(dead, agent, [dead], ready)
+            async with self._rollout(agent):  # a time-shared one starts with its engines awake
+                await self.lifecycle.replace(dead, agent, [dead], ready)
         except ReplaceFailed as exc:
             if not self.balancer.loads.instances(agent):  # nothing serves it: fail its requests
                 self._broken[agent] = RuntimeError(
@@ -363,7 +379,8 @@ class InstancePool:
         return {"instances": instances, "agents": agents, "moves": self.moves[-recent:],
                 "moves_total": len(self.moves),
                 "devices": (self.lifecycle.devices.rows() if self.lifecycle.devices is not None
-                            else [])}
+                            else []),
+                "time_shares": self.shares.status() if self.shares else {}}
 
     def take_stats(self) -> dict:
         """Since the last call: per agent request latency p50/p99 (s) and count, and tokens

@@ -21,6 +21,9 @@ an unbatched run in the last float bits (padding changes the order of the sums).
 from __future__ import annotations
 
 import asyncio
+import gc
+import os
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -76,6 +79,8 @@ class TorchEngine:
         self._batcher: asyncio.Task | None = None
         self.batches = 0
         """Batches run so far (tests and the benchmark read it)."""
+        self.asleep: str | None = None
+        """While asleep: the file its weights were offloaded to (sleep)."""
 
     async def start(self) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
@@ -99,6 +104,7 @@ class TorchEngine:
                              f"{self.config.max_model_len}")
         if not prompt_ids:
             raise ValueError("empty prompt: give at least one token")
+        self._awake("generate")
         self._requests += 1
         seed = params.seed if params.seed is not None else self.config.seed * 1_000_003 + self._requests
         request = _Request(list(prompt_ids), params, seed,
@@ -271,7 +277,48 @@ class TorchEngine:
         return token, logprob
 
     async def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
+        self._awake("load weights")
         await asyncio.get_running_loop().run_in_executor(self._executor, self._load, tensors)
+
+    def _awake(self, what: str) -> None:
+        if self.asleep is not None:
+            raise RuntimeError(f"cannot {what}: the engine is asleep (its agent's trainer holds "
+                               "the devices, devices.placement time_shared); wake it first")
+
+    async def sleep(self) -> None:
+        """Offload the weights to a file (the CPU's stand-in for vLLM's offload to host memory:
+        the process's memory is what the trainer gets) and free them."""
+        if self.asleep is None:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._sleep)
+
+    async def wake_up(self) -> None:
+        if self.asleep is not None:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._wake)
+
+    def _sleep(self) -> None:
+        from safetensors.torch import save_file
+
+        params = dict(self.model.named_parameters())  # a tied tensor once
+        fd, path = tempfile.mkstemp(prefix="flexmarl-asleep-", suffix=".safetensors")
+        os.close(fd)
+        try:
+            save_file({k: p.detach().contiguous() for k, p in params.items()}, path)
+        except BaseException:
+            os.unlink(path)
+            raise
+        for p in params.values():  # the Parameter objects stay (and with them any tying)
+            p.data = torch.empty(0, dtype=p.dtype)
+        gc.collect()
+        self.asleep = path
+
+    def _wake(self) -> None:
+        from safetensors.torch import load_file
+
+        tensors = load_file(self.asleep)
+        for name, p in self.model.named_parameters():
+            p.data = tensors[name]
+        os.unlink(self.asleep)
+        self.asleep = None
 
     @torch.inference_mode()
     def _load(self, tensors: dict[str, torch.Tensor]) -> None:
@@ -290,3 +337,6 @@ class TorchEngine:
                 r.done.set_exception(RuntimeError("the rollout engine was closed"))
         self._queue.clear()
         self._executor.shutdown(wait=True)
+        if self.asleep is not None:
+            os.unlink(self.asleep)
+            self.asleep = None

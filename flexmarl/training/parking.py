@@ -75,6 +75,8 @@ class HostState:
     """"rng/cpu" (and "rng/cuda"): this rank's generator states."""
     buffer: torch.Tensor | None = None
     """The HostPool buffer that holds every copy (None: nothing to copy)."""
+    mid_batch: bool = False
+    """Parked between micro-batches, its accumulated gradient with it (`storages` only)."""
 
     @property
     def num_bytes(self) -> int:
@@ -138,16 +140,19 @@ def park(trainer: GRPOTrainer, pool: HostPool | None = None) -> HostState:
     Whole storages are copied, not tensor views: FSDP keeps each shard in a padded buffer, and
     tied or viewed tensors share one storage, which is then copied once. On CPU the host copy
     is a separate buffer all the same, so what the slot's "device" held is freed."""
-    if trainer._normaliser is not None:
-        raise RuntimeError("park() in the middle of a global batch: step() first (the "
-                           "accumulated gradient is not part of the swapped state)")
-    if any(p.grad is not None for p in trainer.model.parameters()):
+    mid_batch = trainer._normaliser is not None
+    if not mid_batch and any(p.grad is not None for p in trainer.model.parameters()):
         raise RuntimeError("park(): gradients are set; they are zeroed (None) after step()")
     tensors = local_tensors(trainer)
     layout = state_layout(trainer, tensors)
+    # Mid-batch (a time-shared agent's trainer giving its devices back to its engines between
+    # micro-batches): the accumulated gradient goes with it, copied back in place; the batch's
+    # counters stay on the trainer object. Such a state is only unparked here, never pulled.
+    grads = [_local(p.grad) for p in trainer.model.parameters()
+             if mid_batch and p.grad is not None]
     pin = trainer.device.type == "cuda"
     storages: dict[int, torch.UntypedStorage] = {}
-    for t in tensors.values():
+    for t in [*tensors.values(), *grads]:
         storage = t.untyped_storage()
         if storage.nbytes():
             storages.setdefault(storage.data_ptr(), storage)
@@ -183,7 +188,8 @@ def park(trainer: GRPOTrainer, pool: HostPool | None = None) -> HostState:
         rng["rng/cuda"] = torch.cuda.get_rng_state(trainer.device)
     meta = {"version": trainer.version, "param_groups": [
         {k: v for k, v in g.items() if k != "params"} for g in trainer.optimizer.param_groups]}
-    return HostState(trainer, list(copies.values()), views, layout, meta, rng, buffer)
+    return HostState(trainer, list(copies.values()), views, layout, meta, rng, buffer,
+                     mid_batch)
 
 
 def unpark(host: HostState, pool: HostPool | None = None) -> GRPOTrainer:

@@ -103,20 +103,26 @@ class TrainerPool:
     def __init__(self, slots: dict[str, Connection], slot_ranks: dict[str, int],
                  agents: dict[str, AgentTrainer], config: TrainerPoolConfig, *,
                  prefetch: bool = True, lifecycle: Lifecycle | None = None,
-                 saved: StateCheckpoints | None = None, scratch_in: str | None = None) -> None:
+                 saved: StateCheckpoints | None = None, scratch_in: str | None = None,
+                 pinned: dict[str, str] | None = None, shares: Any = None) -> None:
         """`slot_ranks`: each slot's ranks (the slots' sizes, from config.slots / slot_ranks or
         one per agent); `config.static`: every agent owns one slot; `config.snapshots`: save
         each agent's state after every step (`save`) so a dead slot's agent is restored;
         `lifecycle` (groups: its owners are the slots) knows each process's slot, replaces a
         dead slot's processes and kills a hung one (none: a death is final); `saved`: the
-        run's state dir (durable saves), `scratch_in`: where snapshots go (Saves)."""
-        static = config.static
-        if static and len(slots) < len(agents):
+        run's state dir (durable saves), `scratch_in`: where snapshots go (Saves); `pinned`
+        (agent -> slot): time-shared agents' own slots; `shares`
+        (flexmarl.orchestrator.timeshare.TimeShares): their devices, taken by each binding."""
+        static, pinned = config.static, dict(pinned or {})
+        free = ([a for a in agents if a not in pinned],
+                [s for s in slots if s not in pinned.values()])
+        if static and len(free[1]) < len(free[0]):
             raise ValueError(f"static reservation needs one slot per trainable agent: "
-                             f"{len(agents)} agents, {len(slots)} slots")
-        pinned = dict(zip(agents, slots)) if static else None
+                             f"{len(free[0])} agents, {len(free[1])} slots")
+        pinned |= dict(zip(*free)) if static else {}
         self.allocator = SlotAllocator(slot_ranks, {a: s.ranks for a, s in agents.items()},
                                        pinned)
+        self.shares = shares
         self.lifecycle = lifecycle or Lifecycle(groups=True, kind="trainer slot")
         self.agents = dict(agents)
         self.static = static
@@ -163,7 +169,18 @@ class TrainerPool:
         """The agent's trainer connection, its state in the slot, for the duration.
 
         Re-entrant per agent (a prefetch and the agent's own update may overlap): the slot is
-        released when the last binding of the agent ends."""
+        released when the last binding of the agent ends. A time-shared agent's outermost
+        binding first waits for its devices (`shares.train`: its engines asleep)."""
+        if agent not in self._holding and not prefetch and self.shares is not None:
+            async with self.shares.train(agent):
+                async with self._bind(agent, prefetch) as conn:
+                    yield conn
+            return
+        async with self._bind(agent, prefetch) as conn:
+            yield conn
+
+    @asynccontextmanager
+    async def _bind(self, agent: str, prefetch: bool) -> AsyncIterator[Connection]:
         hold = self._holding.get(agent)
         if not prefetch and (hold is None or hold.prefetch_only):
             self.order.asked(agent)  # the allocator evicts the agent expected last
@@ -225,8 +242,9 @@ class TrainerPool:
         if not self.prefetch or self.allocator.waiting() or not self._started:
             return
         resident = {a for a in self.allocator.resident.values() if a}
-        candidates = [a for a in self.expected_order()
-                      if a in self._started and a not in resident and a not in self._holding]
+        candidates = [a for a in self.expected_order()  # time-shared ones: parked on purpose
+                      if a in self._started and a not in resident and a not in self._holding
+                      and (self.shares is None or self.shares.of(a) is None)]
         if not self.order.learnt:  # nothing learnt yet: the agent that trained least recently
             candidates = [a for a in self.states if a in candidates]
         if not candidates:
@@ -283,18 +301,7 @@ class TrainerPool:
         if loaded == grant.agent:
             return  # its trainer never left this slot
         if loaded:  # an idle agent's trainer: parked in the slot's own processes
-            leaving = self._leaving[loaded] = asyncio.get_running_loop().create_future()
-            started = now()
-            try:
-                out: Parked = await conn.request(SwapOut(), timeout_s=self.request_timeout_s)
-                self.states[loaded] = ParkedState(grant.slot, list(out.ranks), out.version,
-                                                  out.num_bytes)
-                del self._loaded[grant.slot]
-                self.swaps.append(_swapped(loaded, grant.slot, "out", out.num_bytes, started))
-                self.times.swapped(loaded, "out", out.num_bytes, self.swaps[-1].seconds)
-            finally:
-                del self._leaving[loaded]
-                leaving.set_result(None)
+            await self._park(grant.slot, loaded)
         # The agent may have been evicted from another slot a moment ago (by the grant that
         # chose that slot) and its state still be on the way out: wait for it to land.
         if grant.agent in self._leaving:
@@ -333,6 +340,31 @@ class TrainerPool:
             except Exception as exc:  # only host memory of that slot is at stake
                 log.warning("trainer slot %s: freeing %s's old copy failed: %s", source,
                             grant.agent, exc)
+
+    async def _park(self, slot: str, agent: str) -> None:
+        """SwapOut: `agent`'s trainer leaves `slot` for host memory of the slot's processes."""
+        leaving = self._leaving[agent] = asyncio.get_running_loop().create_future()
+        started = now()
+        try:
+            out: Parked = await self.slots[slot].request(SwapOut(),
+                                                         timeout_s=self.request_timeout_s)
+            self.states[agent] = ParkedState(slot, list(out.ranks), out.version, out.num_bytes)
+            del self._loaded[slot]
+            self.swaps.append(_swapped(agent, slot, "out", out.num_bytes, started))
+            self.times.swapped(agent, "out", out.num_bytes, self.swaps[-1].seconds)
+        finally:
+            del self._leaving[agent]
+            leaving.set_result(None)
+
+    async def park(self, agent: str) -> None:
+        """Park the agent's trainer in place (its devices go to its engines: devices.placement
+        time_shared); its next binding loads it back. Nothing to do if no slot holds it."""
+        where = self.where(agent)
+        if where is None or where[0] != "loaded":
+            return
+        if agent in self._holding:
+            raise RuntimeError(f"agent {agent}'s trainer is bound: it cannot be parked now")
+        await self._park(where[1], agent)
 
     async def export(self, agent: str) -> WeightUpdate:
         """The agent's current weights from its trainer (bound for the request)."""

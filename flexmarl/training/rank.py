@@ -325,6 +325,10 @@ class Rank:
     def serve_shards(self, msg: FetchShards) -> ShardData:
         """This rank's slices of a parked agent (no collective, no copy: host memory views)."""
         host = self.parked.get(msg.agent)
+        if host is not None and host.mid_batch:
+            raise RuntimeError(f"agent {msg.agent} was parked in the middle of a global batch "
+                               "(time-shared): its accumulated gradient is only unparked in "
+                               "place, not pulled into another slot")
         if host is None:
             raise ValueError(f"agent {msg.agent!r} is not parked on trainer rank {self.rank} "
                              f"({self.address}); parked here: {sorted(self.parked) or 'none'}")

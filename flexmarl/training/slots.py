@@ -145,9 +145,12 @@ class SlotAllocator:
         return grants
 
     def _fits(self, agent: str, slot: str) -> bool:
-        return (self.slots[slot] >= self.needs[agent] and self.pinned.get(agent, slot) == slot
-                # a slot pinned to another agent is that agent's alone
-                and all(p != slot for a, p in self.pinned.items() if a != agent))
+        if self.slots[slot] < self.needs[agent]:
+            return False
+        if agent in self.pinned:
+            return self.pinned[agent] == slot
+        # a slot pinned to other agents (one, or a time-shared group) is theirs alone
+        return slot not in self.pinned.values()
 
     def _cost(self, agent: str, slot: str, est: Estimates) -> float:
         """Seconds of swaps for `agent` to train in `slot` once it is free: the state there

@@ -35,11 +35,16 @@ class WeightSync:
     def __init__(self, agents: Iterable[str], instances: Callable[[str], list[Connection]],
                  model_dirs: dict[str, str], *, timeout_s: float,
                  transport: Transport | None = None,
-                 served: dict[str, dict[str, torch.Tensor]] | None = None) -> None:
+                 served: dict[str, dict[str, torch.Tensor]] | None = None,
+                 rollout: Callable[[str], contextlib.AbstractAsyncContextManager] | None = None
+                 ) -> None:
         """`instances(agent)`: the connections of the agent's instances now; `transport`: the
         run's (default staged; flexmarl.weights.direct.DirectTransport on GPU); `served`
         (agent -> weights): what the instances start with, where not the model directory's
-        (the simulator's models have no files); `timeout_s`: rollout.request_timeout_s."""
+        (the simulator's models have no files); `timeout_s`: rollout.request_timeout_s;
+        `rollout(agent)`: the agent's devices for its engines, held over a sync's push (a
+        time-shared agent's engines are awake for it; flexmarl.orchestrator.timeshare)."""
+        self.rollout = rollout or (lambda agent: contextlib.nullcontext())
         self.instances = instances
         self.model_dirs = dict(model_dirs)
         self.timeout_s = timeout_s
@@ -67,7 +72,7 @@ class WeightSync:
             raise ValueError(f"{agent}'s exported weights are version {update.version}, the "
                              f"sync is of version {version}")
         transport = self.transport if update is None else self.stage
-        async with self._locks[agent]:
+        async with self.rollout(agent), self._locks[agent]:
             instances = self.instances(agent)
             if instances:
                 transfer = transport.begin(agent, version, instances)

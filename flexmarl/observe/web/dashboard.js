@@ -206,6 +206,15 @@ function renderSlots(slots) {
   fill("slots", table(["slot", "ranks", "bound", "resident", "util", "gpus"], rows, "no trainer slots"));
 }
 
+// devices.placement time_shared: each group's devices, its engines' or one trainer's now.
+function renderTimeShares(groups) {
+  const rows = Object.entries(groups).map(([name, g]) => [
+    name, str(g.mode || null), fmtInt(g.switches), `${fmt(g.switch_s)} s`,
+  ]);
+  document.getElementById("time-shares-box").hidden = !rows.length;
+  fill("time-shares", table(["group", "holding", "switches", "switching"], rows, "none"));
+}
+
 // A small line chart of `series` ([{name, color, dash, points: [[x, y|null], ...]}]); a null y
 // breaks the line rather than dropping to zero.
 function lineChart(title, yLabel, series, { zeroBased = false } = {}) {
@@ -293,6 +302,7 @@ function render(d) {
   renderAgents(agents);
   renderInstances(obj(d.instances));
   renderSlots(obj(d.slots));
+  renderTimeShares(obj(d.time_shares));
   renderCurves(names, history);
   renderEvents(arr(d.events));
 }

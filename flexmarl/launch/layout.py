@@ -1,0 +1,168 @@
+"""What goes where before any process starts: the trainer slots (their sizes, the time-shared
+groups' own slots, devices.placement) and the GPU placement (flexmarl.launch.devices).
+
+    team + trainer_pool + devices ─► slot_layout: the disaggregated agents' slots (shared or one
+        each, trainer_pool.slots / slot_ranks), then one slot per time-shared group, pinned to
+        its agents ─► plan_gpus: trainer ranks on GPUs of their own; a time-shared group's
+        instances on its slot's GPUs (the two take turns: flexmarl.orchestrator.timeshare),
+        the other instances on GPUs of their own (or shared by memory: devices.colocate)
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from flexmarl import checks
+from flexmarl.config.sections import DevicesConfig
+from flexmarl.launch.devices import Ask, DevicePlan, Host, parse_gpus, plan_devices
+from flexmarl.orchestrator.timeshare import time_shared_groups
+from flexmarl.rollout.pool import RolloutConfig
+from flexmarl.rollout.vllm_engine import SLEEP_ON_CPU
+from flexmarl.team import Team
+from flexmarl.training.pool import TrainerPoolConfig
+from flexmarl.weights.direct import resolve_transfer
+from runtime.registry import NodeRegistry
+from runtime.supervisor import Supervisor
+
+
+@dataclass(frozen=True)
+class SlotLayout:
+    """The run's trainer slots: trainer-K has sizes[K] ranks; `pinned` (agent -> slot) gives
+    each time-shared agent its group's slot; `groups`: the time-shared groups, in slot order."""
+
+    sizes: list[int]
+    pinned: dict[str, str] = field(default_factory=dict)
+    groups: list[tuple[str, ...]] = field(default_factory=list)
+
+    def group_slot(self, agent: str) -> str:
+        return self.pinned.get(agent, "")
+
+
+def slot_layout(team: Team, trainer_pool: TrainerPoolConfig,
+                devices: DevicesConfig) -> SlotLayout:
+    """The slots of the disaggregated agents (_slot_sizes), then one per time-shared group (as
+    many ranks as its largest agent needs); a ConfigError names a placement the team lacks."""
+    trainable = [s.name for s in team.agents if s.trainable]
+    try:
+        groups = time_shared_groups(devices.placement, trainable, [s.name for s in team.agents])
+    except ValueError as exc:
+        raise checks.ConfigError(str(exc)) from None
+    needs = {s.name: s.train_ranks or trainer_pool.ranks_per_agent
+             for s in team.agents if s.trainable}
+    shared = {a for g in groups for a in g}
+    sizes = _slot_sizes(trainer_pool, {a: n for a, n in needs.items() if a not in shared})
+    pinned = {a: f"trainer-{len(sizes) + k}" for k, g in enumerate(groups) for a in g}
+    return SlotLayout(sizes + [max(needs[a] for a in g) for g in groups], pinned, groups)
+
+
+@dataclass
+class GpuPlan:
+    """The run's GPU placement (None: no GPU worker) and its weight sync: which roles run on
+    GPUs, and "stage", "nccl" or "ipc" (flexmarl.weights.direct)."""
+
+    plan: DevicePlan | None
+    transfer: str
+    rollout: bool
+    trainer: bool
+
+    def env(self, worker: str) -> dict[str, str]:
+        return self.plan.env(worker) if self.plan is not None else {}
+
+    def host(self, worker: str) -> str:
+        # Local workers have no node; the planner calls this machine "local".
+        host = self.plan.host(worker) if self.plan is not None else ""
+        return "" if host == LOCAL else host
+
+
+LOCAL = "local"
+
+
+def hosts(gpus: str, sup: "Supervisor | NodeRegistry | None") -> list[Host]:
+    """The GPUs the run may use: this machine's (`gpus`: devices.gpus), or each joined node's."""
+    if isinstance(sup, NodeRegistry):
+        return [Host(n.name, tuple(range(n.hello.devices)), tuple(n.hello.roles))
+                for n in sup.alive()]
+    import torch
+    return [Host(LOCAL, parse_gpus(gpus, torch.cuda.device_count()))]
+
+
+def plan_gpus(team: Team, sizes: list[int], hosts: list[Host], *, rollout: RolloutConfig,
+              trainer_device: str, devices: DevicesConfig, trainer_pool: TrainerPoolConfig
+              ) -> GpuPlan:
+    """Who gets GPUs (trainer ranks with trainer.device = "cuda"; vLLM instances whenever GPUs
+    are there), where (flexmarl.launch.devices), and how weights reach the engines."""
+    have = any(h.gpus for h in hosts)
+    r = rollout  # the section; `rollout` below: whether instances get GPUs
+    rollout = r.backend == "vllm" and have
+    trainer = trainer_device == "cuda"
+    dev = devices
+    layout = slot_layout(team, trainer_pool, devices)
+    sizes = layout.sizes if layout.groups else sizes
+    transfer = resolve_transfer(r.weight_transfer, vllm_on_gpu=rollout,
+                                trainer_on_gpu=trainer, colocate=dev.colocate)
+    if layout.groups:
+        if r.backend == "vllm" and not have:
+            raise checks.ConfigError(SLEEP_ON_CPU)
+        if rollout != trainer:
+            raise checks.ConfigError(
+                f"devices.placement = {dev.placement!r}: a time-shared agent's engines and "
+                "trainer take turns on the same devices, but here the engines run on "
+                f"{'GPU' if rollout else 'CPU'} and the trainers on {'GPU' if trainer else 'CPU'}"
+                ': set trainer.device = "cuda" with rollout.backend = "vllm" on a GPU machine, '
+                'or both on CPU (rollout.backend = "torch", trainer.device = "cpu")')
+        if transfer != "stage" and r.weight_transfer != "auto":
+            raise checks.ConfigError(
+                f"rollout.weight_transfer = {r.weight_transfer!r} sends from a trainer to awake "
+                "engines, but a time-shared agent's trainer is parked while its engines run: "
+                'use "stage" (or "auto") with devices.placement time_shared')
+        transfer = "stage"
+    if not (rollout or trainer):
+        return GpuPlan(None, transfer, False, False)
+    # Static slots (one per agent, in team order): an instance goes near its agent's trainer.
+    trainable = [a.name for a in team.agents if a.trainable]
+    group_of = ({name: f"trainer-{k}" for k, name in enumerate(trainable)}
+                if len(sizes) == len(trainable) and not trainer_pool.slots
+                and not trainer_pool.slot_ranks else {})
+    asks = []
+    if trainer:
+        asks += [Ask(f"trainer-{k}-{r}", "trainer", group=f"trainer-{k}",
+                     memory=dev.trainer_memory_fraction)
+                 for k, n in enumerate(sizes) for r in range(n)]
+    if rollout:
+        names = (f"rollout-{k}" for k in itertools.count())
+        asks += [Ask(next(names), "rollout", r.tensor_parallel_size, label=spec.name,
+                     memory=r.gpu_memory_utilization,
+                     near=group_of.get(spec.name, "") if trainer else "",
+                     inside=layout.group_slot(spec.name))
+                 for spec in team.agents
+                 for _ in range(spec.instances or r.instances_per_agent)]
+    plan = plan_devices(hosts, asks, colocate=dev.colocate)
+    if transfer == "ipc" and not plan.paired(group_of):
+        if r.weight_transfer == "ipc":
+            raise checks.ConfigError(
+                'rollout.weight_transfer = "ipc" needs every instance on a GPU of its agent\'s '
+                "trainer slot (one slot per agent, room for both on a GPU); the placement is:\n"
+                + plan.table())
+        transfer = "stage"  # auto: instances apart from their trainers; NCCL cannot share a GPU
+    return GpuPlan(plan, transfer, rollout, trainer)
+
+
+def _slot_sizes(trainer_pool: TrainerPoolConfig, needs: dict[str, int]) -> list[int]:
+    """Ranks of each trainer slot: one per agent of its size (static), `trainer_pool.slots` of
+    ranks_per_agent each, or the explicit `trainer_pool.slot_ranks` list (a shared pool)."""
+    if trainer_pool.slot_ranks and needs:
+        return [int(x) for x in trainer_pool.slot_ranks.split(",")]
+    if trainer_pool.slots and needs:
+        return [trainer_pool.ranks_per_agent] * trainer_pool.slots
+    return list(needs.values())
+
+
+def check_devices(team: Team, listen: str, *, rollout: RolloutConfig, trainer_device: str,
+                  devices: DevicesConfig, trainer_pool: TrainerPoolConfig) -> None:
+    """At start, for workers on this machine (no cluster.listen): the GPU placement fits (one
+    PlacementError listing what was asked and what exists, before any process starts)."""
+    if listen:
+        return  # placed when the nodes have joined
+    plan_gpus(team, slot_layout(team, trainer_pool, devices).sizes, hosts(devices.gpus, None),
+              rollout=rollout, trainer_device=trainer_device, devices=devices,
+              trainer_pool=trainer_pool)

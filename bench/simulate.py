@@ -1,18 +1,21 @@
 """Cluster simulation: the paper's comparison table, from the product's own scheduling code.
 
-Every system (flexmarl.sim.cluster.SYSTEMS: mas_rl, marti, sync_static, one_step_off,
-flexmarl and its four variants) runs the same preset workload (flexmarl.sim.presets) with the
-same seed on simulated hardware (cost model flexmarl/sim/costs.toml) on a virtual clock: the real
-orchestrator, experience store, pipeline policies, balancer and trainer pool, over local://.
-Deterministic: two runs print the same numbers. Step time and tokens/s are over the steady
-state (the first and last of the simulated steps are not measured).
+Every system (flexmarl.sim.cluster.SYSTEMS: mas_rl, marti, marti-lean, sync_static,
+one_step_off, flexmarl and its variants) runs the same preset workload (flexmarl.sim.presets)
+with the same seed on simulated hardware (cost model flexmarl/sim/costs.toml) on a virtual
+clock: the real orchestrator, experience store, pipeline policies, balancer and trainer pool,
+over local://. Deterministic: two runs print the same numbers. Step time and tokens/s are over
+the steady state (the first and last of the simulated steps are not measured).
 
     .venv/bin/python bench/simulate.py --preset merchant [--json] [--steps 6] [--seed 0]
-        [--nodes 48] [--systems mas_rl,marti,...] [--costs PATH] [--set section.key=value ...]
+        [--nodes 48] [--systems mas_rl,marti,...] [--costs gpu|cpu-calibrated|PATH[,...]]
+        [--set section.key=value ...]
     .venv/bin/python bench/simulate.py --preset all     # every preset, one table each
+    .venv/bin/python bench/simulate.py --preset all --costs gpu,cpu-calibrated
+        # both pricings side by side: a summary table per pricing, then one of both
     .venv/bin/python bench/simulate.py --preset merchant --nodes 8 --plan [--write FILE]
-        # FlexMARL's shared trainer slots planned (flexmarl.sim.plan): the placements tried,
-        # best first; --write puts the chosen one in a config file ([trainer_pool])
+        # FlexMARL's placement planned (flexmarl.sim.plan): the placements tried, best
+        # first; --write puts the chosen one in a config file ([devices], [trainer_pool], ...)
 
 Columns: step time (s), generated tokens/s, accelerator utilisation (active device-seconds:
 decoding, prefilling, training / all devices x time), ratios of step time against mas_rl, marti
@@ -29,7 +32,9 @@ With --json the last line is one JSON object: preset, systems.<name>.{step_s, to
 utilisation, perfect_overlap_s (its own layout's), gap_to_perfect_overlap,
 gap_to_zero_staleness, snapshot_s, write_s, swap_out_s, swap_in_s, pulled_s,
 train_compute_s, ...}, bounds.{perfect_overlap_s, zero_staleness_s,
-rollout_only_s}, nodes, wall_s (for --preset all: presets.<name> of those).
+rollout_only_s}, planned (the placement FlexMARL's row runs: placement, label, kind,
+pipeline, balance, ...), plan (every placement tried), costs, nodes, wall_s (for --preset
+all: presets.<name> of those; for several --costs: pricings.<costs> of that).
 """
 from __future__ import annotations
 
@@ -47,7 +52,7 @@ if importlib.util.find_spec("flexmarl") is None:
 
 from flexmarl.sim import plan  # noqa: E402
 from flexmarl.sim.cluster import SYSTEMS, compare, plan_slots  # noqa: E402
-from flexmarl.sim.costs import DEFAULT_PATH, load_costs  # noqa: E402
+from flexmarl.sim.costs import load_costs  # noqa: E402
 from flexmarl.sim.presets import PRESETS, get_preset  # noqa: E402
 
 
@@ -81,26 +86,45 @@ def table(out: dict) -> str:
         lines.append(f"{name:22s} does not fit: {why}")
     lines.append(f"bounds: perfect overlap {b['perfect_overlap_s']:.1f} s (the least over the "
                  f"layouts; p.o.), zero staleness {b['zero_staleness_s']:.1f} s (z.s.)")
-    if out.get("plan"):
-        best = out["plan"][0]
-        lines.append(f"planned (auto): {_placement(best)}, balance {out['balance']}; tried "
-                     + ", ".join(f"{_placement(p)}{_moves(p['balance'])}: {p['step_s']:.1f} s"
-                                 for p in out["plan"]))
+    if out.get("planned"):
+        best = out["planned"]
+        lines.append(f"planned (auto): {best['label']} ({best['placement']}), {best['pipeline']}"
+                     f", {best['balance']}; tried " + ", ".join(
+                         f"{p['label']} {p['pipeline']} {p['balance']}: {p['step_s']:.1f} s"
+                         for p in out["plan"]))
     return "\n".join(lines)
 
 
-def _placement(p: dict) -> str:
-    """'5x16' (slots x devices, by model size), '+demand' for instances split by demand."""
-    sizes = p.get("train_devices") or {}
-    counts: dict[str, int] = {}
-    for model in p["slots"]:
-        counts[model] = counts.get(model, 0) + 1
-    text = "+".join(f"{n}x{sizes.get(m, m)}" for m, n in counts.items())
-    return text + ("+demand" if p.get("instances") else "")
+SHORT = {"mas_rl": "mas_rl", "marti": "marti", "marti-lean": "m-lean", "sync_static": "sync_st",
+         "one_step_off": "1off", "flexmarl": "flexmarl", "flexmarl+snapshots": "fx+snap",
+         "flexmarl-one_step_off": "fx-1off", "flexmarl-no_pipeline": "no_pipe",
+         "flexmarl-no_balance": "no_bal", "flexmarl-no_pool": "no_pool",
+         "flexmarl-no_timeshare": "no_ts"}
+ABLATIONS = ("flexmarl-no_pipeline", "flexmarl-no_balance", "flexmarl-no_pool",
+             "flexmarl-no_timeshare")
 
 
-def _moves(strategy: str) -> str:
-    return {"hierarchical": "", "least_loaded": " (no moves)"}.get(strategy, f" ({strategy})")
+def summary(cells: list[tuple[str, dict]]) -> str:
+    """One line per (label, compare output): every system's step, the bounds, the planned
+    placement, and whether flexmarl is at most marti and every ablation."""
+    names = [n for n in SHORT if any(n in out["systems"] or n in out.get("infeasible", {})
+                                     for _, out in cells)]
+    lines = [f"{'cell':26s} " + " ".join(f"{SHORT[n]:>8s}" for n in names)
+             + f" {'p.o.':>7s} {'z.s.':>7s} {'vs marti':>8s}  ok  planned"]
+    for label, out in cells:
+        systems = out["systems"]
+        steps = [f"{systems[n]['step_s']:8.1f}" if n in systems else f"{'n/f':>8s}"
+                 for n in names]
+        flex = systems.get("flexmarl", {}).get("step_s")
+        rivals = [systems[n]["step_s"] for n in ("marti", *ABLATIONS) if n in systems]
+        ok = "yes" if flex is not None and all(flex <= r for r in rivals) else "NO"
+        ratio = (f"{systems['marti']['step_s'] / flex:7.2f}x" if flex and "marti" in systems
+                 else f"{'-':>8s}")
+        b, plan = out["bounds"], out.get("planned") or {}
+        lines.append(f"{label:26s} {' '.join(steps)} {b['perfect_overlap_s']:7.1f} "
+                     f"{b['zero_staleness_s']:7.1f} {ratio} {ok:>3s}  {plan.get('label', '-')}"
+                     f" {plan.get('pipeline', '')} {plan.get('balance', '')}")
+    return "\n".join(lines)
 
 
 def run_preset(name: str, args: argparse.Namespace, costs) -> dict:
@@ -130,7 +154,9 @@ def main(argv: list[str] | None = None) -> dict:
                     help="cluster size in nodes of 16 devices (preset default: 48)")
     ap.add_argument("--systems", type=lambda s: s.split(","), default=None,
                     help=f"comma-separated subset of {', '.join(SYSTEMS)}")
-    ap.add_argument("--costs", default=str(DEFAULT_PATH), help="cost model TOML file")
+    ap.add_argument("--costs", default="gpu",
+                    help="cost model: gpu (default), cpu-calibrated, or a TOML file; several "
+                         "comma-separated run one after another, side by side")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="override one cost-model parameter (repeatable)")
     ap.add_argument("--plan", action="store_true",
@@ -145,7 +171,7 @@ def main(argv: list[str] | None = None) -> dict:
             ap.error(f"--set takes SECTION.KEY=VALUE, got {item!r}")
         overrides[key] = _value(value)
     try:
-        costs = load_costs(args.costs, **overrides)
+        pricings = [load_costs(c, **overrides) for c in args.costs.split(",")]
         names = list(PRESETS) if args.preset == "all" else [get_preset(args.preset).name]
         for system in args.systems or []:
             if system not in SYSTEMS:
@@ -155,12 +181,22 @@ def main(argv: list[str] | None = None) -> dict:
     if args.write and not args.plan:
         ap.error("--write goes with --plan")
     if args.plan:
-        return plan_main(args, names, costs)
-    results = {}
-    for name in names:
-        results[name] = run_preset(name, args, costs)
-        print(table(results[name]), f"\n({results[name]['wall_s']:.1f} s to simulate)\n")
-    out = results[names[0]] if len(names) == 1 else {"presets": results}
+        return plan_main(args, names, pricings[0])
+    by_costs = {}
+    for costs in pricings:
+        results = {}
+        for name in names:
+            results[name] = run_preset(name, args, costs)
+            print(table(results[name]), f"\n({results[name]['wall_s']:.1f} s to simulate, "
+                  f"costs {costs.name})\n")
+        by_costs[costs.name] = results
+    cells = [(f"{name} {r['nodes']}n s{r['seed']} {c}", r)
+             for c, results in by_costs.items() for name, r in results.items()]
+    if len(cells) > 1:
+        print(summary(cells) + "\n")
+    outs = {c: (results[names[0]] if len(names) == 1 else {"presets": results})
+            for c, results in by_costs.items()}
+    out = next(iter(outs.values())) if len(outs) == 1 else {"pricings": outs}
     if args.json:
         print(json.dumps(out))
     return out
@@ -175,14 +211,12 @@ def plan_main(args: argparse.Namespace, names: list[str], costs) -> dict:
         started = time.perf_counter()
         placements = plan_slots(preset, "flexmarl", costs=costs, steps=args.steps,
                                 seed=args.seed, progress=lambda p: print(
-                                    f"  {len(p.slots)} slots, {p.balance}: {p.step_s:.1f} s "
-                                    "per step", file=sys.stderr))
+                                    f"  {plan.label(costs, p)} {p.pipeline} {p.balance}: "
+                                    f"{p.step_s:.1f} s per step", file=sys.stderr))
         print(plan.table(preset, costs, placements),
               f"\n({time.perf_counter() - started:.1f} s to simulate)\n")
-        out[name] = {"nodes": preset.nodes, "placements": [
-            {"slots": list(p.slots), "slot_devices": plan.slot_devices(costs, p),
-             "rollout_devices": p.rollout_devices, "instances": plan.instances(preset, costs, p),
-             "balance": p.balance, "step_s": p.step_s} for p in placements]}
+        out[name] = {"nodes": preset.nodes, "costs": costs.name, "placements": [
+            plan.describe(preset, costs, p) for p in placements]}
         if args.write:
             with open(args.write, "w") as f:
                 f.write(plan.placement_toml(preset, costs, placements[0]))

@@ -19,6 +19,7 @@ import pytest
 from flexmarl import AgentSpec, SamplingParams, Team
 from flexmarl.checks import ConfigError
 from flexmarl.config.load import load_config
+from flexmarl.sim import plan
 from flexmarl.sim.costs import load_costs
 from flexmarl.sim.team_plan import medians, model_sizes, plan_team, resolve_auto
 from flexmarl.tasks import addition_tasks
@@ -79,10 +80,12 @@ def test_the_planner_is_deterministic_and_lists_the_best_first():
     preset, costs, placements = plan_team(duo, config)
     assert preset.models == {"solver": "14b", "checker": "32b"} and preset.nodes == 6
     steps = [p.step_s for p in placements]
-    assert steps == sorted(steps) and len({len(p.slots) for p in placements}) == 2  # k=1, 2
+    assert steps == sorted(steps)
+    assert {len(p.slots) for p in placements if not p.timeshare} == {1, 2}
+    assert {p.kind for p in placements} == {"disaggregated", "time_shared", "grouped"}
     assert {p.balance for p in placements} == {"hierarchical", "least_loaded", "round_robin"}
-    # One shared slot swaps two states per step (14B: ~10 s each way): two slots are faster.
-    assert len(placements[0].slots) == 2
+    # One shared slot swaps two states per step: a slot each, or time-sharing, is faster.
+    assert len(placements[0].slots) != 1
     again = [p.step_s for p in plan_team(duo, config)[2]]
     assert again == steps  # virtual time: identical, not close
 
@@ -90,13 +93,15 @@ def test_the_planner_is_deterministic_and_lists_the_best_first():
                                                    "=128", "trainer_pool.slots=auto"]), duo)
     assert resolved.trainer_pool.slots == 0  # as many slots as agents: one each, no swaps
     assert resolved.balance.strategy == placements[0].balance
+    assert resolved.devices.placement == plan.placement_key(placements[0])
+    assert resolved.pipeline.mode == placements[0].pipeline
     assert resolve_auto(config, duo) is config  # nothing to plan
 
 
 def test_too_few_nodes_is_one_error_naming_the_fix():
     # One node: the 32B agent's smallest slot (16 devices) leaves no rollout device.
     config = load_config(overrides=[SIZES, "plan.nodes=1"], team=MATH_DUO)
-    with pytest.raises(ConfigError, match=r"no number of shared trainer slots .*add nodes"):
+    with pytest.raises(ConfigError, match=r"no placement .*add nodes"):
         plan_team(load_team(config.team.path), config)
 
 
@@ -111,25 +116,31 @@ def test_flexmarl_plan_prints_writes_and_errs(tmp_path):
     done = _plan("--team", MATH_DUO, "--nodes", "2", "--set", SIZES.replace("32b", "14b"),
                  "--write", str(out_file), "--json")
     assert done.returncode == 0, done.stderr
-    assert "slot sizes (devices)" in done.stdout and "empty answer" in done.stdout
+    assert "rollout devices" in done.stdout and "empty answer" in done.stdout
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["nodes"] == 2 and report["models"] == {"solver": "14b", "checker": "14b"}
     # 2 nodes: one 16-device slot, or one or two of 8 devices (the fewest for a 14B state);
     # two 16-device slots would leave no rollout device.
-    tried = {(p["slots"], tuple(p["slot_devices"])) for p in report["placements"]}
+    tried = {(p["slots"], tuple(p["slot_devices"])) for p in report["placements"]
+             if p["placement"] == "disaggregated"}
     assert tried == {(1, (16,)), (1, (8,)), (2, (8, 8))}
+    assert "time_shared" in {p["placement"] for p in report["placements"]}
     best = report["placements"][0]
-    assert best["slots"] == 2  # one shared slot swaps 14B states: far slower
+    assert best["slots"] != 1  # one shared slot swaps 14B states: slower
     written = load_config(str(out_file))  # the user's config with the placement: runnable
-    assert written.trainer_pool.slots == 0  # a slot per agent
+    assert written.trainer_pool.slots == 0  # a slot per agent, or time-shared groups
+    assert written.devices.placement == best["placement"]
     assert written.balance.strategy == best["balance"]
+    assert written.pipeline.mode == best["pipeline"]
     counts = set(best["instances"].values())
     if len(counts) == 1:  # an equal split is written as rollout.instances_per_agent
         assert written.rollout.instances_per_agent == counts.pop()
     else:  # a split by demand is for AgentSpec.instances in the team file: listed, not written
         assert written.rollout.instances_per_agent == 1
         assert "AgentSpec.instances" in done.stdout
-    assert sum(best["instances"].values()) * 2 <= 16  # 16 rollout devices, 2 per 14B instance
+    # 16 rollout devices beside the slots (32 time-shared), 2 per 14B instance
+    assert sum(best["instances"].values()) * 2 <= (16 if best["placement"] == "disaggregated"
+                                                   else 32)
     assert written.team.path == MATH_DUO
 
     bad = _plan("--team", MATH_DUO)  # the built-in "small" model has no cluster size

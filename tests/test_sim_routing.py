@@ -230,7 +230,9 @@ def test_hierarchical_stops_under_the_ratio_and_does_not_flap(seed):
     assert len(r.placement["cold"]) >= 2                  # stopped by the ratio, not the floor
     last = r.moves[-1].at
     after = [c for c in r.samples if c.t > last]
-    assert len(after) > 0.7 * len(r.samples)              # it settled early and stayed
+    # It settled early and stayed: at the GPU-measured weight loads (a 14B move loads in
+    # 0.33 s, 1.2 s before issue 36) a second move pays at 45 s of seed 1's 134 s.
+    assert len(after) > 0.6 * len(r.samples)
     mean = {a: sum(c.loads[a] for c in after) / len(after) for a in ("hot", "cold")}
     assert mean["hot"] < 5.0 * mean["cold"]
     assert r.all_finished

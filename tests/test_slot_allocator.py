@@ -135,7 +135,7 @@ def test_the_simulated_slot_prices_the_swap_path_step_by_step():
     assert restored == pytest.approx(costs.onload_s(state, 16))
     assert moved == pytest.approx(costs.move_s(state, 16, 32) + costs.onload_s(state, 32))
     assert costs.move_s(state, 16, 32) == costs.move_s(state, 32, 16) == pytest.approx(
-        state / (costs.links.move_bandwidth_per_node * costs.links.swap_move_efficiency))
+        state / (16 * costs.links.rdma_per_device * costs.links.swap_move_efficiency))
     assert costs.offload_s(state, 32) == pytest.approx(costs.offload_s(state, 16) / 2)
 
 

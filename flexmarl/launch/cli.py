@@ -249,11 +249,11 @@ def _plan(args: argparse.Namespace) -> int:
     costs = None
 
     def progress(p: Any) -> None:
-        sizes = ",".join(map(str, plan.slot_devices(costs, p))) if costs else "?"
-        split = "by demand" if p.instances else "equal"
-        print(f"  slots of {sizes} devices, instances {split}, {p.balance}: {p.step_s:.1f} s "
-              f"per step ({time.perf_counter() - started:.0f} s so far)", file=sys.stderr,
-              flush=True)
+        where = plan.label(costs, p) if costs else "?"
+        split = "by demand" if p.instances or p.timeshare_devices else "equal"
+        print(f"  {where} ({plan.placement_key(p)}), {split}, {p.pipeline}, {p.balance}: "
+              f"{p.step_s:.1f} s per step ({time.perf_counter() - started:.0f} s so far)",
+              file=sys.stderr, flush=True)
 
     try:
         costs = costs_of(config)
@@ -291,6 +291,8 @@ def _plan(args: argparse.Namespace) -> int:
                                "slot_devices": plan.slot_devices(costs, p),
                                "instances": plan.instances(preset, costs, p),
                                "rollout_devices": p.rollout_devices, "balance": p.balance,
+                               "placement": plan.placement_key(p), "pipeline": p.pipeline,
+                               "groups": [list(g) for g in p.timeshare],
                                "step_s": p.step_s} for p in placements]}))
     return EXIT_OK
 

@@ -30,15 +30,18 @@ SystemResult = Any  # flexmarl.sim.cluster.SystemResult (cluster imports this mo
 
 
 def free_training(costs: Costs) -> Costs:
-    """`costs` with everything but rollout free: training, optimizer, host transfers (swaps,
-    mode switches), moves of states between slots, weight syncs, snapshots and state
-    writes."""
+    """`costs` with everything but rollout free: training, optimizer, MARTI's experience pass,
+    host transfers (swaps, mode switches), moves of states between slots, weight syncs,
+    snapshots and state writes."""
+    inf = math.inf
     return dataclasses.replace(
         costs, train=dataclasses.replace(costs.train, flops_per_token_per_param=0.0,
                                          optimizer_passes=0.0),
-        links=dataclasses.replace(costs.links, host_bandwidth_per_node=math.inf,
-                                  move_bandwidth_per_node=math.inf, sync_bandwidth=math.inf),
-        storage=dataclasses.replace(costs.storage, write_bandwidth=math.inf))
+        links=dataclasses.replace(costs.links, host_link_per_device=inf,
+                                  host_memory_per_node=inf, nvlink_per_device=inf,
+                                  rdma_per_device=inf),
+        storage=dataclasses.replace(costs.storage, write_bandwidth=inf),
+        baselines=dataclasses.replace(costs.baselines, experience_forwards=0.0))
 
 
 def perfect_overlap_s(result: SystemResult, rollout_only: SystemResult) -> float:

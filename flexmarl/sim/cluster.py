@@ -8,42 +8,53 @@
       ─► per-step records (the run's metrics.jsonl records) + device accounting ─► SystemResult
 
 Systems differ only in policy objects and placement, so every comparison is one workload, one
-seed, one cost model:
+seed, one cost model (flexmarl.sim.layouts lays the devices out):
 
     system                 pipeline      balancing     trainers
     mas_rl                 sync          round_robin   colocated: every device hosts every
                                                        agent's instances and one trainer slot;
-                                                       one mode resident at a time (agents
-                                                       generate and train in turn)
-    marti                  sync          round_robin   per agent: each agent's own devices hold
-                                                       its instances and its trainer, one mode
-                                                       at a time (vLLM asleep while it trains);
-                                                       agents train in parallel, their weights
-                                                       are broadcast one agent after another
+                                                       one mode resident at a time
+    marti                  sync          round_robin   per agent, as MARTI's code runs: each
+                                                       agent's devices (equal split) alternate
+                                                       between its vLLM engines and its trainer;
+                                                       its experience pass over all samples,
+                                                       agent after agent; agents train in
+                                                       parallel; broadcasts agent after agent,
+                                                       each waking and re-sleeping the engines
+    marti-lean             sync          round_robin   marti with the judgement calls in its
+                                                       favour: its experience pass over each
+                                                       agent's own samples, devices split by
+                                                       parameters (costs.toml [baselines])
     sync_static            sync          round_robin   one dedicated slot per agent
     one_step_off           one_step_off  round_robin   one dedicated slot per agent
-    flexmarl               micro_batch   hierarchical  shared pool (preset.shared_slots;
-                                                       "auto": flexmarl.sim.plan's choice)
-    flexmarl-one_step_off  one_step_off  hierarchical  shared pool
-    flexmarl-no_pipeline   sync          hierarchical  shared pool
-    flexmarl-no_balance    micro_batch   round_robin   shared pool
-    flexmarl-no_pool       micro_batch   hierarchical  one dedicated slot per agent
+    flexmarl               planned       planned       planned (flexmarl.sim.plan): shared or
+                                                       one-per-agent disaggregated slots, or
+                                                       time-shared groups (per agent or a few
+                                                       agents each), with a zero-staleness
+                                                       pipeline (micro_batch or sync)
+    flexmarl+snapshots     as flexmarl, with the per-step recovery snapshots of
+                           trainer_pool.snapshots (on by default in the product)
+    flexmarl-one_step_off  one_step_off  as flexmarl   as flexmarl: what staleness 1 buys (not
+                                                       an ablation: another promise)
+    flexmarl-no_pipeline   sync          as flexmarl   the planned placement, no overlap
+    flexmarl-no_balance    as flexmarl   round_robin   the planned placement, no balancing
+    flexmarl-no_pool       planned among placements without a shared slot (one per agent,
+                           disaggregated or time-shared)
+    flexmarl-no_timeshare  planned among disaggregated placements (FlexMARL before issue 36)
 
-The `marti` row follows MARTI's driver (TsinghuaC3I/MARTI, marti/trainer/
-multi_agent_ppotrainer.py `ppo_train`: every agent's `reload_states`, then every agent's `fit`
-issued together and joined, then `offload_states`; then `_broadcast_to_vllm` agent by agent:
+The planner's last round tries the best placement with sync and with round_robin, so flexmarl
+is never slower than an ablation, and it tries MARTI's own layout (per agent, equal split),
+so it is never slower than its own loop run there. The `marti` row follows MARTI's driver
+(TsinghuaC3I/MARTI, marti/trainer/multi_agent_ppotrainer.py `fit`: generate_samples (wake_up,
+generate, sleep), make_experience_batch, `ppo_train`: every agent's `reload_states`, `fit`
+issued together and joined, `offload_states`; then `_broadcast_to_vllm` agent by agent:
 wake_up, broadcast, sleep) and its launcher (marti/cli/multi_agent_train_ppo_ray.py: one
 placement group per agent, vLLM and the actor on it with `colocate_all_models` and
-`vllm_enable_sleep`). The FlexMARL rows pay what `flexmarl run` does after every step: the
-state save (trainer_pool.snapshots: the ranks stage their shards in host memory, then write
-them to the scratch dir in memory; every preset.save_every-th is copied to disk in the
-background: not priced, as the baselines' interval checkpoints are not).
-
-Devices not in trainer slots serve rollout, split equally between agents at the start.
+`vllm_enable_sleep`). Checkpoints are priced for no system (costs.toml [baselines]); the
+`flexmarl+snapshots` row shows what FlexMARL's per-step snapshots cost.
 """
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import math
@@ -59,10 +70,9 @@ from flexmarl.orchestrator.loop import PipelineRun
 from flexmarl.orchestrator.policy import PipelineConfig, PipelinePolicy, make_pipeline
 from flexmarl.rollout.pool import InstancePool, RolloutConfig
 from flexmarl.rollout.worker import RolloutWorker
-from flexmarl.sim import bounds, clock, plan
-from flexmarl.sim.costs import Costs, Model, load_costs
-from flexmarl.sim.engines import (FOREVER_S, DeviceGroup, SimRolloutEngine, SimTokenizer,
-                                  SimTrainer)
+from flexmarl.sim import bounds, clock, layouts, plan
+from flexmarl.sim.costs import Costs, load_costs
+from flexmarl.sim.engines import FOREVER_S, SimTokenizer, SimTrainer
 from flexmarl.sim.presets import Preset, get_preset
 from flexmarl.orchestrator.store import ExperienceStore
 from flexmarl.training.pool import AgentTrainer, TrainerPool, TrainerPoolConfig
@@ -76,23 +86,36 @@ class System:
     pipeline: str
     balance: str
     trainers: str
-    """colocated (one group for everything), per_agent (each agent's own colocated group),
-    static (one slot per agent) or shared (preset.shared_slots)."""
+    """colocated (one group for everything), per_agent (MARTI: each agent's own colocated
+    group), static (one slot per agent) or shared (preset.shared_slots; a FlexMARL row runs
+    the preset's time-shared groups instead when it has some)."""
     flexmarl: bool = False
-    """Pays FlexMARL's per-step snapshot and state write (see the module docstring)."""
+    """Runs FlexMARL's planned placement (preset.train_devices, instances, timeshare)."""
+    snapshots: bool = False
+    """Pays the product's per-step recovery snapshot and durable state write
+    (trainer_pool.snapshots); checkpoints are otherwise priced for no system."""
+    experience: str = ""
+    """MARTI's experience pass: "all" samples, each agent's "own", or "" (none)."""
+    split: str = "equal"
+    """MARTI's devices per agent: "equal" or by "params" (flexmarl.sim.layouts)."""
 
 
 SYSTEMS: dict[str, System] = {s.name: s for s in (
     System("mas_rl", "sync", "round_robin", "colocated"),
-    System("marti", "sync", "round_robin", "per_agent"),
+    System("marti", "sync", "round_robin", "per_agent", experience="all"),
+    System("marti-lean", "sync", "round_robin", "per_agent", experience="own", split="params"),
     System("sync_static", "sync", "round_robin", "static"),
     System("one_step_off", "one_step_off", "round_robin", "static"),
     System("flexmarl", "micro_batch", "hierarchical", "shared", True),
+    System("flexmarl+snapshots", "micro_batch", "hierarchical", "shared", True, snapshots=True),
     System("flexmarl-one_step_off", "one_step_off", "hierarchical", "shared", True),
     System("flexmarl-no_pipeline", "sync", "hierarchical", "shared", True),
     System("flexmarl-no_balance", "micro_batch", "round_robin", "shared", True),
     System("flexmarl-no_pool", "micro_batch", "hierarchical", "static", True),
+    System("flexmarl-no_timeshare", "micro_batch", "hierarchical", "shared", True),
 )}
+PLANNED = ("flexmarl-no_pool", "flexmarl-no_timeshare")
+"""Ablations that are the planner's best among a subset of its placements (plan.subset)."""
 
 
 @dataclass
@@ -140,92 +163,9 @@ class SystemResult:
                 if k not in ("records", "micro_batches", "marks", "emits")}
 
 
-@dataclass
-class _Layout:
-    groups: list[DeviceGroup]
-    instances: dict[str, list[tuple[str, SimRolloutEngine]]]
-    slots: dict[str, tuple[int, DeviceGroup]]
-    static: bool
-
-
-def _layout(preset: Preset, system: System, costs: Costs) -> _Layout:
-    """Which devices do what: rollout instances per agent, trainer slots (devices, group)."""
-    models = {a: costs.models[size] for a, size in preset.models.items()}
-    total = preset.nodes * costs.device.devices_per_node
-    instances: dict[str, list] = {a: [] for a in models}
-    counter = iter(range(1 << 30))
-
-    def add(agent: str, group: DeviceGroup, model: Model) -> None:
-        name = f"rollout-{next(counter)}"
-        engine = SimRolloutEngine(costs, model, group, agent_of=lambda a=agent: a,
-                                  medians=preset.medians)
-        instances[agent].append((name, engine))
-
-    if system.trainers == "colocated":
-        group = DeviceGroup("cluster", total, costs, colocated=True)
-        per = {a: total // m.rollout_devices for a, m in models.items()}
-        group.switch_bytes = lambda mode: (per[mode[1]] * models[mode[1]].weight_bytes
-                                           if mode[0] == "rollout" else 0.0)
-        for agent, model in models.items():
-            for _ in range(per[agent]):
-                add(agent, group, model)
-        return _Layout([group], instances, {"trainer-0": (total, group)}, static=False)
-
-    if system.trainers == "per_agent":
-        share = total // len(models)
-        groups, slots = [], {}
-        for k, (agent, model) in enumerate(models.items()):
-            count = share // model.rollout_devices
-            if count < 1 or costs.state_bytes(model) > share * costs.device.memory_bytes:
-                raise ValueError(f"preset {preset.name}, system {system.name}: {share} devices "
-                                 f"per agent hold no instance or no training state of agent "
-                                 f"{agent}; add nodes")
-            group = DeviceGroup(f"agent-{agent}", share, costs, colocated=True)
-            # Waking vLLM loads the agent's weights onto every instance; reloading the
-            # trainer loads its whole training state (each offloaded by the other mode).
-            group.switch_bytes = lambda mode, n=count, m=model: (
-                n * m.weight_bytes if mode[0] == "rollout" else costs.state_bytes(m))
-            for _ in range(count):
-                add(agent, group, model)
-            groups.append(group)
-            slots[f"trainer-{k}"] = (share, group)
-        broadcasts = DeviceGroup("driver", 0, costs, colocated=True,
-                                 switch_bytes=lambda mode: 0.0)
-        for insts in instances.values():
-            for _, engine in insts:
-                engine.broadcasts = broadcasts
-        return _Layout(groups, instances, slots, static=True)
-
-    if system.trainers == "static":
-        sizes = [models[a].train_devices for a in preset.trainable]
-    elif preset.shared_slots == "auto":
-        raise ValueError("resolve shared_slots='auto' first (flexmarl.sim.plan)")
-    else:
-        sizes = [costs.models[size].train_devices for size in preset.shared_slots]
-    slots = {f"trainer-{k}": (n, DeviceGroup(f"trainer-{k}", n, costs))
-             for k, n in enumerate(sizes)}
-    rollout_devices = total - sum(sizes)
-    share = rollout_devices // len(models)
-    group = DeviceGroup("rollout", rollout_devices, costs)
-    split = preset.instances if system.flexmarl else None
-    if split and sum(split[a] * m.rollout_devices for a, m in models.items()) > rollout_devices:
-        raise ValueError(f"preset {preset.name}: instances {split} need more than the "
-                         f"{rollout_devices} devices the trainer slots leave")
-    for agent, model in models.items():
-        count = split[agent] if split else share // model.rollout_devices
-        if count < 1:
-            raise ValueError(f"preset {preset.name}, system {system.name}: {rollout_devices} "
-                             f"rollout devices leave agent {agent} no instance "
-                             f"({model.rollout_devices} devices each); add nodes")
-        for _ in range(count):
-            add(agent, group, model)
-    return _Layout([group] + [g for _, g in slots.values()], instances, slots,
-                   static=system.trainers == "static")
-
-
 async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: int,
                policy: PipelinePolicy | None, balance: BalancerConfig | None) -> SystemResult:
-    layout = _layout(preset, system, costs)
+    layout = layouts.build(preset, system, costs)
     models = {a: costs.models[size] for a, size in preset.models.items()}
     team = preset.team()
     workers = [RolloutWorker(name, f"local://{name}", engine, max_concurrent=1 << 20,
@@ -233,6 +173,8 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
                for insts in layout.instances.values() for name, engine in insts]
     trainers = [SimTrainer(name, costs, models, group, devices, f"local://{name}")
                 for name, (devices, group) in layout.slots.items()]
+    for t in trainers:
+        t.gate = layout.experience
     async with contextlib.AsyncExitStack() as stack:
         for actor in [*workers, *trainers]:
             await stack.enter_async_context(actor.serving())
@@ -246,13 +188,11 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
         slot_conns = {t.name: connect(t.address) for t in trainers}
         tpool = TrainerPool(slot_conns, {n: d for n, (d, _) in layout.slots.items()},
                             {a: AgentTrainer(f"sim:{preset.models[a]}", {},
-                                             # per agent: the agent's whole group trains it
-                                             min(m.train_devices, layout.slots[f"trainer-{k}"][0])
-                                             if system.trainers == "per_agent" else m.train_devices)
-                             for k, (a, m) in enumerate(models.items())
-                             if a in preset.trainable},
+                                             # time-shared: the agent's whole group trains it
+                                             layout.ranks.get(a, models[a].train_devices))
+                             for a in preset.trainable},
                             TrainerPoolConfig(slots=0 if layout.static else len(layout.slots),
-                                              snapshots=system.flexmarl,
+                                              snapshots=system.snapshots,
                                               request_timeout_s=FOREVER_S))
         agents = {spec.name: AgentRuntime(spec, f"sim:{preset.models[spec.name]}", SimTokenizer())
                   for spec in team.agents}
@@ -271,6 +211,8 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
             for e in engines:  # bring their device accounting up to now
                 e._advance()
                 e._schedule()
+            if layout.experience is not None:
+                layout.experience.arm()
             compute = sum(t.compute_s for t in trainers)
             marks.append((now(), sum(g.active_device_s for g in layout.groups), compute,
                           sum(t.snapshot_s for t in trainers)))
@@ -291,7 +233,7 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
                     orch, store, pool, tpool, activity, pipeline, steps, weights=pool.weights,
                     policy=policy or make_pipeline(system.pipeline), emit=emit,
                     saves=(lambda step: (step + 1) % preset.save_every == 0 or step + 1 == steps)
-                    if system.flexmarl else None).run()
+                    if system.snapshots else None).run()
         finally:
             await pool.close()
             await tpool.close()
@@ -328,7 +270,7 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
         swap_out_s=swapped["out"] / len(measured), swap_in_s=swapped["in"] / len(measured),
         pulled_s=swapped["pulled"] / len(measured),
         write_s=sum(costs.state_write_s(models[a]) for a in preset.trainable)
-        / preset.save_every if system.flexmarl else 0.0,
+        / preset.save_every if system.snapshots else 0.0,
         records=records, micro_batches=sorted(m for t in trainers for m in t.micro_batches),
         marks=[m[0] for m in marks], emits=emits)
 
@@ -342,12 +284,12 @@ def simulate(preset: str | Preset, system: str | System, *, costs: Costs | None 
     preset = get_preset(preset) if isinstance(preset, str) else preset
     system = _system(system)
     costs = costs or load_costs()
-    if (preset.train_devices or preset.instances) and not system.flexmarl:
+    if (preset.train_devices or preset.instances or preset.timeshare) and not system.flexmarl:
         raise ValueError(f"{system.name} is a baseline: it runs on the cost model's slot "
                          "sizes and equal instances, not the planner's")
     if preset.train_devices:
         costs = costs.with_train_devices(preset.train_devices)
-    if system.trainers == "shared" and preset.shared_slots == "auto":
+    if system.trainers == "shared" and preset.shared_slots == "auto" and not preset.timeshare:
         return plan_slots(preset, system, costs=costs, steps=steps, seed=seed,
                           policy=policy, balance=balance)[0].result
     return clock.run(_run(preset, system, costs, steps or preset.steps, seed, policy,
@@ -365,21 +307,31 @@ def _system(system: str | System) -> System:
 def plan_slots(preset: Preset, system: str | System = "flexmarl", *, costs: Costs,
                steps: int | None = None, seed: int = 0,
                progress: Callable[[plan.Placement], Any] | None = None,
-               **kwargs: Any) -> list[plan.Placement]:
-    """The shared-slot placements flexmarl.sim.plan evaluated for `system`, best first."""
+               timeshare: bool = True, **kwargs: Any) -> list[plan.Placement]:
+    """The placements flexmarl.sim.plan evaluated for `system`, best first (`timeshare`:
+    time-shared ones among them)."""
     system = _system(system)
-    return plan.plan(preset, costs, lambda p, strategy: simulate(
-        p, dataclasses.replace(system, balance=strategy), costs=costs, steps=steps, seed=seed,
-        **kwargs), progress)
+    return plan.plan(preset, costs, lambda p, strategy, pipeline: simulate(
+        p, dataclasses.replace(system, balance=strategy, pipeline=pipeline), costs=costs,
+        steps=steps, seed=seed, **kwargs), progress, pipeline=system.pipeline,
+        timeshare=timeshare)
 
 
 def rollout_only(preset: Preset, system: System, *, costs: Costs, steps: int | None = None,
                  seed: int = 0) -> SystemResult:
     """`system`'s layout and balancer serving the workload with all else free
-    (flexmarl.sim.bounds)."""
+    (flexmarl.sim.bounds): one step ahead (one_step_off), and where devices alternate between
+    modes (colocated, time-shared) also in sync, the faster of the two: there the order in
+    which the steps' calls reach a group can make the overlapped run the slower one (mas_rl
+    on `small` at GPU prices: 108.8 s one step ahead, 82.3 s for the system itself)."""
     free = dataclasses.replace(system, name=f"{system.name}/rollout_only",
                                pipeline="one_step_off")
-    return simulate(preset, free, costs=bounds.free_training(costs), steps=steps, seed=seed)
+    free_costs = bounds.free_training(costs)
+    runs = [simulate(preset, free, costs=free_costs, steps=steps, seed=seed)]
+    if system.trainers in ("colocated", "per_agent") or (system.flexmarl and preset.timeshare):
+        runs.append(simulate(preset, dataclasses.replace(free, pipeline="sync"),
+                             costs=free_costs, steps=steps, seed=seed))
+    return min(runs, key=lambda r: r.step_s)
 
 
 def compare(preset: str | Preset, systems: list[str] | None = None, *,
@@ -392,77 +344,91 @@ def compare(preset: str | Preset, systems: list[str] | None = None, *,
     names = systems or list(SYSTEMS)
     results: dict[str, SystemResult] = {}
     placements: list[plan.Placement] = []
-    systems_of = dict(SYSTEMS)
-    planned = preset  # FlexMARL's rows run on the planned placement, the baselines on this
-    if preset.shared_slots == "auto":  # planned once, with flexmarl; its variants share it
+    runs: dict[str, tuple[System, Preset]] = {n: (SYSTEMS[n], preset) for n in names}
+    best = None
+    if preset.shared_slots == "auto":  # planned once, with flexmarl; its rows run on it
         placements = plan_slots(preset, "flexmarl", costs=costs, steps=steps, seed=seed)
         best = placements[0]
-        preset = dataclasses.replace(preset, shared_slots=best.slots)
-        planned = dataclasses.replace(preset, train_devices=best.train_devices,
-                                      instances=best.instances)
-        for name, system in SYSTEMS.items():  # the planned balancing, except the ablation's
-            if system.flexmarl and system.balance == "hierarchical":
-                systems_of[name] = dataclasses.replace(system, balance=best.balance)
-        if "flexmarl" in names:
-            results["flexmarl"] = best.result
-
-    def preset_for(system: System) -> Preset:
-        return planned if system.flexmarl else preset
+        for name in names:
+            system = SYSTEMS[name]
+            if not system.flexmarl:
+                runs[name] = (system, dataclasses.replace(preset, shared_slots=best.slots))
+                continue
+            chosen = best
+            if name in PLANNED:  # the planner's best among the placements it keeps
+                chosen = plan.subset(placements, name.split("-no_")[1], preset)
+                if chosen is None:
+                    continue
+            # The chosen placement's pipeline and balancing, except what the row removes.
+            runs[name] = (dataclasses.replace(
+                system, pipeline=chosen.pipeline if system.pipeline == "micro_batch"
+                else system.pipeline, balance=chosen.balance
+                if system.balance == "hierarchical" else system.balance),
+                plan.preset_of(preset, chosen))
+            done = plan.find(placements, chosen, runs[name][0].pipeline, runs[name][0].balance)
+            if done is not None and not runs[name][0].snapshots:
+                results[name] = done.result
     infeasible: dict[str, str] = {}
     for name in names:
+        if name not in runs:
+            infeasible[name] = "no placement of its kind fits"
+            continue
+        system, on = runs[name]
         if name in results:
             pass
-        elif (why := misfit(preset_for(systems_of[name]), systems_of[name], costs)) is not None:
+        elif (why := misfit(on, system, costs)) is not None:
             infeasible[name] = why
             continue
         else:
-            results[name] = simulate(preset_for(systems_of[name]), systems_of[name],
-                                     costs=costs, steps=steps, seed=seed)
+            results[name] = simulate(on, system, costs=costs, steps=steps, seed=seed)
         if progress is not None:
             progress(name, results[name])
     results = {name: results[name] for name in names if name in results}
     # One rollout-only run per layout and balancer among the systems, and FlexMARL's (the
     # zero-staleness bound is on its layout even when it is not compared).
-    flex = systems_of["flexmarl"]
-    only: dict[tuple[str, str], SystemResult] = {}
-    extra = [] if misfit(planned, flex, costs) else [flex]
-    for system in [systems_of[n] for n in results] + extra:
-        key = (system.trainers, system.balance, system.flexmarl)
+    flex = runs.get("flexmarl") or (SYSTEMS["flexmarl"], plan.preset_of(preset, best)
+                                    if best else preset)
+    only: dict[tuple, SystemResult] = {}
+    keys = {}
+    extra = {} if misfit(flex[1], flex[0], costs) else {"flexmarl": flex}
+    for name, (system, on) in {**{n: runs[n] for n in results}, **extra}.items():
+        keys[name] = key = (system.trainers, system.balance, system.split, system.flexmarl,
+                            _layout_key(on))
         if key not in only:
-            only[key] = rollout_only(preset_for(system), system, costs=costs, steps=steps,
-                                     seed=seed)
-    defaults = {m: costs.models[m].train_devices for m in sorted(set(preset.models.values()))}
-    out: dict[str, Any] = {"preset": preset.name, "seed": seed,
+            only[key] = rollout_only(on, system, costs=costs, steps=steps, seed=seed)
+    out: dict[str, Any] = {"preset": preset.name, "seed": seed, "costs": costs.name,
                            "steps": steps or preset.steps, "systems": {},
-                           "shared_slots": list(preset.shared_slots),
-                           "train_devices": planned.train_devices or defaults,
-                           "balance": systems_of["flexmarl"].balance,
-                           "plan": [{"slots": list(p.slots), "step_s": p.step_s,
-                                     "rollout_devices": p.rollout_devices,
-                                     "balance": p.balance,
-                                     "train_devices": p.train_devices or defaults,
-                                     "instances": p.instances}
-                                    for p in placements]}
-    own = {name: bounds.perfect_overlap_s(r, only[(systems_of[name].trainers,
-                                                    systems_of[name].balance,
-                                                    systems_of[name].flexmarl)])
-           for name, r in results.items()}
-    flex_only = only.get((flex.trainers, flex.balance, flex.flexmarl))
+                           "planned": plan.describe(preset, costs, best) if best else None,
+                           "plan": [plan.describe(preset, costs, p) for p in placements]}
+    own = {name: bounds.perfect_overlap_s(r, only[keys[name]]) for name, r in results.items()}
+    flex_only = only.get(keys.get("flexmarl"))
     out["bounds"] = {
         "perfect_overlap_s": min(own.values()),
         "zero_staleness_s": flex_only.step_s + bounds.least_tail_s(preset, flex_only, costs)
         if flex_only else math.nan,
-        "rollout_only_s": {f"{t}/{b}" + ("/flexmarl" if f else ""): r.step_s
-                           for (t, b, f), r in only.items()},
+        "rollout_only_s": {_key_name(k): r.step_s for k, r in only.items()},
     }
     for name, r in results.items():
         row = r.summary()
         row["perfect_overlap_s"] = own[name]
         row["gap_to_perfect_overlap"] = r.step_s / out["bounds"]["perfect_overlap_s"] - 1
         row["gap_to_zero_staleness"] = r.step_s / out["bounds"]["zero_staleness_s"] - 1
+        row["pipeline"], row["balance"] = runs[name][0].pipeline, runs[name][0].balance
         out["systems"][name] = row
     out["infeasible"] = infeasible
     return out
+
+
+def _layout_key(p: Preset) -> tuple:
+    return (p.shared_slots, tuple(sorted((p.train_devices or {}).items())),
+            tuple(sorted((p.instances or {}).items())), p.timeshare, p.timeshare_devices)
+
+
+def _key_name(key: tuple) -> str:
+    trainers, balance, split, flexmarl, (slots, _, _, groups, _) = key
+    where = ("time_shared" if groups else trainers) if flexmarl else \
+        (trainers if split == "equal" else f"{trainers}/{split}")
+    return f"{where}/{balance}" + ("/flexmarl" if flexmarl else "")
 
 
 def misfit(preset: Preset, system: System, costs: Costs) -> str | None:
@@ -472,7 +438,7 @@ def misfit(preset: Preset, system: System, costs: Costs) -> str | None:
     if preset.train_devices:
         costs = costs.with_train_devices(preset.train_devices)
     try:
-        _layout(preset, system, costs)
+        layouts.build(preset, system, costs)
     except ValueError as exc:
         return str(exc)
     return None

@@ -5,21 +5,28 @@
     prefill      = 2 x params x prompt tokens / (devices x peak x prefill_mfu)
     train        = 6 x params x tokens / (active devices x peak x mfu), active devices =
                    min(slot devices, rows x max_devices_per_sequence); step = state passes
-    swap out     = offload: each rank's shard to host memory of its node; the nodes in
-                   parallel, a node's ranks sharing its host link: state bytes / (nodes x host
-                   bandwidth per node x swap_host_efficiency)
-    swap in      = onload (the same, back) when the agent is parked in the slot; from another
-                   slot: move (rank to rank over the network, the nodes of the smaller side
-                   limiting: state bytes / (min(nodes) x move bandwidth per node x
-                   swap_move_efficiency)) + onload
-    weight sync  = weight bytes / sync bandwidth (per instance, instances in parallel)
-    colocation   = bytes the devices must hold for the next mode / (nodes x host bandwidth)
-    state save   = staged: each rank's shards to host memory of its node (as swap out's host
-                   transfer, the slot waits), then written to the scratch dir in memory (the
-                   same again; the agent's next batch waits); the durable copy to disk:
-                   state bytes / storage write bandwidth, in the background; a restore reads
-                   the snapshot back from memory (the same as a stage)
+    forward      = 2 x params x tokens / (devices x peak x mfu) (MARTI's experience pass)
+    host copy    = bytes / (host rate x swap_host_efficiency), host rate = min(devices x
+                   host link per device, nodes x host memory per node): each device its own
+                   PCIe link, a node's devices sharing its host memory. Every host transfer
+                   pays it, both ways: swaps out and in, snapshots, the colocated systems'
+                   mode switches (the outgoing mode's bytes out, the incoming mode's in)
+    move         = a SwapIn from another slot, before its onload: rank to rank over RDMA, the
+                   side with fewer devices limiting: bytes / (min(devices) x RDMA per device x
+                   swap_move_efficiency)
+    weight sync  = weight bytes / (instance devices x RDMA per device x link efficiency), per
+                   instance, instances in parallel; over NVLink where the trainer shares the
+                   instance's devices (time-shared groups, MARTI)
+    state save   = staged: each rank's shards to host memory (a host copy, the slot waits),
+                   then written to the scratch dir in memory (the same again; the agent's next
+                   batch waits); the durable copy to disk: state bytes / storage write
+                   bandwidth, in the background; a restore reads the snapshot back from
+                   memory (a host copy)
 
+PROFILES names the cost files: "gpu" (costs.toml, the default: links from GPU measurements)
+and "cpu-calibrated" (costs_cpu.toml: the swap path's efficiencies measured on this CPU
+machine, the pessimistic row). A file may start with `extends = "other.toml"` and give only
+what differs.
 Attention FLOPs, prefix caching and preemption are left out (see bench/README.md).
 """
 from __future__ import annotations
@@ -32,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_PATH = Path(__file__).with_name("costs.toml")
+PROFILES = {"gpu": DEFAULT_PATH, "cpu-calibrated": Path(__file__).with_name("costs_cpu.toml")}
+"""Named cost files (bench/simulate.py --costs, plan.costs)."""
 
 
 @dataclass(frozen=True)
@@ -66,11 +75,19 @@ class Train:
 
 @dataclass(frozen=True)
 class Links:
-    host_bandwidth_per_node: float
-    sync_bandwidth: float
-    move_bandwidth_per_node: float
+    host_link_per_device: float
+    host_memory_per_node: float
+    nvlink_per_device: float
+    rdma_per_device: float
+    link_efficiency: float
     swap_host_efficiency: float
     swap_move_efficiency: float
+
+
+@dataclass(frozen=True)
+class Baselines:
+    experience_forwards: float
+    offload_bytes_per_param: float
 
 
 @dataclass(frozen=True)
@@ -104,7 +121,10 @@ class Costs:
     train: Train
     links: Links
     storage: Storage
+    baselines: Baselines
     models: dict[str, Model]
+    name: str = "gpu"
+    """The profile (or file) these costs came from, for tables."""
 
     # ------------------------------------------------------------------ rollout
 
@@ -124,7 +144,15 @@ class Costs:
         return max(free, 0.0) / m.kv_bytes_per_token
 
     def weight_load_s(self, m: Model) -> float:
-        return m.weight_bytes / self.links.sync_bandwidth
+        """A trainer's weights onto one instance over RDMA (each of its devices a rail)."""
+        link = self.links
+        return m.weight_bytes / (m.rollout_devices * link.rdma_per_device * link.link_efficiency)
+
+    def local_weight_load_s(self, m: Model) -> float:
+        """The same from a trainer on the instance's own devices (NVLink / CUDA IPC)."""
+        link = self.links
+        return m.weight_bytes / (m.rollout_devices * link.nvlink_per_device
+                                 * link.link_efficiency)
 
     # ------------------------------------------------------------------ training
 
@@ -156,13 +184,25 @@ class Costs:
             name: dataclasses.replace(m, train_devices=devices.get(name, m.train_devices))
             for name, m in self.models.items()})
 
+    def forward_s(self, m: Model, devices: int, tokens: float) -> float:
+        """One forward pass over `tokens` on `devices` (no backward)."""
+        return 2.0 * m.params * tokens / (devices * self.device.peak_flops * self.train.mfu)
+
     def state_write_s(self, m: Model) -> float:
         return self.state_bytes(m) / self.storage.write_bandwidth
 
-
+    def host_rate(self, devices: int) -> float:
+        """Bytes/s between `devices` and their nodes' host memory, all at once: each device
+        its own link, each node's memory shared by its devices."""
+        link = self.links
+        return min(devices * link.host_link_per_device,
+                   self.nodes(devices) * link.host_memory_per_node)
 
     def host_transfer_s(self, num_bytes: float, devices: int) -> float:
-        return num_bytes / (self.nodes(devices) * self.links.host_bandwidth_per_node)
+        """A host copy (pinned memory) of `num_bytes` spread over `devices`."""
+        if num_bytes <= 0:
+            return 0.0
+        return num_bytes / (self.host_rate(devices) * self.links.swap_host_efficiency)
 
     def nodes(self, devices: int) -> int:
         return max(1, math.ceil(devices / self.device.devices_per_node))
@@ -170,31 +210,37 @@ class Costs:
     # ------------------------------------------------------------------ swaps
 
     def offload_s(self, num_bytes: float, devices: int) -> float:
-        """A slot's SwapOut: every rank's shard to host memory of its own node, nodes in
-        parallel (the ranks of a node share its host link)."""
-        return self.host_transfer_s(num_bytes, devices) / self.links.swap_host_efficiency
+        """A slot's SwapOut: every rank's shard to host memory of its own node, all at once."""
+        return self.host_transfer_s(num_bytes, devices)
 
     def onload_s(self, num_bytes: float, devices: int) -> float:
         """A SwapIn of an agent parked in the slot: the same bytes back, in place."""
         return self.offload_s(num_bytes, devices)
 
+    def switch_s(self, out_bytes: float, in_bytes: float, devices: int) -> float:
+        """A colocated group's change of mode: the outgoing mode's bytes to host memory, then
+        the incoming mode's onto the devices (vLLM sleep / wake_up, a trainer's offload /
+        reload), both at the swap path's host efficiency."""
+        return self.offload_s(out_bytes, devices) + self.onload_s(in_bytes, devices)
+
     def move_s(self, num_bytes: float, src_devices: int, devices: int) -> float:
         """A SwapIn from another slot, before its onload: every rank pulls its slices from the
-        source's ranks, all at once; each node's network link carries its ranks' share, so the
-        side with fewer nodes limits."""
-        nodes = min(self.nodes(src_devices), self.nodes(devices))
-        return num_bytes / (nodes * self.links.move_bandwidth_per_node
+        source's ranks, all at once, each device over its own rail; the side with fewer
+        devices limits."""
+        return num_bytes / (min(src_devices, devices) * self.links.rdma_per_device
                             * self.links.swap_move_efficiency)
 
 
 def load_costs(path: str | Path = DEFAULT_PATH, **overrides: Any) -> Costs:
-    """The cost model of `path`; `overrides` as {"section.key": value} (e.g. train.mfu=0.4)."""
-    raw = tomllib.loads(Path(path).read_text())
+    """The cost model of `path` (a file, or a name of PROFILES); `overrides` as
+    {"section.key": value} (e.g. train.mfu=0.4)."""
+    name = str(path) if str(path) in PROFILES else Path(path).stem
+    raw = _read(Path(PROFILES.get(str(path), path)))
     for key, value in overrides.items():
-        section, _, name = key.partition(".")
-        if section not in raw or name not in raw[section]:
+        section, _, key_name = key.partition(".")
+        if section not in raw or key_name not in raw[section]:
             raise ValueError(f"cost model has no parameter {key!r}")
-        raw[section][name] = value
+        raw[section][key_name] = value
 
     def build(cls: type, section: dict, where: str) -> Any:
         names = {f.name for f in fields(cls)} - {"name"}
@@ -204,10 +250,28 @@ def load_costs(path: str | Path = DEFAULT_PATH, **overrides: Any) -> Costs:
                              f"{sorted(unknown)}")
         return section
 
-    models = {name: Model(name=name, **build(Model, sec, f"models.{name}"))
-              for name, sec in raw.get("models", {}).items()}
+    models = {m: Model(name=m, **build(Model, sec, f"models.{m}"))
+              for m, sec in raw.get("models", {}).items()}
     return Costs(Device(**build(Device, raw["device"], "device")),
                  Rollout(**build(Rollout, raw["rollout"], "rollout")),
                  Train(**build(Train, raw["train"], "train")),
                  Links(**build(Links, raw["links"], "links")),
-                 Storage(**build(Storage, raw["storage"], "storage")), models)
+                 Storage(**build(Storage, raw["storage"], "storage")),
+                 Baselines(**build(Baselines, raw["baselines"], "baselines")), models,
+                 name="gpu" if name == "costs" else name)
+
+
+def _read(path: Path) -> dict:
+    """A cost file's tables; `extends = "base.toml"` (beside it) first, then its own keys."""
+    raw = tomllib.loads(path.read_text())
+    base = raw.pop("extends", None)
+    if base is None:
+        return raw
+    merged = _read(path.with_name(base))
+    for section, values in raw.items():
+        if section == "models":
+            for m, sec in values.items():
+                merged.setdefault("models", {}).setdefault(m, {}).update(sec)
+        else:
+            merged.setdefault(section, {}).update(values)
+    return merged

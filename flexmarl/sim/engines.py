@@ -9,8 +9,10 @@
                       ExportState) as flexmarl.training.worker does, waiting the modelled
                       compute and transfer times
     DeviceGroup       the devices under them: active device-seconds (utilisation), and for
-                      colocated systems one resident mode at a time (an agent's rollout
-                      weights or its training state), each change paid in host transfers
+                      colocated and time-shared layouts one resident mode at a time (rollout:
+                      engines awake; training: an agent's state loaded), each change paid in
+                      host transfers both ways (the outgoing mode's bytes out, the incoming
+                      mode's in)
 
 Simulated prompts carry the simulated policy's behaviour: token 0 of a prompt is the median
 response length (tokens) the policy gives it (a user team's run has a median per agent
@@ -35,6 +37,7 @@ from flexmarl.protocol import (AwaitSaved, DropParked, ExportWeights, FetchShard
                                Sample, SamplingParams, ShardData, SwapDone, SwapIn, SwapOut,
                                TrainBeginBatch, TrainMicroBatch, TrainStats,
                                TrainStep, TrainStepDone, WeightUpdate)
+from flexmarl.orchestrator.timeshare import ROLLOUT, TimeShare
 from flexmarl.sim.costs import Costs, Model
 from runtime.actor import Actor, handler
 from runtime.codec import Envelope
@@ -57,10 +60,11 @@ class SimTokenizer:
 
 @dataclass
 class DeviceGroup:
-    """Devices shared by engines. `colocated`: rollout instances and a trainer slot share them
-    and only one mode (("rollout", agent) or ("train", agent)) is resident at a time; a mode
-    change waits for the current mode's users to finish and costs `switch_bytes(mode)` over
-    the group's host links. Modes are served in the order they were first asked for; a switch
+    """Devices shared by engines. `colocated`: rollout instances and trainer slots share them
+    and only one mode (("rollout", key) or ("train", agent)) is resident at a time; a mode
+    change waits for the current mode's users to finish and costs the outgoing mode's
+    `resident_bytes` to host memory plus the incoming one's onto the devices
+    (Costs.switch_s). Modes are served in the order they were first asked for; a switch
     admits every pending request of its mode; while another mode waits, new requests of the
     current one queue behind it (no starvation)."""
 
@@ -68,8 +72,12 @@ class DeviceGroup:
     devices: int
     costs: Costs
     colocated: bool = False
-    switch_bytes: Any = None
-    """mode -> bytes that must be loaded onto the group to enter it (colocated only)."""
+    resident_bytes: Any = None
+    """mode -> bytes the mode holds on the group's devices (colocated only)."""
+    share: TimeShare | None = None
+    """A time-shared group's arbiter: the product's own (flexmarl.orchestrator.timeshare),
+    whose switch waits the cost model's transfer time; it then decides who goes when (rollout
+    first) instead of the first-asked order below (mas_rl's cluster, MARTI's driver)."""
     active_device_s: float = 0.0
     switches: int = 0
     switch_s: float = 0.0
@@ -81,7 +89,23 @@ class DeviceGroup:
     def busy(self, devices: float, seconds: float) -> None:
         self.active_device_s += devices * seconds
 
+    def time_shared(self, agents: tuple[str, ...]) -> "DeviceGroup":
+        """Arbitrate this group with the product's TimeShare over `agents`' modes."""
+        self.colocated = True
+        self.share = TimeShare(self.name, agents, switch=self._switch, mode=None)
+        return self
+
+    async def _switch(self, old: object, new: object) -> None:
+        seconds = self.costs.switch_s(self.resident_bytes(_full(old)) if old else 0.0,
+                                      self.resident_bytes(_full(new)), self.devices)
+        self.switches += 1
+        self.switch_s += seconds
+        await asyncio.sleep(seconds)
+
     async def acquire(self, mode: tuple) -> None:
+        if self.share is not None:
+            await self.share.acquire(ROLLOUT if mode[0] == "rollout" else mode)
+            return
         if not self.colocated:
             return
         if self._mode == mode and not self._waiting and not self._switching:
@@ -93,6 +117,9 @@ class DeviceGroup:
         await fut
 
     def release(self, mode: tuple) -> None:
+        if self.share is not None:
+            self.share.release(ROLLOUT if mode[0] == "rollout" else mode)
+            return
         if not self.colocated:
             return
         self._users -= 1
@@ -106,7 +133,8 @@ class DeviceGroup:
             self._grant(mode)
             return
         self._switching = True
-        seconds = self.costs.host_transfer_s(self.switch_bytes(mode), self.devices)
+        seconds = self.costs.switch_s(self.resident_bytes(self._mode) if self._mode else 0.0,
+                                      self.resident_bytes(mode), self.devices)
         self.switches += 1
         self.switch_s += seconds
 
@@ -130,6 +158,11 @@ class DeviceGroup:
         self._waiting = keep
         if not self._users:
             self._next()
+
+
+def _full(mode: object) -> tuple:
+    """A TimeShare mode as a DeviceGroup one: ROLLOUT is ("rollout", "")."""
+    return ("rollout", "") if mode == ROLLOUT else mode  # type: ignore[return-value]
 
 
 class _Seq:
@@ -176,6 +209,14 @@ class SimRolloutEngine:
         """A colocated group the weight loads pass through as mode ("sync", agent): one agent's
         instances load together, agents one after another (a driver that broadcasts to each
         agent's engines in turn, as MARTI's does). None: every load is independent."""
+        self.broadcast_extra_s = 0.0
+        """Added to each such broadcast (MARTI wakes its engines for it, then re-sleeps them)."""
+        self.rollout_key = ""
+        """This engine's rollout mode is ("rollout", key) ("": its agent's)."""
+        self.local_sync = False
+        """Weights come over NVLink from a trainer on these devices, the engines awake."""
+        self.sequence_tokens = 0
+        """Prompt + response tokens of every sample generated (MARTI's experience pass)."""
 
     async def start(self) -> None:
         self._last = now()
@@ -187,14 +228,26 @@ class SimRolloutEngine:
         if self._timer is not None:
             self._timer.cancel()
 
+    def _rollout_mode(self) -> tuple:
+        return ("rollout", self.rollout_key or (self.agent_of() if self.agent_of else ""))
+
     async def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
+        if self.local_sync:  # the engines must be awake to take them
+            mode = self._rollout_mode()
+            await self.group.acquire(mode)
+            try:
+                await asyncio.sleep(self.costs.local_weight_load_s(self.model))
+            finally:
+                self.group.release(mode)
+            return
         if self.broadcasts is None:
             await asyncio.sleep(self.costs.weight_load_s(self.model))
             return
         mode = ("sync", self.agent_of() if self.agent_of else "")
         await self.broadcasts.acquire(mode)
         try:
-            await asyncio.sleep(self.costs.weight_load_s(self.model))
+            await asyncio.sleep(self.costs.local_weight_load_s(self.model)
+                                + self.broadcast_extra_s)
         finally:
             self.broadcasts.release(mode)
 
@@ -212,7 +265,8 @@ class SimRolloutEngine:
     async def generate(self, prompt_ids: list[int], params: SamplingParams
                        ) -> tuple[list[Sample], list[float] | None]:
         lengths = self.lengths(prompt_ids, params)
-        mode = ("rollout", self.agent_of() if self.agent_of else "")
+        self.sequence_tokens += len(prompt_ids) * len(lengths) + sum(lengths)
+        mode = self._rollout_mode()
         await self.group.acquire(mode)
         try:
             loop = asyncio.get_running_loop()
@@ -308,8 +362,13 @@ class SimTrainer(Actor):
         self.snapshot_s = 0.0
         self._writes: dict[str, asyncio.Future] = {}
         """SaveState's path -> its write (AwaitSaved waits for it)."""
+        self.gate: Any = None
+        """An object whose `wait()` every training computation awaits first (MARTI's
+        experience pass, flexmarl.sim.layouts); None: none."""
 
     async def _compute(self, seconds: float, active: int) -> None:
+        if self.gate is not None:
+            await self.gate.wait()
         mode = ("train", self.agent)
         await self.group.acquire(mode)
         try:

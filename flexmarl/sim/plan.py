@@ -1,29 +1,37 @@
-"""Placement planning with the simulator: how many shared trainer slots a team should get,
-and how big.
+"""Placement planning with the simulator: where a team trains and rolls out, and how.
 
-    candidates  k = 1 .. agents shared slots, sized for the k largest agents' models (every
-                agent then fits the first), the rest of the devices serving rollout
-    slot sizes  the cost model's train_devices per model, then halved step by step down to
-                the fewest devices that hold the model's training state (14b: 16, 8; 32b:
-                32, 16): smaller slots train slower but leave more devices for rollout and
-                fit more slots, so fewer agents share one (fewer swaps)
-    search      per slot size, each candidate simulated (the product's scheduling code,
-                flexmarl.sim.cluster) on the preset's workload and seed; coarse first (every
-                third k, the ends always), then the neighbours of that size's best; the
-                fastest step wins, fewer slots among equals (more devices left for rollout),
-                then the larger slots
-    balancing   each slot size's best placement once more with instance moves off
-                (balance.strategy "least_loaded": routing within each agent only) and with no
-                balancing at all ("round_robin"); the fastest is kept, so the balancer steps
-                aside where it does not pay on this workload (the hierarchical one among
-                equals)
-    instances   the best once more with rollout instances split by demand instead of
-                equally: in proportion to each agent's decoding device-seconds in the best's
-                simulation (at least one each), with each balancing strategy
+    disaggregated  k = 1 .. agents shared trainer slots, sized for the k largest agents'
+                   models (every agent then fits the first; k = agents: one slot each, no
+                   swaps), the rest of the devices serving rollout
+    slot sizes     the cost model's train_devices per model, then halved step by step down to
+                   the fewest devices that hold the model's training state (14b: 16, 8; 32b:
+                   32, 16): smaller slots train slower but leave more devices for rollout and
+                   fit more slots, so fewer agents share one (fewer swaps)
+    search         per slot size, each candidate simulated (the product's scheduling code,
+                   flexmarl.sim.cluster) on the preset's workload and seed; coarse first
+                   (every third k, the ends always), then the neighbours of that size's best
+    balancing      each slot size's best once more with instance moves off ("least_loaded")
+                   and with no balancing ("round_robin")
+    instances      the best once more with rollout instances split by demand (each agent's
+                   decoding device-seconds in the best's simulation, at least one each)
+    time-shared    each agent its own group of devices alternating between its engines and
+                   its trainer: the devices split equally (MARTI's layout: FlexMARL's own loop
+                   there is always a candidate) and by demand (each agent's parameters x
+                   tokens in the best simulation so far); each with the zero-staleness modes
+                   (the system's, and sync); then g groups of a few agents each (g = agents/2,
+                   agents/3; agents dealt to groups by demand, largest first, each group's
+                   devices by its demand) with the better mode. Balancing within each agent
+                   only ("least_loaded", and "round_robin"): an instance cannot move to another
+                   group's agent
+    last round     the best so far with pipeline sync and with balancing round_robin (what the
+                   ablations remove), repeated while one of them is faster: FlexMARL's row is
+                   then never slower than its ablations
 
-`trainer_pool.slots = "auto"` in the simulator (Preset.shared_slots = "auto") is this search;
-`bench/simulate.py --plan` prints its table, `flexmarl plan` plans a user's own team
-(flexmarl.sim.team_plan).
+The fastest step wins; among equals: disaggregated before time-shared, fewer slots, the
+hierarchical balancer, the system's own pipeline, the larger slots. A candidate that does not
+fit the cluster is skipped. `trainer_pool.slots = "auto"` in the simulator
+(Preset.shared_slots = "auto") is this search; `bench/simulate.py --plan` prints its table,
+`flexmarl plan` plans a user's own team (flexmarl.sim.team_plan).
 """
 from __future__ import annotations
 
@@ -32,7 +40,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from flexmarl.sim.costs import Costs
+from flexmarl.sim.layouts import fits_state
 from flexmarl.sim.presets import Preset
+
+ORDER = {"hierarchical": 0, "least_loaded": 1, "round_robin": 2}
 
 
 @dataclass(frozen=True)
@@ -50,6 +61,19 @@ class Placement:
     """Rollout instances per agent (None: the devices left, split equally)."""
     result: Any = dataclasses.field(default=None, repr=False, compare=False)
     """The simulation's SystemResult."""
+    pipeline: str = "micro_batch"
+    """pipeline.mode the placement was simulated with."""
+    timeshare: tuple[tuple[str, ...], ...] = ()
+    """Time-shared groups of agents (every agent in one); (): disaggregated."""
+    timeshare_devices: tuple[int, ...] | None = None
+    """Devices of each time-shared group (None: an equal split)."""
+
+    @property
+    def kind(self) -> str:
+        """disaggregated, time_shared (one agent per group) or grouped."""
+        if not self.timeshare:
+            return "disaggregated"
+        return "time_shared" if all(len(g) == 1 for g in self.timeshare) else "grouped"
 
 
 def candidates(preset: Preset, costs: Costs) -> list[tuple[str, ...]]:
@@ -81,68 +105,209 @@ def slot_sizes(preset: Preset, costs: Costs) -> list[dict[str, int] | None]:
         sizes = smaller
 
 
-def plan(preset: Preset, costs: Costs, simulate: Callable[[Preset, str], Any],
-         progress: Callable[[Placement], Any] | None = None) -> list[Placement]:
-    """Every evaluated placement, best first; `simulate(preset, strategy)` runs the system on
-    a preset whose shared_slots (and train_devices) are the candidate's, with that
-    balance.strategy."""
+def plan(preset: Preset, costs: Costs, simulate: Callable[[Preset, str, str], Any],
+         progress: Callable[[Placement], Any] | None = None, *,
+         pipeline: str = "micro_batch", timeshare: bool = True) -> list[Placement]:
+    """Every evaluated placement, best first; `simulate(preset, strategy, pipeline)` runs the
+    system on a preset laid out as the candidate (shared_slots, train_devices, instances,
+    timeshare), with that balance.strategy and pipeline.mode. `pipeline`: the system's own
+    mode; sync is tried beside it where it keeps the same staleness (micro_batch).
+    `timeshare`: try time-shared placements (False: the product in use cannot run them)."""
     total = preset.nodes * costs.device.devices_per_node
+    modes = [pipeline] + (["sync"] if pipeline == "micro_batch" else [])
     done: dict[tuple[int, int], Placement] = {}
     scales = slot_sizes(preset, costs)
+    tried: dict[tuple, Placement] = {}
 
-    def run(j: int, slots: tuple[str, ...], strategy: str,
-            instances: dict[str, int] | None = None) -> Placement:
-        sized = costs.with_train_devices(scales[j] or {})
-        result = simulate(dataclasses.replace(preset, shared_slots=slots,
-                                              train_devices=scales[j], instances=instances),
-                          strategy)
-        placement = Placement(slots, result.step_s,
-                              total - sum(sized.models[s].train_devices for s in slots),
-                              strategy, scales[j], instances, result)
+    def run(candidate: Placement) -> Placement | None:
+        key = _key(candidate)
+        if key in tried:
+            return tried[key]
+        try:
+            result = simulate(preset_of(preset, candidate), candidate.balance,
+                              candidate.pipeline)
+        except ValueError:  # does not fit the cluster
+            return None
+        placement = dataclasses.replace(candidate, step_s=result.step_s, result=result)
+        tried[key] = placement
         if progress is not None:
             progress(placement)
         return placement
+
+    def shared(j: int, slots: tuple[str, ...], strategy: str,
+               instances: dict[str, int] | None = None) -> Placement | None:
+        sized = costs.with_train_devices(scales[j] or {})
+        return run(Placement(slots, 0.0, total - sum(sized.models[s].train_devices
+                                                     for s in slots),
+                             strategy, scales[j], instances, pipeline=pipeline))
 
     for j, devices in enumerate(scales):
         sized = costs.with_train_devices(devices or {})
         options = [c for c in candidates(preset, sized) if fits(preset, sized, c)]
 
+        asked: set[int] = set()
+
         def evaluate(k: int) -> None:
-            if (j, k) not in done and 0 <= k < len(options):
-                done[(j, k)] = run(j, options[k], "hierarchical")
+            if k not in asked and 0 <= k < len(options):
+                asked.add(k)
+                if (p := shared(j, options[k], "hierarchical")) is not None:
+                    done[(j, k)] = p
 
         for k in sorted({*range(0, len(options), 3), len(options) - 1}):
             evaluate(k)
-        while options:  # refine around this size's best until its neighbours are known
+        while any(i == j for i, _ in done):  # refine around this size's best
             best = min((k for (i, k) in done if i == j), key=lambda k: (done[(j, k)].step_s, k))
             missing = [k for k in (best - 1, best + 1)
-                       if 0 <= k < len(options) and (j, k) not in done]
+                       if 0 <= k < len(options) and k not in asked]
             if not missing:
                 break
             for k in missing:
                 evaluate(k)
-    if not done:
-        raise ValueError(f"preset {preset.name} on {preset.nodes} nodes: no number of shared "
-                         "trainer slots leaves every agent a rollout instance; add nodes")
-    # Each slot size's best once more with less balancing (equal: fewer slots, more devices
-    # for rollout).
-    others = []
+    # Each slot size's best once more with less balancing.
     for j in sorted({j for j, _ in done}):
         k = min((k for i, k in done if i == j), key=lambda k: (done[(j, k)].step_s, k))
-        others += [run(j, done[(j, k)].slots, s) for s in ("least_loaded", "round_robin")]
-    # Equal: keep the moves (the hierarchical balancer is the default and adapts at run time).
-    order = {"hierarchical": 0, "least_loaded": 1, "round_robin": 2}
-    # Then the larger slots (faster training).
-    def rank(p: Placement) -> tuple:
-        return (p.step_s, len(p.slots), order[p.balance], -sum(slot_devices(costs, p)),
-                p.instances is not None)
+        for strategy in ("least_loaded", "round_robin"):
+            shared(j, done[(j, k)].slots, strategy)
+    if tried:
+        best = min(tried.values(), key=rank)
+        split = by_demand(preset, costs, best)
+        if split is not None:  # instances where the work is, with each balancing strategy
+            for strategy in ORDER:
+                shared(scales.index(best.train_devices), best.slots, strategy, split)
+    if timeshare:
+        _time_shared(preset, costs, run, modes, list(tried.values()))
+    if not tried:
+        raise ValueError(f"preset {preset.name} on {preset.nodes} nodes: no placement (number "
+                         "of shared trainer slots, or time-shared groups) leaves every agent a "
+                         "rollout instance and room for its training state; add nodes")
+    while True:  # the last round: what the ablations remove, on the best
+        best = min(tried.values(), key=rank)
+        for variant in (dataclasses.replace(best, pipeline="sync"),
+                        dataclasses.replace(best, balance="round_robin")):
+            run(variant)
+        if min(tried.values(), key=rank) is best:
+            return sorted(tried.values(), key=rank)
 
-    best = min([*done.values(), *others], key=rank)
-    j = scales.index(best.train_devices)
-    split = by_demand(preset, costs, best)
-    if split is not None:  # instances where the work is, with each balancing strategy
-        others += [run(j, best.slots, s, split) for s in order]
-    return sorted([*done.values(), *others], key=rank)
+
+def _time_shared(preset: Preset, costs: Costs, run: Callable[[Placement], Placement | None],
+                 modes: list[str], evaluated: list[Placement]) -> None:
+    """The time-shared candidates (see the module docstring). Not for a team with frozen
+    agents: they have no trainer to share devices with, and a placement mixing time-shared
+    and disaggregated agents is not searched."""
+    agents = list(preset.models)
+    if len(preset.trainable) < len(agents):
+        return
+    total = preset.nodes * costs.device.devices_per_node
+    per_agent = tuple((a,) for a in agents)
+    demand = _demand(preset, costs, min(evaluated, key=rank) if evaluated else None)
+    equal = Placement((), 0.0, total, "least_loaded", timeshare=per_agent)
+    splits = [equal]
+    by = _group_devices(preset, costs, per_agent, demand)
+    if by is not None and by != (total // len(agents),) * len(agents):
+        splits.append(dataclasses.replace(equal, timeshare_devices=by))
+    found = [p for c in splits for mode in modes
+             if (p := run(dataclasses.replace(c, pipeline=mode))) is not None]
+    if not found:
+        return
+    best = min(found, key=rank)
+    run(dataclasses.replace(best, balance="round_robin"))
+    for g in sorted({len(agents) // 2, len(agents) // 3} - {0, len(agents)}, reverse=True):
+        groups = _deal(agents, demand, g)
+        devices = _group_devices(preset, costs, groups, demand)
+        if devices is not None:
+            run(Placement((), 0.0, total, best.balance, pipeline=best.pipeline,
+                          timeshare=groups, timeshare_devices=devices))
+
+
+def _demand(preset: Preset, costs: Costs, placement: Placement | None) -> dict[str, float]:
+    """Each agent's work in `placement`'s simulation: parameters x tokens generated (decoding
+    and training both scale with it); equal tokens without one."""
+    tokens = {a: 1.0 for a in preset.models}
+    if placement is not None:
+        for record in placement.result.records:
+            for agent, stats in record["agents"].items():
+                tokens[agent] = tokens.get(agent, 0.0) + stats.get("tokens", 0)
+    return {a: costs.models[m].params * tokens[a] for a, m in preset.models.items()}
+
+
+def _deal(agents: list[str], demand: dict[str, float], g: int) -> tuple[tuple[str, ...], ...]:
+    """`agents` dealt into g groups, largest demand first, each to the lightest group."""
+    groups: list[list[str]] = [[] for _ in range(g)]
+    load = [0.0] * g
+    for a in sorted(agents, key=lambda a: (-demand[a], a)):
+        k = min(range(g), key=lambda k: (load[k], k))
+        groups[k].append(a)
+        load[k] += demand[a]
+    return tuple(tuple(sorted(grp, key=agents.index)) for grp in groups if grp)
+
+
+def _group_devices(preset: Preset, costs: Costs, groups: tuple[tuple[str, ...], ...],
+                   demand: dict[str, float]) -> tuple[int, ...] | None:
+    """Devices per group in proportion to its agents' demand, each at least what holds its
+    largest training state and an instance of each agent, in whole instances of its largest
+    model (largest remainders); None when the minimums do not fit."""
+    total = preset.nodes * costs.device.devices_per_node
+    models = costs.models
+    unit = [max(models[preset.models[a]].rollout_devices for a in grp) for grp in groups]
+    least = []
+    for grp, u in zip(groups, unit):
+        n = max(sum(models[preset.models[a]].rollout_devices for a in grp), u)
+        while not all(fits_state(costs, models[preset.models[a]], n) for a in grp
+                      if a in preset.trainable):
+            n += u
+        least.append(n)
+    free = total - sum(least)
+    if free < 0:
+        return None
+    weight = [sum(demand[a] for a in grp) for grp in groups]
+    extra = [w / sum(weight) * free / u for w, u in zip(weight, unit)]
+    out = [n + int(x) * u for n, x, u in zip(least, extra, unit)]
+    left = total - sum(out)
+    for k in sorted(range(len(groups)), key=lambda k: (-(extra[k] - int(extra[k])), k)):
+        if unit[k] <= left:
+            out[k] += unit[k]
+            left -= unit[k]
+    return tuple(out)
+
+
+def rank(p: Placement) -> tuple:
+    return (p.step_s, bool(p.timeshare), len(p.slots), ORDER[p.balance], p.pipeline == "sync",
+            -sum(slot_devices_of(p)), p.instances is not None)
+
+
+def slot_devices_of(p: Placement) -> list[int]:
+    return list(p.train_devices.values()) if p.train_devices else []
+
+
+def _key(p: Placement) -> tuple:
+    return (p.slots, tuple(sorted((p.train_devices or {}).items())),
+            tuple(sorted((p.instances or {}).items())), p.balance, p.pipeline, p.timeshare,
+            p.timeshare_devices)
+
+
+def preset_of(preset: Preset, p: Placement) -> Preset:
+    """`preset` laid out as placement `p` (for FlexMARL's rows)."""
+    return dataclasses.replace(preset, shared_slots=p.slots, train_devices=p.train_devices,
+                               instances=p.instances, timeshare=p.timeshare,
+                               timeshare_devices=p.timeshare_devices)
+
+
+def find(placements: list[Placement], p: Placement, pipeline: str,
+         balance: str) -> Placement | None:
+    """The evaluated placement laid out as `p` with that pipeline and balancing, if any."""
+    key = _key(dataclasses.replace(p, pipeline=pipeline, balance=balance))
+    return next((q for q in placements if _key(q) == key), None)
+
+
+def subset(placements: list[Placement], without: str, preset: Preset) -> Placement | None:
+    """The best evaluated placement without a shared slot ("pool": one slot per trainable
+    agent, disaggregated or time-shared) or without time-sharing ("timeshare")."""
+    def keep(p: Placement) -> bool:
+        if without == "pool":
+            return bool(p.timeshare) or len(p.slots) >= len(preset.trainable)
+        return not p.timeshare
+    kept = [p for p in placements if keep(p)]
+    return min(kept, key=rank) if kept else None
 
 
 def by_demand(preset: Preset, costs: Costs, placement: Placement) -> dict[str, int] | None:
@@ -178,43 +343,98 @@ def slot_devices(costs: Costs, placement: Placement) -> list[int]:
 def table(preset: Preset, costs: Costs, placements: list[Placement]) -> str:
     """The placements tried, best first, as a text table."""
     lines = [f"placements of {preset.name} on {preset.nodes} nodes of "
-             f"{costs.device.devices_per_node} devices (flexmarl), best first",
-             f"{'slots':>5s} {'slot sizes (devices)':24s} {'rollout devices':>15s} "
-             f"{'instances':>10s} {'balance':>13s} {'step s':>8s}"]
+             f"{costs.device.devices_per_node} devices (flexmarl, costs {costs.name}), best "
+             "first",
+             f"{'placement':28s} {'rollout devices':>15s} {'instances':>10s} {'balance':>13s} "
+             f"{'pipeline':>12s} {'step s':>8s}"]
     for p in placements:
-        sizes = ",".join(map(str, slot_devices(costs, p)))
-        split = "by demand" if p.instances else "equal"
-        lines.append(f"{len(p.slots):5d} {sizes:24s} {p.rollout_devices:15d} {split:>10s} "
-                     f"{p.balance:>13s} {p.step_s:8.1f}")
+        split = "by demand" if p.instances or p.timeshare_devices else "equal"
+        lines.append(f"{label(costs, p):28s} {p.rollout_devices:15d} {split:>10s} "
+                     f"{p.balance:>13s} {p.pipeline:>12s} {p.step_s:8.1f}")
     return "\n".join(lines)
 
 
+def label(costs: Costs, p: Placement) -> str:
+    """Short: '5x16' (shared slots x devices, by model size; '+demand': instances split by
+    demand), 'ts 15x8' (time-shared groups x devices; '+demand': devices split by demand),
+    'ts 5 groups'."""
+    if p.timeshare:
+        sizes = p.timeshare_devices or ()
+        head = f"ts {len(p.timeshare)} groups" if p.kind == "grouped" else (
+            f"ts {len(p.timeshare)}x" + (str(sizes[0]) if len(set(sizes)) == 1 else
+                                         "equal" if not sizes else "var"))
+        return head + ("+demand" if p.timeshare_devices else "")
+    counts: dict[int, int] = {}
+    for n in slot_devices(costs, p):
+        counts[n] = counts.get(n, 0) + 1
+    return "+".join(f"{k}x{n}" for n, k in counts.items()) + ("+demand" if p.instances else "")
+
+
+def placement_key(p: Placement) -> str:
+    """The product's `[devices] placement` value for `p`."""
+    if not p.timeshare:
+        return "disaggregated"
+    if p.kind == "time_shared":
+        return "time_shared"
+    return ",".join("+".join(g) + "=time_shared" for g in p.timeshare)
+
+
+def group_devices(preset: Preset, costs: Costs, p: Placement) -> list[int]:
+    """Devices of each time-shared group of `p` (as flexmarl.sim.layouts lays them out)."""
+    total = preset.nodes * costs.device.devices_per_node
+    return list(p.timeshare_devices or [total // len(p.timeshare)] * len(p.timeshare))
+
+
+def describe(preset: Preset, costs: Costs, p: Placement) -> dict:
+    """A placement as JSON."""
+    return {"placement": placement_key(p), "label": label(costs, p), "kind": p.kind,
+            "slots": list(p.slots), "slot_devices": slot_devices(costs, p),
+            "groups": [list(g) for g in p.timeshare],
+            "group_devices": group_devices(preset, costs, p) if p.timeshare else [],
+            "rollout_devices": p.rollout_devices, "instances": instances(preset, costs, p),
+            "balance": p.balance, "pipeline": p.pipeline, "step_s": p.step_s}
+
+
 def instances(preset: Preset, costs: Costs, placement: Placement) -> dict[str, int]:
-    """Rollout instances per agent of a placement: its own split, or the devices left by the
-    slots split equally between the agents (as flexmarl.sim.cluster lays them out)."""
+    """Rollout instances per agent of a placement: its own split, or as flexmarl.sim.layouts
+    lays them out (the devices left by the slots, or each group's, split equally)."""
     if placement.instances:
         return dict(placement.instances)
+    if placement.result is not None:
+        return dict(placement.result.rollout_instances)
     share = placement.rollout_devices // len(preset.models)
     return {a: share // costs.models[m].rollout_devices for a, m in preset.models.items()}
 
 
 def placement_toml(preset: Preset, costs: Costs, placement: Placement,
                    ranks: list[int] | None = None) -> str:
-    """The placement as FlexMARL config: [trainer_pool] with each slot's `ranks` (default: one
-    rank per device of the cost model's slot), [balance], and the rollout instances
-    (rollout.instances_per_agent when every agent has as many, else a comment with
-    AgentSpec.instances per agent)."""
-    sizes = ranks or slot_devices(costs, placement)
-    key = (f"ranks_per_agent = {sizes[0]}\nslots = {len(sizes)}" if len(set(sizes)) == 1 else
-           f'slot_ranks = "{",".join(map(str, sizes))}"')
-    if len(sizes) == len(preset.trainable):  # a slot for every agent: no pool, no swaps
-        key = (f"ranks_per_agent = {sizes[0]}\n" if len(set(sizes)) == 1 else "") + \
-            "slots = 0                 # one slot per trainable agent: no swaps"
+    """The placement as FlexMARL config: [devices] placement, [trainer_pool] with each shared
+    slot's `ranks` (default: one rank per device of the cost model's slot; time-shared groups
+    train on their own devices, outside trainer_pool.slots), [pipeline] mode, [balance], and
+    the rollout instances (rollout.instances_per_agent when every agent has as many, else a
+    comment with AgentSpec.instances per agent)."""
+    if placement.timeshare:
+        sizes = group_devices(preset, costs, placement)
+        key = ("slots = 0                 # no shared slot: each time-shared group trains on "
+               "its own devices\n" + (f"ranks_per_agent = {sizes[0]}" if len(set(sizes)) == 1
+                                      else "# trainer ranks per group: " + ", ".join(
+                                          f"{'+'.join(g)} {n}" for g, n in
+                                          zip(placement.timeshare, sizes))))
+    else:
+        sizes = ranks or slot_devices(costs, placement)
+        key = (f"ranks_per_agent = {sizes[0]}\nslots = {len(sizes)}" if len(set(sizes)) == 1
+               else f'slot_ranks = "{",".join(map(str, sizes))}"')
+        if len(sizes) == len(preset.trainable):  # a slot for every agent: no pool, no swaps
+            key = (f"ranks_per_agent = {sizes[0]}\n" if len(set(sizes)) == 1 else "") + \
+                "slots = 0                 # one slot per trainable agent: no swaps"
     counts = instances(preset, costs, placement)
     rollout = (f"[rollout]\ninstances_per_agent = {next(iter(counts.values()))}\n"
                if len(set(counts.values())) == 1 else
                "# rollout instances per agent (AgentSpec.instances): "
                + ", ".join(f"{a} {n}" for a, n in counts.items()) + "\n")
     return (f"# flexmarl plan: {preset.name} on {preset.nodes} nodes, simulated step "
-            f"{placement.step_s:.1f} s\n[trainer_pool]\n{key}\n\n"
+            f"{placement.step_s:.1f} s (costs {costs.name})\n"
+            f'[devices]\nplacement = "{placement_key(placement)}"\n\n'
+            f"[trainer_pool]\n{key}\n\n"
+            f'[pipeline]\nmode = "{placement.pipeline}"\n\n'
             f'[balance]\nstrategy = "{placement.balance}"\n\n{rollout}')

@@ -67,7 +67,13 @@ class Preset:
     the cost model's train_devices. The baselines always use the cost model's."""
     instances: dict[str, int] | None = None
     """FlexMARL's rollout instances per agent (the planner's split); None: the devices the
-    trainer slots leave, split equally between agents. The baselines always split equally."""
+    trainer slots leave (or a time-shared group's devices), split equally between agents. The
+    baselines always split equally."""
+    timeshare: tuple[tuple[str, ...], ...] = ()
+    """FlexMARL's time-shared groups (the planner's): each group's devices alternate between
+    its agents' engines and their trainers (flexmarl.sim.layouts); (): disaggregated."""
+    timeshare_devices: tuple[int, ...] | None = None
+    """Devices of each time-shared group; None: the cluster split equally between them."""
     source: Team | None = None
     """A user's team (flexmarl.sim.team_plan): its own workflow and tasks run instead of the
     stages, each agent answering with a median of `medians[agent]` tokens."""

@@ -6,9 +6,11 @@ trainer_pool.slots = "auto".
          from its model's name: "Qwen2.5-14B-Instruct" is 14b), a median response length
          (plan.response_tokens, or a quarter of its sampling.max_tokens), the run's batch
          shape (pipeline.*), state writes every run.save_every steps, plan.nodes nodes
-      ─► flexmarl.sim.plan: numbers of shared trainer slots and balancing strategies, each
+      ─► flexmarl.sim.plan: shared or one-per-agent trainer slots, time-shared groups (where
+         the product reads devices.placement), pipeline modes and balancing strategies, each
          simulated with the product's scheduling code (flexmarl.sim.cluster)
       ─► the placements tried, best first; resolve_auto: the best one as the run's config
+         ([devices] placement, [trainer_pool], [pipeline] mode, [balance])
 
 The workflow runs for real against simulated engines: prompts count ~4 characters a token,
 answers are empty texts of the simulated lengths. A workflow that branches on what its agents
@@ -120,7 +122,8 @@ def plan_team(team: Team, config: Config,
     system = dataclasses.replace(SYSTEMS["flexmarl"], pipeline=config.pipeline.mode)
     try:
         placements = plan_slots(preset, system, costs=costs, steps=config.plan.steps,
-                                seed=config.run.seed, progress=progress)
+                                seed=config.run.seed, progress=progress,
+                                timeshare=can_time_share(config))
     except ValueError as e:  # nothing fits: the message names the fix (nodes)
         raise ConfigError(f"plan: {e} (plan.nodes, or --nodes of flexmarl plan)") from None
     return preset, costs, placements
@@ -135,19 +138,33 @@ def slot_ranks(team: Team, config: Config, placement: plan.Placement) -> list[in
     return needs[:len(placement.slots)]
 
 
+def can_time_share(config: Config) -> bool:
+    """Does the product in use read devices.placement (can it run time-shared groups)?"""
+    return any(f.name == "placement" for f in dataclasses.fields(config.devices))
+
+
 def planned_config(config: Config, team: Team, preset: Preset, costs: Costs,
                    placement: plan.Placement, *, instances: bool = False) -> Config:
-    """`config` with the placement's trainer slots (as many as trainable agents: one each, no
-    swaps) and balancing strategy; with `instances`, also its rollout instances per agent
-    when every agent gets as many (else AgentSpec.instances, in the team file, is theirs)."""
+    """`config` with the placement: devices.placement (time-shared groups train on their own
+    devices, outside trainer_pool.slots), its shared trainer slots (as many as trainable
+    agents, or time-shared: 0, one each, no pool), pipeline mode and balancing strategy; with
+    `instances`, also its rollout instances per agent when every agent gets as many (else
+    AgentSpec.instances, in the team file, is theirs)."""
     ranks = slot_ranks(team, config, placement)
     trainable = sum(1 for a in team.agents if a.trainable)
     pool = dataclasses.replace(config.trainer_pool, slots=0, slot_ranks="") \
-        if len(ranks) == trainable else \
+        if len(ranks) == trainable or placement.timeshare else \
         dataclasses.replace(config.trainer_pool, slots=len(ranks),
                             slot_ranks=",".join(map(str, ranks)))
     out = dataclasses.replace(config, trainer_pool=pool, balance=dataclasses.replace(
-        config.balance, strategy=placement.balance))
+        config.balance, strategy=placement.balance), pipeline=dataclasses.replace(
+        config.pipeline, mode=placement.pipeline))
+    if can_time_share(config):
+        out = dataclasses.replace(out, devices=dataclasses.replace(
+            config.devices, placement=plan.placement_key(placement)))
+    elif placement.timeshare:
+        raise ConfigError("plan: the planned placement is time-shared, which this version "
+                          "cannot run (no devices.placement)")
     counts = set(plan.instances(preset, costs, placement).values())
     if instances and len(counts) == 1:
         out = dataclasses.replace(out, rollout=dataclasses.replace(
@@ -162,10 +179,11 @@ def resolve_auto(config: Config, team: Team) -> Config:
         return config
     preset, costs, placements = plan_team(team, config)
     best = placements[0]
-    log.warning("trainer_pool.slots = \"auto\": %d slot(s) of %s rank(s), balance %s "
-                "(simulated step %.1f s on %d node(s); tried %s)", len(best.slots),
-                slot_ranks(team, config, best), best.balance, best.step_s, preset.nodes,
-                ", ".join(f"{len(p.slots)}/{p.balance}: {p.step_s:.1f} s" for p in placements))
+    log.warning("trainer_pool.slots = \"auto\": %s (placement %s), %s, balance %s "
+                "(simulated step %.1f s on %d node(s); tried %s)", plan.label(costs, best),
+                plan.placement_key(best), best.pipeline, best.balance, best.step_s,
+                preset.nodes, ", ".join(f"{plan.label(costs, p)}/{p.pipeline}/{p.balance}: "
+                                        f"{p.step_s:.1f} s" for p in placements))
     return planned_config(config, team, preset, costs, best)
 
 

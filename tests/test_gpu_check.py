@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from flexmarl.launch.devices import Host
-from flexmarl.launch.placement import _slot_sizes, plan_gpus
+from flexmarl.launch.layout import _slot_sizes, plan_gpus
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "gpu_check.py"
 

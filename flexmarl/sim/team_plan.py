@@ -6,8 +6,8 @@ trainer_pool.slots = "auto".
          from its model's name: "Qwen2.5-14B-Instruct" is 14b), a median response length
          (plan.response_tokens, or a quarter of its sampling.max_tokens), the run's batch
          shape (pipeline.*), state writes every run.save_every steps, plan.nodes nodes
-      ─► flexmarl.sim.plan: shared or one-per-agent trainer slots, time-shared groups (where
-         the product reads devices.placement), pipeline modes and balancing strategies, each
+      ─► flexmarl.sim.plan: shared or one-per-agent trainer slots, time-shared groups,
+         pipeline modes and balancing strategies, each
          simulated with the product's scheduling code (flexmarl.sim.cluster)
       ─► the placements tried, best first; resolve_auto: the best one as the run's config
          ([devices] placement, [trainer_pool], [pipeline] mode, [balance])
@@ -122,8 +122,7 @@ def plan_team(team: Team, config: Config,
     system = dataclasses.replace(SYSTEMS["flexmarl"], pipeline=config.pipeline.mode)
     try:
         placements = plan_slots(preset, system, costs=costs, steps=config.plan.steps,
-                                seed=config.run.seed, progress=progress,
-                                timeshare=can_time_share(config))
+                                seed=config.run.seed, progress=progress)
     except ValueError as e:  # nothing fits: the message names the fix (nodes)
         raise ConfigError(f"plan: {e} (plan.nodes, or --nodes of flexmarl plan)") from None
     return preset, costs, placements
@@ -136,11 +135,6 @@ def slot_ranks(team: Team, config: Config, placement: plan.Placement) -> list[in
     needs = sorted((s.train_ranks or config.trainer_pool.ranks_per_agent
                     for s in team.agents if s.trainable), reverse=True)
     return needs[:len(placement.slots)]
-
-
-def can_time_share(config: Config) -> bool:
-    """Does the product in use read devices.placement (can it run time-shared groups)?"""
-    return any(f.name == "placement" for f in dataclasses.fields(config.devices))
 
 
 def planned_config(config: Config, team: Team, preset: Preset, costs: Costs,
@@ -159,12 +153,8 @@ def planned_config(config: Config, team: Team, preset: Preset, costs: Costs,
     out = dataclasses.replace(config, trainer_pool=pool, balance=dataclasses.replace(
         config.balance, strategy=placement.balance), pipeline=dataclasses.replace(
         config.pipeline, mode=placement.pipeline))
-    if can_time_share(config):
-        out = dataclasses.replace(out, devices=dataclasses.replace(
-            config.devices, placement=plan.placement_key(placement)))
-    elif placement.timeshare:
-        raise ConfigError("plan: the planned placement is time-shared, which this version "
-                          "cannot run (no devices.placement)")
+    out = dataclasses.replace(out, devices=dataclasses.replace(
+        config.devices, placement=plan.placement_key(placement)))
     counts = set(plan.instances(preset, costs, placement).values())
     if instances and len(counts) == 1:
         out = dataclasses.replace(out, rollout=dataclasses.replace(

@@ -95,7 +95,8 @@ async def test_a_time_shared_run_trains_on_the_same_samples_as_a_disaggregated_o
         tiny_model_dir, tmp_path, no_leftover_children):
     """micro_batch, 2 tasks in flight: the engines sleep whenever their agent's trainer takes a
     micro-batch (mid-step: the accumulated gradient is parked with the trainer) and wake for
-    the next calls and for the weight push. The samples are the same request for request
+    the next calls and for the weight push; grouped, the two agents' trainers also take turns
+    in one slot. The samples are the same request for request
     (seeded), every sample trained by the version that generated it, and the weights agree
     within MIXED_REL_TOL (the micro-batches may be cut differently: tests/test_pipeline.py)."""
     _sys_path()
@@ -108,23 +109,28 @@ async def test_a_time_shared_run_trains_on_the_same_samples_as_a_disaggregated_o
     apart = await run(duo(tiny_model_dir), config(tmp_path / "apart", "micro_batch"))
     shared = await run(duo(tiny_model_dir), config(tmp_path / "shared", "micro_batch",
                                                    TIME_SHARED))
+    # Both agents' engines and one slot on one set of devices: their trainers take turns too.
+    grouped = await run(duo(tiny_model_dir), config(
+        tmp_path / "grouped", "micro_batch", "devices.placement=solver+checker=time_shared"))
     assert apart.time_shares == {} and set(shared.time_shares) == {"solver", "checker"}
     for group in shared.time_shares.values():
         # at least: asleep for each step's training, awake for each push
         assert group["switches"] >= 2 * 3 and group["sleeps"] >= 3, group
-    for a, b in zip(apart.metrics, shared.metrics):
-        for name in ("solver", "checker"):
-            x, y = a["agents"][name], b["agents"][name]
-            assert (x["tokens"], x["reward"], x["trained_samples"]) == \
-                   (y["tokens"], y["reward"], y["trained_samples"])
-            assert hist(b, name) == {0: y["trained_samples"]}  # zero staleness
-        assert b["time_shares"]["solver"]["switches"] >= 2
+    assert set(grouped.time_shares) == {"solver+checker"}
+    for run_ in (shared, grouped):
+        for a, b in zip(apart.metrics, run_.metrics):
+            for name in ("solver", "checker"):
+                x, y = a["agents"][name], b["agents"][name]
+                assert (x["tokens"], x["reward"], x["trained_samples"]) == \
+                       (y["tokens"], y["reward"], y["trained_samples"])
+                assert hist(b, name) == {0: y["trained_samples"]}  # zero staleness
     start = load_file(str(Path(tiny_model_dir) / "model.safetensors"))
     for name in ("solver", "checker"):
         wa = load_file(str(apart.checkpoints[name] / "model.safetensors"))
-        ws = load_file(str(shared.checkpoints[name] / "model.safetensors"))
         assert max((wa[k] - start[k]).abs().max().item() for k in wa) > 1e-4  # they learnt
-        assert relative_distance(wa, ws, start) <= MIXED_REL_TOL
+        for run_ in (shared, grouped):
+            ws = load_file(str(run_.checkpoints[name] / "model.safetensors"))
+            assert relative_distance(wa, ws, start) <= MIXED_REL_TOL
 
 
 @pytest.mark.slow

@@ -13,25 +13,32 @@ A workflow computes a value and hands it to `ctx.reward(completion, value)`:
 | math_equal(text, answer, *, timeout_s)     | sync  | 1.0 if math_verify finds them equal      |
 | format_reward(text, pattern)               | sync  | 1.0 if the regex fullmatches the text    |
 | extract_code(text)                         | sync  | the last ```python block, else the text  |
-| run_python(code, *, tests, stdin, limits)  | async | ExecResult(passed, cause, stdout, ...)   |
-| code_reward(code, tests, **limits)         | async | 1.0 if the program and its tests pass    |
+| run_python(code, *, tests, stdin, limits)  | async | ExecResult(passed, cause, cases, ...)    |
+| code_reward(code, tests, **limits)         | async | 1.0 if the program passes its tests      |
+| IOCase(stdin, stdout), CallCase(call, exp) | data  | test cases judged outside the program    |
+| isolation()                                | sync  | Isolation: bwrap in force, or what lacks |
 | set_max_concurrent(n), max_concurrent()    | sync  | the bound on sandboxed runs at once      |
 | bounded(limit)                             | sync  | decorator bounding an async reward       |
 | score_all(fn, items, *, limit)             | async | fn over items, bounded, in order         |
 
-`answer` is a str, a number, or a Task (anything with `.answer`). The sandbox's guarantees and
-its limits are in `flexmarl.rewards.sandbox`'s docstring.
+`answer` is a str, a number, or a Task (anything with `.answer`). `tests` is a list of IOCase
+(stdin/stdout), a list of CallCase or (call, expected) pairs, or a str of asserts (weakest);
+`flexmarl.rewards.cases` says how each is judged. The sandbox's guarantees and its limits are in
+`flexmarl.rewards.sandbox`'s docstring, the isolation in `flexmarl.rewards.isolation`'s.
 """
 from flexmarl.rewards.bounds import LoopBound, bounded, score_all
 from flexmarl.rewards.match import (
     HOW, MATH_TAIL_CHARS, exact_match, extract_answer, extract_code, format_reward, math_equal,
     numeric_match)
+from flexmarl.rewards.cases import CallCase, IOCase
+from flexmarl.rewards.isolation import Isolation, isolation
 from flexmarl.rewards.sandbox import (
     CAUSES, ExecResult, code_reward, max_concurrent, network_isolated, run_python,
     set_max_concurrent)
 
 __all__ = [
-    "CAUSES", "HOW", "MATH_TAIL_CHARS", "ExecResult", "LoopBound", "bounded", "code_reward",
-    "exact_match", "extract_answer", "extract_code", "format_reward", "math_equal",
+    "CAUSES", "HOW", "MATH_TAIL_CHARS", "CallCase", "ExecResult", "IOCase", "Isolation",
+    "LoopBound", "bounded", "code_reward", "exact_match", "extract_answer", "extract_code",
+    "format_reward", "isolation", "math_equal",
     "max_concurrent", "network_isolated", "numeric_match", "run_python", "score_all",
     "set_max_concurrent"]

@@ -24,14 +24,14 @@ A workflow computes a value and hands it to `ctx.reward(completion, value)`:
 `answer` is a str, a number, or a Task (anything with `.answer`). `tests` is a list of IOCase
 (stdin/stdout), a list of CallCase or (call, expected) pairs, or a str of asserts (weakest);
 `flexmarl.rewards.cases` says how each is judged. The sandbox's guarantees and its limits are in
-`flexmarl.rewards.sandbox`'s docstring, the isolation in `flexmarl.rewards.isolation`'s.
+`flexmarl.rewards.sandbox`'s docstring, the isolation in `flexmarl.rewards.confinement`'s.
 """
 from flexmarl.rewards.bounds import LoopBound, bounded, score_all
 from flexmarl.rewards.match import (
     HOW, MATH_TAIL_CHARS, exact_match, extract_answer, extract_code, format_reward, math_equal,
     numeric_match)
 from flexmarl.rewards.cases import CallCase, IOCase
-from flexmarl.rewards.isolation import Isolation, isolation
+from flexmarl.rewards.confinement import Isolation, isolation
 from flexmarl.rewards.sandbox import (
     CAUSES, ExecResult, code_reward, max_concurrent, network_isolated, run_python,
     set_max_concurrent)

@@ -262,7 +262,7 @@ class _Kit:
                     "in": _operator.contains, "+": _operator.add, "-": _operator.sub,
                     "*": _operator.mul, "/": _operator.truediv, "//": _operator.floordiv,
                     "%": _operator.mod, "**": _operator.pow}
-        self.fstat = os.fstat
+        self.fstat, self.set_blocking = os.fstat, os.set_blocking
         self.plain_scalars = frozenset({int, float, str, bool, type(None), bytes, complex})
         self.plain_sequences = frozenset({list, tuple, set, frozenset, type({}.keys()),
                                           type({}.values())})
@@ -478,6 +478,7 @@ def main(argv: list[str]) -> int:
             return EXIT_PROTOCOL
         kit.write(ctl_fd, b"R" + nonce + b"\n")
         payload = b""
+        kit.set_blocking(tests_fd, True)  # the program may have made it non-blocking
         while chunk := kit.read(tests_fd, 1 << 16):
             payload += chunk
         if payload[:kit.len(nonce) + 1] != nonce + b"\n":

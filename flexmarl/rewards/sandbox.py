@@ -2,7 +2,7 @@
 
     run_python(code, tests=...)
       |  temp dir: prog.py = code                            (fresh per process, removed after)
-      |  bwrap ... python -I -S -B bootstrap prog.py         (see isolation.py; else the fallback)
+      |  bwrap ... python -I -S -B bootstrap prog.py         (see confinement.py; else the fallback)
       |       bootstrap: limits -> audit hook -> the program's top level -> "ready"
       |       parent: the tests, only now -> bootstrap: asserts / calls -> "done" + results
       |  stdout/stderr read incrementally, capped; wall clock -> killpg(SIGKILL), reap
@@ -57,7 +57,7 @@ from pathlib import Path
 from flexmarl.rewards import _bootstrap, cases as forms
 from flexmarl.rewards.bounds import LoopBound
 from flexmarl.rewards.cases import CallCase, IOCase
-from flexmarl.rewards.isolation import BOOTSTRAP, BOX, _state, bwrap_argv, isolation, \
+from flexmarl.rewards.confinement import BOOTSTRAP, BOX, bwrap_argv, isolation, probed, \
     unshare_prefix
 
 CAUSES = {
@@ -180,7 +180,7 @@ def _check_args(code: object, stdin: object, cpu_s: object, wall_s: object, memo
 
 
 async def _isolation():
-    found = _state.get("isolation")
+    found = probed()
     return found if found is not None else await asyncio.to_thread(isolation)
 
 

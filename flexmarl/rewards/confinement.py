@@ -71,6 +71,12 @@ def isolation() -> Isolation:
     return found
 
 
+def probed() -> Isolation | None:
+    """isolation() if it has been probed in this process, else None (probing runs a process:
+    async callers do it in a thread)."""
+    return _state.get("isolation")  # type: ignore[return-value]
+
+
 def bwrap_argv(workdir: str, bootstrap: str) -> list[str]:
     """The bwrap command line up to the interpreter's own arguments (after "--")."""
     binary = isolation().bwrap

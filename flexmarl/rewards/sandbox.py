@@ -323,6 +323,7 @@ class _Runner:
         transport, _ = await loop.connect_read_pipe(
             lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(control_r, "rb", 0))
         writer_transport = None
+        tests_open = True  # until a transport owns it or it is closed
         try:
             ready = b"R" + self.nonce + b"\n"
             first = await reader.read(len(ready))
@@ -331,6 +332,7 @@ class _Runner:
                 first += more
             control += first
             if first == ready:
+                tests_open = False
                 writer_transport, protocol = await loop.connect_write_pipe(
                     asyncio.streams.FlowControlMixin, os.fdopen(tests_w, "wb", 0))
                 writer = asyncio.StreamWriter(writer_transport, protocol, None, loop)
@@ -339,16 +341,15 @@ class _Runner:
                     await writer.drain()
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the program closed its end; the verdict says "protocol"
-            else:
-                os.close(tests_w)
-            if writer_transport is not None:
-                writer_transport.close()
+                writer_transport.close()  # EOF: the bootstrap reads to it
             while chunk := await reader.read(_CHUNK_BYTES):
                 control += chunk[:_MAX_CONTROL_BYTES - len(control)]
         finally:
             transport.close()
             if writer_transport is not None:
                 writer_transport.close()
+            if tests_open:
+                os.close(tests_w)
 
 
 async def _supervise(proc: asyncio.subprocess.Process, stdin: bytes, out: bytearray,

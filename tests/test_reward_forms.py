@@ -130,3 +130,13 @@ async def test_strict_asserts_still_pass_honest_uses():
              "assert words('') == [] and words('x') != ['y']\nassert half(2) is not None")
     result = await run_python(code, tests=tests, **FAST)
     assert result.passed, result.stderr
+
+
+async def test_hostile_tests_fail_the_run_not_the_caller():
+    """A model's tests (code_pair's tester writes them) that nest too deeply to compile, loop,
+    or fork: a failed run, never an exception in the rewarding process."""
+    for tests in ("assert " + "(" * 1000 + "1" + ")" * 1000, "x = " + "1 + " * 50_000 + "1",
+                  "while True:\n    pass", "import os\nos.fork()"):
+        result = await run_python(ADD, tests=tests, **FAST)
+        assert not result.passed and result.cause in ("failed", "cpu_limit", "timeout",
+                                                     "forbidden"), (tests[:40], result)

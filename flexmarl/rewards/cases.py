@@ -117,6 +117,8 @@ def _check_call(case: CallCase) -> None:
     except SyntaxError as exc:
         raise ValueError(f"CallCase.call {case.call!r} is not a Python expression: "
                          f"{exc.msg}") from None
+    except (RecursionError, MemoryError):
+        raise ValueError(f"CallCase.call nests too deeply: {case.call[:80]!r}...") from None
     if not _is_plain(case.expected):
         raise ValueError(f"CallCase({case.call!r}) expects {case.expected!r}: expected values "
                          f"must be int, float, str, bool, None, or lists, tuples and dicts of "
@@ -157,18 +159,19 @@ def harden_asserts(text: str) -> str | Asserts:
     The text as it is where it does not compile (the sandbox reports the error)."""
     try:
         module = ast.parse(text, "<tests>")
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return text
     args = ast.arguments(posonlyargs=[], args=[ast.arg("__strict_cmp__"),
                                                ast.arg("__strict_bin__")],
                          kwonlyargs=[], kw_defaults=[], defaults=[])
-    body = [_Strict().visit(statement) for statement in module.body] or [ast.Pass()]
-    function = ast.FunctionDef(_TESTS_FUNCTION, args, body, [], None, lineno=1, col_offset=0)
-    wrapped = ast.fix_missing_locations(ast.Module([function], []))
     try:
+        body = [_Strict().visit(statement) for statement in module.body] or [ast.Pass()]
+        function = ast.FunctionDef(_TESTS_FUNCTION, args, body, [], None, lineno=1,
+                                   col_offset=0)
+        wrapped = ast.fix_missing_locations(ast.Module([function], []))
         code = compile(wrapped, "<tests>", "exec", dont_inherit=True)
-    except SyntaxError:
-        return text  # valid at module level only (`from m import *`, a bare `return`)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return text  # valid at module level only (`from m import *`), or nested too deep
     return Asserts(text, marshal.dumps(code))
 
 
@@ -188,9 +191,10 @@ def _syntax_error(text: str) -> str:
         ast.parse(text, "<tests>")
     except SyntaxError as exc:
         return f"the tests do not compile: {exc.msg} (line {exc.lineno})"
-    except ValueError as exc:
-        return f"the tests do not compile: {exc}"
-    return "the tests compile only at module level (from m import *, a bare return)"
+    except (ValueError, RecursionError, MemoryError) as exc:
+        return f"the tests do not compile: {type(exc).__name__}"
+    return ("the tests do not compile inside a function (from m import *, a bare return) or "
+            "nest too deeply")
 
 
 def judge_calls(cases: tuple[CallCase, ...], results: bytes) -> tuple[bool, ...] | None:

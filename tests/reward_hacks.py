@@ -516,4 +516,20 @@ HACKS = [
             'print(sys.argv, dict(os.environ), sys.stdin.read())\n'
         ),
     }),
+    Hack('fresh_thread_module', 'threads', {
+        'assert': (
+            'import importlib.util, importlib.machinery, sys\n'
+            'spec = importlib.machinery.BuiltinImporter.find_spec("_thread")\n'
+            'thread = importlib.util.module_from_spec(spec)\n'
+            'importlib.machinery.BuiltinImporter.exec_module(thread)\n'
+            'seen = []\n'
+            'def spy():\n'
+            '    import time\n'
+            '    time.sleep(0.05)\n'
+            '    seen.append(sys._current_frames())\n'
+            'thread.start_new_thread(spy, ())\n'
+            'def add(a, b):\n'
+            '    return 0\n'
+        ),
+    }),
 ]

@@ -27,10 +27,10 @@ FACES = {
     "flexmarl.gateway": {
         "ApiError", "EpisodeExpired", "Gateway", "GatewayConfig", "Slot", "gateway_team"},
     "flexmarl.rewards": {
-        "CAUSES", "HOW", "MATH_TAIL_CHARS", "ExecResult", "LoopBound", "bounded", "code_reward",
-        "exact_match", "extract_answer", "extract_code", "format_reward", "math_equal",
-        "max_concurrent", "network_isolated", "numeric_match", "run_python", "score_all",
-        "set_max_concurrent"},
+        "CAUSES", "HOW", "MATH_TAIL_CHARS", "CallCase", "ExecResult", "IOCase", "Isolation",
+        "LoopBound", "bounded", "code_reward", "exact_match", "extract_answer", "extract_code",
+        "format_reward", "isolation", "math_equal", "max_concurrent", "network_isolated",
+        "numeric_match", "run_python", "score_all", "set_max_concurrent"},
 }
 
 DOCUMENTED = {  # module -> names the README, agents/ and docs/ import from it

@@ -57,7 +57,7 @@ EXIT_PROTOCOL = 85
 NONCE_BYTES = 33
 """The nonce's length on the tests pipe: 32 hex characters and a newline."""
 RESULT_CHARS = 200
-"""An error in a call case is reported in at most this many characters."""
+"""An error in a call case, or a source line in a traceback, in at most this many characters."""
 
 _REFUSED_EVENTS = frozenset({
     "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system", "os.exec",
@@ -240,14 +240,12 @@ class _Kit:
         import _json
         import _operator
         import _thread
-        import marshal
         import builtins
         import gc
         import types
 
         self.type, self.repr, self.len, self.str, self.bool = type, repr, len, str, bool
         self.exec, self.eval, self.compile, self.isinstance = exec, eval, compile, isinstance
-        self.loads = marshal.loads
         self.read, self.write, self.close, self.exit = os.read, os.write, os.close, os._exit
         self.builtins = dict(builtins.__dict__)
         self.function, self.code_type = types.FunctionType, types.CodeType
@@ -400,11 +398,14 @@ def _format_error(kit: _Kit, exc: BaseException, window: list, sources: dict) ->
     for filename, lineno, function in frames:
         if kit.type(filename) is not str or filename not in sources:
             continue  # the bootstrap's own frames, and the standard library's
-        function = "<tests>" if function == "__flexmarl_tests__" else function
+        if filename == "<tests>":  # its lines sit one below the text's (the def is line 1)
+            lineno, function = lineno - 1, ("<tests>" if function == "__flexmarl_tests__"
+                                             else function)
         lines.append(f'  File "{filename}", line {lineno}, in {function}\n')
         source = sources[filename].splitlines()
         if 0 < lineno <= kit.len(source):
-            lines.append(f"    {source[lineno - 1].strip()}\n")
+            lines.append(f"    {source[lineno - 1].strip()[:RESULT_CHARS]}\n")
+    text = text[:4 * RESULT_CHARS]
     lines.append(f"{name}: {text}\n" if text else f"{name}\n")
     return "".join(lines)
 
@@ -423,11 +424,12 @@ def _run_tests(kit: _Kit, namespace: dict, payload: bytes, sources: dict) -> byt
     """Run the asserts or the calls; the results line for the parent (raises on a failed
     assert)."""
     kind, body = payload[:1], payload[1:]
-    if kind == b"A":  # the tests' text, NUL, the parent's compiled and rewritten tests
-        text, _, compiled = body.partition(b"\0")
+    if kind == b"A":  # the tests' text, NUL, the parent's rewritten tests (a function)
+        text, _, rewritten = body.partition(b"\0")
         sources["<tests>"] = text.decode("utf-8", "surrogatepass")
         compare, binary = _strict_helpers(kit)
-        module = kit.loads(compiled)
+        module = kit.compile(rewritten.decode("utf-8", "surrogatepass"), "<tests>", "exec",
+                             dont_inherit=True)
         [code] = [c for c in module.co_consts if kit.type(c) is kit.code_type]
         kit.function(code, _scope(kit, namespace))(compare, binary)
         return b""

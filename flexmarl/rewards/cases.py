@@ -15,8 +15,8 @@ Python compares them, bool with int included; floats within FLOAT_REL_TOL, NaN e
 a list never equals a tuple); a result of any other type fails its case.
 
 Free-form asserts are weaker and kept for tests a model or a user writes as code. They reach the
-program's process, after its top level, compiled here with every comparison and arithmetic
-operator rewritten (`__strict_cmp__`, `__strict_bin__` in `_bootstrap.py`): a program's object
+program's process, after its top level, rewritten here with every comparison and arithmetic
+operator replaced (`__strict_cmp__`, `__strict_bin__` in `_bootstrap.py`): a program's object
 never meets a plain value through its own `__eq__`, `__lt__`, `__contains__` or `__sub__`, and
 names of builtins resolve to the builtins as they were before the program ran. Not covered:
 method calls on what the program returned (`f(x).startswith("a")`), helpers that compare on
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import ast
 import json
-import marshal
 import math
 from dataclasses import dataclass
 from typing import Any, Union
@@ -65,10 +64,11 @@ class CallCase:
 
 @dataclass(frozen=True)
 class Asserts:
-    """Free-form asserts: the text, and its rewritten compilation (marshal) for the sandbox."""
+    """Free-form asserts: the text, and its rewritten source for the sandbox (a function of the
+    two helpers, each statement one line below where it was: the def takes line 1)."""
 
     text: str
-    compiled: bytes
+    source: str
 
 
 Tests = Union[str, Asserts, "tuple[IOCase, ...]", "tuple[CallCase, ...]"]
@@ -161,29 +161,34 @@ def harden_asserts(text: str) -> str | Asserts:
         module = ast.parse(text, "<tests>")
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return text
-    args = ast.arguments(posonlyargs=[], args=[ast.arg("__strict_cmp__"),
-                                               ast.arg("__strict_bin__")],
-                         kwonlyargs=[], kw_defaults=[], defaults=[])
+    lines = [f"def {_TESTS_FUNCTION}(__strict_cmp__, __strict_bin__):"]
     try:
-        body = [_Strict().visit(statement) for statement in module.body] or [ast.Pass()]
-        function = ast.FunctionDef(_TESTS_FUNCTION, args, body, [], None, lineno=1,
-                                   col_offset=0)
-        wrapped = ast.fix_missing_locations(ast.Module([function], []))
-        code = compile(wrapped, "<tests>", "exec", dont_inherit=True)
+        for statement in module.body:
+            while len(lines) < statement.lineno:  # keep it on its own line number + 1
+                lines.append("")
+            lines += ["    " + line for line in ast.unparse(_Strict().visit(statement))
+                      .splitlines()]
+        lines.append("    pass")
+        source = "\n".join(lines) + "\n"
+        compile(source, "<tests>", "exec", dont_inherit=True)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return text  # valid at module level only (`from m import *`), or nested too deep
-    return Asserts(text, marshal.dumps(code))
+    return Asserts(text, source)
 
 
 def tests_payload(tests: Asserts | str | tuple[CallCase, ...]) -> bytes:
     """What the bootstrap reads once the program's top level has returned."""
     if isinstance(tests, Asserts):
-        return b"A" + tests.text.encode("utf-8", "surrogatepass") + b"\0" + tests.compiled
+        return b"A" + _utf8(tests.text) + b"\0" + _utf8(tests.source)
     if isinstance(tests, str):  # asserts that did not compile: the sandbox shows the error
-        return b"A" + tests.encode("utf-8", "surrogatepass") + b"\0" + marshal.dumps(
-            compile(f"def {_TESTS_FUNCTION}(__strict_cmp__, __strict_bin__):\n"
-                    f"    raise SyntaxError({_syntax_error(tests)!r})\n", "<tests>", "exec"))
-    return b"C" + "\0".join(case.call for case in tests).encode("utf-8", "surrogatepass")
+        return b"A" + _utf8(tests) + b"\0" + _utf8(
+            f"def {_TESTS_FUNCTION}(__strict_cmp__, __strict_bin__):\n"
+            f"    raise SyntaxError({_syntax_error(tests)!r})\n")
+    return b"C" + _utf8("\0".join(case.call for case in tests))
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
 
 
 def _syntax_error(text: str) -> str:

@@ -154,3 +154,18 @@ def test_isolation_says_what_is_in_force():
         assert os.access(found.bwrap, os.X_OK)
     else:
         assert found.missing  # names the fix
+
+
+@needs_bwrap
+async def test_a_sandboxed_program_cannot_read_the_home_directory():
+    """The same through run_python (bootstrap, hook and all): a read of a planted file is the
+    kernel's FileNotFoundError, not the hook's refusal."""
+    secret = Path.home() / f"flexmarl-secret-{uuid.uuid4().hex}"
+    secret.write_text("hunter2")
+    try:
+        result = await run_python(f"try:\n    print(open({str(secret)!r}).read())\n"
+                                  f"except OSError as e:\n    print(type(e).__name__)",
+                                  cpu_s=1.0, wall_s=3.0)
+    finally:
+        secret.unlink()
+    assert result.passed and result.stdout == "FileNotFoundError\n"

@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,12 +58,15 @@ class Isolation:
 
 
 _state: dict[str, object] = {}
+_probing = threading.Lock()  # first callers from several threads probe once, warn once
 
 
 def isolation() -> Isolation:
     """What this machine gives sandboxed programs (probed once per process)."""
-    found = _state.get("isolation")
-    if found is None:
+    with _probing:
+        found = _state.get("isolation")
+        if found is not None:
+            return found  # type: ignore[return-value]
         found = _state["isolation"] = _probe()
         if found.mechanism != "bwrap":
             log.warning("sandboxed programs run without bubblewrap: %s. They can read what "

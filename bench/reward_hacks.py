@@ -1,14 +1,19 @@
 """Reward-hack report: which programs of the corpus (tests/reward_hacks.py) earn a code reward,
 per test form, under the isolation in force here and on the audit-hook fallback.
 
-    .venv/bin/python bench/reward_hacks.py [--json]
+    .venv/bin/python bench/reward_hacks.py [--json] [--hacks NAME,...] [--corpus PATH]
 
 Rows: the honest solution and every hack; columns: the assert, call and stdin/stdout forms, under
-bwrap (where it runs here) and on the fallback; a cell is the reward (1 = the hack passed). With
---json the last line is one JSON object: per isolation and form, the hacks that passed.
+bwrap (where it runs here) and on the fallback; a cell is the reward (1.0 = the hack passed, '-'
+where the hack has no program for that form). Limits are the test suite's FAST ones (cpu_s=1,
+wall_s=3, memory_mb=128). With --json the last line is one JSON object: per isolation and form,
+the hacks that passed, and the honest solution's rewards.
+
 Against an older tree (PYTHONPATH=<old checkout> python bench/reward_hacks.py) it runs what a
-user could write then: the call form as the equivalent asserts, the stdin/stdout form as
-`stdin=` runs whose output this script compares.
+user could write then, and says "old API": the call form as the equivalent asserts
+(`assert add(1, 2) == 3` ...), the stdin/stdout form as `run_python(code, stdin=...)` runs whose
+output this script compares (`result.passed and result.stdout.split() == expected.split()`).
+The corpus is read from this script's tree (or --corpus), whatever tree `flexmarl` comes from.
 """
 from __future__ import annotations
 
@@ -17,18 +22,11 @@ import asyncio
 import importlib.util
 import json
 import sys
+import time
 from pathlib import Path
 
 from flexmarl import rewards
 from flexmarl.rewards import code_reward, run_python
-
-# The corpus from this script's tree, whatever tree `flexmarl` comes from (PYTHONPATH).
-_spec = importlib.util.spec_from_file_location(
-    "reward_hacks", Path(__file__).resolve().parent.parent / "tests" / "reward_hacks.py")
-_corpus = importlib.util.module_from_spec(_spec)
-sys.modules["reward_hacks"] = _corpus  # dataclasses looks its module up
-_spec.loader.exec_module(_corpus)
-HACKS, HONEST = _corpus.HACKS, _corpus.HONEST
 
 LIMITS = {"cpu_s": 1.0, "wall_s": 3.0, "memory_mb": 128}
 ASSERTS = "assert add(1, 2) == 3\nassert add(-5, 5) == 0\nassert add(10, 32) == 42"
@@ -36,13 +34,24 @@ CALLS = [("add(1, 2)", 3), ("add(-5, 5)", 0), ("add(10, 32)", 42)]
 IO = [("1 2\n", "3\n"), ("-5 5\n", "0\n"), ("10 32\n", "42\n")]
 FORMS = ("assert", "call", "io")
 NEW_API = hasattr(rewards, "IOCase")
+DEFAULT_CORPUS = Path(__file__).resolve().parent.parent / "tests" / "reward_hacks.py"
+
+
+def load_corpus(path: Path):
+    """(HONEST, HACKS) from a corpus file, imported by path (not as tests.reward_hacks, so that an
+    older tree's own corpus, or none, does not matter)."""
+    spec = importlib.util.spec_from_file_location("reward_hacks", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["reward_hacks"] = module  # dataclasses looks its module up
+    spec.loader.exec_module(module)
+    return module.HONEST, module.HACKS
 
 
 async def reward(code: str, form: str) -> float:
     if form == "assert" or (form == "call" and not NEW_API):
         return await code_reward(code, ASSERTS, **LIMITS)
     if form == "call":
-        return await code_reward(code, CALLS, **LIMITS)
+        return await code_reward(code, [rewards.CallCase(c, e) for c, e in CALLS], **LIMITS)
     if NEW_API:
         return await code_reward(code, [rewards.IOCase(i, o) for i, o in IO], **LIMITS)
     for stdin, out in IO:
@@ -52,54 +61,73 @@ async def reward(code: str, form: str) -> float:
     return 1.0
 
 
-async def table() -> dict[str, dict[str, float]]:
-    programs = [("honest", HONEST)] + [(h.name, h.programs) for h in HACKS]
+async def table(programs: list[tuple[str, dict[str, str]]]) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for name, by_form in programs:
-        scores = await asyncio.gather(*(reward(code, form) for form, code in by_form.items()))
-        out[name] = dict(zip(by_form, scores))
+        forms = [form for form in FORMS if form in by_form]
+        scores = await asyncio.gather(*(reward(by_form[form], form) for form in forms))
+        out[name] = dict(zip(forms, scores))
     return out
 
 
 def fallback() -> None:
+    """Run the rest on the audit-hook fallback, as on a machine without bwrap."""
     from flexmarl.rewards import confinement
     confinement._state.clear()
     confinement._candidates = lambda: []
 
 
-async def main() -> dict:
+async def main(corpus: Path, only: set[str] | None) -> dict:
+    honest, hacks = load_corpus(corpus)
+    if only:
+        unknown = only - {h.name for h in hacks}
+        if unknown:
+            raise SystemExit(f"no such hacks in {corpus}: {sorted(unknown)}")
+        hacks = [h for h in hacks if h.name in only]
     kinds = ["old"]
     if NEW_API:
         kinds = ["bwrap", "fallback"] if rewards.isolation().mechanism == "bwrap" else [
             "fallback"]
-    result: dict = {"api": "new" if NEW_API else "old", "hacks": len(HACKS), "passed": {}}
+    programs = [("honest", honest)] + [(h.name, h.programs) for h in hacks]
+    tree = str(Path(rewards.__file__).resolve().parents[2])
+    result: dict = {"api": "new" if NEW_API else "old", "tree": tree, "hacks": len(hacks),
+                    "programs": sum(len(p) for _, p in programs), "limits": LIMITS,
+                    "passed": {}, "honest": {}, "seconds": {}}
     tables = {}
     for kind in kinds:
         if kind == "fallback":
             fallback()
-        tables[kind] = await table()
-        result["passed"][kind] = {form: sorted(n for n, row in tables[kind].items()
-                                               if n != "honest" and row.get(form))
-                                  for form in FORMS}
-        result.setdefault("honest", {})[kind] = tables[kind]["honest"]
+        start = time.monotonic()
+        tables[kind] = await table(programs)
+        result["seconds"][kind] = round(time.monotonic() - start, 1)
+        result["passed"][kind] = {form: [n for n, row in tables[kind].items()
+                                         if n != "honest" and row.get(form)] for form in FORMS}
+        result["honest"][kind] = tables[kind]["honest"]
+    print(f"{len(hacks)} hacks, reward per form ({'new API' if NEW_API else 'old API'}, "
+          f"flexmarl from {tree}; "
+          f"cpu_s={LIMITS['cpu_s']:g}, wall_s={LIMITS['wall_s']:g}, "
+          f"memory_mb={LIMITS['memory_mb']}); '-' where a hack has no program for the form")
     head = "".join(f" {k[:8]:>8s}:{f[:2]}" for k in kinds for f in FORMS)
-    print(f"{len(HACKS)} hacks, reward per form ({'this tree' if NEW_API else 'old API'}); "
-          f"'-' where a hack does not target the form")
-    print(f"{'program':22s} {'class':16s}{head}")
-    klass = {h.name: h.klass for h in HACKS}
+    print(f"{'program':24s} {'class':16s}{head}")
+    klass = {h.name: h.klass for h in hacks}
     for name in tables[kinds[0]]:
         cells = "".join(f" {tables[k][name].get(f, '-'):>11}" for k in kinds for f in FORMS)
-        print(f"{name:22s} {klass.get(name, ''):16s}{cells}")
+        print(f"{name:24s} {klass.get(name, ''):16s}{cells}")
     for kind in kinds:
+        print(f"honest solution under {kind}: {result['honest'][kind]}")
         for form in FORMS:
-            print(f"passed under {kind}, {form}: {result['passed'][kind][form] or 'none'}")
+            passed = result["passed"][kind][form]
+            print(f"passed under {kind}, {form} ({len(passed)}): {', '.join(passed) or 'none'}")
     return result
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--hacks", default="", help="comma-separated hack names (default: all)")
+    ap.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS,
+                    help="the corpus file (default: tests/reward_hacks.py next to this script)")
     parsed = ap.parse_args()
-    out = asyncio.run(main())
+    out = asyncio.run(main(parsed.corpus, {n for n in parsed.hacks.split(",") if n} or None))
     if parsed.json:
         print(json.dumps(out))

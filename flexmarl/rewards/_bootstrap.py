@@ -71,6 +71,7 @@ _FRAME_EVENTS = frozenset({  # the ways to a frame, and so to this module's loca
 _REFUSED_PREFIXES = ("socket.", "ctypes.")
 _REFUSED_IMPORTS = frozenset({
     "_ctypes", "ctypes", "_posixsubprocess", "_xxsubinterpreters", "_xxinterpchannels",
+    "_interpreters", "_interpqueues", "_interpchannels",  # 3.13's names: no hook in them
     "_testcapi", "_testinternalcapi", "_testmultiphase", "_testsinglephase",
     # Patched below before the program runs; a fresh copy would bring the original back.
     "_thread"})
@@ -105,6 +106,7 @@ def _make_hook(workdir: str, window: list):
     frame_attributes, refused, abspath = _FRAME_ATTRIBUTES, SandboxRefused, os.path.abspath
     frame_events, no_frame = _FRAME_EVENTS, FrameRefused
     fspath, fsdecode, join, realpath = os.fspath, os.fsdecode, os.path.join, os.path.realpath
+    isdir, own_pid = os.path.isdir, str(os.getpid())
 
     def inside(path: object) -> bool:
         if isinstance(path, int):
@@ -130,9 +132,15 @@ def _make_hook(workdir: str, window: list):
             raise refused(f"sandbox: importing {args[0]} is not allowed")
         if event == "open":
             path, mode, flags = args
-            if isinstance(path, (str, bytes)) and realpath(fsdecode(path)).startswith(
-                    "/proc/") and realpath(fsdecode(path)).endswith("/mem"):
-                raise refused(f"sandbox: reading {path!r} is not allowed")  # this memory
+            if isinstance(path, (str, bytes)) and not inside(path):
+                # Without bwrap the filesystem is the user's: at least no process's memory,
+                # no other process's /proc entries, and no directory descriptor to open
+                # paths relative to (dir_fd) outside the program's directory.
+                full = realpath(fsdecode(path))
+                parts = full.split("/")
+                if (full.startswith("/proc/") and (full.endswith("/mem") or (
+                        parts[2].isdigit() and parts[2] != own_pid))) or isdir(full):
+                    raise refused(f"sandbox: opening {path!r} is not allowed")
             writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
                 isinstance(flags, int) and flags & write_flags)
             if writes and not inside(path):
@@ -453,6 +461,25 @@ def _run_tests(kit: _Kit, namespace: dict, payload: bytes, sources: dict) -> byt
 
 
 def main(argv: list[str]) -> int:
+    """Run `_main` on copies of this module's functions bound to private globals and builtins.
+
+    Every class and function defined here can be found by the program (`object.__subclasses__()`,
+    then a method's `__globals__`, which no audit event covers), and with it this module's
+    globals: rebinding `_run_tests` or `dict` there must change nothing. So the functions that
+    run after the program's top level look their names up in a dict no object leads to."""
+    import types
+
+    shared = globals()
+    private = dict(shared)
+    private["__builtins__"] = dict(shared["__builtins__"])
+    for name, value in shared.items():
+        if type(value) is types.FunctionType and value.__module__ == shared["__name__"]:
+            private[name] = types.FunctionType(value.__code__, private, value.__name__,
+                                               value.__defaults__, value.__closure__)
+    return private["_main"](argv)
+
+
+def _main(argv: list[str]) -> int:
     try:
         program, mode, ctl_fd, tests_fd, cpu_s, memory_bytes, file_bytes, num_files = argv
         ctl_fd, tests_fd = int(ctl_fd), int(tests_fd)

@@ -1,4 +1,4 @@
-"""Reward-hack report: which programs of the corpus (tests/reward_hacks.py) earn a code reward,
+"""Reward-hack report: which programs of the corpus (tests/reward_hacks/) earn a code reward,
 per test form, under the isolation in force here and on the audit-hook fallback.
 
     .venv/bin/python bench/reward_hacks.py [--json] [--hacks NAME,...] [--corpus PATH]
@@ -34,13 +34,17 @@ CALLS = [("add(1, 2)", 3), ("add(-5, 5)", 0), ("add(10, 32)", 42)]
 IO = [("1 2\n", "3\n"), ("-5 5\n", "0\n"), ("10 32\n", "42\n")]
 FORMS = ("assert", "call", "io")
 NEW_API = hasattr(rewards, "IOCase")
-DEFAULT_CORPUS = Path(__file__).resolve().parent.parent / "tests" / "reward_hacks.py"
+DEFAULT_CORPUS = Path(__file__).resolve().parent.parent / "tests" / "reward_hacks"
 
 
 def load_corpus(path: Path):
-    """(HONEST, HACKS) from a corpus file, imported by path (not as tests.reward_hacks, so that an
-    older tree's own corpus, or none, does not matter)."""
-    spec = importlib.util.spec_from_file_location("reward_hacks", path)
+    """(HONEST, HACKS) from a corpus package (a folder) or file, imported by path (not as
+    tests.reward_hacks, so that an older tree's own corpus, or none, does not matter)."""
+    if path.is_dir():
+        spec = importlib.util.spec_from_file_location(
+            "reward_hacks", path / "__init__.py", submodule_search_locations=[str(path)])
+    else:
+        spec = importlib.util.spec_from_file_location("reward_hacks", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules["reward_hacks"] = module  # dataclasses looks its module up
     spec.loader.exec_module(module)
@@ -126,7 +130,7 @@ if __name__ == "__main__":
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--hacks", default="", help="comma-separated hack names (default: all)")
     ap.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS,
-                    help="the corpus file (default: tests/reward_hacks.py next to this script)")
+                    help="the corpus package or file (default: tests/reward_hacks/ next to this script)")
     parsed = ap.parse_args()
     out = asyncio.run(main(parsed.corpus, {n for n in parsed.hacks.split(",") if n} or None))
     if parsed.json:

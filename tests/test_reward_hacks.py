@@ -1,4 +1,4 @@
-"""The reward-hack corpus (tests/reward_hacks.py) against code_reward: every hacking program
+"""The reward-hack corpus (tests/reward_hacks/) against code_reward: every hacking program
 earns 0 in each test form it targets, and the honest solution earns 1 in all three, under the
 isolation in force here (bubblewrap where it runs). Each run uses small limits (about 1 s);
 the corpus is run a form at a time, a few programs at once."""

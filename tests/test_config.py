@@ -186,6 +186,7 @@ def test_bad_set_syntax(team_file, override):
     ("pipeline.mode=async", "pipeline.mode must be one of sync, micro_batch, one_step_off, bounded, got 'async'"),
     ("pipeline.max_staleness=0", "pipeline.max_staleness must be >= 1"),
     ("rollout.cpus=0-x", "rollout.cpus must list CPU cores"),
+    ("rollout.max_num_seqs=0", "rollout.max_num_seqs must be >= 1, got 0"),
     ("trainer_pool.cpus=999", "names cores [999]"),
     ("run.log_level=loud", "run.log_level must be one of"),
     ("run.name=a/b", "run.name must be"),

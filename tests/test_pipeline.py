@@ -36,7 +36,8 @@ from test_trainer import MIXED_REL_TOL, relative_distance  # noqa: E402
 
 WEIGHT_ATOL = 1e-6
 """micro_batch vs sync weights after 3 steps from identical samples (observed: 0.0, bit-equal:
-one task at a time and one group per micro-batch make the micro-batches the same in both).
+one task at a time, one group per micro-batch and requests run alone in the engine make the
+micro-batches the same in both, log-probabilities included).
 Other splits of the same batch agree to the float32 summation order: tests/test_trainer.py."""
 
 
@@ -261,21 +262,30 @@ async def test_micro_batch_trains_only_current_version_samples(tiny_model_dir, t
 @pytest.mark.parametrize("shape", ["one_group", "mixed"])
 async def test_micro_batch_and_sync_end_with_the_same_weights(shape, tiny_model_dir, tmp_path,
                                                               monkeypatch, no_leftover_children):
-    """one_group: one task at a time and one group per micro-batch, so both modes accumulate
-    the same micro-batches in the same order (bit-equal). mixed: 4 tasks in flight and 2 groups
+    """one_group: one task at a time, one group per micro-batch and an engine that runs every
+    request alone, so both modes accumulate the same micro-batches in the same order, their
+    behaviour log-probabilities included (checked), and end bit-equal. (Without
+    rollout.max_num_seqs=1 the torch engine may batch a task's two checker calls together in
+    one run and apart in the other, as the trainer's work beside rollout delays one: the
+    padding then changes log-probabilities in the last bits, and AdamW carries that to ~1e-5
+    in the weights.) mixed: 4 tasks in flight and 2 groups
     per micro-batch: micro_batch sends whatever is ready when the trainer is free, sync sends
     the stored batch, so the two modes' micro-batches differ in composition, order and padding
     (checked), and the weights agree within MIXED_REL_TOL. That this check can fail: a
     per-micro-batch normaliser breaks it, and the gradient equality it rests on
     (tests/test_trainer.py::test_micro_batches_of_any_composition_and_padding_give_the_same_gradient)."""
-    extra = (("pipeline.max_concurrent_tasks=1", "pipeline.micro_batch_groups=1")
+    extra = (("pipeline.max_concurrent_tasks=1", "pipeline.micro_batch_groups=1",
+              "rollout.max_num_seqs=1")
              if shape == "one_group" else
              ("pipeline.max_concurrent_tasks=4", "pipeline.micro_batch_groups=2"))
-    send, sent = TrainSession._send, {}  # mode -> [(agent, version, input ids of a micro-batch)]
+    # mode -> [(agent, version, input ids of a micro-batch, its turns' tokens and log-probs)]
+    send, sent = TrainSession._send, {}
 
     async def recording_send(self, groups):
+        turns = tuple((tuple(t.prompt_ids), tuple(t.response_ids), tuple(t.logprobs))
+                      for g in groups for t in g.turns)
         sent[list(sent)[-1]].append((self.rt.spec.name, self.version,
-                                     tuple(g.input_id for g in groups)))
+                                     tuple(g.input_id for g in groups), turns))
         await send(self, groups)
 
     monkeypatch.setattr(TrainSession, "_send", recording_send)
@@ -284,8 +294,14 @@ async def test_micro_batch_and_sync_end_with_the_same_weights(shape, tiny_model_
         sent[mode] = []
         results[mode] = await run(duo(tiny_model_dir), config(tmp_path, mode, *extra))
     if shape == "mixed":
-        assert sorted(sent["sync"]) != sorted(sent["micro_batch"]), \
+        assert sorted(m[:3] for m in sent["sync"]) != sorted(m[:3] for m in sent["micro_batch"]), \
             "the two modes fed identical micro-batches: this case would prove nothing"
+    else:  # the precondition of bit-equality: each agent's micro-batches the same, in one order
+        def by_agent(mbs):  # stable: an agent's own order kept, the two agents' interleaving not
+            return sorted(mbs, key=lambda m: m[0])
+
+        assert by_agent(sent["sync"]) == by_agent(sent["micro_batch"]), \
+            "the two modes fed different micro-batches (or the engine's log-probabilities differed)"
     sync, micro = results["sync"], results["micro_batch"]
     for a, b in zip(sync.metrics, micro.metrics):
         for name in ("solver", "checker"):  # the same samples: per-request seeds, same weights

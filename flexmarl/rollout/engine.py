@@ -29,7 +29,8 @@ class EngineConfig:
     kv_cache_bytes: int = 256 << 20
     """vLLM: KV-cache size in bytes (on CPU a fraction of memory is unreliable, see notes)."""
     max_num_seqs: int = 64
-    """vLLM: most sequences decoded together."""
+    """Most sequences decoded together (vLLM's max_num_seqs; the torch engine's batch rows,
+    a request's own samples always together)."""
     dtype: str = "auto"
     """Weights and activations; "auto": float32 on CPU (log-probabilities comparable to the
     trainer's), bfloat16 on GPU."""

@@ -85,6 +85,11 @@ class RolloutConfig:
     cpus: str = "auto"
     """CPU cores of every rollout process, as "0", "0,2" or "0-3" (threads sized to match);
     "auto": half the cores when trainers run on CPU (see `role_cpus`); "": no pinning."""
+    max_num_seqs: int = 64
+    """Most sequences an instance decodes together (vLLM's max_num_seqs; the torch engine's
+    batch rows, though a request's own n samples always run together). 1 makes the torch
+    engine run every request alone: its log-probabilities then do not depend on what arrived
+    at the same time (a batch's padding changes the order of float sums)."""
     staging_dir: str = ""
     """vLLM: where a weight update is written for the engine core to read; "": /dev/shm (a
     container's /dev/shm may be too small: Docker's default is 64 MB)."""
@@ -98,7 +103,7 @@ class RolloutConfig:
                 self.gpu_memory_utilization, "must be in (0, 1)")
         require(self.weight_transfer in TRANSFERS, "rollout.weight_transfer",
                 self.weight_transfer, f"must be one of {', '.join(TRANSFERS)}")
-        for name in ("instances_per_agent", "kv_cache_bytes", "max_model_len",
+        for name in ("instances_per_agent", "kv_cache_bytes", "max_model_len", "max_num_seqs",
                      "tensor_parallel_size"):
             require(getattr(self, name) >= 1, f"rollout.{name}", getattr(self, name),
                      "must be >= 1")
@@ -112,7 +117,7 @@ class RolloutConfig:
         run's resolved weight_transfer)."""
         return EngineConfig(backend=self.backend, model_dir=model_dir, seed=seed,
                             max_model_len=self.max_model_len, kv_cache_bytes=self.kv_cache_bytes,
-                            staging_dir=self.staging_dir, dtype=self.dtype,
+                            max_num_seqs=self.max_num_seqs, staging_dir=self.staging_dir, dtype=self.dtype,
                             tensor_parallel_size=self.tensor_parallel_size,
                             gpu_memory_utilization=self.gpu_memory_utilization,
                             enforce_eager=self.enforce_eager, weight_transfer=transfer)

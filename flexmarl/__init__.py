@@ -21,11 +21,12 @@ import warnings
 from typing import Any
 
 from flexmarl.checks import ConfigError
+from flexmarl.models.lora import LoraSpec
 from flexmarl.protocol import SamplingParams
 from flexmarl.team import AgentSpec, Completion, Team, load_team
 
 __version__ = "0.1.0"
-__all__ = ["AgentSpec", "Completion", "ConfigError", "SamplingParams", "Team", "load_team",
+__all__ = ["AgentSpec", "Completion", "ConfigError", "LoraSpec", "SamplingParams", "Team", "load_team",
            "train", "load_config", "Config", "RunResult"]
 
 _LAZY = {"train": "flexmarl.launch.run", "RunResult": "flexmarl.launch.run",

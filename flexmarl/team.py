@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Protocol, Sequence
 
+from flexmarl.models.lora import LoraSpec
 from flexmarl.protocol import SamplingParams
 
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
@@ -53,6 +54,10 @@ class AgentSpec:
     train_layers: int | None = None
     """Train only the last N decoder blocks and the final norm (the rest, embeddings and LM head
     included, frozen; optimizer state and weight syncs only for what trains); None: all."""
+    lora: LoraSpec | None = None
+    """Train a LoRA adapter on `model` instead of the model (flexmarl.models.lora): the base
+    stays frozen and is shared by every LoRA agent on it (one set of rollout instances serves
+    all their adapters); only the adapter trains, syncs and is saved. None: a full copy."""
 
     def __post_init__(self) -> None:
         if not _NAME.fullmatch(self.name):
@@ -71,6 +76,16 @@ class AgentSpec:
                              f"(or None: every layer), got {self.train_layers!r}")
         if self.lr is not None and self.lr <= 0:
             raise ValueError(f"agent {self.name}: AgentSpec.lr must be > 0")
+        if self.lora is not None:
+            if not isinstance(self.lora, LoraSpec):
+                raise TypeError(f"agent {self.name}: AgentSpec.lora must be a "
+                                f"flexmarl.LoraSpec, got {type(self.lora).__name__}")
+            if self.train_layers is not None:
+                raise ValueError(f"agent {self.name}: AgentSpec.lora and train_layers exclude "
+                                 "each other (an adapter already trains only itself)")
+            if not self.trainable:
+                raise ValueError(f"agent {self.name}: a frozen agent with a LoraSpec would "
+                                 "serve its base model unchanged; drop lora (or train it)")
 
 
 @dataclass(slots=True)

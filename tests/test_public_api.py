@@ -17,7 +17,7 @@ import pytest
 
 FACES = {
     "flexmarl": {
-        "AgentSpec", "Completion", "Config", "ConfigError", "RunResult", "SamplingParams",
+        "AgentSpec", "Completion", "Config", "ConfigError", "LoraSpec", "RunResult", "SamplingParams",
         "Team", "load_config", "load_team", "train"},
     "flexmarl.config": {
         "BalancerConfig", "ClusterConfig", "Config", "ConfigError", "DevicesConfig",

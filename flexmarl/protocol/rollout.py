@@ -76,6 +76,9 @@ class Generate:
     prompt_ids: list[int] | None = None
     prompt: str | None = None
     params: SamplingParams = field(default_factory=SamplingParams)
+    adapter: str | None = None
+    """The LoRA adapter to generate with (its agent's name; flexmarl.models.lora), on an
+    instance that serves a base model's adapters; None: the instance's model itself."""
 
     def __post_init__(self) -> None:
         if (self.prompt_ids is None) == (self.prompt is None):
@@ -136,6 +139,12 @@ class WeightUpdate:
     force: bool = False
     complete: bool = True
     """False: only the tensors that train (trainer.train_layers); the rest stay as served."""
+    adapter: str | None = None
+    """The tensors are this LoRA adapter's (PEFT's names, flexmarl.models.lora), replacing it
+    in place; `version` is then the adapter's. None: the model's own weights."""
+    lora: dict[str, Any] | None = None
+    """With `adapter`: its LoraSpec.as_dict() (rank, alpha, targets), for engines that build
+    the adapter from its config (vLLM)."""
 
 
 @message(FlexKind.WEIGHT_UPDATE_DONE)

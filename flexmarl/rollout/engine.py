@@ -45,6 +45,15 @@ class EngineConfig:
     weight_transfer: str = "stage"
     """"stage" (WeightUpdate tensors, loaded in place), "nccl" or "ipc" (vLLM's weight-transfer
     engine; the trainer sends, flexmarl.weights.direct)."""
+    adapters: tuple[str, ...] = ()
+    """LoRA adapters this instance serves on its model (the agents' names): a request names
+    one (Generate.adapter) or none (the base). Until its first `load_adapter`, an adapter is
+    the base itself (PEFT starts B at 0). Empty: no LoRA."""
+    max_lora_rank: int = 0
+    """With adapters: the largest rank served (vLLM's max_lora_rank, one of
+    flexmarl.models.lora.VLLM_LORA_RANKS)."""
+    max_loras: int = 0
+    """With adapters: adapters one batch may mix (vLLM's max_loras, >= len(adapters))."""
     sleep_mode: bool = False
     """The instance is time-shared with its agent's trainer (devices.placement): it is put to
     sleep while the trainer runs. vLLM: enable_sleep_mode (GPU only); the torch engine can
@@ -64,6 +73,16 @@ class EngineConfig:
         if self.weight_transfer not in TRANSFERS[1:]:
             raise ValueError(f"an engine's weight_transfer must be one of {TRANSFERS[1:]}, got "
                              f"{self.weight_transfer!r}")
+        if self.adapters:
+            if len(set(self.adapters)) != len(self.adapters):
+                raise ValueError(f"an engine's adapters must be distinct, got {self.adapters}")
+            if self.max_lora_rank < 1 or self.max_loras < len(self.adapters):
+                raise ValueError(f"an engine serving adapters {list(self.adapters)} needs "
+                                 f"max_lora_rank >= 1 and max_loras >= {len(self.adapters)}, "
+                                 f"got {self.max_lora_rank} and {self.max_loras}")
+            if self.weight_transfer != "stage":
+                raise ValueError("LoRA adapters sync staged (rollout.weight_transfer = "
+                                 f"\"stage\"), got {self.weight_transfer!r}")
         if self.weight_transfer != "stage" and self.backend != "vllm":
             raise ValueError(f"rollout.weight_transfer = {self.weight_transfer!r} needs "
                              'rollout.backend = "vllm" (its weight-transfer engines)')
@@ -76,13 +95,20 @@ class RolloutEngine(Protocol):
 
     def tokenize(self, text: str) -> list[int]: ...
 
-    async def generate(self, prompt_ids: list[int],
-                       params: SamplingParams) -> tuple[list[Sample], list[float] | None]:
-        """Samples of one prompt, and the prompt's log-probabilities if asked for."""
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       adapter: str | None = None) -> tuple[list[Sample], list[float] | None]:
+        """Samples of one prompt, and the prompt's log-probabilities if asked for; with
+        `adapter` (one of config.adapters) through that LoRA adapter."""
         ...
 
     async def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
         """Replace the weights in place; called only while no request is running."""
+        ...
+
+    async def load_adapter(self, name: str, tensors: dict[str, torch.Tensor],
+                           lora: dict) -> None:
+        """Replace adapter `name` (one of config.adapters) by these tensors (PEFT's names;
+        `lora`: its LoraSpec.as_dict()) in place; called only while no request is running."""
         ...
 
     async def sleep(self) -> None:

@@ -1,0 +1,173 @@
+"""LoRA adapters: an agent as a low-rank adapter on a base model that other agents share.
+
+    AgentSpec(model="smollm2-135m", lora=LoraSpec(rank=16, alpha=32))
+        trainer:  the base (frozen) + PEFT's LoRA layers ─► only the adapter trains
+        sync:     the adapter's tensors only (PEFT's names, `adapter_tensors`) ─► the engine
+                  reloads that adapter in place; the base is never sent again
+        rollout:  one set of instances per base serves every adapter on it, each request
+                  naming its agent's adapter (torch engine: PEFT mixed batches; vLLM:
+                  enable_lora + LoRARequest)
+        files:    `write_adapter` = PEFT's format (adapter_config.json +
+                  adapter_model.safetensors): loadable by `peft` and by vLLM's --lora-modules
+
+Tensor names are those of `peft.get_peft_model_state_dict` (the adapter's name removed), e.g.
+`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`: what PEFT saves, what
+`set_peft_model_state_dict` and vLLM's LoRA loader read. PEFT is the `lora` extra
+(`pip install flexmarl[lora]`); nothing here imports it until an adapter is used.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The ranks vLLM's max_lora_rank accepts: an engine serving adapters is sized to the smallest
+of these at or above the largest rank it serves."""
+
+
+@dataclass(kw_only=True, frozen=True)
+class LoraSpec:
+    """One agent's adapter: PEFT's LoraConfig in the fields RL teams set."""
+
+    rank: int = 16
+    alpha: float = 32.0
+    """Scaling is alpha / rank (PEFT's lora_alpha)."""
+    dropout: float = 0.0
+    """PEFT's lora_dropout. Above 0 the trainer's forward is not the engine's (dropout is off
+    in rollout), so the on-policy ratio is no longer 1: keep 0 for exact on-policy RL."""
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    """Names of the Linear modules that get an adapter (the last part of the module path), as
+    PEFT's target_modules; the model's own names, checked when the model is loaded."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Further LoraConfig fields, passed as they are (e.g. {"use_rslora": True})."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
+            raise ValueError(f"LoraSpec.rank must be an int >= 1, got {self.rank!r}")
+        if self.rank > VLLM_LORA_RANKS[-1]:
+            raise ValueError(f"LoraSpec.rank {self.rank} is above {VLLM_LORA_RANKS[-1]}, the "
+                             "largest rank vLLM serves")
+        if not self.alpha > 0:
+            raise ValueError(f"LoraSpec.alpha must be > 0, got {self.alpha!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"LoraSpec.dropout must be in [0, 1), got {self.dropout!r}")
+        targets = self.target_modules
+        if isinstance(targets, str) or not targets or not all(
+                isinstance(t, str) and t for t in targets):
+            raise ValueError("LoraSpec.target_modules must be a non-empty list of module names "
+                             f"(e.g. ['q_proj', 'v_proj']), got {targets!r}")
+        object.__setattr__(self, "target_modules", tuple(targets))
+        reserved = {"r", "lora_alpha", "lora_dropout", "target_modules", "task_type"}
+        if reserved & self.extra.keys():
+            raise ValueError(f"LoraSpec.extra cannot set {sorted(reserved & self.extra.keys())}"
+                             ": use LoraSpec's own fields")
+
+    def peft_config(self) -> Any:
+        """PEFT's LoraConfig for this adapter (inference_mode off: the trainer's copy trains)."""
+        peft = import_peft()
+        return peft.LoraConfig(r=self.rank, lora_alpha=self.alpha, lora_dropout=self.dropout,
+                               target_modules=list(self.target_modules), bias="none",
+                               task_type="CAUSAL_LM", **self.extra)
+
+    def as_dict(self) -> dict:
+        return {"rank": self.rank, "alpha": self.alpha, "dropout": self.dropout,
+                "target_modules": list(self.target_modules), "extra": dict(self.extra)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LoraSpec":
+        return cls(rank=d["rank"], alpha=d["alpha"], dropout=d["dropout"],
+                   target_modules=tuple(d["target_modules"]), extra=dict(d.get("extra", {})))
+
+
+def import_peft() -> Any:
+    try:
+        import peft
+    except ImportError as exc:  # the extra is missing: say which
+        raise ImportError("LoRA agents (AgentSpec.lora) need PEFT: pip install 'flexmarl[lora]' "
+                          "(or pip install peft)") from exc
+    return peft
+
+
+def linear_names(model: torch.nn.Module) -> list[str]:
+    """The distinct last names of the model's Linear modules (what target_modules names)."""
+    return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules()
+                   if isinstance(m, torch.nn.Linear) and name})
+
+
+def check_targets(model: torch.nn.Module, spec: LoraSpec, agent: str) -> None:
+    """A clear error when the spec targets modules the model lacks (naming those it has)."""
+    have = linear_names(model)
+    missing = [t for t in spec.target_modules if t not in have]
+    if missing:
+        raise ValueError(f"agent {agent}: LoraSpec.target_modules {missing} are not Linear "
+                         f"modules of its model; it has {have}")
+
+
+def wrap(model: torch.nn.Module, spec: LoraSpec, adapter: str) -> Any:
+    """The model with `adapter` added (PEFT's PeftModel; the base's weights frozen). The
+    adapter starts as PEFT initialises it (B = 0: the model's outputs are the base's)."""
+    check_targets(model, spec, adapter)
+    peft = import_peft()
+    return peft.get_peft_model(model, spec.peft_config(), adapter_name=adapter)
+
+
+def adapter_tensors(model: Any, adapter: str) -> dict[str, torch.Tensor]:
+    """The adapter's tensors under PEFT's saved names (see the module docstring)."""
+    peft = import_peft()
+    return peft.get_peft_model_state_dict(model, adapter_name=adapter)
+
+
+def load_adapter_tensors(model: Any, adapter: str, tensors: dict[str, torch.Tensor]) -> None:
+    """Set an existing adapter's tensors in place; every tensor must match one of its own."""
+    peft = import_peft()
+    result = peft.set_peft_model_state_dict(model, tensors, adapter_name=adapter)
+    unexpected = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
+    if unexpected:
+        raise ValueError(f"adapter {adapter}: tensors the adapter lacks: {unexpected[:5]}")
+
+
+def adapter_config(spec: LoraSpec, base_model: str) -> dict:
+    """adapter_config.json as PEFT writes it (vLLM reads the same file)."""
+    config = spec.peft_config()
+    config.base_model_name_or_path = base_model
+    config.inference_mode = True
+    d = config.to_dict()
+    return {k: (sorted(v) if isinstance(v, set) else v) for k, v in d.items()}
+
+
+def write_adapter(path: str | Path, spec: LoraSpec, tensors: dict[str, torch.Tensor],
+                  base_model: str) -> Path:
+    """An adapter directory in PEFT's format (peft.PeftModel.from_pretrained(base, path) and
+    vLLM's LoRARequest(name, id, path) load it)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / ADAPTER_CONFIG).write_text(json.dumps(adapter_config(spec, base_model), indent=2))
+    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()},
+              str(path / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    return path
+
+
+def read_adapter(path: str | Path) -> tuple[LoraSpec, dict[str, torch.Tensor]]:
+    """The spec and tensors of an adapter directory `write_adapter` (or PEFT) wrote."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    config = json.loads((path / ADAPTER_CONFIG).read_text())
+    spec = LoraSpec(rank=config["r"], alpha=config["lora_alpha"],
+                    dropout=config.get("lora_dropout", 0.0),
+                    target_modules=tuple(config["target_modules"]))
+    return spec, load_file(str(path / ADAPTER_WEIGHTS))
+
+
+def max_lora_rank(ranks: list[int]) -> int:
+    """The smallest rank vLLM accepts as max_lora_rank that serves every one of `ranks`."""
+    top = max(ranks)
+    return next(r for r in VLLM_LORA_RANKS if r >= top)

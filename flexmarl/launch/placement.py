@@ -28,6 +28,7 @@ from flexmarl.activity import ActivityLog
 from flexmarl.config.sections import ClusterConfig, DevicesConfig
 from flexmarl.launch.devices import Ask, Host
 from flexmarl.launch.layout import GpuPlan, hosts, plan_gpus, slot_layout
+from flexmarl.launch.lora_units import LoraUnits, lora_units
 from flexmarl.orchestrator.timeshare import time_shares
 from flexmarl.weights.direct import DIRECT, DirectTransport
 from flexmarl.models import load_tokenizer
@@ -169,10 +170,12 @@ class _Workers:
 
     def __init__(self, sup: "Supervisor | NodeRegistry", settings: WorkerSettings,
                  model_dirs: dict[str, str], work: str, sizes: list[int],
-                 gpus: "GpuPlan | None" = None, time_shared: frozenset[str] = frozenset()
-                 ) -> None:
+                 gpus: "GpuPlan | None" = None, time_shared: frozenset[str] = frozenset(),
+                 units: LoraUnits | None = None) -> None:
         self.sup, self.settings, self.model_dirs, self.work, self.sizes = (
             sup, settings, model_dirs, work, sizes)
+        self.units = units or LoraUnits()
+        """LoRA units: an instance of one serves its members' adapters on their base."""
         self.time_shared = time_shared
         """Agents whose instances sleep while their trainer runs (EngineConfig.sleep_mode)."""
         self.gpus = gpus or GpuPlan(None, "stage", False, False)
@@ -197,8 +200,9 @@ class _Workers:
         return connect(address, self.settings.transport)
 
     def rollout(self, agent: str, replaces: str = "") -> WorkerSpec:
-        """The next rollout instance, serving `agent`'s model (on the GPUs of the instance it
-        `replaces`, or of a new seat)."""
+        """The next rollout instance, serving `agent`'s model, or a LoRA unit's base and
+        adapters (on the GPUs of the instance it `replaces`, or of a new seat)."""
+        members = self.units.members.get(agent, [agent])
         k, r = next(self._instances), self.settings.rollout
         name = f"rollout-{k}"
         env = dict(self.rollout_env)
@@ -210,10 +214,14 @@ class _Workers:
                 # vLLM's frontend hands the IPC handles (torch types) to its own engine-core
                 # process only with this; they reach the instance as plain data (no pickle).
                 env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-        args = dataclasses.asdict(r.engine_config(self.model_dirs[agent],
+        args = dataclasses.asdict(r.engine_config(self.model_dirs[members[0]],
                                                   seed=self.settings.seed + k,
                                                   transfer=self.gpus.transfer))
         args["sleep_mode"] = agent in self.time_shared
+        if agent in self.units.members:  # adapters always sync staged (WeightSync.exported)
+            args |= {"adapters": tuple(members), "weight_transfer": "stage",
+                     "max_lora_rank": self.units.max_lora_rank[agent],
+                     "max_loras": self.units.max_loras[agent]}
         return WorkerSpec(name=name, entry="flexmarl.rollout.worker:rollout_worker", args=args,
                           ready_timeout_s=r.ready_timeout_s, cpus=self.rollout_cpus, env=env,
                           role="rollout", node=self.gpus.host(name))
@@ -327,10 +335,15 @@ async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, settings: W
                      trainer_pool=settings.trainer_pool)
     if gpus.plan is not None:
         log.warning("GPU placement (%s weight sync):\n%s", gpus.transfer, gpus.plan.table())
-    workers = _Workers(sup, settings, model_dirs, work, sizes, gpus, frozenset(layout.pinned))
-    placement = {spec.name: [workers.rollout(spec.name)
-                             for _ in range(spec.instances or settings.rollout.instances_per_agent)]
-                 for spec in team.agents}
+    units = lora_units(team, model_dirs, settings.rollout, time_shared=frozenset(layout.pinned))
+    workers = _Workers(sup, settings, model_dirs, work, sizes, gpus, frozenset(layout.pinned),
+                       units)
+    count = {}  # unit -> instances: a LoRA unit gets as many as its most demanding member
+    for spec in team.agents:
+        unit = units.unit(spec.name)
+        count[unit] = max(count.get(unit, 0),
+                          spec.instances or settings.rollout.instances_per_agent)
+    placement = {unit: [workers.rollout(unit) for _ in range(n)] for unit, n in count.items()}
     slot_specs = [workers.trainer_slot(k) for k in range(len(sizes))]
     instances = [w for ws in placement.values() for w in ws]
     trainers_started = asyncio.gather(*(start_worker(w) for ws in slot_specs for w in ws))
@@ -378,7 +391,8 @@ async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, settings: W
                                    tensor_parallel_size=settings.rollout.tensor_parallel_size,
                                    dtype=settings.rollout.dtype,
                                    timeout_s=settings.rollout.request_timeout_s)
-                   if gpus.transfer in DIRECT else None), shares=shares)
+                   if gpus.transfer in DIRECT else None), shares=shares,
+        adapters=units.adapters())
     for group in shares.groups:
         group.switch.pool, group.switch.trainers = pool, trainers
     return agents, pool, trainers
@@ -414,6 +428,8 @@ def trainer_settings(trainer: TrainerConfig, pipeline: PipelineConfig, seed: int
         out["lr"] = (spec.lr, "AgentSpec.lr")
     if spec.train_layers is not None:
         out["train_layers"] = (spec.train_layers, "AgentSpec.train_layers")
+    if spec.lora is not None:
+        out["lora"] = (spec.lora.as_dict(), "AgentSpec.lora")
     if pipeline.mode == "bounded" and not trainer.is_cap:
         out["is_cap"] = (pipeline.is_cap, "pipeline.is_cap")  # correct for stale samples
     return out

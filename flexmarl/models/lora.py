@@ -95,9 +95,14 @@ def import_peft() -> Any:
 
 
 def linear_names(model: torch.nn.Module) -> list[str]:
-    """The distinct last names of the model's Linear modules (what target_modules names)."""
-    return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules()
-                   if isinstance(m, torch.nn.Linear) and name})
+    """The distinct last names of the model's Linear modules (what target_modules names), the
+    ones PEFT already wrapped included (their Linear is `<name>.base_layer`)."""
+    names = set()
+    for name, m in model.named_modules():
+        if not isinstance(m, torch.nn.Linear) or not name or ".lora_" in name:
+            continue
+        names.add(name.removesuffix(".base_layer").rsplit(".", 1)[-1])
+    return sorted(names)
 
 
 def check_targets(model: torch.nn.Module, spec: LoraSpec, agent: str) -> None:

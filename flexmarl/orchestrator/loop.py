@@ -326,7 +326,7 @@ class PipelineRun:
                 # Exported while the slot is bound; pushed to the instances by the sync task
                 # (later for defer_sync), which opens the gate without waiting for the snapshot.
                 # A transport that does not export (direct, GPU): the trainer sends at sync time.
-                weights = await session.export() if self.weights.exports else (None, 0.0)
+                weights = await session.export() if self.weights.exported(agent) else (None, 0.0)
                 deferred = policy.defer_sync and step + 1 < self.steps
                 task = self._tg.create_task(self._sync(agent, step, result, weights,
                                                        deferred=deferred),

@@ -14,6 +14,12 @@ tokenizer (same config.json and tokenizer files): its engine is reloaded in plac
 restarted. The pool's WeightSync keeps each agent's served weights (the last sync, or the model
 directory's before the first), so a move loads exactly the version the agent's other instances
 serve.
+
+LoRA agents on one base (flexmarl.models.lora) share their instances: the balancer sees one
+"unit" (the agents joined by "+", e.g. "solver+checker") whose instances serve each member's
+adapter, and a request carries its agent's adapter (Generate.adapter). A unit of adapters never
+moves (its instances already serve all its agents); each member's version and sync stay its
+own (WeightSync: the adapter's tensors only).
 """
 from __future__ import annotations
 
@@ -90,6 +96,12 @@ class RolloutConfig:
     batch rows, though a request's own n samples always run together). 1 makes the torch
     engine run every request alone: its log-probabilities then do not depend on what arrived
     at the same time (a batch's padding changes the order of float sums)."""
+    max_loras: int = 0
+    """LoRA agents (AgentSpec.lora): adapters one instance serves and one batch mixes (vLLM's
+    max_loras); 0: as many as the agents on its base model."""
+    max_lora_rank: int = 0
+    """LoRA agents: the largest adapter rank an instance serves (vLLM's max_lora_rank, one of
+    flexmarl.models.lora.VLLM_LORA_RANKS); 0: the smallest of those that fits every agent's."""
     staging_dir: str = ""
     """vLLM: where a weight update is written for the engine core to read; "": /dev/shm (a
     container's /dev/shm may be too small: Docker's default is 64 MB)."""
@@ -107,6 +119,9 @@ class RolloutConfig:
                      "tensor_parallel_size"):
             require(getattr(self, name) >= 1, f"rollout.{name}", getattr(self, name),
                      "must be >= 1")
+        for name in ("max_loras", "max_lora_rank"):
+            require(getattr(self, name) >= 0, f"rollout.{name}", getattr(self, name),
+                    "must be >= 0 (0: sized to the team)")
         for name in ("ready_timeout_s", "request_timeout_s"):
             require(getattr(self, name) > 0, f"rollout.{name}", getattr(self, name),
                     "must be > 0")
@@ -159,7 +174,8 @@ class InstancePool:
                  activity: ActivityLog | None = None, signatures: dict[str, str] | None = None,
                  served: dict[str, dict[str, torch.Tensor]] | None = None,
                  lifecycle: Lifecycle | None = None,
-                 transport: Transport | None = None, shares: Any = None) -> None:
+                 transport: Transport | None = None, shares: Any = None,
+                 adapters: dict[str, tuple[str, dict]] | None = None) -> None:
         """`config` (section `rollout`) gives the request timeout, `balance` the balancer's
         settings; `activity` records each instance's busy intervals (its requests in flight).
         `signatures` (agent -> model signature) and `served` (agent -> the weights its
@@ -172,26 +188,39 @@ class InstancePool:
         `transport`: the run's weight sync (default staged; on GPU the trainer sending to the
         instances itself, flexmarl.weights.direct), under the pool's `weights`. `shares`
         (flexmarl.orchestrator.timeshare.TimeShares): time-shared agents' devices, taken by
-        each of their requests and weight pushes; their instances never move."""
+        each of their requests and weight pushes; their instances never move. `adapters`
+        (agent -> (its unit, its LoraSpec.as_dict())): LoRA agents served by their unit's
+        instances (`placement` names the unit, not them; see the module docstring)."""
         self.shares = shares
-        fixed = set() if shares is None else {a for g in shares.groups for a in g.agents}
+        self.adapters = dict(adapters or {})
+        lora_units = {u for u, _ in self.adapters.values()}
+        self.unit = ({a: a for a in placement if a not in lora_units}
+                     | {a: u for a, (u, _) in self.adapters.items()})
+        """Each agent's unit in the balancer: itself, or its LoRA group."""
+        self.members = {u: [a for a, au in self.unit.items() if au == u] for u in placement}
+        if missing := [u for u, ms in self.members.items() if not ms]:
+            raise ValueError(f"placement names units no agent belongs to: {missing}")
+        fixed = lora_units | (set() if shares is None else
+                              {a for g in shares.groups for a in g.agents})
         self.conns = dict(instances)
         self.lifecycle = lifecycle or Lifecycle(kind="rollout instance")
         self.model_dirs = dict(model_dirs)
         if signatures is None:
             signatures = {a: model_signature(d) for a, d in model_dirs.items()}
+        signatures = {u: signatures[self.members[u][0]] for u in placement}
         self.balancer = Balancer(placement, balance,
                                  compatible=lambda src, dst: signatures[src] == signatures[dst]
                                  and not {src, dst} & fixed)
         self.request_timeout_s = config.request_timeout_s
-        self.weights = WeightSync(placement, self.of, model_dirs,
+        self.weights = WeightSync(self.unit, self.of, model_dirs,
                                   timeout_s=config.request_timeout_s, transport=transport,
-                                  served=served, rollout=self._rollout)
+                                  served=served, rollout=self._rollout,
+                                  adapters={a: lora for a, (_, lora) in self.adapters.items()})
         """Each agent's version and served weights: synced by the loop, loaded by moves."""
         self._tasks: list[asyncio.Task] = []
         self.moves: list[MoveRecord] = []
         self.failed_moves = 0
-        self._latency: dict[str, list[float]] = {agent: [] for agent in placement}
+        self._latency: dict[str, list[float]] = {agent: [] for agent in self.unit}
         self._tokens: dict[str, int] = {name: 0 for name in instances}
         self.reports: dict[str, LoadReport] = {}
         """Each instance's last load report (queued, running: from every client)."""
@@ -213,7 +242,7 @@ class InstancePool:
         """Agents left with no instance after every replacement failed."""
 
     def of(self, agent: str) -> list[Connection]:
-        return [self.conns[name] for name in self.balancer.loads.instances(agent)]
+        return [self.conns[name] for name in self.balancer.loads.instances(self.unit[agent])]
 
     def _rollout(self, agent: str) -> contextlib.AbstractAsyncContextManager:
         """The agent's devices for rollout (at once unless it is time-shared)."""
@@ -226,11 +255,13 @@ class InstancePool:
         """One request to an instance of `agent`. If that instance dies (or stops answering)
         before replying, the request goes to another instance of the agent (or waits for the
         dead one's replacement): the reply is the one the request's seed gives, stored once."""
+        if agent in self.adapters:
+            msg.adapter = agent
         async with self._rollout(agent):
             return await self._generate(agent, msg, episode)
 
-    async def _generate(self, agent: str, msg: Generate, episode: str | None) -> GenerateReply:
-        bal = self.balancer
+    async def _generate(self, member: str, msg: Generate, episode: str | None) -> GenerateReply:
+        bal, agent = self.balancer, self.unit[member]  # from here on `agent` is the unit
         cost = bal.loads.estimate(agent, n=msg.params.n, max_tokens=msg.params.max_tokens)
         while True:
             if agent in self._broken:
@@ -267,7 +298,7 @@ class InstancePool:
             tokens = sum(len(s.token_ids) for s in reply.samples)
             bal.finish(msg.request_id, samples=len(reply.samples), tokens=tokens)
             self._maybe_drained(name)
-            self._latency[agent].append(now() - started)
+            self._latency[member].append(now() - started)
             self._tokens[name] = self._tokens.get(name, 0) + tokens
             return reply
 
@@ -303,7 +334,8 @@ class InstancePool:
         die while it starts, too)."""
         async def ready(names: list[str], conn: Connection) -> dict:
             name = await self._start_replacement(agent, names[0], conn)
-            return {"dead": dead, "new": name, "agent": agent, "version": self.versions[agent]}
+            return {"dead": dead, "new": name, "agent": agent,
+                    "version": self.versions[self.members[agent][0]]}
         try:
             async with self._rollout(agent):  # a time-shared one starts with its engines awake
                 await self.lifecycle.replace(dead, agent, [dead], ready)
@@ -316,6 +348,8 @@ class InstancePool:
     def grow(self, agent: str) -> None:
         """Start one more instance for `agent` (a node joined) in the background: it loads the
         served version and takes requests as a replacement does; `added` records it."""
+        agent = self.unit[agent]
+
         async def add() -> None:
             started = now()
             try:
@@ -330,11 +364,14 @@ class InstancePool:
         self._tasks.append(asyncio.create_task(add(), name=f"pool.grow[{agent}]"))
 
     async def _start_replacement(self, agent: str, name: str, conn: Connection) -> str:
-        """A new instance `name` (a replacement or a new one) takes `agent`'s requests."""
+        """A new instance `name` (a replacement or a new one) takes the requests of unit `agent`
+        (an agent, or a LoRA group: every member's served adapter is loaded)."""
+        members = self.members[agent]
         try:
-            async with self.weights.locked(agent):  # no weight sync of the agent meanwhile
-                if not self.weights.fresh(agent):
-                    await self.weights.load_into(conn, agent)
+            async with self.weights.locked(*members):  # no weight sync of them meanwhile
+                for member in members:
+                    if not self.weights.fresh(member):
+                        await self.weights.load_into(conn, member)
                 first: LoadReport = await conn.request(SubscribeLoad(), control=True,
                                                        timeout_s=self.request_timeout_s)
                 self.conns[name] = conn
@@ -361,8 +398,9 @@ class InstancePool:
         return self.weights.versions
 
     def instances(self, agent: str) -> list[str]:
-        """The instances serving `agent` now (the balancer may move them)."""
-        return self.balancer.loads.instances(agent)
+        """The instances serving `agent` now (the balancer may move them; a LoRA agent's are
+        its group's)."""
+        return self.balancer.loads.instances(self.unit.get(agent, agent))
 
     def status(self, recent: int = 200) -> dict:
         """The instances now and the latest moves, as plain data (flexmarl.observe.monitor):
@@ -378,10 +416,12 @@ class InstancePool:
                                "running": report.running if report else 0,
                                "inflight": loads.inflight(name),
                                "draining": loads.is_draining(name)}
-        agents = {a: {"instances": loads.instances(a),
-                      "inflight": sum(loads.inflight(i) for i in loads.instances(a))}
+        agents = {a: {"instances": loads.instances(self.unit[a]),
+                      "inflight": sum(loads.inflight(i) for i in loads.instances(self.unit[a])),
+                      **({"lora_group": self.unit[a]} if a in self.adapters else {})}
                   for a in self.versions}
         return {"instances": instances, "agents": agents, "moves": self.moves[-recent:],
+                "lora_groups": {u: self.members[u] for u, _ in self.adapters.values()},
                 "moves_total": len(self.moves),
                 "devices": (self.lifecycle.devices.rows() if self.lifecycle.devices is not None
                             else []),

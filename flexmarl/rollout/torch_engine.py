@@ -17,6 +17,13 @@ flexmarl.sampling.truncate); greedy requests report the raw model distribution. 
 samples from its own generator (its seed, or the engine's seed and its arrival number), so its
 draws do not depend on what it was batched with; greedy and log-probabilities may differ from
 an unbatched run in the last float bits (padding changes the order of the sums).
+
+LoRA adapters (config.adapters, flexmarl.models.lora): the model is wrapped by PEFT once the
+first adapter is loaded, and every forward names each row's adapter (PEFT's mixed-batch
+`adapter_names`; "__base__" for the base and for an adapter not loaded yet, which is the base
+because PEFT starts B at 0), so one batch mixes agents and each row computes exactly what its
+adapter alone would. A batch shares its prompts' common prefix only among rows of one adapter
+(the prefix's keys and values depend on it).
 """
 from __future__ import annotations
 
@@ -59,6 +66,7 @@ class _Request:
     params: SamplingParams
     seed: int
     done: asyncio.Future
+    adapter: str = "__base__"
 
     @property
     def rows(self) -> int:
@@ -81,6 +89,8 @@ class TorchEngine:
         """Batches run so far (tests and the benchmark read it)."""
         self.asleep: str | None = None
         """While asleep: the file its weights were offloaded to (sleep)."""
+        self.loaded: dict[str, dict] = {}
+        """Adapters loaded so far: name -> its LoraSpec.as_dict()."""
 
     async def start(self) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
@@ -96,19 +106,23 @@ class TorchEngine:
     def tokenize(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    async def generate(self, prompt_ids: list[int],
-                       params: SamplingParams) -> tuple[list[Sample], list[float] | None]:
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       adapter: str | None = None) -> tuple[list[Sample], list[float] | None]:
         if len(prompt_ids) + params.max_tokens > self.config.max_model_len:
             raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens "
                              f"({params.max_tokens}) exceeds rollout.max_model_len="
                              f"{self.config.max_model_len}")
         if not prompt_ids:
             raise ValueError("empty prompt: give at least one token")
+        if adapter is not None and adapter not in self.config.adapters:
+            raise ValueError(f"no LoRA adapter {adapter!r} on this instance; it serves "
+                             f"{list(self.config.adapters) or 'none'}")
         self._awake("generate")
         self._requests += 1
         seed = params.seed if params.seed is not None else self.config.seed * 1_000_003 + self._requests
         request = _Request(list(prompt_ids), params, seed,
-                           asyncio.get_running_loop().create_future())
+                           asyncio.get_running_loop().create_future(),
+                           adapter if adapter in self.loaded else "__base__")
         self._queue.append(request)
         self._arrived.set()
         if self._batcher is None or self._batcher.done():
@@ -150,6 +164,12 @@ class TorchEngine:
             batch.append(self._queue.pop(0))
         return batch
 
+    def _forward(self, adapters: list[str], **kwargs: Any) -> Any:
+        """The model's forward, each row through its adapter where adapters are loaded."""
+        if hasattr(self.model, "peft_config"):
+            kwargs["adapter_names"] = adapters
+        return self.model(**kwargs)
+
     @torch.inference_mode()
     def _generate(self, batch: list[_Request]) -> list[tuple[list[Sample], list[float] | None]]:
         logits, cache, mask, position, prompt_lps = self._prefill(batch)
@@ -164,6 +184,7 @@ class TorchEngine:
         top_k = torch.tensor([batch[i].params.top_k for i in owner])
         top_p = torch.tensor([batch[i].params.top_p for i in owner])
         budget = [batch[i].params.max_tokens for i in owner]
+        adapters = [batch[i].adapter for i in owner]
         tokens: list[list[int]] = [[] for _ in range(rows)]
         logprobs: list[list[float]] = [[] for _ in range(rows)]
         finish = [""] * rows
@@ -189,8 +210,8 @@ class TorchEngine:
                 break
             mask = torch.cat([mask, torch.ones(rows, 1, dtype=torch.long)], dim=1)
             position = position + 1
-            out = self.model(input_ids=token[:, None], attention_mask=mask, position_ids=position,
-                             past_key_values=cache, use_cache=True)
+            out = self._forward(adapters, input_ids=token[:, None], attention_mask=mask,
+                                position_ids=position, past_key_values=cache, use_cache=True)
             cache = out.past_key_values
             logits = out.logits[:, -1].float()
         results: list[tuple[list[Sample], list[float] | None]] = [([], lp) for lp in prompt_lps]
@@ -211,13 +232,15 @@ class TorchEngine:
         computed once and its KV repeated for every row, unless prompt log-probabilities are
         asked for (they need every position's logits, which the shortcut skips)."""
         shared = 0
-        if len(batch) > 1 and not any(r.params.prompt_logprobs for r in batch):
+        adapters = [r.adapter for r in batch]
+        if (len(batch) > 1 and not any(r.params.prompt_logprobs for r in batch)
+                and len(set(adapters)) == 1):
             shared = common_prefix([r.prompt_ids for r in batch])
             shared = shared if shared >= MIN_SHARED_PREFIX else 0
         cache = None
         if shared:
-            out = self.model(input_ids=torch.tensor([batch[0].prompt_ids[:shared]]),
-                             use_cache=True)
+            out = self._forward(adapters[:1], input_ids=torch.tensor([batch[0].prompt_ids[:shared]]),
+                                use_cache=True)
             cache = out.past_key_values
             cache.batch_select_indices(torch.zeros(len(batch), dtype=torch.long))
         longest = max(len(r.prompt_ids) for r in batch) - shared
@@ -229,8 +252,8 @@ class TorchEngine:
             mask[i, longest - len(rest):] = 1
         positions = shared + (mask.cumsum(1) - 1).clamp(min=0)
         full_mask = torch.cat([torch.ones(len(batch), shared, dtype=torch.long), mask], dim=1)
-        out = self.model(input_ids=ids, attention_mask=full_mask, position_ids=positions,
-                         past_key_values=cache, use_cache=True)
+        out = self._forward(adapters, input_ids=ids, attention_mask=full_mask,
+                            position_ids=positions, past_key_values=cache, use_cache=True)
         prompt_lps = [self._prompt_logprobs(out.logits, i, r, longest)
                       for i, r in enumerate(batch)]
         return (out.logits[:, -1].float(), out.past_key_values, full_mask, positions[:, -1:],
@@ -280,6 +303,37 @@ class TorchEngine:
         self._awake("load weights")
         await asyncio.get_running_loop().run_in_executor(self._executor, self._load, tensors)
 
+    async def load_adapter(self, name: str, tensors: dict[str, torch.Tensor],
+                           lora: dict) -> None:
+        self._awake("load an adapter")
+        if name not in self.config.adapters:
+            raise ValueError(f"no LoRA adapter {name!r} on this instance; it serves "
+                             f"{list(self.config.adapters) or 'none'}")
+        await asyncio.get_running_loop().run_in_executor(
+            self._executor, self._load_adapter, name, tensors, lora)
+
+    @torch.inference_mode()
+    def _load_adapter(self, name: str, tensors: dict[str, torch.Tensor], lora: dict) -> None:
+        from flexmarl.models import lora as adapters
+
+        spec = adapters.LoraSpec.from_dict(lora)
+        if spec.rank > self.config.max_lora_rank:
+            raise ValueError(f"adapter {name}: rank {spec.rank} is above the instance's "
+                             f"max_lora_rank {self.config.max_lora_rank} (rollout.max_lora_rank)")
+        if self.loaded.get(name) not in (None, spec.as_dict()):
+            self.model.delete_adapter(name)  # another shape: built anew
+            del self.loaded[name]
+        if not hasattr(self.model, "peft_config"):  # the first adapter: PEFT wraps the model
+            self.model = adapters.wrap(self.model, spec, name)
+        elif name not in self.model.peft_config:
+            adapters.check_targets(self.model.base_model.model, spec, name)
+            self.model.add_adapter(name, spec.peft_config())
+        self.model.eval()
+        self.loaded[name] = spec.as_dict()
+        dtype = next(self.model.parameters()).dtype
+        adapters.load_adapter_tensors(self.model, name,
+                                      {k: v.to(dtype) for k, v in tensors.items()})
+
     def _awake(self, what: str) -> None:
         if self.asleep is not None:
             raise RuntimeError(f"cannot {what}: the engine is asleep (its agent's trainer holds "
@@ -322,7 +376,8 @@ class TorchEngine:
 
     @torch.inference_mode()
     def _load(self, tensors: dict[str, torch.Tensor]) -> None:
-        _, unexpected = self.model.load_state_dict(tensors, strict=False)
+        model = self.model.base_model.model if hasattr(self.model, "peft_config") else self.model
+        _, unexpected = model.load_state_dict(tensors, strict=False)
         # A partial update (trainer.train_layers) names only the trained tensors; the rest stay.
         # Tied embeddings: a checkpoint may carry embed_tokens only, and lm_head follows it.
         if unexpected or not tensors:

@@ -9,7 +9,10 @@
     every change of queued/running/outstanding ─► LoadReport to each subscriber (pushed)
 
 The gate guarantees that no sample mixes two policy versions: a request either finishes before
-an update starts loading or starts after it has finished. Outstanding tokens are estimated as
+an update starts loading or starts after it has finished. An instance serving LoRA adapters
+(EngineConfig.adapters: one base, one adapter per agent) has a version and a gate per adapter:
+an adapter's update (WeightUpdate.adapter) waits only for that adapter's requests, and the
+other agents' requests go on meanwhile. Outstanding tokens are estimated as
 n x max_tokens per unfinished request (an upper bound the balancer can trust).
 """
 from __future__ import annotations
@@ -53,6 +56,14 @@ class RolloutWorker(Actor):
         self._load_changed = asyncio.Event()
         self.report_interval_s = report_interval_s
         self.asleep = False
+        adapters = getattr(getattr(engine, "config", None), "adapters", ())
+        self.adapter_versions = {a: version for a in adapters}
+        """The version each LoRA adapter serves (its agent's; they count on their own)."""
+        self._adapter_gates = {a: asyncio.Event() for a in adapters}
+        self._adapter_idle = {a: asyncio.Event() for a in adapters}
+        self._adapter_running = dict.fromkeys(adapters, 0)
+        for event in (*self._adapter_gates.values(), *self._adapter_idle.values()):
+            event.set()
 
     async def on_start(self) -> None:
         started = now()
@@ -66,21 +77,27 @@ class RolloutWorker(Actor):
     async def on_generate(self, msg: Generate, env: Envelope) -> GenerateReply:
         prompt_ids = msg.prompt_ids if msg.prompt_ids is not None else \
             self.engine.tokenize(msg.prompt or "")
+        adapter = msg.adapter
+        if adapter is not None and adapter not in self.adapter_versions:
+            raise ValueError(f"{self.name} serves no LoRA adapter {adapter!r}; it serves "
+                             f"{sorted(self.adapter_versions) or 'none'}")
+        gate = self._adapter_gates[adapter] if adapter is not None else self._gate
         budget = msg.params.n * msg.params.max_tokens
         admitted = False
         self._account(queued=1, tokens=budget)
         try:
-            # Re-check after waking: an update may have closed the gate again meanwhile.
-            while not self._gate.is_set():
-                await self._gate.wait()
-            self._account(queued=-1, running=1)
+            # Re-check after waking: an update may have closed a gate again meanwhile.
+            while not (self._gate.is_set() and gate.is_set()):
+                await (self._gate if not self._gate.is_set() else gate).wait()
+            self._account(queued=-1, running=1, adapter=adapter)
             admitted = True
-            version = self.version
-            samples, prompt_lp = await self.engine.generate(prompt_ids, msg.params)
+            version = self._version_of(adapter)
+            samples, prompt_lp = await self.engine.generate(
+                prompt_ids, msg.params, *([adapter] if adapter is not None else []))
         finally:
             self._account(queued=0 if admitted else -1, running=-1 if admitted else 0,
-                          tokens=-budget)
-        if version != self.version:  # the gate makes this impossible; if not, refuse the sample
+                          tokens=-budget, adapter=adapter if admitted else None)
+        if version != self._version_of(adapter):  # the gate makes this impossible; if not, refuse the sample
             raise InvariantError(
                 f"{self.name}: request {msg.request_id} started under policy version {version} "
                 f"and finished under {self.version}; a weight update overlapped it, so its "
@@ -88,8 +105,13 @@ class RolloutWorker(Actor):
         return GenerateReply(msg.request_id, version, list(prompt_ids), samples, prompt_lp,
                              self.name)
 
+    def _version_of(self, adapter: str | None) -> int:
+        return self.version if adapter is None else self.adapter_versions[adapter]
+
     @handler(WeightUpdate, concurrent=True)
     async def on_weight_update(self, msg: WeightUpdate, env: Envelope) -> WeightUpdateDone:
+        if msg.adapter is not None:
+            return await self._update_adapter(msg)
         async with self._update_lock:
             if msg.version <= self.version and not msg.force:
                 raise ValueError(f"stale weight update: version {msg.version}, instance "
@@ -105,6 +127,32 @@ class RolloutWorker(Actor):
             self._load_changed.set()
             return WeightUpdateDone(self.version, weights_nbytes(msg.tensors),
                                     now() - started)
+
+    async def _update_adapter(self, msg: WeightUpdate) -> WeightUpdateDone:
+        """One adapter's tensors, in place: only that adapter's requests wait (the engine's
+        base and the other adapters are untouched)."""
+        name = msg.adapter
+        if name not in self.adapter_versions:
+            raise ValueError(f"{self.name} serves no LoRA adapter {name!r}; it serves "
+                             f"{sorted(self.adapter_versions) or 'none'}")
+        if msg.lora is None:
+            raise ValueError(f"a weight update of adapter {name} needs its LoraSpec (lora)")
+        async with self._update_lock:  # no sleep, wake or full update meanwhile
+            if msg.version <= self.adapter_versions[name] and not msg.force:
+                raise ValueError(f"stale weight update: adapter {name} version {msg.version}, "
+                                 f"instance {self.name} already serves version "
+                                 f"{self.adapter_versions[name]}")
+            gate = self._adapter_gates[name]
+            gate.clear()
+            try:
+                await self._adapter_idle[name].wait()
+                started = now()
+                await self.engine.load_adapter(name, msg.tensors, msg.lora)
+                self.adapter_versions[name] = msg.version
+            finally:
+                gate.set()
+            self._load_changed.set()
+            return WeightUpdateDone(msg.version, weights_nbytes(msg.tensors), now() - started)
 
     @handler(WeightTransfer, concurrent=True)
     async def on_weight_transfer(self, msg: WeightTransfer, env: Envelope) -> WeightUpdateDone:
@@ -188,10 +236,17 @@ class RolloutWorker(Actor):
         return LoadReport(self.name, self.version, self.queued, self.running,
                           self.outstanding_tokens)
 
-    def _account(self, *, queued: int = 0, running: int = 0, tokens: int = 0) -> None:
+    def _account(self, *, queued: int = 0, running: int = 0, tokens: int = 0,
+                 adapter: str | None = None) -> None:
         self.queued += queued
         self.running += running
         self.outstanding_tokens += tokens
+        if adapter is not None:
+            self._adapter_running[adapter] += running
+            if self._adapter_running[adapter]:
+                self._adapter_idle[adapter].clear()
+            else:
+                self._adapter_idle[adapter].set()
         if self.running:
             self._idle.clear()
         else:

@@ -34,17 +34,20 @@ async def push_weights(instances: Sequence[Connection], version: int,
                        tensors: dict[str, torch.Tensor], *,
                        timeout_s: float,
                        tolerate: tuple[type[BaseException], ...] = (),
-                       force: bool = False) -> SyncReport:
+                       force: bool = False,
+                       adapter: tuple[str, dict] | None = None) -> SyncReport:
     """Send `tensors` as `version` to every instance at once; return when all have loaded
     (each within `timeout_s`: the rollout section's request_timeout_s in a run). `force`: an
-    instance changing hands loads them whatever version it serves.
+    instance changing hands loads them whatever version it serves. `adapter` (its name and
+    LoraSpec.as_dict()): the tensors are that LoRA adapter's, and `version` its own.
 
     An instance whose request fails with one of `tolerate` (e.g. PeerDied: its replacement
     loads the served weights itself) is listed in the report's `skipped`; any other failure
     raises once every instance has answered."""
     if not instances:
         raise ValueError("push_weights needs at least one rollout instance")
-    msg = WeightUpdate(version, tensors, force=force)
+    msg = WeightUpdate(version, tensors, force=force,
+                       **({"adapter": adapter[0], "lora": adapter[1]} if adapter else {}))
     started = now()
     replies = await asyncio.gather(*(conn.request(msg, timeout_s=timeout_s)
                                      for conn in instances), return_exceptions=True)
@@ -69,11 +72,14 @@ class StageTransport:
 
     exports = True
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, adapters: dict[str, dict] | None = None) -> None:
+        """`adapters` (agent -> LoraSpec.as_dict()): agents whose tensors are a LoRA adapter."""
         self.timeout_s = timeout_s
+        self.adapters = dict(adapters or {})
 
     def begin(self, agent: str, version: int, instances: list[Connection]) -> "StagedTransfer":
-        return StagedTransfer(instances, version, self.timeout_s)
+        adapter = (agent, self.adapters[agent]) if agent in self.adapters else None
+        return StagedTransfer(instances, version, self.timeout_s, adapter)
 
     async def fetch(self, agent: str) -> WeightUpdate:
         raise RuntimeError(f"{agent}'s weights are staged: the run holds what it served "
@@ -81,8 +87,10 @@ class StageTransport:
 
 
 class StagedTransfer:
-    def __init__(self, instances: list[Connection], version: int, timeout_s: float) -> None:
+    def __init__(self, instances: list[Connection], version: int, timeout_s: float,
+                 adapter: tuple[str, dict] | None = None) -> None:
         self.instances, self.version, self.timeout_s = instances, version, timeout_s
+        self.adapter = adapter
         self.report: SyncReport | None = None
 
     async def send(self, tensors: dict[str, torch.Tensor] | None) -> None:
@@ -93,7 +101,8 @@ class StagedTransfer:
             self.report = SyncReport(self.version, weights_nbytes(tensors), 0.0)
             return
         self.report = await push_weights(self.instances, self.version, tensors,
-                                         timeout_s=self.timeout_s, tolerate=(PeerDied,))
+                                         timeout_s=self.timeout_s, tolerate=(PeerDied,),
+                                         adapter=self.adapter)
 
     async def finish(self) -> SyncReport:
         return self.report

@@ -36,19 +36,23 @@ class WeightSync:
                  model_dirs: dict[str, str], *, timeout_s: float,
                  transport: Transport | None = None,
                  served: dict[str, dict[str, torch.Tensor]] | None = None,
-                 rollout: Callable[[str], contextlib.AbstractAsyncContextManager] | None = None
-                 ) -> None:
+                 rollout: Callable[[str], contextlib.AbstractAsyncContextManager] | None = None,
+                 adapters: dict[str, dict] | None = None) -> None:
         """`instances(agent)`: the connections of the agent's instances now; `transport`: the
         run's (default staged; flexmarl.weights.direct.DirectTransport on GPU); `served`
         (agent -> weights): what the instances start with, where not the model directory's
         (the simulator's models have no files); `timeout_s`: rollout.request_timeout_s;
         `rollout(agent)`: the agent's devices for its engines, held over a sync's push (a
-        time-shared agent's engines are awake for it; flexmarl.orchestrator.timeshare)."""
+        time-shared agent's engines are awake for it; flexmarl.orchestrator.timeshare);
+        `adapters` (agent -> LoraSpec.as_dict()): LoRA agents, whose syncs carry their adapter
+        only, always staged (an engine reloads an adapter from its tensors), and whose version
+        0 is the base itself (nothing to load: PEFT starts B at 0)."""
         self.rollout = rollout or (lambda agent: contextlib.nullcontext())
         self.instances = instances
         self.model_dirs = dict(model_dirs)
         self.timeout_s = timeout_s
-        self.stage = StageTransport(timeout_s)
+        self.adapters = dict(adapters or {})
+        self.stage = StageTransport(timeout_s, self.adapters)
         self.transport = transport or self.stage
         self.exports = self.transport.exports
         """Whether `sync` needs the trainer's exported tensors (else the trainer sends)."""
@@ -59,12 +63,20 @@ class WeightSync:
         """Agents whose served weights live only in their trainer (a direct sync)."""
         self._locks = {agent: asyncio.Lock() for agent in self.versions}
 
+    def exported(self, agent: str) -> bool:
+        """Whether `sync(agent, ...)` needs the trainer's exported tensors (a LoRA agent's
+        always: its adapter syncs staged, whatever the run's transport)."""
+        return self.exports or agent in self.adapters
+
     async def sync(self, agent: str, version: int, update: WeightUpdate | None) -> SyncReport:
         """Every instance of `agent` serves `version` when this returns (an instance that died
         meanwhile is skipped, and so is the push when none is left: the replacements load the
         served weights when they join). `update`: the trainer's
         exported weights (staged, whatever the run's transport: a resumed run's restored
         weights), or None where the transport does not export (the trainer sends)."""
+        if update is None and agent in self.adapters:
+            raise ValueError(f"{agent} is a LoRA agent: its adapter syncs staged, from its "
+                             "exported tensors")
         if update is None and self.exports:
             raise ValueError(f"syncing {agent} to version {version} needs its exported weights "
                              "(the transport is staged)")
@@ -125,5 +137,6 @@ class WeightSync:
     async def load_into(self, conn: Connection, agent: str) -> SyncReport:
         """An instance joining `agent` (moved to it, or new) loads the agent's served version,
         whatever it served before (hold the agent's lock)."""
+        adapter = (agent, self.adapters[agent]) if agent in self.adapters else None
         return await push_weights([conn], self.versions[agent], await self.served(agent),
-                                  timeout_s=self.timeout_s, force=True)
+                                  timeout_s=self.timeout_s, force=True, adapter=adapter)

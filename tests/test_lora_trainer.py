@@ -382,7 +382,9 @@ def test_a_saved_lora_model_is_a_peft_adapter_directory(model_dir, batches, tmp_
 def _lora_rank(rank: int, world_size: int, model_dir: str, work: str) -> None:
     """One FSDP rank: two steps of the LoRA trainer with its KL to the base (the disabled
     adapter's forward, a collective); its state out and into a fresh trainer, compared per
-    shard; the DCP state written by both ranks; rank 0 writes the adapter it exports."""
+    shard; the DCP state written by both ranks; parked and pulled into a trainer built empty
+    (each rank from its own shards), then both step alike; the same two steps with
+    reshard_after_forward off. Rank 0 writes the adapters it exports."""
     torch.set_num_threads(1)  # two ranks share the box's two cores
     dist.init_process_group("gloo", init_method=f"file://{work}/store", rank=rank,
                             world_size=world_size)
@@ -409,9 +411,32 @@ def _lora_rank(rank: int, world_size: int, model_dir: str, work: str) -> None:
         if rank == 0:
             with open(f"{work}/dcp.json", "w") as f:
                 json.dump(dcp_meta, f)
+
+        host = park(trainer)
+        empty = GRPOTrainer(model_dir, TrainerConfig(**LORA), empty=True)
+        to_fill = prepare_pull(empty, host.layout, host.meta)
+        plan = pull_plan(host.layout, sharded_here(empty), world_size, world_size, rank)
+        assert list(plan) == [rank]  # the same sharding: each rank's own rows
+        fill(to_fill, plan[rank], slices(host, plan[rank]))
+        set_rng(empty, host.rng)
+        back = unpark(host)
+        pulled = all(map(torch.equal, saved, _weights_and_moments(empty)))
+        pulled = pulled and all(map(torch.equal, saved, _weights_and_moments(back)))
+        step_batch(back, batches[0])
+        step_batch(empty, batches[0])
+        a, b = back.export_weights(), empty.export_weights()
+        pulled = pulled and a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+        lazy = GRPOTrainer(model_dir, TrainerConfig(**LORA, reshard_after_forward=False))
+        for mb in batches:
+            step_batch(lazy, mb)
+        kept = lazy.export_weights()
+        if rank == 0:
+            save_file(kept, f"{work}/adapter_kept_gathered.safetensors")
         with open(f"{work}/rank{rank}.json", "w") as f:
             json.dump({"losses": losses, "exact": exact, "num_exported": len(exported),
-                       "sharded": trainer.sharded, "num_state": len(tensors)}, f)
+                       "sharded": trainer.sharded, "num_state": len(tensors),
+                       "pulled": pulled}, f)
     finally:
         dist.barrier()  # see tests/test_trainer.py's _rank_main
         dist.destroy_process_group()
@@ -425,6 +450,7 @@ def test_two_gloo_ranks_train_the_adapter_as_one_rank(model_dir, batches, tmp_pa
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["sharded"] for r in results] == [True, True]
     assert [r["exact"] for r in results] == [True, True]  # each rank's shards, bit for bit
+    assert [r["pulled"] for r in results] == [True, True]  # parked, pulled: bit for bit
     single = lora_trainer(model_dir)
     losses = [step_batch(single, no_ref(mb)) for mb in batches]
     expected = single.export_weights()
@@ -437,6 +463,10 @@ def test_two_gloo_ranks_train_the_adapter_as_one_rank(model_dir, batches, tmp_pa
     print(f"LoRA, 2 ranks vs 1: max abs adapter diff {diff:.3g}")
     assert diff <= WEIGHT_ATOL
     assert max_diff(two, peft_names_of_fresh(model_dir)) > 100 * WEIGHT_ATOL  # it did learn
+    kept = load_file(str(tmp_path / "adapter_kept_gathered.safetensors"))
+    diff = max_diff(kept, expected)
+    print(f"LoRA, 2 ranks (reshard_after_forward off) vs 1: max abs adapter diff {diff:.3g}")
+    assert diff <= WEIGHT_ATOL
     # The 2 ranks' DCP files read back into one rank (resharded): their adapter.
     one = lora_trainer(model_dir)
     meta = json.loads((tmp_path / "dcp.json").read_text())
@@ -449,3 +479,56 @@ def test_two_gloo_ranks_train_the_adapter_as_one_rank(model_dir, batches, tmp_pa
 def peft_names_of_fresh(model_dir: str) -> dict[str, torch.Tensor]:
     """A fresh trainer's adapter (PEFT's start), as export_weights names it."""
     return lora_trainer(model_dir).export_weights()
+
+
+# ----------------------------------------------------------------------------- runtime
+
+@pytest.mark.slow
+async def test_lora_trainer_worker_group_over_the_runtime(model_dir, batches, tmp_path,
+                                                          no_leftover_children):
+    """A 2-rank trainer worker group of a LoRA agent: its ExportWeights is the adapter's update
+    (WeightUpdate.adapter: the agent, lora: its spec; the tensors under PEFT's names), the same
+    after a SwapOut and SwapIn; SaveState with a model_dir writes PEFT's adapter directory;
+    SendWeights (direct sync of the whole model) is refused."""
+    from flexmarl.protocol import (ExportWeights, SaveState, SendWeights, SwapIn, SwapOut,
+                                   TrainBeginBatch, TrainStep, WeightUpdate)
+    from runtime.errors import RemoteError
+    from runtime.supervisor import Supervisor, WorkerSpec
+    from runtime.transport import connect
+    from tests.test_trainer import FAST
+
+    mb = no_ref(batches[0])
+    config = TrainerConfig(**LORA)
+    args = {"model_dir": model_dir, "agent": "solver", "world_size": 2,
+            "init_method": f"file://{tmp_path}/store", "config": dataclasses.asdict(config),
+            "num_threads": 1, "collective_timeout_s": 60}
+    sup = Supervisor(config=FAST)
+    async with sup.serving():
+        handles = [await sup.start_worker(WorkerSpec(
+            name=f"trainer{r}", entry="flexmarl.training.worker:trainer_worker",
+            args={**args, "rank": r})) for r in range(2)]
+        async with connect(handles[0].address) as lead:
+            await lead.request(TrainBeginBatch(tokens(mb)))
+            for j in (0, 4):
+                await lead.request(rows(mb, j, j + 4), timeout_s=60)
+            assert (await lead.request(TrainStep())).version == 1
+            update = await lead.request(ExportWeights())
+            assert isinstance(update, WeightUpdate) and update.version == 1
+            assert (update.adapter, update.lora) == ("solver", SPEC.as_dict())
+            parked = await lead.request(SwapOut())
+            swapped = await lead.request(SwapIn("solver", model_dir, dataclasses.asdict(config),
+                                                source=parked.ranks))
+            assert swapped.how == "here"
+            again = await lead.request(ExportWeights())
+            saved = await lead.request(SaveState("", str(tmp_path / "final"), -1,
+                                                 model_dir=model_dir), timeout_s=60)
+            with pytest.raises(RemoteError, match="trains a LoRA adapter"):
+                await lead.request(SendWeights(1, ["tcp://127.0.0.1:1"], "nccl"))
+    local = lora_trainer(model_dir)
+    step_batch(local, mb)
+    expected = local.export_weights()
+    assert update.tensors.keys() == expected.keys() == again.tensors.keys()
+    assert all(torch.equal(update.tensors[k], again.tensors[k]) for k in expected)
+    assert max_diff(update.tensors, expected) <= WEIGHT_ATOL
+    files = load_file(os.path.join(saved.path, "adapter_model.safetensors"))
+    assert all(torch.equal(files[k], update.tensors[k]) for k in expected)

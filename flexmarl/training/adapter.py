@@ -51,10 +51,11 @@ def peft_names(model: nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, 
 
 def base_only(model: Any) -> contextlib.AbstractContextManager:
     """The policy's forward as the base model's: PEFT's disable_adapter() (each LoRA layer
-    returns its base layer's output alone).
+    returns its base layer's output alone), under no_grad in the trainer.
 
-    It sets the adapter's requires_grad to False and back on exit. Under FSDP2 a parameter's
-    unsharded form takes requires_grad from its shard at the first all-gather only, so the
-    first forward of a trainer must not run in here: the trainer scores the reference after
-    the policy's own forward (GRPOTrainer.accumulate)."""
+    It sets the adapter's requires_grad to False and back to True on exit, on whichever
+    parameters the modules hold then (FSDP2 swaps sharded and unsharded ones). That is safe
+    under FSDP2: each unshard copies the shard's requires_grad to the unsharded parameter, and
+    backward unshards every block again before its gradient accumulates (2 ranks train the
+    adapter as 1 does: tests/test_lora_trainer.py)."""
     return model.disable_adapter()

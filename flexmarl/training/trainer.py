@@ -226,8 +226,6 @@ class GRPOTrainer:
         if c.kl_coef > 0 and ref is None:
             # KL to the frozen initial weights, both at the rows' temperatures and untruncated:
             # a truncated reference can give a sampled token probability 0 (an infinite KL).
-            # After the policy's forward, never before: with trainer.lora the reference is the
-            # same modules (see adapter.base_only).
             plain = {"temperature": scoring["temperature"]}
             if len(scoring) > 1:
                 kl_logprobs = token_logprobs(logits, rows["input_ids"], **plain)

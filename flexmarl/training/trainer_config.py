@@ -37,7 +37,8 @@ class TrainerConfig:
     trainer keeps a frozen copy of the agent's initial weights (the model directory it was
     built from) as the reference and scores every micro-batch under it too, unless the
     micro-batch brings its own ref_logprobs. Costs one more forward and the model's size again
-    in memory."""
+    in memory (with `lora`, only the forward: the reference is the base, the adapter
+    disabled)."""
     is_cap: float = 0.0
     """> 0: weight each token by the truncated importance ratio min(pi / pi_behaviour, is_cap)
     (decoupled objective for stale samples; set by pipeline.mode = "bounded"); 0: plain PPO

@@ -44,7 +44,12 @@ def peft_names(model: nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, 
     """The adapter's tensors, given by their parameter names in `model` (full, not sharded),
     under PEFT's saved names. PEFT picks and renames them from the state dict it is given, so
     tensors gathered from FSDP shards go through the same code as an unsharded model's own
-    (flexmarl.models.lora.adapter_tensors); the tensors themselves are not copied."""
+    (flexmarl.models.lora.adapter_tensors); the tensors themselves are not copied.
+
+    One difference, by design: an adapter on embed_tokens or lm_head makes PEFT add that
+    layer's frozen base weight to an unsharded model's adapter_tensors (save_embedding_layers
+    "auto"); it is not given here, so it is left out: the engines have the base already, and
+    PEFT loads an adapter without it."""
     peft = import_peft()
     return peft.get_peft_model_state_dict(model, state_dict=tensors, adapter_name=ADAPTER)
 

@@ -461,8 +461,8 @@ def export_state(trainer: GRPOTrainer) -> tuple[dict[str, torch.Tensor], dict]:
     {} elsewhere). A collective under FSDP: every rank calls it.
 
     Tensors: "model/<name>" (full parameters; with trainer.lora the adapter's alone, by their
-    names in the PeftModel), "optim/<name>/<key>" (AdamW's exp_avg,
-    exp_avg_sq, step), "rng/cpu" (torch's CPU generator). Metadata: version, the optimizer's
+    names in the PeftModel), "optim/<name>/<key>" (AdamW's exp_avg, exp_avg_sq, step),
+    "rng/cpu" (torch's CPU generator). Metadata: version, the optimizer's
     param_groups, and the CUDA generator state's presence. `load_state` restores it bit for bit,
     into this trainer or a fresh one of the same model, in this process or another.
     """

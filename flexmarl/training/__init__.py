@@ -12,6 +12,8 @@
     trainer.py  GRPOTrainer: forward, backward, accumulate, step (torch.distributed)
     trainer_config.py  TrainerConfig: the `trainer` section's settings
     sharding.py the policy's modules: built, frozen (train_layers), sharded with FSDP2
+    adapter.py  a LoRA trainer's policy (trainer.lora): PEFT's layers on the frozen base, the
+                adapter's tensors under PEFT's names, the base alone (the KL reference)
     grpo.py     token log-probabilities and the clipped policy loss (pure torch)
 
 Imports only the shared leaves (protocol, clock, models/, sampling/, weights/) and runtime/ (whose

@@ -188,7 +188,7 @@ class Rank:
         # group of their own (gloo: DCP's planning exchanges CPU objects).
         self.writer = StateWriter(self.rank, dist.new_group(backend="gloo", timeout=timeout))
         if args.get("model_dir"):
-            self.trainer = GRPOTrainer(args["model_dir"], self.config)
+            self.trainer = GRPOTrainer(args["model_dir"], self.config, agent=self.agent)
         self.started = True
 
     def swap_in(self, spec: dict[str, Any], tensors: dict, meta: dict) -> SwapDone:
@@ -236,7 +236,7 @@ class Rank:
         that state restored on every rank."""
         from flexmarl.training.trainer import load_state
 
-        trainer = GRPOTrainer(spec["model_dir"], self.config)
+        trainer = GRPOTrainer(spec["model_dir"], self.config, agent=spec["agent"])
         if spec.get("state_dir"):
             return self._read_saved(trainer, spec["state_dir"])
         if self.world_size > 1:  # every rank gets the full state, then keeps its shards
@@ -288,7 +288,7 @@ class Rank:
     def _pull(self, spec: dict[str, Any]) -> tuple[GRPOTrainer, int]:
         """The agent's modules built empty, then every tensor of this rank filled from the
         source slot's ranks (run on the event loop; this thread waits); the bytes pulled."""
-        trainer = GRPOTrainer(spec["model_dir"], self.config, empty=True)
+        trainer = GRPOTrainer(spec["model_dir"], self.config, empty=True, agent=spec["agent"])
         num_bytes = asyncio.run_coroutine_threadsafe(
             self._pull_shards(trainer, spec["agent"], list(spec["source"])), self.loop).result()
         return trainer, num_bytes
@@ -400,6 +400,9 @@ class Rank:
         from flexmarl.weights.direct import Sender
 
         tr = self._bound("SendWeights")
+        if tr.config.lora is not None:  # the same on every rank: refused before any collective
+            raise RuntimeError(f"SendWeights: {self.agent} trains a LoRA adapter, which syncs "
+                               'staged (rollout.weight_transfer = "stage": ExportWeights)')
         if tr.version != spec["version"]:
             raise RuntimeError(f"SendWeights of version {spec['version']} but the trainer of "
                                f"{self.agent} holds version {tr.version}")
@@ -457,8 +460,12 @@ class Rank:
         if cmd is Command.STEP:
             return tr.step(arg or None)
         if cmd is Command.EXPORT:
+            # A LoRA trainer's tensors are its adapter's, named for the agent (the adapter an
+            # engine serves for it, Generate.adapter).
+            lora = tr.config.lora
             return WeightUpdate(version=tr.version, tensors=tr.export_weights(),
-                                complete=not tr.config.train_layers)
+                                complete=not tr.config.train_layers,
+                                adapter=self.agent if lora is not None else None, lora=lora)
         raise AssertionError(f"unhandled command {cmd!r}")
 
 

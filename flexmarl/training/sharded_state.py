@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from flexmarl.training.trainer import GRPOTrainer
+from flexmarl.training.trainer import GRPOTrainer, model_state, state_options
 
 if TYPE_CHECKING:
     from flexmarl.protocol import StateSaved
@@ -32,11 +32,13 @@ if TYPE_CHECKING:
 
 def _flat(trainer: GRPOTrainer) -> tuple[dict[str, Any], dict, dict]:
     """The trainer's state as DCP saves it: flat names -> this rank's (sharded) tensors; and
-    the two state dicts they came from (set_state_dict takes them back after a load)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    the two state dicts they came from (set_state_dict takes them back after a load). With
+    trainer.lora the adapter's tensors and their AdamW state alone, not the frozen base."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer,
-                                        options=StateDictOptions(full_state_dict=False))
+                                        options=state_options(trainer, full_state_dict=False))
+    model_sd = model_state(trainer, model_sd)
     flat: dict[str, Any] = {f"model/{k}": v for k, v in model_sd.items()}
     for name, state in optim_sd["state"].items():
         for key, value in state.items():
@@ -75,7 +77,7 @@ def read(trainer: GRPOTrainer, path: str, meta: dict, group: dist.ProcessGroup |
     each rank reads the rows of its own shards; AdamW's state is created first, as a resumed
     optimizer needs it. The bytes this rank read."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+    from torch.distributed.checkpoint.state_dict import set_state_dict
 
     flat, model_sd, optim_sd = _flat(trainer)  # get_state_dict creates AdamW's state tensors
     flat["rng/cpu"] = torch.get_rng_state()
@@ -89,7 +91,8 @@ def read(trainer: GRPOTrainer, path: str, meta: dict, group: dist.ProcessGroup |
         optim_sd["param_groups"] = meta["param_groups"]
     with torch.no_grad():
         set_state_dict(trainer.model, trainer.optimizer, model_state_dict=model_sd,
-                       optim_state_dict=optim_sd, options=StateDictOptions(full_state_dict=False))
+                       optim_state_dict=optim_sd,
+                       options=state_options(trainer, full_state_dict=False))
     torch.set_rng_state(flat["rng/cpu"])
     trainer.version = int(meta.get("version", 0))
     return sum(_bytes(t) for t in flat.values())
@@ -98,16 +101,27 @@ def read(trainer: GRPOTrainer, path: str, meta: dict, group: dist.ProcessGroup |
 def write_model(trainer: GRPOTrainer, agent: str, spec: dict[str, Any]) -> "StateSaved":
     """The trainer's weights gathered on rank 0 (a collective) and written there as a loadable
     model directory spec["path"]/version-N beside the base model spec["model_dir"]'s files
-    (flexmarl.models.build.write_model_dir); the reply names it (rank 0)."""
+    (flexmarl.models.build.write_model_dir), or with trainer.lora as an adapter directory in
+    PEFT's format over that base (flexmarl.models.lora.write_adapter); the reply names it
+    (rank 0)."""
+    from pathlib import Path
+
     from flexmarl.models.build import write_model_dir
+    from flexmarl.models.lora import LoraSpec, write_adapter
     from flexmarl.protocol import StateSaved, WeightUpdate
 
     started = time.perf_counter()
     tensors = trainer.export_weights()
     if trainer.rank != 0:
         return StateSaved(agent, -1, trainer.version, "", 0)
-    update = WeightUpdate(trainer.version, tensors, complete=not trainer.config.train_layers)
-    target = write_model_dir(update, spec["model_dir"], spec["path"])
+    if trainer.config.lora is not None:
+        target = write_adapter(Path(spec["path"]) / f"version-{trainer.version}",
+                               LoraSpec.from_dict(trainer.config.lora), tensors,
+                               spec["model_dir"])
+    else:
+        update = WeightUpdate(trainer.version, tensors,
+                              complete=not trainer.config.train_layers)
+        target = write_model_dir(update, spec["model_dir"], spec["path"])
     return StateSaved(agent, -1, trainer.version, str(target),
                       sum(t.numel() * t.element_size() for t in tensors.values()),
                       time.perf_counter() - started)

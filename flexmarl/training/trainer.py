@@ -27,6 +27,12 @@ trainer.param_dtype = "bfloat16" only lowers the dtype the forward and backward 
 MixedPrecisionPolicy when sharded, torch.autocast when not), and the log-probabilities and the loss
 are computed from float32 logits either way. trainer.activation_checkpointing and trainer.compile
 act on the policy's decoder blocks in place, so parameter names stay the checkpoint's.
+
+LoRA (trainer.lora, `flexmarl.training.adapter`): the model is PEFT's PeftModel over the base,
+sharded the same way (its LoRA layers live inside the decoder blocks); only the adapter trains
+and AdamW holds only it. export_weights gives the adapter's tensors under PEFT's names,
+export_state and the DCP state the adapter and its AdamW state (the frozen base is rebuilt from
+the model directory), and the KL reference is the base: the same modules, adapter disabled.
 """
 from __future__ import annotations
 
@@ -34,12 +40,13 @@ import contextlib
 import logging
 import math
 import time
-from typing import Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from flexmarl.training.adapter import base_only, inner, peft_names, wrap_policy
 from flexmarl.training.grpo import grpo_loss, token_entropy, token_logprobs
 from flexmarl.protocol import TrainMicroBatch, TrainStats, TrainStepDone
 # Re-exported: users, tests and bench scripts import these from here.
@@ -48,9 +55,12 @@ from flexmarl.training.sharding import (GRAD_SUM_FACTOR, _local, build_model, de
 from flexmarl.training.trainer_config import (DEVICES, PARAM_DTYPES, REDUCE_DTYPES,
                                               TrainerConfig)
 
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
 __all__ = ["DEVICES", "GRAD_SUM_FACTOR", "GRPOTrainer", "PARAM_DTYPES", "REDUCE_DTYPES",
            "TrainerConfig", "build_model", "decoder_blocks", "export_state", "freeze_all_but",
-           "load_state", "shard_model"]
+           "load_state", "model_state", "shard_model", "state_options"]
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +69,10 @@ class GRPOTrainer:
     """GRPO trainer of one policy model on this rank; see the module docstring for the calls."""
 
     def __init__(self, model_dir: str, config: TrainerConfig | None = None, *,
-                 empty: bool = False) -> None:
+                 empty: bool = False, agent: str = "") -> None:
         """`empty`: build the modules without reading any weights (their tensors hold garbage
-        until a pull from another slot's shards fills every one of them: local_tensors)."""
+        until a pull from another slot's shards fills every one of them: local_tensors).
+        `agent`: whose trainer this is, for error messages (trainer.lora's target modules)."""
         self.config = config or TrainerConfig()
         self.version = 0
         self.sharded = dist.is_available() and dist.is_initialized()
@@ -81,14 +92,22 @@ class GRPOTrainer:
         unique = {n for n, _ in model.named_parameters()}
         aliases = {n for n, _ in model.named_parameters(remove_duplicate=False)} - unique
         self.export_names = [n for n in model.state_dict() if n not in aliases]
-        self.trained_names = freeze_all_but(model, self.config.train_layers)
-        """Parameter names that train (all of them unless trainer.train_layers)."""
+        if self.config.lora is not None:
+            # Before _speed_up and _place: PEFT's layers go inside the blocks those act on.
+            model = wrap_policy(model, self.config.lora, agent)
+            self.trained_names = [n for n, p in model.named_parameters() if p.requires_grad]
+        else:
+            self.trained_names = freeze_all_but(model, self.config.train_layers)
+        """Parameter names that train (all of them unless trainer.train_layers; the adapter's
+        with trainer.lora, named as in the PeftModel)."""
         model.train()
         self._speed_up(model)
         self._place(model, empty, reshard_after_forward=self.config.reshard_after_forward)
         self.model = model
-        self.reference = self._reference(model_dir, empty) if self.config.kl_coef > 0 else None
-        """The agent's initial weights, frozen: the KL term's reference policy."""
+        self.reference = (self._reference(model_dir, empty)
+                          if self.config.kl_coef > 0 and self.config.lora is None else None)
+        """The agent's initial weights, frozen: the KL term's reference policy (with
+        trainer.lora, None: the reference is the policy's own base, `adapter.base_only`)."""
         c = self.config
         self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
                                            lr=c.lr, betas=c.betas, eps=c.adam_eps,
@@ -109,24 +128,26 @@ class GRPOTrainer:
         before sharding; both act in place, so every parameter keeps its checkpoint name (what
         export_weights, export_state and the parking module's layouts go by)."""
         c = self.config
+        hf_model = inner(model) if c.lora is not None else model
         if c.activation_checkpointing:
-            if not getattr(model, "supports_gradient_checkpointing", False):
-                raise ValueError(f"trainer.activation_checkpointing: {type(model).__name__} does "
-                                 "not support Hugging Face gradient checkpointing")
+            if not getattr(hf_model, "supports_gradient_checkpointing", False):
+                raise ValueError(f"trainer.activation_checkpointing: {type(hf_model).__name__} "
+                                 "does not support Hugging Face gradient checkpointing")
             # Non-reentrant: works with inputs that need no gradient, FSDP's hooks and autocast.
-            model.gradient_checkpointing_enable(
+            hf_model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False})
-            model.config.use_cache = False
+            hf_model.config.use_cache = False
             # Transformers also makes the embeddings' output require grad (for the reentrant
             # form and adapters): with frozen embeddings and blocks (train_layers) that would run
             # backward, and recompute, through every frozen block. The non-reentrant form needs
-            # no such hook.
-            if hasattr(model, "disable_input_require_grads"):
-                model.disable_input_require_grads()
+            # no such hook (a LoRA adapter's parameters inside a block get their gradient all
+            # the same).
+            if hasattr(hf_model, "disable_input_require_grads"):
+                hf_model.disable_input_require_grads()
         if c.compile:
-            blocks = decoder_blocks(model)
+            blocks = decoder_blocks(hf_model)
             if not blocks:
-                raise ValueError(f"trainer.compile: {type(model).__name__} names no decoder "
+                raise ValueError(f"trainer.compile: {type(hf_model).__name__} names no decoder "
                                  "block class in _no_split_modules")
             for block in blocks:
                 block.compile()  # in place (torch.compile(block) would add "_orig_mod.")
@@ -208,12 +229,7 @@ class GRPOTrainer:
             plain = {"temperature": scoring["temperature"]}
             if len(scoring) > 1:
                 kl_logprobs = token_logprobs(logits, rows["input_ids"], **plain)
-            with torch.no_grad():
-                with self._autocast():
-                    ref_out = self.reference(input_ids=rows["input_ids"],
-                                             attention_mask=rows["attention_mask"],
-                                             use_cache=False)
-                ref = token_logprobs(ref_out.logits.float(), rows["input_ids"], **plain)
+            ref = self._reference_logprobs(rows, plain)
         loss, metrics = grpo_loss(
             logprobs, rows["old_logprobs"], rows["advantages"], rows["response_mask"],
             normaliser=self._normaliser, clip_eps=c.clip_eps, clip_eps_high=c.clip_eps_high,
@@ -245,6 +261,18 @@ class GRPOTrainer:
             out |= {"is_weight_mean": w_sum / denom, "is_truncated_frac": trunc / denom}
         # With a deferred normaliser (begin_batch(None)) the loss is the batch's token *sum*.
         return TrainStats(loss=loss_sum, num_tokens=int(num_tokens), metrics=out)
+
+    def _reference_logprobs(self, rows: dict[str, torch.Tensor], scoring: dict) -> torch.Tensor:
+        """The rows' token log-probabilities under the reference policy: the frozen copy of the
+        initial weights, or with trainer.lora the base (this model, its adapter disabled). Under
+        FSDP a collective like any forward: every rank runs it for every micro-batch."""
+        reference, base = self.reference, contextlib.nullcontext()
+        if self.config.lora is not None:
+            reference, base = self.model, base_only(self.model)
+        with torch.no_grad(), base, self._autocast():
+            out = reference(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"],
+                            use_cache=False)
+        return token_logprobs(out.logits.float(), rows["input_ids"], **scoring)
 
     def _scoring(self, rows: dict[str, torch.Tensor]) -> dict:
         """How to score these rows: each row's own sampling settings, or trainer.temperature."""
@@ -340,10 +368,15 @@ class GRPOTrainer:
 
     def export_weights(self) -> dict[str, torch.Tensor]:
         """Full, unsharded CPU weights named as in the HF checkpoint; {} on ranks other than 0.
+        With trainer.lora, the adapter's tensors only, under PEFT's saved names (those of
+        flexmarl.models.lora.adapter_tensors: what PEFT and the engines load).
 
         A collective: every rank must call it. The tensors never alias the live parameters, so
         later steps do not change what was exported.
         """
+        if self.config.lora is not None:
+            adapter = self.adapter_full()
+            return peft_names(self.model, adapter) if self.rank == 0 else {}
         if self.sharded:
             from torch.distributed.checkpoint.state_dict import (StateDictOptions,
                                                                  get_model_state_dict)
@@ -366,6 +399,22 @@ class GRPOTrainer:
             out[name] = t
         return out
 
+    def adapter_full(self) -> dict[str, torch.Tensor]:
+        """trainer.lora: the adapter's parameters, full, as CPU copies, by their names in the
+        model; {} on ranks other than 0. A collective under FSDP (each parameter all-gathered
+        in turn, on every rank). Gathered here rather than by torch's full state dict, which
+        with ignore_frozen_params still keeps a frozen weight's tied alias (lm_head.weight) and
+        would gather the whole embedding for it."""
+        params = dict(self.model.named_parameters())
+        out = {}
+        for name in self.trained_names:
+            p = params[name].detach()
+            if hasattr(p, "full_tensor"):
+                p = p.full_tensor()
+            if self.rank == 0:
+                out[name] = p.to("cpu", copy=True)  # a copy: never the live parameter
+        return out
+
     def _live_storages(self) -> Iterator[torch.UntypedStorage]:
         """Storages of this rank's parameters, gradients and optimizer state, each once."""
         tensors: list[torch.Tensor] = []
@@ -385,22 +434,49 @@ class GRPOTrainer:
 
 # ----------------------------------------------------------------------------- state swapping
 
+def state_options(trainer: GRPOTrainer, **kwargs) -> StateDictOptions:
+    """torch.distributed.checkpoint's options for `trainer`'s state dicts (`kwargs`: the
+    caller's own). With trainer.lora the frozen base is left out of every state (it is rebuilt
+    from the model directory; see also `model_state`) and a load expects the adapter alone (not
+    strict: the base's names are missing by design; load_state checks the adapter's are all
+    there)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    lora = trainer.config.lora is not None
+    return StateDictOptions(ignore_frozen_params=lora, strict=not lora, **kwargs)
+
+
+def model_state(trainer: GRPOTrainer, state: dict[str, Any]) -> dict[str, Any]:
+    """A model state dict as `trainer`'s state holds it: with trainer.lora the adapter's tensors
+    alone (torch's ignore_frozen_params keeps the tied aliases of frozen weights, e.g.
+    lm_head.weight); everything otherwise."""
+    if trainer.config.lora is None:
+        return state
+    trained = set(trainer.trained_names)
+    return {k: v for k, v in state.items() if k in trained}
+
+
 def export_state(trainer: GRPOTrainer) -> tuple[dict[str, torch.Tensor], dict]:
     """The whole training state as flat CPU tensors plus JSON-able metadata (rank 0; {} and
     {} elsewhere). A collective under FSDP: every rank calls it.
 
-    Tensors: "model/<name>" (full parameters), "optim/<name>/<key>" (AdamW's exp_avg,
-    exp_avg_sq, step), "rng/cpu" (torch's CPU generator). Metadata: version, the optimizer's
+    Tensors: "model/<name>" (full parameters; with trainer.lora the adapter's alone, by their
+    names in the PeftModel), "optim/<name>/<key>" (AdamW's exp_avg, exp_avg_sq, step),
+    "rng/cpu" (torch's CPU generator). Metadata: version, the optimizer's
     param_groups, and the CUDA generator state's presence. `load_state` restores it bit for bit,
     into this trainer or a fresh one of the same model, in this process or another.
     """
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, get_state_dict
 
     if trainer._normaliser is not None:
         raise RuntimeError("export_state() in the middle of a global batch: step() first (the "
                            "accumulated gradient is not part of the swapped state)")
-    model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer, options=StateDictOptions(
-        full_state_dict=True, cpu_offload=True))
+    options = state_options(trainer, full_state_dict=True, cpu_offload=True)
+    if trainer.config.lora is None:
+        model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer, options=options)
+    else:
+        model_sd = trainer.adapter_full()
+        optim_sd = get_optimizer_state_dict(trainer.model, trainer.optimizer, options=options)
     if trainer.rank != 0:
         return {}, {}
     tensors = {f"model/{k}": v.detach().clone() for k, v in model_sd.items()}
@@ -415,7 +491,7 @@ def export_state(trainer: GRPOTrainer) -> tuple[dict[str, torch.Tensor], dict]:
 def load_state(trainer: GRPOTrainer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
     """Restore what export_state() produced; under FSDP every rank passes the full state (the
     trainer worker broadcasts it) and keeps its own shards. A collective under FSDP."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+    from torch.distributed.checkpoint.state_dict import set_state_dict
 
     model_sd: dict[str, torch.Tensor] = {}
     optim_state: dict[str, dict[str, torch.Tensor]] = {}
@@ -428,10 +504,14 @@ def load_state(trainer: GRPOTrainer, tensors: dict[str, torch.Tensor], meta: dic
             optim_state.setdefault(name, {})[field] = value
     if not model_sd:
         raise ValueError("load_state: no model/... tensors in the state")
+    missing = [n for n in trainer.trained_names if n not in model_sd]
+    if trainer.config.lora is not None and missing:
+        raise ValueError(f"load_state: the state lacks this trainer's adapter tensors "
+                         f"{missing[:3]} (a state of another model, adapter or trainer.lora?)")
     optim_sd = {"state": optim_state, "param_groups": meta.get("param_groups", [])}
     if not optim_sd["param_groups"]:
         optim_sd = {"state": {}, "param_groups": trainer.optimizer.state_dict()["param_groups"]}
-    options = StateDictOptions(full_state_dict=True)
+    options = state_options(trainer, full_state_dict=True)
     with torch.no_grad():
         set_state_dict(trainer.model, trainer.optimizer, model_state_dict=model_sd,
                        optim_state_dict=optim_sd, options=options)

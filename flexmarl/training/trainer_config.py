@@ -37,7 +37,8 @@ class TrainerConfig:
     trainer keeps a frozen copy of the agent's initial weights (the model directory it was
     built from) as the reference and scores every micro-batch under it too, unless the
     micro-batch brings its own ref_logprobs. Costs one more forward and the model's size again
-    in memory."""
+    in memory (with `lora`, only the forward: the reference is the base, the adapter
+    disabled)."""
     is_cap: float = 0.0
     """> 0: weight each token by the truncated importance ratio min(pi / pi_behaviour, is_cap)
     (decoupled objective for stale samples; set by pipeline.mode = "bounded"); 0: plain PPO
@@ -50,6 +51,12 @@ class TrainerConfig:
     """> 0: train only the last `train_layers` decoder blocks and the final norm (embeddings
     and the LM head, tied in most small models, stay frozen); the optimizer holds state for
     those only and a weight sync sends only them. 0: train everything."""
+    lora: dict | None = None
+    """Train a LoRA adapter instead of the model (flexmarl.models.lora.LoraSpec.as_dict(); the
+    run sets it from AgentSpec.lora): the base stays frozen as the model directory has it, the
+    optimizer, the exported weights (PEFT's adapter tensors) and the saved state hold the
+    adapter only, and the KL reference (kl_coef > 0) is the base itself (the adapter disabled)
+    rather than a second copy. Excludes train_layers. None: no adapter."""
     seed: int = 0
     """Seed of torch's generators on every rank (the same on all ranks)."""
     device: str = "cpu"
@@ -93,6 +100,10 @@ class TrainerConfig:
         _check(self.kl_coef >= 0, "kl_coef", self.kl_coef, "must be >= 0")
         _check(isinstance(self.train_layers, int) and self.train_layers >= 0, "train_layers",
                self.train_layers, "must be an int >= 0 (0: train every layer)")
+        if self.lora is not None:
+            self.lora = _lora_dict(self.lora)
+            _check(not self.train_layers, "lora", self.lora, "excludes trainer.train_layers "
+                   f"(= {self.train_layers}): an adapter already trains only itself")
         _check(self.is_cap >= 0, "is_cap", self.is_cap, "must be >= 0 (0 disables)")
         _check(self.temperature > 0, "temperature", self.temperature,
                "must be > 0 (greedy rollouts are scored at temperature 1)")
@@ -106,6 +117,26 @@ class TrainerConfig:
         for name in ("activation_checkpointing", "compile"):
             _check(isinstance(getattr(self, name), bool), name, getattr(self, name),
                    "must be true or false")
+
+
+def _lora_dict(value: object) -> dict:
+    """trainer.lora checked as LoraSpec checks it, in its canonical form (LoraSpec.as_dict()),
+    so that a bad adapter is refused with the config, before any model is built."""
+    from flexmarl.models.lora import LoraSpec
+
+    fields = {"rank", "alpha", "dropout", "target_modules", "extra"}
+    if not isinstance(value, dict):
+        raise ValueError(f"trainer.lora must be a LoraSpec.as_dict() (a dict), got {value!r}")
+    if value.keys() - fields or fields - {"extra"} - value.keys():
+        raise ValueError(f"trainer.lora must have the keys {sorted(fields)} (extra optional) of "
+                         f"LoraSpec.as_dict(), got {sorted(value)}")
+    if isinstance(value["target_modules"], str):  # from_dict would split it into letters
+        raise ValueError("trainer.lora target_modules must be a list of module names, got "
+                         f"{value['target_modules']!r}")
+    try:
+        return LoraSpec.from_dict(value).as_dict()
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"trainer.lora: {exc}") from exc
 
 
 def _check(ok: bool, name: str, value: object, rule: str) -> None:

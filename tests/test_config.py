@@ -187,6 +187,8 @@ def test_bad_set_syntax(team_file, override):
     ("pipeline.max_staleness=0", "pipeline.max_staleness must be >= 1"),
     ("rollout.cpus=0-x", "rollout.cpus must list CPU cores"),
     ("rollout.max_num_seqs=0", "rollout.max_num_seqs must be >= 1, got 0"),
+    ("trainer.lora=1", "trainer.lora (from --set) cannot be set in a config: a LoRA adapter"),
+    ("rollout.max_loras=-1", "rollout.max_loras must be >= 0"),
     ("trainer_pool.cpus=999", "names cores [999]"),
     ("run.log_level=loud", "run.log_level must be one of"),
     ("run.name=a/b", "run.name must be"),

@@ -219,6 +219,12 @@ def _parse_override(item: str) -> tuple[str, str, Any]:
         return section, key, raw
 
 
+AGENT_ONLY: dict[str, str] = {
+    "trainer.lora": "a LoRA adapter is set per agent, with its rollout instances: "
+                    "AgentSpec(lora=flexmarl.LoraSpec(rank=16, ...)) in the team file"}
+"""Keys of a section's dataclass that only a run sets (from the team), never a config."""
+
+
 def _field_names(cls: type) -> list[str]:
     return [f.name for f in dataclasses.fields(cls) if f.init]
 
@@ -234,6 +240,9 @@ def _check_known(data: Mapping[str, Any], sources: Mapping[str, str]) -> None:
             raise ConfigError(_not_a_section(section, table, "in config"))
         valid = _field_names(SECTIONS[section])
         for key in table:
+            if f"{section}.{key}" in AGENT_ONLY and table[key] is not None:
+                raise ConfigError(f"{section}.{key}{_at(sources.get(f'{section}.{key}'))} "
+                                  f"cannot be set in a config: {AGENT_ONLY[f'{section}.{key}']}")
             if key not in valid:
                 where = sources.get(f"{section}.{key}")
                 raise ConfigError(f"unknown key {section}.{key}{_at(where)}."
@@ -283,6 +292,8 @@ def _match(value: Any, hint: Any) -> tuple[bool, Any]:
         return ok, float(value) if ok else None
     if hint is str:
         return isinstance(value, str), value
+    if hint is dict:
+        return isinstance(value, Mapping), dict(value) if isinstance(value, Mapping) else None
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             return False, None

@@ -326,7 +326,11 @@ class VllmEngine:
                                             f"LoRA adapter ({name})")) from exc
             request = LoRARequest(lora_name=f"{name}#{lora_id}", lora_int_id=lora_id,
                                   lora_path=path)
-            if not await self.llm.add_lora(request):
+            try:
+                added = await self.llm.add_lora(request)
+            except Exception as exc:  # vLLM's checks (module names, rank), raised in its worker
+                raise RuntimeError(f"vLLM refused adapter {name!r}: {exc}") from exc
+            if not added:
                 raise RuntimeError(f"vLLM did not add adapter {name!r} (id {lora_id})")
         except BaseException:
             shutil.rmtree(path, ignore_errors=True)

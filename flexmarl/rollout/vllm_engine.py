@@ -169,7 +169,7 @@ def engine_args(cfg: EngineConfig, gpu: bool) -> dict:
         args |= dict(enable_chunked_prefill=False,
                      max_num_batched_tokens=max(cfg.max_model_len, CPU_BATCHED_TOKENS))
     if cfg.adapters:
-        slots = cfg.max_loras + (0 if gpu else 1)  # on CPU, the base's empty adapter too
+        slots = cfg.max_loras + (0 if gpu else 1)  # on CPU, the base's zero adapter too
         args |= dict(enable_lora=True, max_loras=slots, max_lora_rank=cfg.max_lora_rank,
                      max_cpu_loras=slots + 1)  # room for a reload's two versions
     if cfg.weight_transfer in ("nccl", "ipc"):
@@ -189,7 +189,7 @@ class VllmEngine:
         self._transfer_state: dict = {}
         self._lora_ids = itertools.count(1)  # vLLM's adapter ids: > 0, never reused
         self._adapters: dict = {}  # adapter name -> its current LoRARequest (once loaded)
-        self._base_lora = None  # on CPU: the empty adapter the base is served with
+        self._base_lora = None  # on CPU: the zero adapter the base is served with
 
     async def start(self) -> None:
         from transformers import AutoTokenizer

@@ -3,7 +3,6 @@ shared base beside a full agent, on-policy exactly, syncing only their adapters,
 adapters; a shared trainer slot swapping them, and a kill of that slot mid-step."""
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import sys
@@ -20,10 +19,10 @@ from flexmarl.models import chat_prompt, load_tokenizer
 from flexmarl.models.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from flexmarl.observe.rundir import RunDir
 from flexmarl.tasks import addition_tasks
-from runtime.supervisor import running_workers
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_e2e import RATIO_ATOL, varied  # noqa: E402  (the end-to-end test's reward, tolerance)
+from workers import running_workers  # noqa: E402
 
 ADAPTERS = ("solver", "checker", "critic")
 SPEC = LoraSpec(rank=4, alpha=8, target_modules=("q_proj", "v_proj", "down_proj"))
@@ -32,30 +31,24 @@ PEFT_LOGIT_ATOL = 1e-5
 CPU, different batching (the engine's own tolerance, tests/test_lora_engine.py)."""
 
 
-async def trio_workflow(ctx, task) -> None:
-    [first] = await ctx.generate("solver", task.prompt)
-    ctx.reward(first, varied(first))
-    checks = await ctx.generate("checker", task.prompt, n=2)
-    for c in checks:
-        ctx.reward(c, varied(c))
-    [note] = await ctx.generate("critic", task.prompt)
-    ctx.reward(note, varied(note))
-    if "full" in ctx_agents(ctx):
-        [plain] = await ctx.generate("full", task.prompt)
-        ctx.reward(plain, varied(plain))
-
-
-def ctx_agents(ctx) -> set[str]:
-    return set(ctx.orch.agents) if hasattr(ctx, "orch") else {"full"}
-
-
 def trio(model_dir: str, *, full: bool = True) -> Team:
+    """Three adapter agents (and a full one) on the tiny model, each turn rewarded on its own."""
+    async def workflow(ctx, task) -> None:
+        [first] = await ctx.generate("solver", task.prompt)
+        ctx.reward(first, varied(first))
+        for check in await ctx.generate("checker", task.prompt, n=2):
+            ctx.reward(check, varied(check))
+        [note] = await ctx.generate("critic", task.prompt)
+        ctx.reward(note, varied(note))
+        if full:
+            [plain] = await ctx.generate("full", task.prompt)
+            ctx.reward(plain, varied(plain))
+
     agents = [AgentSpec(name=a, model=model_dir, lora=SPEC, lr=1e-2,
                         sampling=SamplingParams(max_tokens=6)) for a in ADAPTERS]
     if full:
         agents.append(AgentSpec(name="full", model=model_dir, sampling=SamplingParams(max_tokens=6)))
-    return Team(name="trio", workflow=trio_workflow, tasks=addition_tasks(64, seed=3),
-                agents=agents)
+    return Team(name="trio", workflow=workflow, tasks=addition_tasks(64, seed=3), agents=agents)
 
 
 def config(tmp_path: Path, name: str, *extra: str):

@@ -74,6 +74,12 @@ class _Request:
         return self.params.n
 
 
+def _peft_name(agent: str) -> str:
+    """The agent's adapter inside PEFT: prefixed, because PEFT mistakes a name that is part of
+    "lora_" (an agent called "a" or "or") for its own parameter prefix."""
+    return f"agent_{agent}"
+
+
 class TorchEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -122,7 +128,7 @@ class TorchEngine:
         seed = params.seed if params.seed is not None else self.config.seed * 1_000_003 + self._requests
         request = _Request(list(prompt_ids), params, seed,
                            asyncio.get_running_loop().create_future(),
-                           adapter if adapter in self.loaded else "__base__")
+                           _peft_name(adapter) if adapter in self.loaded else "__base__")
         self._queue.append(request)
         self._arrived.set()
         if self._batcher is None or self._batcher.done():
@@ -321,17 +327,18 @@ class TorchEngine:
             raise ValueError(f"adapter {name}: rank {spec.rank} is above the instance's "
                              f"max_lora_rank {self.config.max_lora_rank} (rollout.max_lora_rank)")
         if self.loaded.get(name) not in (None, spec.as_dict()):
-            self.model.delete_adapter(name)  # another shape: built anew
+            self.model.delete_adapter(_peft_name(name))  # another shape: built anew
             del self.loaded[name]
-        if not hasattr(self.model, "peft_config"):  # the first adapter: PEFT wraps the model
-            self.model = adapters.wrap(self.model, spec, name)
-        elif name not in self.model.peft_config:
-            adapters.check_targets(self.model.base_model.model, spec, name)
-            self.model.add_adapter(name, spec.peft_config())
+        wrapped = hasattr(self.model, "peft_config")
+        adapters.check_targets(self.model.base_model.model if wrapped else self.model, spec, name)
+        if not wrapped:  # the first adapter: PEFT wraps the model
+            self.model = adapters.wrap(self.model, spec, _peft_name(name))
+        elif _peft_name(name) not in self.model.peft_config:
+            self.model.add_adapter(_peft_name(name), spec.peft_config())
         self.model.eval()
         self.loaded[name] = spec.as_dict()
         dtype = next(self.model.parameters()).dtype
-        adapters.load_adapter_tensors(self.model, name,
+        adapters.load_adapter_tensors(self.model, _peft_name(name),
                                       {k: v.to(dtype) for k, v in tensors.items()})
 
     def _awake(self, what: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,98 @@ async def test_one_slot_swaps_three_adapters_and_survives_its_kill(tiny_model_di
         assert ours.keys() == theirs.keys()
         diff = max((ours[k] - theirs[k]).abs().max().item() for k in ours)
         assert diff <= 1e-6, (name, diff)
+
+
+LORA_TEAM_FILE = '''
+import sys
+sys.path.insert(0, {tests!r})
+from test_e2e import duo_workflow
+from flexmarl import AgentSpec, LoraSpec, SamplingParams, Team
+from flexmarl.tasks import addition_tasks
+
+SPEC = LoraSpec(rank=4, alpha=8, target_modules=("q_proj", "v_proj", "down_proj"))
+team = Team(name="loraduo", workflow=duo_workflow, tasks=addition_tasks(64, seed=3),
+            heldout=addition_tasks(6, seed=77), agents=[
+    AgentSpec(name=name, model={model!r}, lora=SPEC, lr=1e-2,
+              sampling=SamplingParams(max_tokens=6)) for name in ("solver", "checker")])
+'''
+
+
+@pytest.mark.slow
+async def test_adapters_are_evaluated_merged_and_resumed(tiny_model_dir, tmp_path, capsys,
+                                                         no_leftover_children):
+    """`flexmarl eval` serves each saved adapter on its base and gives the run's own final
+    numbers (seeded samples from the same weights), from the checkpoint and from the state of
+    the last step; run.merge_adapters writes the base with the adapter merged in (what PEFT
+    computes); a run stopped after 2 steps and resumed to 3 ends with the adapters of an
+    uninterrupted 3-step run (their AdamW states restored bit for bit: within float order)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from flexmarl.launch.cli import main
+    from flexmarl.team import load_team
+
+    path = tmp_path / "loraduo.py"
+    path.write_text(LORA_TEAM_FILE.format(tests=str(Path(__file__).parent), model=tiny_model_dir))
+
+    def cfg(name: str, steps: int):
+        return config(tmp_path, name, f"team.path={path}", f"run.steps={steps}",
+                      "eval.greedy=false", "eval.n=1", "run.merge_adapters=true",
+                      "observe.dashboard=false")
+
+    full_cfg = cfg("full", 3)
+    result = await train(load_team(path), full_cfg, run_dir=RunDir.create(full_cfg),
+                         progress=False)
+    sampled = result.final_eval["after"]["sampled"]
+    assert sampled["versions"] == {"checker": [3, 3], "solver": [3, 3]}
+    # What `flexmarl eval` serves: each agent's base with the adapter the run saved, from the
+    # checkpoint or (--step 2) from the state, the same tensors. (The held-out numbers alone
+    # could not tell: 3 small steps leave the tiny model's seeded answers as they were.)
+    from flexmarl.launch.evaluation import model_dirs
+    team = load_team(path)
+    for step in (None, 2):
+        dirs, adapters = model_dirs(result.run_dir, team, step, tmp_path / f"scratch{step}")
+        assert dirs == {"solver": tiny_model_dir, "checker": tiny_model_dir}
+        for agent, (lora, tensors) in adapters.items():
+            saved = load_file(str(result.checkpoints[agent] / ADAPTER_WEIGHTS))
+            assert lora == team.agent(agent).lora and tensors.keys() == saved.keys()
+            assert all(torch.equal(tensors[k], saved[k]) for k in saved), (agent, step)
+
+    async def cli(*argv: str) -> int:  # `flexmarl ...` runs its own event loop: a thread
+        try:
+            await asyncio.to_thread(main, list(argv))
+        except SystemExit as done:
+            return done.code
+        raise AssertionError("main() returned without SystemExit")
+
+    for extra in ((), ("--step", "2")):
+        assert await cli("eval", str(result.run_dir), *extra, "--json") == 0
+        again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert again["agents"] == sampled["agents"] and again["team_reward"] == \
+            sampled["team_reward"], extra
+        assert again["model_dirs"]["solver"].endswith(" + its adapter")
+
+    # The merged model: the base with the adapter merged in, what PEFT gives.
+    from peft import PeftModel
+    prompt = torch.tensor([chat_prompt(load_tokenizer(tiny_model_dir), "Compute 2+3.")])
+    saved = result.checkpoints["solver"]
+    with torch.no_grad():
+        merged = AutoModelForCausalLM.from_pretrained(saved / "merged").eval()
+        peft = PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), saved)
+        diff = (merged(input_ids=prompt).logits - peft.eval()(input_ids=prompt).logits).abs()
+    assert diff.max() < PEFT_LOGIT_ATOL
+
+    # Stopped after 2 steps, resumed to 3: the same adapters as the uninterrupted run.
+    short = cfg("resumed", 2)
+    await train(load_team(path), short, run_dir=RunDir.create(short), progress=False)
+    assert await cli("run", "--resume", str(tmp_path / "resumed"), "--set", "run.steps=3",
+                     "--set", "eval.final=false") == 0
+    capsys.readouterr()
+    for agent in ("solver", "checker"):
+        ours = load_file(str(tmp_path / "resumed" / "checkpoints" / agent / "version-3" /
+                             ADAPTER_WEIGHTS))
+        theirs = load_file(str(result.checkpoints[agent] / ADAPTER_WEIGHTS))
+        assert ours.keys() == theirs.keys()
+        assert max((ours[k] - theirs[k]).abs().max().item() for k in ours) <= 1e-6

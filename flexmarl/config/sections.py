@@ -39,6 +39,10 @@ class RunConfig:
     """With save_state: write the states after every this many steps (and after the last).
     A resumed run goes on from the last step saved, redoing the steps after it. Large agents
     want more than 1: a 14B agent's state is ~237 GB (16 bytes/param), minutes of disk."""
+    merge_adapters: bool = False
+    """LoRA agents (AgentSpec.lora): their final checkpoints (RUN_DIR/checkpoints/AGENT/
+    version-N, the adapter in PEFT's format) also hold merged/, the base with the adapter
+    merged in: a whole model directory any loader takes."""
 
     def __post_init__(self) -> None:
         require(bool(self.name) and "/" not in self.name and self.name not in (".", ".."),

@@ -3,7 +3,8 @@
     RUN_DIR/config.toml ─► the team (and its task file) ─► held-out tasks (eval section)
     weights per agent: the final checkpoint (RUN_DIR/checkpoints/AGENT/version-N, the newest),
         or with --step N the training state saved after step N (RUN_DIR/state), written out as
-        a model directory; frozen agents: their model as the run resolved it
+        a model directory; frozen agents: their model as the run resolved it; LoRA agents:
+        their base, served with their adapter (the checkpoint's, or the state's)
     ─► one TorchEngine per agent in this process ─► flexmarl.orchestrator.evaluate (the
        workflow, training off) ─► the table, and RUN_DIR/eval-final.json or eval-step-N.json
 
@@ -24,6 +25,7 @@ from flexmarl.checks import ConfigError
 from flexmarl.config.load import Config, load_config
 from flexmarl.launch.checkpoint import STATE_DIR, StateCheckpoints
 from flexmarl.launch.model_dirs import resolve_model, write_model_dir
+from flexmarl.models.lora import ADAPTER_CONFIG, LoraSpec, read_adapter
 from flexmarl.observe.rundir import CHECKPOINTS_DIR, CONFIG_FILE
 from flexmarl.orchestrator.agents import AgentRuntime
 from flexmarl.orchestrator.evaluate import EvalConfig, evaluate, heldout_tasks
@@ -59,13 +61,16 @@ def final_checkpoint(run_dir: Path, agent: str) -> Path | None:
     """RUN_DIR/checkpoints/AGENT/version-N with the highest N, if any."""
     root = run_dir / CHECKPOINTS_DIR / agent
     versions = [(int(m.group(1)), p) for p in root.glob("version-*")
-                if (m := re.fullmatch(r"version-(\d+)", p.name)) and (p / "config.json").is_file()]
+                if (m := re.fullmatch(r"version-(\d+)", p.name))
+                and ((p / "config.json").is_file() or (p / ADAPTER_CONFIG).is_file())]
     return max(versions)[1] if versions else None
 
 
-def model_dirs(run_dir: Path, team: Team, step: int | None, scratch: Path) -> dict[str, str]:
-    """The weights each agent is evaluated with (see the module docstring)."""
-    out = {}
+def model_dirs(run_dir: Path, team: Team, step: int | None, scratch: Path
+               ) -> tuple[dict[str, str], dict[str, tuple[LoraSpec, dict]]]:
+    """The weights each agent is evaluated with (see the module docstring): its model
+    directory, and for a LoRA agent that has trained its adapter's spec and tensors."""
+    out, adapters = {}, {}
     states = StateCheckpoints(run_dir / STATE_DIR) if step is not None else None
     for spec in team.agents:
         base = resolve_model(spec)
@@ -77,7 +82,10 @@ def model_dirs(run_dir: Path, team: Team, step: int | None, scratch: Path) -> di
                 raise ConfigError(f"run {run_dir} has no final checkpoint of agent {spec.name} "
                                   f"(in {run_dir / CHECKPOINTS_DIR / spec.name}): the run did not "
                                   "finish; evaluate a saved step with --step N")
-            out[spec.name] = str(final)
+            if (final / ADAPTER_CONFIG).is_file():  # served on its base
+                out[spec.name], adapters[spec.name] = base, read_adapter(final)
+            else:
+                out[spec.name] = str(final)
         else:
             saved = states.steps(spec.name)
             if step not in saved:
@@ -90,9 +98,13 @@ def model_dirs(run_dir: Path, team: Team, step: int | None, scratch: Path) -> di
             if not tensors:  # never updated: its starting weights
                 out[spec.name] = base
                 continue
+            if spec.lora is not None:  # the adapter's tensors, on its base
+                from flexmarl.training.adapter import saved_names
+                out[spec.name], adapters[spec.name] = base, (spec.lora, saved_names(tensors))
+                continue
             out[spec.name] = str(write_model_dir(WeightUpdate(state.version, tensors), base,
                                                  scratch / spec.name))
-    return out
+    return out, adapters
 
 
 async def evaluate_run(run_dir: str | Path, *, step: int | None = None,
@@ -106,19 +118,26 @@ async def evaluate_run(run_dir: str | Path, *, step: int | None = None,
     team = team_with_task_file(load_team(config.team.path), config.team, config.run.seed)
     tasks = heldout_tasks(team, config.eval)
     with tempfile.TemporaryDirectory(prefix="flexmarl-eval-") as scratch:
-        dirs = await asyncio.to_thread(model_dirs, run_dir, team, step, Path(scratch))
-        engines = {name: TorchEngine(EngineConfig(model_dir=d, seed=config.run.seed,
-                                                  max_model_len=config.rollout.max_model_len))
-                   for name, d in dirs.items()}
-        for engine in engines.values():
+        dirs, adapters = await asyncio.to_thread(model_dirs, run_dir, team, step, Path(scratch))
+        # One engine per agent (a LoRA agent's: its base with its adapter alone in it).
+        engines = {name: TorchEngine(EngineConfig(
+            model_dir=d, seed=config.run.seed, max_model_len=config.rollout.max_model_len,
+            **({"adapters": (name,), "max_loras": 1,
+                "max_lora_rank": adapters[name][0].rank} if name in adapters else {})))
+            for name, d in dirs.items()}
+        for name, engine in engines.items():
             await engine.start()
+            if name in adapters:
+                lora, tensors = adapters[name]
+                await engine.load_adapter(name, tensors, lora.as_dict())
         try:
             agents = {spec.name: AgentRuntime(spec, dirs[spec.name], engines[spec.name].tokenizer,
                                               max_model_len=config.rollout.max_model_len)
                       for spec in team.agents}
 
             async def generate(agent: str, msg: Generate) -> GenerateReply:
-                samples, _ = await engines[agent].generate(msg.prompt_ids, msg.params)
+                samples, _ = await engines[agent].generate(
+                    msg.prompt_ids, msg.params, agent if agent in adapters else None)
                 return GenerateReply(msg.request_id, 0, list(msg.prompt_ids), samples, None,
                                      f"eval-{agent}")
 
@@ -128,7 +147,8 @@ async def evaluate_run(run_dir: str | Path, *, step: int | None = None,
             for engine in engines.values():
                 await engine.close()
     result |= {"weights": "final" if step is None else f"after step {step}",
-               "model_dirs": {n: d if not d.startswith(scratch) else "(from the saved state)"
+               "model_dirs": {n: (d if not d.startswith(scratch) else "(from the saved state)")
+                              + (" + its adapter" if n in adapters else "")
                               for n, d in dirs.items()}}
     name = "eval-final.json" if step is None else f"eval-step-{step}.json"
     (run_dir / name).write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))

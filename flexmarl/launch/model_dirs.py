@@ -64,11 +64,14 @@ def check_model(spec: AgentSpec) -> str:
 
 
 async def save_model_dir(trainers: TrainerPool, agent: str, model_dir: str,
-                         directory: Path) -> Path:
+                         directory: Path, *, merged: bool = False) -> Path:
     """Save the agent's current weights as a loadable model directory, directory/version-N
-    (write_model_dir), written by its trainer's rank 0: no weight comes to this process."""
+    (write_model_dir; a LoRA agent's: its adapter in PEFT's format, and with `merged` the base
+    with it merged in, version-N/merged), written by its trainer's rank 0: no weight comes to
+    this process."""
     async with trainers.bind(agent) as conn:
-        saved = await conn.request(SaveState("", str(directory), -1, model_dir=model_dir),
+        saved = await conn.request(SaveState("", str(directory), -1, model_dir=model_dir,
+                                             merged=merged),
                                    timeout_s=trainers.request_timeout_s)
     return Path(saved.path)
 

@@ -273,8 +273,9 @@ async def _steps(setup: RunSetup, parts: _Parts, progress: bool | None,
         if run_dir is not None:
             for name, rt in parts.agents.items():
                 if rt.spec.trainable:
-                    checkpoints[name] = await save_model_dir(parts.trainers, name, rt.model_dir,
-                                                             run_dir.checkpoint_dir(name))
+                    checkpoints[name] = await save_model_dir(
+                        parts.trainers, name, rt.model_dir, run_dir.checkpoint_dir(name),
+                        merged=setup.run.merge_adapters and rt.spec.lora is not None)
     t0 = loop.started
     timeline = [[who, kind, start - t0, None if end is None else end - t0]
                 for who, kind, start, end in parts.activity.intervals]

@@ -232,16 +232,18 @@ MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json",
 """The files of a base model directory that a saved one copies beside its weights."""
 
 
-def write_model_dir(weights: WeightUpdate, model_dir: str, directory: Path) -> Path:
-    """`weights` as directory/version-N beside the config and tokenizer files of its base model
-    `model_dir`, loadable by transformers and vLLM. A partial export (only the trained layers,
-    AgentSpec.train_layers) is completed with the base model's frozen rest."""
+def write_model_dir(weights: WeightUpdate, model_dir: str, directory: Path, *,
+                    name: str = "") -> Path:
+    """`weights` as directory/version-N (or directory/`name`) beside the config and tokenizer
+    files of its base model `model_dir`, loadable by transformers and vLLM. A partial export
+    (only the trained layers, AgentSpec.train_layers) is completed with the base model's
+    frozen rest."""
     from safetensors.torch import save_file
 
     tensors = weights.tensors
     if not weights.complete:
         tensors = {**model_weights(model_dir), **tensors}
-    target = Path(directory) / f"version-{weights.version}"
+    target = Path(directory) / (name or f"version-{weights.version}")
     target.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(target / "model.safetensors"))
     for name in MODEL_FILES:

@@ -62,7 +62,8 @@ class LoraSpec:
                 isinstance(t, str) and t for t in targets):
             raise ValueError("LoraSpec.target_modules must be a non-empty list of module names "
                              f"(e.g. ['q_proj', 'v_proj']), got {targets!r}")
-        object.__setattr__(self, "target_modules", tuple(targets))
+        # A set to PEFT (and in adapter_config.json): sorted, so equal specs compare equal.
+        object.__setattr__(self, "target_modules", tuple(sorted(set(targets))))
         reserved = {"r", "lora_alpha", "lora_dropout", "target_modules", "task_type"}
         if reserved & self.extra.keys():
             raise ValueError(f"LoraSpec.extra cannot set {sorted(reserved & self.extra.keys())}"
@@ -170,6 +171,21 @@ def read_adapter(path: str | Path) -> tuple[LoraSpec, dict[str, torch.Tensor]]:
                     dropout=config.get("lora_dropout", 0.0),
                     target_modules=tuple(config["target_modules"]))
     return spec, load_file(str(path / ADAPTER_WEIGHTS))
+
+
+def merged_weights(base_model: str, spec: LoraSpec, tensors: dict[str, torch.Tensor]
+                   ) -> dict[str, torch.Tensor]:
+    """The base model's weights with the adapter merged in (W + B A * alpha / rank, PEFT's
+    merge_and_unload), under the base's own names: a whole model's state dict."""
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
+    model = wrap(base, spec, "merge")
+    load_adapter_tensors(model, "merge", tensors)
+    merged = model.merge_and_unload()
+    unique = {n for n, _ in merged.named_parameters()}  # a tied tensor under its first name
+    aliases = {n for n, _ in merged.named_parameters(remove_duplicate=False)} - unique
+    return {k: v.detach().contiguous() for k, v in merged.state_dict().items() if k not in aliases}
 
 
 def max_lora_rank(ranks: list[int]) -> int:

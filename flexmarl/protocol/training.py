@@ -210,7 +210,11 @@ class SaveState:
     path: str
     step: int
     model_dir: str = ""
-    """Set: the weights instead, as a model dir path/version-N (rank 0; replied once written)."""
+    """Set: the weights instead, as a model dir path/version-N (rank 0; replied once written);
+    a LoRA agent's adapter in PEFT's format there."""
+    merged: bool = False
+    """With model_dir, for a LoRA agent: also the base with its adapter merged in, as
+    path/version-N/merged (run.merge_adapters)."""
 
 
 @message(FlexKind.AWAIT_SAVED)

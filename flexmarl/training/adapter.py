@@ -54,6 +54,14 @@ def peft_names(model: nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, 
     return peft.get_peft_model_state_dict(model, state_dict=tensors, adapter_name=ADAPTER)
 
 
+def saved_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A trainer state's adapter tensors (parameter names in the PeftModel, "...lora_A.default.
+    weight") under PEFT's saved names ("...lora_A.weight"), without a model: what
+    `flexmarl eval --step` loads into an engine."""
+    infix = f".{ADAPTER}."
+    return {k.replace(infix, ".", 1) if infix in k else k: v for k, v in tensors.items()}
+
+
 def base_only(model: Any) -> contextlib.AbstractContextManager:
     """The policy's forward as the base model's: PEFT's disable_adapter() (each LoRA layer
     returns its base layer's output alone), under no_grad in the trainer.

@@ -107,7 +107,7 @@ def write_model(trainer: GRPOTrainer, agent: str, spec: dict[str, Any]) -> "Stat
     from pathlib import Path
 
     from flexmarl.models.build import write_model_dir
-    from flexmarl.models.lora import LoraSpec, write_adapter
+    from flexmarl.models.lora import LoraSpec, merged_weights, write_adapter
     from flexmarl.protocol import StateSaved, WeightUpdate
 
     started = time.perf_counter()
@@ -115,9 +115,13 @@ def write_model(trainer: GRPOTrainer, agent: str, spec: dict[str, Any]) -> "Stat
     if trainer.rank != 0:
         return StateSaved(agent, -1, trainer.version, "", 0)
     if trainer.config.lora is not None:
-        target = write_adapter(Path(spec["path"]) / f"version-{trainer.version}",
-                               LoraSpec.from_dict(trainer.config.lora), tensors,
+        lora = LoraSpec.from_dict(trainer.config.lora)
+        target = write_adapter(Path(spec["path"]) / f"version-{trainer.version}", lora, tensors,
                                spec["model_dir"])
+        if spec.get("merged"):  # the base read afresh on rank 0: one more model, this once
+            merged = merged_weights(spec["model_dir"], lora, tensors)
+            write_model_dir(WeightUpdate(trainer.version, merged), spec["model_dir"], target,
+                            name="merged")
     else:
         update = WeightUpdate(trainer.version, tensors,
                               complete=not trainer.config.train_layers)

@@ -108,7 +108,8 @@ class _StateSaves:
 
     @handler(SaveState, concurrent=True)
     async def on_save_state(self, msg: SaveState, env: Envelope) -> StateSaved:
-        spec = {"tmp": msg.tmp, "path": msg.path, "step": msg.step, "model_dir": msg.model_dir}
+        spec = {"tmp": msg.tmp, "path": msg.path, "step": msg.step, "model_dir": msg.model_dir,
+                "merged": msg.merged}
         return await self._command(self._turn_of.pop(id(env)), Command.SAVE_STATE,
                                    self._with_spec(Command.SAVE_STATE, spec,
                                                    lambda g: g.save_state(spec)))

@@ -21,9 +21,8 @@ import warnings
 from typing import Any
 
 from flexmarl.checks import ConfigError
-from flexmarl.models.lora import LoraSpec
 from flexmarl.protocol import SamplingParams
-from flexmarl.team import AgentSpec, Completion, Team, load_team
+from flexmarl.team import AgentSpec, Completion, LoraSpec, Team, load_team
 
 __version__ = "0.1.0"
 __all__ = ["AgentSpec", "Completion", "ConfigError", "LoraSpec", "SamplingParams", "Team", "load_team",

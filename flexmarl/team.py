@@ -22,10 +22,62 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Protocol, Sequence
 
-from flexmarl.models.lora import LoraSpec
 from flexmarl.protocol import SamplingParams
 
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The ranks vLLM's max_lora_rank accepts: an engine serving adapters is sized to the smallest
+of these at or above the largest rank it serves."""
+
+
+@dataclass(kw_only=True, frozen=True)
+class LoraSpec:
+    """One agent's adapter: PEFT's LoraConfig in the fields RL teams set."""
+
+    rank: int = 16
+    alpha: float = 32.0
+    """Scaling is alpha / rank (PEFT's lora_alpha)."""
+    dropout: float = 0.0
+    """PEFT's lora_dropout. Above 0 the trainer's forward is not the engine's (dropout is off
+    in rollout), so the on-policy ratio is no longer 1: keep 0 for exact on-policy RL."""
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    """Names of the Linear modules that get an adapter (the last part of the module path), as
+    PEFT's target_modules; the model's own names, checked when the model is loaded."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Further LoraConfig fields, passed as they are (e.g. {"use_rslora": True})."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
+            raise ValueError(f"LoraSpec.rank must be an int >= 1, got {self.rank!r}")
+        if self.rank > VLLM_LORA_RANKS[-1]:
+            raise ValueError(f"LoraSpec.rank {self.rank} is above {VLLM_LORA_RANKS[-1]}, the "
+                             "largest rank vLLM serves")
+        if not self.alpha > 0:
+            raise ValueError(f"LoraSpec.alpha must be > 0, got {self.alpha!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"LoraSpec.dropout must be in [0, 1), got {self.dropout!r}")
+        targets = self.target_modules
+        if isinstance(targets, str) or not targets or not all(
+                isinstance(t, str) and t for t in targets):
+            raise ValueError("LoraSpec.target_modules must be a non-empty list of module names "
+                             f"(e.g. ['q_proj', 'v_proj']), got {targets!r}")
+        # A set to PEFT (and in adapter_config.json): sorted, so equal specs compare equal.
+        object.__setattr__(self, "target_modules", tuple(sorted(set(targets))))
+        reserved = {"r", "lora_alpha", "lora_dropout", "target_modules", "task_type"}
+        if reserved & self.extra.keys():
+            raise ValueError(f"LoraSpec.extra cannot set {sorted(reserved & self.extra.keys())}"
+                             ": use LoraSpec's own fields")
+
+    def as_dict(self) -> dict:
+        return {"rank": self.rank, "alpha": self.alpha, "dropout": self.dropout,
+                "target_modules": list(self.target_modules), "extra": dict(self.extra)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LoraSpec":
+        return cls(rank=d["rank"], alpha=d["alpha"], dropout=d["dropout"],
+                   target_modules=tuple(d["target_modules"]), extra=dict(d.get("extra", {})))
+
 
 
 @dataclass(kw_only=True)

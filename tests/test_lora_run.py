@@ -61,9 +61,11 @@ def config(tmp_path: Path, name: str, *extra: str):
 
 
 @pytest.mark.slow
-async def test_three_adapters_share_one_engine_beside_a_full_agent(tiny_model_dir, tmp_path,
-                                                                   no_leftover_children):
-    cfg = config(tmp_path, "run")
+@pytest.mark.parametrize("backend", ["torch", pytest.param("vllm", marks=pytest.mark.vllm)])
+async def test_three_adapters_share_one_engine_beside_a_full_agent(backend, tiny_model_dir,
+                                                                   tmp_path, no_leftover_children):
+    cfg = config(tmp_path, "run", f"rollout.backend={backend}",
+                 "rollout.kv_cache_bytes=33554432")
     result = await train(trio(tiny_model_dir), cfg, run_dir=RunDir.create(cfg), progress=False)
     assert [m["step"] for m in result.metrics] == [0, 1]
     for m in result.metrics:

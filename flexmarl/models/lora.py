@@ -18,72 +18,24 @@ Tensor names are those of `peft.get_peft_model_state_dict` (the adapter's name r
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+# The spec is part of the team API (flexmarl.team); the PEFT side of it lives here.
+from flexmarl.team import VLLM_LORA_RANKS, LoraSpec  # noqa: F401  (re-exported)
+
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-"""The ranks vLLM's max_lora_rank accepts: an engine serving adapters is sized to the smallest
-of these at or above the largest rank it serves."""
 
 
-@dataclass(kw_only=True, frozen=True)
-class LoraSpec:
-    """One agent's adapter: PEFT's LoraConfig in the fields RL teams set."""
-
-    rank: int = 16
-    alpha: float = 32.0
-    """Scaling is alpha / rank (PEFT's lora_alpha)."""
-    dropout: float = 0.0
-    """PEFT's lora_dropout. Above 0 the trainer's forward is not the engine's (dropout is off
-    in rollout), so the on-policy ratio is no longer 1: keep 0 for exact on-policy RL."""
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
-    """Names of the Linear modules that get an adapter (the last part of the module path), as
-    PEFT's target_modules; the model's own names, checked when the model is loaded."""
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Further LoraConfig fields, passed as they are (e.g. {"use_rslora": True})."""
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
-            raise ValueError(f"LoraSpec.rank must be an int >= 1, got {self.rank!r}")
-        if self.rank > VLLM_LORA_RANKS[-1]:
-            raise ValueError(f"LoraSpec.rank {self.rank} is above {VLLM_LORA_RANKS[-1]}, the "
-                             "largest rank vLLM serves")
-        if not self.alpha > 0:
-            raise ValueError(f"LoraSpec.alpha must be > 0, got {self.alpha!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"LoraSpec.dropout must be in [0, 1), got {self.dropout!r}")
-        targets = self.target_modules
-        if isinstance(targets, str) or not targets or not all(
-                isinstance(t, str) and t for t in targets):
-            raise ValueError("LoraSpec.target_modules must be a non-empty list of module names "
-                             f"(e.g. ['q_proj', 'v_proj']), got {targets!r}")
-        # A set to PEFT (and in adapter_config.json): sorted, so equal specs compare equal.
-        object.__setattr__(self, "target_modules", tuple(sorted(set(targets))))
-        reserved = {"r", "lora_alpha", "lora_dropout", "target_modules", "task_type"}
-        if reserved & self.extra.keys():
-            raise ValueError(f"LoraSpec.extra cannot set {sorted(reserved & self.extra.keys())}"
-                             ": use LoraSpec's own fields")
-
-    def peft_config(self) -> Any:
-        """PEFT's LoraConfig for this adapter (inference_mode off: the trainer's copy trains)."""
-        peft = import_peft()
-        return peft.LoraConfig(r=self.rank, lora_alpha=self.alpha, lora_dropout=self.dropout,
-                               target_modules=list(self.target_modules), bias="none",
-                               task_type="CAUSAL_LM", **self.extra)
-
-    def as_dict(self) -> dict:
-        return {"rank": self.rank, "alpha": self.alpha, "dropout": self.dropout,
-                "target_modules": list(self.target_modules), "extra": dict(self.extra)}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "LoraSpec":
-        return cls(rank=d["rank"], alpha=d["alpha"], dropout=d["dropout"],
-                   target_modules=tuple(d["target_modules"]), extra=dict(d.get("extra", {})))
+def peft_config(spec: LoraSpec) -> Any:
+    """PEFT's LoraConfig for this adapter (inference_mode off: the trainer's copy trains)."""
+    peft = import_peft()
+    return peft.LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
+                           target_modules=list(spec.target_modules), bias="none",
+                           task_type="CAUSAL_LM", **spec.extra)
 
 
 def import_peft() -> Any:
@@ -120,7 +72,7 @@ def wrap(model: torch.nn.Module, spec: LoraSpec, adapter: str) -> Any:
     adapter starts as PEFT initialises it (B = 0: the model's outputs are the base's)."""
     check_targets(model, spec, adapter)
     peft = import_peft()
-    return peft.get_peft_model(model, spec.peft_config(), adapter_name=adapter)
+    return peft.get_peft_model(model, peft_config(spec), adapter_name=adapter)
 
 
 def adapter_tensors(model: Any, adapter: str) -> dict[str, torch.Tensor]:
@@ -140,7 +92,7 @@ def load_adapter_tensors(model: Any, adapter: str, tensors: dict[str, torch.Tens
 
 def adapter_config(spec: LoraSpec, base_model: str) -> dict:
     """adapter_config.json as PEFT writes it (vLLM reads the same file)."""
-    config = spec.peft_config()
+    config = peft_config(spec)
     config.base_model_name_or_path = base_model
     config.inference_mode = True
     d = config.to_dict()

@@ -334,7 +334,7 @@ class TorchEngine:
         if not wrapped:  # the first adapter: PEFT wraps the model
             self.model = adapters.wrap(self.model, spec, _peft_name(name))
         elif _peft_name(name) not in self.model.peft_config:
-            self.model.add_adapter(_peft_name(name), spec.peft_config())
+            self.model.add_adapter(_peft_name(name), adapters.peft_config(spec))
         self.model.eval()
         self.loaded[name] = spec.as_dict()
         dtype = next(self.model.parameters()).dtype

@@ -10,13 +10,16 @@
     one unit's instances serving every adapter (each request naming it), per-adapter versions
     advancing on every instance, adapter-sized syncs and swaps, against its full-copy twin;
 (d) the planner: a slot holds more adapter agents than full copies, and a team of more LoRA
-    agents than devices has a placement where its full copies have none.
+    agents than devices has a placement where its full copies have none;
+(e) bench/simulate.py --vs-full: adapters against full copies, the full team not fitting.
 Exact byte counts; no wall-clock timing.
 """
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +31,7 @@ from flexmarl.sim.costs import lora_key, load_costs
 from flexmarl.sim.engines import DeviceGroup, SimTrainer
 from flexmarl.sim.presets import Preset, Stage, get_preset
 
+ROOT = Path(__file__).resolve().parent.parent
 COSTS = load_costs()
 REL = 1e-12
 # Qwen2.5-14B (costs.toml): hidden 5120, 40 heads x 128 = 5120 for q/o, 8 KV heads x 128 = 1024.
@@ -99,8 +103,8 @@ def test_a_units_instance_holds_one_base_and_every_adapter():
 def test_a_slot_swaps_adapter_state_and_keeps_the_base():
     models = {"a": COSTS.model("14b+lora16"), "b": COSTS.model("14b+lora16"),
               "full": COSTS.model("14b")}
-    adapter = int(COSTS.swap_bytes(models["a"]))
-    base = int(models["a"].weight_bytes)
+    adapter = 16 * QKVO_14B  # its state only: 16 B per adapter parameter
+    base = int(2 * 14.8e9)  # the bf16 base
 
     async def main() -> list[int]:
         slot = SimTrainer("t", COSTS, models, DeviceGroup("t", 8, COSTS), 8, "local://t")
@@ -214,3 +218,22 @@ def test_planner_places_more_lora_agents_than_devices():
     # The same team as full copies: twenty instances of two devices and an 8-device slot.
     with pytest.raises(ValueError, match="no placement"):
         plan_slots(dataclasses.replace(team, lora={}), costs=COSTS)
+
+
+# ----------------------------------------------------------------------------- the bench
+
+def test_bench_compares_adapters_with_full_copies(capsys):
+    spec = importlib.util.spec_from_file_location("bench_simulate",
+                                                  ROOT / "bench" / "simulate.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = bench.main(["--preset", "lora6", "--vs-full", "--systems", "flexmarl", "--nodes",
+                      "1", "--steps", "3"])
+    printed = capsys.readouterr().out
+    lora = out["adapters"]["systems"]["flexmarl"]
+    assert lora["sync_bytes"] > 0 and lora["sync_bytes"] % (2 * QKVO_14B) == 0
+    assert list(lora["instance_bytes"]) == ["+".join(f"role{i}" for i in range(6))]
+    # Six full 14B copies need six 2-device instances and an 8-device slot: not on 16 devices.
+    assert out["full"]["systems"] == {} and "no placement" in out["full"]["infeasible"][
+        "flexmarl"]
+    assert "flexmarl               adapters" in printed and "does not fit" in printed

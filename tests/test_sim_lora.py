@@ -237,3 +237,34 @@ def test_bench_compares_adapters_with_full_copies(capsys):
     assert out["full"]["systems"] == {} and "no placement" in out["full"]["infeasible"][
         "flexmarl"]
     assert "flexmarl               adapters" in printed and "does not fit" in printed
+
+
+def test_flexmarl_plan_plans_a_users_lora_team():
+    from flexmarl.checks import ConfigError
+    from flexmarl.config.load import load_config
+    from flexmarl.protocol import SamplingParams
+    from flexmarl.sim.team_plan import plan_team
+    from flexmarl.tasks import addition_tasks
+    from flexmarl.team import AgentSpec, Team
+
+    def team_of(lora: LoraSpec | None) -> Team:
+        async def workflow(ctx, task):
+            for i in range(10):
+                await ctx.generate(f"a{i}", task.prompt)
+            ctx.team_reward(0.5)
+        return Team(name="ten", workflow=workflow, tasks=addition_tasks(8, seed=0), agents=[
+            AgentSpec(name=f"a{i}", model="Qwen2.5-14B-Instruct", lora=lora,
+                      sampling=SamplingParams(max_tokens=64)) for i in range(10)])
+
+    config = load_config(overrides=["plan.nodes=1", "plan.response_tokens=32", "plan.steps=3"])
+    preset, costs, placements = plan_team(team_of(LoraSpec(rank=8, target_modules=(
+        "q_proj", "v_proj"))), config)
+    unit = "+".join(f"a{i}" for i in range(10))
+    assert preset.units == {unit: [f"a{i}" for i in range(10)]}
+    assert set(preset.sizes.values()) == {"14b+lora8:q_proj,v_proj"}
+    best = placements[0]
+    assert list(plan.instances(preset, costs, best)) == [unit]
+    assert best.result.rollout_instances[unit] >= 1
+    # Ten full 14B copies need ten instances of two devices and an 8-device slot.
+    with pytest.raises(ConfigError, match="no placement"):
+        plan_team(team_of(None), config)

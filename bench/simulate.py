@@ -13,6 +13,10 @@ the steady state (the first and last of the simulated steps are not measured).
     .venv/bin/python bench/simulate.py --preset all     # every preset, one table each
     .venv/bin/python bench/simulate.py --preset all --costs gpu,cpu-calibrated
         # both pricings side by side: a summary table per pricing, then one of both
+    .venv/bin/python bench/simulate.py --preset lora6 --vs-full [--systems flexmarl]
+        # a team of LoRA adapter agents against the same team as full copies (the preset's
+        # `<name>_full` twin, or the preset without its adapters): step, sync and swap bytes,
+        # trainer state and rollout memory side by side
     .venv/bin/python bench/simulate.py --preset merchant --nodes 8 --plan [--write FILE]
         # FlexMARL's placement planned (flexmarl.sim.plan): the placements tried, best
         # first; --write puts the chosen one in a config file ([devices], [trainer_pool], ...)
@@ -26,12 +30,16 @@ can beat; zero staleness, rollout span + the least tail of a zero-staleness step
 switches (colocated mode changes), and where trainer slot time goes per measured step
 (slot-seconds, all slots together): swaps out (idle agents parked), in (loaded back in the
 slot they are parked in, or restored), pulled (from another slot: a move and a load),
-snapshots (recovery snapshots), train (micro-batches and optimizer steps).
+snapshots (recovery snapshots), train (micro-batches and optimizer steps); then the bytes of a
+measured step: sync GB (the weight updates, all agents: a LoRA agent's is its adapter) and swap
+GB (what the slots' swaps moved), and a memory line (the largest trainer state of an agent,
+the weights one rollout instance of each unit holds, all instances' weights together).
 
 With --json the last line is one JSON object: preset, systems.<name>.{step_s, tokens_per_s,
 utilisation, perfect_overlap_s (its own layout's), gap_to_perfect_overlap,
 gap_to_zero_staleness, snapshot_s, write_s, swap_out_s, swap_in_s, pulled_s,
-train_compute_s, ...}, bounds.{perfect_overlap_s, zero_staleness_s,
+train_compute_s, sync_bytes, swap_bytes, state_bytes, instance_bytes,
+rollout_weight_bytes, ...}, bounds.{perfect_overlap_s, zero_staleness_s,
 rollout_only_s}, planned (the placement FlexMARL's row runs: placement, label, kind,
 pipeline, balance, ...), plan (every placement tried), costs, nodes, wall_s (for --preset
 all: presets.<name> of those; for several --costs: pricings.<costs> of that).
@@ -71,7 +79,8 @@ def table(out: dict) -> str:
              f"{'system':22s} {'step s':>8s} {'tokens/s':>9s} {'util':>6s} "
              + " ".join(f"{'vs ' + x:>9s}" for x in ("mas_rl", "marti", "sync_st"))
              + f" {'to p.o.':>8s} {'to z.s.':>8s} {'moves':>6s} {'swaps':>6s} {'switch':>6s}"
-             + " " + " ".join(f"{x:>7s}" for x in ("out", "in", "pulled", "snap", "train"))]
+             + " " + " ".join(f"{x:>7s}" for x in ("out", "in", "pulled", "snap", "train"))
+             + f" {'sync GB':>8s} {'swap GB':>8s}"]
     for name, r in systems.items():
         ratios = [f"{base[x] / r['step_s']:8.2f}x" if x in base else f"{'-':>9s}"
                   for x in bases]
@@ -81,7 +90,11 @@ def table(out: dict) -> str:
                      f"{r['moves']:6d} {r['swaps']:6d} {r['switches']:6d} "
                      + " ".join(f"{r.get(k, 0.0):7.1f}" for k in (
                          "swap_out_s", "swap_in_s", "pulled_s", "snapshot_s",
-                         "train_compute_s")))
+                         "train_compute_s"))
+                     + f" {r.get('sync_bytes', 0.0) / 1e9:8.2f} {r.get('swap_bytes', 0.0) / 1e9:8.2f}")
+    if systems:
+        r = systems.get("flexmarl") or next(iter(systems.values()))
+        lines.append(memory_line(r))
     for name, why in out.get("infeasible", {}).items():
         lines.append(f"{name:22s} does not fit: {why}")
     lines.append(f"bounds: perfect overlap {b['perfect_overlap_s']:.1f} s (the least over the "
@@ -93,6 +106,65 @@ def table(out: dict) -> str:
                          f"{p['label']} {p['pipeline']} {p['balance']}: {p['step_s']:.1f} s"
                          for p in out["plan"]))
     return "\n".join(lines)
+
+
+def memory_line(r: dict) -> str:
+    """A system row's memory: trainer state per agent, weights per rollout instance."""
+    units = r.get("instance_bytes", {})
+    per = ", ".join(f"{u if len(u) <= 24 else u[:21] + '...'} {b / 1e9:.1f}"
+                    for u, b in list(units.items())[:3]) + (", ..." if len(units) > 3 else "")
+    return (f"memory ({r['system']}): trainer state per agent up to "
+            f"{max(r.get('state_bytes', {}).values(), default=0.0) / 1e9:.1f} GB; weights per "
+            f"rollout instance (GB): {per}; all {sum(r['rollout_instances'].values())} "
+            f"instances {r.get('rollout_weight_bytes', 0.0) / 1e9:.0f} GB")
+
+
+def vs_full(lora: dict, full: dict, preset) -> str:
+    """LoRA adapters against full copies, per system both ran."""
+    lines = [f"{preset.name} on {lora['nodes']} nodes: {len(preset.lora)} LoRA agents "
+             f"(adapters on a shared base) against the same team as full copies "
+             f"({full['preset']}); per measured step",
+             f"{'system':22s} {'team':9s} {'step s':>8s} {'tokens/s':>9s} {'sync GB':>9s} "
+             f"{'swap GB':>9s} {'swap s':>7s} {'train s':>8s} {'state GB':>9s} "
+             f"{'inst GB':>8s} {'rollout GB':>10s} {'inst':>5s} {'slots':>9s}"]
+    names = [*lora["systems"], *lora.get("infeasible", {}), *full["systems"],
+             *full.get("infeasible", {})]
+    for name in dict.fromkeys(names):
+        for team, out in (("adapters", lora), ("full", full)):
+            r = out["systems"].get(name)
+            if r is None:
+                why = out.get("infeasible", {}).get(name, "not run")
+                lines.append(f"{name:22s} {team:9s} does not fit: {why}")
+                continue
+            inst = r.get("instance_bytes", {})
+            lines.append(
+                f"{name:22s} {team:9s} {r['step_s']:8.1f} {r['tokens_per_s']:9.1f} "
+                f"{r['sync_bytes'] / 1e9:9.3f} {r['swap_bytes'] / 1e9:9.3f} "
+                f"{r['swap_out_s'] + r['swap_in_s'] + r['pulled_s']:7.3f} "
+                f"{r['train_compute_s']:8.1f} "
+                f"{max(r['state_bytes'].values(), default=0.0) / 1e9:9.1f} "
+                f"{max(inst.values(), default=0.0) / 1e9:8.1f} "
+                f"{r['rollout_weight_bytes'] / 1e9:10.0f} "
+                f"{sum(r['rollout_instances'].values()):5d} "
+                f"{'+'.join(map(str, r['trainer_slots'])):>9s}")
+    for label, out in (("adapters", lora), ("full", full)):
+        if out.get("planned"):
+            best = out["planned"]
+            lines.append(f"planned ({label}): {best['label']} {best['pipeline']} "
+                         f"{best['balance']}, slots {best['slots']}, instances "
+                         f"{sum(best['instances'].values())}")
+    return "\n".join(lines)
+
+
+def full_twin(preset):
+    """The same team as full copies: the registered `<name>_full` preset, else the preset
+    without its adapters."""
+    from flexmarl.sim.presets import PRESETS
+    twin = PRESETS.get(f"{preset.name}_full")
+    if twin is not None:
+        return dataclasses.replace(twin, nodes=preset.nodes)
+    return dataclasses.replace(preset, name=f"{preset.name}_full", lora={},
+                               description=f"{preset.name} as full copies")
 
 
 SHORT = {"mas_rl": "mas_rl", "marti": "marti", "marti-lean": "m-lean", "sync_static": "sync_st",
@@ -134,7 +206,8 @@ def run_preset(name: str, args: argparse.Namespace, costs) -> dict:
         print(f"  {name}/{system}: {result.step_s:.1f} s per step "
               f"({time.perf_counter() - started:.1f} s so far)", file=sys.stderr)
 
-    preset = get_preset(name)
+    preset = get_preset(name) if isinstance(name, str) else name
+    name = preset.name
     if args.nodes is not None:
         preset = dataclasses.replace(preset, nodes=args.nodes)
     out = compare(preset, args.systems, costs=costs, steps=args.steps, seed=args.seed,
@@ -163,6 +236,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="only plan FlexMARL's shared trainer slots (flexmarl.sim.plan)")
     ap.add_argument("--write", default=None, metavar="PATH",
                     help="with --plan: write the chosen placement as a config file")
+    ap.add_argument("--vs-full", action="store_true",
+                    help="a preset with LoRA agents against the same team as full copies")
     args = ap.parse_args(argv)
     overrides = {}
     for item in args.set:
@@ -182,6 +257,8 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error("--write goes with --plan")
     if args.plan:
         return plan_main(args, names, pricings[0])
+    if args.vs_full:
+        return vs_full_main(args, names, pricings[0])
     by_costs = {}
     for costs in pricings:
         results = {}
@@ -200,6 +277,35 @@ def main(argv: list[str] | None = None) -> dict:
     if args.json:
         print(json.dumps(out))
     return out
+
+
+def _try_preset(preset, args: argparse.Namespace, costs) -> dict:
+    """run_preset, or (the planner finds no placement) every system infeasible."""
+    started = time.perf_counter()
+    try:
+        return run_preset(preset, args, costs)
+    except ValueError as exc:
+        return {"preset": preset.name, "nodes": args.nodes or preset.nodes, "systems": {},
+                "infeasible": {n: f"(the planner) {exc}" for n in args.systems or ["flexmarl"]},
+                "wall_s": time.perf_counter() - started}
+
+
+def vs_full_main(args: argparse.Namespace, names: list[str], costs) -> dict:
+    out = {}
+    for name in names:
+        preset = get_preset(name)
+        if not preset.lora:
+            if len(names) == 1:
+                raise SystemExit(f"--vs-full: preset {name} has no LoRA agents")
+            continue
+        lora, full = (_try_preset(p, args, costs) for p in (preset, full_twin(preset)))
+        print(vs_full(lora, full, preset), f"\n({lora['wall_s'] + full['wall_s']:.1f} s to "
+              f"simulate, costs {costs.name})\n")
+        out[name] = {"adapters": lora, "full": full}
+    result = out[names[0]] if len(out) == 1 else {"presets": out}
+    if args.json:
+        print(json.dumps(result))
+    return result
 
 
 def plan_main(args: argparse.Namespace, names: list[str], costs) -> dict:

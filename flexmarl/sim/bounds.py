@@ -68,7 +68,7 @@ def least_tail_s(preset: Any, rollout_only: SystemResult, costs: Costs) -> float
                 last[agent] = (rows, tokens)
         per_agent = []
         for agent, (rows, tokens) in last.items():
-            m = costs.models[preset.models[agent]]
+            m = costs.model(preset.sizes[agent])
             per_agent.append(costs.train_s(m, m.train_devices, rows, tokens)
                              + costs.optimizer_s(m, m.train_devices) + costs.weight_load_s(m))
         if per_agent:

@@ -42,6 +42,10 @@ seed, one cost model (flexmarl.sim.layouts lays the devices out):
                            disaggregated or time-shared)
     flexmarl-no_timeshare  planned among disaggregated placements (FlexMARL before issue 36)
 
+LoRA agents (Preset.lora) run as in the product: the pool gets `adapters=` and a placement
+keyed by unit (the LoRA agents on one base share its instances, each request naming its
+adapter), syncs send adapters, trainer slots swap adapter states (flexmarl.sim.engines).
+
 The planner's last round tries the best placement with sync and with round_robin, so flexmarl
 is never slower than an ablation, and it tries MARTI's own layout (per agent, equal split),
 so it is never slower than its own loop run there. The `marti` row follows MARTI's driver
@@ -150,6 +154,24 @@ class SystemResult:
     """Disk seconds per step the durable state copies take on average (every
     preset.save_every steps, in the background; more than step_s would make them the
     bottleneck)."""
+    sync_bytes: float = 0.0
+    """Bytes of the weight updates of a measured step, all agents together (the records'
+    sync_bytes: a LoRA agent's adapter, a full agent's weights), each sent to every instance
+    that serves the agent."""
+    swap_bytes: float = 0.0
+    """Bytes the trainer slots' swaps of a measured step moved (out and in; a LoRA agent's
+    adapter state, plus its base where a slot's devices held another model)."""
+    state_bytes: dict[str, float] = field(default_factory=dict)
+    """Each trainable agent's training state on its slot's devices (a LoRA agent: the frozen
+    base + its adapter's state)."""
+    instance_bytes: dict[str, float] = field(default_factory=dict)
+    """Weights one rollout instance of each unit holds (a LoRA unit: one base + every
+    member's adapter)."""
+    rollout_weight_bytes: float = 0.0
+    """Weights over all rollout instances (what the model copies take of rollout memory)."""
+    lora_instances: dict[str, dict] = field(default_factory=dict, repr=False)
+    """Each LoRA unit's instance -> {"unit", "requests": adapter -> requests it served,
+    "loads": adapter -> adapter loads, "versions": adapter -> the version its worker serves}."""
     records: list[dict] = field(default_factory=list, repr=False)
     micro_batches: list[tuple[float, str, int, int]] = field(default_factory=list, repr=False)
     """(time, agent, rows, tokens) of every micro-batch any slot trained."""
@@ -160,13 +182,14 @@ class SystemResult:
 
     def summary(self) -> dict:
         return {k: v for k, v in dataclasses.asdict(self).items()
-                if k not in ("records", "micro_batches", "marks", "emits")}
+                if k not in ("records", "micro_batches", "marks", "emits", "lora_instances")}
 
 
 async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: int,
                policy: PipelinePolicy | None, balance: BalancerConfig | None) -> SystemResult:
     layout = layouts.build(preset, system, costs)
-    models = {a: costs.models[size] for a, size in preset.models.items()}
+    models = layouts.agent_models(preset, costs)
+    sizes = preset.sizes
     team = preset.team()
     workers = [RolloutWorker(name, f"local://{name}", engine, max_concurrent=1 << 20,
                              report_interval_s=1.0)
@@ -181,20 +204,21 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
         conns = {w.name: connect(w.address) for w in workers}
         placement = {a: [name for name, _ in insts] for a, insts in layout.instances.items()}
         activity = ActivityLog()
-        pool = InstancePool(conns, placement, {a: f"sim:{s}" for a, s in preset.models.items()},
+        pool = InstancePool(conns, placement, {a: f"sim:{s}" for a, s in sizes.items()},
                             RolloutConfig(request_timeout_s=FOREVER_S),
                             balance or BalancerConfig(strategy=system.balance), activity=activity,
-                            signatures=dict(preset.models), served={a: {} for a in models})
+                            signatures=dict(preset.models), served={a: {} for a in models},
+                            adapters=preset.adapters())
         slot_conns = {t.name: connect(t.address) for t in trainers}
         tpool = TrainerPool(slot_conns, {n: d for n, (d, _) in layout.slots.items()},
-                            {a: AgentTrainer(f"sim:{preset.models[a]}", {},
+                            {a: AgentTrainer(f"sim:{sizes[a]}", {},
                                              # time-shared: the agent's whole group trains it
                                              layout.ranks.get(a, models[a].train_devices))
                              for a in preset.trainable},
                             TrainerPoolConfig(slots=0 if layout.static else len(layout.slots),
                                               snapshots=system.snapshots,
                                               request_timeout_s=FOREVER_S))
-        agents = {spec.name: AgentRuntime(spec, f"sim:{preset.models[spec.name]}", SimTokenizer())
+        agents = {spec.name: AgentRuntime(spec, f"sim:{sizes[spec.name]}", SimTokenizer())
                   for spec in team.agents}
         store = ExperienceStore(preset.trainable)
         pipeline = PipelineConfig(tasks_per_step=preset.tasks_per_step,
@@ -250,10 +274,13 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
     elapsed = t1 - t0
     tokens = sum(a["tokens"] for r in measured for a in r["agents"].values())
     swapped = {"out": 0.0, "in": 0.0, "pulled": 0.0}  # slot seconds of the measured window
+    swap_bytes = 0
     for sw in tpool.swaps:
         if t0 < sw.at <= t1:
             swapped["out" if sw.direction == "out" else
                     "pulled" if sw.source not in ("", sw.slot) else "in"] += sw.seconds
+            swap_bytes += sw.num_bytes
+    units = layouts.unit_models(preset, costs)
     return SystemResult(
         system.name, step_s=elapsed / len(measured),
         tokens_per_s=tokens / elapsed if elapsed else 0.0,
@@ -271,6 +298,17 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
         pulled_s=swapped["pulled"] / len(measured),
         write_s=sum(costs.state_write_s(models[a]) for a in preset.trainable)
         / preset.save_every if system.snapshots else 0.0,
+        sync_bytes=sum(a.get("sync_bytes", 0) for r in measured for a in r["agents"].values())
+        / len(measured), swap_bytes=swap_bytes / len(measured),
+        state_bytes={a: costs.state_bytes(models[a]) for a in preset.trainable},
+        instance_bytes={u: m.served_bytes for u, m in units.items()},
+        rollout_weight_bytes=sum(len(layout.instances[u]) * units[u].served_bytes
+                                 for u in units),
+        lora_instances={w.name: {"unit": w.engine.agent_of(),
+                                 "requests": dict(w.engine.adapter_requests),
+                                 "loads": dict(w.engine.adapter_loads),
+                                 "versions": dict(w.adapter_versions)}
+                        for w in workers if w.engine.adapters},
         records=records, micro_batches=sorted(m for t in trainers for m in t.micro_batches),
         marks=[m[0] for m in marks], emits=emits)
 

@@ -23,6 +23,30 @@
                    bandwidth, in the background; a restore reads the snapshot back from
                    memory (a host copy)
 
+LoRA adapter agents (Preset.lora; flexmarl.models.lora): a model key "14b+lora16" is the 14b
+base with a rank-16 adapter on q/k/v/o_proj ("14b+lora16:q_proj,v_proj": other targets),
+resolved by Costs.model; a rollout unit (the LoRA agents on one base) serves one base and its
+members' adapters (Costs.unit_model). Their prices:
+
+    adapter params  = layers x sum over targeted Linears (in, out) of rank x (in + out)
+                      (PEFT's A: rank x in, B: out x rank), shapes from the model's config
+                      (hidden, intermediate, heads); a model without them: hidden =
+                      sqrt(params / (12 x layers)), intermediate = 4 x hidden (stated
+                      approximation: a decoder block holds ~12 hidden^2 parameters)
+    trainer state   = the frozen base's weights (bf16, as weight_bytes) + adapter params x
+                      train.state_bytes_per_param (its weights, master copy, AdamW, grads)
+    swap, snapshot  = the adapter's state only (the base stays on the slot's devices; a slot
+                      whose devices hold another base, or a full agent, loads the base from host
+                      memory too). The product's swap today still moves the slot's whole
+                      state: this models the intended adapter-only swap
+    sync            = the adapter's weights (bf16) per instance; the base is never sent
+    train           = train.lora_flops_per_token_per_param x base params (forward 2 +
+                      activation gradients 2: no weight gradients for the frozen base) + the
+                      full 6 x adapter params, per token; the optimizer steps the adapter only
+    rollout         = one base per instance + every member's adapter (bf16) in memory; a
+                      decode step reads them all and costs rollout.lora_step_overhead_s more
+                      (multi-LoRA kernels), its FLOPs 2 x (params + the largest adapter)
+
 PROFILES names the cost files: "gpu" (costs.toml, the default: links from GPU measurements)
 and "cpu-calibrated" (costs_cpu.toml: the swap path's efficiencies measured on this CPU
 machine, the pessimistic row). A file may start with `extends = "other.toml"` and give only
@@ -61,6 +85,8 @@ class Rollout:
     length_sigma: float
     max_response_tokens: int
     segment_tokens: int
+    lora_step_overhead_s: float = 0.0
+    """Added to a decode step of an instance serving LoRA adapters (costs.toml: Punica's)."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +97,9 @@ class Train:
     state_bytes_per_param: float
     optimizer_passes: float
     state_memory_fraction: float
+    lora_flops_per_token_per_param: float = 4.0
+    """A LoRA agent's training FLOPs per base parameter per token (forward 2 + activation
+    gradients 2; costs.toml says where the number comes from)."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +124,10 @@ class Storage:
     write_bandwidth: float
 
 
+LORA_DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+"""LoraSpec's default target_modules: a key without ":targets" means these."""
+
+
 @dataclass(frozen=True)
 class Model:
     name: str
@@ -104,10 +137,72 @@ class Model:
     head_dim: int
     rollout_devices: int
     train_devices: int
+    hidden: int = 0
+    """hidden_size of the model's config (0: unknown, approximated from params; see
+    `linear_shapes`)."""
+    intermediate: int = 0
+    """intermediate_size (the MLP's width); 0: 4 x hidden."""
+    heads: int = 0
+    """num_attention_heads; 0: hidden / head_dim."""
+    lora_rank: int = 0
+    """> 0: a LoRA agent's model: this base (frozen) + an adapter of this rank."""
+    lora_targets: tuple[str, ...] = ()
+    """The adapter's target_modules (the Linears of `linear_shapes`)."""
+    base: str = ""
+    """A LoRA agent's (or a rollout unit's) base model key; "": the model itself."""
+    served_adapters: tuple[float, ...] = ()
+    """A rollout unit's instance: the parameters of each adapter it serves besides the base."""
 
     @property
     def weight_bytes(self) -> float:
+        """The (base) model's weights, bf16."""
         return 2.0 * self.params  # bf16
+
+    @property
+    def is_adapter(self) -> bool:
+        return self.lora_rank > 0
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) of each Linear of a decoder block a LoRA can target (Llama/Qwen2 names).
+        Without the config's shapes: hidden = sqrt(params / (12 x layers)) (a block holds ~4
+        hidden^2 of attention and ~8 hidden^2 of MLP), intermediate = 4 x hidden."""
+        hidden = self.hidden or round(math.sqrt(self.params / (12 * self.layers)))
+        inter = self.intermediate or 4 * hidden
+        q = (self.heads or hidden // self.head_dim) * self.head_dim
+        kv = self.kv_heads * self.head_dim
+        return {"q_proj": (hidden, q), "k_proj": (hidden, kv), "v_proj": (hidden, kv),
+                "o_proj": (q, hidden), "gate_proj": (hidden, inter), "up_proj": (hidden, inter),
+                "down_proj": (inter, hidden)}
+
+    @property
+    def adapter_params(self) -> float:
+        """A LoRA agent's adapter: rank x (in + out) per targeted Linear per layer (PEFT's
+        lora_A is rank x in, lora_B out x rank); 0 for a full model."""
+        if not self.is_adapter:
+            return 0.0
+        shapes = self.linear_shapes()
+        return float(self.layers * sum(self.lora_rank * sum(shapes[t])
+                                       for t in self.lora_targets))
+
+    @property
+    def trainable_params(self) -> float:
+        """What trains (gradients, optimizer state): the adapter, or every parameter."""
+        return self.adapter_params if self.is_adapter else self.params
+
+    @property
+    def adapter_bytes(self) -> float:
+        """The adapter's weights, bf16 as the base's (0 for a full model)."""
+        return 2.0 * self.adapter_params
+
+    @property
+    def sync_bytes(self) -> float:
+        """What one weight sync sends to each instance: the adapter only, or the weights."""
+        return self.adapter_bytes if self.is_adapter else self.weight_bytes
+
+    @property
+    def served_bytes(self) -> float:
+        """Weights one rollout instance holds: the base and every adapter it serves (bf16)."""
+        return self.weight_bytes + 2.0 * sum(self.served_adapters)
 
     @property
     def kv_bytes_per_token(self) -> float:
@@ -130,47 +225,110 @@ class Costs:
 
     def decode_step_s(self, m: Model, batch: int, context_tokens: float) -> float:
         d, r = self.device, self.rollout
-        memory = (m.weight_bytes + m.kv_bytes_per_token * context_tokens) / (
+        memory = (m.served_bytes + m.kv_bytes_per_token * context_tokens) / (
             m.rollout_devices * d.hbm_bandwidth * r.decode_bandwidth_efficiency)
-        compute = 2.0 * m.params * batch / (m.rollout_devices * d.peak_flops * r.decode_mfu)
-        return max(memory, compute) + r.decode_step_overhead_s
+        compute = 2.0 * _served_params(m) * batch / (
+            m.rollout_devices * d.peak_flops * r.decode_mfu)
+        lora = r.lora_step_overhead_s if m.served_adapters else 0.0
+        return max(memory, compute) + r.decode_step_overhead_s + lora
 
     def prefill_s(self, m: Model, prompt_tokens: int) -> float:
-        return 2.0 * m.params * prompt_tokens / (
+        return 2.0 * _served_params(m) * prompt_tokens / (
             m.rollout_devices * self.device.peak_flops * self.rollout.prefill_mfu)
 
     def kv_capacity_tokens(self, m: Model) -> float:
-        free = m.rollout_devices * self.device.memory_bytes * 0.9 - m.weight_bytes
+        free = m.rollout_devices * self.device.memory_bytes * 0.9 - m.served_bytes
         return max(free, 0.0) / m.kv_bytes_per_token
 
     def weight_load_s(self, m: Model) -> float:
-        """A trainer's weights onto one instance over RDMA (each of its devices a rail)."""
+        """A trainer's weights (a LoRA agent's: its adapter) onto one instance over RDMA (each
+        of its devices a rail)."""
         link = self.links
-        return m.weight_bytes / (m.rollout_devices * link.rdma_per_device * link.link_efficiency)
+        return m.sync_bytes / (m.rollout_devices * link.rdma_per_device * link.link_efficiency)
 
     def local_weight_load_s(self, m: Model) -> float:
         """The same from a trainer on the instance's own devices (NVLink / CUDA IPC)."""
         link = self.links
-        return m.weight_bytes / (m.rollout_devices * link.nvlink_per_device
-                                 * link.link_efficiency)
+        return m.sync_bytes / (m.rollout_devices * link.nvlink_per_device
+                               * link.link_efficiency)
+
+    # ------------------------------------------------------------------ models
+
+    def model(self, key: str) -> Model:
+        """The model of a key: a size of the cost file ("14b"), or a LoRA agent's base and
+        adapter ("14b+lora16", "14b+lora16:q_proj,v_proj"; lora_key)."""
+        if key in self.models:
+            return self.models[key]
+        base, sep, spec = key.partition("+lora")
+        if not sep or base not in self.models:
+            raise KeyError(f"cost model has no model {key!r} (models: "
+                           f"{', '.join(self.models)}; a LoRA agent's: BASE+loraRANK)")
+        rank_text, _, targets_text = spec.partition(":")
+        rank = int(rank_text)
+        targets = tuple(targets_text.split(",")) if targets_text else LORA_DEFAULT_TARGETS
+        m = self.models[base]
+        unknown = [t for t in targets if t not in m.linear_shapes()]
+        if rank < 1 or unknown:
+            raise KeyError(f"LoRA model {key!r}: rank must be >= 1 and targets among "
+                           f"{', '.join(m.linear_shapes())} (unknown: {unknown})")
+        return dataclasses.replace(m, name=key, lora_rank=rank, lora_targets=targets, base=base)
+
+    def unit_model(self, base: str, members: list[Model]) -> Model:
+        """A rollout instance of a LoRA unit: `base` serving each member's adapter."""
+        m = self.model(base)
+        return dataclasses.replace(m, name=f"{base}+{len(members)} adapters", base=base,
+                                   served_adapters=tuple(a.adapter_params for a in members))
 
     # ------------------------------------------------------------------ training
 
     def active_train_devices(self, devices: int, rows: int) -> int:
         return max(1, min(devices, rows * self.train.max_devices_per_sequence))
 
-    def train_s(self, m: Model, devices: int, rows: int, tokens: int) -> float:
+    def train_flops_per_token(self, m: Model) -> float:
+        """Full: flops_per_token_per_param x params. LoRA: the base's forward and activation
+        gradients (lora_flops_per_token_per_param x params: its weights get no gradient) +
+        the adapter's whole forward and backward."""
         t = self.train
-        return t.flops_per_token_per_param * m.params * tokens / (
-            self.active_train_devices(devices, rows) * self.device.peak_flops * t.mfu)
+        if m.is_adapter:
+            return t.lora_flops_per_token_per_param * m.params \
+                + t.flops_per_token_per_param * m.adapter_params
+        return t.flops_per_token_per_param * m.params
+
+    def train_s(self, m: Model, devices: int, rows: int, tokens: int) -> float:
+        return self.train_flops_per_token(m) * tokens / (
+            self.active_train_devices(devices, rows) * self.device.peak_flops * self.train.mfu)
 
     def optimizer_s(self, m: Model, devices: int) -> float:
+        """AdamW over what trains (a LoRA agent: its adapter only)."""
         t = self.train
-        return t.optimizer_passes * t.state_bytes_per_param * m.params / (
+        return t.optimizer_passes * t.state_bytes_per_param * m.trainable_params / (
             devices * self.device.hbm_bandwidth)
 
     def state_bytes(self, m: Model) -> float:
+        """A trainer's state on its devices: every parameter's training state, or (LoRA) the
+        frozen base's weights + the adapter's training state."""
+        if m.is_adapter:
+            return m.weight_bytes + self.train.state_bytes_per_param * m.adapter_params
         return self.train.state_bytes_per_param * m.params
+
+    def swap_bytes(self, m: Model) -> float:
+        """What a swap moves and a snapshot saves: the whole state, or (LoRA) the adapter's
+        training state only (the frozen base is the model's own; the product today still
+        swaps the slot's whole state: this is the intended adapter-only swap)."""
+        if m.is_adapter:
+            return self.train.state_bytes_per_param * m.adapter_params
+        return self.state_bytes(m)
+
+    def slot_capacity(self, m: Model, devices: int) -> int:
+        """How many agents of model `m` have their training states on a slot of `devices` at
+        once, within train.state_memory_fraction of its memory: full copies one state each,
+        LoRA agents on one base the base once plus one adapter state each."""
+        room = devices * self.device.memory_bytes * self.train.state_memory_fraction
+        if m.is_adapter:
+            each = self.swap_bytes(m)
+            return max(0, int((room - m.weight_bytes) // each)) if room >= m.weight_bytes \
+                else 0
+        return int(room // self.state_bytes(m))
 
     def min_train_devices(self, m: Model) -> int:
         """The fewest devices (a power of two) whose memory holds the model's training state
@@ -179,17 +337,21 @@ class Costs:
         return 1 << max(0, math.ceil(math.log2(max(need, 1.0))))
 
     def with_train_devices(self, devices: dict[str, int]) -> "Costs":
-        """These costs with the trainer slot of each named model size `devices[size]` big."""
-        return dataclasses.replace(self, models={
-            name: dataclasses.replace(m, train_devices=devices.get(name, m.train_devices))
-            for name, m in self.models.items()})
+        """These costs with the trainer slot of each named model size `devices[size]` big (a
+        LoRA key is added as its own model)."""
+        models = {name: dataclasses.replace(m, train_devices=devices.get(name, m.train_devices))
+                  for name, m in self.models.items()}
+        for name, n in devices.items():
+            if name not in models:
+                models[name] = dataclasses.replace(self.model(name), train_devices=n)
+        return dataclasses.replace(self, models=models)
 
     def forward_s(self, m: Model, devices: int, tokens: float) -> float:
         """One forward pass over `tokens` on `devices` (no backward)."""
         return 2.0 * m.params * tokens / (devices * self.device.peak_flops * self.train.mfu)
 
     def state_write_s(self, m: Model) -> float:
-        return self.state_bytes(m) / self.storage.write_bandwidth
+        return self.swap_bytes(m) / self.storage.write_bandwidth
 
     def host_rate(self, devices: int) -> float:
         """Bytes/s between `devices` and their nodes' host memory, all at once: each device
@@ -231,6 +393,18 @@ class Costs:
                             * self.links.swap_move_efficiency)
 
 
+def _served_params(m: Model) -> float:
+    """Parameters a token of an instance passes through: the base and (a LoRA unit's) the
+    largest adapter it serves (each sequence uses one)."""
+    return m.params + max(m.served_adapters, default=0.0)
+
+
+def lora_key(size: str, rank: int, targets: tuple[str, ...] = LORA_DEFAULT_TARGETS) -> str:
+    """The model key of a LoRA agent on base `size` (Costs.model reads it back)."""
+    return f"{size}+lora{rank}" + ("" if tuple(targets) == LORA_DEFAULT_TARGETS
+                                   else ":" + ",".join(targets))
+
+
 def load_costs(path: str | Path = DEFAULT_PATH, **overrides: Any) -> Costs:
     """The cost model of `path` (a file, or a name of PROFILES); `overrides` as
     {"section.key": value} (e.g. train.mfu=0.4)."""
@@ -244,7 +418,8 @@ def load_costs(path: str | Path = DEFAULT_PATH, **overrides: Any) -> Costs:
 
     def build(cls: type, section: dict, where: str) -> Any:
         names = {f.name for f in fields(cls)} - {"name"}
-        missing, unknown = names - set(section), set(section) - names
+        optional = {f.name for f in fields(cls) if f.default is not dataclasses.MISSING}
+        missing, unknown = names - optional - set(section), set(section) - names
         if missing or unknown:
             raise ValueError(f"cost model [{where}]: missing {sorted(missing)}, unknown "
                              f"{sorted(unknown)}")

@@ -14,6 +14,14 @@
                       host transfers both ways (the outgoing mode's bytes out, the incoming
                       mode's in)
 
+A LoRA unit's instance (flexmarl.sim.presets.Preset.lora) serves one base and each member's
+adapter: its `config.adapters` names them (the real RolloutWorker then keeps a version and a
+gate per adapter), a request names its adapter (Generate.adapter), and a sync of one agent is
+`load_adapter` of its adapter's bytes. A trainer slot keeps the frozen base of the LoRA agent
+it last held on its devices: a LoRA agent's swap moves its adapter's training state only (the
+intended adapter-only swap; the product today still swaps the slot's whole state), plus the
+base from host memory when the slot's devices hold another model.
+
 Simulated prompts carry the simulated policy's behaviour: token 0 of a prompt is the median
 response length (tokens) the policy gives it (a user team's run has a median per agent
 instead); lengths are lognormal around it (sigma from the cost model), capped by max_tokens.
@@ -178,13 +186,30 @@ class _Seq:
         """Its request's SamplingParams.seed: the one request identity an engine is given."""
 
 
+@dataclass(frozen=True)
+class SimEngineConfig:
+    """The part of flexmarl.rollout.engine.EngineConfig the rollout worker reads."""
+
+    adapters: tuple[str, ...] = ()
+    """LoRA adapters the instance serves (their agents' names); (): its model only."""
+
+
 class SimRolloutEngine:
     """One rollout instance of model `model` on `devices` of `group` (continuous batching)."""
 
     def __init__(self, costs: Costs, model: Model, group: DeviceGroup, *,
                  agent_of: Any = None, on_admit: Any = None,
-                 medians: dict[str, float] | None = None) -> None:
+                 medians: dict[str, float] | None = None,
+                 adapters: dict[str, Model] | None = None) -> None:
         self.costs = costs
+        self.adapters = dict(adapters or {})
+        """A LoRA unit's instance: each adapter it serves (agent) -> that agent's model (its
+        base and adapter: what a sync of it loads)."""
+        self.config = SimEngineConfig(tuple(self.adapters))
+        self.adapter_requests: dict[str, int] = dict.fromkeys(self.adapters, 0)
+        """Requests served per adapter."""
+        self.adapter_loads: dict[str, int] = dict.fromkeys(self.adapters, 0)
+        """Adapter loads (syncs, and the served adapters of a replacement) per adapter."""
         self.medians = medians
         """agent -> median response tokens (a user team's, flexmarl.sim.team_plan); None: a
         prompt's token 0 is its median (the presets' workflows)."""
@@ -232,28 +257,42 @@ class SimRolloutEngine:
         return ("rollout", self.rollout_key or (self.agent_of() if self.agent_of else ""))
 
     async def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
+        await self._load(self.model)
+
+    async def load_adapter(self, name: str, tensors: dict[str, torch.Tensor],
+                           lora: dict) -> None:
+        """One adapter's tensors in place (the engine protocol's): its bytes over the link."""
+        if name not in self.adapters:
+            raise ValueError(f"this instance serves no adapter {name!r}: "
+                             f"{sorted(self.adapters)}")
+        self.adapter_loads[name] += 1
+        await self._load(self.adapters[name])
+
+    async def _load(self, model: Model) -> None:
+        """`model`'s sync bytes (its weights, or its adapter) onto this instance."""
         if self.local_sync:  # the engines must be awake to take them
             mode = self._rollout_mode()
             await self.group.acquire(mode)
             try:
-                await asyncio.sleep(self.costs.local_weight_load_s(self.model))
+                await asyncio.sleep(self.costs.local_weight_load_s(model))
             finally:
                 self.group.release(mode)
             return
         if self.broadcasts is None:
-            await asyncio.sleep(self.costs.weight_load_s(self.model))
+            await asyncio.sleep(self.costs.weight_load_s(model))
             return
         mode = ("sync", self.agent_of() if self.agent_of else "")
         await self.broadcasts.acquire(mode)
         try:
-            await asyncio.sleep(self.costs.local_weight_load_s(self.model)
+            await asyncio.sleep(self.costs.local_weight_load_s(model)
                                 + self.broadcast_extra_s)
         finally:
             self.broadcasts.release(mode)
 
-    def lengths(self, prompt_ids: list[int], params: SamplingParams) -> list[int]:
+    def lengths(self, prompt_ids: list[int], params: SamplingParams,
+                adapter: str | None = None) -> list[int]:
         if self.medians is not None:
-            median = self.medians[self.agent_of()]
+            median = self.medians[adapter or self.agent_of()]
         else:
             median = max(1, prompt_ids[0]) if prompt_ids else 1
         cap = min(params.max_tokens, self.costs.rollout.max_response_tokens)
@@ -262,9 +301,18 @@ class SimRolloutEngine:
         return [min(cap, max(1, round(rng.lognormvariate(math.log(median), sigma))))
                 for _ in range(params.n)]
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams
-                       ) -> tuple[list[Sample], list[float] | None]:
-        lengths = self.lengths(prompt_ids, params)
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       adapter: str | None = None) -> tuple[list[Sample], list[float] | None]:
+        """`adapter`: the LoRA adapter to answer with (one this instance serves; a unit's
+        instance takes requests of its adapters only)."""
+        if adapter is not None:
+            if adapter not in self.adapters:
+                raise ValueError(f"this instance serves no adapter {adapter!r}: "
+                                 f"{sorted(self.adapters)}")
+            self.adapter_requests[adapter] += 1
+        elif self.adapters:
+            raise ValueError("a request to a LoRA unit's instance must name its adapter")
+        lengths = self.lengths(prompt_ids, params, adapter)
         self.sequence_tokens += len(prompt_ids) * len(lengths) + sum(lengths)
         mode = self._rollout_mode()
         await self.group.acquire(mode)
@@ -365,6 +413,9 @@ class SimTrainer(Actor):
         self.gate: Any = None
         """An object whose `wait()` every training computation awaits first (MARTI's
         experience pass, flexmarl.sim.layouts); None: none."""
+        self.base = ""
+        """The frozen base a LoRA agent left on the devices ("": none): the next LoRA agent
+        on it swaps in its adapter state only."""
 
     async def _compute(self, seconds: float, active: int) -> None:
         if self.gate is not None:
@@ -393,10 +444,13 @@ class SimTrainer(Actor):
         (onto the devices from host memory)."""
         if self.agent:
             raise RuntimeError(f"slot holds agent {self.agent!r}; SwapOut before SwapIn")
-        num_bytes = self.costs.state_bytes(self.models[msg.agent])
+        model = self.models[msg.agent]
+        num_bytes = self.costs.swap_bytes(model)
+        # A LoRA agent whose base is not on the devices: the base too, from host memory.
+        base = model.weight_bytes if model.is_adapter and self.base != model.base else 0.0
         if msg.agent in self.parked:
             version, how = self.parked.pop(msg.agent), "here"
-            seconds = self.costs.onload_s(num_bytes, self.devices)
+            seconds = self.costs.onload_s(num_bytes + base, self.devices)
         elif msg.source:
             if msg.source[0] not in self._sources:
                 self._sources[msg.source[0]] = self.connect(msg.source[0])
@@ -407,26 +461,29 @@ class SimTrainer(Actor):
                 FetchShards(msg.agent), timeout_s=FOREVER_S)
             version, how = int(head.meta["version"]), "pulled"
             seconds = (self.costs.move_s(num_bytes, len(msg.source), self.devices)
-                       + self.costs.onload_s(num_bytes, self.devices))
+                       + self.costs.onload_s(num_bytes + base, self.devices))
         elif msg.state_dir:  # a saved state: its ranks read it back from storage
             version = int(read_record(msg.state_dir)[0]["version"])
             how = "restored"
-            seconds = self.costs.host_transfer_s(num_bytes, self.devices)
+            seconds = self.costs.host_transfer_s(num_bytes + base, self.devices)
         else:
             version = int(msg.meta.get("version", 0))
             how = "restored" if msg.meta else "fresh"
             # A fresh trainer's first load is the run's start-up (every system pays it once,
             # before its first step), not part of a step: free, so that it never lands in the
             # measured steps of the modes that train after their first rollout.
-            seconds = self.costs.onload_s(num_bytes, self.devices) if msg.meta else 0.0
+            seconds = self.costs.onload_s(num_bytes + base, self.devices) if msg.meta else 0.0
+            base = base if msg.meta else 0.0
         await asyncio.sleep(seconds)
         self.agent, self.version = msg.agent, version
-        return SwapDone(int(num_bytes), seconds, how)
+        self.base = model.base if model.is_adapter else ""  # a full state replaced any base
+        return SwapDone(int(num_bytes + base), seconds, how)
 
     @handler(SwapOut)
     async def on_swap_out(self, msg: SwapOut, env: Envelope) -> Parked:
-        """The agent parked here: its shards to host memory over each node's host link."""
-        num_bytes = self.costs.state_bytes(self._model())
+        """The agent parked here: its shards to host memory over each node's host link (a
+        LoRA agent: its adapter's state; the frozen base stays on the devices)."""
+        num_bytes = self.costs.swap_bytes(self._model())
         seconds = self.costs.offload_s(num_bytes, self.devices)
         await asyncio.sleep(seconds)
         self.parked[self.agent] = self.version
@@ -468,8 +525,12 @@ class SimTrainer(Actor):
 
     @handler(ExportWeights)
     async def on_export(self, msg: ExportWeights, env: Envelope) -> WeightUpdate:
-        self._model()  # the transfer itself is paid by each instance's load (sync_bandwidth)
-        return WeightUpdate(self.version, {})
+        """The transfer itself is paid by each instance's load; the update holds one
+        meta tensor (no memory) of the bytes a sync sends (a LoRA agent's: its adapter's), so
+        the run's records count them (sync_bytes)."""
+        num_bytes = int(self._model().sync_bytes)
+        return WeightUpdate(self.version, {"weights": torch.empty(num_bytes, dtype=torch.uint8,
+                                                                  device="meta")})
 
     @handler(SaveState, concurrent=True)
     async def on_save_state(self, msg: SaveState, env: Envelope) -> StateSaved:
@@ -477,7 +538,7 @@ class SimTrainer(Actor):
         its shards in host memory of its node (the slot waits for that), then writes them to
         the scratch dir in memory (AwaitSaved waits for that: the agent's next batch does)."""
         model = self._model()
-        seconds = self.costs.host_transfer_s(self.costs.state_bytes(model), self.devices)
+        seconds = self.costs.host_transfer_s(self.costs.swap_bytes(model), self.devices)
         await asyncio.sleep(seconds)
         self.snapshot_s += seconds
         agent, version = self.agent, self.version
@@ -485,7 +546,7 @@ class SimTrainer(Actor):
         # host-memory copy. The durable copies (every save_every) are off the critical path.
         written = asyncio.ensure_future(asyncio.sleep(seconds))
         self._writes[msg.path] = asyncio.ensure_future(self._commit(written, msg, agent, version))
-        return StateSaved(agent, msg.step, version, "", int(self.costs.state_bytes(model)),
+        return StateSaved(agent, msg.step, version, "", int(self.costs.swap_bytes(model)),
                           seconds)
 
     async def _commit(self, written: asyncio.Future, msg: SaveState, agent: str,

@@ -11,6 +11,11 @@
     disaggregated rollout devices apart from trainer slots: one per agent ("static") or a
                   shared pool (preset.shared_slots)
 
+Rollout instances are per unit (flexmarl.sim.presets.Preset.units): an agent, or a LoRA unit
+(the LoRA agents on one base) whose instances hold the base once and serve every member's
+adapter (Costs.unit_model). LoRA agents are never time-shared: the product refuses it
+(flexmarl.launch.lora_units), so those layouts raise for a preset with LoRA agents.
+
 MARTI's row differs from FlexMARL's time-shared one in what its code does (costs.toml
 [baselines]): its experience pass (ExperiencePass) before any training, its offload moving 14
 of 16 bytes per parameter, and its weight broadcast one agent after another, each waking its
@@ -33,6 +38,7 @@ class Layout:
     groups: list[DeviceGroup]
     """Every group of devices (utilisation is summed over them)."""
     instances: dict[str, list[tuple[str, SimRolloutEngine]]]
+    """Unit (an agent, or a LoRA unit "a+b") -> its instances (the pool's placement)."""
     slots: dict[str, tuple[int, DeviceGroup]]
     """Trainer slot name -> (devices, group); with `static`, in the trainable agents' order."""
     static: bool
@@ -90,32 +96,53 @@ def fits_state(costs: Costs, model: Model, devices: int) -> bool:
                                         * costs.train.state_memory_fraction)
 
 
+def agent_models(preset: Preset, costs: Costs) -> dict[str, Model]:
+    """agent -> its model in the cost model (a LoRA agent's: its base and adapter)."""
+    return {a: costs.model(key) for a, key in preset.sizes.items()}
+
+
+def unit_models(preset: Preset, costs: Costs) -> dict[str, Model]:
+    """Rollout unit -> the model one of its instances holds: the agent's, or a LoRA unit's
+    base serving every member's adapter."""
+    models = agent_models(preset, costs)
+    return {u: costs.unit_model(preset.models[ms[0]], [models[a] for a in ms])
+            if ms[0] in preset.lora else models[ms[0]] for u, ms in preset.units.items()}
+
+
 def build(preset: Preset, system: Any, costs: Costs) -> Layout:
     """The layout of `system` (flexmarl.sim.cluster.System) on `preset`'s cluster; a
     ValueError naming the fix when it does not fit."""
-    models = {a: costs.models[size] for a, size in preset.models.items()}
+    agents = agent_models(preset, costs)
+    models = unit_models(preset, costs)  # rollout: per unit
+    units = preset.units
     total = preset.nodes * costs.device.devices_per_node
-    instances: dict[str, list] = {a: [] for a in models}
+    instances: dict[str, list] = {u: [] for u in models}
     counter = iter(range(1 << 30))
 
-    def add(agent: str, group: DeviceGroup, model: Model) -> SimRolloutEngine:
+    def add(unit: str, group: DeviceGroup, model: Model) -> SimRolloutEngine:
         name = f"rollout-{next(counter)}"
-        engine = SimRolloutEngine(costs, model, group, agent_of=lambda a=agent: a,
-                                  medians=preset.medians)
-        instances[agent].append((name, engine))
+        lora = {a: agents[a] for a in units[unit] if a in preset.lora}
+        engine = SimRolloutEngine(costs, model, group, agent_of=lambda u=unit: u,
+                                  medians=preset.medians, adapters=lora)
+        instances[unit].append((name, engine))
         return engine
 
     if system.trainers == "colocated":
         group = DeviceGroup("cluster", total, costs, colocated=True)
-        per = {a: total // m.rollout_devices for a, m in models.items()}
-        # Its slot's states move through the pool's swaps; a rollout mode holds the agent's
+        per = {u: total // m.rollout_devices for u, m in models.items()}
+        # Its slot's states move through the pool's swaps; a rollout mode holds the unit's
         # weights on every instance of the cluster.
-        group.resident_bytes = lambda mode: (per[mode[1]] * models[mode[1]].weight_bytes
+        group.resident_bytes = lambda mode: (per[mode[1]] * models[mode[1]].served_bytes
                                              if mode[0] == "rollout" else 0.0)
-        for agent, model in models.items():
-            for _ in range(per[agent]):
-                add(agent, group, model)
+        for unit, model in models.items():
+            for _ in range(per[unit]):
+                add(unit, group, model)
         return Layout([group], instances, {"trainer-0": (total, group)}, static=False)
+    if preset.lora and (system.trainers == "per_agent" or (system.flexmarl
+                                                             and preset.timeshare)):
+        raise ValueError(f"preset {preset.name}: LoRA agents {sorted(preset.lora)} cannot be "
+                         "time-shared (their unit's instances serve every adapter; the product "
+                         "refuses it: flexmarl.launch.lora_units)")
     if system.trainers == "per_agent":  # MARTI
         groups = [(a,) for a in models]
         devices = _marti_split(preset, costs, system.split)
@@ -125,14 +152,14 @@ def build(preset: Preset, system: Any, costs: Costs) -> Layout:
                        [total // len(preset.timeshare)] * len(preset.timeshare))
         return _time_shared(preset, system, costs, list(preset.timeshare), devices, add,
                             instances, marti=False)
-    return _disaggregated(preset, system, costs, models, total, add, instances)
+    return _disaggregated(preset, system, costs, models, agents, total, add, instances)
 
 
 def _marti_split(preset: Preset, costs: Costs, split: str) -> list[int]:
     """MARTI's devices per agent: equal (its examples' one global setting), or ("params")
     in proportion to each agent's parameters, whole instances each."""
     total = preset.nodes * costs.device.devices_per_node
-    models = [costs.models[s] for s in preset.models.values()]
+    models = list(agent_models(preset, costs).values())
     if split == "equal":
         return [total // len(models)] * len(models)
     params = sum(m.params for m in models)
@@ -142,7 +169,7 @@ def _marti_split(preset: Preset, costs: Costs, split: str) -> list[int]:
 
 def _time_shared(preset: Preset, system: Any, costs: Costs, groups: list[tuple[str, ...]],
                  devices: list[int], add: Callable, instances: dict, *, marti: bool) -> Layout:
-    models = {a: costs.models[size] for a, size in preset.models.items()}
+    models = agent_models(preset, costs)
     trainable = set(preset.trainable)
     if sum(devices) > preset.nodes * costs.device.devices_per_node:
         raise ValueError(f"preset {preset.name}: time-shared groups of {devices} devices need "
@@ -196,13 +223,15 @@ def _time_shared(preset: Preset, system: Any, costs: Costs, groups: list[tuple[s
 
 
 def _disaggregated(preset: Preset, system: Any, costs: Costs, models: dict[str, Model],
-                   total: int, add: Callable, instances: dict) -> Layout:
+                   agents: dict[str, Model], total: int, add: Callable,
+                   instances: dict) -> Layout:
+    """`models`: per rollout unit; `agents`: per agent (their trainer slots)."""
     if system.trainers == "static":
-        sizes = [models[a].train_devices for a in preset.trainable]
+        sizes = [agents[a].train_devices for a in preset.trainable]
     elif preset.shared_slots == "auto":
         raise ValueError("resolve shared_slots='auto' first (flexmarl.sim.plan)")
     else:
-        sizes = [costs.models[size].train_devices for size in preset.shared_slots]
+        sizes = [costs.model(size).train_devices for size in preset.shared_slots]
     slots = {f"trainer-{k}": (n, DeviceGroup(f"trainer-{k}", n, costs))
              for k, n in enumerate(sizes)}
     rollout_devices = total - sum(sizes)
@@ -212,7 +241,7 @@ def _disaggregated(preset: Preset, system: Any, costs: Costs, models: dict[str, 
     if split and sum(split[a] * m.rollout_devices for a, m in models.items()) > rollout_devices:
         raise ValueError(f"preset {preset.name}: instances {split} need more than the "
                          f"{rollout_devices} devices the trainer slots leave")
-    for agent, model in models.items():
+    for agent, model in models.items():  # each rollout unit
         count = split[agent] if split else share // model.rollout_devices
         if count < 1:
             raise ValueError(f"preset {preset.name}, system {system.name}: {rollout_devices} "

@@ -27,6 +27,15 @@
                    ablations remove), repeated while one of them is faster: FlexMARL's row is
                    then never slower than its ablations
 
+LoRA agents (Preset.lora): their model keys ("14b+lora16") size their slots by their own state
+(the frozen base + the adapter's training state: a 14B one fits one device, where a full copy
+needs eight), rollout instances are counted per unit (one set of instances per base serves all
+its adapters), the instance split by demand is per unit, and their swaps and syncs are priced
+as adapters (Costs.swap_bytes, Model.sync_bytes) in every simulated candidate: a team of more
+LoRA agents than devices can have a placement where its full copies have none.
+`slot_capacity` says how many agents' states a slot holds at once (the base counted once).
+Time-shared candidates are not tried for them (the product refuses time-shared LoRA agents).
+
 The fastest step wins; among equals: disaggregated before time-shared, fewer slots, the
 hierarchical balancer, the system's own pipeline, the larger slots. A candidate that does not
 fit the cluster is skipped. `trainer_pool.slots = "auto"` in the simulator
@@ -40,7 +49,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from flexmarl.sim.costs import Costs
-from flexmarl.sim.layouts import fits_state
+from flexmarl.sim.layouts import agent_models, fits_state, unit_models
 from flexmarl.sim.presets import Preset
 
 ORDER = {"hierarchical": 0, "least_loaded": 1, "round_robin": 2}
@@ -78,26 +87,37 @@ class Placement:
 
 def candidates(preset: Preset, costs: Costs) -> list[tuple[str, ...]]:
     """k = 1 .. agents slots, each sized for one of the k largest agents' models."""
-    sizes = sorted((preset.models[a] for a in preset.trainable),
-                   key=lambda s: -costs.models[s].train_devices)
+    sizes = sorted((preset.sizes[a] for a in preset.trainable),
+                   key=lambda s: -costs.model(s).train_devices)
     return [tuple(sizes[:k]) for k in range(1, len(sizes) + 1)]
 
 
 def fits(preset: Preset, costs: Costs, slots: tuple[str, ...]) -> bool:
-    """Do the slots leave every agent at least one rollout instance?"""
+    """Does each slot hold the training state of the model it is sized for, and do the slots
+    leave every rollout unit (an agent, or a LoRA unit: one set of instances for all its
+    adapters) at least one instance?"""
     total = preset.nodes * costs.device.devices_per_node
-    rollout = total - sum(costs.models[s].train_devices for s in slots)
-    share = rollout // len(preset.models)
-    return all(share >= costs.models[m].rollout_devices for m in preset.models.values())
+    if not all(slot_capacity(costs, s, costs.model(s).train_devices) for s in slots):
+        return False
+    rollout = total - sum(costs.model(s).train_devices for s in slots)
+    units = unit_models(preset, costs)
+    share = rollout // len(units)
+    return all(share >= m.rollout_devices for m in units.values())
+
+
+def slot_capacity(costs: Costs, size: str, devices: int) -> int:
+    """How many agents of model `size` (a LoRA key: adapters on one base) have their training
+    states on a slot of `devices` at once (Costs.slot_capacity: the base counted once)."""
+    return costs.slot_capacity(costs.model(size), devices)
 
 
 def slot_sizes(preset: Preset, costs: Costs) -> list[dict[str, int] | None]:
     """The slot sizes tried: the cost model's (None), then halved step by step while some
     model's slot can still shrink (to its min_train_devices: the state must fit)."""
-    sizes = {m: costs.models[m].train_devices for m in set(preset.models.values())}
+    sizes = {m: costs.model(m).train_devices for m in set(preset.sizes.values())}
     out: list[dict[str, int] | None] = [None]
     while True:
-        smaller = {m: max(costs.min_train_devices(costs.models[m]), n // 2)
+        smaller = {m: max(costs.min_train_devices(costs.model(m)), n // 2)
                    for m, n in sizes.items()}
         if smaller == sizes:
             return out
@@ -137,7 +157,7 @@ def plan(preset: Preset, costs: Costs, simulate: Callable[[Preset, str, str], An
     def shared(j: int, slots: tuple[str, ...], strategy: str,
                instances: dict[str, int] | None = None) -> Placement | None:
         sized = costs.with_train_devices(scales[j] or {})
-        return run(Placement(slots, 0.0, total - sum(sized.models[s].train_devices
+        return run(Placement(slots, 0.0, total - sum(sized.model(s).train_devices
                                                      for s in slots),
                              strategy, scales[j], instances, pipeline=pipeline))
 
@@ -195,7 +215,7 @@ def _time_shared(preset: Preset, costs: Costs, run: Callable[[Placement], Placem
     agents: they have no trainer to share devices with, and a placement mixing time-shared
     and disaggregated agents is not searched."""
     agents = list(preset.models)
-    if len(preset.trainable) < len(agents):
+    if len(preset.trainable) < len(agents) or preset.lora:
         return
     total = preset.nodes * costs.device.devices_per_node
     per_agent = tuple((a,) for a in agents)
@@ -227,7 +247,7 @@ def _demand(preset: Preset, costs: Costs, placement: Placement | None) -> dict[s
         for record in placement.result.records:
             for agent, stats in record["agents"].items():
                 tokens[agent] = tokens.get(agent, 0.0) + stats.get("tokens", 0)
-    return {a: costs.models[m].params * tokens[a] for a, m in preset.models.items()}
+    return {a: m.params * tokens[a] for a, m in agent_models(preset, costs).items()}
 
 
 def _deal(agents: list[str], demand: dict[str, float], g: int) -> tuple[tuple[str, ...], ...]:
@@ -247,12 +267,12 @@ def _group_devices(preset: Preset, costs: Costs, groups: tuple[tuple[str, ...], 
     largest training state and an instance of each agent, in whole instances of its largest
     model (largest remainders); None when the minimums do not fit."""
     total = preset.nodes * costs.device.devices_per_node
-    models = costs.models
-    unit = [max(models[preset.models[a]].rollout_devices for a in grp) for grp in groups]
+    models = agent_models(preset, costs)
+    unit = [max(models[a].rollout_devices for a in grp) for grp in groups]
     least = []
     for grp, u in zip(groups, unit):
-        n = max(sum(models[preset.models[a]].rollout_devices for a in grp), u)
-        while not all(fits_state(costs, models[preset.models[a]], n) for a in grp
+        n = max(sum(models[a].rollout_devices for a in grp), u)
+        while not all(fits_state(costs, models[a], n) for a in grp
                       if a in preset.trainable):
             n += u
         least.append(n)
@@ -311,15 +331,19 @@ def subset(placements: list[Placement], without: str, preset: Preset) -> Placeme
 
 
 def by_demand(preset: Preset, costs: Costs, placement: Placement) -> dict[str, int] | None:
-    """Rollout instances per agent in proportion to the device-seconds of decoding each
-    needed in the placement's simulation (tokens x devices per instance), at least one each,
-    on the devices the slots leave (largest remainders); None when that is the equal split."""
-    tokens = {a: 0 for a in preset.models}
+    """Rollout instances per unit (an agent, or a LoRA unit) in proportion to the
+    device-seconds of decoding each needed in the placement's simulation (its agents' tokens
+    x devices per instance), at least one each, on the devices the slots leave (largest
+    remainders); None when that is the equal split."""
+    units = unit_models(preset, costs)
+    unit_of = {a: u for u, ms in preset.units.items() for a in ms}
+    tokens = {u: 0 for u in units}
     for record in placement.result.records:
         for agent, stats in record["agents"].items():
-            tokens[agent] = tokens.get(agent, 0) + stats.get("tokens", 0)
-    size = {a: costs.models[m].rollout_devices for a, m in preset.models.items()}
-    demand = {a: tokens[a] * size[a] for a in preset.models}
+            if agent in unit_of:
+                tokens[unit_of[agent]] += stats.get("tokens", 0)
+    size = {u: m.rollout_devices for u, m in units.items()}
+    demand = {u: tokens[u] * size[u] for u in units}
     free = placement.rollout_devices - sum(size.values())  # after one instance each
     total = sum(demand.values())
     if free < 0 or not total:
@@ -337,7 +361,7 @@ def by_demand(preset: Preset, costs: Costs, placement: Placement) -> dict[str, i
 def slot_devices(costs: Costs, placement: Placement) -> list[int]:
     """Devices of each of the placement's slots."""
     sized = costs.with_train_devices(placement.train_devices or {})
-    return [sized.models[m].train_devices for m in placement.slots]
+    return [sized.model(m).train_devices for m in placement.slots]
 
 
 def table(preset: Preset, costs: Costs, placements: list[Placement]) -> str:
@@ -387,8 +411,11 @@ def group_devices(preset: Preset, costs: Costs, p: Placement) -> list[int]:
 
 def describe(preset: Preset, costs: Costs, p: Placement) -> dict:
     """A placement as JSON."""
+    sized = costs.with_train_devices(p.train_devices or {})
     return {"placement": placement_key(p), "label": label(costs, p), "kind": p.kind,
             "slots": list(p.slots), "slot_devices": slot_devices(costs, p),
+            "slot_capacity": [slot_capacity(sized, m, n)
+                              for m, n in zip(p.slots, slot_devices(costs, p))],
             "groups": [list(g) for g in p.timeshare],
             "group_devices": group_devices(preset, costs, p) if p.timeshare else [],
             "rollout_devices": p.rollout_devices, "instances": instances(preset, costs, p),
@@ -396,14 +423,16 @@ def describe(preset: Preset, costs: Costs, p: Placement) -> dict:
 
 
 def instances(preset: Preset, costs: Costs, placement: Placement) -> dict[str, int]:
-    """Rollout instances per agent of a placement: its own split, or as flexmarl.sim.layouts
-    lays them out (the devices left by the slots, or each group's, split equally)."""
+    """Rollout instances per unit (an agent, or a LoRA unit "a+b") of a placement: its own
+    split, or as flexmarl.sim.layouts lays them out (the devices left by the slots, or each
+    group's, split equally)."""
     if placement.instances:
         return dict(placement.instances)
     if placement.result is not None:
         return dict(placement.result.rollout_instances)
-    share = placement.rollout_devices // len(preset.models)
-    return {a: share // costs.models[m].rollout_devices for a, m in preset.models.items()}
+    units = unit_models(preset, costs)
+    share = placement.rollout_devices // len(units)
+    return {u: share // m.rollout_devices for u, m in units.items()}
 
 
 def placement_toml(preset: Preset, costs: Costs, placement: Placement,

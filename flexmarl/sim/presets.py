@@ -18,10 +18,12 @@ import asyncio
 import dataclasses
 import random
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from flexmarl.models.lora import LoraSpec
 from flexmarl.protocol import SamplingParams
+from flexmarl.sim.costs import lora_key
 from flexmarl.sim.engines import TOKEN
 from flexmarl.team import AgentSpec, Team
 
@@ -82,6 +84,43 @@ class Preset:
     """Tasks generated at once (pipeline.max_concurrent_tasks; None: all of a step's)."""
     micro_batch_groups: int = 1
     """GRPO groups per trainer micro-batch (pipeline.micro_batch_groups)."""
+    lora: dict[str, LoraSpec] = field(default_factory=dict)
+    """LoRA agents (AgentSpec.lora): agent -> its adapter on its `models` size, the base. The
+    LoRA agents on one base form a rollout unit (`units`): one set of instances serves all
+    their adapters, as flexmarl.launch.lora_units groups them in the product."""
+
+    @property
+    def sizes(self) -> dict[str, str]:
+        """agent -> its model key in the cost model (Costs.model): its size, or for a LoRA
+        agent its base and adapter ("14b+lora16")."""
+        return {a: lora_key(m, self.lora[a].rank, self.lora[a].target_modules)
+                if a in self.lora else m for a, m in self.models.items()}
+
+    @property
+    def units(self) -> dict[str, list[str]]:
+        """Rollout units -> their agents, in team order: a LoRA unit per base ("a+b", its
+        agents joined by "+", as the product names it), every other agent its own."""
+        by_base: dict[str, list[str]] = {}
+        for a in self.models:
+            if a in self.lora:  # a user's team: by its base model, as the product groups
+                base = self.source.agent(a).model if self.source is not None else self.models[a]
+                by_base.setdefault(base, []).append(a)
+        lora_units = {"+".join(ms): ms for ms in by_base.values()}
+        out: dict[str, list[str]] = {}
+        for a in self.models:
+            if a not in self.lora:
+                out[a] = [a]
+            else:
+                unit = next(u for u, ms in lora_units.items() if a in ms)
+                out.setdefault(unit, lora_units[unit])
+        return out
+
+    def unit_of(self, agent: str) -> str:
+        return next(u for u, ms in self.units.items() if agent in ms)
+
+    def adapters(self) -> dict[str, tuple[str, dict]]:
+        """agent -> (its unit, its LoraSpec.as_dict()): InstancePool's `adapters`."""
+        return {a: (self.unit_of(a), spec.as_dict()) for a, spec in self.lora.items()}
 
     @property
     def trainable(self) -> list[str]:
@@ -95,7 +134,8 @@ class Preset:
                 dataclasses.replace(a, model=self.models[a.name]) for a in self.source.agents],
                 workflow=self.source.workflow, tasks=list(self.source.tasks))
         return Team(name=self.name, agents=[
-            AgentSpec(name=a, model=size, sampling=SamplingParams(max_tokens=8192, n=1))
+            AgentSpec(name=a, model=size, sampling=SamplingParams(max_tokens=8192, n=1),
+                      lora=self.lora.get(a))
             for a, size in self.models.items()], workflow=_workflow(self), tasks=[
             SimTask(f"{self.name}-{i}") for i in range(self.tasks)])
 
@@ -208,6 +248,24 @@ _add(Preset(
            Stage(("writer",), median=256)),
     nodes=4, shared_slots=("14b",), tasks_per_step=2, trajectories_per_task=4, steps=4,
     tasks=16))
+
+
+_lora = tuple(f"role{i}" for i in range(6))
+_LORA_STAGES = _chain(Stage(("role0",), median=96),
+                      Stage(_lora[1:5], median=160, weights=(4, 3, 2, 1), pick=(2, 3),
+                            calls=(1, 3)),
+                      Stage(("role5",), median=256))
+_add(Preset(
+    "lora6", "LoRA: 6 agents as rank-16 adapters (q/k/v/o) on one 14B base: one rollout unit "
+    "serves every adapter, adapter-only syncs and swaps; a planner, 4 specialists (2-3 picked, "
+    "skewed 4:3:2:1), a writer, on 4 nodes (lora6_full: the same team as full copies)",
+    {a: "14b" for a in _lora}, _LORA_STAGES, nodes=4, shared_slots="auto", tasks_per_step=2,
+    trajectories_per_task=8, steps=5, tasks=32, lora={a: LoraSpec(rank=16) for a in _lora}))
+
+_add(dataclasses.replace(
+    PRESETS["lora6"], name="lora6_full", description="lora6's team and workload as 6 full "
+    "14B copies (each agent its own weights, rollout instances and full training state)",
+    lora={}))
 
 
 def get_preset(name: str) -> Preset:

@@ -182,7 +182,8 @@ class _ScriptedEngine(SimRolloutEngine):
     """The cluster simulator's engine, with each sample's length read from its prompt: token i
     (i < n) is sample i's exact length, as the workload drew it."""
 
-    def lengths(self, prompt_ids: list[int], params: SamplingParams) -> list[int]:
+    def lengths(self, prompt_ids: list[int], params: SamplingParams,
+                adapter: str | None = None) -> list[int]:
         lengths = list(prompt_ids[:params.n])
         if len(lengths) < params.n or not all(1 <= x <= params.max_tokens for x in lengths):
             raise ValueError(f"a scripted prompt must start with its {params.n} sample "

@@ -3,7 +3,8 @@ trainer_pool.slots = "auto".
 
     Team (its own workflow, tasks, agents) + Config ([pipeline], [run], [plan])
       ─► Preset(source=team): each agent a model size of the cost model (plan.models, or read
-         from its model's name: "Qwen2.5-14B-Instruct" is 14b), a median response length
+         from its model's name: "Qwen2.5-14B-Instruct" is 14b; a LoRA agent an adapter on
+         that size, its LoraSpec's rank and targets), a median response length
          (plan.response_tokens, or a quarter of its sampling.max_tokens), the run's batch
          shape (pipeline.*), state writes every run.save_every steps, plan.nodes nodes
       ─► flexmarl.sim.plan: shared or one-per-agent trainer slots, time-shared groups,
@@ -88,7 +89,7 @@ def nodes(config: Config) -> int:
 def preset_of(team: Team, config: Config, costs: Costs) -> Preset:
     """The team and the run's batch shape as a simulator preset."""
     p = config.pipeline
-    return Preset(
+    preset = Preset(
         name=team.name, description=f"team {team.name} ({config.team.path})",
         models=model_sizes(team, costs, config.plan.models), stages=(), nodes=nodes(config),
         shared_slots="auto", tasks_per_step=p.tasks_per_step,
@@ -97,7 +98,15 @@ def preset_of(team: Team, config: Config, costs: Costs) -> Preset:
         # No state writes at all: as if the one write came after the simulated steps.
         save_every=config.run.save_every if config.run.save_state else 1 << 30,
         source=team, medians=medians(team, config.plan.response_tokens),
-        max_concurrent_tasks=p.max_concurrent_tasks, micro_batch_groups=p.micro_batch_groups)
+        max_concurrent_tasks=p.max_concurrent_tasks, micro_batch_groups=p.micro_batch_groups,
+        # LoRA agents: adapters on their size's base, one rollout unit per base
+        lora={a.name: a.lora for a in team.agents if a.lora is not None})
+    for agent in preset.lora:
+        try:
+            costs.model(preset.sizes[agent])
+        except KeyError as e:
+            raise ConfigError(f"plan: agent {agent}'s LoRA adapter: {e.args[0]}") from None
+    return preset
 
 
 def costs_of(config: Config) -> Costs:

@@ -75,6 +75,7 @@ async def test_three_adapters_share_one_engine_beside_a_full_agent(backend, tiny
         full_sync = m["agents"]["full"]["sync_bytes"]
         for a in ADAPTERS:
             agent = m["agents"][a]
+            assert agent["lora_group"] == "solver+checker+critic"
             assert agent["trained_samples"] > 0 and agent["staleness"] in (None, 0.0)
             # Only the adapter travels: rank-4 factors of 3 module kinds, not the model.
             assert 0 < agent["sync_bytes"] < full_sync / 10, (a, agent["sync_bytes"], full_sync)
@@ -242,3 +243,23 @@ async def test_adapters_are_evaluated_merged_and_resumed(tiny_model_dir, tmp_pat
         theirs = load_file(str(result.checkpoints[agent] / ADAPTER_WEIGHTS))
         assert ours.keys() == theirs.keys()
         assert max((ours[k] - theirs[k]).abs().max().item() for k in ours) <= 1e-6
+
+
+def test_the_report_names_the_lora_group_an_agent_shares(tmp_path):
+    """A LoRA agent's step records carry the unit whose instances it shares, and the report's
+    agent table says so beside its instance count."""
+    import json
+
+    from flexmarl.observe.report import write_report
+
+    run = tmp_path / "run"
+    run.mkdir()
+    records = [{"step": s, "time": float(s), "team_reward": 0.5, "agents": {
+        "solver": {"version": s + 1, "reward": 0.5, "instances": 1, "lora_group": "solver+checker",
+                   "samples": 4, "tokens": 20},
+        "full": {"version": s + 1, "reward": 0.5, "instances": 2, "samples": 4, "tokens": 20}}}
+        for s in range(2)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    html = write_report(run).read_text()
+    assert "1 (shared: LoRA solver+checker)" in html
+    assert html.count("shared: LoRA") == 1

@@ -33,6 +33,7 @@ from flexmarl.launch.checkpoint import (STATE_DIR, StateCheckpoints, drop_record
                                         last_record_step, resume_point)
 from flexmarl.launch.evaluation import check_eval
 from flexmarl.launch.model_dirs import resolve_model
+from flexmarl.launch.lora_units import lora_units
 from flexmarl.launch.placement import (WorkerSettings, check_backend, launcher, role_cpus,
                                        serial_trainers, trainer_config, trainer_nice,
                                        trainers_on_local_cpu)
@@ -100,6 +101,7 @@ async def build_run(team: Team, config: Config, *, run_dir: RunDir | None = None
     model_dirs = {}
     for spec in team.agents:  # may build and warm-start (minutes, once): off the event loop
         model_dirs[spec.name] = await asyncio.to_thread(resolve_model, spec)
+    lora_units(team, model_dirs, config.rollout)  # its ConfigErrors before any process starts
     local = not config.cluster.listen  # nodes pin their own workers (flexmarl-node --cpus)
     on_local_cpu = trainers_on_local_cpu(config.trainer.device, config.cluster.listen)
     workers = WorkerSettings(

@@ -36,6 +36,20 @@ class LoraUnits:
         """agent -> (its unit, its LoraSpec.as_dict()): InstancePool's `adapters`."""
         return {a: (u, self.lora[a]) for u, ms in self.members.items() for a in ms}
 
+    def instances(self, team: Team, per_agent: int) -> dict[str, int]:
+        """unit -> its rollout instances: AgentSpec.instances or `per_agent`
+        (rollout.instances_per_agent); a LoRA unit as many as its most demanding member."""
+        count: dict[str, int] = {}
+        for spec in team.agents:
+            unit = self.unit(spec.name)
+            count[unit] = max(count.get(unit, 0), spec.instances or per_agent)
+        return count
+
+    def describe(self) -> str:
+        """One console line per unit ("" without LoRA agents)."""
+        return "; ".join(f"LoRA adapters {', '.join(ms)} share one set of rollout instances"
+                         for ms in self.members.values() if len(ms) > 1)
+
 
 def lora_units(team: Team, model_dirs: dict[str, str], rollout: RolloutConfig, *,
                time_shared: frozenset[str] = frozenset()) -> LoraUnits:

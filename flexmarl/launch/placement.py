@@ -338,12 +338,8 @@ async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, settings: W
     units = lora_units(team, model_dirs, settings.rollout, time_shared=frozenset(layout.pinned))
     workers = _Workers(sup, settings, model_dirs, work, sizes, gpus, frozenset(layout.pinned),
                        units)
-    count = {}  # unit -> instances: a LoRA unit gets as many as its most demanding member
-    for spec in team.agents:
-        unit = units.unit(spec.name)
-        count[unit] = max(count.get(unit, 0),
-                          spec.instances or settings.rollout.instances_per_agent)
-    placement = {unit: [workers.rollout(unit) for _ in range(n)] for unit, n in count.items()}
+    placement = {unit: [workers.rollout(unit) for _ in range(n)] for unit, n in
+                 units.instances(team, settings.rollout.instances_per_agent).items()}
     slot_specs = [workers.trainer_slot(k) for k in range(len(sizes))]
     instances = [w for ws in placement.values() for w in ws]
     trainers_started = asyncio.gather(*(start_worker(w) for ws in slot_specs for w in ws))

@@ -37,6 +37,7 @@ from flexmarl.gateway.app import serve_gateway, unless_app_exits
 from flexmarl.gateway.backend import Gateway
 from flexmarl.launch.build import RunSetup, build_run
 from flexmarl.launch.checkpoint import SaveSchedule, StateCheckpoints
+from flexmarl.launch.lora_units import lora_units
 from flexmarl.launch.model_dirs import save_model_dir
 from flexmarl.launch.placement import grow, start_agents, watch_workers
 from flexmarl.console import Bar, phase, ticking
@@ -177,8 +178,11 @@ async def _build(setup: RunSetup, work: str) -> _Parts:
 async def _start_workers(setup: RunSetup, work: str, activity: ActivityLog
                          ) -> tuple[dict[str, AgentRuntime], InstancePool, TrainerPool]:
     """start_agents, with one console line counting the workers ready and the time waited."""
-    instances = sum(a.instances or setup.workers.rollout.instances_per_agent
-                    for a in setup.team.agents)
+    units = lora_units(setup.team, setup.model_dirs, setup.workers.rollout)
+    instances = sum(units.instances(setup.team,
+                                    setup.workers.rollout.instances_per_agent).values())
+    if units.describe():
+        phase(units.describe())
     backend = setup.workers.rollout.backend
     ready = {"rollout": 0, "trainer": 0}
     bar = Bar(f"waiting for {instances} rollout engine{'s' * (instances != 1)} ({backend}) and "

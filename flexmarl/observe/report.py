@@ -177,6 +177,8 @@ def _agent_rows(run: _Run) -> list[list[str]]:
                        if _num(a.get("reward")) is not None), None)
         instances = next((a.get("instances") for a in reversed(present)
                           if _num(a.get("instances")) is not None), None)
+        group = next((a.get("lora_group") for a in reversed(present) if a.get("lora_group")),
+                     None)
         staleness = _mean(_num(a.get("staleness")) for a in present)
         samples = [_num(a.get("samples")) for a in present]
         tokens = [_num(a.get("tokens")) for a in present]
@@ -191,7 +193,7 @@ def _agent_rows(run: _Run) -> list[list[str]]:
             _fmt(staleness, 3),
             _fmt(_total(samples)),
             _fmt(_total(tokens)),
-            _fmt(instances),
+            _fmt(instances) + (f" (shared: LoRA {group})" if group else ""),
             _in_out(sum(mv.get("dst") == name for mv in moves),
                     sum(mv.get("src") == name for mv in moves)),
             _in_out(sum(sw.get("direction") == "in" for sw in swaps),

@@ -67,7 +67,9 @@ class StepRecorder:
             record["time_shares"] = {name: {k: g[k] for k in (
                 "agents", "switches", "switch_s", "sleeps", "released_bytes")}
                 for name, g in self.pool.shares.status().items()}
+        adapters = getattr(self.pool, "adapters", {})  # LoRA agents: the unit they share
         return {agent: {"instances": len(self.pool.instances(agent)),
                         "latency": stats["latency"][agent],
-                        "duplicates": self.store.duplicates(agent)}
+                        "duplicates": self.store.duplicates(agent),
+                        **({"lora_group": adapters[agent][0]} if agent in adapters else {})}
                 for agent in stats["latency"]}

@@ -411,7 +411,10 @@ class InstancePool:
         instances = {}
         for name in self.conns:
             report = self.reports.get(name)
-            instances[name] = {"agent": loads.agent_of(name),
+            unit = loads.agent_of(name)
+            instances[name] = {"agent": unit,
+                               **({"adapters": self.members[unit]} if unit not in self.unit
+                                  or unit in self.adapters else {}),
                                "queued": report.queued if report else 0,
                                "running": report.running if report else 0,
                                "inflight": loads.inflight(name),

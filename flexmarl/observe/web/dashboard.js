@@ -192,7 +192,8 @@ function renderInstances(instances) {
   const max = Math.max(1, ...list.flatMap(([, i]) => [i.queued, i.running, i.inflight].filter(isNum)));
   const rows = list.map(([name, i]) => [
     h("span", {}, name, i.draining ? h("span", { class: "badge draining" }, "draining") : null),
-    agentTag(i.agent), countBar(i.queued, max, "queued"), countBar(i.running, max, "running"),
+    h("span", {}, agentTag(i.agent), i.adapters ? h("span", { class: "badge" }, "LoRA") : null),
+    countBar(i.queued, max, "queued"), countBar(i.running, max, "running"),
     countBar(i.inflight, max, "inflight"), meter(i.util), i.gpus || "cpu",
   ]);
   fill("instances", table(["instance", "agent", "queued", "running", "inflight", "util", "gpus"], rows, "no rollout instances"));

@@ -462,6 +462,7 @@ class PipelineRun:
                 # Samples the store refused as already stored or trained (a re-sent request
                 # must never be trained twice), since the run started.
                 "duplicates": loads[name]["duplicates"],
+                **{k: loads[name][k] for k in ("lora_group",) if k in loads[name]},
                 **self.done[step].get(name, {"version": rt.version}),
             }
             if not rt.spec.trainable:

@@ -84,6 +84,20 @@ def test_propose_verify_rewards_judging_not_agreeing():
         ["yes", "no", "yes", "no", None, None]
 
 
+def test_smol_trio_rewards_each_right_answer_and_takes_the_judges():
+    """agents/smol_trio.py: three adapters on one SmolLM2 base; each turn is rewarded for being
+    right, and the judge's answer is the team's."""
+    team = load_team(AGENTS / "smol_trio.py")
+    task = team.tasks[0]
+    right, wrong = task.answer, str(int(task.answer) + 1)
+    ctx = ScriptedCtx({"solver": [f"{task.a} + {task.b} = {wrong}"], "checker": [right],
+                       "judge": [f"The answer is {right}."]})
+    asyncio.run(team.workflow(ctx, task))
+    assert ctx.rewards == [("solver", 0.0), ("checker", 1.0), ("judge", 1.0)] and ctx.team == 1.0
+    assert ctx.script == {"solver": [], "checker": [], "judge": []}  # each asked once
+    assert {a.lora.rank for a in team.agents} == {16} and len(team.heldout) == 100
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["code_pair", "propose_verify"])
 async def test_each_team_runs_end_to_end_and_is_evaluated(name, tiny_model_dir, tmp_path,

@@ -224,3 +224,213 @@ def test_a_state_parked_mid_batch_is_not_restored_onto_another_trainer(model_dir
     with pytest.raises(RuntimeError, match="only comes back in place"):
         restore_parked(GRPOTrainer(model_dir, TrainerConfig(**LORA), base=trainer), host)
     parking.unpark(host)
+
+
+# ----------------------------------------------------------------------------- real slots
+
+MODULE_LOOP = pytest.mark.asyncio(loop_scope="module")
+SLOT_SPEC = dataclasses.replace(SPEC, target_modules=("q_proj", "v_proj", "down_proj"))
+
+
+def lora_cfg(**overrides) -> dict:
+    return dataclasses.asdict(TrainerConfig(**{"lr": 1e-3, "lora": SLOT_SPEC.as_dict(),
+                                               **overrides}))
+
+
+@pytest.fixture(scope="module")
+def base_dir(tiny_model_dir, tmp_path_factory) -> str:
+    """A copy of the tiny model dir, which the tests below hide (rename) while no base may be
+    read: a trainer that built or read its modules from it then would fail."""
+    import shutil
+    path = tmp_path_factory.mktemp("base") / "tiny"
+    shutil.copytree(tiny_model_dir, path)
+    return str(path)
+
+
+class hidden:
+    """The model dir renamed away for the block: nothing can read it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __enter__(self) -> None:
+        os.rename(self.path, self.path + ".hidden")
+
+    def __exit__(self, *exc) -> None:
+        os.rename(self.path + ".hidden", self.path)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def slots(tmp_path_factory):
+    """Two real, empty trainer slots (3 processes, started once): "one" of 1 rank and "two" of
+    2 gloo ranks. Each test leaves them empty (no agent bound, none parked)."""
+    from runtime.supervisor import Supervisor, WorkerSpec
+    from runtime.transport import connect
+
+    work = tmp_path_factory.mktemp("lora-slots")
+    specs = [WorkerSpec(name=f"two{r}", entry="flexmarl.training.worker:trainer_worker",
+                        args={"rank": r, "world_size": 2, "init_method": f"file://{work}/two",
+                              "num_threads": 1}) for r in range(2)]
+    specs.append(WorkerSpec(name="one", entry="flexmarl.training.worker:trainer_worker",
+                            args={"rank": 0, "world_size": 1, "num_threads": 1,
+                                  "init_method": f"file://{work}/one"}))
+    sup = Supervisor()
+    async with sup.serving():
+        handles = {h.name: h for h in await asyncio.gather(*(sup.start_worker(w)
+                                                               for w in specs))}
+        conns = {"one": connect(handles["one"].address), "two": connect(handles["two0"].address)}
+        try:
+            yield conns
+        finally:
+            for conn in conns.values():
+                await conn.aclose()
+            await sup.stop_workers()
+
+
+def parked_bytes(state, world_size: int) -> int:
+    """What a SwapOut of this state parks over `world_size` ranks: the adapter's parameters
+    and AdamW moments (sharded: once in all) and AdamW's step counters (on every rank)."""
+    total = sum(t.numel() * t.element_size() for k, t in state.tensors.items()
+                if k.startswith(("model/", "optim/")))
+    steps = sum(t.numel() * t.element_size() for k, t in state.tensors.items()
+                if k.startswith("optim/") and k.endswith("/step"))
+    return total + (world_size - 1) * steps
+
+
+async def drop(conn, *agents: str) -> None:
+    """Free the slot's parked copies of `agents` (the slot left empty)."""
+    from flexmarl.protocol import DropParked
+    for agent in agents:
+        await conn.request(DropParked(agent))
+
+
+@pytest.mark.slow
+@MODULE_LOOP
+async def test_three_lora_agents_swap_in_one_2_rank_slot_moving_their_adapters_alone(
+        slots, base_dir):
+    """Three LoRA agents take turns in a 2-rank slot. After the first one's SwapIn the model dir
+    is hidden: every later SwapIn (fresh, here) sets an adapter on the resident base, never
+    reading it. Each SwapOut parks the adapter state alone (Parked.num_bytes: its bytes, not
+    the base's), each SwapIn gives it back bit for bit (SwapDone.num_bytes the same), a fresh
+    one is the first agent's fresh state; an agent swapped between the others' steps ends
+    bit-equal to one trained with no swap at all."""
+    from flexmarl.protocol import ExportState, SwapIn, SwapOut
+    from tests.test_trainer_pool import assert_same as same_state, train_step
+
+    two = slots["two"]
+    cfg = {a: lora_cfg(lr=lr) for a, lr in (("a", 1e-3), ("b", 2e-3), ("c", 5e-4), ("z", 1e-3))}
+    done = await two.request(SwapIn("a", base_dir, cfg["a"]))
+    assert done.how == "fresh"
+    fresh = await two.request(ExportState())
+    states, parked = {}, {}
+    with hidden(base_dir):
+        bound = "a"
+        for step, agent in enumerate("abcacbba"):
+            if agent != bound:
+                out = await two.request(SwapOut())
+                assert out.agent == bound and out.num_bytes == parked_bytes(states[bound], 2)
+                parked[bound] = out.num_bytes
+                done = await two.request(SwapIn(agent, base_dir, cfg[agent]))
+                now = await two.request(ExportState())
+                if agent in states:  # the others' steps since did not touch it
+                    assert (done.how, done.num_bytes) == ("here", parked[agent])
+                    same_state(states[agent], now)
+                else:  # a fresh adapter on the resident base: the first agent's fresh state
+                    assert (done.how, done.num_bytes) == ("fresh", 0)
+                    same_state(fresh, now)
+                bound = agent
+            await train_step(two, 10 + step)
+            states[agent] = await two.request(ExportState())
+        # "a" trained at steps 0, 3 and 7, the others in between: "z" (fresh, a's config)
+        # trains the same batches with no swap, and ends where "a" did.
+        await two.request(SwapOut())
+        assert (await two.request(SwapIn("z", base_dir, cfg["z"]))).how == "fresh"
+        # Exported once before its first step, as "a" was (torch's state dicts of an AdamW
+        # with no state yet create it, step 1: the next step differs without this).
+        same_state(fresh, await two.request(ExportState()))
+        for step in (0, 3, 7):
+            await train_step(two, 10 + step)
+        same_state(states["a"], await two.request(ExportState()))
+        assert (await two.request(SwapOut())).num_bytes == parked["a"]
+    print(f"2 ranks: a LoRA agent's swap parks {parked['a']} B")
+    await drop(two, "a", "b", "c", "z")
+
+
+@pytest.mark.slow
+@MODULE_LOOP
+async def test_lora_agents_pull_restore_and_give_way_to_a_full_one_on_resident_bases(
+        slots, base_dir, tmp_path):
+    """Between a 1-rank and a 2-rank slot, each holding the base (model dir hidden): a pull
+    moves the adapter state alone (SwapDone.num_bytes its bytes at the puller's rank count),
+    bit for bit. Three LoRA agents parked in one slot park 3 x one adapter state, not 3
+    bases. A full agent's SwapIn frees the base (a LoRA agent coming back then needs the model
+    dir: refused while it is hidden, its parked copy kept; rebuilt once it is back). A saved
+    state (a dead slot's recovery: SwapIn.state_dir) and a whole TrainState restore onto a
+    resident base without reading it."""
+    from flexmarl.protocol import AwaitSaved, ExportState, SaveState, SwapIn, SwapOut
+    from flexmarl.training.state_files import StateCheckpoints
+    from runtime.errors import RemoteError
+    from tests.test_trainer_pool import assert_same as same_state, train_step
+
+    one, two = slots["one"], slots["two"]
+    cfg = lora_cfg()
+    for conn in (one, two):  # each slot builds its base (the model dir read, once per slot)
+        assert (await conn.request(SwapIn("w", base_dir, cfg))).how == "fresh"
+        await conn.request(SwapOut())
+    with hidden(base_dir):
+        assert (await one.request(SwapIn("a", base_dir, cfg))).how == "fresh"
+        await train_step(one, 1)
+        state = await one.request(ExportState())
+        out = await one.request(SwapOut())
+        assert out.num_bytes == parked_bytes(state, 1)
+        done = await two.request(SwapIn("a", base_dir, cfg, source=out.ranks))
+        assert (done.how, done.num_bytes) == ("pulled", parked_bytes(state, 2))
+        same_state(state, await two.request(ExportState()))
+        await drop(one, "a")
+        await train_step(two, 2)
+        state = await two.request(ExportState())
+        out = await two.request(SwapOut())
+        done = await one.request(SwapIn("a", base_dir, cfg, source=out.ranks))
+        assert (done.how, done.num_bytes) == ("pulled", parked_bytes(state, 1))
+        same_state(state, await one.request(ExportState()))
+        await drop(two, "a")
+
+        states, parked = {"a": state}, {}
+        for agent in "abc":  # three agents parked in one slot: three adapter states
+            if agent != "a":
+                assert (await one.request(SwapIn(agent, base_dir, cfg))).how == "fresh"
+                await train_step(one, ord(agent))
+                states[agent] = await one.request(ExportState())
+            parked[agent] = (await one.request(SwapOut())).num_bytes
+        adapter = parked_bytes(states["b"], 1)
+        assert sum(parked.values()) == 3 * adapter
+
+    full = dataclasses.asdict(TrainerConfig(lr=1e-3))
+    assert (await one.request(SwapIn("f", base_dir, full))).how == "fresh"
+    await train_step(one, 5)
+    whole = (await one.request(SwapOut())).num_bytes
+    print(f"1 rank, tiny model: a LoRA agent's swap parks {adapter} B, a full agent's {whole} B")
+    assert whole > 10 * adapter
+    with hidden(base_dir), pytest.raises(RemoteError):  # its base went with "f"'s SwapIn
+        await one.request(SwapIn("b", base_dir, cfg))
+    done = await one.request(SwapIn("b", base_dir, cfg))  # its parked copy was kept
+    assert (done.how, done.num_bytes) == ("here", parked["b"])
+    same_state(states["b"], await one.request(ExportState()))
+
+    saves = StateCheckpoints(tmp_path / "state")
+    tmp, path = saves.begin("b", 0)
+    await one.request(SaveState(str(tmp), str(path), 0))
+    await one.request(AwaitSaved(str(path)))
+    await one.request(SwapOut())
+    with hidden(base_dir):
+        done = await two.request(SwapIn("b", base_dir, cfg, state_dir=str(path)))
+        assert done.how == "restored"
+        same_state(states["b"], await two.request(ExportState()))
+        await two.request(SwapOut())
+        c = states["c"]
+        done = await two.request(SwapIn("c", base_dir, cfg, tensors=c.tensors, meta=c.meta))
+        assert done.how == "restored"
+        same_state(c, await two.request(ExportState()))
+        await two.request(SwapOut())
+    await drop(one, "w", "a", "b", "c", "f")
+    await drop(two, "w", "b", "c")

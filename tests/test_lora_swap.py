@@ -24,10 +24,9 @@ import torch
 from safetensors.torch import load_file
 
 from flexmarl.training import parking, sharding
-from flexmarl.training.parking import (ResidentBase, base_key, local_tensors, park,
-                                       restore_parked)
-from flexmarl.training.trainer import GRPOTrainer, TrainerConfig, export_state
-from tests.test_lora_trainer import LORA, SPEC, checkpoint_name, lora_trainer, step_batch
+from flexmarl.training.parking import ResidentBase, base_key, park, restore_parked
+from flexmarl.training.trainer import GRPOTrainer, TrainerConfig, export_state, load_state
+from tests.test_lora_trainer import LORA, SPEC, checkpoint_name, lora_trainer, rows, step_batch
 from tests.test_trainer import batches, model_dir  # noqa: F401
 
 
@@ -91,9 +90,7 @@ def test_a_lora_park_moves_the_adapter_state_alone_and_leaves_the_base(model_dir
     trainer = lora_trainer(model_dir)
     step_batch(trainer, batches[0])
     twin = lora_trainer(model_dir)
-    twin_state, meta = export_state(trainer)
-    from flexmarl.training.trainer import load_state
-    load_state(twin, twin_state, meta)
+    load_state(twin, *export_state(trainer))
     before = state(trainer)
     adapter = adapter_state_bytes(trainer)
     base = {n: p.untyped_storage().data_ptr() for n, p in trainer.model.named_parameters()
@@ -165,11 +162,9 @@ def test_three_lora_agents_take_turns_on_one_base_as_if_each_had_its_own(model_d
     first = GRPOTrainer(model_dir, configs["a"])
     resident = ResidentBase.of(first, base_key(model_dir, first.config, 1))
     bound, parked = ("a", first), {}
-    order = "abcacbba"
-    for step, agent in enumerate(order):
-        if bound is None or bound[0] != agent:
-            if bound is not None:  # SwapOut
-                parked[bound[0]] = park(bound[1])
+    for agent in "abcacbba":
+        if bound[0] != agent:
+            parked[bound[0]] = park(bound[1])  # SwapOut
             trainer = GRPOTrainer(model_dir, configs[agent], base=resident.trainer)
             resident.start(trainer)
             if agent in parked:  # SwapIn: its adapter state, parked here
@@ -215,9 +210,10 @@ def test_releasing_the_base_frees_its_storages_and_a_parked_adapter_comes_back_o
 
 
 def test_a_state_parked_mid_batch_is_not_restored_onto_another_trainer(model_dir, batches):
+    """Its accumulated gradient is not in the state: only unpark (in place) brings it back
+    (a LoRA agent is never time-shared, and its slot refuses such a SwapOut)."""
     trainer = lora_trainer(model_dir)
     trainer.begin_batch(int(batches[0].response_mask.sum()))
-    from tests.test_lora_trainer import rows
     trainer.accumulate(rows(batches[0], 0, 4))
     host = park(trainer)
     assert host.mid_batch

@@ -392,8 +392,9 @@ def _lora_rank(rank: int, world_size: int, model_dir: str, work: str) -> None:
     """One FSDP rank: two steps of the LoRA trainer with its KL to the base (the disabled
     adapter's forward, a collective); its state out and into a fresh trainer, compared per
     shard; the DCP state written by both ranks; parked (its adapter state) and pulled into a
-    trainer on the same base (each rank from its own shards), which steps as the fresh one; the same two steps with
-    reshard_after_forward off. Rank 0 writes the adapters it exports."""
+    trainer on the same base (each rank from its own shards), which steps as the fresh one;
+    the same two steps with reshard_after_forward off. Rank 0 writes the adapters it
+    exports."""
     torch.set_num_threads(1)  # two ranks share the box's two cores
     dist.init_process_group("gloo", init_method=f"file://{work}/store", rank=rank,
                             world_size=world_size)

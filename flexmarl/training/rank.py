@@ -2,6 +2,7 @@
 GRPOTrainer, and the calls every rank of the group makes in step, in its command thread: swap
 in (parked here, pulled from another slot's ranks, restored, fresh) and out, shards served to
 other slots, the direct weight send, and the training commands rank 0 replays (`execute`).
+LoRA agents swap their adapter state on the slot's resident base (`Rank.base`).
 
 Blocking torch.distributed calls live in the CommandThread (a daemon thread), never on the
 event loop; a pull runs on the event loop while the thread waits.

@@ -33,6 +33,9 @@ sharded the same way (its LoRA layers live inside the decoder blocks); only the 
 and AdamW holds only it. export_weights gives the adapter's tensors under PEFT's names,
 export_state and the DCP state the adapter and its AdamW state (the frozen base is rebuilt from
 the model directory), and the KL reference is the base: the same modules, adapter disabled.
+The swap path moves the adapter state alone too: a slot keeps the base resident and its LoRA
+trainers share those modules (`base`, flexmarl.training.parking.ResidentBase), each with its
+own AdamW.
 """
 from __future__ import annotations
 

@@ -320,27 +320,33 @@ def test_compiled_lora_blocks_give_the_same_gradient(model_dir, batches):
 # ----------------------------------------------------------------------------- swaps and files
 
 def test_a_parked_lora_trainer_comes_back_and_pulls_bit_for_bit(model_dir, batches):
-    """The swap path (parking: SwapOut / SwapIn) with a LoRA trainer: park and unpark in place,
-    and a trainer built empty filled by pull_plan's slices, both bit-equal; both then train
-    alike. (The swap moves the frozen base along with the adapter.)"""
+    """The swap path (parking: SwapOut / SwapIn) with a LoRA trainer moves its adapter state
+    alone (tests/test_lora_swap.py: the base stays in the slot): park and unpark in place, and
+    a trainer on the same base filled by pull_plan's slices, both bit-equal; both then train
+    like a trainer that never left."""
     trainer = lora_trainer(model_dir)
     step_batch(trainer, batches[0])
+    twin = lora_trainer(model_dir)
+    load_state(twin, *export_state(trainer))
     before = {k: v.clone() for k, v in local_tensors(trainer).items()}
     host = park(trainer)
-    assert all(t.untyped_storage().nbytes() == 0 for t in local_tensors(trainer).values())
-    empty = GRPOTrainer(model_dir, TrainerConfig(**LORA), empty=True)
-    tensors = prepare_pull(empty, host.layout, host.meta)
-    [pieces] = pull_plan(host.layout, sharded_here(empty), 1, 1, 0).values()
-    fill(tensors, pieces, slices(host, pieces))
-    set_rng(empty, host.rng)
+    assert all(t.untyped_storage().nbytes() == 0 for k, t in local_tensors(trainer).items()
+               if k.startswith("optim/"))  # the adapter's parameters: the base's modules'
     back = unpark(host)
-    for other in (back, empty):
-        now = local_tensors(other)
-        assert now.keys() == before.keys() and all(torch.equal(before[k], now[k]) for k in now)
-    step_batch(back, batches[1])
-    step_batch(empty, batches[1])
-    a, b = export_state(back)[0], export_state(empty)[0]
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    now = local_tensors(back)
+    assert now.keys() == before.keys() and all(torch.equal(before[k], now[k]) for k in now)
+    host = park(back)
+    on_base = GRPOTrainer(model_dir, TrainerConfig(**LORA), base=back)
+    tensors = prepare_pull(on_base, host.layout, host.meta)
+    [pieces] = pull_plan(host.layout, sharded_here(on_base), 1, 1, 0).values()
+    fill(tensors, pieces, slices(host, pieces))
+    set_rng(on_base, host.rng)
+    now = local_tensors(on_base)
+    assert now.keys() == before.keys() and all(torch.equal(before[k], now[k]) for k in now)
+    step_batch(on_base, batches[1])
+    step_batch(twin, batches[1])
+    a, b = export_state(on_base)[0], export_state(twin)[0]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a if k != "rng/cpu")
 
 
 def test_dcp_state_files_hold_the_adapter_alone(model_dir, batches, tmp_path):
@@ -385,9 +391,10 @@ def test_a_saved_lora_model_is_a_peft_adapter_directory(model_dir, batches, tmp_
 def _lora_rank(rank: int, world_size: int, model_dir: str, work: str) -> None:
     """One FSDP rank: two steps of the LoRA trainer with its KL to the base (the disabled
     adapter's forward, a collective); its state out and into a fresh trainer, compared per
-    shard; the DCP state written by both ranks; parked and pulled into a trainer built empty
-    (each rank from its own shards), then both step alike; the same two steps with
-    reshard_after_forward off. Rank 0 writes the adapters it exports."""
+    shard; the DCP state written by both ranks; parked (its adapter state) and pulled into a
+    trainer on the same base (each rank from its own shards), which steps as the fresh one;
+    the same two steps with reshard_after_forward off. Rank 0 writes the adapters it
+    exports."""
     torch.set_num_threads(1)  # two ranks share the box's two cores
     dist.init_process_group("gloo", init_method=f"file://{work}/store", rank=rank,
                             world_size=world_size)
@@ -415,19 +422,23 @@ def _lora_rank(rank: int, world_size: int, model_dir: str, work: str) -> None:
             with open(f"{work}/dcp.json", "w") as f:
                 json.dump(dcp_meta, f)
 
+        # The swap path moves the adapter state alone: parked, unparked in place, parked
+        # again and filled (each rank from its own shards) into a trainer on the same base;
+        # it then trains as `fresh` (the state loaded into a trainer of its own) does.
         host = park(trainer)
-        empty = GRPOTrainer(model_dir, TrainerConfig(**LORA), empty=True)
-        to_fill = prepare_pull(empty, host.layout, host.meta)
-        plan = pull_plan(host.layout, sharded_here(empty), world_size, world_size, rank)
+        back = unpark(host)
+        pulled = all(map(torch.equal, saved, _weights_and_moments(back)))
+        host = park(back)
+        on_base = GRPOTrainer(model_dir, TrainerConfig(**LORA), base=back)
+        to_fill = prepare_pull(on_base, host.layout, host.meta)
+        plan = pull_plan(host.layout, sharded_here(on_base), world_size, world_size, rank)
         assert list(plan) == [rank]  # the same sharding: each rank's own rows
         fill(to_fill, plan[rank], slices(host, plan[rank]))
-        set_rng(empty, host.rng)
-        back = unpark(host)
-        pulled = all(map(torch.equal, saved, _weights_and_moments(empty)))
-        pulled = pulled and all(map(torch.equal, saved, _weights_and_moments(back)))
-        step_batch(back, batches[0])
-        step_batch(empty, batches[0])
-        a, b = back.export_weights(), empty.export_weights()
+        set_rng(on_base, host.rng)
+        pulled = pulled and all(map(torch.equal, saved, _weights_and_moments(on_base)))
+        step_batch(on_base, batches[0])
+        step_batch(fresh, batches[0])
+        a, b = on_base.export_weights(), fresh.export_weights()
         pulled = pulled and a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
         lazy = GRPOTrainer(model_dir, TrainerConfig(**LORA, reshard_after_forward=False))

@@ -3,19 +3,28 @@ SwapOut / SwapIn / FetchShards): park a trainer's storages in host memory of its
 bring them back in place, and plan and fill the row slices a trainer of another rank count
 pulls from them (FSDP2 shards dim 0 with torch.chunk's rule). The trainer itself is
 flexmarl.training.trainer.GRPOTrainer.
+
+LoRA (trainer.lora): a trainer's swapped state is its adapter's parameters, their AdamW state,
+the RNG and the version (local_tensors), never the frozen base. The base stays in the slot, a
+rank's ResidentBase: one set of modules (PEFT's model over the base, sharded) that every LoRA
+trainer of the same base and settings (base_key) takes in turn, each with its own AdamW; an
+agent's SwapIn sets its adapter on them (restore_parked, a pull, a saved state, or the
+adapter as a fresh trainer starts: ResidentBase.start).
 """
 from __future__ import annotations
 
 import ctypes
 import functools
+import json
 import mmap
+import os
 import sys
 from dataclasses import dataclass
 from typing import Iterable
 
 import torch
 
-from flexmarl.training.trainer import GRPOTrainer, _local
+from flexmarl.training.trainer import MODULE_SETTINGS, GRPOTrainer, TrainerConfig, _local
 
 MADV_POPULATE_WRITE = 23
 """madvise(2) advice (Linux 5.14+): fault a range's pages in, writable."""
@@ -61,10 +70,13 @@ class HostState:
     """One rank's share of a parked agent: its trainer's module objects (every device storage
     freed) and host copies of those storages, in the rank's own process."""
 
-    trainer: GRPOTrainer
+    trainer: GRPOTrainer | None
+    """The trainer parked (unpark puts it back in place); None once its rank let go of it: a
+    LoRA trainer's adapter state outlives its trainer object and comes back onto whichever
+    trainer holds the base then (restore_parked)."""
     storages: list[tuple[torch.UntypedStorage, torch.Tensor]]
     """(the freed device storage, its bytes in host memory: a view of `buffer`), each storage
-    once."""
+    once (a LoRA adapter's parameters' storages are copied but not freed: see park)."""
     tensors: dict[str, torch.Tensor]
     """local_tensors() names -> views of the host copies (what another slot's ranks pull)."""
     layout: dict[str, list]
@@ -86,10 +98,18 @@ class HostState:
 def local_tensors(trainer: GRPOTrainer) -> dict[str, torch.Tensor]:
     """Every tensor of this rank's training state, by name, as the rank holds it (the local
     shard of a DTensor): "model/<param>", "buffer/<name>", "ref/<param>", "refbuffer/<name>"
-    (the KL reference), "optim/<param>/<key>" (AdamW's exp_avg, exp_avg_sq, step)."""
+    (the KL reference), "optim/<param>/<key>" (AdamW's exp_avg, exp_avg_sq, step).
+
+    With trainer.lora: "model/<param>" of the adapter's parameters alone and their
+    "optim/..." (it has no reference). The frozen base, parameters and buffers, is no part of
+    a LoRA trainer's state: it stays in the slot (ResidentBase), equal to the model dir."""
     out: dict[str, torch.Tensor] = {}
+    if trainer.config.lora is not None:
+        trained = set(trainer.trained_names)
+        out |= {f"model/{n}": _local(p.detach()) for n, p in trainer.model.named_parameters()
+                if n in trained}
     for prefix, module in (("", trainer.model), ("ref", trainer.reference)):
-        if module is None:
+        if module is None or trainer.config.lora is not None:
             continue
         out |= {f"{prefix or 'model'}/{n}": _local(p.detach())
                 for n, p in module.named_parameters()}
@@ -139,7 +159,12 @@ def park(trainer: GRPOTrainer, pool: HostPool | None = None) -> HostState:
 
     Whole storages are copied, not tensor views: FSDP keeps each shard in a padded buffer, and
     tied or viewed tensors share one storage, which is then copied once. On CPU the host copy
-    is a separate buffer all the same, so what the slot's "device" held is freed."""
+    is a separate buffer all the same, so what the slot's "device" held is freed.
+
+    With trainer.lora only the adapter's state moves (local_tensors); the frozen base is not
+    touched. The adapter's parameters are copied but keep their storages: they belong to the
+    slot's resident modules, which the next LoRA agent's adapter is set into (one adapter's
+    worth of device memory stays); its AdamW state is freed."""
     mid_batch = trainer._normaliser is not None
     if not mid_batch and any(p.grad is not None for p in trainer.model.parameters()):
         raise RuntimeError("park(): gradients are set; they are zeroed (None) after step()")
@@ -179,8 +204,13 @@ def park(trainer: GRPOTrainer, pool: HostPool | None = None) -> HostState:
         views[name] = torch.empty(0, dtype=t.dtype).set_(
             host.untyped_storage(), host.storage_offset() // t.element_size()
             + t.storage_offset(), t.shape, t.stride())
-    for storage in storages.values():
-        storage.resize_(0)
+    resident = set()
+    if trainer.config.lora is not None:
+        resident = {t.untyped_storage().data_ptr() for name, t in tensors.items()
+                    if name.startswith("model/")}
+    for ptr, storage in storages.items():
+        if ptr not in resident:
+            storage.resize_(0)
     if pin:
         torch.cuda.empty_cache()  # hand the memory back to the next agent's trainer
     rng = {"rng/cpu": torch.get_rng_state()}
@@ -208,6 +238,88 @@ def unpark(host: HostState, pool: HostPool | None = None) -> GRPOTrainer:
         pool.give(host.buffer)
     host.storages, host.tensors, host.buffer = [], {}, None
     return trainer
+
+
+def restore_parked(trainer: GRPOTrainer, host: HostState) -> int:
+    """A state this rank parked into `trainer`, another trainer of the same modules' layout and
+    sharding (with trainer.lora: a trainer on the resident base, now or rebuilt since):
+    AdamW's state created, each tensor filled from its host copy (a pull from this rank's own
+    shards), the version and the RNG; the bytes copied. `host` stays as it is: the caller
+    frees it once every rank of the group has its state back."""
+    if host.mid_batch:
+        raise RuntimeError("a state parked in the middle of a global batch only comes back in "
+                           "place (unpark): its accumulated gradient is not part of it")
+    tensors = prepare_pull(trainer, host.layout, host.meta)
+    plan = pull_plan(host.layout, sharded_here(trainer), trainer.world_size,
+                     trainer.world_size, trainer.rank)
+    num_bytes = sum(fill(tensors, pieces, slices(host, pieces)) for pieces in plan.values())
+    if trainer.device.type == "cuda":  # fill's copies are asynchronous: done before reuse
+        torch.cuda.synchronize(trainer.device)
+    set_rng(trainer, host.rng)
+    return num_bytes
+
+
+def base_key(model_dir: str, config: TrainerConfig, world_size: int) -> tuple:
+    """What a rank's resident LoRA base is for: the model directory, the group's world size,
+    the settings its modules were built with (trainer.MODULE_SETTINGS: the adapter's spec,
+    precision, resharding, checkpointing, compile, device) and the seed (a fresh adapter on
+    it is the one PEFT drew from that seed when the base was built: ResidentBase.start)."""
+    settings = [json.dumps(getattr(config, k), sort_keys=True) for k in MODULE_SETTINGS]
+    return (os.path.realpath(model_dir), world_size, config.seed, *settings)
+
+
+@dataclass
+class ResidentBase:
+    """One rank's frozen LoRA base, kept in the slot while its LoRA agents swap: the modules of
+    `trainer` (PEFT's model over the base, FSDP-sharded), which every LoRA trainer of the same
+    `key` (base_key) takes (GRPOTrainer(base=...)) instead of building and reading its own.
+    An agent's adapter and AdamW state move (park / restore_parked / a pull); the base never
+    does. Built once by a fresh LoRA trainer (`of`); freed by `release`."""
+
+    key: tuple
+    trainer: GRPOTrainer
+    """The trainer that built the modules (its own AdamW state is freed when it parks)."""
+    fresh: dict[str, torch.Tensor]
+    """This rank's adapter shards as the build left them (host copies): PEFT's init from the
+    seed, what a fresh trainer of this key starts from."""
+    rng: dict[str, torch.Tensor]
+    """The RNG state right after the build (a fresh trainer's)."""
+
+    @classmethod
+    def of(cls, trainer: GRPOTrainer, key: tuple) -> ResidentBase:
+        """The resident base of a LoRA trainer just built from its model directory (fresh: its
+        adapter as PEFT initialised it, its AdamW state empty)."""
+        fresh = {name: t.to("cpu", copy=True) for name, t in local_tensors(trainer).items()}
+        rng = {"rng/cpu": torch.get_rng_state()}
+        if trainer.device.type == "cuda":
+            rng["rng/cuda"] = torch.cuda.get_rng_state(trainer.device)
+        return cls(key, trainer, fresh, rng)
+
+    def start(self, trainer: GRPOTrainer) -> None:
+        """Make `trainer` (on these modules, its AdamW state empty) a fresh trainer: the adapter
+        and RNG a fresh GRPOTrainer of this key builds, bit for bit, without its base."""
+        tensors = local_tensors(trainer)
+        if tensors.keys() != self.fresh.keys():
+            raise RuntimeError("ResidentBase.start: the trainer's adapter is not this base's "
+                               "(or its AdamW state is not empty)")
+        with torch.no_grad():
+            for name, t in self.fresh.items():
+                tensors[name].copy_(t)
+        set_rng(trainer, self.rng)
+
+    def release(self) -> None:
+        """Free the base's device memory (a SwapIn that needs another base, or a full model):
+        every storage of the modules, and the building trainer's AdamW state, resized to 0.
+        Explicitly, not by dropping references: FSDP's modules and hooks hold reference cycles,
+        which only the cycle collector would free."""
+        tensors = [_local(t.detach()) for t in [*self.trainer.model.parameters(),
+                                                *self.trainer.model.buffers()]]
+        tensors += [_local(v) for state in self.trainer.optimizer.state.values()
+                    for v in state.values() if isinstance(v, torch.Tensor)]
+        for t in tensors:
+            t.untyped_storage().resize_(0)
+        if self.trainer.device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def set_rng(trainer: GRPOTrainer, rng: dict[str, torch.Tensor]) -> None:

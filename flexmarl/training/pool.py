@@ -19,7 +19,9 @@ in host memory of its own process and answers where (Parked); a SwapIn into the 
 them back in place, into another slot its ranks pull them rank to rank (resharded), and the old
 slot then frees its copy (DropParked). `save` has the ranks write the agent's state into a dir
 (flexmarl.training.saves): a scratch dir (the snapshot), copied to the run's state dir.
-`states` says where each swapped-out agent's state is. `static`: every agent owns one slot (no
+A LoRA agent's state is its adapter's (the base stays in the slot:
+flexmarl.training.parking.ResidentBase), so its swaps' bytes, and the allocator's costs, are
+the adapter state's. `states` says where each swapped-out agent's state is. `static`: every agent owns one slot (no
 swaps); a shared pool of fewer slots than agents sends slots where the work is.
 
 Dead slots (with `snapshots` on and a lifecycle that respawns; runtime.lifecycle owns the

@@ -2,6 +2,7 @@
 GRPOTrainer, and the calls every rank of the group makes in step, in its command thread: swap
 in (parked here, pulled from another slot's ranks, restored, fresh) and out, shards served to
 other slots, the direct weight send, and the training commands rank 0 replays (`execute`).
+LoRA agents swap their adapter state on the slot's resident base (`Rank.base`).
 
 Blocking torch.distributed calls live in the CommandThread (a daemon thread), never on the
 event loop; a pull runs on the event loop while the thread waits.
@@ -28,9 +29,9 @@ from flexmarl.protocol import (FetchShards, Parked, ShardData, StateSaved, SwapD
                                TrainMicroBatch, TrainState, WeightUpdate, WeightUpdateDone)
 from flexmarl.training import sharded_state
 from flexmarl.training.sharded_state import StateWriter
-from flexmarl.training.parking import (HostPool, HostState, fill, park, populate,
-                                       prepare_pull, pull_plan, set_rng, sharded_here, slices,
-                                       unpark)
+from flexmarl.training.parking import (HostPool, HostState, ResidentBase, base_key, fill, park,
+                                       populate, prepare_pull, pull_plan, restore_parked,
+                                       set_rng, sharded_here, slices, unpark)
 from flexmarl.training.trainer import GRPOTrainer, TrainerConfig
 from runtime.transport import connect
 
@@ -135,6 +136,10 @@ class Rank:
         self.pool = HostPool()
         """Host buffers of parked agents, reused across swaps (pinned once the device is
         known to be a GPU)."""
+        self.base: ResidentBase | None = None
+        """The frozen base of this slot's LoRA agents, kept while they swap (only their
+        adapters and AdamW states move); freed by a SwapIn that needs another base or a full
+        model. At most one: the slot's device holds one model at a time, as before."""
         self.address = ""
         """This rank's actor address (set once it serves): where other slots pull from."""
         self.transport = None
@@ -188,7 +193,8 @@ class Rank:
         # group of their own (gloo: DCP's planning exchanges CPU objects).
         self.writer = StateWriter(self.rank, dist.new_group(backend="gloo", timeout=timeout))
         if args.get("model_dir"):
-            self.trainer = GRPOTrainer(args["model_dir"], self.config, agent=self.agent)
+            spec = {"model_dir": args["model_dir"], "agent": self.agent}
+            self.trainer = self._new_trainer(spec, self.config)
         self.started = True
 
     def swap_in(self, spec: dict[str, Any], tensors: dict, meta: dict) -> SwapDone:
@@ -209,9 +215,23 @@ class Rank:
         agent = spec["agent"]
         error: Exception | None = None
         trainer, num_bytes, how = None, 0, ""
+        host = self.parked.get(agent)
         try:
-            if agent in self.parked:  # every rank parked it: the same branch on every rank
-                num_bytes = self.parked[agent].num_bytes
+            if self.base is not None and (config.lora is None or self.base.key != base_key(
+                    spec["model_dir"], config, self.world_size)):
+                # A full model, or an adapter on another base or settings: the slot's device
+                # holds one model, so the resident base goes first (as a full agent's does).
+                self.base, base = None, self.base
+                base.release()
+            # Every rank parked it (or none did): the same branch on every rank.
+            if host is not None and host.trainer is None:
+                # A LoRA agent's adapter state, parked here: onto the resident base (rebuilt if
+                # it went meanwhile); its host copy is freed once every rank has it back.
+                trainer = self._new_trainer(spec, config)
+                restore_parked(trainer, host)
+                num_bytes, how = host.num_bytes, "here"
+            elif host is not None:
+                num_bytes = host.num_bytes
                 trainer, how = unpark(self.parked.pop(agent), self.pool), "here"
             elif spec.get("source"):
                 (trainer, num_bytes), how = self._pull(spec), "pulled"
@@ -225,6 +245,8 @@ class Rank:
         if failed:
             raise RuntimeError(f"SwapIn of {agent}: another rank of this trainer group failed "
                                "(its log says why); the slot stays empty")
+        if host is not None and host.trainer is None:
+            self.drop(agent)  # restored on every rank: its host copy goes
         self.trainer, self.agent = trainer, agent
         return SwapDone(num_bytes=total, seconds=time.perf_counter() - started, how=how,
                         device=self.placed)
@@ -236,7 +258,7 @@ class Rank:
         that state restored on every rank."""
         from flexmarl.training.trainer import load_state
 
-        trainer = GRPOTrainer(spec["model_dir"], self.config, agent=spec["agent"])
+        trainer = self._new_trainer(spec, self.config)
         if spec.get("state_dir"):
             return self._read_saved(trainer, spec["state_dir"])
         if self.world_size > 1:  # every rank gets the full state, then keeps its shards
@@ -285,10 +307,30 @@ class Rank:
             out[name] = self.broadcast(t).cpu()
         return out, spec["meta"]
 
+    def _new_trainer(self, spec: dict[str, Any], config: TrainerConfig, *,
+                     empty: bool = False) -> GRPOTrainer:
+        """A fresh trainer of the agent, as GRPOTrainer(model_dir, config) builds it (`empty`:
+        see GRPOTrainer). With trainer.lora on this rank's resident base (swap_in has freed one
+        of another key): its modules taken, nothing built or read, the adapter and RNG set as
+        a fresh trainer's (ResidentBase.start); without one, built from the model dir (the
+        base read, never `empty`: a pull brings the adapter only) and kept as the resident."""
+        if config.lora is None:
+            return GRPOTrainer(spec["model_dir"], config, empty=empty, agent=spec["agent"])
+        if self.base is not None:
+            trainer = GRPOTrainer(spec["model_dir"], config, agent=spec["agent"],
+                                  base=self.base.trainer)
+            self.base.start(trainer)
+            return trainer
+        trainer = GRPOTrainer(spec["model_dir"], config, agent=spec["agent"])
+        self.base = ResidentBase.of(trainer, base_key(spec["model_dir"], config,
+                                                      self.world_size))
+        return trainer
+
     def _pull(self, spec: dict[str, Any]) -> tuple[GRPOTrainer, int]:
-        """The agent's modules built empty, then every tensor of this rank filled from the
-        source slot's ranks (run on the event loop; this thread waits); the bytes pulled."""
-        trainer = GRPOTrainer(spec["model_dir"], self.config, empty=True, agent=spec["agent"])
+        """The agent's modules built empty (with trainer.lora: a trainer on the resident base),
+        then every tensor of this rank's state filled from the source slot's ranks (run on
+        the event loop; this thread waits); the bytes pulled."""
+        trainer = self._new_trainer(spec, self.config, empty=True)
         num_bytes = asyncio.run_coroutine_threadsafe(
             self._pull_shards(trainer, spec["agent"], list(spec["source"])), self.loop).result()
         return trainer, num_bytes
@@ -354,6 +396,10 @@ class Rank:
                                'agent name: give WorkerSpec.args "agent" to swap it')
         error: Exception | None = None
         try:
+            if tr.config.lora is not None and tr._normaliser is not None:
+                raise RuntimeError(f"SwapOut of {self.agent} in the middle of a global batch: "
+                                   "a LoRA trainer parks between steps only (LoRA agents are "
+                                   "never time-shared)")
             host = park(tr, self.pool)
         except Exception as exc:
             error, host = exc, None
@@ -363,6 +409,10 @@ class Rank:
                 unpark(host, self.pool)
             raise error or RuntimeError("SwapOut: another rank of this trainer group failed "
                                         "(its log says why); the agent stays in the slot")
+        if tr.config.lora is not None:
+            # Its adapter state alone is parked (the base stays: self.base); it comes back
+            # onto whichever trainer holds the base then, so the object is not kept.
+            host.trainer = None
         agent, self.agent, self.trainer = self.agent, "", None
         self.parked[agent] = host
         return Parked(agent, tr.version, total, time.perf_counter() - started, ranks)

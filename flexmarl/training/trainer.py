@@ -33,6 +33,9 @@ sharded the same way (its LoRA layers live inside the decoder blocks); only the 
 and AdamW holds only it. export_weights gives the adapter's tensors under PEFT's names,
 export_state and the DCP state the adapter and its AdamW state (the frozen base is rebuilt from
 the model directory), and the KL reference is the base: the same modules, adapter disabled.
+The swap path moves the adapter state alone too: a slot keeps the base resident and its LoRA
+trainers share those modules (`base`, flexmarl.training.parking.ResidentBase), each with its
+own AdamW.
 """
 from __future__ import annotations
 
@@ -64,15 +67,26 @@ __all__ = ["DEVICES", "GRAD_SUM_FACTOR", "GRPOTrainer", "PARAM_DTYPES", "REDUCE_
 
 log = logging.getLogger(__name__)
 
+MODULE_SETTINGS = ("lora", "param_dtype", "reduce_dtype", "reshard_after_forward",
+                   "activation_checkpointing", "compile", "device")
+"""The TrainerConfig fields that shape a trainer's modules (PEFT's layers, FSDP's mixed
+precision and resharding, checkpointing and compiled blocks, the device): two LoRA trainers
+that agree on these (and the model directory and world size) can share one set of modules."""
+
 
 class GRPOTrainer:
     """GRPO trainer of one policy model on this rank; see the module docstring for the calls."""
 
     def __init__(self, model_dir: str, config: TrainerConfig | None = None, *,
-                 empty: bool = False, agent: str = "") -> None:
+                 empty: bool = False, agent: str = "", base: GRPOTrainer | None = None) -> None:
         """`empty`: build the modules without reading any weights (their tensors hold garbage
         until a pull from another slot's shards fills every one of them: local_tensors).
-        `agent`: whose trainer this is, for error messages (trainer.lora's target modules)."""
+        `agent`: whose trainer this is, for error messages (trainer.lora's target modules).
+        `base` (trainer.lora): another LoRA trainer of the same model directory and the same
+        module-shaping settings (flexmarl.training.parking.base_key) whose modules this one
+        takes instead of building its own: the slot's resident base. Nothing is built or read;
+        the adapter's parameters are those modules' own and hold whatever they last held (the
+        caller sets them); this trainer's own are its config, version and AdamW (empty)."""
         self.config = config or TrainerConfig()
         self.version = 0
         self.sharded = dist.is_available() and dist.is_initialized()
@@ -86,6 +100,9 @@ class GRPOTrainer:
         else:
             self.device = torch.device("cpu")
         torch.manual_seed(self.config.seed)
+        if base is not None:
+            self._share(base)
+            return
         model = build_model(model_dir, empty)
         # Tied weights (e.g. lm_head = embed_tokens) appear under several names; the checkpoint
         # (and so the rollout engines) knows only the first, as save_pretrained writes it.
@@ -108,13 +125,30 @@ class GRPOTrainer:
                           if self.config.kl_coef > 0 and self.config.lora is None else None)
         """The agent's initial weights, frozen: the KL term's reference policy (with
         trainer.lora, None: the reference is the policy's own base, `adapter.base_only`)."""
+        self._optimizer()
+
+    def _optimizer(self) -> None:
+        """A new AdamW over the model's trained parameters (its state empty), no batch begun."""
         c = self.config
-        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
-                                           lr=c.lr, betas=c.betas, eps=c.adam_eps,
-                                           weight_decay=c.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad], lr=c.lr, betas=c.betas,
+            eps=c.adam_eps, weight_decay=c.weight_decay)
         self._normaliser: float | None = None
         self._deferred = False
         self._tokens_seen = 0
+
+    def _share(self, base: GRPOTrainer) -> None:
+        """Take `base`'s modules (see __init__'s `base`); refused unless both train an adapter
+        of the same spec at the same precision and sharding, the parts of the config the
+        modules were built with (the rest, e.g. lr or kl_coef, is this trainer's own)."""
+        ours, theirs = ([getattr(c, k) for k in MODULE_SETTINGS]
+                        for c in (self.config, base.config))
+        if self.config.lora is None or ours != theirs or base.world_size != self.world_size:
+            raise ValueError("GRPOTrainer(base=...): a LoRA trainer takes the modules of another "
+                             f"of the same {', '.join(MODULE_SETTINGS)} and world size only")
+        self.model, self.reference = base.model, None
+        self.export_names, self.trained_names = base.export_names, base.trained_names
+        self._optimizer()
 
     def _reference(self, model_dir: str, empty: bool) -> nn.Module:
         ref = build_model(model_dir, empty)

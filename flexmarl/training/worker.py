@@ -39,6 +39,11 @@ Swaps (the one swap path; flexmarl.training.parking.park/unpark/pull_plan):
     SwapIn, tensors ─► restore a whole TrainState (snapshot or checkpoint): built from
                model_dir, rank 0 broadcasts it, each rank keeps its shards (not a swap)
 
+LoRA agents (trainer.lora) swap their adapter state alone (its parameters, AdamW state, RNG,
+version): the frozen base stays resident in the slot's ranks (Rank.base), and every SwapIn of
+a LoRA agent of the same base and settings sets its adapter on it (here, pulled, restored or
+fresh) with no base built or read. A full agent's SwapIn, or one on another base, frees it.
+
 Every rank's actor serves FetchShards for the agents parked on it, concurrently with whatever
 its group is doing (the parked copies are never written). A pull runs on the rank's event
 loop while its command thread waits, so two slots pulling from each other cannot deadlock.

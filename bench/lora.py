@@ -15,6 +15,10 @@ run, side by side with the ratio adapters / full:
     .venv/bin/python bench/lora.py [--json] [--team PATH] [--steps 10] [--heldout 50]
                                    [--slots 1] [--set section.key=value ...]
 
+On this machine (24 GB) the full team on one slot needs the snapshots off (its three parked
+states plus their snapshots in /dev/shm outgrow the memory: the OOM killer took the slot):
+`--set run.save_state=false --set trainer_pool.snapshots=false`, as measured in bench/README.
+
 Targets (issue 38): memory of the adapter team <= 0.5x the full team's, sync bytes per step
 <= 0.1x, and the adapter team learns (+10 points greedy for at least one agent). With --json
 the last line is one JSON object: {"lora": run, "full": run, "ratio": {...}}, a run being
@@ -108,7 +112,13 @@ async def run_one(team, args: argparse.Namespace, workdir: str) -> dict:
         f"trainer_pool.slots={args.slots}", *args.set])
     started = time.perf_counter()
     with PeakRss() as rss:
-        result = await train(team, config, run_dir=RunDir.create(config), progress=args.progress)
+        try:
+            result = await train(team, config, run_dir=RunDir.create(config),
+                                 progress=args.progress)
+        except Exception as exc:  # e.g. the machine's memory ran out: say so, keep the peaks
+            return {"team": team.name, "agents": [a.name for a in team.agents],
+                    "failed": f"{type(exc).__name__}: {exc}"[:300],
+                    "peak_rss_mb": rss.by_role(), "wall_s": time.perf_counter() - started}
     metrics = result.metrics
     later = metrics[1:] or metrics
     return {"team": team.name, "agents": [a.name for a in team.agents],
@@ -194,8 +204,15 @@ async def main(args: argparse.Namespace) -> None:
     for name, lora in (("lora", True), ("full", False)):
         print(f"running the {'adapter' if lora else 'full-copy'} team ...", flush=True)
         out[name] = await run_one(module.team_of(lora=lora), args, workdir)
-    out["ratio"] = ratios(out["lora"], out["full"])
-    print(table(out))
+    failed = [f"the {name} run failed: {out[name]['failed']}" for name in ("lora", "full")
+              if "failed" in out[name]]
+    if failed:  # what each run measured before it stopped
+        out["ratio"] = {}
+        print("\n".join(failed))
+        print(json.dumps({k: out[k] for k in ("lora", "full")}, indent=1))
+    else:
+        out["ratio"] = ratios(out["lora"], out["full"])
+        print(table(out))
     if args.json:
         print(json.dumps(out))
 

@@ -37,8 +37,8 @@ members' adapters (Costs.unit_model). Their prices:
                       train.state_bytes_per_param (its weights, master copy, AdamW, grads)
     swap, snapshot  = the adapter's state only (the base stays on the slot's devices; a slot
                       whose devices hold another base, or a full agent, loads the base from host
-                      memory too). The product's swap today still moves the slot's whole
-                      state: this models the intended adapter-only swap
+                      memory too), as the product's swap does (flexmarl.training.parking:
+                      each slot rank keeps one resident base for the LoRA agents on it)
     sync            = the adapter's weights (bf16) per instance; the base is never sent
     train           = train.lora_flops_per_token_per_param x base params (forward 2 +
                       activation gradients 2: no weight gradients for the frozen base) + the
@@ -313,8 +313,8 @@ class Costs:
 
     def swap_bytes(self, m: Model) -> float:
         """What a swap moves and a snapshot saves: the whole state, or (LoRA) the adapter's
-        training state only (the frozen base is the model's own; the product today still
-        swaps the slot's whole state: this is the intended adapter-only swap)."""
+        training state only (the frozen base stays resident in the slot, as in the product:
+        flexmarl.training.parking.ResidentBase)."""
         if m.is_adapter:
             return self.train.state_bytes_per_param * m.adapter_params
         return self.state_bytes(m)

@@ -18,9 +18,9 @@ A LoRA unit's instance (flexmarl.sim.presets.Preset.lora) serves one base and ea
 adapter: its `config.adapters` names them (the real RolloutWorker then keeps a version and a
 gate per adapter), a request names its adapter (Generate.adapter), and a sync of one agent is
 `load_adapter` of its adapter's bytes. A trainer slot keeps the frozen base of the LoRA agent
-it last held on its devices: a LoRA agent's swap moves its adapter's training state only (the
-intended adapter-only swap; the product today still swaps the slot's whole state), plus the
-base from host memory when the slot's devices hold another model.
+it last held on its devices: a LoRA agent's swap moves its adapter's training state only (as
+the product's: flexmarl.training.parking.ResidentBase), plus the base from host memory when
+the slot's devices hold another model.
 
 Simulated prompts carry the simulated policy's behaviour: token 0 of a prompt is the median
 response length (tokens) the policy gives it (a user team's run has a median per agent

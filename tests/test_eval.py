@@ -169,7 +169,6 @@ async def test_a_run_evaluates_between_steps_and_at_the_end_and_flexmarl_eval_ag
     `flexmarl eval RUN_DIR` of the final checkpoints, in another engine in this process, gives
     the same numbers (seeded samples: the same draws from the same weights)."""
     from flexmarl.config.load import load_config
-    from flexmarl.launch.cli import main
     from flexmarl.launch.run import train
     from flexmarl.observe.rundir import RunDir
     from flexmarl.team import load_team
@@ -211,12 +210,7 @@ async def test_a_run_evaluates_between_steps_and_at_the_end_and_flexmarl_eval_ag
     assert on_disk["heldout"] == result.heldout
     assert on_disk["time_to_first_step_s"] == result.time_to_first_step_s
 
-    async def cli(*argv: str) -> int:  # `flexmarl ...` runs its own event loop: a thread
-        try:
-            await asyncio.to_thread(main, list(argv))
-        except SystemExit as done:
-            return done.code
-        raise AssertionError("main() returned without SystemExit")
+    from tests.workers import flexmarl_cli as cli
 
     assert await cli("eval", str(result.run_dir), "--json") == 0  # the run's eval.n = 2
     again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -23,7 +23,7 @@ from flexmarl.tasks import addition_tasks
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_e2e import RATIO_ATOL, varied  # noqa: E402  (the end-to-end test's reward, tolerance)
-from workers import running_workers  # noqa: E402
+from workers import flexmarl_cli as cli, running_workers  # noqa: E402
 
 ADAPTERS = ("solver", "checker", "critic")
 SPEC = LoraSpec(rank=4, alpha=8, target_modules=("q_proj", "v_proj", "down_proj"))
@@ -186,7 +186,6 @@ async def test_adapters_are_evaluated_merged_and_resumed(tiny_model_dir, tmp_pat
 
     from safetensors.torch import load_file
 
-    from flexmarl.launch.cli import main
     from flexmarl.team import load_team
 
     path = tmp_path / "loraduo.py"
@@ -215,12 +214,6 @@ async def test_adapters_are_evaluated_merged_and_resumed(tiny_model_dir, tmp_pat
             assert lora == team.agent(agent).lora and tensors.keys() == saved.keys()
             assert all(torch.equal(tensors[k], saved[k]) for k in saved), (agent, step)
 
-    async def cli(*argv: str) -> int:  # `flexmarl ...` runs its own event loop: a thread
-        try:
-            await asyncio.to_thread(main, list(argv))
-        except SystemExit as done:
-            return done.code
-        raise AssertionError("main() returned without SystemExit")
 
     for extra in ((), ("--step", "2")):
         assert await cli("eval", str(result.run_dir), *extra, "--json") == 0

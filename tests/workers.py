@@ -210,3 +210,15 @@ async def kill_a_busy_instance(base: str, prefix: str = "rollout-", after_steps:
                     os.kill(live[busy[0]], signal.SIGKILL)
                     return busy[0]
             await asyncio.sleep(0.01)
+
+
+async def flexmarl_cli(*argv: str) -> int:
+    """`flexmarl ARGV...` in this process, its exit status (main() runs its own event loop:
+    in a thread, so the test's loop goes on)."""
+    from flexmarl.launch.cli import main
+
+    try:
+        await asyncio.to_thread(main, list(argv))
+    except SystemExit as done:
+        return done.code
+    raise AssertionError("main() returned without SystemExit")

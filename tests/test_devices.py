@@ -381,6 +381,7 @@ def test_workers_of_a_lost_node_are_placed_again_on_the_nodes_left(tmp_path):
     """A node's GPUs go with it: the replacement of an instance that ran there is seated on
     another node's free GPUs (and started on that node), not on the lost one."""
     from flexmarl.launch.layout import hosts
+    from flexmarl.launch.lora_units import LoraUnits
     from flexmarl.launch.placement import _Workers
     from runtime.protocol import NodeHello
     from runtime.registry import NodeInfo, NodeRegistry
@@ -397,6 +398,7 @@ def test_workers_of_a_lost_node_are_placed_again_on_the_nodes_left(tmp_path):
     workers.sup, workers.settings, workers.gpus = registry, _settings(config), gpus
     workers.model_dirs = {a.name: "/m" for a in team.agents}
     workers.rollout_cpus, workers.rollout_env, workers.time_shared = (), {}, frozenset()
+    workers.units = LoraUnits()  # no LoRA agents
     import itertools
     workers._instances = itertools.count(2)
     on_r1 = next(w for w, s in gpus.plan.seats.items() if s.host == "r1")

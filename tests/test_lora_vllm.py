@@ -17,7 +17,6 @@ caught it by 0.97 in log-probability.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 
 import pytest
@@ -53,20 +52,11 @@ def engine_test(test):
     return test
 
 
-def require_peft() -> None:
-    """As tests/conftest.py does for vLLM: skipped where PEFT (the `lora` extra) is not
-    installed, failed where it is installed but does not import."""
-    if importlib.util.find_spec("peft") is None:
-        pytest.skip("PEFT is not installed (the `lora` extra: pip install 'flexmarl[lora]')")
-    import peft  # noqa: F401
-
-
 class Adapter:
     """A PEFT model of one adapter (the base + LoRA with random, non-zero B, eval, float32)
     and its tensors under PEFT's saved names."""
 
     def __init__(self, model_dir: str, name: str, spec: LoraSpec, seed: int) -> None:
-        require_peft()
         self.name, self.spec = name, spec
         torch.manual_seed(seed)  # PEFT's initialisation of A
         self.model = wrap(load_model(model_dir), spec, name)

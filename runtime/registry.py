@@ -68,6 +68,9 @@ class NodeRegistry(Actor):
     """See the module docstring. `async with NodeRegistry(addr).serving():`; leaving it releases
     every node (their workers stop)."""
 
+    remote = True
+    """Its workers run on other machines."""
+
     def __init__(self, address: str, *, transport: TransportConfig = TransportConfig(),
                  node_timeout_s: float = 30.0, start_timeout_s: float = 600.0) -> None:
         super().__init__("registry", address, transport=transport)

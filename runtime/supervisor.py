@@ -78,6 +78,16 @@ class WorkerSpec:
     node: str = ""
     """The node that must host it (its GPUs were planned there); "": the registry picks the
     least busy node of its role. A local Supervisor ignores it."""
+    group: str = ""
+    """Workers a cluster engine places together on one machine (a trainer slot's ranks); "":
+    its own group. A local Supervisor ignores it (runtime.ray_cluster reads it)."""
+    group_size: int = 1
+    """How many workers `group` has (its placement group's bundles)."""
+    group_index: int = 0
+    """This worker's bundle in its group (a trainer rank)."""
+    gpus: float = 0.0
+    """GPUs a cluster engine reserves for it (a rollout instance: its tensor-parallel size;
+    a trainer rank: 1); here its GPUs come from env's CUDA_VISIBLE_DEVICES instead."""
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", self.name):
@@ -196,7 +206,9 @@ class StderrTail:
 @dataclass
 class WorkerHandle:
     spec: WorkerSpec
-    proc: asyncio.subprocess.Process
+    proc: Any
+    """An asyncio.subprocess.Process, or a cluster engine's stand-in with the same pid,
+    returncode and wait() (runtime.ray_cluster.RayProcess)."""
     stderr: StderrTail
     address: str = ""
     peer: Any = None
@@ -221,6 +233,9 @@ class WorkerHandle:
 class Supervisor(Actor):
     """Owns worker processes. Use `async with sup.serving():`; leaving it stops every worker."""
 
+    remote = False
+    """Its workers run on this machine (a registry's or a cluster engine's may not)."""
+
     def __init__(self, *, config: SupervisorConfig = SupervisorConfig(),
                  address: str = "ipc://*", transport: TransportConfig = TransportConfig(),
                  name: str = "supervisor", worker_log: str | os.PathLike | None = None) -> None:
@@ -243,18 +258,52 @@ class Supervisor(Actor):
         old = self.workers.get(spec.name)
         if old is not None and old.alive:
             raise ValueError(f"a worker named {spec.name!r} is already running (pid {old.pid})")
-        bind = spec.bind
-        if bind == "ipc://*":
-            # Socket files live in the supervisor's own directory, removed when it stops, so a
-            # worker killed with -9 leaves no socket file behind.
-            if self._ipc_dir is None:
-                self._ipc_dir = tempfile.mkdtemp(prefix="flexmarl-workers-")
-            bind = f"ipc://{os.path.join(self._ipc_dir, spec.name + '.sock')}"
-        boot = {"name": spec.name, "entry": spec.entry, "args": spec.args, "bind": bind,
+        boot = {"name": spec.name, "entry": spec.entry, "args": spec.args,
+                "bind": self._bind(spec),
                 "supervisor": self.address, "supervisor_pid": os.getpid(),
                 "supervisor_config": asdict(self.config), "transport": asdict(self.transport),
                 "ready_timeout_s": spec.ready_timeout_s, "cpus": list(spec.cpus),
                 "nice": spec.nice}
+        handle = await self._spawn(spec, boot)
+        self.workers[spec.name] = handle
+        self._tg.create_task(self._proc_wait(handle), name=f"{self.name}.wait[{spec.name}]")
+        timeout_s = spec.ready_timeout_s or self.config.ready_timeout_s
+        exited = asyncio.ensure_future(handle.exited.wait())
+        try:
+            done, _ = await asyncio.wait([handle.ready, exited], timeout=timeout_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            exited.cancel()
+        if handle.ready.done():
+            self.silence.heard(spec.name)
+            log.info("worker %s ready (pid %d) at %s", spec.name, handle.pid, handle.address)
+            return handle
+        handle.stopping = True  # its end is reported by this exception, not as an event
+        # The process may have exited before the deadline with its exit not yet seen here (this
+        # loop was busy): a zombie is an exit, to be reported as one, not as a slow start.
+        too_slow = handle.alive and self._running(handle)
+        self._signal(handle, signal.SIGKILL)  # it, or what it left behind (engine cores)
+        await handle.exited.wait()
+        last = last_words(await handle.stderr.settled())
+        if too_slow and handle.proc.returncode == -signal.SIGKILL:
+            raise WorkerStartError(
+                f"worker {spec.name} ({spec.entry}) did not send Ready within {timeout_s:g} s; "
+                "raise supervisor.ready_timeout_s (or WorkerSpec.ready_timeout_s) if it loads "
+                f"something large{last}")
+        raise WorkerStartError(f"worker {spec.name} ({spec.entry}) exited with code "
+                               f"{handle.proc.returncode} before sending Ready{last}")
+
+    def _bind(self, spec: WorkerSpec) -> str:
+        if spec.bind != "ipc://*":
+            return spec.bind
+        # Socket files live in the supervisor's own directory, removed when it stops, so a
+        # worker killed with -9 leaves no socket file behind.
+        if self._ipc_dir is None:
+            self._ipc_dir = tempfile.mkdtemp(prefix="flexmarl-workers-")
+        return f"ipc://{os.path.join(self._ipc_dir, spec.name + '.sock')}"
+
+    async def _spawn(self, spec: WorkerSpec, boot: dict[str, Any]) -> WorkerHandle:
+        """Start the worker's process on this machine, in a session of its own."""
         env = {**os.environ, **spec.env}
         if "CUDA_VISIBLE_DEVICES" in spec.env:
             env["CUDA_VISIBLE_DEVICES"] = visible_devices(spec.env["CUDA_VISIBLE_DEVICES"],
@@ -273,41 +322,20 @@ class Supervisor(Actor):
             raise
         finally:
             os.close(write_end)  # the worker (and what it starts) hold the only write ends
-        handle = WorkerHandle(spec, proc, StderrTail(read_end, sink=self.worker_log))
-        self.workers[spec.name] = handle
-        self._tg.create_task(self._proc_wait(handle), name=f"{self.name}.wait[{spec.name}]")
-        timeout_s = spec.ready_timeout_s or self.config.ready_timeout_s
-        exited = asyncio.ensure_future(handle.exited.wait())
-        try:
-            done, _ = await asyncio.wait([handle.ready, exited], timeout=timeout_s,
-                                         return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            exited.cancel()
-        if handle.ready.done():
-            self.silence.heard(spec.name)
-            log.info("worker %s ready (pid %d) at %s", spec.name, proc.pid, handle.address)
-            return handle
-        handle.stopping = True  # its end is reported by this exception, not as an event
-        # The process may have exited before the deadline with its exit not yet seen here (this
-        # loop was busy): a zombie is an exit, to be reported as one, not as a slow start.
-        too_slow = handle.alive and pid_alive(proc.pid)
-        self._signal(handle, signal.SIGKILL)  # it, or what it left behind (engine cores)
-        await handle.exited.wait()
-        last = last_words(await handle.stderr.settled())
-        if too_slow and proc.returncode == -signal.SIGKILL:
-            raise WorkerStartError(
-                f"worker {spec.name} ({spec.entry}) did not send Ready within {timeout_s:g} s; "
-                "raise supervisor.ready_timeout_s (or WorkerSpec.ready_timeout_s) if it loads "
-                f"something large{last}")
-        raise WorkerStartError(f"worker {spec.name} ({spec.entry}) exited with code "
-                               f"{proc.returncode} before sending Ready{last}")
+        return WorkerHandle(spec, proc, StderrTail(read_end, sink=self.worker_log))
+
+    def _running(self, handle: WorkerHandle) -> bool:
+        """Its process still runs (a zombie has exited), whatever this loop has seen yet."""
+        return pid_alive(handle.pid)
 
     async def _proc_wait(self, handle: WorkerHandle) -> None:
         await handle.proc.wait()
         handle.exited.set()
         if not handle.stopping and handle.ready.done():
             self._signal(handle, signal.SIGKILL)  # what it started (engine cores) goes too
-            self._report(handle, "exited", await handle.stderr.settled())
+            # A cluster engine's process may say more (its node lost: runtime.ray_cluster).
+            self._report(handle, getattr(handle.proc, "reason", "exited"),
+                         await handle.stderr.settled())
         if self.workers.get(handle.name) is handle:
             self.silence.forget(handle.name)
 
@@ -335,7 +363,9 @@ class Supervisor(Actor):
     @handler(Ready, concurrent=True)
     async def on_ready(self, msg: Ready, env: Envelope) -> None:
         handle = self.workers.get(msg.name)
-        if handle is None or handle.pid != msg.pid:
+        # pid 0: a cluster engine's worker whose pid has not reached us yet (it may say Ready
+        # first); its name and the run's key vouch for it.
+        if handle is None or (handle.pid and handle.pid != msg.pid):
             raise ValueError(f"Ready from unknown worker {msg.name!r} (pid {msg.pid})")
         handle.address, handle.peer = msg.address, env.peer
         self.silence.heard(msg.name)
@@ -345,7 +375,7 @@ class Supervisor(Actor):
     @handler(Heartbeat)
     async def on_heartbeat(self, msg: Heartbeat, env: Envelope) -> None:
         handle = self.workers.get(msg.name)
-        if handle is not None and handle.pid == msg.pid:
+        if handle is not None and handle.pid in (msg.pid, 0):
             self.silence.heard(msg.name)
 
     async def heartbeat_watch_loop(self) -> None:
@@ -393,8 +423,7 @@ class Supervisor(Actor):
         if self._ipc_dir is not None:
             shutil.rmtree(self._ipc_dir, ignore_errors=True)
 
-    @staticmethod
-    def _signal(handle: WorkerHandle, sig: int) -> None:
+    def _signal(self, handle: WorkerHandle, sig: int) -> None:
         try:
             os.killpg(handle.pid, sig)  # the worker leads its own process group
         except ProcessLookupError:

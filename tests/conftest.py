@@ -9,6 +9,11 @@ from __future__ import annotations
 import importlib.util
 import os
 
+# Ray reads its authentication mode once, when it is first imported (by whichever module does):
+# token authentication, Ray's default for the clusters it starts itself, for the Ray cluster of
+# tests/test_ray.py and for this process as the driver of its runs.
+os.environ.setdefault("RAY_AUTH_MODE", "token")
+
 import pytest
 import pytest_asyncio
 import uvloop

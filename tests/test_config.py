@@ -448,7 +448,7 @@ def test_role_cpus_single_core_pins_nothing(monkeypatch):
 def test_trainer_nice_and_serial_resolve(overrides, nice, serial):
     from flexmarl.launch.placement import serial_trainers, trainer_nice, trainers_on_local_cpu
     config = load_config(overrides=overrides)
-    local = trainers_on_local_cpu(config.trainer.device, config.cluster.listen)
+    local = trainers_on_local_cpu(config.trainer.device, config.cluster.remote)
     assert trainer_nice(config.trainer_pool, local) == nice
     assert serial_trainers(config.trainer_pool, local) is serial
 

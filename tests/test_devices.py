@@ -216,7 +216,7 @@ def _settings(config):
     """The WorkerSettings flexmarl.launch.build makes of `config` (workers on this machine)."""
     from flexmarl.launch.placement import (WorkerSettings, role_cpus, trainer_nice,
                                            trainers_on_local_cpu)
-    local_cpu = trainers_on_local_cpu(config.trainer.device, config.cluster.listen)
+    local_cpu = trainers_on_local_cpu(config.trainer.device, config.cluster.remote)
     return WorkerSettings(
         config.rollout, config.trainer, config.trainer_pool, config.devices, config.transport,
         seed=config.run.seed, stop_timeout_s=config.supervisor.stop_timeout_s,
@@ -229,7 +229,7 @@ def _settings(config):
 def _gpu_placement(config):
     """The dry run's GPU placement comments for `config`."""
     from flexmarl.launch.cli import _gpu_placement as shown
-    return shown(config.team.path, config.cluster.listen, rollout=config.rollout,
+    return shown(config.team.path, config.cluster, rollout=config.rollout,
                  trainer_device=config.trainer.device, devices=config.devices,
                  trainer_pool=config.trainer_pool)
 

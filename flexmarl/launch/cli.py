@@ -119,7 +119,7 @@ def _run(args: argparse.Namespace) -> int:
             config.to_toml() + note +
             _per_agent_settings(config.team.path, config.trainer, config.pipeline,
                                 config.run.seed) +
-            _gpu_placement(config.team.path, config.cluster.listen,
+            _gpu_placement(config.team.path, config.cluster,
                            rollout=resolve_backend(config).rollout,  # "auto" as a run sees it
                            trainer_device=config.trainer.device, devices=config.devices,
                            trainer_pool=config.trainer_pool))
@@ -155,13 +155,13 @@ def _run(args: argparse.Namespace) -> int:
         for spec in team.agents:  # a missing model directory: say so before making a run dir
             check_model(spec)
         config = resolve_backend(config)  # rollout.backend "auto": what the GPUs here allow
-        check_backend(config.rollout.backend, config.cluster.listen)
+        check_backend(config.rollout.backend, config.cluster.remote)
         if config.trainer_pool.slots == "auto":  # planned now: the run dir records the plan
             from flexmarl.sim.team_plan import resolve_auto
             phase('planning trainer_pool.slots = "auto" with the cluster simulator')
             config = resolve_auto(config, team)
         # The GPUs fit, before a run dir or a process exists.
-        check_devices(team, config.cluster.listen, rollout=config.rollout,
+        check_devices(team, config.cluster.remote, rollout=config.rollout,
                       trainer_device=config.trainer.device, devices=config.devices,
                       trainer_pool=config.trainer_pool)
         check_eval(team, config.eval, config.gateway.enabled)
@@ -441,14 +441,15 @@ def _per_agent_settings(team_path: str, trainer: Any, pipeline: Any, seed: int) 
     return "\n".join(lines) + "\n"
 
 
-def _gpu_placement(team_path: str, listen: str, *, rollout: Any, trainer_device: str,
+def _gpu_placement(team_path: str, cluster: Any, *, rollout: Any, trainer_device: str,
                    devices: Any, trainer_pool: Any) -> str:
     """TOML comments: which GPUs each worker of the team at `team_path` would get on this
-    machine (flexmarl.launch.devices; none are placed with cluster.listen), or why none."""
+    machine (flexmarl.launch.devices; none are placed on nodes), the Ray placement groups it
+    would ask for (cluster.launcher = "ray"), or why none."""
     from flexmarl.launch.layout import _slot_sizes, hosts, plan_gpus
     from flexmarl.team import load_team
 
-    if listen:
+    if cluster.engine == "nodes":
         return ("# GPU placement: made when the nodes have joined, on the GPUs each reports "
                 "(flexmarl-node --devices)\n")
     try:
@@ -457,6 +458,9 @@ def _gpu_placement(team_path: str, listen: str, *, rollout: Any, trainer_device:
                  for a in team.agents if a.trainable}
         sizes = (_slot_sizes(trainer_pool, needs) if trainer_pool.slots != "auto"
                  else list(needs.values()))
+        if cluster.engine == "ray":
+            return _ray_groups(team, sizes, cluster, rollout=rollout,
+                               trainer_device=trainer_device)
         machine = hosts(devices.gpus, None)
         gpus = plan_gpus(team, sizes, machine, rollout=rollout, trainer_device=trainer_device,
                          devices=devices, trainer_pool=trainer_pool)
@@ -464,6 +468,32 @@ def _gpu_placement(team_path: str, listen: str, *, rollout: Any, trainer_device:
         return f"# GPU placement: {' '.join(str(e).split())}\n"
     return _placement_line(team, trainer_pool, devices) + _gpu_table(gpus, machine, devices,
                                                                      trainer_device)
+
+
+def _ray_groups(team: Any, sizes: list[int], cluster: Any, *, rollout: Any,
+                trainer_device: str) -> str:
+    """The placement groups a Ray run asks for (runtime.ray_cluster.placement_groups), as if
+    its cluster has GPUs wherever the config would use them."""
+    from runtime.ray_cluster import ROLE_RESOURCE, ROLE_SLIVER, placement_groups
+    from runtime.supervisor import WorkerSpec
+
+    entry = "flexmarl.rollout.worker:rollout_worker"
+    names = iter(range(10**6))
+    specs = [WorkerSpec(name=f"rollout-{next(names)}", entry=entry, role="rollout",
+                        gpus=rollout.tensor_parallel_size if rollout.backend == "vllm" else 0)
+             for spec in team.agents for _ in range(spec.instances or rollout.instances_per_agent)]
+    specs += [WorkerSpec(name=f"trainer-{k}-{r}", entry=entry, role="trainer",
+                         group=f"trainer-{k}", group_size=n, group_index=r,
+                         gpus=1 if trainer_device == "cuda" else 0)
+              for k, n in enumerate(sizes) for r in range(n)]
+    where = cluster.ray_address or "a Ray of the run's own on this machine"
+    lines = [f"Ray placement groups (cluster.launcher = \"ray\", {where}; STRICT_PACK each):"]
+    lines += [f"  {g.name}: " + " + ".join(
+        "{" + ", ".join(f"{k}: {v:g}" for k, v in b.items()) + "}" for b in g.bundles)
+        for g in placement_groups(specs, cluster.ray_worker_cpus)]
+    lines.append(f"  (a worker also asks {ROLE_RESOURCE.format(role='ROLE')}: {ROLE_SLIVER} "
+                 "when some node offers that resource: it then lands only on such nodes)")
+    return "".join(f"# {line}\n" for line in lines)
 
 
 def _placement_line(team: Any, trainer_pool: Any, devices: Any) -> str:

@@ -78,10 +78,13 @@ LOCAL = "local"
 
 
 def hosts(gpus: str, sup: "Supervisor | NodeRegistry | None") -> list[Host]:
-    """The GPUs the run may use: this machine's (`gpus`: devices.gpus), or each joined node's."""
+    """The GPUs the run may use: this machine's (`gpus`: devices.gpus), each joined node's, or
+    each live Ray node's (runtime.ray_cluster.RayLauncher.hosts)."""
     if isinstance(sup, NodeRegistry):
         return [Host(n.name, tuple(range(n.hello.devices)), tuple(n.hello.roles))
                 for n in sup.alive()]
+    if sup is not None and sup.remote:  # a cluster engine (Ray): its nodes, as it sees them
+        return [Host(name, tuple(range(n)), roles) for name, n, roles in sup.hosts()]
     import torch
     return [Host(LOCAL, parse_gpus(gpus, torch.cuda.device_count()))]
 
@@ -157,12 +160,12 @@ def _slot_sizes(trainer_pool: TrainerPoolConfig, needs: dict[str, int]) -> list[
     return list(needs.values())
 
 
-def check_devices(team: Team, listen: str, *, rollout: RolloutConfig, trainer_device: str,
+def check_devices(team: Team, remote: bool, *, rollout: RolloutConfig, trainer_device: str,
                   devices: DevicesConfig, trainer_pool: TrainerPoolConfig) -> None:
-    """At start, for workers on this machine (no cluster.listen): the GPU placement fits (one
+    """At start, for workers on this machine (not cluster.remote): the GPU placement fits (one
     PlacementError listing what was asked and what exists, before any process starts)."""
-    if listen:
-        return  # placed when the nodes have joined
+    if remote:
+        return  # placed on the cluster's GPUs: the nodes' once they join, or Ray's
     plan_gpus(team, slot_layout(team, trainer_pool, devices).sizes, hosts(devices.gpus, None),
               rollout=rollout, trainer_device=trainer_device, devices=devices,
               trainer_pool=trainer_pool)

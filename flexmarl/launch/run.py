@@ -220,7 +220,9 @@ async def _steps(setup: RunSetup, parts: _Parts, progress: bool | None,
     monitor = RunMonitor(parts.orch, parts.pool, parts.trainers, parts.activity,
                          mode=pipeline.name, steps=steps,
                          run_dir=str(run_dir.path) if run_dir else "",
-                         stall_after_s=setup.observe.stall_warn_s)
+                         stall_after_s=setup.observe.stall_warn_s,
+                         cluster={"launcher": setup.cluster.engine,
+                                  "dashboard": getattr(setup.sup, "dashboard_url", "")})
     loggers = _loggers(setup.observe, run_dir, setup.config_dict)
     metrics: list[dict] = []
     schedule = SaveSchedule(setup.run.save_every, steps, first_step)

@@ -109,8 +109,11 @@ class RunMonitor:
                  trainers: StatusSource | None, activity: ActivityLog, *, mode: str,
                  steps: int, run_dir: str = "", window_s: float = 30.0,
                  timeline_s: float = 120.0, history: int = 500,
-                 stall_after_s: float = 0.0) -> None:
+                 stall_after_s: float = 0.0, cluster: dict[str, str] | None = None) -> None:
+        """`cluster`: where the workers run, {"launcher": ..., "dashboard": URL or ""} (the
+        page links a Ray dashboard)."""
         self.orch, self.pool, self.trainers = orch, pool, trainers
+        self.cluster = cluster or {"launcher": "local", "dashboard": ""}
         self.activity = activity
         self.mode = mode
         self.steps = steps
@@ -229,7 +232,7 @@ class RunMonitor:
                     "steps": self.steps, "steps_done": len(self.history) and
                     self.history[-1]["step"] + 1, "rollout_step": self.rollout_step,
                     "started_at": self.started_at, "elapsed_s": t - self.t0,
-                    "run_dir": self.run_dir, "stalled": None},
+                    "run_dir": self.run_dir, "cluster": self.cluster, "stalled": None},
             "agents": agents, "instances": instances, "slots": slots,
             "history": list(self.history),
             "timeline": {"now": t - self.t0, "intervals": self._intervals(t, trainers)},

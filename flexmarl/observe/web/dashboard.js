@@ -106,6 +106,12 @@ function renderHeader(run) {
   document.getElementById("progress-fill").style.width = `${(frac * 100).toFixed(1)}%`;
   setText("elapsed", fmtDuration(run.elapsed_s));
   setText("run-dir", str(run.run_dir));
+  // Where the workers run; a Ray cluster's own dashboard is linked when it has one (an
+  // http(s) URL only: the link is data, never script).
+  const cluster = run.cluster || {}, where = document.getElementById("cluster");
+  const url = typeof cluster.dashboard === "string" && /^https?:\/\//.test(cluster.dashboard) ? cluster.dashboard : "";
+  where.replaceChildren(str(cluster.launcher || "local"),
+    ...(url ? [" ", h("a", {href: url, target: "_blank", rel: "noopener"}, "Ray dashboard")] : []));
   // A run that stored no sample and finished no step for observe.stall_warn_s: say so, and what
   // it waits for, instead of looking alive.
   const stall = document.getElementById("stall"), st = run.stalled;

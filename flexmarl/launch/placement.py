@@ -189,7 +189,7 @@ class _Workers:
         """Agents whose instances sleep while their trainer runs (EngineConfig.sleep_mode)."""
         self.gpus = gpus or GpuPlan(None, "stage", False, False)
         self.store = None
-        if sup.remote:  # trainer ranks on several machines meet at a TCPStore
+        if getattr(sup, "remote", False):  # trainer ranks on several machines meet at a TCPStore
             import torch.distributed as dist
             self.store = dist.TCPStore("0.0.0.0", settings.store_port, is_master=True,
                                        wait_for_workers=False)

@@ -1,0 +1,123 @@
+"""The Ray deployment examples hang together: docs/deploy/slurm_ray.sbatch and
+docs/deploy/kuberay.yaml (cluster.launcher = "ray"). Fast: no network, no cluster, no SLURM.
+
+As in tests/test_deploy_docs.py, each check is a function returning a list of problems, run on
+the shipped file (none) and on a broken copy (some), which shows the check can fail. The SLURM
+script runs with stub `scontrol`, `srun`, `ray`, `python` and `flexmarl` commands that record
+their arguments.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_deploy_docs import BASH, SCONTROL, STUB, needs_bash, option, settings  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SBATCH = ROOT / "docs" / "deploy" / "slurm_ray.sbatch"
+RAYJOB = ROOT / "docs" / "deploy" / "kuberay.yaml"
+# `python -c ...` in the script asks Ray how many nodes are up: the stub says all of them.
+PYTHON = STUB + 'set -- $STUB_HOSTS; echo $#\n'
+
+
+def run_sbatch(script: str, tmp: Path, hosts: list[str], trainer_nodes: int
+               ) -> tuple[int, list[list[str]], str]:
+    bin_dir, log, home, venv = tmp / "bin", tmp / "log", tmp / "home", tmp / "venv" / "bin"
+    for d in (bin_dir, log, home, venv):
+        d.mkdir(parents=True)
+    (venv / "activate").write_text("")
+    for name, text in (("srun", STUB), ("flexmarl", STUB), ("ray", STUB), ("python", PYTHON),
+                       ("scontrol", SCONTROL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    path = tmp / "job.sbatch"
+    path.write_text(script)
+    env = {"PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}", "HOME": str(home),
+           "STUB_LOG": str(log), "STUB_HOSTS": " ".join(hosts),
+           "SLURM_JOB_NODELIST": "stub[0-9]", "SLURM_SUBMIT_DIR": str(tmp),
+           "SLURM_CPUS_ON_NODE": "8", "FLEXMARL_VENV": str(venv.parent),
+           "FLEXMARL_RAY_PORT": "6400", "TRAINER_NODES": str(trainer_nodes)}
+    proc = subprocess.run([BASH, str(path), "my.toml"], env=env, cwd=tmp, capture_output=True,
+                          text=True, timeout=60)
+    calls = [shlex.split(f.read_text()) for f in sorted(log.iterdir())]
+    return proc.returncode, calls, proc.stderr
+
+
+def sbatch_problems(script: str, tmp: Path) -> list[str]:
+    """Problems seen when the script runs on 5 hosts with 2 trainer nodes."""
+    hosts = ["n0", "n1", "n2", "n3", "n4"]
+    rc, calls, err = run_sbatch(script, tmp, hosts, trainer_nodes=2)
+    if rc != 0:
+        return [f"exit status {rc}: {err}"]
+    problems = []
+    heads = [c for c in calls if c[:3] == ["ray", "start", "--head"]]
+    if len(heads) != 1 or option(heads[0], "--port") != "6400":
+        problems.append(f"expected one `ray start --head --port=6400` on n0: {heads}")
+    runs = [c for c in calls if c[:2] == ["flexmarl", "run"]]
+    if len(runs) != 1:
+        return problems + [f"expected one `flexmarl run`: {runs}"]
+    got = settings(runs[0])
+    if "my.toml" not in runs[0] or got.get("cluster.launcher") != "ray" \
+            or got.get("cluster.ray_address") != "auto":
+        problems.append(f"flexmarl run is not the config on Ray: {runs[0]}")
+    roles = {}
+    for c in (c for c in calls if c[0] == "srun"):
+        node = option(c, "--nodelist")
+        start = c[c.index("ray"):] if "ray" in c else []
+        if start[:2] != ["ray", "start"] or option(start, "--address") != "n0:6400":
+            problems.append(f"srun on {node} does not join the head at n0:6400: {c}")
+            continue
+        resources = json.loads(option(start, "--resources") or "{}")
+        roles[node] = [r.removeprefix("flexmarl_") for r in resources]
+    want = {"n1": ["rollout"], "n2": ["rollout"], "n3": ["trainer"], "n4": ["trainer"]}
+    if roles != want:
+        problems.append(f"Ray workers marked {roles}, expected {want}")
+    return problems
+
+
+@needs_bash
+def test_the_slurm_ray_script_starts_ray_by_role_and_runs_on_it(tmp_path):
+    assert subprocess.run([BASH, "-n", str(SBATCH)]).returncode == 0
+    assert sbatch_problems(SBATCH.read_text(), tmp_path / "shipped") == []
+    broken = SBATCH.read_text().replace("flexmarl_$role", "flexmarl_rollout")
+    assert any("expected" in p for p in sbatch_problems(broken, tmp_path / "broken"))
+
+
+def rayjob_problems(docs: list[dict]) -> list[str]:
+    [job] = [d for d in docs if d and d.get("kind") == "RayJob"]
+    problems = []
+    entry = shlex.split(job["spec"]["entrypoint"])
+    got = settings(entry)
+    if entry[:2] != ["flexmarl", "run"] or got.get("cluster.launcher") != "ray" \
+            or got.get("cluster.ray_address") != "auto":
+        problems.append(f"the entrypoint is not `flexmarl run` on this Ray cluster: {entry}")
+    if not job["spec"].get("shutdownAfterJobFinishes"):
+        problems.append("the Ray cluster outlives the run (shutdownAfterJobFinishes)")
+    marked = set()
+    for group in job["spec"]["rayClusterSpec"]["workerGroupSpecs"]:
+        # KubeRay's quoting: a JSON object inside a quoted string.
+        raw = group.get("rayStartParams", {}).get("resources", '"{}"')
+        marked |= set(json.loads(json.loads(raw)))
+    if marked != {"flexmarl_rollout", "flexmarl_trainer"}:
+        problems.append(f"worker groups marked {sorted(marked)}, expected one per role")
+    return problems
+
+
+def test_the_rayjob_runs_flexmarl_on_its_cluster_with_a_group_per_role():
+    docs = list(yaml.safe_load_all(RAYJOB.read_text()))
+    assert rayjob_problems(docs) == []
+    broken = RAYJOB.read_text().replace("cluster.launcher=ray", "cluster.launcher=local")
+    assert rayjob_problems(list(yaml.safe_load_all(broken)))
+
+
+@pytest.mark.parametrize("path", [SBATCH, RAYJOB])
+def test_the_guide_links_the_ray_examples(path):
+    assert f"(deploy/{path.name})" in (ROOT / "docs" / "multinode.md").read_text()

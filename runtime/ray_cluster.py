@@ -256,6 +256,11 @@ class RayLauncher(Supervisor):
         self.cpus = cpus
         self.place_timeout_s = place_timeout_s
         self.roles = role_resources(ray.cluster_resources())
+        log.warning("workers on Ray (%s): %d node(s), %s%s; their output goes to Ray's logs",
+                    address or "a Ray of this run's own", len(self.alive()),
+                    ", ".join(f"{k} {v:g}" for k, v in sorted(ray.cluster_resources().items())
+                              if k in ("CPU", "GPU") or k.startswith("flexmarl_")),
+                    f"; Ray dashboard {self.dashboard_url}" if self.dashboard_url else "")
         self.run_id = uuid.uuid4().hex[:8]
         self._key_text = (open(os.path.expanduser(transport.curve_secret_key_file)).read()
                           if transport.curve_secret_key_file else "")

@@ -99,6 +99,17 @@ def tiny_model_dir(tmp_path_factory) -> str:
     return str(build_model_dir("tiny", tmp_path_factory.mktemp("models") / "tiny", seed=0))
 
 
+@pytest.fixture(scope="session")
+def fault_free(tiny_model_dir, tmp_path_factory):
+    """tests/test_faults.py's run without a fault, once per session: its fault tests and
+    tests/test_ray.py's compare with it."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_faults import fault_free_run
+    return fault_free_run(tiny_model_dir, tmp_path_factory.mktemp("clean"))
+
+
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def vllm_instance(tiny_model_dir):
     """One real vLLM rollout worker process for the whole session (an engine start costs ~20 s).

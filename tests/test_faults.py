@@ -93,11 +93,10 @@ def _weights(result) -> dict:
             for name, path in result.checkpoints.items()}
 
 
-@pytest.fixture(scope="module")
-def fault_free(tiny_model_dir, tmp_path_factory):
-    """The same run without a fault (once per module, on its own event loop)."""
-    result, _ = asyncio.run(_run(tiny_model_dir, _config(tmp_path_factory.mktemp("clean"),
-                                                         "run")))
+def fault_free_run(model_dir: str, tmp: Path):
+    """The faults' runs without a fault (conftest.py's session fixture `fault_free`, which
+    tests/test_ray.py compares with too), on its own event loop."""
+    result, _ = asyncio.run(_run(model_dir, _config(tmp, "run")))
     return result
 
 

@@ -45,7 +45,7 @@ from runtime.supervisor import WorkerSpec
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_e2e import duo  # noqa: E402
-from test_faults import WEIGHT_ATOL as FAULT_ATOL, _assert_nothing_lost  # noqa: E402
+from test_faults import _assert_nothing_lost  # noqa: E402
 from test_pipeline import WEIGHT_ATOL, config as pipeline_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -225,7 +225,7 @@ async def test_a_run_on_ray_matches_local_processes_and_lands_by_role(
 @pytest.mark.ray
 @pytest.mark.timeout(900)
 async def test_actors_killed_through_ray_are_replaced_and_lose_nothing(
-        ray_cluster, tiny_model_dir, tmp_path):
+        ray_cluster, tiny_model_dir, tmp_path, fault_free):
     from test_faults import STEPS, _config
 
     async def kill(base: str, run: asyncio.Task) -> list[str]:
@@ -252,7 +252,6 @@ async def test_actors_killed_through_ray_are_replaced_and_lose_nothing(
                     await asyncio.sleep(0.01)
         return killed
 
-    reference = await asyncio.wait_for(_run(tiny_model_dir, _config(tmp_path, "local")), 600)
     cfg = _config(tmp_path, "ray", *_ray(ray_cluster))
     url: asyncio.Future = asyncio.get_running_loop().create_future()
     run = asyncio.create_task(train(duo(tiny_model_dir), cfg, run_dir=RunDir.create(cfg),
@@ -267,13 +266,8 @@ async def test_actors_killed_through_ray_are_replaced_and_lose_nothing(
     assert sum(f["dead"] for f in trainer) == 1
     [replaced] = [r for f in trainer for r in f["replacements"]]
     assert replaced["slot"] == victims[1].rsplit("-", 1)[0]
-    _assert_nothing_lost(result, reference)
-    assert FAULT_ATOL > 0
+    _assert_nothing_lost(result, fault_free)  # within test_faults.WEIGHT_ATOL
     assert _leftovers(ray_cluster, 30) == []
-
-
-async def _run(model_dir: str, cfg):
-    return await train(duo(model_dir), cfg, run_dir=RunDir.create(cfg), progress=False)
 
 
 @pytest.mark.slow

@@ -136,12 +136,16 @@ def plan_gpus(team: Team, sizes: list[int], hosts: list[Host], *, rollout: Rollo
                      inside=layout.group_slot(spec.name))
                  for spec in team.agents
                  for _ in range(spec.instances or r.instances_per_agent)]
-    plan = plan_devices(hosts, asks, colocate=dev.colocate)
-    if transfer == "ipc" and not plan.paired(group_of):
+    plan = plan_devices(hosts, asks, colocate=dev.colocate, reserve=dev.reserve_fraction)
+    unpaired = plan.unpaired(group_of) if transfer == "ipc" else []
+    if unpaired:
         if r.weight_transfer == "ipc":
             raise checks.ConfigError(
-                'rollout.weight_transfer = "ipc" needs every instance on a GPU of its agent\'s '
-                "trainer slot (one slot per agent, room for both on a GPU); the placement is:\n"
+                'rollout.weight_transfer = "ipc" needs every GPU of every instance to host a '
+                "rank of its agent's trainer slot (one slot per agent; "
+                f"rollout.tensor_parallel_size = {r.tensor_parallel_size} GPUs per instance, "
+                "so at least as many trainer ranks, trainer_pool.ranks_per_agent, with room "
+                f"for both on each GPU); {', '.join(unpaired)} are not. The placement is:\n"
                 + plan.table())
         transfer = "stage"  # auto: instances apart from their trainers; NCCL cannot share a GPU
     return GpuPlan(plan, transfer, rollout, trainer)

@@ -269,7 +269,8 @@ class TrainerWorker(_StateSaves, Actor):
             if self.address.startswith("tcp://") else "127.0.0.1"
         spec = {"version": msg.version, "instances": list(msg.instances),
                 "backend": msg.backend, "tensor_parallel_size": msg.tensor_parallel_size,
-                "dtype": msg.dtype, "host": host, "port": free_port(host)}
+                "dtype": msg.dtype, "timeout_s": msg.timeout_s, "host": host,
+                "port": free_port(host)}
         return await self._command(
             self._turn_of.pop(id(env)), Command.SEND_WEIGHTS,
             self._with_spec(Command.SEND_WEIGHTS, spec, lambda g: g.send_weights(spec)))

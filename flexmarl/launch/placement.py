@@ -249,6 +249,10 @@ class _Workers:
                   "config": dataclasses.asdict(c.trainer),
                   "memory_fraction": (c.devices.trainer_memory_fraction
                                       if self.gpus.trainer and c.devices.colocate else 0.0),
+                  # Beside an engine sized at its start (not a time-shared one that wakes into
+                  # it): parked memory stays cached (flexmarl.training.parking.park).
+                  "keep_parked_memory": bool(self.gpus.trainer and c.devices.colocate and not any(
+                      s.inside == f"trainer-{k}" for s in self.gpus.plan.seats.values())),
                   "collective_timeout_s": c.trainer_pool.collective_timeout_s,
                   "drain_timeout_s": c.stop_timeout_s},
             ready_timeout_s=c.trainer_pool.ready_timeout_s, cpus=self.train_cpus,

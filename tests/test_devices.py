@@ -289,6 +289,25 @@ def test_ipc_needs_a_rank_of_the_agents_slot_on_every_gpu_of_a_tensor_parallel_i
         _plan_gpus(_config(*sets, "rollout.weight_transfer=ipc"), team, [1, 1], four)
 
 
+def test_a_gpu_node_without_vllm_runs_the_torch_engine_on_gpus_with_staged_sync(tmp_path):
+    """rollout.backend = "torch" with trainers on GPU: its instances get GPUs like vLLM's and
+    start with device "cuda"; weights go the staged way (no vLLM weight-transfer engine).
+    With trainers on CPU the torch engine stays on CPU, as before."""
+    from flexmarl.launch.placement import _Workers
+
+    team, four = _team(), [Host("local", (0, 1, 2, 3))]
+    config = _config("rollout.backend=torch", "trainer.device=cuda")
+    gpus = _plan_gpus(config, team, [1, 1], four)
+    assert (gpus.rollout, gpus.transfer, len(gpus.plan.seats)) == (True, "stage", 4)
+    workers = _Workers(object(), _settings(config), {a.name: "/m" for a in team.agents},
+                       str(tmp_path), [1, 1], gpus)
+    spec = workers.rollout(team.agents[0].name)
+    assert spec.args["device"] == "cuda" and spec.env["CUDA_VISIBLE_DEVICES"]
+    assert spec.args["weight_transfer"] == "stage"
+    cpu = _plan_gpus(_config("rollout.backend=torch"), team, [1, 1], four)
+    assert cpu.plan is None and not cpu.rollout
+
+
 def test_nccl_weight_sync_with_colocated_workers_is_refused():
     """NCCL refuses two ranks of one group on one GPU, and with devices.colocate the planner
     seats an instance on its trainer's GPU (on a one-GPU machine always): refused at start."""

@@ -90,15 +90,18 @@ def plan_gpus(team: Team, sizes: list[int], hosts: list[Host], *, rollout: Rollo
               trainer_device: str, devices: DevicesConfig, trainer_pool: TrainerPoolConfig
               ) -> GpuPlan:
     """Who gets GPUs (trainer ranks with trainer.device = "cuda"; vLLM instances whenever GPUs
-    are there), where (flexmarl.launch.devices), and how weights reach the engines."""
+    are there, torch-engine instances when the trainers are on GPU too), where
+    (flexmarl.launch.devices), and how weights reach the engines."""
     have = any(h.gpus for h in hosts)
     r = rollout  # the section; `rollout` below: whether instances get GPUs
-    rollout = r.backend == "vllm" and have
     trainer = trainer_device == "cuda"
+    # vLLM on GPUs wherever there are some; the torch engine where the trainers are on GPU too
+    # (a GPU node without vLLM), else on CPU as before.
+    rollout = have and (r.backend == "vllm" or (r.backend == "torch" and trainer))
     dev = devices
     layout = slot_layout(team, trainer_pool, devices)
     sizes = layout.sizes if layout.groups else sizes
-    transfer = resolve_transfer(r.weight_transfer, vllm_on_gpu=rollout,
+    transfer = resolve_transfer(r.weight_transfer, vllm_on_gpu=rollout and r.backend == "vllm",
                                 trainer_on_gpu=trainer, colocate=dev.colocate)
     if layout.groups:
         if r.backend == "vllm" and not have:

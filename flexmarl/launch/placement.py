@@ -216,7 +216,8 @@ class _Workers:
                 env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
         args = dataclasses.asdict(r.engine_config(self.model_dirs[members[0]],
                                                   seed=self.settings.seed + k,
-                                                  transfer=self.gpus.transfer))
+                                                  transfer=self.gpus.transfer,
+                                                  device="cuda" if self.gpus.rollout else "cpu"))
         args["sleep_mode"] = agent in self.time_shared
         if agent in self.units.members:  # adapters always sync staged (WeightSync.exported)
             args |= {"adapters": tuple(members), "weight_transfer": "stage",

@@ -304,6 +304,7 @@ def test_a_gpu_node_without_vllm_runs_the_torch_engine_on_gpus_with_staged_sync(
     spec = workers.rollout(team.agents[0].name)
     assert spec.args["device"] == "cuda" and spec.env["CUDA_VISIBLE_DEVICES"]
     assert spec.args["weight_transfer"] == "stage"
+    assert workers.trainer_slot(0)[0].args["keep_parked_memory"] is False  # GPUs of its own
     cpu = _plan_gpus(_config("rollout.backend=torch"), team, [1, 1], four)
     assert cpu.plan is None and not cpu.rollout
 
@@ -341,6 +342,16 @@ def test_colocated_shares_leave_the_reserve_free_on_every_gpu():
                              "devices.trainer_memory_fraction=0.2"), _team(), [1, 1],
                      [Host("local", (0,))])
     assert one.transfer == "ipc" and one.plan.reserve == 0.1
+    # Its trainer ranks keep parked memory cached (flexmarl.training.parking.park): the engine
+    # on their GPU sized itself at start, and memory handed back while an engine (re)starts
+    # there trips vLLM's memory profiling.
+    from flexmarl.launch.placement import _Workers
+    config = _config("trainer.device=cuda", "devices.colocate=true",
+                     "rollout.gpu_memory_utilization=0.25", "devices.trainer_memory_fraction=0.2")
+    workers = _Workers(object(), _settings(config), {a.name: "/m" for a in _team().agents},
+                       "/tmp", [1, 1], one)
+    args = workers.trainer_slot(0)[0].args
+    assert args["keep_parked_memory"] is True and args["memory_fraction"] == 0.2
     for bad in (-0.1, 1.0):
         with pytest.raises(ConfigError, match="devices.reserve_fraction"):
             DevicesConfig(reserve_fraction=bad)

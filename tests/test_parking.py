@@ -165,6 +165,10 @@ def test_a_pinning_pool_pins_each_buffer_once_at_its_size_and_unpins_what_it_let
     pool.close()
     assert calls[-1] == ("unpin", b.data_ptr()) and pool.pinned_bytes == 0 and not pool.free
     assert HostPool().take(10).numel() == 10 and not HostPool().pinned  # CPU: nothing pinned
+    dropped = pool.take(700)  # a buffer dropped without the pool letting it go: unpinned too
+    where = dropped.data_ptr()
+    del dropped
+    assert calls[-1] == ("unpin", where) and pool.pinned_bytes == 0
 
 
 def test_the_host_pool_hands_out_the_smallest_free_buffer_that_fits_and_keeps_few():

@@ -16,15 +16,19 @@ from __future__ import annotations
 import ctypes
 import functools
 import json
+import logging
 import mmap
 import os
 import sys
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import torch
 
 from flexmarl.training.trainer import MODULE_SETTINGS, GRPOTrainer, TrainerConfig, _local
+
+log = logging.getLogger(__name__)
 
 MADV_POPULATE_WRITE = 23
 """madvise(2) advice (Linux 5.14+): fault a range's pages in, writable."""
@@ -77,6 +81,10 @@ class HostPool:
         if self.pin and nbytes:
             self._register(buffer.data_ptr(), nbytes)
             self.pinned[buffer.data_ptr()] = nbytes
+            # A buffer dropped without the pool letting it go (a park without a pool, a pool
+            # dropped whole) is unpinned when it goes: freed memory left registered would make
+            # a later registration of the same addresses fail.
+            weakref.finalize(buffer, _forget, self.pinned, self._unregister, buffer.data_ptr())
         return buffer
 
     def give(self, buffer: torch.Tensor) -> None:
@@ -90,8 +98,16 @@ class HostPool:
             self._let_go(self.free.pop())
 
     def _let_go(self, buffer: torch.Tensor) -> None:
-        if self.pinned.pop(buffer.data_ptr(), None) is not None:
-            self._unregister(buffer.data_ptr())
+        _forget(self.pinned, self._unregister, buffer.data_ptr())
+
+
+def _forget(pinned: dict[int, int], unregister: Callable[[int], None], ptr: int) -> None:
+    """Unpin a buffer the pool pinned, once."""
+    if pinned.pop(ptr, None) is not None:
+        try:
+            unregister(ptr)
+        except Exception as exc:  # at interpreter exit CUDA may be gone already
+            log.info("unpinning a parked-state buffer: %s: %s", type(exc).__name__, exc)
 
 
 def _cuda_register(ptr: int, nbytes: int) -> None:

@@ -67,24 +67,45 @@ def why_not_here() -> str:
     return ""
 
 
+def nvml_indices(cuda_uuids: list[str], nvml_uuids: list[str]) -> list[int]:
+    """The NVML index of each CUDA device (in CUDA's order), matched by UUID. CUDA numbers the
+    devices it sees after CUDA_VISIBLE_DEVICES (indices or UUIDs) and CUDA_DEVICE_ORDER
+    (fastest first by default), NVML by PCI bus: an index of one is not an index of the
+    other. torch writes a UUID without NVML's "GPU-" prefix."""
+    def norm(uuid: str) -> str:
+        return uuid.strip().lower().removeprefix("gpu-")
+    where = {norm(u): i for i, u in enumerate(nvml_uuids)}
+    missing = [u for u in cuda_uuids if norm(u) not in where]
+    if missing:
+        raise ValueError(f"CUDA devices {missing} are not among NVML's ({nvml_uuids})")
+    return [where[norm(u)] for u in cuda_uuids]
+
+
 class MemoryWatch:
-    """Peak memory used on each GPU, sampled by NVML every `interval_s` in a thread (the
-    whole device: every process on it, the engines' and the trainers')."""
+    """Peak memory used on each GPU this process sees (CUDA's order), sampled by NVML every
+    `interval_s` in a thread (the whole device: every process on it, the engines' and the
+    trainers')."""
 
     def __init__(self, interval_s: float = 0.25) -> None:
+        self.handles, self.peak = [], []
         try:
             import pynvml  # nvidia-ml-py, which vllm depends on
         except ImportError:
             print("gpu_check: no pynvml (pip install nvidia-ml-py): peak memory not measured",
                   file=sys.stderr)
-            self.handles, self.peak = [], []
         else:
             pynvml.nvmlInit()
             self.nvml = pynvml
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-            ids = ([int(d) for d in visible.split(",") if d.strip().isdigit()] if visible
-                   else list(range(pynvml.nvmlDeviceGetCount())))
-            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in ids]
+            theirs = [pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
+                      for i in range(pynvml.nvmlDeviceGetCount())]
+            theirs = [u.decode() if isinstance(u, bytes) else u for u in theirs]
+            ours = [str(torch.cuda.get_device_properties(i).uuid)
+                    for i in range(torch.cuda.device_count())]
+            try:
+                self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i)
+                                for i in nvml_indices(ours, theirs)]
+            except ValueError as exc:  # MIG slices: NVML's whole-GPU view does not fit
+                print(f"gpu_check: peak memory not measured: {exc}", file=sys.stderr)
             self.peak = [0] * len(self.handles)
         self.interval_s = interval_s
         self._stop = threading.Event()

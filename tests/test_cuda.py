@@ -1,15 +1,19 @@
 """On a GPU machine only (marked `cuda`; skipped where torch sees no CUDA device): training on
-CUDA in bf16, swap-out freeing GPU memory, vLLM on GPU, and a direct weight update through
-vLLM's weight-transfer engine from a real trainer slot to a real instance. Run them with
-`make TORCH=torch EXTRAS=dev,gpu,pretrained test` there; bench/gpu_check.py runs the whole
-system. They have not run yet (no GPU has been lent to this project so far): see README
-"GPU machines"."""
+CUDA in bf16, as a trainer worker runs it (FSDP2 on a mesh of one rank over NCCL, mixed
+precision, activation checkpointing, DTensor parking into pinned buffers, full-state export
+and load), the weight source's stream order, the torch engine on a GPU, vLLM on GPU, and a
+direct weight update through vLLM's weight-transfer engine from a real trainer slot to a real
+instance. Run them with `make TORCH=torch EXTRAS=dev,gpu,pretrained test` there;
+bench/gpu_smoke.py is the first check of a new node, bench/gpu_check.py runs the whole
+system. See README "GPU machines" for which of them have run on a GPU."""
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from flexmarl.orchestrator.batch import micro_batch
 from flexmarl.training.trainer import GRPOTrainer, TrainerConfig
@@ -42,6 +46,138 @@ def test_a_trainer_steps_on_cuda_in_bf16_with_float32_master_weights(tiny_model_
         assert not torch.equal(p, before[name])
     exported = trainer.export_weights()
     assert all(t.device.type == "cpu" for t in exported.values())
+
+
+@pytest.fixture
+def nccl_group(tmp_path):
+    """A process group of one rank over NCCL on GPU 0, as every trainer worker has (then
+    GRPOTrainer shards with FSDP2 even at world size 1); destroyed after the test, so other
+    tests build unsharded trainers."""
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _sharded_trainer(model_dir: str) -> GRPOTrainer:
+    return GRPOTrainer(model_dir, TrainerConfig(device="cuda", lr=1e-3, param_dtype="bfloat16",
+                                                activation_checkpointing=True))
+
+
+def test_a_sharded_trainer_steps_in_bf16_with_checkpointing_as_a_worker_does(
+        tiny_model_dir, nccl_group):
+    trainer = _sharded_trainer(tiny_model_dir)
+    assert trainer.sharded and all(hasattr(p, "to_local") for p in trainer.model.parameters())
+    for seed in (0, 1):
+        mb = batch(seed)
+        trainer.begin_batch(int(mb.response_mask.sum()))
+        stats = trainer.accumulate(mb)
+        done = trainer.step()
+        assert torch.isfinite(torch.tensor(stats.loss)) and not done.skipped
+    assert trainer.version == 2
+    assert all(p.to_local().dtype == torch.float32 for p in trainer.model.parameters())
+    exported = trainer.export_weights()
+    assert exported and all(t.device.type == "cpu" and torch.isfinite(t).all()
+                            for t in exported.values())
+
+
+def test_a_sharded_trainer_parks_into_pinned_buffers_and_comes_back_bit_for_bit(
+        tiny_model_dir, nccl_group):
+    from flexmarl.training.parking import HostPool, local_tensors, park, unpark
+
+    trainer = _sharded_trainer(tiny_model_dir)
+    mb = batch(2)
+    trainer.begin_batch(int(mb.response_mask.sum()))
+    trainer.accumulate(mb)
+    trainer.step()
+    before = {k: v.clone() for k, v in local_tensors(trainer).items()}
+    pool, held = HostPool(pin=True), torch.cuda.memory_allocated()
+    for _ in range(2):  # the second park reuses the first one's pinned buffer
+        host = park(trainer, pool)
+        assert torch.cuda.memory_allocated() < held - host.num_bytes // 2
+        assert host.buffer.is_pinned() and pool.num_allocations == 1
+        unpark(host, pool)
+        after = local_tensors(trainer)
+        assert all(torch.equal(before[k], after[k]) for k in before)
+    buffer = pool.free[0]
+    pool.close()  # let go: unpinned at once (torch's own pinned allocator would keep it)
+    assert not buffer.is_pinned() and pool.pinned_bytes == 0
+
+
+def test_export_and_load_state_of_a_sharded_trainer_carry_the_cuda_generator(
+        tiny_model_dir, nccl_group):
+    from flexmarl.training.trainer import export_state, load_state
+
+    trainer = _sharded_trainer(tiny_model_dir)
+    mb = batch(3)
+    trainer.begin_batch(int(mb.response_mask.sum()))
+    trainer.accumulate(mb)
+    trainer.step()
+    tensors, meta = export_state(trainer)
+    assert "rng/cuda" in tensors and meta["version"] == 1
+    expected = torch.rand(4, device="cuda")
+    fresh = _sharded_trainer(tiny_model_dir)
+    load_state(fresh, tensors, meta)
+    assert torch.equal(torch.rand(4, device="cuda"), expected)  # the generator came back
+    again, _ = export_state(fresh)
+    assert all(torch.equal(tensors[k], again[k]) for k in tensors if not k.startswith("rng/"))
+
+
+def test_the_weight_source_reads_parameters_after_the_optimizer_steps_queued_work():
+    """vLLM's packed NCCL producer reads the source on side streams of its own: without the
+    source ordering them after the step's stream, they read the weights of before the step."""
+    pytest.importorskip("vllm")
+    from flexmarl.weights.direct import cast_source
+
+    model = torch.nn.Linear(1024, 1024, bias=False, device="cuda")
+    with torch.no_grad():
+        model.weight.zero_()
+    source = cast_source(model, torch.bfloat16, set())
+    source.step_stream = torch.cuda.current_stream()
+    torch.cuda._sleep(200_000_000)  # GPU time queued ahead of the "optimizer step"
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        [(name, sent)] = list(source)
+        total = sent.float().sum()
+    side.synchronize()
+    assert name == "weight" and total.item() == 1024 * 1024
+
+
+async def test_the_torch_engine_generates_on_the_gpu_and_loads_staged_weights(tiny_model_dir):
+    from flexmarl.models import load_model
+    from flexmarl.protocol import SamplingParams
+    from flexmarl.rollout.engine import EngineConfig
+    from flexmarl.rollout.torch_engine import TorchEngine
+
+    engine = TorchEngine(EngineConfig(model_dir=tiny_model_dir, device="cuda",
+                                      gpu_memory_utilization=0.3))
+    await engine.start()
+    try:
+        assert next(engine.model.parameters()).device.type == "cuda"
+        params = SamplingParams(n=3, temperature=1.0, max_tokens=8, seed=7)
+        first, again = await asyncio.gather(engine.generate([1, 2, 3], params),
+                                            engine.generate([1, 2, 3], params))
+        assert [s.token_ids for s in first[0]] == [s.token_ids for s in again[0]]  # its seed
+        greedy = SamplingParams(n=1, temperature=0, max_tokens=8)
+        [before], _ = await engine.generate([1, 2, 3], greedy)
+        torch.manual_seed(0)
+        await engine.load_weights({k: v + 0.05 * torch.randn_like(v)
+                                   for k, v in load_model(tiny_model_dir).state_dict().items()})
+        [after], _ = await engine.generate([1, 2, 3], greedy)
+        assert before.logprobs != after.logprobs
+        held = torch.cuda.memory_allocated()
+        await engine.sleep()
+        assert torch.cuda.memory_allocated() < held
+        await engine.wake_up()
+        [woken], _ = await engine.generate([1, 2, 3], greedy)
+        assert woken.token_ids == after.token_ids
+    finally:
+        await engine.close()
+        torch.cuda.set_per_process_memory_fraction(1.0)  # the engine's cap is this process's
 
 
 def test_swap_out_frees_the_gpu_memory_and_swap_in_restores_it_bit_for_bit(tiny_model_dir):

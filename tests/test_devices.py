@@ -241,7 +241,7 @@ def test_the_run_places_vllm_instances_and_cuda_trainers_and_picks_the_weight_sy
     assert sorted(gpus.plan.seats) == ["rollout-0", "rollout-1", "trainer-0-0", "trainer-1-0"]
     assert {s.label for s in gpus.plan.seats.values()} >= {a.name for a in team.agents}
     colocated = _plan_gpus(_config("trainer.device=cuda", "devices.colocate=true",
-                                   "rollout.gpu_memory_utilization=0.3",
+                                   "rollout.gpu_memory_utilization=0.25",
                                    "devices.trainer_memory_fraction=0.2"), team, [1, 1],
                            [Host("local", (0,))])
     assert colocated.transfer == "ipc"
@@ -252,7 +252,7 @@ def test_the_run_places_vllm_instances_and_cuda_trainers_and_picks_the_weight_sy
                                 "trainer_pool.slots=1", "rollout.gpu_memory_utilization=0.3",
                                 "devices.trainer_memory_fraction=0.2"), team, [1], four)
     assert pooled.transfer == "stage"
-    with pytest.raises(ConfigError, match="needs every instance on a GPU of its agent's"):
+    with pytest.raises(ConfigError, match="needs every GPU of every instance to host a rank"):
         _plan_gpus(_config("trainer.device=cuda", "devices.colocate=true", "trainer_pool.slots=1",
                            "rollout.weight_transfer=ipc"), team, [1], four)
     # Trainers on CPU: vLLM still gets the GPUs, weights go the staged way.
@@ -262,6 +262,99 @@ def test_the_run_places_vllm_instances_and_cuda_trainers_and_picks_the_weight_sy
     assert _plan_gpus(_config(), team, [1, 1], [Host("local", ())]).plan is None
     with pytest.raises(PlacementError, match="no GPU here"):
         _plan_gpus(_config("trainer.device=cuda"), team, [1, 1], [Host("local", ())])
+
+
+def test_ipc_needs_a_rank_of_the_agents_slot_on_every_gpu_of_a_tensor_parallel_instance():
+    """vLLM's IPC engine has each tensor-parallel worker look up its own GPU in the handles,
+    and a trainer rank hands out handles of its own GPU only: a TP-2 instance beside a 1-rank
+    slot shares one GPU with it, which is not enough ("IPC handle not found for GPU UUID")."""
+    asks = [Ask("trainer-0-0", "trainer", group="trainer-0", memory=0.4),
+            Ask("rollout-0", "rollout", 2, label="a", memory=0.45, near="trainer-0")]
+    plan = plan_devices([Host("local", (0, 1, 2, 3))], asks, colocate=True)
+    assert 0 in plan.seats["rollout-0"].devices and len(plan.seats["rollout-0"].devices) == 2
+    assert plan.unpaired({"a": "trainer-0"}) == ["rollout-0"]
+    assert not plan.paired({"a": "trainer-0"})
+    two = plan_devices([Host("local", (0, 1, 2, 3))],
+                       [Ask("trainer-0-1", "trainer", group="trainer-0", memory=0.4), *asks],
+                       colocate=True)
+    assert two.seats["rollout-0"].devices == (0, 1) and two.paired({"a": "trainer-0"})
+    # The run: "auto" falls back to staged sync, an explicit "ipc" names the settings.
+    team, four = _team(), [Host("local", (0, 1, 2, 3))]
+    sets = ("trainer.device=cuda", "devices.colocate=true", "rollout.tensor_parallel_size=2",
+            "rollout.gpu_memory_utilization=0.45", "devices.trainer_memory_fraction=0.4")
+    assert _plan_gpus(_config(*sets), team, [1, 1], four).transfer == "stage"
+    assert _plan_gpus(_config(*sets), team, [2, 2], four).transfer == "ipc"
+    with pytest.raises(ConfigError, match=r"rollout.tensor_parallel_size = 2 .*rollout-0, "
+                                          r"rollout-1 are not"):
+        _plan_gpus(_config(*sets, "rollout.weight_transfer=ipc"), team, [1, 1], four)
+
+
+def test_a_gpu_node_without_vllm_runs_the_torch_engine_on_gpus_with_staged_sync(tmp_path):
+    """rollout.backend = "torch" with trainers on GPU: its instances get GPUs like vLLM's and
+    start with device "cuda"; weights go the staged way (no vLLM weight-transfer engine).
+    With trainers on CPU the torch engine stays on CPU, as before."""
+    from flexmarl.launch.placement import _Workers
+
+    team, four = _team(), [Host("local", (0, 1, 2, 3))]
+    config = _config("rollout.backend=torch", "trainer.device=cuda")
+    gpus = _plan_gpus(config, team, [1, 1], four)
+    assert (gpus.rollout, gpus.transfer, len(gpus.plan.seats)) == (True, "stage", 4)
+    workers = _Workers(object(), _settings(config), {a.name: "/m" for a in team.agents},
+                       str(tmp_path), [1, 1], gpus)
+    spec = workers.rollout(team.agents[0].name)
+    assert spec.args["device"] == "cuda" and spec.env["CUDA_VISIBLE_DEVICES"]
+    assert spec.args["weight_transfer"] == "stage"
+    assert workers.trainer_slot(0)[0].args["keep_parked_memory"] is False  # GPUs of its own
+    cpu = _plan_gpus(_config("rollout.backend=torch"), team, [1, 1], four)
+    assert cpu.plan is None and not cpu.rollout
+
+
+def test_nccl_weight_sync_with_colocated_workers_is_refused():
+    """NCCL refuses two ranks of one group on one GPU, and with devices.colocate the planner
+    seats an instance on its trainer's GPU (on a one-GPU machine always): refused at start."""
+    from flexmarl.weights.direct import resolve_transfer
+
+    with pytest.raises(ConfigError, match='"nccl" cannot be used with devices.colocate = true'):
+        resolve_transfer("nccl", vllm_on_gpu=True, trainer_on_gpu=True, colocate=True)
+    with pytest.raises(ConfigError, match="devices.colocate"):
+        _plan_gpus(_config("trainer.device=cuda", "devices.colocate=true",
+                           "rollout.weight_transfer=nccl", "rollout.gpu_memory_utilization=0.2",
+                           "devices.trainer_memory_fraction=0.2"), _team(), [1, 1],
+                   [Host("local", (0,))])
+
+
+def test_colocated_shares_leave_the_reserve_free_on_every_gpu():
+    """vLLM starts only if the free memory covers its whole share, and CUDA contexts, NCCL
+    and receive buffers sit outside every share: shares on one GPU add up to at most
+    1 - devices.reserve_fraction (0.1 by default)."""
+    pair = [Ask("trainer-0-0", "trainer", group="trainer-0", memory=0.5),
+            Ask("rollout-0", "rollout", label="a", memory=0.5, near="trainer-0")]
+    with pytest.raises(PlacementError, match=r"may add up to 0.9, devices.reserve_fraction = 0.1"):
+        plan_devices([Host("local", (0,))], pair, colocate=True, reserve=0.1)
+    assert len(plan_devices([Host("local", (0,))], pair, colocate=True).seats) == 2  # reserve 0
+    # The defaults (0.85 + 0.4) never fit one GPU: one error naming both shares.
+    with pytest.raises(PlacementError, match=r"rollout.gpu_memory_utilization, "
+                                             r"devices.trainer_memory_fraction"):
+        _plan_gpus(_config("trainer.device=cuda", "devices.colocate=true"), _team(), [1, 1],
+                   [Host("local", (0,))])
+    one = _plan_gpus(_config("trainer.device=cuda", "devices.colocate=true",
+                             "rollout.gpu_memory_utilization=0.25",
+                             "devices.trainer_memory_fraction=0.2"), _team(), [1, 1],
+                     [Host("local", (0,))])
+    assert one.transfer == "ipc" and one.plan.reserve == 0.1
+    # Its trainer ranks keep parked memory cached (flexmarl.training.parking.park): the engine
+    # on their GPU sized itself at start, and memory handed back while an engine (re)starts
+    # there trips vLLM's memory profiling.
+    from flexmarl.launch.placement import _Workers
+    config = _config("trainer.device=cuda", "devices.colocate=true",
+                     "rollout.gpu_memory_utilization=0.25", "devices.trainer_memory_fraction=0.2")
+    workers = _Workers(object(), _settings(config), {a.name: "/m" for a in _team().agents},
+                       "/tmp", [1, 1], one)
+    args = workers.trainer_slot(0)[0].args
+    assert args["keep_parked_memory"] is True and args["memory_fraction"] == 0.2
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ConfigError, match="devices.reserve_fraction"):
+            DevicesConfig(reserve_fraction=bad)
 
 
 def test_each_worker_starts_with_its_gpus_its_node_and_the_trainer_config(tmp_path):

@@ -47,3 +47,13 @@ def test_the_check_places_the_default_team_on_the_gpus_there_are(gpu_check, tmp_
     assert placed.transfer == transfer and len(placed.plan.seats) == 4
     devices = [s.devices for s in placed.plan.seats.values()]
     assert (len(set(devices)) < 4) == shared
+
+
+def test_peak_memory_is_read_from_the_gpus_cuda_names_matched_by_uuid(gpu_check):
+    """CUDA orders devices fastest first (and after CUDA_VISIBLE_DEVICES, which may list UUIDs),
+    NVML by PCI bus: the watch matches them by UUID (torch's lacks NVML's "GPU-" prefix)."""
+    nvml = ["GPU-aaaa-0", "GPU-bbbb-1", "GPU-cccc-2"]
+    assert gpu_check.nvml_indices(["cccc-2", "aaaa-0"], nvml) == [2, 0]
+    assert gpu_check.nvml_indices([], nvml) == []
+    with pytest.raises(ValueError, match="not among NVML's"):
+        gpu_check.nvml_indices(["dddd-3"], nvml)

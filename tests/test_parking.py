@@ -145,6 +145,32 @@ def test_a_slot_parks_into_the_same_host_buffer_every_swap(model_dir, batches):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_pinning_pool_pins_each_buffer_once_at_its_size_and_unpins_what_it_lets_go():
+    """Pinned host memory is what a GPU slot's parks fill. torch's pinned allocator would round
+    each buffer up to a power of two and never give one back; the pool pins buffers of the
+    exact size itself, once (reuse pins nothing), and unpins a buffer it lets go of, so what
+    stays pinned is the parked agents plus `keep` spare. (`register` / `unregister` record
+    here what cudaHostRegister / cudaHostUnregister get on a GPU: tests/test_cuda.py.)"""
+    calls: list[tuple] = []
+    pool = HostPool(pin=True, keep=1, register=lambda p, n: calls.append(("pin", p, n)),
+                    unregister=lambda p: calls.append(("unpin", p)))
+    a, b = pool.take(3000), pool.take(5000)
+    assert calls == [("pin", a.data_ptr(), 3000), ("pin", b.data_ptr(), 5000)]
+    assert pool.pinned_bytes == 8000
+    pool.give(a)
+    assert pool.take(2000).data_ptr() == a.data_ptr() and len(calls) == 2  # reused: no pin
+    pool.give(a)
+    pool.give(b)  # over `keep`: the older one goes, unpinned
+    assert calls[-1] == ("unpin", a.data_ptr()) and pool.pinned_bytes == 5000
+    pool.close()
+    assert calls[-1] == ("unpin", b.data_ptr()) and pool.pinned_bytes == 0 and not pool.free
+    assert HostPool().take(10).numel() == 10 and not HostPool().pinned  # CPU: nothing pinned
+    dropped = pool.take(700)  # a buffer dropped without the pool letting it go: unpinned too
+    where = dropped.data_ptr()
+    del dropped
+    assert calls[-1] == ("unpin", where) and pool.pinned_bytes == 0
+
+
 def test_the_host_pool_hands_out_the_smallest_free_buffer_that_fits_and_keeps_few():
     pool = HostPool(keep=2)
     small, large = pool.take(100), pool.take(1000)

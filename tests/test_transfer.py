@@ -5,6 +5,8 @@ bench/gpu_check.py."""
 from __future__ import annotations
 
 import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -16,7 +18,8 @@ from flexmarl.rollout.engine import EngineConfig
 from flexmarl.rollout.pool import InstancePool, RolloutConfig
 from flexmarl.rollout.balancer import BalancerConfig
 from flexmarl.rollout.torch_engine import TorchEngine
-from flexmarl.weights.direct import (DirectTransport, FanOut, Sender, cast_source, rank_offsets,
+from flexmarl.weights.direct import (DirectTransport, FanOut, Sender, TransferAborted,
+                                     _init_info, cast_source, packed_buffer_bytes, rank_offsets,
                                      resolve_transfer)
 from flexmarl.rollout.vllm_engine import engine_args
 from flexmarl.rollout.worker import RolloutWorker
@@ -332,6 +335,124 @@ async def test_rank_0_sends_through_a_cached_group_made_again_when_the_instances
         await asyncio.wait_for(workers[0].stopped.wait(), TIMEOUT_S)  # half-loaded: it stops
         await asyncio.to_thread(sender.send, model, spec(4, both[1:]), False)
         assert len(FakeTrainerEngine.made) == 3 and workers[1].version == 4
+
+
+class BlockedGroup:
+    """Stands in for vLLM's PyNcclCommunicator on the trainer side: a broadcast to a peer that
+    is gone blocks until the communicator is aborted (destroy: ncclCommAbort)."""
+
+    def __init__(self) -> None:
+        self.aborted = threading.Event()
+
+    def destroy(self) -> None:
+        self.aborted.set()
+
+
+class BroadcastingEngine(FakeTrainerEngine):
+    """Drives the client as NCCLTrainerWeightTransferEngine.send_weights does: the instances'
+    "update" on a thread of its own while this thread broadcasts; the broadcast returns only
+    once the group is aborted (the peer never joins), as a real one waiting on a dead peer."""
+
+    def __init__(self, init_info, client, source):
+        super().__init__(init_info, client, source)
+        self.model_update_group = BlockedGroup()
+
+    def send_weights(self):
+        self.client.start_weight_update()
+        exe = ThreadPoolExecutor(max_workers=1)
+        try:
+            future = exe.submit(self.client.update_weights, {"names": ["w"]})
+            self.model_update_group.aborted.wait()  # the broadcast
+            future.result()
+        finally:
+            exe.shutdown(wait=False)
+        self.client.finish_weight_update()
+
+
+def _direct_spec(version, addresses, timeout_s):
+    return {"version": version, "instances": addresses, "backend": "nccl",
+            "tensor_parallel_size": 1, "dtype": "bfloat16", "host": "127.0.0.1", "port": 1,
+            "timeout_s": timeout_s}
+
+
+@pytest.mark.parametrize("case", ["deadline", "instance fails"])
+async def test_a_send_that_cannot_finish_aborts_the_group_and_the_instances_instead_of_hanging(
+        tiny_model_dir, monkeypatch, case):
+    """vLLM's NCCL broadcast has no timeout: an instance that dies or hangs mid-send would
+    block trainer rank 0 forever. Past the send's deadline (rollout.request_timeout_s), or at
+    once when an instance fails a phase, the group is aborted (the broadcast returns), the
+    phases still waiting return, the instances are told to abort (one mid-update stops) and
+    the send raises."""
+    from vllm.distributed.weight_transfer import WeightTransferTrainerFactory
+
+    FakeTrainerEngine.made = []
+    monkeypatch.setattr(WeightTransferTrainerFactory, "trainer_init", classmethod(
+        lambda cls, info, *, client, source: BroadcastingEngine(info, client, source)))
+    engine = TransferEngine(EngineConfig(model_dir=tiny_model_dir))  # "update" never released
+    if case == "instance fails":
+        engine.fail_in = "update"
+    worker = RolloutWorker("r0", f"inproc://abort-{case.replace(' ', '-')}", engine)
+    sender = Sender(rank=0, loop=asyncio.get_running_loop(), transport=TransportConfig(),
+                    timeout_s=TIMEOUT_S)
+    # "deadline": a short one, which the hung instance outlasts; "instance fails": a long one,
+    # which the abort must not wait for (it would end in a TimeoutError).
+    timeout_s = 0.5 if case == "deadline" else TIMEOUT_S
+    async with worker.serving():
+        with pytest.raises(TimeoutError if case == "deadline" else RemoteError,
+                           match=r"rollout.request_timeout_s" if case == "deadline"
+                           else "broken update"):
+            await asyncio.to_thread(sender.send, load_model(tiny_model_dir),
+                                    _direct_spec(1, [worker.address], timeout_s), False)
+        [made] = FakeTrainerEngine.made
+        assert made.model_update_group.aborted.is_set() and made.shut
+        assert sender._key is None  # the next send forms a new group
+        await asyncio.wait_for(worker.stopped.wait(), TIMEOUT_S)  # half-loaded: it stops
+        assert worker._gate.is_set() and worker.version == 0
+
+
+async def test_an_aborted_fan_out_refuses_later_phases():
+    client = FanOut(asyncio.get_running_loop(), [], [1], version=1, timeout_s=TIMEOUT_S)
+    await asyncio.to_thread(client.fail, "deadline passed")
+    with pytest.raises(TransferAborted, match="deadline passed"):
+        await asyncio.to_thread(client.finish_weight_update)
+
+
+async def test_an_instance_whose_trainer_vanishes_mid_update_stops_past_its_deadline(
+        tiny_model_dir):
+    """A trainer that dies between "start" and "finish" sends no "abort": the instance keeps
+    its gate closed only until the deadline the trainer gave at "start", then stops (its
+    weights may be half loaded; the pool replaces it), instead of until the pool's request
+    timeout."""
+    engine = TransferEngine(EngineConfig(model_dir=tiny_model_dir))
+    worker = RolloutWorker("r0", "inproc://vanished-trainer", engine)
+    async with worker.serving(), connect(worker.address) as conn:
+        await conn.request(WeightTransfer("start", 1, {"deadline_s": 0.3}), timeout_s=TIMEOUT_S)
+        assert not worker._gate.is_set()
+        await asyncio.wait_for(worker.stopped.wait(), TIMEOUT_S)
+        assert worker._gate.is_set() and worker.version == 0
+    # A transfer that finishes in time cancels its deadline.
+    engine = TransferEngine(EngineConfig(model_dir=tiny_model_dir))
+    engine.release.set()
+    worker = RolloutWorker("r1", "inproc://finished-in-time", engine)
+    async with worker.serving(), connect(worker.address) as conn:
+        for phase in ("start", "update", "finish"):
+            await conn.request(WeightTransfer(phase, 1, {"deadline_s": 0.3} if phase == "start"
+                                              else {}), timeout_s=TIMEOUT_S)
+        assert worker._transfer_deadline is None and not worker.stopped.is_set()
+
+
+def test_the_packed_ipc_buffer_holds_the_largest_tensor_and_no_more_than_the_model():
+    """vLLM's IPC producer allocates exactly its buffer on the trainer's GPU and refuses a
+    tensor above it: a 7B model's bf16 embedding (152064 x 3584 x 2 bytes = 1.09 GB) is over
+    the 1 GiB default; a small model needs less than 1 GiB."""
+    embedding = 152064 * 3584 * 2
+    assert packed_buffer_bytes([embedding, 3584 * 2, 18944 * 3584 * 2] * 3) == embedding
+    assert packed_buffer_bytes([1000, 24, 500]) == 1524
+    assert packed_buffer_bytes([600 << 20] * 4) == 1 << 30
+    assert packed_buffer_bytes([]) == 0
+    spec = _direct_spec(1, ["tcp://x:1"], 1.0) | {"backend": "ipc"}
+    info = _init_info(spec, 0, 1, embedding)
+    assert info.packed and info.packed_buffer_size_bytes == embedding
 
 
 # ----------------------------------------------------------------------------- a whole run

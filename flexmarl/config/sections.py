@@ -294,6 +294,11 @@ class DevicesConfig:
     trainer_memory_fraction: float = 0.4
     """With colocate: the share of its GPU's memory a trainer rank may use (set as torch's
     per-process memory fraction, so it cannot take the engine's)."""
+    reserve_fraction: float = 0.1
+    """With colocate: the share of each GPU's memory that no worker's share may take. CUDA
+    contexts (about 0.5 GB per process), NCCL's buffers and vLLM's weight-receive buffers sit
+    outside every share, and vLLM refuses to start unless the free memory covers its whole
+    share: the shares on one GPU add up to at most 1 - reserve_fraction."""
     placement: str = "disaggregated"
     """Where each agent generates and trains. "disaggregated": rollout instances and trainer
     slots on devices of their own (slots shared by agents, trainer_pool.slots). "time_shared":
@@ -311,6 +316,8 @@ class DevicesConfig:
             raise ConfigError(str(exc)) from None
         require(0 < self.trainer_memory_fraction <= 1, "devices.trainer_memory_fraction",
                 self.trainer_memory_fraction, "must be in (0, 1]")
+        require(0 <= self.reserve_fraction < 1, "devices.reserve_fraction",
+                self.reserve_fraction, "must be in [0, 1)")
 
 
 def parse_gpus(spec: str, visible: int | None = None) -> tuple[int, ...] | None:

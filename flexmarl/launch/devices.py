@@ -11,9 +11,11 @@
 Pure: no torch and no CUDA here (the run hands in the counts), so every shape is unit-tested on
 a CPU machine. No two workers share a GPU unless `devices.colocate`: then workers share GPUs by
 memory, each instance taking rollout.gpu_memory_utilization of each of its GPUs and each trainer
-rank devices.trainer_memory_fraction, as long as a GPU's shares add up to at most 1; an
-instance goes to its agent's trainer GPUs first (`near`: CUDA IPC weight sync needs that), else
-to the GPUs with most room. Largest asks first, each on the host where it fits tightest (best
+rank devices.trainer_memory_fraction, as long as a GPU's shares add up to at most 1 less
+devices.reserve_fraction (CUDA contexts, NCCL's buffers and vLLM's weight-receive buffers sit
+outside every share, and vLLM refuses to start unless the free memory covers its whole share);
+an instance goes to its agent's trainer GPUs first (`near`: CUDA IPC weight sync needs that),
+else to the GPUs with most room. Largest asks first, each on the host where it fits tightest (best
 fit), so that big tensor-parallel instances and whole trainer slots are not starved by the many
 small ones. Not enough GPUs is one PlacementError listing what was asked and what exists.
 """
@@ -88,6 +90,8 @@ class DevicePlan:
     hosts: list[Host]
     seats: dict[str, Seat] = field(default_factory=dict)
     colocate: bool = False
+    reserve: float = 0.0
+    """With colocate: the share of each GPU no worker's share may take (devices.reserve_fraction)."""
 
     def env(self, worker: str) -> dict[str, str]:
         """The worker's process environment: its GPUs (none if it has no seat: a CPU worker)."""
@@ -112,7 +116,8 @@ class DevicePlan:
             return sorted({d for s in self.seats.values() if s.host == host.name
                            and s.worker.startswith(ask.inside + "-") for d in s.devices})
         need = ask.memory if self.colocate else 1.0
-        fits = [d for d in host.gpus if self.used(host.name, d) + need <= 1.0 + 1e-9]
+        room = 1.0 - (self.reserve if self.colocate else 0.0)
+        fits = [d for d in host.gpus if self.used(host.name, d) + need <= room + 1e-9]
         near = {d for s in self.seats.values() if ask.near and s.host == host.name
                 and s.worker.startswith(ask.near + "-") for d in s.devices}
         return sorted(fits, key=lambda d: (d not in near, self.used(host.name, d), d))
@@ -135,12 +140,25 @@ class DevicePlan:
         return self._seat(ask, best, self.free(best, ask)[:ask.gpus])
 
     def paired(self, group_of: dict[str, str]) -> bool:
-        """Every instance shares a GPU with a rank of its agent's trainer group (`group_of`:
-        agent -> group), as CUDA IPC weight sync needs."""
-        ranks = [s for s in self.seats.values() if s.role == "trainer"]
-        return all(any(r.host == s.host and set(r.devices) & set(s.devices)
-                       and r.worker.startswith(group_of.get(s.label, "?") + "-") for r in ranks)
-                   for s in self.seats.values() if s.role == "rollout")
+        """Every instance can take CUDA IPC weight sync from its agent's trainer group
+        (`group_of`: agent -> group): see `unpaired`."""
+        return not self.unpaired(group_of)
+
+    def unpaired(self, group_of: dict[str, str]) -> list[str]:
+        """The instances with a GPU that hosts no rank of their agent's trainer group. vLLM's
+        IPC engine has each tensor-parallel worker look up its own GPU in the handles, and a
+        trainer rank hands out handles of its own GPU only: every GPU of the instance needs a
+        rank there ("IPC handle not found for GPU UUID" otherwise)."""
+        out = []
+        for s in self.seats.values():
+            if s.role != "rollout":
+                continue
+            group = group_of.get(s.label)
+            ranks = {d for r in self.seats.values() if group and r.role == "trainer"
+                     and r.host == s.host and r.worker.startswith(group + "-") for d in r.devices}
+            if not set(s.devices) <= ranks:
+                out.append(s.worker)
+        return out
 
     def add_host(self, host: Host) -> None:
         self.hosts = [h for h in self.hosts if h.name != host.name] + [host]
@@ -175,9 +193,11 @@ class DevicePlan:
         return "\n".join(lines)
 
 
-def plan_devices(hosts: list[Host], asks: list[Ask], *, colocate: bool = False) -> DevicePlan:
-    """Every ask seated on its own GPUs (see the module docstring), or one PlacementError."""
-    plan = DevicePlan(list(hosts), colocate=colocate)
+def plan_devices(hosts: list[Host], asks: list[Ask], *, colocate: bool = False,
+                 reserve: float = 0.0) -> DevicePlan:
+    """Every ask seated on its own GPUs (see the module docstring), or one PlacementError.
+    `reserve` (devices.reserve_fraction): with colocate, the share of each GPU kept free."""
+    plan = DevicePlan(list(hosts), colocate=colocate, reserve=reserve)
     units: list[list[Ask]] = []
     groups: dict[str, list[Ask]] = {}
     for ask in asks:
@@ -195,7 +215,7 @@ def plan_devices(hosts: list[Host], asks: list[Ask], *, colocate: bool = False) 
     for i in order:
         unit = units[i]
         if not _place(plan, unit):
-            raise PlacementError(_shortage(hosts, asks, unit, colocate))
+            raise PlacementError(_shortage(hosts, asks, unit, colocate, reserve))
     # Seats listed in the asks' order (tables read like the config).
     plan.seats = {a.worker: plan.seats[a.worker] for a in asks}
     return plan
@@ -234,7 +254,8 @@ def _shared(host: Host) -> bool:
     return len(host.roles) > 1 or "any" in host.roles
 
 
-def _shortage(hosts: list[Host], asks: list[Ask], failed: list[Ask], colocate: bool) -> str:
+def _shortage(hosts: list[Host], asks: list[Ask], failed: list[Ask], colocate: bool,
+              reserve: float = 0.0) -> str:
     """What was asked, what exists, and why `failed` did not fit."""
     def asked(role: str) -> str:
         mine = [a for a in asks if a.role == role]
@@ -249,7 +270,7 @@ def _shortage(hosts: list[Host], asks: list[Ask], failed: list[Ask], colocate: b
     parts = [asked(r) for r in ROLES if any(a.role == r for a in asks)]
     total = {r: sum(a.gpus * (a.memory if colocate else 1) for a in asks if a.role == r)
              for r in ROLES}
-    need = math.ceil(sum(total.values()) - 1e-9)
+    need = math.ceil(sum(total.values()) / (1 - reserve if colocate else 1.0) - 1e-9)
     exist = "; ".join(f"{h.name} ({'/'.join(h.roles)}): {len(h.gpus)} "
                       f"({_span(h.gpus) or 'none'})" for h in hosts) or "no host"
     have = sum(len(h.gpus) for h in hosts)
@@ -267,6 +288,8 @@ def _shortage(hosts: list[Host], asks: list[Ask], failed: list[Ask], colocate: b
     fixes = ("fewer rollout.instances_per_agent, a smaller rollout.tensor_parallel_size or "
              "fewer trainer ranks (trainer_pool.ranks_per_agent, slots)")
     fixes += (", or smaller memory shares (rollout.gpu_memory_utilization, "
-              "devices.trainer_memory_fraction)" if colocate else
+              "devices.trainer_memory_fraction: the shares on one GPU may add up to "
+              f"{1 - reserve:g}, devices.reserve_fraction = {reserve:g} being kept for CUDA "
+              "contexts and communication buffers)" if colocate else
               ", or devices.colocate = true (workers share GPUs by memory)")
     return f"not enough GPUs: {why}. Fit them with {fixes}"

@@ -93,15 +93,18 @@ def plan_gpus(team: Team, sizes: list[int], hosts: list[Host], *, rollout: Rollo
               trainer_device: str, devices: DevicesConfig, trainer_pool: TrainerPoolConfig
               ) -> GpuPlan:
     """Who gets GPUs (trainer ranks with trainer.device = "cuda"; vLLM instances whenever GPUs
-    are there), where (flexmarl.launch.devices), and how weights reach the engines."""
+    are there, torch-engine instances when the trainers are on GPU too), where
+    (flexmarl.launch.devices), and how weights reach the engines."""
     have = any(h.gpus for h in hosts)
     r = rollout  # the section; `rollout` below: whether instances get GPUs
-    rollout = r.backend == "vllm" and have
     trainer = trainer_device == "cuda"
+    # vLLM on GPUs wherever there are some; the torch engine where the trainers are on GPU too
+    # (a GPU node without vLLM), else on CPU as before.
+    rollout = have and (r.backend == "vllm" or (r.backend == "torch" and trainer))
     dev = devices
     layout = slot_layout(team, trainer_pool, devices)
     sizes = layout.sizes if layout.groups else sizes
-    transfer = resolve_transfer(r.weight_transfer, vllm_on_gpu=rollout,
+    transfer = resolve_transfer(r.weight_transfer, vllm_on_gpu=rollout and r.backend == "vllm",
                                 trainer_on_gpu=trainer, colocate=dev.colocate)
     if layout.groups:
         if r.backend == "vllm" and not have:
@@ -139,12 +142,16 @@ def plan_gpus(team: Team, sizes: list[int], hosts: list[Host], *, rollout: Rollo
                      inside=layout.group_slot(spec.name))
                  for spec in team.agents
                  for _ in range(spec.instances or r.instances_per_agent)]
-    plan = plan_devices(hosts, asks, colocate=dev.colocate)
-    if transfer == "ipc" and not plan.paired(group_of):
+    plan = plan_devices(hosts, asks, colocate=dev.colocate, reserve=dev.reserve_fraction)
+    unpaired = plan.unpaired(group_of) if transfer == "ipc" else []
+    if unpaired:
         if r.weight_transfer == "ipc":
             raise checks.ConfigError(
-                'rollout.weight_transfer = "ipc" needs every instance on a GPU of its agent\'s '
-                "trainer slot (one slot per agent, room for both on a GPU); the placement is:\n"
+                'rollout.weight_transfer = "ipc" needs every GPU of every instance to host a '
+                "rank of its agent's trainer slot (one slot per agent; "
+                f"rollout.tensor_parallel_size = {r.tensor_parallel_size} GPUs per instance, "
+                "so at least as many trainer ranks, trainer_pool.ranks_per_agent, with room "
+                f"for both on each GPU); {', '.join(unpaired)} are not. The placement is:\n"
                 + plan.table())
         transfer = "stage"  # auto: instances apart from their trainers; NCCL cannot share a GPU
     return GpuPlan(plan, transfer, rollout, trainer)

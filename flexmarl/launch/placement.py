@@ -225,7 +225,8 @@ class _Workers:
                 env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
         args = dataclasses.asdict(r.engine_config(self.model_dirs[members[0]],
                                                   seed=self.settings.seed + k,
-                                                  transfer=self.gpus.transfer))
+                                                  transfer=self.gpus.transfer,
+                                                  device="cuda" if self.gpus.rollout else "cpu"))
         args["sleep_mode"] = agent in self.time_shared
         if agent in self.units.members:  # adapters always sync staged (WeightSync.exported)
             args |= {"adapters": tuple(members), "weight_transfer": "stage",
@@ -259,6 +260,10 @@ class _Workers:
                   "config": dataclasses.asdict(c.trainer),
                   "memory_fraction": (c.devices.trainer_memory_fraction
                                       if self.gpus.trainer and c.devices.colocate else 0.0),
+                  # Beside an engine sized at its start (not a time-shared one that wakes into
+                  # it): parked memory stays cached (flexmarl.training.parking.park).
+                  "keep_parked_memory": bool(self.gpus.trainer and c.devices.colocate and not any(
+                      s.inside == f"trainer-{k}" for s in self.gpus.plan.seats.values())),
                   "collective_timeout_s": c.trainer_pool.collective_timeout_s,
                   "drain_timeout_s": c.stop_timeout_s},
             ready_timeout_s=c.trainer_pool.ready_timeout_s, cpus=self.train_cpus,

@@ -111,7 +111,8 @@ class SwapDone:
 class SendWeights:
     """To a trainer slot's rank 0: send the bound agent's weights, as `version`, to the
     rollout instances at `instances` (each `tensor_parallel_size` GPUs) through vLLM's
-    weight-transfer engine `backend` ("nccl" or "ipc"), in `dtype`. Reply: WeightUpdateDone
+    weight-transfer engine `backend` ("nccl" or "ipc"), in `dtype`, within `timeout_s`
+    (rollout.request_timeout_s: past it the transfer is aborted). Reply: WeightUpdateDone
     (its load_s: the whole transfer)."""
 
     KIND: ClassVar[int]
@@ -120,6 +121,7 @@ class SendWeights:
     backend: str = "nccl"
     tensor_parallel_size: int = 1
     dtype: str = "bfloat16"
+    timeout_s: float = 300.0
 
 
 @message(FlexKind.SWAP_IN)

@@ -33,7 +33,7 @@ class EngineConfig:
     a request's own samples always together)."""
     dtype: str = "auto"
     """Weights and activations; "auto": float32 on CPU (log-probabilities comparable to the
-    trainer's), bfloat16 on GPU."""
+    trainer's), bfloat16 on GPU (either backend)."""
     staging_dir: str = ""
     """vLLM: directory weight updates are staged in ("": /dev/shm; rollout.staging_dir)."""
     tensor_parallel_size: int = 1
@@ -54,6 +54,9 @@ class EngineConfig:
     flexmarl.models.lora.VLLM_LORA_RANKS)."""
     max_loras: int = 0
     """With adapters: adapters one batch may mix (vLLM's max_loras, >= len(adapters))."""
+    device: str = "cpu"
+    """The torch engine's device: "cpu", or "cuda" where the placement gave the instance a GPU
+    (rollout.backend = "torch" with trainer.device = "cuda"). vLLM places itself."""
     sleep_mode: bool = False
     """The instance is time-shared with its agent's trainer (devices.placement): it is put to
     sleep while the trainer runs. vLLM: enable_sleep_mode (GPU only); the torch engine can
@@ -68,6 +71,8 @@ class EngineConfig:
         for name in ("max_model_len", "kv_cache_bytes", "max_num_seqs"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"rollout.{name} must be positive, got {getattr(self, name)}")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"an engine's device must be \"cpu\" or \"cuda\", got {self.device!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"rollout.dtype must be one of {DTYPES}, got {self.dtype}")
         if self.weight_transfer not in TRANSFERS[1:]:

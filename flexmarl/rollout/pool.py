@@ -127,15 +127,18 @@ class RolloutConfig:
                     "must be > 0")
         parse_cpus(self.cpus, "rollout.cpus")
 
-    def engine_config(self, model_dir: str, *, seed: int, transfer: str = "stage") -> EngineConfig:
+    def engine_config(self, model_dir: str, *, seed: int, transfer: str = "stage",
+                      device: str = "cpu") -> EngineConfig:
         """The settings of one instance serving the model in `model_dir` (`transfer`: the
-        run's resolved weight_transfer)."""
+        run's resolved weight_transfer; `device`: "cuda" when the placement gave the
+        instance a GPU, for the torch engine)."""
         return EngineConfig(backend=self.backend, model_dir=model_dir, seed=seed,
                             max_model_len=self.max_model_len, kv_cache_bytes=self.kv_cache_bytes,
                             max_num_seqs=self.max_num_seqs, staging_dir=self.staging_dir, dtype=self.dtype,
                             tensor_parallel_size=self.tensor_parallel_size,
                             gpu_memory_utilization=self.gpu_memory_utilization,
-                            enforce_eager=self.enforce_eager, weight_transfer=transfer)
+                            enforce_eager=self.enforce_eager, weight_transfer=transfer,
+                            device=device if self.backend == "torch" else "cpu")
 
 _MODEL_KEYS_IGNORED = {"_name_or_path", "transformers_version"}
 

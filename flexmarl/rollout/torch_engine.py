@@ -24,6 +24,12 @@ first adapter is loaded, and every forward names each row's adapter (PEFT's mixe
 because PEFT starts B at 0), so one batch mixes agents and each row computes exactly what its
 adapter alone would. A batch shares its prompts' common prefix only among rows of one adapter
 (the prefix's keys and values depend on it).
+
+On a GPU (config.device "cuda": the placement gave the instance one, flexmarl.launch.layout)
+the model, every tensor and each request's generator live on it, and the engine takes at most
+config.gpu_memory_utilization of the GPU (torch's per-process memory fraction), so a GPU node
+without vLLM runs the whole loop, staged weight sync included. Samples differ from a CPU run's
+(another generator), but a request's draws still depend only on its seed.
 """
 from __future__ import annotations
 
@@ -83,6 +89,7 @@ def _peft_name(agent: str) -> str:
 class TorchEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        self.device = torch.device("cpu")
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch-engine")
         self.model = None
         self.tokenizer = None
@@ -101,8 +108,20 @@ class TorchEngine:
     async def start(self) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-        dtype = getattr(torch, "float32" if self.config.dtype == "auto" else self.config.dtype)
-        self.model = AutoModelForCausalLM.from_pretrained(self.config.model_dir, dtype=dtype)
+        if self.config.device == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError(
+                    "the torch rollout engine was placed on a GPU (rollout.backend = \"torch\" "
+                    "with trainer.device = \"cuda\") but this process sees no CUDA device "
+                    f"(torch {torch.__version__}, CUDA_VISIBLE_DEVICES="
+                    f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')})")
+            self.device = torch.device("cuda", torch.cuda.current_device())
+            torch.cuda.set_per_process_memory_fraction(self.config.gpu_memory_utilization,
+                                                       self.device)
+        auto = "bfloat16" if self.device.type == "cuda" else "float32"
+        dtype = getattr(torch, auto if self.config.dtype == "auto" else self.config.dtype)
+        self.model = AutoModelForCausalLM.from_pretrained(self.config.model_dir,
+                                                          dtype=dtype).to(self.device)
         self.model.eval()
         self.tokenizer = AutoTokenizer.from_pretrained(self.config.model_dir)
         eos = GenerationConfig.from_pretrained(self.config.model_dir).eos_token_id
@@ -181,14 +200,15 @@ class TorchEngine:
         logits, cache, mask, position, prompt_lps = self._prefill(batch)
         owner = [i for i, r in enumerate(batch) for _ in range(r.rows)]
         rows = len(owner)
-        index = torch.tensor(owner)
+        index = torch.tensor(owner, device=self.device)
         if rows != len(batch):  # a request's n samples share its prompt's KV
             cache.batch_select_indices(index)
         logits, mask, position = logits[index], mask[index], position[index]
-        gens = [torch.Generator().manual_seed(r.seed) for r in batch]
-        temperature = torch.tensor([batch[i].params.temperature for i in owner])
-        top_k = torch.tensor([batch[i].params.top_k for i in owner])
-        top_p = torch.tensor([batch[i].params.top_p for i in owner])
+        gens = [torch.Generator(self.device).manual_seed(r.seed) for r in batch]
+        temperature = torch.tensor([batch[i].params.temperature for i in owner],
+                                   device=self.device)
+        top_k = torch.tensor([batch[i].params.top_k for i in owner], device=self.device)
+        top_p = torch.tensor([batch[i].params.top_p for i in owner], device=self.device)
         budget = [batch[i].params.max_tokens for i in owner]
         adapters = [batch[i].adapter for i in owner]
         tokens: list[list[int]] = [[] for _ in range(rows)]
@@ -197,11 +217,12 @@ class TorchEngine:
         texts: list[str | None] = [None] * rows  # set when a stop string cuts the text
         for step in range(max(budget)):
             token, logprob = self._sample(logits, temperature, top_k, top_p, owner, gens)
+            picked, picked_lp = token.tolist(), logprob.tolist()  # one device sync a step
             for row in range(rows):
                 if finish[row]:
                     continue
-                tokens[row].append(int(token[row]))
-                logprobs[row].append(float(logprob[row]))
+                tokens[row].append(picked[row])
+                logprobs[row].append(picked_lp[row])
                 stop = batch[owner[row]].params.stop
                 if tokens[row][-1] in self._eos:
                     finish[row] = "stop"
@@ -214,7 +235,8 @@ class TorchEngine:
                     finish[row] = "length"
             if all(finish):
                 break
-            mask = torch.cat([mask, torch.ones(rows, 1, dtype=torch.long)], dim=1)
+            mask = torch.cat([mask, torch.ones(rows, 1, dtype=torch.long, device=self.device)],
+                             dim=1)
             position = position + 1
             out = self._forward(adapters, input_ids=token[:, None], attention_mask=mask,
                                 position_ids=position, past_key_values=cache, use_cache=True)
@@ -245,10 +267,11 @@ class TorchEngine:
             shared = shared if shared >= MIN_SHARED_PREFIX else 0
         cache = None
         if shared:
-            out = self._forward(adapters[:1], input_ids=torch.tensor([batch[0].prompt_ids[:shared]]),
-                                use_cache=True)
+            out = self._forward(adapters[:1], input_ids=torch.tensor(
+                [batch[0].prompt_ids[:shared]], device=self.device), use_cache=True)
             cache = out.past_key_values
-            cache.batch_select_indices(torch.zeros(len(batch), dtype=torch.long))
+            cache.batch_select_indices(torch.zeros(len(batch), dtype=torch.long,
+                                                   device=self.device))
         longest = max(len(r.prompt_ids) for r in batch) - shared
         ids = torch.zeros(len(batch), longest, dtype=torch.long)
         mask = torch.zeros(len(batch), longest, dtype=torch.long)
@@ -256,8 +279,10 @@ class TorchEngine:
             rest = r.prompt_ids[shared:]
             ids[i, longest - len(rest):] = torch.tensor(rest)
             mask[i, longest - len(rest):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
         positions = shared + (mask.cumsum(1) - 1).clamp(min=0)
-        full_mask = torch.cat([torch.ones(len(batch), shared, dtype=torch.long), mask], dim=1)
+        full_mask = torch.cat([torch.ones(len(batch), shared, dtype=torch.long,
+                                          device=self.device), mask], dim=1)
         out = self._forward(adapters, input_ids=ids, attention_mask=full_mask,
                             position_ids=positions, past_key_values=cache, use_cache=True)
         prompt_lps = [self._prompt_logprobs(out.logits, i, r, longest)
@@ -272,7 +297,7 @@ class TorchEngine:
             return None
         start = longest - len(request.prompt_ids)  # the prompt's first column
         lp = torch.log_softmax(logits[row, start:-1].float(), dim=-1)
-        target = torch.tensor(request.prompt_ids[1:])
+        target = torch.tensor(request.prompt_ids[1:], device=logits.device)
         return lp.gather(1, target[:, None])[:, 0].tolist()
 
     @staticmethod
@@ -291,7 +316,7 @@ class TorchEngine:
             lp = torch.log_softmax(scaled, dim=-1)
             probs = lp.exp()
             rows = hot.nonzero()[:, 0].tolist()
-            picked = torch.empty(len(rows), dtype=torch.long)
+            picked = torch.empty(len(rows), dtype=torch.long, device=logits.device)
             # A request's rows draw together from its own generator, as they would alone.
             start = 0
             while start < len(rows):
@@ -363,13 +388,15 @@ class TorchEngine:
         fd, path = tempfile.mkstemp(prefix="flexmarl-asleep-", suffix=".safetensors")
         os.close(fd)
         try:
-            save_file({k: p.detach().contiguous() for k, p in params.items()}, path)
+            save_file({k: p.detach().to("cpu").contiguous() for k, p in params.items()}, path)
         except BaseException:
             os.unlink(path)
             raise
         for p in params.values():  # the Parameter objects stay (and with them any tying)
-            p.data = torch.empty(0, dtype=p.dtype)
+            p.data = torch.empty(0, dtype=p.dtype, device=self.device)
         gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # the trainer taking the GPU gets it
         self.asleep = path
 
     def _wake(self) -> None:
@@ -377,7 +404,7 @@ class TorchEngine:
 
         tensors = load_file(self.asleep)
         for name, p in self.model.named_parameters():
-            p.data = tensors[name]
+            p.data = tensors[name].to(self.device)
         os.unlink(self.asleep)
         self.asleep = None
 

@@ -52,6 +52,8 @@ class RolloutWorker(Actor):
         self._idle = asyncio.Event()
         self._idle.set()
         self._update_lock = asyncio.Lock()
+        self._transfer_deadline: asyncio.TimerHandle | None = None
+        """A direct update's deadline, from "start" (its info's deadline_s) to "finish"."""
         self._subscribers: list[Any] = []
         self._load_changed = asyncio.Event()
         self.report_interval_s = report_interval_s
@@ -179,6 +181,10 @@ class RolloutWorker(Actor):
                                  f"{self.name} already serves version {self.version}")
             await self._update_lock.acquire()  # held until "finish" (or a failure)
             self._gate.clear()
+            if msg.info.get("deadline_s"):  # the trainer may die before "finish" or "abort"
+                self._transfer_deadline = asyncio.get_running_loop().call_later(
+                    float(msg.info["deadline_s"]), self._transfer_expired, msg.version,
+                    float(msg.info["deadline_s"]))
             await self._idle.wait()
         elif msg.phase in ("update", "finish") and self._gate.is_set():
             raise RuntimeError(f"{self.name}: weight-transfer phase {msg.phase!r} without "
@@ -197,7 +203,21 @@ class RolloutWorker(Actor):
             self._end_transfer()
         return WeightUpdateDone(self.version, 0, now() - started)
 
+    def _transfer_expired(self, version: int, deadline_s: float) -> None:
+        """A direct update neither finished nor was aborted in time (its trainer died, or the
+        run could not reach this instance): its weights may be half loaded, so the instance
+        stops rather than keep its gate closed until the pool's request timeout."""
+        if not self._gate.is_set():
+            log.error("%s: the weight transfer of version %d neither finished nor was aborted "
+                      "within %.0f s (its trainer died?): stopping (a replacement loads the "
+                      "served weights)", self.name, version, deadline_s)
+            self._end_transfer()
+            self.stop()
+
     def _end_transfer(self) -> None:
+        if self._transfer_deadline is not None:
+            self._transfer_deadline.cancel()
+            self._transfer_deadline = None
         if not self._gate.is_set():
             self._gate.set()
             self._load_changed.set()

@@ -16,15 +16,19 @@ from __future__ import annotations
 import ctypes
 import functools
 import json
+import logging
 import mmap
 import os
 import sys
+import weakref
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 
 from flexmarl.training.trainer import MODULE_SETTINGS, GRPOTrainer, TrainerConfig, _local
+
+log = logging.getLogger(__name__)
 
 MADV_POPULATE_WRITE = 23
 """madvise(2) advice (Linux 5.14+): fault a range's pages in, writable."""
@@ -40,13 +44,31 @@ class HostPool:
     else a new one); unpark and drop give it back. Allocating is the expensive part of a swap
     (fresh pages fault on first touch; pinning is a syscall per page), so a slot that parks the
     same agents again allocates nothing once warm. At most `keep` free buffers are kept (the
-    most recently given): the pool holds the parked agents plus that much spare."""
+    most recently given): the pool holds the parked agents plus that much spare.
 
-    def __init__(self, pin: bool = False, keep: int = 1) -> None:
+    Pinned buffers are ordinary host memory page-locked by the pool itself (cudaHostRegister,
+    as torch.distributed.checkpoint's stager does), not torch's pinned allocator: that one
+    rounds every block up to a power of two and never gives a freed block back to the system
+    (torch.cuda.empty_cache does not touch it), so parked states of changing sizes would pin
+    ever more host memory. A buffer the pool lets go of is unpinned at once and freed with its
+    last reference. `register` / `unregister` (a pointer and a size; a pointer): how to pin,
+    CUDA's by default."""
+
+    def __init__(self, pin: bool = False, keep: int = 1,
+                 register: Callable[[int, int], None] | None = None,
+                 unregister: Callable[[int], None] | None = None) -> None:
         self.pin, self.keep = pin, keep
         self.free: list[torch.Tensor] = []
         self.num_allocations = 0
         """Buffers allocated so far (what reuse keeps at its first value)."""
+        self.pinned: dict[int, int] = {}
+        """Buffers this pool has page-locked and not let go of: address -> bytes."""
+        self._register = register or _cuda_register
+        self._unregister = unregister or _cuda_unregister
+
+    @property
+    def pinned_bytes(self) -> int:
+        return sum(self.pinned.values())
 
     def take(self, nbytes: int) -> torch.Tensor:
         """A uint8 host buffer of at least `nbytes` bytes (its contents undefined)."""
@@ -54,15 +76,48 @@ class HostPool:
         if fits:
             return self.free.pop(min(fits, key=lambda i: self.free[i].numel()))
         self.num_allocations += 1
-        buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pin)
-        if not self.pin:  # pinned pages are present already
-            populate([buffer.untyped_storage()])
+        buffer = torch.empty(nbytes, dtype=torch.uint8)
+        populate([buffer.untyped_storage()])  # faulted in once, in bulk, before pinning
+        if self.pin and nbytes:
+            self._register(buffer.data_ptr(), nbytes)
+            self.pinned[buffer.data_ptr()] = nbytes
+            # A buffer dropped without the pool letting it go (a park without a pool, a pool
+            # dropped whole) is unpinned when it goes: freed memory left registered would make
+            # a later registration of the same addresses fail.
+            weakref.finalize(buffer, _forget, self.pinned, self._unregister, buffer.data_ptr())
         return buffer
 
     def give(self, buffer: torch.Tensor) -> None:
         self.free.append(buffer)
-        if len(self.free) > self.keep:
-            del self.free[:len(self.free) - self.keep]
+        while len(self.free) > self.keep:
+            self._let_go(self.free.pop(0))
+
+    def close(self) -> None:
+        """Let go of every free buffer (the parked agents' stay until given back)."""
+        while self.free:
+            self._let_go(self.free.pop())
+
+    def _let_go(self, buffer: torch.Tensor) -> None:
+        _forget(self.pinned, self._unregister, buffer.data_ptr())
+
+
+def _forget(pinned: dict[int, int], unregister: Callable[[int], None], ptr: int) -> None:
+    """Unpin a buffer the pool pinned, once."""
+    if pinned.pop(ptr, None) is not None:
+        try:
+            unregister(ptr)
+        except Exception as exc:  # at interpreter exit CUDA may be gone already
+            log.info("unpinning a parked-state buffer: %s: %s", type(exc).__name__, exc)
+
+
+def _cuda_register(ptr: int, nbytes: int) -> None:
+    from torch.cuda._pin_memory_utils import pin_memory
+    pin_memory(ptr, nbytes)
+
+
+def _cuda_unregister(ptr: int) -> None:
+    from torch.cuda._pin_memory_utils import unpin_memory
+    unpin_memory(ptr)
 
 
 @dataclass
@@ -152,7 +207,8 @@ def _is_sharded(t: torch.Tensor) -> bool:
     return any(getattr(p, "dim", None) == 0 for p in placements)
 
 
-def park(trainer: GRPOTrainer, pool: HostPool | None = None) -> HostState:
+def park(trainer: GRPOTrainer, pool: HostPool | None = None, *,
+         release: bool = True) -> HostState:
     """This rank's whole share of the training state to host memory of this process (one
     buffer of `pool`, default: a new one), device storages freed (no collective). The module
     objects stay, so unpark is a copy back in place.
@@ -164,7 +220,13 @@ def park(trainer: GRPOTrainer, pool: HostPool | None = None) -> HostState:
     With trainer.lora only the adapter's state moves (local_tensors); the frozen base is not
     touched. The adapter's parameters are copied but keep their storages: they belong to the
     slot's resident modules, which the next LoRA agent's adapter is set into (one adapter's
-    worth of device memory stays); its AdamW state is freed."""
+    worth of device memory stays); its AdamW state is freed.
+
+    `release` (on CUDA): hand the freed memory back to the driver (torch.cuda.empty_cache).
+    A rank under a memory fraction beside an engine (devices.colocate) keeps it cached: the
+    engine sized itself at its start and cannot use it, the next agent's trainer reuses it,
+    and memory handed back while an engine (re)starts on that GPU trips vLLM's memory
+    profiling ("Error in memory profiling ... release GPU memory while vLLM is profiling")."""
     mid_batch = trainer._normaliser is not None
     if not mid_batch and any(p.grad is not None for p in trainer.model.parameters()):
         raise RuntimeError("park(): gradients are set; they are zeroed (None) after step()")
@@ -211,8 +273,8 @@ def park(trainer: GRPOTrainer, pool: HostPool | None = None) -> HostState:
     for ptr, storage in storages.items():
         if ptr not in resident:
             storage.resize_(0)
-    if pin:
-        torch.cuda.empty_cache()  # hand the memory back to the next agent's trainer
+    if pin and release:
+        torch.cuda.empty_cache()  # hand the memory back (a time-shared engine wakes into it)
     rng = {"rng/cpu": torch.get_rng_state()}
     if trainer.device.type == "cuda":
         rng["rng/cuda"] = torch.cuda.get_rng_state(trainer.device)
@@ -307,18 +369,18 @@ class ResidentBase:
                 tensors[name].copy_(t)
         set_rng(trainer, self.rng)
 
-    def release(self) -> None:
+    def release(self, empty_cache: bool = True) -> None:
         """Free the base's device memory (a SwapIn that needs another base, or a full model):
         every storage of the modules, and the building trainer's AdamW state, resized to 0.
         Explicitly, not by dropping references: FSDP's modules and hooks hold reference cycles,
-        which only the cycle collector would free."""
+        which only the cycle collector would free. `empty_cache`: as park's `release`."""
         tensors = [_local(t.detach()) for t in [*self.trainer.model.parameters(),
                                                 *self.trainer.model.buffers()]]
         tensors += [_local(v) for state in self.trainer.optimizer.state.values()
                     for v in state.values() if isinstance(v, torch.Tensor)]
         for t in tensors:
             t.untyped_storage().resize_(0)
-        if self.trainer.device.type == "cuda":
+        if self.trainer.device.type == "cuda" and empty_cache:
             torch.cuda.empty_cache()
 
 

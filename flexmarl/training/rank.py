@@ -136,6 +136,8 @@ class Rank:
         self.pool = HostPool()
         """Host buffers of parked agents, reused across swaps (pinned once the device is
         known to be a GPU)."""
+        self.release_memory = True
+        """Whether a park hands freed GPU memory back to the driver (parking.park)."""
         self.base: ResidentBase | None = None
         """The frozen base of this slot's LoRA agents, kept while they swap (only their
         adapters and AdamW states move); freed by a SwapIn that needs another base or a full
@@ -174,6 +176,9 @@ class Rank:
             if args.get("memory_fraction"):  # devices.colocate: the engine has the rest
                 torch.cuda.set_per_process_memory_fraction(float(args["memory_fraction"]),
                                                            self.device)
+            # Beside an engine that sized itself at start (devices.colocate, not time-shared):
+            # parked memory stays in torch's cache (parking.park's `release`).
+            self.release_memory = not args.get("keep_parked_memory")
         backend = "nccl" if self.config.device == "cuda" else "gloo"
         self.placed = (f"{self.device} {backend} visible="
                        f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'all')}")
@@ -222,7 +227,7 @@ class Rank:
                 # A full model, or an adapter on another base or settings: the slot's device
                 # holds one model, so the resident base goes first (as a full agent's does).
                 self.base, base = None, self.base
-                base.release()
+                base.release(self.release_memory)
             # Every rank parked it (or none did): the same branch on every rank.
             if host is not None and host.trainer is None:
                 # A LoRA agent's adapter state, parked here: onto the resident base (rebuilt if
@@ -400,7 +405,7 @@ class Rank:
                 raise RuntimeError(f"SwapOut of {self.agent} in the middle of a global batch: "
                                    "a LoRA trainer parks between steps only (LoRA agents are "
                                    "never time-shared)")
-            host = park(tr, self.pool)
+            host = park(tr, self.pool, release=self.release_memory)
         except Exception as exc:
             error, host = exc, None
         ranks, total, failed = self._gather(host.num_bytes if host else 0, error is not None)

@@ -496,8 +496,9 @@ def export_state(trainer: GRPOTrainer) -> tuple[dict[str, torch.Tensor], dict]:
 
     Tensors: "model/<name>" (full parameters; with trainer.lora the adapter's alone, by their
     names in the PeftModel), "optim/<name>/<key>" (AdamW's exp_avg, exp_avg_sq, step),
-    "rng/cpu" (torch's CPU generator). Metadata: version, the optimizer's
-    param_groups, and the CUDA generator state's presence. `load_state` restores it bit for bit,
+    "rng/cpu" (torch's CPU generator) and, on CUDA, "rng/cuda" (the trainer's device's
+    generator: dropout and any sampling on the GPU draw from it). Metadata: version and the
+    optimizer's param_groups. `load_state` restores it bit for bit,
     into this trainer or a fresh one of the same model, in this process or another.
     """
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, get_state_dict
@@ -518,6 +519,8 @@ def export_state(trainer: GRPOTrainer) -> tuple[dict[str, torch.Tensor], dict]:
         for key, value in state.items():
             tensors[f"optim/{name}/{key}"] = torch.as_tensor(value).detach().clone()
     tensors["rng/cpu"] = torch.get_rng_state()
+    if trainer.device.type == "cuda":
+        tensors["rng/cuda"] = torch.cuda.get_rng_state(trainer.device)
     meta = {"version": trainer.version, "param_groups": optim_sd["param_groups"]}
     return tensors, meta
 
@@ -557,4 +560,6 @@ def load_state(trainer: GRPOTrainer, tensors: dict[str, torch.Tensor], meta: dic
                 state[key] = value.clone()
     if "rng/cpu" in tensors:
         torch.set_rng_state(tensors["rng/cpu"])
+    if "rng/cuda" in tensors and trainer.device.type == "cuda":  # a CPU state has none
+        torch.cuda.set_rng_state(tensors["rng/cuda"], trainer.device)
     trainer.version = int(meta.get("version", 0))

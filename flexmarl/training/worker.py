@@ -8,7 +8,8 @@ Every rank is a worker process started by `runtime.supervisor.Supervisor` with e
 "init_method" (e.g. file:///tmp/x/store, a FileStore the caller owns), "config" (TrainerConfig
 fields: the slot's device and process group come from it), optional "model_dir" and "agent"
 (its name: needed to park it), "collective_timeout_s", "drain_timeout_s", "num_threads",
-"memory_fraction" (of its GPU, when it shares it with an engine)}.
+"memory_fraction" (of its GPU, when it shares it with an engine), "keep_parked_memory" (a park
+keeps freed GPU memory cached: beside an engine that sized itself at start)}.
 Without model_dir the group is an empty trainer slot: SwapIn binds it to an agent, SwapOut
 parks it. Clients talk to rank 0 only; rank 0 replays each command to the followers with
 torch.distributed broadcasts of plain tensors (no pickle), so every rank makes the same
@@ -269,7 +270,8 @@ class TrainerWorker(_StateSaves, Actor):
             if self.address.startswith("tcp://") else "127.0.0.1"
         spec = {"version": msg.version, "instances": list(msg.instances),
                 "backend": msg.backend, "tensor_parallel_size": msg.tensor_parallel_size,
-                "dtype": msg.dtype, "host": host, "port": free_port(host)}
+                "dtype": msg.dtype, "timeout_s": msg.timeout_s, "host": host,
+                "port": free_port(host)}
         return await self._command(
             self._turn_of.pop(id(env)), Command.SEND_WEIGHTS,
             self._with_spec(Command.SEND_WEIGHTS, spec, lambda g: g.send_weights(spec)))

@@ -23,6 +23,13 @@ instances load (WeightSync.load_into fetches the weights from the trainer: Direc
 fetch). The zero-staleness gate is the rollout worker's, as for a staged update: an instance
 takes no request between "start" and "finish", so no sample mixes two versions.
 
+Bounded: a send has a deadline (SendWeights.timeout_s, rollout.request_timeout_s). Past it, or
+as soon as one instance fails a phase (it died, timed out or refused), the send is aborted: the
+NCCL group is torn down (ncclCommAbort: a broadcast blocked on a dead peer returns; vLLM's own
+broadcast has no timeout), phases still waiting return at once, and every instance is told to
+abort. An instance also closes its gate for at most the deadline plus ABORT_TIMEOUT_S on its
+own (flexmarl.rollout.worker), should the trainer die between "start" and "finish".
+
 vLLM's trainer engine drives the engines through a client with four blocking calls; FanOut is
 that client over FlexMARL's transport (a WeightTransfer message per phase to every instance at
 once). vLLM gives every engine rank_offset 1 (one engine); here instance i gets 1 + (the
@@ -35,7 +42,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import socket
+import threading
 import time
 from typing import Any, AsyncContextManager, Callable, Iterator, Protocol
 
@@ -53,12 +62,18 @@ log = logging.getLogger(__name__)
 # ----------------------------------------------------------------------------- the choice
 
 DIRECT = ("nccl", "ipc")
+ABORT_TIMEOUT_S = 10.0
+"""How long telling the instances to abort may take, and how much longer than a send's deadline
+an instance keeps its gate closed before aborting on its own."""
+DEFAULT_PACKED_BUFFER_BYTES = 1 << 30
+"""vLLM's default packed buffer (packed_tensor.DEFAULT_PACKED_BUFFER_SIZE_BYTES), 1 GiB."""
 
 
 def resolve_transfer(setting: str, *, vllm_on_gpu: bool, trainer_on_gpu: bool,
                      colocate: bool) -> str:
     """rollout.weight_transfer for this run: "auto" is nccl (ipc when colocated) where vLLM and
-    the trainers are on GPU, else stage; an explicit direct mode without GPUs is an error."""
+    the trainers are on GPU, else stage; an explicit direct mode without GPUs, nccl with
+    colocate and ipc without it are errors naming the settings."""
     gpu = vllm_on_gpu and trainer_on_gpu
     if setting == "auto":
         return ("ipc" if colocate else "nccl") if gpu else "stage"
@@ -68,6 +83,13 @@ def resolve_transfer(setting: str, *, vllm_on_gpu: bool, trainer_on_gpu: bool,
             f"build of vllm, trainer.device = \"cuda\", GPUs placed by [devices]); here vLLM is "
             f"{'on GPU' if vllm_on_gpu else 'not on GPU'} and the trainers "
             f"{'are' if trainer_on_gpu else 'are not'}: use \"stage\" or \"auto\"")
+    if setting == "nccl" and colocate:
+        # The planner seats each instance on its agent's trainer GPUs first (on one GPU:
+        # always), and NCCL refuses two ranks of one group on one device.
+        raise ConfigError('rollout.weight_transfer = "nccl" cannot be used with '
+                          "devices.colocate = true: instances then share GPUs with their "
+                          "trainer, and NCCL refuses two ranks of one group on one GPU; use "
+                          '"ipc" (or "auto") with colocate, or devices.colocate = false')
     if setting == "ipc" and not colocate:
         raise ConfigError('rollout.weight_transfer = "ipc" needs each instance on its trainer\'s '
                           "GPUs: set devices.colocate = true, or use \"nccl\"")
@@ -111,27 +133,63 @@ def rank_offsets(sizes: list[int]) -> list[int]:
     return out
 
 
+class TransferAborted(RuntimeError):
+    """A direct send was aborted (its deadline passed, or an instance failed a phase)."""
+
+
 class FanOut:
     """vLLM's VLLMWeightSyncClient over FlexMARL's transport: each call goes to every instance
     at once and returns when all have answered (vLLM calls these from its threads; they run on
     this process's event loop). init and update must reach every instance concurrently: each
-    blocks in the group's rendezvous / broadcast until all of them and the trainer are in."""
+    blocks in the group's rendezvous / broadcast until all of them and the trainer are in.
+
+    A phase that fails on any instance calls `on_error` (the Sender aborts the group, so the
+    trainer's side of a broadcast does not wait for a dead peer) before raising; after `fail`,
+    phases still waiting raise TransferAborted at once and later ones are refused."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, conns: list[Connection],
                  sizes: list[int], version: int, timeout_s: float,
-                 encode: Callable[[dict], dict] = lambda info: info) -> None:
+                 encode: Callable[[dict], dict] = lambda info: info,
+                 on_error: Callable[[BaseException], None] | None = None) -> None:
         self.loop, self.conns, self.sizes = loop, conns, sizes
         self.version, self.timeout_s, self.encode = version, timeout_s, encode
+        self.on_error = on_error
         self.load_s: dict[str, float] = {}
+        self.failed = ""
+        """Why the transfer was aborted ("" while it is not)."""
+        self._failed = asyncio.Event()
+        self._aborted = False
 
     def _all(self, phase: str, infos: list[dict]) -> None:
-        async def each() -> list:
-            return await asyncio.gather(*(
-                conn.request(WeightTransfer(phase, self.version, info), timeout_s=self.timeout_s)
-                for conn, info in zip(self.conns, infos)))
-        for conn, done in zip(self.conns,
-                              asyncio.run_coroutine_threadsafe(each(), self.loop).result()):
+        if self.failed:
+            raise TransferAborted(self.failed)
+        try:
+            replies = asyncio.run_coroutine_threadsafe(self._each(phase, infos),
+                                                       self.loop).result()
+        except TransferAborted:
+            raise
+        except Exception as exc:  # an instance died, timed out or refused the phase
+            if self.on_error is not None:
+                self.on_error(exc)
+            raise
+        for conn, done in zip(self.conns, replies):
             self.load_s[conn.address] = self.load_s.get(conn.address, 0.0) + done.load_s
+
+    async def _each(self, phase: str, infos: list[dict], timeout_s: float | None = None) -> list:
+        calls = asyncio.gather(*(
+            conn.request(WeightTransfer(phase, self.version, info),
+                         timeout_s=timeout_s or self.timeout_s)
+            for conn, info in zip(self.conns, infos)))
+        if phase == "abort":
+            return await calls
+        failed = asyncio.ensure_future(self._failed.wait())
+        await asyncio.wait({calls, failed}, return_when=asyncio.FIRST_COMPLETED)
+        failed.cancel()
+        if not calls.done():  # fail() meanwhile: do not wait for instances being stopped
+            calls.cancel()
+            calls.add_done_callback(lambda f: f.cancelled() or f.exception())
+            raise TransferAborted(self.failed)
+        return calls.result()
 
     def init_weight_transfer_engine(self, init_info: dict) -> None:
         if "rank_offset" not in init_info:  # IPC: no group, nothing to place
@@ -140,7 +198,9 @@ class FanOut:
         self._all("init", [{**init_info, "rank_offset": o} for o in rank_offsets(self.sizes)])
 
     def start_weight_update(self) -> None:
-        self._all("start", [{}] * len(self.conns))
+        # The instance closes its gate now and reopens it at "finish" or "abort", or on its own
+        # past this deadline (the trainer died meanwhile).
+        self._all("start", [{"deadline_s": self.timeout_s + ABORT_TIMEOUT_S}] * len(self.conns))
 
     def update_weights(self, update_info: Any) -> None:
         info = self.encode(update_info)
@@ -149,22 +209,71 @@ class FanOut:
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         self._all("finish", [{}] * len(self.conns))
 
+    def fail(self, why: str) -> None:
+        """Abort the transfer (from any thread): waiting phases return, later ones are
+        refused, the instances are told to abort."""
+        if not self.failed:
+            self.failed = why
+            self.loop.call_soon_threadsafe(self._failed.set)
+        self.abort()
+
     def abort(self) -> None:
         """The send failed: instances in the middle of it stop (their weights may be half
-        loaded; the pool replaces them with ones that load the served version)."""
+        loaded; the pool replaces them with ones that load the served version). Once."""
+        if self._aborted or not self.conns:
+            return
+        self._aborted = True
         try:
-            self._all("abort", [{}] * len(self.conns))
+            asyncio.run_coroutine_threadsafe(
+                self._each("abort", [{}] * len(self.conns), ABORT_TIMEOUT_S), self.loop).result()
         except Exception as exc:  # an instance already gone: nothing left to stop there
             log.info("aborting a weight transfer: %s: %s", type(exc).__name__, exc)
+
+
+def packed_buffer_bytes(sizes: list[int], default: int = DEFAULT_PACKED_BUFFER_BYTES) -> int:
+    """The packed IPC buffer for tensors of `sizes` bytes: vLLM's producer allocates exactly
+    this much on the trainer's GPU and refuses a tensor larger than it (a 7B model's bf16
+    embedding is 1.09 GB, over the 1 GiB default). The default, or the whole model if smaller
+    (a small model needs no 1 GiB buffer), and never less than the largest tensor."""
+    return max(max(sizes, default=0), min(default, sum(sizes)))
+
+
+class Watchdog:
+    """Calls `expire` from a thread of its own if the block has not ended `timeout_s` after it
+    began; `fired` says whether it did."""
+
+    def __init__(self, timeout_s: float, expire: Callable[[], None]) -> None:
+        self.fired = False
+        self._expire = expire
+        self._timer = threading.Timer(timeout_s, self._fire)
+        self._timer.daemon = True
+
+    def _fire(self) -> None:
+        self.fired = True
+        self._expire()
+
+    def __enter__(self) -> "Watchdog":
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._timer.cancel()
 
 
 def cast_source(model: torch.nn.Module, dtype: torch.dtype, skip: set[str]):
     """A vLLM WeightSource over the trainer's parameters (FSDP2 DTensors are all-gathered one
     at a time, a collective every rank runs in the same order), sent in the engine's dtype:
-    the fp32 master weights travel at half the bytes in bf16."""
+    the fp32 master weights travel at half the bytes in bf16.
+
+    On CUDA each parameter is read only after the work queued on `source.step_stream` (the
+    stream the optimizer step ran on; the Sender sets it) is done: vLLM's packed NCCL producer
+    reads, casts and gathers the tensors on side streams of its own, which nothing orders
+    after optimizer.step() on the trainer's stream."""
     from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource, materialize_full_tensor
 
     class Source(WeightSource):
+        step_stream = None
+
         def metadata(self) -> list:
             return [ParamMeta(n, dtype, tuple(p.shape)) for n, p in model.named_parameters()
                     if n not in skip]
@@ -172,9 +281,19 @@ def cast_source(model: torch.nn.Module, dtype: torch.dtype, skip: set[str]):
         def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
             for name, p in model.named_parameters():
                 if name not in skip:
+                    after_step(p, self.step_stream)
                     yield name, materialize_full_tensor(p.detach()).to(dtype)
 
     return Source()
+
+
+def after_step(p: torch.Tensor, step_stream: Any) -> None:
+    """Order the current stream (whichever vLLM reads `p` on) after `step_stream`'s queued
+    work (the optimizer step). Nothing on CPU."""
+    if step_stream is not None and p.device.type == "cuda":
+        current = torch.cuda.current_stream(p.device)
+        if current != step_stream:
+            current.wait_stream(step_stream)
 
 
 def free_port(host: str) -> int:
@@ -195,38 +314,74 @@ class Sender:
         self._key: tuple | None = None
         self._engine = None
         self._client: FanOut | None = None
+        self._source = None
 
     def send(self, model: torch.nn.Module, spec: dict, tied: bool) -> tuple[int, float]:
         """Send `model`'s weights as spec["version"] (every rank calls this, in step); the
-        bytes sent and the seconds it took (rank 0's count; 0 elsewhere)."""
+        bytes sent and the seconds it took (rank 0's count; 0 elsewhere). Past
+        spec["timeout_s"] (rollout.request_timeout_s), or as soon as an instance fails, the
+        transfer is aborted (see the module docstring) and this raises."""
         from vllm.distributed.weight_transfer import WeightTransferTrainerFactory
 
         started = time.perf_counter()
         dtype = getattr(torch, spec["dtype"])
+        timeout_s = float(spec.get("timeout_s") or self.timeout_s)
         key = (id(model), tuple(spec["instances"]), spec["backend"], spec["dtype"])
+        late = (f"the weight send of version {spec['version']} to {len(spec['instances'])} "
+                f"instance(s) took longer than {timeout_s:g} s (rollout.request_timeout_s)")
+        watchdog = Watchdog(timeout_s, lambda: self._abort(late))
         try:
-            if key != self._key:
-                self.close()
-                conns = self._on_loop(self._connect(spec["instances"])) if self.rank == 0 else []
-                sizes = [spec["tensor_parallel_size"]] * len(spec["instances"])
-                self._client = FanOut(self.loop, conns, sizes, spec["version"], self.timeout_s,
-                                      encode=ipc_payload if spec["backend"] == "ipc" else
-                                      (lambda info: info))
-                source = cast_source(model, dtype, {"lm_head.weight"} if tied else set())
-                self._engine = WeightTransferTrainerFactory.trainer_init(
-                    _init_info(spec, self.rank, sum(sizes)), client=self._client, source=source)
-                self._key = key
-            self._client.version = spec["version"]
-            self._engine.send_weights()
-        except BaseException:
+            with watchdog:
+                if key != self._key:
+                    self.close()
+                    conns = (self._on_loop(self._connect(spec["instances"])) if self.rank == 0
+                             else [])
+                    sizes = [spec["tensor_parallel_size"]] * len(spec["instances"])
+                    self._client = FanOut(self.loop, conns, sizes, spec["version"], timeout_s,
+                                          encode=ipc_payload if spec["backend"] == "ipc" else
+                                          (lambda info: info),
+                                          on_error=lambda exc: self._abort(
+                                              f"an instance failed: {type(exc).__name__}: {exc}"))
+                    self._source = cast_source(model, dtype,
+                                               {"lm_head.weight"} if tied else set())
+                    buffer = packed_buffer_bytes([math.prod(m.shape) * m.dtype.itemsize
+                                                  for m in self._source.metadata()])
+                    self._engine = WeightTransferTrainerFactory.trainer_init(
+                        _init_info(spec, self.rank, sum(sizes), buffer), client=self._client,
+                        source=self._source)
+                    self._key = key
+                self._client.version, self._client.timeout_s = spec["version"], timeout_s
+                if torch.cuda.is_available():  # the optimizer step's stream (see cast_source)
+                    self._source.step_stream = torch.cuda.current_stream()
+                self._engine.send_weights()
+            if watchdog.fired:  # an aborted group's broadcasts return without sending
+                raise TransferAborted(late)
+        except BaseException as exc:
             if self._client is not None and self._client.conns:
                 self._client.abort()
             self.close()  # a group that failed once is not used again: the next send forms one
+            if watchdog.fired:
+                raise TimeoutError(late + ": aborted, the instances told to stop (they are "
+                                   "replaced and load the served version)") from exc
             raise
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         num_bytes = sum(p.numel() for _, p in model.named_parameters()) * dtype.itemsize
         return (num_bytes if self.rank == 0 else 0), time.perf_counter() - started
+
+    def _abort(self, why: str) -> None:
+        """Abort the send in progress (from the watchdog's or a FanOut caller's thread): the
+        NCCL group torn down (ncclCommAbort: a broadcast blocked on a dead peer returns, and
+        later ones do nothing), waiting phases released, the instances told to abort."""
+        log.error("direct weight sync: %s: aborting the transfer", why)
+        group = getattr(self._engine, "model_update_group", None)
+        if group is not None:
+            try:
+                group.destroy()
+            except Exception as exc:  # already torn down
+                log.info("aborting the NCCL group: %s: %s", type(exc).__name__, exc)
+        if self._client is not None:
+            self._client.fail(why)
 
     async def _connect(self, addresses: list[str]) -> list[Connection]:
         return [connect(a, self.transport) for a in addresses]  # on the loop, as it must be
@@ -243,17 +398,18 @@ class Sender:
                 log.info("closing a weight-transfer group: %s: %s", type(exc).__name__, exc)
         if self._client is not None and self._client.conns:
             self._on_loop(_close_all(self._client.conns))
-        self._engine, self._client, self._key = None, None, None
+        self._engine, self._client, self._key, self._source = None, None, None, None
 
 
 async def _close_all(conns: list[Connection]) -> None:
     await asyncio.gather(*(c.aclose() for c in conns), return_exceptions=True)
 
 
-def _init_info(spec: dict, rank: int, engine_ranks: int):
+def _init_info(spec: dict, rank: int, engine_ranks: int,
+               buffer_bytes: int = DEFAULT_PACKED_BUFFER_BYTES):
     if spec["backend"] == "ipc":
         from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
-        return IPCTrainerInitInfo(packed=True, rank=rank)
+        return IPCTrainerInitInfo(packed=True, rank=rank, packed_buffer_size_bytes=buffer_bytes)
     from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
     return NCCLTrainerInitInfo(master_address=spec["host"], master_port=spec["port"],
                                world_size=1 + engine_ranks, rank=rank)
@@ -290,8 +446,10 @@ class DirectTransport:
                            ) -> WeightUpdateDone:
         """The agent's trainer sends `version` to the instances at `addresses`."""
         async with self.trainers.bind(agent) as trainer:
+            # The trainer's own deadline (the same setting) fires first and answers with why.
             return await trainer.request(SendWeights(version, addresses, self.backend, self.tp,
-                                                     self.dtype), timeout_s=self.timeout_s)
+                                                     self.dtype, self.timeout_s),
+                                         timeout_s=self.timeout_s + 2 * ABORT_TIMEOUT_S)
 
     async def fetch(self, agent: str) -> WeightUpdate:
         return await self.trainers.export(agent)

@@ -49,8 +49,10 @@ lacking="$(missing)"
 WHEELS="${WHEELS:-wheels}"
 if [ -n "$lacking" ] && [ -d "$WHEELS" ]; then
   say "missing: $lacking; installing from $WHEELS into .smoke-site (no index)"
-  "$PY" -m pip install -q --no-index --find-links "$WHEELS" --target .smoke-site \
-      -r bench/gpu_smoke_requirements.txt \
+  # Only what is missing: the folder need not hold wheels of what the node already has.
+  # shellcheck disable=SC2086
+  "$PY" -m pip install -q --no-index --no-deps --find-links "$WHEELS" --target .smoke-site \
+      $lacking \
     && export PYTHONPATH=".smoke-site${PYTHONPATH:+:$PYTHONPATH}"
   lacking="$(missing)"
 fi

@@ -18,6 +18,7 @@ from flexmarl.rollout.engine import EngineConfig
 from flexmarl.rollout.pool import InstancePool, RolloutConfig
 from flexmarl.rollout.balancer import BalancerConfig
 from flexmarl.rollout.torch_engine import TorchEngine
+from flexmarl.weights import direct
 from flexmarl.weights.direct import (DirectTransport, FanOut, Sender, TransferAborted,
                                      _init_info, cast_source, packed_buffer_bytes, rank_offsets,
                                      resolve_transfer)
@@ -301,6 +302,9 @@ async def test_rank_0_sends_through_a_cached_group_made_again_when_the_instances
     from vllm.distributed.weight_transfer import WeightTransferTrainerFactory
 
     FakeTrainerEngine.made = []
+    # "instance fails": the failed instance stops, so the abort sent to it is never answered;
+    # the send waits out ABORT_TIMEOUT_S for it (10 s), which this test need not sit through.
+    monkeypatch.setattr(direct, "ABORT_TIMEOUT_S", 1.0)
     monkeypatch.setattr(WeightTransferTrainerFactory, "trainer_init", classmethod(
         lambda cls, info, *, client, source: FakeTrainerEngine(info, client, source)))
     release = asyncio.Event()
@@ -386,12 +390,17 @@ async def test_a_send_that_cannot_finish_aborts_the_group_and_the_instances_inst
     from vllm.distributed.weight_transfer import WeightTransferTrainerFactory
 
     FakeTrainerEngine.made = []
+    # "instance fails": the failed instance stops, so the abort sent to it is never answered;
+    # the send waits out ABORT_TIMEOUT_S for it (10 s), which this test need not sit through.
+    monkeypatch.setattr(direct, "ABORT_TIMEOUT_S", 1.0)
     monkeypatch.setattr(WeightTransferTrainerFactory, "trainer_init", classmethod(
         lambda cls, info, *, client, source: BroadcastingEngine(info, client, source)))
     engine = TransferEngine(EngineConfig(model_dir=tiny_model_dir))  # "update" never released
     if case == "instance fails":
         engine.fail_in = "update"
-    worker = RolloutWorker("r0", f"inproc://abort-{case.replace(' ', '-')}", engine)
+    # Its hung "update" is in flight when it stops: drained briefly, then cancelled.
+    worker = RolloutWorker("r0", f"inproc://abort-{case.replace(' ', '-')}", engine,
+                           drain_timeout_s=0.5)
     sender = Sender(rank=0, loop=asyncio.get_running_loop(), transport=TransportConfig(),
                     timeout_s=TIMEOUT_S)
     # "deadline": a short one, which the hung instance outlasts; "instance fails": a long one,

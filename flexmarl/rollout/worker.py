@@ -40,8 +40,10 @@ log = logging.getLogger(__name__)
 class RolloutWorker(Actor):
     def __init__(self, name: str, address: str, engine: RolloutEngine, *,
                  transport: TransportConfig = TransportConfig(), version: int = 0,
-                 max_concurrent: int = 256, report_interval_s: float = 0.1) -> None:
-        super().__init__(name, address, transport=transport, max_concurrent=max_concurrent)
+                 max_concurrent: int = 256, report_interval_s: float = 0.1,
+                 drain_timeout_s: float = 10.0) -> None:
+        super().__init__(name, address, transport=transport, max_concurrent=max_concurrent,
+                         drain_timeout_s=drain_timeout_s)
         self.engine = engine
         self.version = version
         self.queued = 0

@@ -107,14 +107,17 @@ SCONTROL = STUB + 'for h in $STUB_HOSTS; do echo "$h"; done\n'
 
 
 def run_sbatch(script: str, tmp: Path, hosts: list[str], trainer_nodes: int,
-               key_exists: bool = False) -> tuple[int, list[list[str]], Path, str]:
-    """Run the batch script with stubs; (exit status, recorded calls, key dir, stderr)."""
+               key_exists: bool = False, stubs: dict[str, str] | None = None,
+               env: dict[str, str] | None = None) -> tuple[int, list[list[str]], Path, str]:
+    """Run the batch script with stubs (`stubs`: command -> script, beside srun, flexmarl,
+    flexmarl-node and scontrol; `env`: more variables); (exit status, recorded calls, key dir,
+    stderr)."""
     bin_dir, log, home, venv = tmp / "bin", tmp / "log", tmp / "home", tmp / "venv" / "bin"
     for d in (bin_dir, log, home, venv):
         d.mkdir(parents=True)
     (venv / "activate").write_text("")
-    for name, text in (("srun", STUB), ("flexmarl", STUB), ("flexmarl-node", STUB),
-                       ("scontrol", SCONTROL)):
+    for name, text in {"srun": STUB, "flexmarl": STUB, "flexmarl-node": STUB,
+                       "scontrol": SCONTROL, **(stubs or {})}.items():
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     keys = home / "shared-keys"
@@ -123,14 +126,14 @@ def run_sbatch(script: str, tmp: Path, hosts: list[str], trainer_nodes: int,
         (keys / "node.key_secret").write_text("stub")
     path = tmp / "job.sbatch"
     path.write_text(script)
-    env = {"PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}", "HOME": str(home),
-           "STUB_LOG": str(log), "STUB_HOSTS": " ".join(hosts),
-           "SLURM_JOB_NODELIST": "stub[0-9]", "SLURM_SUBMIT_DIR": str(tmp),
-           "SLURM_CPUS_ON_NODE": "8", "FLEXMARL_VENV": str(venv.parent),
-           "FLEXMARL_KEYS": str(keys), "FLEXMARL_PORT": "6001",
-           "TRAINER_NODES": str(trainer_nodes)}
-    proc = subprocess.run([BASH, str(path), "my.toml"], env=env, cwd=tmp, capture_output=True,
-                          text=True, timeout=30)
+    variables = {"PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+                 "HOME": str(home), "STUB_LOG": str(log), "STUB_HOSTS": " ".join(hosts),
+                 "SLURM_JOB_NODELIST": "stub[0-9]", "SLURM_SUBMIT_DIR": str(tmp),
+                 "SLURM_CPUS_ON_NODE": "8", "FLEXMARL_VENV": str(venv.parent),
+                 "FLEXMARL_KEYS": str(keys), "FLEXMARL_PORT": "6001",
+                 "TRAINER_NODES": str(trainer_nodes), **(env or {})}
+    proc = subprocess.run([BASH, str(path), "my.toml"], env=variables, cwd=tmp,
+                          capture_output=True, text=True, timeout=60)
     calls = [shlex.split(f.read_text()) for f in sorted(log.iterdir())]
     return proc.returncode, calls, keys, proc.stderr
 

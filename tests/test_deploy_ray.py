@@ -9,7 +9,6 @@ their arguments.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -19,7 +18,8 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_deploy_docs import BASH, SCONTROL, STUB, needs_bash, option, settings  # noqa: E402
+import test_deploy_docs as deploy_docs  # noqa: E402
+from test_deploy_docs import BASH, STUB, needs_bash, option, settings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SBATCH = ROOT / "docs" / "deploy" / "slurm_ray.sbatch"
@@ -30,25 +30,10 @@ PYTHON = STUB + 'set -- $STUB_HOSTS; echo $#\n'
 
 def run_sbatch(script: str, tmp: Path, hosts: list[str], trainer_nodes: int
                ) -> tuple[int, list[list[str]], str]:
-    bin_dir, log, home, venv = tmp / "bin", tmp / "log", tmp / "home", tmp / "venv" / "bin"
-    for d in (bin_dir, log, home, venv):
-        d.mkdir(parents=True)
-    (venv / "activate").write_text("")
-    for name, text in (("srun", STUB), ("flexmarl", STUB), ("ray", STUB), ("python", PYTHON),
-                       ("scontrol", SCONTROL)):
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
-    path = tmp / "job.sbatch"
-    path.write_text(script)
-    env = {"PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}", "HOME": str(home),
-           "STUB_LOG": str(log), "STUB_HOSTS": " ".join(hosts),
-           "SLURM_JOB_NODELIST": "stub[0-9]", "SLURM_SUBMIT_DIR": str(tmp),
-           "SLURM_CPUS_ON_NODE": "8", "FLEXMARL_VENV": str(venv.parent),
-           "FLEXMARL_RAY_PORT": "6400", "TRAINER_NODES": str(trainer_nodes)}
-    proc = subprocess.run([BASH, str(path), "my.toml"], env=env, cwd=tmp, capture_output=True,
-                          text=True, timeout=60)
-    calls = [shlex.split(f.read_text()) for f in sorted(log.iterdir())]
-    return proc.returncode, calls, proc.stderr
+    rc, calls, _, err = deploy_docs.run_sbatch(
+        script, tmp, hosts, trainer_nodes, stubs={"ray": STUB, "python": PYTHON},
+        env={"FLEXMARL_RAY_PORT": "6400"})
+    return rc, calls, err
 
 
 def sbatch_problems(script: str, tmp: Path) -> list[str]:

@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_e2e import duo  # noqa: E402
 from test_faults import _assert_nothing_lost  # noqa: E402
 from test_pipeline import WEIGHT_ATOL, config as pipeline_config  # noqa: E402
+from workers import flexmarl_cli  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 ENTRY = "flexmarl.rollout.worker:rollout_worker"
@@ -85,13 +86,19 @@ def test_the_launcher_settings_are_checked():
     assert ray_config.engine == "ray" and ray_config.remote
 
 
-def test_without_ray_the_launcher_is_one_error_naming_the_extra(monkeypatch):
+async def test_without_ray_the_launcher_is_one_error_naming_the_extra(monkeypatch, tmp_path,
+                                                                      capsys):
     import importlib.util
     find = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "ray" else find(name, *a))
     with pytest.raises(ConfigError, match=r"pip install 'flexmarl\[ray\]'"):
         check_ray()
+    # `flexmarl run` says so before it makes a run directory (exit 2: a config error).
+    code = await flexmarl_cli("run", "--set", "cluster.launcher=ray", "--set",
+                              "rollout.backend=torch", "--set", f"run.dir={tmp_path / 'run'}")
+    assert code == 2 and "pip install 'flexmarl[ray]'" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
 
 
 def test_the_dry_run_shows_the_placement_groups():

@@ -135,7 +135,7 @@ def _run(args: argparse.Namespace) -> int:
     from flexmarl.console import phase
     from flexmarl.launch.build import resolve_backend
     from flexmarl.launch.layout import check_devices
-    from flexmarl.launch.placement import check_backend
+    from flexmarl.launch.placement import check_backend, check_ray
     from flexmarl.launch.evaluation import check_eval
     from flexmarl.launch.run import train
     from flexmarl.launch.task_files import team_with_task_file
@@ -156,6 +156,8 @@ def _run(args: argparse.Namespace) -> int:
             check_model(spec)
         config = resolve_backend(config)  # rollout.backend "auto": what the GPUs here allow
         check_backend(config.rollout.backend, config.cluster.remote)
+        if config.cluster.engine == "ray":  # Ray missing: one error, before a run dir exists
+            check_ray()
         if config.trainer_pool.slots == "auto":  # planned now: the run dir records the plan
             from flexmarl.sim.team_plan import resolve_auto
             phase('planning trainer_pool.slots = "auto" with the cluster simulator')

@@ -124,6 +124,7 @@ class WorkerHost:
     def __init__(self) -> None:
         self.proc = None
         self.tail = None
+        self.key_file = ""
 
     async def start(self, boot: dict, env: dict[str, str], key_text: str) -> dict:
         import json
@@ -139,10 +140,10 @@ class WorkerHost:
         boot = {**boot, "bind": f"tcp://{node_ip}:0", "supervisor_pid": os.getpid(),
                 "transport": dict(boot["transport"])}
         if key_text:  # the run's key pair, private to this node's worker
-            fd, path = tempfile.mkstemp(prefix="flexmarl-key-", suffix=".key_secret")
+            fd, self.key_file = tempfile.mkstemp(prefix="flexmarl-key-", suffix=".key_secret")
             with os.fdopen(fd, "w") as f:
                 f.write(key_text)
-            boot["transport"]["curve_secret_key_file"] = path
+            boot["transport"]["curve_secret_key_file"] = self.key_file
         child_env = {**os.environ, **env}
         gpus = [str(g) for g in ray.get_gpu_ids()]
         if gpus:
@@ -160,6 +161,8 @@ class WorkerHost:
 
     async def wait(self) -> dict:
         code = await asyncio.to_thread(self.proc.wait)
+        if self.key_file:  # the secret stays on the node no longer than its worker
+            os.unlink(self.key_file)
         return {"returncode": code, "tail": list(await self.tail.settled())}
 
     async def signal(self, sig: int) -> None:
@@ -223,6 +226,9 @@ class RayLauncher(Supervisor):
 
     remote = True
     """Workers may run on other machines (trainer ranks meet at a TCPStore, not a file)."""
+    shares_gpus = False
+    """Ray hands each worker GPUs of its own; it cannot seat a second worker on a GPU it
+    picked for another (devices.colocate, time-shared GPU placements)."""
 
     def __init__(self, *, address: str = "", cpus: float = 1.0, place_timeout_s: float = 600.0,
                  config: SupervisorConfig = SupervisorConfig(),
@@ -255,10 +261,11 @@ class RayLauncher(Supervisor):
                          address=f"tcp://{self.driver_ip}:0")
         self.cpus = cpus
         self.place_timeout_s = place_timeout_s
-        self.roles = role_resources(ray.cluster_resources())
+        resources = ray.cluster_resources()
+        self.roles = role_resources(resources)
         log.warning("workers on Ray (%s): %d node(s), %s%s; their output goes to Ray's logs",
                     address or "a Ray of this run's own", len(self.alive()),
-                    ", ".join(f"{k} {v:g}" for k, v in sorted(ray.cluster_resources().items())
+                    ", ".join(f"{k} {v:g}" for k, v in sorted(resources.items())
                               if k in ("CPU", "GPU") or k.startswith("flexmarl_")),
                     f"; Ray dashboard {self.dashboard_url}" if self.dashboard_url else "")
         self.run_id = uuid.uuid4().hex[:8]
@@ -384,12 +391,9 @@ class RayLauncher(Supervisor):
 
     def _signal(self, handle: WorkerHandle, sig: int) -> None:
         host = handle.proc.host
-        if sig == signal.SIGKILL:  # the host goes too: what a kill -9 of a node's process does
-            task = host.signal.remote(sig)
+        host.signal.remote(sig)
+        if sig == signal.SIGKILL:  # the host goes too, once it has passed the signal on
             asyncio.get_running_loop().call_later(1.0, self._kill_actor, host)
-            del task
-        else:
-            host.signal.remote(sig)
 
     def _kill_actor(self, host: Any) -> None:
         try:

@@ -115,7 +115,7 @@ def test_the_dry_run_shows_the_placement_groups():
 
 def test_gpu_sharing_ray_cannot_seat_is_refused():
     class FakeRay:
-        remote = True
+        shares_gpus = False  # as runtime.ray_cluster.RayLauncher
 
     shared = plan_devices([Host("n1", (0,))], [Ask("trainer-0-0", "trainer", memory=0.4),
                                                Ask("rollout-0", "rollout", memory=0.5)],
@@ -125,6 +125,8 @@ def test_gpu_sharing_ray_cannot_seat_is_refused():
     apart = plan_devices([Host("n1", (0, 1))], [Ask("trainer-0-0", "trainer"),
                                                 Ask("rollout-0", "rollout")])
     check_ray_gpus(FakeRay(), apart)  # GPUs of their own: fine
+    from runtime.ray_cluster import RayLauncher
+    assert RayLauncher.shares_gpus is False  # what FakeRay stands for
 
 
 # ---------------------------------------------------------------- a real Ray cluster

@@ -416,7 +416,7 @@ async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, settings: W
 def check_ray_gpus(sup: Any, plan: Any) -> None:
     """Ray gives each worker GPUs of its own (its bundle's); it cannot seat two workers on one
     GPU it picked for one of them, which devices.colocate and time-shared placements need."""
-    if getattr(sup, "remote", False) and not isinstance(sup, NodeRegistry) and (
+    if not getattr(sup, "shares_gpus", True) and (
             plan.colocate or any(s.inside for s in plan.seats.values())):
         raise checks.ConfigError(
             'cluster.launcher = "ray" gives each GPU worker GPUs of its own, so it cannot run '

@@ -263,29 +263,41 @@ def two_at_once():
     set_max_concurrent(before)
 
 
-PARTNER_WAIT_S = 30.0
-"""How long the first two runs wait for each other before giving up (then the test fails)."""
+RELEASE_WAIT_S = 60.0
+"""How long a run waits for the test to release it before giving up (then the test fails): a
+generous bound for a sandbox start on a loaded machine, never reached when the bound works."""
 
 
 async def test_concurrent_runs_respect_the_bound(clean, two_at_once):
     """Five runs under a bound of 2: two at once, never three. Each run writes a marker file in
-    its own directory; the first two then wait until they see two markers (the other one's),
-    so they overlap however slowly their interpreters start. Every run then sleeps 0.3 s:
-    a broken bound would put more of them at once."""
+    its own directory (the host sees it there, as bubblewrap binds it) and waits for a `go`
+    file beside it; the test writes `go` only once two runs have started (or the last one), so
+    each pair overlaps however slowly its interpreters start. A third marker seen while two
+    runs wait would be a broken bound; so would three overlapping spans."""
     token = uuid.uuid4().hex  # markers of this test only, not of another process's sandboxes
     markers = os.path.join(tempfile.gettempdir(), "flexmarl-sandbox-*", f"started-{token}")
-
-    def program(wait_for_partner: bool) -> str:
-        return (f"import glob, time\nstart = time.monotonic()\n"
-                f"open('started-{token}', 'w').close()\n"
-                f"while {wait_for_partner} and len(glob.glob({markers!r})) < 2 and "
-                f"time.monotonic() < start + {PARTNER_WAIT_S}:\n    time.sleep(0.02)\n"
-                "time.sleep(0.3)\nprint(start, time.monotonic())")
-
-    limits = {**FAST, "cpu_s": 5.0, "wall_s": PARTNER_WAIT_S + 10}
-    results = await asyncio.gather(*(run_python(program(i < 2), **limits) for i in range(5)))
+    program = (f"import os, time\nstart = time.monotonic()\n"
+               f"open('started-{token}', 'w').close()\n"
+               f"while not os.path.exists('go') and time.monotonic() < start + {RELEASE_WAIT_S}:"
+               "\n    time.sleep(0.01)\n"
+               "time.sleep(0.3)\nprint(start, time.monotonic())")
+    limits = {**FAST, "cpu_s": 5.0, "wall_s": RELEASE_WAIT_S + 10}
+    runs = asyncio.gather(*(run_python(program, **limits) for _ in range(5)))
+    released: set[str] = set()
+    most_waiting = 0
+    while not runs.done():
+        waiting = [m for m in glob.glob(markers) if m not in released]
+        most_waiting = max(most_waiting, len(waiting))
+        if len(waiting) >= 2 or (waiting and len(released) == 4):
+            for marker in waiting:
+                open(os.path.join(os.path.dirname(marker), "go"), "w").close()
+                released.add(marker)
+        await asyncio.sleep(0.01)
+    results = await runs
     assert all(r.passed for r in results), results
+    assert len(released) == 5 and most_waiting == 2
     spans = [tuple(map(float, r.stdout.split())) for r in results]  # one clock for all
+    assert all(e - s < RELEASE_WAIT_S for s, e in spans), spans  # released, not timed out
     running = max(sum(s <= t < e for s, e in spans) for t, _ in spans)
     assert running == 2
 

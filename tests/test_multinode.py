@@ -170,7 +170,7 @@ async def test_a_node_whose_process_ends_is_lost_at_once(tmp_path, keys, caplog)
 @pytest.mark.slow
 async def test_a_stalled_registry_keeps_its_nodes_and_a_silent_node_is_lost(tmp_path, keys,
                                                                           caplog):
-    """The registry's own loop blocked for 3 node timeouts is not its nodes' silence; a node that
+    """The registry's own loop blocked for 2 node timeouts is not its nodes' silence; a node that
     is really silent (SIGSTOPped: alive, connected, mute) is lost, never before the timeout."""
     timeout_s = 5.0
     port = _free_port()
@@ -180,7 +180,7 @@ async def test_a_stalled_registry_keeps_its_nodes_and_a_silent_node_is_lost(tmp_
         node, _ = _node(tmp_path, "mute", "rollout", port, keys["good"])
         try:
             await asyncio.wait_for(reg.wait_for({"rollout": 1}, 120), 130)
-            time.sleep(3 * timeout_s)  # blocks this loop: no await
+            time.sleep(2 * timeout_s)  # blocks this loop: no await
             for _ in range(8):
                 await asyncio.sleep(reg.silence.tick_s)
             assert reg.nodes["mute"].alive

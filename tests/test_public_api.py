@@ -148,3 +148,16 @@ def test_a_renamed_config_class_is_read_with_a_future_warning():
 def test_a_module_that_never_existed_is_still_an_import_error():
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("flexmarl.no_such_module")
+
+
+def test_the_cli_config_and_planner_import_without_transformers():
+    """`flexmarl report`, `plan`, `sim` and `--help` answer without importing transformers
+    (about 3 s of every command here): the config, the CLI and the planner reach the model code
+    only when a run needs it. Checked in a fresh interpreter, since this one has it loaded."""
+    import subprocess
+    code = ("import sys, flexmarl.launch.cli, flexmarl.config, flexmarl.sim.team_plan, "
+            "flexmarl.observe.report\nprint(sorted(m for m in sys.modules "
+            "if m.split('.')[0] in ('transformers', 'vllm')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert done.stdout.strip() == "[]", done.stdout

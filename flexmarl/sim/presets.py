@@ -21,7 +21,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from flexmarl.models.lora import LoraSpec
+from flexmarl.team import LoraSpec
 from flexmarl.protocol import SamplingParams
 from flexmarl.sim.costs import lora_key
 from flexmarl.sim.engines import TOKEN

@@ -24,11 +24,18 @@ from typing import AsyncIterator, Callable, Iterable
 
 import torch
 
-from flexmarl.models import model_weights
 from flexmarl.protocol import WeightUpdate
 from flexmarl.weights.base import SyncReport, Transport, weights_nbytes
 from flexmarl.weights.stage import StageTransport, push_weights
 from runtime.transport import Connection
+
+
+def model_weights(model_dir: str) -> dict[str, torch.Tensor]:
+    """A model directory's weights (flexmarl.models.model_weights). Imported on first use:
+    flexmarl.models brings transformers, which every CLI command would otherwise pay for
+    (about 3 s) through the config's import of this module."""
+    from flexmarl.models import model_weights as read
+    return read(model_dir)
 
 
 class WeightSync:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -302,9 +303,6 @@ async def test_rank_0_sends_through_a_cached_group_made_again_when_the_instances
     from vllm.distributed.weight_transfer import WeightTransferTrainerFactory
 
     FakeTrainerEngine.made = []
-    # "instance fails": the failed instance stops, so the abort sent to it is never answered;
-    # the send waits out ABORT_TIMEOUT_S for it (10 s), which this test need not sit through.
-    monkeypatch.setattr(direct, "ABORT_TIMEOUT_S", 1.0)
     monkeypatch.setattr(WeightTransferTrainerFactory, "trainer_init", classmethod(
         lambda cls, info, *, client, source: FakeTrainerEngine(info, client, source)))
     release = asyncio.Event()
@@ -379,6 +377,12 @@ def _direct_spec(version, addresses, timeout_s):
             "timeout_s": timeout_s}
 
 
+ABORT_WAIT_S = 60.0
+"""direct.ABORT_TIMEOUT_S in the abort tests: a send that waited for an unanswerable abort
+would take this long; one that did not takes about a second (half of it leaves room for a
+loaded machine)."""
+
+
 @pytest.mark.parametrize("case", ["deadline", "instance fails"])
 async def test_a_send_that_cannot_finish_aborts_the_group_and_the_instances_instead_of_hanging(
         tiny_model_dir, monkeypatch, case):
@@ -390,9 +394,9 @@ async def test_a_send_that_cannot_finish_aborts_the_group_and_the_instances_inst
     from vllm.distributed.weight_transfer import WeightTransferTrainerFactory
 
     FakeTrainerEngine.made = []
-    # "instance fails": the failed instance stops, so the abort sent to it is never answered;
-    # the send waits out ABORT_TIMEOUT_S for it (10 s), which this test need not sit through.
-    monkeypatch.setattr(direct, "ABORT_TIMEOUT_S", 1.0)
+    # Longer than the send may take: an abort sent to the instance that failed (and stopped)
+    # would wait this long for a reply that never comes.
+    monkeypatch.setattr(direct, "ABORT_TIMEOUT_S", ABORT_WAIT_S)
     monkeypatch.setattr(WeightTransferTrainerFactory, "trainer_init", classmethod(
         lambda cls, info, *, client, source: BroadcastingEngine(info, client, source)))
     engine = TransferEngine(EngineConfig(model_dir=tiny_model_dir))  # "update" never released
@@ -407,11 +411,15 @@ async def test_a_send_that_cannot_finish_aborts_the_group_and_the_instances_inst
     # which the abort must not wait for (it would end in a TimeoutError).
     timeout_s = 0.5 if case == "deadline" else TIMEOUT_S
     async with worker.serving():
+        started = time.monotonic()
         with pytest.raises(TimeoutError if case == "deadline" else RemoteError,
                            match=r"rollout.request_timeout_s" if case == "deadline"
                            else "broken update"):
             await asyncio.to_thread(sender.send, load_model(tiny_model_dir),
                                     _direct_spec(1, [worker.address], timeout_s), False)
+        # The abort went only where it is answered: the hung instance ("deadline") answers it;
+        # the one that failed its phase ("instance fails") has stopped and is not sent one.
+        assert time.monotonic() - started < ABORT_WAIT_S / 2
         [made] = FakeTrainerEngine.made
         assert made.model_update_group.aborted.is_set() and made.shut
         assert sender._key is None  # the next send forms a new group

@@ -55,6 +55,7 @@ from flexmarl.clock import now
 from flexmarl.protocol import SendWeights, WeightTransfer, WeightUpdate, WeightUpdateDone
 from flexmarl.weights.base import SyncReport
 from flexmarl.weights.codec import ipc_payload, plain_handles
+from runtime.errors import PeerDied, RemoteError, TransportClosed
 from runtime.transport import Connection, connect
 
 log = logging.getLogger(__name__)
@@ -159,6 +160,8 @@ class FanOut:
         """Why the transfer was aborted ("" while it is not)."""
         self._failed = asyncio.Event()
         self._aborted = False
+        self._done_with: set[str] = set()
+        """Instances that failed a phase or are gone: no abort is sent to them."""
 
     def _all(self, phase: str, infos: list[dict]) -> None:
         if self.failed:
@@ -175,13 +178,20 @@ class FanOut:
         for conn, done in zip(self.conns, replies):
             self.load_s[conn.address] = self.load_s.get(conn.address, 0.0) + done.load_s
 
-    async def _each(self, phase: str, infos: list[dict], timeout_s: float | None = None) -> list:
-        calls = asyncio.gather(*(
-            conn.request(WeightTransfer(phase, self.version, info),
-                         timeout_s=timeout_s or self.timeout_s)
-            for conn, info in zip(self.conns, infos)))
-        if phase == "abort":
-            return await calls
+    async def _request(self, conn: Connection, phase: str, info: dict) -> Any:
+        try:
+            return await conn.request(WeightTransfer(phase, self.version, info),
+                                      timeout_s=self.timeout_s)
+        except (RemoteError, PeerDied, TransportClosed):
+            # It answered with an error (and so stopped: RolloutWorker.on_weight_transfer) or
+            # is gone: an abort would wait ABORT_TIMEOUT_S for a reply that never comes. A
+            # timeout is not this: a hung instance may still take the abort.
+            self._done_with.add(conn.address)
+            raise
+
+    async def _each(self, phase: str, infos: list[dict]) -> list:
+        calls = asyncio.gather(*(self._request(conn, phase, info)
+                                 for conn, info in zip(self.conns, infos)))
         failed = asyncio.ensure_future(self._failed.wait())
         await asyncio.wait({calls, failed}, return_when=asyncio.FIRST_COMPLETED)
         failed.cancel()
@@ -190,6 +200,10 @@ class FanOut:
             calls.add_done_callback(lambda f: f.cancelled() or f.exception())
             raise TransferAborted(self.failed)
         return calls.result()
+
+    async def _abort(self, conns: list[Connection]) -> None:
+        await asyncio.gather(*(conn.request(WeightTransfer("abort", self.version, {}),
+                                            timeout_s=ABORT_TIMEOUT_S) for conn in conns))
 
     def init_weight_transfer_engine(self, init_info: dict) -> None:
         if "rank_offset" not in init_info:  # IPC: no group, nothing to place
@@ -211,7 +225,8 @@ class FanOut:
 
     def fail(self, why: str) -> None:
         """Abort the transfer (from any thread): waiting phases return, later ones are
-        refused, the instances are told to abort."""
+        refused, the instances are told to abort (all but those that failed a phase, which
+        have stopped already and would not answer)."""
         if not self.failed:
             self.failed = why
             self.loop.call_soon_threadsafe(self._failed.set)
@@ -223,9 +238,9 @@ class FanOut:
         if self._aborted or not self.conns:
             return
         self._aborted = True
+        live = [conn for conn in self.conns if conn.address not in self._done_with]
         try:
-            asyncio.run_coroutine_threadsafe(
-                self._each("abort", [{}] * len(self.conns), ABORT_TIMEOUT_S), self.loop).result()
+            asyncio.run_coroutine_threadsafe(self._abort(live), self.loop).result()
         except Exception as exc:  # an instance already gone: nothing left to stop there
             log.info("aborting a weight transfer: %s: %s", type(exc).__name__, exc)
 

@@ -191,15 +191,22 @@ async def kill_a_busy_instance(base: str, prefix: str = "rollout-", after_steps:
                                agent: str | None = None) -> str:
     """SIGKILL a rollout worker while it has requests in flight (seen on the run's dashboard
     at `base`), once `after_steps` steps are done; returns its name. So that the kill lands on
-    work to re-send, not on an idle instance."""
+    work to re-send, not on an idle instance: a busy one is SIGSTOPped first and killed only if
+    requests are still in flight to it once the replies it sent before the stop are taken in
+    (the torch engine answers in milliseconds: a status read a moment earlier is no proof),
+    else let go on."""
     import os
     import signal
 
     import aiohttp
+
+    async def status() -> dict:
+        async with http.get(base + "api/status") as r:
+            return await r.json()
+
     async with aiohttp.ClientSession() as http:
         while True:
-            async with http.get(base + "api/status") as r:
-                st = await r.json()
+            st = await status()
             if st["run"]["steps_done"] >= after_steps:
                 busy = sorted(name for name, i in st["instances"].items()
                               if i["inflight"] > 0 and name.startswith(prefix)
@@ -207,8 +214,13 @@ async def kill_a_busy_instance(base: str, prefix: str = "rollout-", after_steps:
                 live = running_workers()
                 busy = [name for name in busy if name in live]
                 if busy:
-                    os.kill(live[busy[0]], signal.SIGKILL)
-                    return busy[0]
+                    pid = live[busy[0]]
+                    os.kill(pid, signal.SIGSTOP)
+                    await asyncio.sleep(0.05)  # its replies already sent reach the run
+                    if (await status())["instances"].get(busy[0], {}).get("inflight", 0) > 0:
+                        os.kill(pid, signal.SIGKILL)
+                        return busy[0]
+                    os.kill(pid, signal.SIGCONT)
             await asyncio.sleep(0.01)
 
 

@@ -156,7 +156,7 @@ async def test_a_killed_engine_or_trainer_of_a_time_shared_run_loses_nothing(
 
     result, killed = await _run(tiny_model_dir, _config(tmp_path, "killed", TIME_SHARED), kill)
     assert killed.startswith(victim)
-    _assert_nothing_lost(result, reference)
+    _assert_nothing_lost(result, reference, tiny_model_dir)
     if victim == "rollout":
         assert [n for m in result.metrics for n in m["faults"]["dead"]] == [killed]
     else:

@@ -147,8 +147,6 @@ async def test_a_killed_engine_or_trainer_of_a_time_shared_run_loses_nothing(
     from test_faults import _assert_nothing_lost, _config, _random_kill, _run
     from workers import kill_a_busy_instance
 
-    reference = fault_free
-
     async def kill(base, run):
         if victim == "rollout":
             return await kill_a_busy_instance(base)
@@ -156,7 +154,7 @@ async def test_a_killed_engine_or_trainer_of_a_time_shared_run_loses_nothing(
 
     result, killed = await _run(tiny_model_dir, _config(tmp_path, "killed", TIME_SHARED), kill)
     assert killed.startswith(victim)
-    _assert_nothing_lost(result, reference, tiny_model_dir)
+    _assert_nothing_lost(result, fault_free, tiny_model_dir)
     if victim == "rollout":
         assert [n for m in result.metrics for n in m["faults"]["dead"]] == [killed]
     else:

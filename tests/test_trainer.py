@@ -88,6 +88,33 @@ def batches(model_dir) -> list[TrainMicroBatch]:
     return out
 
 
+@pytest.fixture(scope="module")
+def shared_prompt_batch(model_dir) -> TrainMicroBatch:
+    """6 rows of one GRPO group: one 10-token prompt, responses of 2-6 tokens (right-padded),
+    old and ref log-probs near the model's own. The trainer computes the prompt once
+    (GRPOTrainer._shared_prefix, one rank); 6 rows in 2 micro-batches on 2 ranks give one rank a
+    dummy row."""
+    from transformers import AutoModelForCausalLM
+
+    from flexmarl.training.trainer import MIN_SHARED_PREFIX
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    g = torch.Generator().manual_seed(7)
+    rows, prompt, width = 6, MIN_SHARED_PREFIX + 2, MIN_SHARED_PREFIX + 8
+    lens = prompt + torch.randint(2, width - prompt + 1, (rows,), generator=g)
+    pos = torch.arange(width)
+    attn = (pos < lens[:, None]).long()
+    ids = torch.randint(1, VOCAB, (rows, width), generator=g)
+    ids[:, :prompt] = ids[0, :prompt]
+    ids = ids * attn
+    resp = ((pos >= prompt) & (pos < lens[:, None])).long()
+    with torch.no_grad():
+        cur = token_logprobs(model(input_ids=ids, attention_mask=attn).logits, ids)
+    noise = lambda: 0.2 * torch.randn(rows, width, generator=g)  # noqa: E731
+    return TrainMicroBatch(ids, attn, resp, cur + noise(), torch.randn(rows, generator=g),
+                           ref_logprobs=cur + noise())
+
+
 def rows(mb: TrainMicroBatch, lo: int, hi: int) -> TrainMicroBatch:
     return TrainMicroBatch(mb.input_ids[lo:hi], mb.attention_mask[lo:hi],
                            mb.response_mask[lo:hi], mb.old_logprobs[lo:hi],
@@ -247,6 +274,44 @@ def test_micro_batches_of_any_composition_and_padding_give_the_same_gradient(mod
     assert wrong > 100 * MIXED_REL_TOL
 
 
+@pytest.mark.parametrize("kl_coef", [0.0, 0.05])
+def test_a_shared_prompt_computed_once_gives_the_full_forwards_gradient(model_dir,
+                                                                      shared_prompt_batch,
+                                                                      monkeypatch, kl_coef):
+    """A micro-batch whose rows share their prompt (a GRPO group) runs the prompt once and the
+    rest of every row against its KV cache, and scores only the positions from the first
+    response token on: the loss, entropy and gradient are the full forward's (GRAD_ATOL,
+    LOSS_RTOL), with and without the KL term. The control runs with the shortcut off."""
+    from flexmarl.training.trainer import MIN_SHARED_PREFIX
+
+    mb = shared_prompt_batch
+    config = TrainerConfig(**{**CONFIG, "kl_coef": kl_coef})
+    shared = GRPOTrainer(model_dir, config)
+    assert shared._shared_prefix(mb) >= MIN_SHARED_PREFIX  # the shortcut is taken
+    calls = []
+    real_forward = type(shared.model).forward
+
+    def counted(self, *args, **kwargs):
+        calls.append(kwargs.get("input_ids").shape)
+        return real_forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(shared.model), "forward", counted)
+    shared.begin_batch(tokens(mb))
+    a = shared.accumulate(mb)
+    assert calls[0] == (1, shared._shared_prefix(mb))  # the prompt once, one row
+    monkeypatch.undo()
+    full = GRPOTrainer(model_dir, config)
+    monkeypatch.setattr(full, "_shared_prefix", lambda mb: 0)
+    full.begin_batch(tokens(mb))
+    b = full.accumulate(mb)
+    assert a.loss == pytest.approx(b.loss, rel=LOSS_RTOL)
+    assert a.num_tokens == b.num_tokens == tokens(mb)
+    for k in b.metrics:
+        assert a.metrics[k] == pytest.approx(b.metrics[k], rel=LOSS_RTOL, abs=1e-6), k
+    assert max_diff(_grads(shared), _grads(full)) <= GRAD_ATOL
+    assert max(g.abs().max().item() for g in _grads(full).values()) > 1e-3
+
+
 def test_deferred_normaliser_gives_the_same_update(model_dir, batches):
     """begin_batch(None) + step(num_tokens): micro-batches trained before the batch's token count
     is known end with the update of the declared form (one division at the step)."""
@@ -383,7 +448,8 @@ def _rank_main(rank: int, world_size: int, model_dir: str, work: str) -> None:
     try:
         trainer = GRPOTrainer(model_dir, TrainerConfig(**CONFIG))
         data = load_file(f"{work}/batches.safetensors")
-        batches = [TrainMicroBatch(*(data[f"{i}.{f}"] for f in FIELDS)) for i in range(2)]
+        count = len({k.split(".")[0] for k in data})
+        batches = [TrainMicroBatch(*(data[f"{i}.{f}"] for f in FIELDS)) for i in range(count)]
         losses = [step_batch(trainer, batches[0])]
         saved = _weights_and_moments(trainer)
         tensors, meta = export_state(trainer)  # a collective; the full state on rank 0
@@ -396,7 +462,7 @@ def _rank_main(rank: int, world_size: int, model_dir: str, work: str) -> None:
         with open(f"{work}/state.json") as f:
             load_state(fresh, load_file(f"{work}/state.safetensors"), json.load(f))
         exact = all(map(torch.equal, saved, _weights_and_moments(fresh)))
-        losses.append(step_batch(fresh, batches[1]))
+        losses += [step_batch(fresh, mb) for mb in batches[1:]]
         weights = fresh.export_weights()
         if rank == 0:
             save_file(weights, f"{work}/weights.safetensors")
@@ -415,7 +481,10 @@ FIELDS = ("input_ids", "attention_mask", "response_mask", "old_logprobs", "advan
 
 
 @pytest.mark.slow
-def test_two_gloo_ranks_match_one_rank(model_dir, batches, tmp_path):
+def test_two_gloo_ranks_match_one_rank(model_dir, batches, shared_prompt_batch, tmp_path):
+    """The third batch shares its prompt (computed once by the one rank, not under FSDP: see
+    GRPOTrainer._shared_prefix) and gives rank 1 a dummy row."""
+    batches = [*batches, shared_prompt_batch]
     save_file({f"{i}.{f}": getattr(mb, f).contiguous() for i, mb in enumerate(batches)
                for f in FIELDS}, str(tmp_path / "batches.safetensors"))
     mp.spawn(_rank_main, args=(2, model_dir, str(tmp_path)), nprocs=2, join=True)

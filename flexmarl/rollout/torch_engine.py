@@ -259,36 +259,57 @@ class TorchEngine:
         of them share (a workflow's system message and instructions: often half the tokens) is
         computed once and its KV repeated for every row, unless prompt log-probabilities are
         asked for (they need every position's logits, which the shortcut skips)."""
+        want_prompt_lps = any(r.params.prompt_logprobs for r in batch)
+        # Requests with the same prompt and adapter (a workflow's trajectories of one task) are
+        # prefilled once and their rows' KV repeated: the prefill is a prompt's tokens per
+        # distinct prompt, not per request. Prompt log-probabilities are per request: no merge.
+        inverse = list(range(len(batch)))
+        if not want_prompt_lps:
+            keys: dict[tuple, int] = {}
+            inverse = [keys.setdefault((r.adapter, tuple(r.prompt_ids)), len(keys)) for r in batch]
+        first: dict[int, int] = {}
+        for i, k in enumerate(inverse):
+            first.setdefault(k, i)
+        work = [batch[i] for i in first.values()]  # one request per distinct prompt, in order
         shared = 0
-        adapters = [r.adapter for r in batch]
-        if (len(batch) > 1 and not any(r.params.prompt_logprobs for r in batch)
-                and len(set(adapters)) == 1):
-            shared = common_prefix([r.prompt_ids for r in batch])
+        adapters = [r.adapter for r in work]
+        if len(work) > 1 and not want_prompt_lps and len(set(adapters)) == 1:
+            shared = common_prefix([r.prompt_ids for r in work])
             shared = shared if shared >= MIN_SHARED_PREFIX else 0
         cache = None
         if shared:
             out = self._forward(adapters[:1], input_ids=torch.tensor(
-                [batch[0].prompt_ids[:shared]], device=self.device), use_cache=True)
+                [work[0].prompt_ids[:shared]], device=self.device), use_cache=True,
+                logits_to_keep=1)
             cache = out.past_key_values
-            cache.batch_select_indices(torch.zeros(len(batch), dtype=torch.long,
+            cache.batch_select_indices(torch.zeros(len(work), dtype=torch.long,
                                                    device=self.device))
-        longest = max(len(r.prompt_ids) for r in batch) - shared
-        ids = torch.zeros(len(batch), longest, dtype=torch.long)
-        mask = torch.zeros(len(batch), longest, dtype=torch.long)
-        for i, r in enumerate(batch):
+        longest = max(len(r.prompt_ids) for r in work) - shared
+        ids = torch.zeros(len(work), longest, dtype=torch.long)
+        mask = torch.zeros(len(work), longest, dtype=torch.long)
+        for i, r in enumerate(work):
             rest = r.prompt_ids[shared:]
             ids[i, longest - len(rest):] = torch.tensor(rest)
             mask[i, longest - len(rest):] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = shared + (mask.cumsum(1) - 1).clamp(min=0)
-        full_mask = torch.cat([torch.ones(len(batch), shared, dtype=torch.long,
+        full_mask = torch.cat([torch.ones(len(work), shared, dtype=torch.long,
                                           device=self.device), mask], dim=1)
+        # Only the last column's logits are sampled from: the LM head (a 49k x 576 matmul per
+        # position for SmolLM2) runs on every position only when prompt log-probabilities are
+        # asked for (logits_to_keep 0: all).
         out = self._forward(adapters, input_ids=ids, attention_mask=full_mask,
-                            position_ids=positions, past_key_values=cache, use_cache=True)
+                            position_ids=positions, past_key_values=cache, use_cache=True,
+                            logits_to_keep=0 if want_prompt_lps else 1)
         prompt_lps = [self._prompt_logprobs(out.logits, i, r, longest)
-                      for i, r in enumerate(batch)]
-        return (out.logits[:, -1].float(), out.past_key_values, full_mask, positions[:, -1:],
-                prompt_lps)
+                      for i, r in enumerate(work)]
+        logits, cache = out.logits[:, -1].float(), out.past_key_values
+        if len(work) != len(batch):
+            index = torch.tensor(inverse, device=self.device)
+            cache.batch_select_indices(index)
+            logits, full_mask, positions = logits[index], full_mask[index], positions[index]
+            prompt_lps = [prompt_lps[k] for k in inverse]
+        return logits, cache, full_mask, positions[:, -1:], prompt_lps
 
     @staticmethod
     def _prompt_logprobs(logits: torch.Tensor, row: int, request: _Request,

@@ -67,6 +67,8 @@ __all__ = ["DEVICES", "GRAD_SUM_FACTOR", "GRPOTrainer", "PARAM_DTYPES", "REDUCE_
 
 log = logging.getLogger(__name__)
 
+MIN_SHARED_PREFIX = 8
+"""A micro-batch whose rows share at least this many leading tokens computes them once."""
 MODULE_SETTINGS = ("lora", "param_dtype", "reduce_dtype", "reshard_after_forward",
                    "activation_checkpointing", "compile", "device")
 """The TrainerConfig fields that shape a trainer's modules (PEFT's layers, FSDP's mixed
@@ -247,22 +249,22 @@ class GRPOTrainer:
                                "at the start of each global batch")
         c = self.config
         rows = self._my_rows(mb)
-        with self._autocast():
-            out = self.model(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"],
-                             use_cache=False)
-        # Log-probabilities, and so the loss, from float32 logits whatever the compute dtype
-        # (and no reference kept to lower-precision logits through backward).
-        logits = out.logits.float()
-        del out
+        shared = self._shared_prefix(mb)
+        logits, start = self._policy_logits(rows, shared)
         scoring = self._scoring(rows)
-        logprobs = token_logprobs(logits, rows["input_ids"], **scoring)
+        ids = rows["input_ids"]
+
+        def from_start(per_position: torch.Tensor) -> torch.Tensor:
+            # [rows, T - start] -> [rows, T]: positions before `start` are prompt (0, masked)
+            return torch.nn.functional.pad(per_position, (start, 0), value=0.0)
+        logprobs = from_start(token_logprobs(logits, ids[:, start:], **scoring))
         ref, kl_logprobs = rows.get("ref_logprobs"), None
         if c.kl_coef > 0 and ref is None:
             # KL to the frozen initial weights, both at the rows' temperatures and untruncated:
             # a truncated reference can give a sampled token probability 0 (an infinite KL).
             plain = {"temperature": scoring["temperature"]}
             if len(scoring) > 1:
-                kl_logprobs = token_logprobs(logits, rows["input_ids"], **plain)
+                kl_logprobs = from_start(token_logprobs(logits, ids[:, start:], **plain))
             ref = self._reference_logprobs(rows, plain)
         loss, metrics = grpo_loss(
             logprobs, rows["old_logprobs"], rows["advantages"], rows["response_mask"],
@@ -271,7 +273,7 @@ class GRPOTrainer:
             kl_logprobs=kl_logprobs)
         loss.backward()
         mask = rows["response_mask"].bool()
-        entropy = token_entropy(logits, scoring["temperature"])[mask].sum().item()
+        entropy = from_start(token_entropy(logits, scoring["temperature"]))[mask].sum().item()
         # Metrics are means over this rank's tokens: sum them up as totals across ranks.
         n = metrics["num_tokens"]
         totals = torch.tensor([loss.item(), n, metrics["clip_frac"] * n,
@@ -295,6 +297,62 @@ class GRPOTrainer:
             out |= {"is_weight_mean": w_sum / denom, "is_truncated_frac": trunc / denom}
         # With a deferred normaliser (begin_batch(None)) the loss is the batch's token *sum*.
         return TrainStats(loss=loss_sum, num_tokens=int(num_tokens), metrics=out)
+
+    def _shared_prefix(self, mb: TrainMicroBatch) -> int:
+        """Leading tokens every row of the whole micro-batch shares (a GRPO group's prompt, or
+        a workflow's system message), up to the position before the first response token; 0
+        when too short to pay, or where computing it once cannot be used. Decided from the whole
+        `mb`, which every rank has, so all ranks run the same number of forwards (each is a
+        collective under FSDP); a rank's dummy rows copy row 0 (_my_rows), so they share it.
+        Not with activation checkpointing: a recomputed block would write the prefix's cache
+        again."""
+        ids, mask = mb.input_ids, mb.attention_mask
+        if (ids.shape[0] < 2 or self.config.activation_checkpointing
+                or not bool(mb.response_mask.any())):
+            return 0
+        first_response = int(mb.response_mask.float().argmax(1)[mb.response_mask.any(1)].min())
+        same = (ids == ids[:1]).all(0) & (mask > 0).all(0)
+        shared = int(same.long().cumprod(0).sum())
+        shared = min(shared, first_response - 1)
+        return shared if shared >= MIN_SHARED_PREFIX else 0
+
+    def _policy_logits(self, rows: dict[str, torch.Tensor], shared: int
+                       ) -> tuple[torch.Tensor, int]:
+        """The policy's float32 logits of positions start..T-1 of every row, and `start`.
+
+        Only positions from the one before the first response token on are scored (start), so
+        the LM head and the log-softmax skip the prompt. With `shared` > 0 the shared prefix
+        is computed once (one row, its KV cache kept with its graph, so the gradient still
+        reaches the trained blocks through it) and the rest of every row attends to it: a GRPO
+        group's prompt costs one row, not one per sample. The log-probabilities equal the full
+        forward's up to float rounding."""
+        ids, mask = rows["input_ids"], rows["attention_mask"]
+        response = rows["response_mask"]
+        start = (int(response.float().argmax(1)[response.any(1)].min()) - 1
+                 if bool(response.any()) else ids.shape[1] - 1)
+        start = max(start, shared, 0)
+        keep = ids.shape[1] - start
+        with self._autocast():
+            if shared:
+                head = self.model(input_ids=ids[:1, :shared], use_cache=True, logits_to_keep=1)
+                cache = head.past_key_values
+                cache.batch_repeat_interleave(ids.shape[0])
+                out = self.model(input_ids=ids[:, shared:], attention_mask=mask,
+                                 past_key_values=cache, use_cache=True, logits_to_keep=keep)
+                # The prefix's gradient flows through its KV cache only; FSDP2 gathers a
+                # block's parameters for backward when its *output* gets a gradient, which
+                # the prefix's last blocks would never get: a zero-weighted term of the
+                # prefix's own logits gives every block's output one (adding exactly 0).
+                logits = out.logits.float()
+                if head.logits.requires_grad:
+                    logits = logits + 0.0 * head.logits.float().sum()
+                return logits, start
+            else:
+                out = self.model(input_ids=ids, attention_mask=mask, use_cache=False,
+                                 logits_to_keep=keep)
+        # Log-probabilities, and so the loss, from float32 logits whatever the compute dtype
+        # (and no reference kept to lower-precision logits through backward).
+        return out.logits.float(), start
 
     def _reference_logprobs(self, rows: dict[str, torch.Tensor], scoring: dict) -> torch.Tensor:
         """The rows' token log-probabilities under the reference policy: the frozen copy of the
@@ -348,6 +406,8 @@ class GRPOTrainer:
             part = t[lo:hi].to(self.device, dtype)
             if pad:
                 filler = torch.full((pad, *t.shape[1:]), fill, dtype=dtype, device=self.device)
+                if name in ("input_ids", "attention_mask"):  # row 0's tokens: its prefix is
+                    filler[:] = t[:1].to(self.device, dtype)  # shared (_shared_prefix)
                 part = torch.cat([part, filler])
             rows[name] = part
         if pad and "sampling" in rows:

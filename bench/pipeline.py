@@ -10,9 +10,12 @@ the mean step time, trainer and rollout utilisation, and the staleness of traine
     ideal_speedup = (rollout + train) / max(rollout, train), from the sync run's phases:
                     rollout = its rollout_s, train = step_s - rollout_s (training and sync)
 
-Target: micro_batch reaches >= 75% of ideal_speedup and is never slower than sync; the
-zero-staleness bound (sync rollout + the longest gate of micro_batch) says how much of the
-ideal is reachable at all (bench/README.md).
+Target: micro_batch >= 1.25x sync on the default team (agents/smol_duo.py with the default
+config, the torch engine on a CPU machine) and never slower than sync. The zero-staleness bound
+says how much is reachable at all: every call of the first-called agent waits for that agent's
+update of the previous step, so a step is at least sync's rollout plus that agent's tail alone
+(its last micro-batch, optimizer step and weight sync, as the sync run measured them without
+contention: train_s / micro-batches + sync_s); bound = sync step / (sync rollout + that tail).
 
 Threads are budgeted per role, because rollout and training would otherwise fight for the same
 cores and no mode could overlap anything: the config's default `rollout.cpus = trainer_pool.cpus =
@@ -45,15 +48,13 @@ if importlib.util.find_spec("flexmarl") is None:
 
 MODES = ("sync", "one_step_off", "micro_batch")
 ACTIVITY_MAXLEN = 5000  # flexmarl.activity.ActivityLog's default bound
-# Of the ideal overlap; the ideal is out of reach at zero staleness on 2 cores (bench/README.md:
-# the first-called agent's update after a step's last task is a tail nothing overlaps), 0.8 was
-# the issue's first aim and measured 0.62-0.93 over seven runs of the same code.
-TARGET_FRACTION = 0.75
-DEFAULTS = ["pipeline.tasks_per_step=16", "pipeline.trajectories_per_task=8",
-            "pipeline.max_concurrent_tasks=4", "pipeline.micro_batch_groups=8",
-            "rollout.backend=vllm"]
-"""The batch shape and engine the numbers below bench/README's pipeline section were measured
-with (the defaults of the time), on the built-in models' team unless --team says otherwise."""
+TARGET_SPEEDUP = 1.25
+"""micro_batch over sync on the default team (issue 50)."""
+DEFAULT_TEAM = "agents/smol_duo.py"
+DEFAULTS: list[str] = []
+"""The default config (what `make run` trains with); --set adds to it. The numbers measured
+before 2026-12-05 in bench/README ran agents/math_duo.py with pipeline.tasks_per_step=16,
+micro_batch_groups=8 and rollout.backend=vllm (pass those to repeat them)."""
 
 
 def mean(values) -> float:
@@ -61,7 +62,7 @@ def mean(values) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def summarize(metrics: list[dict], warmup: int) -> dict:
+def summarize(metrics: list[dict], warmup: int, micro_batch_groups: int = 1) -> dict:
     timed = metrics[warmup:] or metrics
     agents = [a for a, v in timed[0]["agents"].items() if v["trainable"]]
     per_agent = [m["agents"][a] for m in timed for a in agents]
@@ -93,6 +94,12 @@ def summarize(metrics: list[dict], warmup: int) -> dict:
         "tail_s": mean([max(a["t_done"] for a in m["agents"].values() if a["trainable"])
                         - m["t_rollout_end"] for m in timed]),
         "steps_timed": len(timed),
+        # Each agent's tail alone: its last micro-batch (train_s over its micro-batches, the
+        # optimizer step included) and its weight sync, as this run measured them.
+        "tail_alone_s": {a: mean([m["agents"][a]["train_s"]
+                                  / max(1, -(-m["agents"][a]["groups"] // micro_batch_groups))
+                                  + m["agents"][a]["sync_s"] for m in timed]) for a in agents},
+        "first_agent": agents[0],
     }
 
 
@@ -179,7 +186,7 @@ async def run_mode(mode: str, args: argparse.Namespace) -> tuple[dict, float]:
         wall = time.perf_counter() - started
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    summary = summarize(result.metrics, args.warmup)
+    summary = summarize(result.metrics, args.warmup, config.pipeline.micro_batch_groups)
     # This process (orchestrator, store, micro-batch building) is not pinned: its share of a
     # core over the run, start-up included, is CPU the pinned roles lose to it.
     summary["driver_cpu_share"] = (time.process_time() - cpu) / wall
@@ -272,19 +279,20 @@ async def main(args: argparse.Namespace) -> None:
         if "micro_batch" in results:
             speedup = out["speedup_micro_batch_vs_sync"]
             out["fraction_of_ideal"] = speedup / ideal
-            # At zero staleness a step's first call of an agent waits for that agent's update
-            # of the step before (its last micro-batch, step and sync after the last task):
-            # the longest gate is a tail no overlap can hide, so with it the step is at least
-            # sync's rollout plus that gate.
-            gate = max(p["gate_s"] for p in results["micro_batch"]["phases"].values())
-            bound = (s["rollout_s"] + s["train_phase_s"]) / (s["rollout_s"] + gate)
+            # At zero staleness every call of the first-called agent waits for that agent's
+            # update of the step before: its tail alone (measured by the sync run, without
+            # contention) is a wait no overlap can hide, so a step is at least sync's rollout
+            # plus that tail.
+            first = s["first_agent"]
+            tail = s["tail_alone_s"][first]
+            bound = (s["rollout_s"] + s["train_phase_s"]) / (s["rollout_s"] + tail)
             out["zero_staleness_bound"] = bound
-            print(f"zero-staleness bound: sync rollout {s['rollout_s']:.2f} s + longest gate "
-                  f"{gate:.2f} s -> {bound:.2f}x ({bound / ideal:.0%} of ideal); micro_batch at "
-                  f"{speedup / bound:.0%} of it")
-            out["met"] = speedup >= TARGET_FRACTION * ideal and speedup >= 1.0
-            print(f"target: micro_batch >= {TARGET_FRACTION:.0%} of ideal and never slower than "
-                  f"sync: {'met' if out['met'] else 'NOT met'}")
+            print(f"zero-staleness bound: sync rollout {s['rollout_s']:.2f} s + {first}'s tail "
+                  f"alone {tail:.2f} s -> {bound:.2f}x ({bound / ideal:.0%} of ideal); "
+                  f"micro_batch at {speedup / bound:.0%} of it")
+            out["met"] = speedup >= TARGET_SPEEDUP
+            print(f"target: micro_batch >= {TARGET_SPEEDUP}x sync: "
+                  f"{'met' if out['met'] else 'NOT met'}")
     if args.json:
         print(json.dumps(out))
 
@@ -295,8 +303,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=6, help="global steps per mode")
     ap.add_argument("--warmup", type=int, default=1, help="first steps left out of the means")
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES + ("bounded",))
-    ap.add_argument("--team", default="agents/math_duo.py",
-                    help="team file (default: agents/math_duo.py, the built-in models' team)")
+    ap.add_argument("--team", default=DEFAULT_TEAM,
+                    help=f"team file (default: {DEFAULT_TEAM}, the default team)")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="config override applied to every mode")
     ap.add_argument("--progress", action="store_true", help="show progress bars")

@@ -94,8 +94,10 @@ class PipelineConfig:
     """Inter-query parallelism: tasks whose workflows run at once."""
     max_concurrent_calls: int = 16
     """Intra-query parallelism: concurrent generate calls of one task."""
-    micro_batch_groups: int = 4
-    """GRPO groups per trainer micro-batch."""
+    micro_batch_groups: int = 1
+    """GRPO groups per trainer micro-batch. One: a group's rows share their prompt, which the
+    trainer then computes once (flexmarl.training.trainer, _shared_prefix); several groups
+    share only their common start (a system message), and each group waits for the others."""
     samples_per_request: int = 0
     """Intra-query parallelism of one call's n samples: split them into requests of at most
     this many, spread over the agent's instances by the balancer; 0: one request per call."""

@@ -1,0 +1,486 @@
+"""FlexMARL side by side with its peers' own code, on the same model, tasks, rewards and samples.
+
+One invocation runs every system on every workload, one run at a time on this machine, each in
+its own process tree, then evaluates every run's saved weights with one evaluator and measures
+each workload's physical limit:
+
+    per workload (bench/peers/workloads.py: sums, joint, duo)
+      per system   flexmarl          `flexmarl run` on a team of that workload (the user's
+                                     defaults; eval off: evaluation is measured apart)
+                   flexmarl[k=v,..]  extra rows: the same with config overrides
+                   trl               TRL GRPOTrainer (sums); two alternated by a loop (joint, duo)
+                   comlrl            CoMLRL MAGRPOTrainer
+        ─► the run's step end times ─► steady trained samples/s (after --warmup steps), time
+           to the first trained step, start-up (process start to training start), peak RSS
+           of the process tree, its CPU use in the steady window
+        ─► bench/peers/evaluate.py on the run's final weights (100 held-out sums, greedy and
+           sampled; the same code for every system)
+      bench/peers/limit.py: the step no scheduler can beat (engine alone + trainer alone,
+      CPU-seconds over the cores)
+
+The peers run in `.venv-peers` (bench/peers/requirements.txt, pinned; made on first use, or
+checked against the pins), never in the product's environment. A peer that cannot express a
+workload says why, in the table. FlexMARL runs in the checkout's `.venv`.
+
+    .venv/bin/python bench/peers.py [--json] [--workloads sums,joint,duo] [--steps 8]
+        [--warmup 2] [--systems flexmarl,trl,comlrl,"flexmarl[run.save_state=false]"]
+        [--heldout 100] [--keep DIR]
+
+--json: the last line is one JSON object: results per workload and system, the limits, the
+ratios FlexMARL / best peer, the versions, the targets and whether they are met.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PEERS = os.path.join(ROOT, "bench", "peers")
+sys.path.insert(0, PEERS)
+import workloads as w  # noqa: E402
+
+MAIN_PY = os.path.join(ROOT, ".venv", "bin", "python")
+PEERS_VENV = os.path.join(ROOT, ".venv-peers")
+PEERS_PY = os.path.join(PEERS_VENV, "bin", "python")
+REQUIREMENTS = os.path.join(PEERS, "requirements.txt")
+TORCH = "torch==2.13.0"  # the CPU wheel this machine has (see the Makefile); pinned first
+RUN_TIMEOUT_S = 3600.0
+SPEED_TARGET = 2.0        # FlexMARL's samples/s over the best peer's, per shared workload
+LIMIT_TARGET = 1.25       # FlexMARL's step within this factor of the limit
+PAGE = os.sysconf("SC_PAGE_SIZE")
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+# ----------------------------------------------------------------------------- environments
+
+def pins() -> dict[str, str]:
+    out = {}
+    for line in open(REQUIREMENTS):
+        line = line.split("#", 1)[0].strip()
+        if "==" in line:
+            name, version = line.split("==", 1)
+            out[name.strip().lower()] = version.strip()
+    return out
+
+
+def installed(python: str, names: list[str]) -> dict[str, str | None]:
+    code = ("import importlib.metadata as m, json, sys\n"
+            "def v(n):\n    try: return m.version(n)\n    except m.PackageNotFoundError: return None\n"
+            "print(json.dumps({n: v(n) for n in sys.argv[1:]}))")
+    out = subprocess.run([python, "-c", code, *names], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def ensure_peers_env() -> dict[str, str]:
+    """.venv-peers with the pinned peers, made or mended when it differs; their versions."""
+    wanted = pins()
+    have = installed(PEERS_PY, list(wanted) + ["torch"]) if os.path.exists(PEERS_PY) else {}
+    if any(have.get(n) != v for n, v in wanted.items()):
+        say(f"peers: setting up {os.path.relpath(PEERS_VENV, ROOT)} from "
+            f"{os.path.relpath(REQUIREMENTS, ROOT)} (once; a few minutes)")
+        if not os.path.exists(PEERS_PY):
+            subprocess.run([sys.executable, "-m", "venv", PEERS_VENV], check=True)
+        pip = [PEERS_PY, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        subprocess.run(pip + [TORCH], check=True)  # first: never a CUDA torch from the index
+        subprocess.run(pip + ["-r", REQUIREMENTS], check=True)
+        have = installed(PEERS_PY, list(wanted) + ["torch"])
+        if any(have.get(n) != v for n, v in wanted.items()):
+            raise SystemExit(f"peers: {PEERS_VENV} does not hold the pinned versions {wanted} "
+                             f"after installing them (it has {have})")
+    return {n: v for n, v in have.items() if v}
+
+
+def model_dir() -> str:
+    out = subprocess.run([MAIN_PY, "-c", "from flexmarl.launch.gguf import gguf_dir; "
+                          "print(gguf_dir('smollm2-135m'))"], capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"peers: cannot convert SmolLM2-135M-Instruct (run `make setup`):\n"
+                         f"{out.stderr[-2000:]}")
+    return out.stdout.strip().splitlines()[-1]
+
+
+def say(text: str) -> None:
+    print(f"peers: {text}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- process trees
+
+def tree(root: int) -> list[int]:
+    """`root` and its live descendants (from /proc: each process's parent)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+def usage(pids: list[int]) -> tuple[int, dict[int, float]]:
+    """(resident bytes summed over `pids`, each one's CPU seconds so far)."""
+    rss, cpu = 0, {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/statm") as f:
+                rss += int(f.read().split()[1]) * PAGE
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            cpu[pid] = (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
+        except (OSError, IndexError, ValueError):
+            continue
+    return rss, cpu
+
+
+class TreeSampler(threading.Thread):
+    """Peak RSS of a process tree, and its CPU seconds over time (every `interval` s)."""
+
+    def __init__(self, pid: int, interval: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.interval = pid, interval
+        self.peak_rss = 0
+        self.cpu: list[tuple[float, float]] = []  # (time.time(), CPU s of the tree so far)
+        self.done = threading.Event()
+        self._last: dict[int, float] = {}  # each process's CPU when last seen (kept at exit)
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            rss, cpu = usage(tree(self.pid))
+            if cpu:  # (the tree is gone: nothing to add)
+                self.peak_rss = max(self.peak_rss, rss)
+                self._last.update(cpu)
+                self.cpu.append((time.time(), sum(self._last.values())))
+            self.done.wait(self.interval)
+
+    def cpu_between(self, t0: float, t1: float) -> float | None:
+        """CPU seconds the tree used between two times (the samples nearest them)."""
+        inside = [(t, c) for t, c in self.cpu if t0 <= t <= t1]
+        if len(inside) < 2:
+            return None
+        return (inside[-1][1] - inside[0][1]) * (t1 - t0) / (inside[-1][0] - inside[0][0])
+
+
+def run_tree(cmd: list[str], log: str, env: dict | None = None) -> tuple[int, float, TreeSampler]:
+    """Run `cmd` (its output to `log`) to the end; (exit code, start time, sampler)."""
+    with open(log, "w") as out:
+        started = time.time()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                                env={**os.environ, **(env or {})}, start_new_session=True)
+        sampler = TreeSampler(proc.pid)
+        sampler.start()
+        try:
+            code = proc.wait(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            code = proc.wait()
+        finally:
+            sampler.done.set()
+            sampler.join()
+    return code, started, sampler
+
+
+# ----------------------------------------------------------------------------- systems
+
+TEAMS = {"sums": "bench/peers/team_sums.py", "joint": "bench/peers/team_joint.py",
+         "duo": "agents/smol_duo.py"}
+PEER_RUNNERS = {"trl": "bench/peers/run_trl.py", "comlrl": "bench/peers/run_comlrl.py"}
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "disabled",
+           "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1",
+           "PYTHONWARNINGS": "ignore:resource_tracker:UserWarning"}
+
+
+def parse_system(spec: str) -> tuple[str, list[str]]:
+    """"flexmarl[a.b=1,c.d=x]" -> ("flexmarl", ["a.b=1", "c.d=x"])."""
+    if "[" in spec:
+        name, rest = spec.split("[", 1)
+        return name, [s for s in rest.rstrip("]").split(",") if s]
+    return spec, []
+
+
+def run_flexmarl(workload: str, overrides: list[str], out: str, args) -> dict:
+    run = os.path.join(out, "run")
+    cmd = [os.path.join(ROOT, ".venv", "bin", "flexmarl"), "run", "--team", TEAMS[workload],
+           "--set", f"run.steps={args.steps}", "--set", f"run.seed={args.seed}",
+           "--set", "eval.before=false", "--set", "eval.final=false", "--set", f"run.dir={run}"]
+    for o in overrides:
+        cmd += ["--set", o]
+    code, started, sampler = run_tree(cmd, os.path.join(out, "log.txt"), OFFLINE)
+    records = []
+    if os.path.exists(os.path.join(run, "metrics.jsonl")):
+        records = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))
+                   if line.strip()]
+    steps = [r for r in records if "step" in r and "agents" in r]
+    result: dict = {"exit_code": code, "started": started, "sampler": sampler,
+                    "steps": [], "agents": {}, "unsupported": None, "notes": []}
+    if steps:
+        first = steps[0]
+        # t_done: seconds since the loop started, at the record's wall time `time`.
+        t_done = max(a["t_done"] for a in first["agents"].values() if a["trainable"])
+        result["train_start"] = first["time"] - t_done
+        for r in steps:
+            result["steps"].append({"end": r["time"], "samples": sum(
+                a["samples"] for a in r["agents"].values() if a["trainable"])})
+        for agent in w.AGENTS[workload]:
+            root = os.path.join(run, "checkpoints", agent)
+            if os.path.isdir(root):
+                versions = sorted(os.listdir(root), key=lambda v: int(v.rsplit("-", 1)[-1]))
+                result["agents"][agent] = os.path.join(root, versions[-1])
+    return result
+
+
+def run_peer(system: str, workload: str, out: str, model: str, args) -> dict:
+    cmd = [PEERS_PY, PEER_RUNNERS[system], "--workload", workload, "--model", model,
+           "--out", out, "--steps", str(args.steps), "--seed", str(args.seed)]
+    code, started, sampler = run_tree(cmd, os.path.join(out, "log.txt"), OFFLINE)
+    path = os.path.join(out, "result.json")
+    data = json.load(open(path)) if os.path.exists(path) else {}
+    return {"exit_code": code, "started": started, "sampler": sampler,
+            "train_start": data.get("t_train_start"), "steps": data.get("steps", []),
+            "agents": data.get("agents", {}), "unsupported": data.get("unsupported"),
+            "notes": data.get("notes", []), "system_name": data.get("system", system),
+            "versions": data.get("versions", {})}
+
+
+def summarize(raw: dict, warmup: int, cores: int) -> dict:
+    """Steady samples/s after `warmup` steps, and the rest of a run's row."""
+    steps, sampler = raw["steps"], raw["sampler"]
+    row = {"exit_code": raw["exit_code"], "unsupported": raw["unsupported"],
+           "notes": raw["notes"], "steps": len(steps),
+           "peak_rss_mb": sampler.peak_rss / 2**20, "agents": raw["agents"]}
+    if len(steps) <= warmup:
+        row["error"] = (f"only {len(steps)} steps finished (exit code {raw['exit_code']}); "
+                        "see its log")
+        return row
+    t0, t1 = steps[warmup - 1]["end"] if warmup else raw["train_start"], steps[-1]["end"]
+    timed = steps[warmup:]
+    samples = sum(s["samples"] for s in timed)
+    cpu = sampler.cpu_between(t0, t1)
+    row.update({
+        "samples_per_step": samples / len(timed),
+        "samples_per_s": samples / (t1 - t0),
+        "step_s": (t1 - t0) / len(timed),
+        "first_step_s": steps[0]["end"] - raw["started"],
+        "startup_s": (raw["train_start"] - raw["started"]) if raw.get("train_start") else None,
+        "cores_busy": None if cpu is None else cpu / (t1 - t0),
+        "cores": cores,
+    })
+    return row
+
+
+def evaluate(workload: str, agents: dict[str, str], out: str, heldout: int) -> dict | None:
+    if set(agents) != set(w.AGENTS[workload]):
+        return None
+    path = os.path.join(out, "eval.json")
+    cmd = [MAIN_PY, os.path.join(PEERS, "evaluate.py"), "--workload", workload,
+           "--heldout", str(heldout), "--out", path]
+    for name, d in agents.items():
+        cmd += ["--agent", f"{name}={d}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **OFFLINE})
+    if proc.returncode:
+        say(f"evaluation failed ({workload}):\n{proc.stderr[-2000:]}")
+        return None
+    return json.load(open(path))
+
+
+def limit(workload: str, model: str, args) -> dict:
+    proc = subprocess.run([MAIN_PY, os.path.join(PEERS, "limit.py"), "--workload", workload,
+                           "--model", model, "--steps", str(args.limit_steps), "--json"],
+                          capture_output=True, text=True, env={**os.environ, **OFFLINE})
+    if proc.returncode:
+        raise SystemExit(f"peers: limit.py failed ({workload}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ----------------------------------------------------------------------------- report
+
+def fmt(x, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def acc(ev: dict | None, mode: str) -> str:
+    if not ev:
+        return "-"
+    return " ".join(f"{k} {v['mean']:.2f}±{v['se']:.2f}" for k, v in ev[mode].items())
+
+
+def print_table(results: dict, limits: dict, before: dict) -> None:
+    print(f"\n{'workload':<7} {'system':<34} {'samp/step':>9} {'samples/s':>9} {'step s':>7} "
+          f"{'x limit':>7} {'1st step s':>10} {'start s':>7} {'cores busy':>10} {'RSS GB':>7}  "
+          "held-out accuracy after (greedy | sampled)")
+    for workload, rows in results.items():
+        lim = limits.get(workload)
+        if lim:
+            print(f"{workload:<7} {'limit (engine + trainer alone)':<34} "
+                  f"{lim['samples']:>9.0f} {lim['limit_samples_per_s']:>9.2f} "
+                  f"{lim['limit_step_s']:>7.2f} {1.0:>7.2f}")
+        if workload in before:
+            print(f"{workload:<7} {'(starting weights)':<34} {'':>9} {'':>9} {'':>7} {'':>7} "
+                  f"{'':>10} {'':>7} {'':>10} {'':>7}  {acc(before[workload], 'greedy')} | "
+                  f"{acc(before[workload], 'sampled')}")
+        for system, r in rows.items():
+            if r.get("unsupported"):
+                print(f"{workload:<7} {system:<34} cannot express it: {r['unsupported']}")
+                continue
+            if r.get("error"):
+                print(f"{workload:<7} {system:<34} FAILED: {r['error']}")
+                continue
+            x = r["step_s"] / lim["limit_step_s"] if lim else None
+            print(f"{workload:<7} {system:<34} {r['samples_per_step']:>9.0f} "
+                  f"{r['samples_per_s']:>9.2f} {r['step_s']:>7.2f} {fmt(x):>7} "
+                  f"{r['first_step_s']:>10.1f} {fmt(r['startup_s'], '.1f'):>7} "
+                  f"{fmt(r['cores_busy']):>10} {r['peak_rss_mb'] / 1024:>7.2f}  "
+                  f"{acc(r.get('eval'), 'greedy')} | {acc(r.get('eval'), 'sampled')}")
+
+
+def verdicts(results: dict, limits: dict) -> dict:
+    """FlexMARL (default row) against the best peer per workload, and against the limit."""
+    out = {}
+    for workload, rows in results.items():
+        ours = rows.get("flexmarl", {})
+        peers = {s: r for s, r in rows.items() if not s.startswith("flexmarl")
+                 and r.get("samples_per_s")}
+        v: dict = {}
+        if ours.get("samples_per_s") and peers:
+            best = max(peers, key=lambda s: peers[s]["samples_per_s"])
+            v["best_peer"] = best
+            v["speedup_vs_best_peer"] = ours["samples_per_s"] / peers[best]["samples_per_s"]
+            # Accuracy after equal samples: FlexMARL's greedy mean per agent within one
+            # standard error of the peer's, or better.
+            eo, ep = ours.get("eval"), peers[best].get("eval")
+            if eo and ep:
+                v["accuracy_ok"] = all(
+                    eo["greedy"][k]["mean"] >= ep["greedy"][k]["mean"]
+                    - max(eo["greedy"][k]["se"], ep["greedy"][k]["se"])
+                    for k in eo["greedy"] if k in ep["greedy"])
+            v["speed_met"] = v["speedup_vs_best_peer"] >= SPEED_TARGET and v.get("accuracy_ok", False)
+        if ours.get("step_s") and limits.get(workload):
+            v["x_limit"] = ours["step_s"] / limits[workload]["limit_step_s"]
+            v["limit_met"] = v["x_limit"] <= LIMIT_TARGET
+        out[workload] = v
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--workloads", default=",".join(w.WORKLOADS))
+    ap.add_argument("--systems", default="flexmarl,trl,comlrl",
+                    help="comma-separated; flexmarl[section.key=value,...] adds a FlexMARL row "
+                         "with those overrides (quote it in the shell)")
+    ap.add_argument("--steps", type=int, default=8, help="trained steps per run")
+    ap.add_argument("--warmup", type=int, default=2, help="first steps left out of samples/s")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--heldout", type=int, default=w.HELDOUT_SUMS)
+    ap.add_argument("--limit-steps", type=int, default=3)
+    ap.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation")
+    ap.add_argument("--keep", default="", help="keep every run's directory under this path")
+    args = ap.parse_args()
+    if args.steps <= args.warmup:
+        ap.error("--steps must exceed --warmup")
+    # "flexmarl[a=1,b=2]" holds commas: split the list on commas outside brackets.
+    systems, depth, cur = [], 0, ""
+    for ch in args.systems + ",":
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            systems.append(cur.strip()) if cur.strip() else None
+            cur = ""
+        else:
+            cur += ch
+    workloads = [x for x in args.workloads.split(",") if x]
+    for x in workloads:
+        if x not in w.WORKLOADS:
+            ap.error(f"unknown workload {x!r}; choose from {', '.join(w.WORKLOADS)}")
+    for s in systems:
+        if parse_system(s)[0] not in ("flexmarl", *PEER_RUNNERS):
+            ap.error(f"unknown system {s!r}; choose from flexmarl, {', '.join(PEER_RUNNERS)}")
+    if not os.path.exists(MAIN_PY):
+        raise SystemExit("peers: .venv is missing: run `make setup` first")
+
+    versions = installed(MAIN_PY, ["torch", "transformers", "flexmarl"])
+    if any(parse_system(s)[0] in PEER_RUNNERS for s in systems):
+        versions |= {f"peers:{k}": v for k, v in ensure_peers_env().items()}
+    model = model_dir()
+    cores = len(os.sched_getaffinity(0))
+    work = args.keep or tempfile.mkdtemp(prefix="flexmarl-peers-")
+    os.makedirs(work, exist_ok=True)
+    load_start = os.getloadavg()
+    results: dict = {}
+    limits: dict = {}
+    before: dict = {}
+    try:
+        for workload in workloads:
+            results[workload] = {}
+            for system in systems:
+                name, overrides = parse_system(system)
+                out = os.path.join(work, workload, system.replace("/", "_"))
+                os.makedirs(out, exist_ok=True)
+                say(f"{workload}: {system} ({args.steps} steps) ...")
+                raw = (run_flexmarl(workload, overrides, out, args) if name == "flexmarl"
+                       else run_peer(name, workload, out, model, args))
+                row = summarize(raw, args.warmup, cores) if not raw["unsupported"] else {
+                    "unsupported": raw["unsupported"], "notes": raw["notes"]}
+                if raw.get("system_name") and raw["system_name"] != name:
+                    row["runs_as"] = raw["system_name"]
+                if not row.get("unsupported") and not row.get("error") and not args.no_eval:
+                    row["eval"] = evaluate(workload, raw["agents"], out, args.heldout)
+                results[workload][system] = row
+                say(f"{workload}: {system}: " + (
+                    "cannot express it" if row.get("unsupported") else row.get("error") or
+                    f"{row['samples_per_s']:.2f} samples/s, step {row['step_s']:.1f} s"))
+            if not args.no_eval:
+                before[workload] = evaluate(workload, {a: model for a in w.AGENTS[workload]},
+                                            os.path.join(work, workload), args.heldout)
+            say(f"{workload}: the limit (engine and trainer alone) ...")
+            limits[workload] = limit(workload, model, args)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    load_end = os.getloadavg()
+    print(f"\nbench/peers.py: {args.steps} steps per run (first {args.warmup} not timed), "
+          f"{cores} cores; samples/s counts every sample a step trains on, all agents")
+    print_table(results, limits, before)
+    v = verdicts(results, limits)
+    print(f"\ntargets: FlexMARL >= {SPEED_TARGET:.0f}x the best peer's samples/s at equal held-out "
+          f"accuracy (greedy, within one SE); FlexMARL's step <= {LIMIT_TARGET}x the limit")
+    for workload, x in v.items():
+        parts = []
+        if "speedup_vs_best_peer" in x:
+            parts.append(f"{x['speedup_vs_best_peer']:.2f}x {x['best_peer']} "
+                         f"({'met' if x['speed_met'] else 'NOT met'})")
+        if "x_limit" in x:
+            parts.append(f"{x['x_limit']:.2f}x the limit ({'met' if x['limit_met'] else 'NOT met'})")
+        print(f"  {workload}: " + ("; ".join(parts) or "no peer row to compare"))
+    for workload, rows in results.items():
+        for system, r in rows.items():
+            for note in r.get("notes") or []:
+                print(f"  note ({workload}, {system}): {note}")
+    print(f"versions: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())))
+    print(f"load average (1, 5, 15 min) at start {' '.join(f'{x:.2f}' for x in load_start)}, "
+          f"at end {' '.join(f'{x:.2f}' for x in load_end)}")
+    if args.json:
+        print(json.dumps({"results": results, "limits": limits, "before": before,
+                          "verdicts": v, "versions": versions, "load_start": load_start,
+                          "load_end": load_end,
+                          "config": {"steps": args.steps, "warmup": args.warmup,
+                                     "seed": args.seed, "systems": systems,
+                                     "workloads": workloads, "heldout": args.heldout}},
+                         default=str))
+
+
+if __name__ == "__main__":
+    main()

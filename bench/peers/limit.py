@@ -1,0 +1,129 @@
+"""The physical limit of one training step of a bench/peers.py workload: the step no scheduler
+can beat on this machine.
+
+    CPU-seconds to generate the step's tokens with the rollout engine alone
+  + CPU-seconds of the same samples' forward and backward and the optimizer step alone
+  ─────────────────────────────────────────────────────────────────────────────────────  = limit
+                              cores the run has
+
+Both are measured here on one thread (torch.set_num_threads(1)), so their CPU-seconds are the
+work itself, with none of a thread pool's spinning: FlexMARL's batched torch rollout engine
+(flexmarl.rollout.torch_engine, the engine `rollout.backend = "auto"` picks on this machine) on
+exactly the workload's calls (4 tasks x 8 samples per agent, the duo's checker calls made from
+the solver's claims), then FlexMARL's GRPO trainer (flexmarl.training.trainer, last 6 blocks and
+the final norm trainable) on all of those samples, one micro-batch of 8 rows at a time, then
+one optimizer step, per agent. The first of `--steps` rounds warms the allocator and is left out.
+
+    .venv/bin/python bench/peers/limit.py --workload duo [--steps 3] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import workloads as w  # noqa: E402
+
+ROWS_PER_MICRO_BATCH = 8
+
+
+async def measure(workload: str, steps: int, setting: w.Setting) -> dict:
+    import torch
+
+    from flexmarl import AgentSpec, SamplingParams
+    from flexmarl.launch.gguf import gguf_dir
+    from flexmarl.orchestrator.agents import AgentRuntime
+    from flexmarl.orchestrator.batch import micro_batch
+    from flexmarl.rollout.backends import make_engine
+    from flexmarl.rollout.engine import EngineConfig
+    from flexmarl.training.trainer import GRPOTrainer
+    from flexmarl.training.trainer_config import TrainerConfig
+
+    torch.set_num_threads(1)
+    model_dir = setting.model or str(gguf_dir("smollm2-135m"))
+    sampling = SamplingParams(temperature=setting.temperature, max_tokens=setting.max_new_tokens)
+    agents = w.AGENTS[workload]
+    engines, runtimes, trainers = {}, {}, {}
+    for name in agents:  # one engine and one trainer per agent, as every system has
+        engines[name] = make_engine(EngineConfig(backend="torch", model_dir=model_dir,
+                                                 max_model_len=512, seed=setting.seed))
+        await engines[name].start()
+        runtimes[name] = AgentRuntime(AgentSpec(name=name, model=model_dir, sampling=sampling),
+                                      model_dir, engines[name].tokenizer)
+        trainers[name] = GRPOTrainer(model_dir, TrainerConfig(
+            lr=setting.lr, train_layers=setting.train_layers, temperature=setting.temperature,
+            grad_clip=setting.grad_clip, clip_eps=setting.clip_eps, seed=setting.seed))
+    pad = engines[agents[0]].tokenizer.pad_token_id or 0
+
+    async def ask(name: str, prompts: list[list[dict]], salt: int) -> list:
+        calls = [engines[name].generate(runtimes[name].encode(p),
+                                        dataclasses.replace(sampling, seed=salt + k))
+                 for k, p in enumerate(prompts)]
+        return [(runtimes[name].encode(p), r[0][0]) for p, r in
+                zip(prompts, await asyncio.gather(*calls))]
+
+    rounds = []
+    for s, tasks in enumerate(w.step_tasks(dataclasses.replace(setting, steps=steps))):
+        calls = [t for t in tasks for _ in range(setting.group_size)]
+        cpu, wall = time.process_time(), time.perf_counter()
+        out = {agents[0]: await ask(agents[0], [w.solver_prompt(t) for t in calls], 1000 * s)}
+        if workload == "joint":
+            out["b"] = await ask("b", [w.solver_prompt(t) for t in calls], 1000 * s + 500)
+        elif workload == "duo":
+            claims = [w.last_number(x.text) for _, x in out["solver"]]
+            out["checker"] = await ask("checker", [w.checker_prompt(t, c)
+                                                   for t, c in zip(calls, claims)], 1000 * s + 500)
+        gen_cpu, gen_wall = time.process_time() - cpu, time.perf_counter() - wall
+        tokens = sum(len(x.token_ids) for rows in out.values() for _, x in rows)
+        cpu, wall = time.process_time(), time.perf_counter()
+        for name, rows in out.items():
+            rewards = [w.right(x.text, t) for (_, x), t in zip(rows, calls)]
+            # Every sample trains (the peers train zero-advantage groups too): advantages of
+            # +-1 where a group's rewards are all equal, so every row has a gradient.
+            advantages = [r - 0.5 for r in rewards]
+            trainer = trainers[name]
+            batch = [(p, x.token_ids, x.logprobs) for p, x in rows]
+            trainer.begin_batch(None)
+            for i in range(0, len(batch), ROWS_PER_MICRO_BATCH):
+                trainer.accumulate(micro_batch(batch[i:i + ROWS_PER_MICRO_BATCH],
+                                               advantages[i:i + ROWS_PER_MICRO_BATCH], pad_id=pad))
+            trainer.step(sum(len(x.token_ids) for _, x in rows))
+        train_cpu, train_wall = time.process_time() - cpu, time.perf_counter() - wall
+        rounds.append({"gen_cpu_s": gen_cpu, "gen_wall_s": gen_wall, "train_cpu_s": train_cpu,
+                       "train_wall_s": train_wall, "tokens": tokens,
+                       "samples": sum(len(r) for r in out.values())})
+    for e in engines.values():
+        await e.close()
+    timed = rounds[1:] or rounds
+    med = {k: statistics.median(r[k] for r in timed) for k in timed[0]}
+    cores = len(os.sched_getaffinity(0))
+    limit = (med["gen_cpu_s"] + med["train_cpu_s"]) / cores
+    return {"workload": workload, **med, "cores": cores, "limit_step_s": limit,
+            "limit_samples_per_s": med["samples"] / limit, "rounds": rounds}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", choices=w.WORKLOADS, required=True)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--model", default="")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    r = asyncio.run(measure(args.workload, args.steps, w.Setting(model=args.model)))
+    print(f"{args.workload}: generate {r['gen_cpu_s']:.2f} CPU-s, train {r['train_cpu_s']:.2f} "
+          f"CPU-s for {r['samples']:.0f} samples ({r['tokens']:.0f} tokens) on one thread; "
+          f"limit on {r['cores']} cores {r['limit_step_s']:.2f} s per step "
+          f"({r['limit_samples_per_s']:.2f} samples/s)")
+    if args.json:
+        print(json.dumps(r))
+
+
+if __name__ == "__main__":
+    main()

@@ -51,8 +51,9 @@ ACTIVITY_MAXLEN = 5000  # flexmarl.activity.ActivityLog's default bound
 TARGET_SPEEDUP = 1.25
 """micro_batch over sync on the default team (issue 50)."""
 DEFAULT_TEAM = "agents/smol_duo.py"
-DEFAULTS: list[str] = []
-"""The default config (what `make run` trains with); --set adds to it. The numbers measured
+DEFAULTS: list[str] = ["eval.before=false", "eval.final=false"]
+"""The default config (what `make run` trains with) without its held-out evaluations, which
+are no step's work; --set adds to it. The numbers measured
 before 2026-12-05 in bench/README ran agents/math_duo.py with pipeline.tasks_per_step=16,
 micro_batch_groups=8 and rollout.backend=vllm (pass those to repeat them)."""
 

@@ -24,7 +24,12 @@ workload says why, in the table. FlexMARL runs in the checkout's `.venv`.
 
     .venv/bin/python bench/peers.py [--json] [--workloads sums,joint,duo] [--steps 8]
         [--warmup 2] [--systems flexmarl,trl,comlrl,"flexmarl[run.save_state=false]"]
-        [--heldout 100] [--keep DIR]
+        [--heldout 100] [--keep DIR] [--reuse]
+
+--keep DIR keeps every run's directory, and each finished row as DIR/WORKLOAD/SYSTEM/row.json
+(the limit and the starting weights' evaluation as DIR/WORKLOAD/limit.json, before.json);
+--reuse with it takes the rows, limits and evaluations already there instead of running them
+again (a table assembled from runs made at different times: say so when quoting it).
 
 --json: the last line is one JSON object: results per workload and system, the limits, the
 ratios FlexMARL / best peer, the versions, the targets and whether they are met.
@@ -281,6 +286,22 @@ def summarize(raw: dict, warmup: int, cores: int) -> dict:
     return row
 
 
+def run_row(workload: str, system: str, out: str, model: str, cores: int, args) -> dict:
+    """Run one system on one workload and evaluate its weights: its row of the table."""
+    name, overrides = parse_system(system)
+    say(f"{workload}: {system} ({args.steps} steps) ...")
+    raw = (run_flexmarl(workload, overrides, out, args) if name == "flexmarl"
+           else run_peer(name, workload, out, model, args))
+    if raw["unsupported"]:
+        return {"unsupported": raw["unsupported"], "notes": raw["notes"]}
+    row = summarize(raw, args.warmup, cores)
+    if raw.get("system_name") and raw["system_name"] != name:
+        row["runs_as"] = raw["system_name"]
+    if not row.get("error") and not args.no_eval:
+        row["eval"] = evaluate(workload, raw["agents"], out, args.heldout)
+    return row
+
+
 def evaluate(workload: str, agents: dict[str, str], out: str, heldout: int) -> dict | None:
     if set(agents) != set(w.AGENTS[workload]):
         return None
@@ -374,6 +395,17 @@ def verdicts(results: dict, limits: dict) -> dict:
     return out
 
 
+def cached(path: str, reuse: bool, make):
+    """`make()`, saved as JSON at `path`; with `reuse`, what `path` already holds."""
+    if reuse and os.path.exists(path):
+        return json.load(open(path))
+    value = make()
+    if not (isinstance(value, dict) and value.get("error")):  # a failed run is run again
+        with open(path, "w") as f:
+            json.dump(value, f, default=str)
+    return value
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
@@ -388,9 +420,13 @@ def main() -> None:
     ap.add_argument("--limit-steps", type=int, default=3)
     ap.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation")
     ap.add_argument("--keep", default="", help="keep every run's directory under this path")
+    ap.add_argument("--reuse", action="store_true",
+                    help="with --keep: take rows already finished there instead of rerunning")
     args = ap.parse_args()
     if args.steps <= args.warmup:
         ap.error("--steps must exceed --warmup")
+    if args.reuse and not args.keep:
+        ap.error("--reuse needs --keep DIR (where the finished rows are)")
     # "flexmarl[a=1,b=2]" holds commas: split the list on commas outside brackets.
     systems, depth, cur = [], 0, ""
     for ch in args.systems + ",":
@@ -426,27 +462,23 @@ def main() -> None:
         for workload in workloads:
             results[workload] = {}
             for system in systems:
-                name, overrides = parse_system(system)
                 out = os.path.join(work, workload, system.replace("/", "_"))
                 os.makedirs(out, exist_ok=True)
-                say(f"{workload}: {system} ({args.steps} steps) ...")
-                raw = (run_flexmarl(workload, overrides, out, args) if name == "flexmarl"
-                       else run_peer(name, workload, out, model, args))
-                row = summarize(raw, args.warmup, cores) if not raw["unsupported"] else {
-                    "unsupported": raw["unsupported"], "notes": raw["notes"]}
-                if raw.get("system_name") and raw["system_name"] != name:
-                    row["runs_as"] = raw["system_name"]
-                if not row.get("unsupported") and not row.get("error") and not args.no_eval:
-                    row["eval"] = evaluate(workload, raw["agents"], out, args.heldout)
+                row = cached(os.path.join(out, "row.json"), args.reuse,
+                             lambda: run_row(workload, system, out, model, cores, args))
                 results[workload][system] = row
                 say(f"{workload}: {system}: " + (
                     "cannot express it" if row.get("unsupported") else row.get("error") or
                     f"{row['samples_per_s']:.2f} samples/s, step {row['step_s']:.1f} s"))
+            root = os.path.join(work, workload)
             if not args.no_eval:
-                before[workload] = evaluate(workload, {a: model for a in w.AGENTS[workload]},
-                                            os.path.join(work, workload), args.heldout)
+                before[workload] = cached(os.path.join(root, "before.json"), args.reuse,
+                                          lambda: evaluate(workload, {a: model for a in
+                                                                      w.AGENTS[workload]},
+                                                           root, args.heldout))
             say(f"{workload}: the limit (engine and trainer alone) ...")
-            limits[workload] = limit(workload, model, args)
+            limits[workload] = cached(os.path.join(root, "limit.json"), args.reuse,
+                                      lambda: limit(workload, model, args))
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -282,3 +282,27 @@ async def test_urgent_rows_are_stored_past_the_capacity_and_others_wait():
     now_urgent = True
     store.wake()
     assert await asyncio.wait_for(waiting, 1) is True and store.pending("a") == 3
+
+
+async def test_complete_group_closes_one_turn_of_an_open_input():
+    """A group closed early (complete_group): ready with its advantages, its rewards fixed,
+    untouched by discard_trajectory and complete_input, which close the input's other turns."""
+    store = ExperienceStore(["a"])
+    for traj in range(3):
+        for turn in range(2):
+            await store.put(make_turn("in0", turn, str(traj), reward=None))
+    for traj, r in enumerate((0.0, 1.0, 2.0)):
+        store.set_reward("a", f"in0_0_{traj}", r)
+    with pytest.raises(ValueError, match="no reward for"):
+        store.complete_group("a", "in0", 1)
+    store.complete_group("a", "in0", 0)
+    with pytest.raises(ValueError, match="already completed"):
+        store.set_reward("a", "in0_0_1", 9.0)
+    assert store.discard_trajectory("in0", "2") == 1  # only its open turn-1 row
+    [g] = await store.take_groups("a", 1, flush=True)
+    assert (g.turn, [t.traj_id for t in g.turns]) == (0, ["0", "1", "2"])
+    assert [t.advantage for t in g.turns] == pytest.approx([-1.2247, 0.0, 1.2247], abs=1e-3)
+    store.complete_input("in0", default_reward=0.0)
+    [rest] = await store.take_groups("a", 1, flush=True)
+    assert (rest.turn, [t.traj_id for t in rest.turns]) == (1, ["0", "1"])
+    store.complete_group("a", "in0", 1)  # a closed input: nothing happens

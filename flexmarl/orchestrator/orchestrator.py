@@ -90,11 +90,62 @@ class RolloutStats:
     """"ExcType: message" -> failed trajectories of the step with that error."""
 
 
+class TaskTurns:
+    """The turns one task's trajectories made and rewarded, to close each GRPO group as soon
+    as its rewards are final (Store.complete_group) instead of when the task's last
+    trajectory ends: in a two-turn workflow the first agent's groups then train while the
+    second agent still generates (what micro_batch overlaps). A group (agent, turn) closes once
+    every trajectory of the task has made that call and given each of its samples its own
+    reward (ctx.reward); a turn left to the team reward closes with the task, as before."""
+
+    def __init__(self, store: ExperienceStore, input_id: str, trajectories: int) -> None:
+        self.store, self.input_id, self.trajectories = store, input_id, trajectories
+        self.made: dict[tuple[str, int], dict[int, list[str]]] = defaultdict(dict)
+        """(agent, turn) -> trajectory -> the sample ids of its call."""
+        self.own: dict[tuple[str, str], float] = {}
+        self.final: set[tuple[str, str]] = set()
+        """(agent, sample_id) of the rows of closed groups: their reward is fixed."""
+        self._failed = False
+        """A trajectory failed: no group closes early any more (the task's do, as before)."""
+
+    def call(self, agent: str, turn: int, trajectory: int, sample_ids: list[str]) -> None:
+        self.made[(agent, turn)][trajectory] = sample_ids
+        self._try_close(agent, turn)
+
+    def drop(self, trajectory: int) -> None:
+        """A trajectory failed (its open rows are discarded): no group of the task closes
+        early any more; they close with the task, from the other trajectories, as before."""
+        self._failed = True
+
+    def reward(self, agent: str, turn: int, sample_id: str, value: float, where: str) -> None:
+        if (agent, sample_id) in self.final:
+            raise ValueError(f"{where}: this turn's reward was already given and is final (its "
+                             "GRPO group closed once every trajectory of the task had rewarded "
+                             "that turn, and may be training): give each turn's reward once")
+        self.own[(agent, sample_id)] = value
+        self._try_close(agent, turn)
+
+    def _try_close(self, agent: str, turn: int) -> None:
+        if self._failed:
+            return
+        calls = self.made.get((agent, turn), {})
+        if len(calls) < self.trajectories:
+            return
+        ids = [s for sample_ids in calls.values() for s in sample_ids]
+        if not all((agent, s) in self.own for s in ids):
+            return
+        for s in ids:
+            self.store.set_reward(agent, s, self.own[(agent, s)])
+            self.final.add((agent, s))
+        self.store.complete_group(agent, self.input_id, turn)
+
+
 class TrajectoryContext:
     """The `ctx` of one workflow run (see flexmarl.team.Context)."""
 
     def __init__(self, orch: "Orchestrator", task: Any, input_id: str, trajectory: int,
-                 calls: asyncio.Semaphore, step: int = 0) -> None:
+                 calls: asyncio.Semaphore, step: int = 0, turns: TaskTurns | None = None
+                 ) -> None:
         self.orch = orch
         self.task = task
         self.input_id = input_id
@@ -110,6 +161,10 @@ class TrajectoryContext:
         """Set by finish(): later replies (calls left running by a failed workflow) are
         not stored."""
         self._team: float | None = None
+        self._task_turns = turns
+        """The task's turns (TaskTurns): groups close when their rewards are final."""
+        self._turn_of: dict[str, int] = {}
+        """sample_id -> its call's turn number (of stored rows)."""
 
     def _call(self, agents: dict[str, AgentRuntime], agent: str, prompt: Any, n: int,
               sampling: dict[str, Any]) -> tuple[AgentRuntime, list[int], Any, int]:
@@ -186,6 +241,10 @@ class TrajectoryContext:
             out.append(Completion(agent, s.text, s.token_ids, s.logprobs, reply.version,
                                   s.finish_reason, reply.prompt_ids, row.sample_id))
         self._made.extend(out)
+        if rt.spec.trainable and self._task_turns is not None:
+            for c in out:
+                self._turn_of[c.sample_id] = turn
+            self._task_turns.call(agent, turn, self.trajectory, [c.sample_id for c in out])
         return out
 
     def reward(self, completion: Completion, value: float) -> None:
@@ -195,7 +254,11 @@ class TrajectoryContext:
                             f"{type(completion).__name__}")
         where = (f"ctx.reward: agent {completion.agent!r}, sample {completion.sample_id} "
                  f"(task {self._task_id}, trajectory {self.trajectory})")
-        self._own[completion.sample_id + "@" + completion.agent] = self._finite(value, where)
+        value = self._finite(value, where)
+        turn = self._turn_of.get(completion.sample_id)
+        if turn is not None and not self.finished:
+            self._task_turns.reward(completion.agent, turn, completion.sample_id, value, where)
+        self._own[completion.sample_id + "@" + completion.agent] = value
 
     def team_reward(self, value: float) -> None:
         where = (f"ctx.team_reward: task {self._task_id}, trajectory {self.trajectory} "
@@ -239,7 +302,9 @@ class TrajectoryContext:
         for c in self._made:
             value = self._own.get(c.sample_id + "@" + c.agent, team)
             stats.rewards[c.agent].append(value)
-            if self.orch.agents[c.agent].spec.trainable:
+            final = (self._task_turns is not None
+                     and (c.agent, c.sample_id) in self._task_turns.final)
+            if self.orch.agents[c.agent].spec.trainable and not final:
                 self.orch.store.set_reward(c.agent, c.sample_id, value)
 
     def _fail(self, stats: RolloutStats, error: Exception) -> None:
@@ -247,6 +312,8 @@ class TrajectoryContext:
         # workflow when it raised): the input's GRPO groups are formed from the trajectories
         # that finished. If all of them failed, the input contributes nothing.
         self.orch.store.discard_trajectory(self.input_id, str(self.trajectory))
+        if self._task_turns is not None:
+            self._task_turns.drop(self.trajectory)
         stats.failed_trajectories += 1
         message = f"{type(error).__name__}: {error}"
         if len(message) > _ERROR_CHARS:
@@ -338,7 +405,8 @@ class Orchestrator(Actor):
                 input_id = f"s{step}t{i}"
                 self.input_step[input_id] = step
                 calls = asyncio.Semaphore(self.max_concurrent_calls)
-                contexts = [TrajectoryContext(self, task, input_id, j, calls, step)
+                turns = TaskTurns(self.store, input_id, self.trajectories_per_task)
+                contexts = [TrajectoryContext(self, task, input_id, j, calls, step, turns)
                             for j in range(self.trajectories_per_task)]
 
                 async def trajectory(ctx: TrajectoryContext) -> Exception | None:

@@ -8,6 +8,8 @@ checking a condition and acting on it, so each step is atomic with respect to th
                                   open:   input_id -> rows
   orchestrator ──complete_input(input_id)──► rewards checked, GRPO advantages computed,
                                   ready:  (input_id, turn) -> Group, oldest completed first
+               ──complete_group(agent, input_id, turn)──► one group closed early (every
+                                  trajectory rewarded that turn: later turns still run)
   trainer feed ◄──take_groups(agent, n, version=v)── each group once; its rows are evicted,
                                                       which wakes blocked put()s
 
@@ -227,11 +229,42 @@ class ExperienceStore:
         if row is None:
             state = "was already consumed" if sample_id in table.consumed else "is not stored"
             raise UnknownSample(f"sample {sample_id!r} of agent {agent!r} {state}")
-        if row.input_id in self._completed_inputs:
+        if row.input_id in self._completed_inputs or row.advantage is not None:
             # Its advantages are computed: a late reward would silently disagree with them.
-            raise ValueError(f"sample {sample_id!r} of agent {agent!r}: input {row.input_id!r} "
-                             f"is already completed; set rewards before complete_input()")
+            raise ValueError(f"sample {sample_id!r} of agent {agent!r}: its group (input "
+                             f"{row.input_id!r}) is already completed; set rewards before "
+                             "complete_input() or complete_group()")
         row.reward = float(reward)
+
+    def complete_group(self, agent: str, input_id: str, turn: int) -> None:
+        """Close one group of an open input early: `agent`'s turn `turn` of every trajectory
+        of `input_id`, which the caller knows have all been made and rewarded (their rewards
+        are final), while the trajectories' later turns still run. Its advantages are computed
+        and it becomes ready, so a trainer can take it before the input completes. Its rows
+        then leave the input: complete_input() and discard_trajectory() no longer touch them.
+        Raises ValueError if a row of the group has no reward."""
+        if input_id in self._completed_inputs:
+            return
+        table = self._table(agent)
+        rows = table.open.get(input_id, [])
+        group = [r for r in rows if r.turn == turn]
+        if not group:
+            return
+        missing = [r.sample_id for r in group if r.reward is None]
+        if missing:
+            raise ValueError(f"complete_group({agent!r}, {input_id!r}, {turn}): no reward for "
+                             f"{missing}")
+        rest = [r for r in rows if r.turn != turn]
+        if rest:
+            table.open[input_id] = rest
+        else:
+            del table.open[input_id]
+        rewards = torch.tensor([r.reward for r in group], dtype=torch.float64)
+        for r, adv in zip(group, grpo_advantages(rewards, [turn] * len(group)).tolist()):
+            r.advantage = adv
+        table.ready[(input_id, turn)] = Group(agent, input_id, turn,
+                                              sorted(group, key=_traj_order))
+        table.groups_ready.notify()
 
     def complete_input(self, input_id: str, *, default_reward: float | None = None) -> None:
         """All trajectories of `input_id` have finished: close its groups in every table.

@@ -172,7 +172,10 @@ class Context(Protocol):
         ...
 
     def reward(self, completion: Completion, value: float) -> None:
-        """Reward one agent turn (the agent's own goal)."""
+        """Reward one agent turn (the agent's own goal). Give it once: once every trajectory
+        of the task has rewarded that turn, its GRPO group closes and may train while the
+        trajectories' later turns still run (a second reward for it then raises ValueError,
+        and a trajectory failing later keeps that turn's sample)."""
         ...
 
     def team_reward(self, value: float) -> None:

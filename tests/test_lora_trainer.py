@@ -238,7 +238,7 @@ def test_state_round_trip_is_bit_exact_and_holds_no_base(model_dir, batches):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
     full_state, full_meta = export_state(GRPOTrainer(model_dir, TrainerConfig(**CONFIG)))
-    with pytest.raises(ValueError, match="lacks this trainer's adapter tensors"):
+    with pytest.raises(ValueError, match="lacks this trainer's trained tensors"):
         load_state(lora_trainer(model_dir), full_state, full_meta)
 
 

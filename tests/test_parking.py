@@ -28,7 +28,8 @@ def test_swapped_state_is_bit_exact_and_training_goes_on(model_dir, batches, tra
     (export_state) and into a fresh trainer (load_state); the fresh one holds the same tensors
     bit for bit and its next step equals that of a trainer that never left. In the middle of a
     global batch an export is refused (the half-built gradient is not in the state). With
-    train_layers the state holds optimizer moments for the trained part only."""
+    train_layers the state holds the trained part alone, its weights and optimizer moments
+    (the frozen blocks come from the model directory the fresh trainer is built from)."""
     config = {**CONFIG, "train_layers": train_layers}
     trainer = GRPOTrainer(model_dir, TrainerConfig(**config))
     step_batch(trainer, batches[0])
@@ -43,7 +44,11 @@ def test_swapped_state_is_bit_exact_and_training_goes_on(model_dir, batches, tra
     num_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
     # Parameters and Adam's two moments in float32 (plus step counters and the RNG state).
     trained = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
-    assert num_bytes >= 4 * num_params + 2 * 4 * trained
+    assert num_bytes >= 4 * (trained if train_layers else num_params) + 2 * 4 * trained
+    if train_layers:  # no frozen weight in it
+        names = {k.removeprefix("model/") for k in tensors if k.startswith("model/")}
+        assert names == set(trainer.trained_names)
+        assert num_bytes < 3 * 4 * trained + 10_000  # + step counters and the RNG state
 
     fresh.begin_batch(tokens(batches[1]))
     fresh.accumulate(rows(batches[1], 0, 2))

@@ -528,23 +528,30 @@ class GRPOTrainer:
 
 # ----------------------------------------------------------------------------- state swapping
 
+def frozen_left_out(trainer: GRPOTrainer) -> bool:
+    """Whether `trainer`'s states leave its frozen parameters out: with trainer.lora (the base)
+    or trainer.train_layers (the blocks before the last N). They never change, and a trainer
+    that loads a state is built from the model directory, which holds them; SmolLM2 with its
+    last 6 of 30 blocks trained: 255 MB a state instead of 822."""
+    return trainer.config.lora is not None or bool(trainer.config.train_layers)
+
+
 def state_options(trainer: GRPOTrainer, **kwargs) -> StateDictOptions:
     """torch.distributed.checkpoint's options for `trainer`'s state dicts (`kwargs`: the
-    caller's own). With trainer.lora the frozen base is left out of every state (it is rebuilt
-    from the model directory; see also `model_state`) and a load expects the adapter alone (not
-    strict: the base's names are missing by design; load_state checks the adapter's are all
-    there)."""
+    caller's own). Where frozen parameters are left out of every state (frozen_left_out; see
+    also `model_state`) a load expects the trained ones alone (not strict: the frozen names are
+    missing by design; load_state checks the trained ones are all there)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    lora = trainer.config.lora is not None
-    return StateDictOptions(ignore_frozen_params=lora, strict=not lora, **kwargs)
+    frozen_out = frozen_left_out(trainer)
+    return StateDictOptions(ignore_frozen_params=frozen_out, strict=not frozen_out, **kwargs)
 
 
 def model_state(trainer: GRPOTrainer, state: dict[str, Any]) -> dict[str, Any]:
-    """A model state dict as `trainer`'s state holds it: with trainer.lora the adapter's tensors
-    alone (torch's ignore_frozen_params keeps the tied aliases of frozen weights, e.g.
-    lm_head.weight); everything otherwise."""
-    if trainer.config.lora is None:
+    """A model state dict as `trainer`'s state holds it: the trained tensors alone where frozen
+    ones are left out (frozen_left_out; torch's ignore_frozen_params keeps the tied aliases of
+    frozen weights, e.g. lm_head.weight); everything otherwise."""
+    if not frozen_left_out(trainer):
         return state
     trained = set(trainer.trained_names)
     return {k: v for k, v in state.items() if k in trained}
@@ -554,8 +561,8 @@ def export_state(trainer: GRPOTrainer) -> tuple[dict[str, torch.Tensor], dict]:
     """The whole training state as flat CPU tensors plus JSON-able metadata (rank 0; {} and
     {} elsewhere). A collective under FSDP: every rank calls it.
 
-    Tensors: "model/<name>" (full parameters; with trainer.lora the adapter's alone, by their
-    names in the PeftModel), "optim/<name>/<key>" (AdamW's exp_avg, exp_avg_sq, step),
+    Tensors: "model/<name>" (full parameters; the trained ones alone where frozen ones are left
+    out (frozen_left_out): with trainer.lora the adapter's, by their names in the PeftModel), "optim/<name>/<key>" (AdamW's exp_avg, exp_avg_sq, step),
     "rng/cpu" (torch's CPU generator) and, on CUDA, "rng/cuda" (the trainer's device's
     generator: dropout and any sampling on the GPU draw from it). Metadata: version and the
     optimizer's param_groups. `load_state` restores it bit for bit,
@@ -569,6 +576,7 @@ def export_state(trainer: GRPOTrainer) -> tuple[dict[str, torch.Tensor], dict]:
     options = state_options(trainer, full_state_dict=True, cpu_offload=True)
     if trainer.config.lora is None:
         model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer, options=options)
+        model_sd = model_state(trainer, model_sd)
     else:
         model_sd = trainer.adapter_full()
         optim_sd = get_optimizer_state_dict(trainer.model, trainer.optimizer, options=options)
@@ -602,9 +610,10 @@ def load_state(trainer: GRPOTrainer, tensors: dict[str, torch.Tensor], meta: dic
     if not model_sd:
         raise ValueError("load_state: no model/... tensors in the state")
     missing = [n for n in trainer.trained_names if n not in model_sd]
-    if trainer.config.lora is not None and missing:
-        raise ValueError(f"load_state: the state lacks this trainer's adapter tensors "
-                         f"{missing[:3]} (a state of another model, adapter or trainer.lora?)")
+    if frozen_left_out(trainer) and missing:
+        raise ValueError(f"load_state: the state lacks this trainer's trained tensors "
+                         f"{missing[:3]} (a state of another model, adapter, trainer.lora or "
+                         "trainer.train_layers?)")
     optim_sd = {"state": optim_state, "param_groups": meta.get("param_groups", [])}
     if not optim_sd["param_groups"]:
         optim_sd = {"state": {}, "param_groups": trainer.optimizer.state_dict()["param_groups"]}

@@ -497,10 +497,13 @@ def main() -> None:
         if "x_limit" in x:
             parts.append(f"{x['x_limit']:.2f}x the limit ({'met' if x['limit_met'] else 'NOT met'})")
         print(f"  {workload}: " + ("; ".join(parts) or "no peer row to compare"))
+    notes: dict[tuple[str, str], list[str]] = {}  # each note once, with where it applies
     for workload, rows in results.items():
         for system, r in rows.items():
             for note in r.get("notes") or []:
-                print(f"  note ({workload}, {system}): {note}")
+                notes.setdefault((system, note), []).append(workload)
+    for (system, note), where in notes.items():
+        print(f"  note ({system}: {', '.join(where)}): {note}")
     print(f"versions: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())))
     print(f"load average (1, 5, 15 min) at start {' '.join(f'{x:.2f}' for x in load_start)}, "
           f"at end {' '.join(f'{x:.2f}' for x in load_end)}")

@@ -100,6 +100,7 @@ class EvalContext(TrajectoryContext):
         self._own: dict[str, float] = {}
         self._made: list[Completion] = []
         self._team: float | None = None
+        self._task_turns, self._turn_of = None, {}  # nothing stored: no group to close
         self.versions: dict[str, set[int]] = defaultdict(set)
 
     async def generate(self, agent: str, prompt: Any, *, n: int = 1,

@@ -96,7 +96,7 @@ def shared_prompt_batch(model_dir) -> TrainMicroBatch:
     dummy row."""
     from transformers import AutoModelForCausalLM
 
-    from flexmarl.training.trainer import MIN_SHARED_PREFIX
+    from flexmarl.training.prefix import MIN_SHARED_PREFIX
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     g = torch.Generator().manual_seed(7)
@@ -282,7 +282,7 @@ def test_a_shared_prompt_computed_once_gives_the_full_forwards_gradient(model_di
     rest of every row against its KV cache, and scores only the positions from the first
     response token on: the loss, entropy and gradient are the full forward's (GRAD_ATOL,
     LOSS_RTOL), with and without the KL term. The control runs with the shortcut off."""
-    from flexmarl.training.trainer import MIN_SHARED_PREFIX
+    from flexmarl.training.prefix import MIN_SHARED_PREFIX
 
     mb = shared_prompt_batch
     config = TrainerConfig(**{**CONFIG, "kl_coef": kl_coef})

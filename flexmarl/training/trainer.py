@@ -51,6 +51,7 @@ from torch import nn
 
 from flexmarl.training.adapter import base_only, inner, peft_names, wrap_policy
 from flexmarl.training.grpo import grpo_loss, token_entropy, token_logprobs
+from flexmarl.training.prefix import policy_logits, shared_prefix
 from flexmarl.protocol import TrainMicroBatch, TrainStats, TrainStepDone
 # Re-exported: users, tests and bench scripts import these from here.
 from flexmarl.training.sharding import (GRAD_SUM_FACTOR, _local, build_model, decoder_blocks,
@@ -67,8 +68,6 @@ __all__ = ["DEVICES", "GRAD_SUM_FACTOR", "GRPOTrainer", "PARAM_DTYPES", "REDUCE_
 
 log = logging.getLogger(__name__)
 
-MIN_SHARED_PREFIX = 8
-"""A micro-batch whose rows share at least this many leading tokens computes them once."""
 MODULE_SETTINGS = ("lora", "param_dtype", "reduce_dtype", "reshard_after_forward",
                    "activation_checkpointing", "compile", "device")
 """The TrainerConfig fields that shape a trainer's modules (PEFT's layers, FSDP's mixed
@@ -299,60 +298,15 @@ class GRPOTrainer:
         return TrainStats(loss=loss_sum, num_tokens=int(num_tokens), metrics=out)
 
     def _shared_prefix(self, mb: TrainMicroBatch) -> int:
-        """Leading tokens every row of the whole micro-batch shares (a GRPO group's prompt, or
-        a workflow's system message), up to the position before the first response token; 0
-        when too short to pay, or where computing it once cannot be used. Decided from the whole
-        `mb`, which every rank has, so all ranks run the same number of forwards (each is a
-        collective under FSDP); a rank's dummy rows copy row 0 (_my_rows), so they share it.
-        Not with activation checkpointing: a recomputed block would write the prefix's cache
-        again."""
-        ids, mask = mb.input_ids, mb.attention_mask
-        if (ids.shape[0] < 2 or self.config.activation_checkpointing
-                or not bool(mb.response_mask.any())):
-            return 0
-        first_response = int(mb.response_mask.float().argmax(1)[mb.response_mask.any(1)].min())
-        same = (ids == ids[:1]).all(0) & (mask > 0).all(0)
-        shared = int(same.long().cumprod(0).sum())
-        shared = min(shared, first_response - 1)
-        return shared if shared >= MIN_SHARED_PREFIX else 0
+        """The leading tokens of `mb` computed once (flexmarl.training.prefix.shared_prefix):
+        from the whole `mb`, which every rank has, so all ranks run the same number of
+        forwards (each a collective under FSDP); a rank's dummy rows copy row 0 (_my_rows)."""
+        return shared_prefix(mb, checkpointing=self.config.activation_checkpointing)
 
     def _policy_logits(self, rows: dict[str, torch.Tensor], shared: int
                        ) -> tuple[torch.Tensor, int]:
-        """The policy's float32 logits of positions start..T-1 of every row, and `start`.
-
-        Only positions from the one before the first response token on are scored (start), so
-        the LM head and the log-softmax skip the prompt. With `shared` > 0 the shared prefix
-        is computed once (one row, its KV cache kept with its graph, so the gradient still
-        reaches the trained blocks through it) and the rest of every row attends to it: a GRPO
-        group's prompt costs one row, not one per sample. The log-probabilities equal the full
-        forward's up to float rounding."""
-        ids, mask = rows["input_ids"], rows["attention_mask"]
-        response = rows["response_mask"]
-        start = (int(response.float().argmax(1)[response.any(1)].min()) - 1
-                 if bool(response.any()) else ids.shape[1] - 1)
-        start = max(start, shared, 0)
-        keep = ids.shape[1] - start
         with self._autocast():
-            if shared:
-                head = self.model(input_ids=ids[:1, :shared], use_cache=True, logits_to_keep=1)
-                cache = head.past_key_values
-                cache.batch_repeat_interleave(ids.shape[0])
-                out = self.model(input_ids=ids[:, shared:], attention_mask=mask,
-                                 past_key_values=cache, use_cache=True, logits_to_keep=keep)
-                # The prefix's gradient flows through its KV cache only; FSDP2 gathers a
-                # block's parameters for backward when its *output* gets a gradient, which
-                # the prefix's last blocks would never get: a zero-weighted term of the
-                # prefix's own logits gives every block's output one (adding exactly 0).
-                logits = out.logits.float()
-                if head.logits.requires_grad:
-                    logits = logits + 0.0 * head.logits.float().sum()
-                return logits, start
-            else:
-                out = self.model(input_ids=ids, attention_mask=mask, use_cache=False,
-                                 logits_to_keep=keep)
-        # Log-probabilities, and so the loss, from float32 logits whatever the compute dtype
-        # (and no reference kept to lower-precision logits through backward).
-        return out.logits.float(), start
+            return policy_logits(self.model, rows, shared)
 
     def _reference_logprobs(self, rows: dict[str, torch.Tensor], scoring: dict) -> torch.Tensor:
         """The rows' token log-probabilities under the reference policy: the frozen copy of the

@@ -2,10 +2,12 @@
 per test form, under the isolation in force here and on the audit-hook fallback.
 
     .venv/bin/python bench/reward_hacks.py [--json] [--hacks NAME,...] [--corpus PATH]
+                                           [--python all|PATH,...]
 
 Rows: the honest solution and every hack; columns: the assert, call and stdin/stdout forms, under
 bwrap (where it runs here) and on the fallback; a cell is the reward (1.0 = the hack passed, '-'
-where the hack has no program for that form). Limits are the test suite's FAST ones (cpu_s=1,
+where the hack has no program for that form), once per sandbox interpreter (`--python all`: every
+Python 3.11+ this machine has; the ones skipped are named with why). Limits are the test suite's FAST ones (cpu_s=1,
 wall_s=3, memory_mb=128). With --json the last line is one JSON object: per isolation and form,
 the hacks that passed, and the honest solution's rewards.
 
@@ -74,54 +76,104 @@ async def table(programs: list[tuple[str, dict[str, str]]]) -> dict[str, dict[st
     return out
 
 
-def fallback() -> None:
-    """Run the rest on the audit-hook fallback, as on a machine without bwrap."""
+_CANDIDATES = None
+
+
+def isolate(kind: str) -> None:
+    """Run what follows under bwrap, or on the audit-hook fallback (as on a machine without
+    bwrap)."""
+    global _CANDIDATES
     from flexmarl.rewards import confinement
-    confinement._state.clear()
-    confinement._candidates = lambda: []
+    if _CANDIDATES is None:
+        _CANDIDATES = confinement._candidates
+    confinement._state.pop("isolation", None)
+    confinement._candidates = (lambda: []) if kind == "fallback" else _CANDIDATES
 
 
-async def main(corpus: Path, only: set[str] | None) -> dict:
+def interpreters(spec: str) -> tuple[list[str], list[str]]:
+    """The Pythons to run the corpus under ("": this one; "all": every 3.11+ found here, under
+    /usr/bin and pyenv) and what was skipped, with why."""
+    if not spec:
+        return [sys.executable], []
+    if spec != "all":
+        return spec.split(","), []
+    import glob
+    import os
+    import re
+    from flexmarl.rewards.confinement import _describe
+    found, skipped, seen = [], [], set()
+    for path in [sys.executable, *sorted(glob.glob("/usr/bin/python3.*")),
+                 *sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/*/bin/python3.*")))]:
+        real = os.path.realpath(path)
+        if real in seen or not re.fullmatch(r"python3\.\d+", os.path.basename(path)) or \
+                not os.access(real, os.X_OK):
+            continue
+        seen.add(real)
+        try:
+            _describe(real)
+            found.append(real)
+        except ValueError as exc:
+            skipped.append(f"{real}: {str(exc).split(': ', 1)[-1]}")
+    return found, skipped
+
+
+async def main(corpus: Path, only: set[str] | None, pythons: str) -> dict:
     honest, hacks = load_corpus(corpus)
     if only:
         unknown = only - {h.name for h in hacks}
         if unknown:
             raise SystemExit(f"no such hacks in {corpus}: {sorted(unknown)}")
         hacks = [h for h in hacks if h.name in only]
-    kinds = ["old"]
-    if NEW_API:
-        kinds = ["bwrap", "fallback"] if rewards.isolation().mechanism == "bwrap" else [
-            "fallback"]
     programs = [("honest", honest)] + [(h.name, h.programs) for h in hacks]
     tree = str(Path(rewards.__file__).resolve().parents[2])
     result: dict = {"api": "new" if NEW_API else "old", "tree": tree, "hacks": len(hacks),
                     "programs": sum(len(p) for _, p in programs), "limits": LIMITS,
-                    "passed": {}, "honest": {}, "seconds": {}}
-    tables = {}
-    for kind in kinds:
-        if kind == "fallback":
-            fallback()
-        start = time.monotonic()
-        tables[kind] = await table(programs)
-        result["seconds"][kind] = round(time.monotonic() - start, 1)
-        result["passed"][kind] = {form: [n for n, row in tables[kind].items()
-                                         if n != "honest" and row.get(form)] for form in FORMS}
-        result["honest"][kind] = tables[kind]["honest"]
-    print(f"{len(hacks)} hacks, reward per form ({'new API' if NEW_API else 'old API'}, "
-          f"flexmarl from {tree}; "
-          f"cpu_s={LIMITS['cpu_s']:g}, wall_s={LIMITS['wall_s']:g}, "
-          f"memory_mb={LIMITS['memory_mb']}); '-' where a hack has no program for the form")
-    head = "".join(f" {k[:8]:>8s}:{f[:2]}" for k in kinds for f in FORMS)
-    print(f"{'program':24s} {'class':16s}{head}")
+                    "passed": {}, "honest": {}, "seconds": {}, "pythons": {}}
+    found, skipped = interpreters(pythons) if NEW_API else ([sys.executable], [])
+    result["skipped_pythons"] = skipped
     klass = {h.name: h.klass for h in hacks}
-    for name in tables[kinds[0]]:
-        cells = "".join(f" {tables[k][name].get(f, '-'):>11}" for k in kinds for f in FORMS)
-        print(f"{name:24s} {klass.get(name, ''):16s}{cells}")
-    for kind in kinds:
-        print(f"honest solution under {kind}: {result['honest'][kind]}")
-        for form in FORMS:
-            passed = result["passed"][kind][form]
-            print(f"passed under {kind}, {form} ({len(passed)}): {', '.join(passed) or 'none'}")
+    for python in found:
+        kinds = ["old"]
+        if NEW_API:
+            from flexmarl.rewards.confinement import set_interpreter
+            isolate("bwrap")
+            version = set_interpreter(python)
+            kinds = ["bwrap", "fallback"] if rewards.isolation().mechanism == "bwrap" else [
+                "fallback"]
+        else:
+            version = sys.version.split()[0]
+        result["pythons"][python] = version
+        tables = {}
+        for kind in kinds:
+            isolate(kind) if NEW_API else None
+            start = time.monotonic()
+            tables[kind] = await table(programs)
+            key = f"{version}/{kind}"
+            result["seconds"][key] = round(time.monotonic() - start, 1)
+            result["passed"][key] = {form: [n for n, row in tables[kind].items()
+                                            if n != "honest" and row.get(form)]
+                                     for form in FORMS}
+            result["honest"][key] = tables[kind]["honest"]
+        print(f"\nPython {version} ({python}): {len(hacks)} hacks, reward per form "
+              f"({'new API' if NEW_API else 'old API'}, flexmarl from {tree}; "
+              f"cpu_s={LIMITS['cpu_s']:g}, wall_s={LIMITS['wall_s']:g}, "
+              f"memory_mb={LIMITS['memory_mb']}); '-' where a hack has no program for the form")
+        head = "".join(f" {k[:8]:>8s}:{f[:2]}" for k in kinds for f in FORMS)
+        print(f"{'program':24s} {'class':16s}{head}")
+        for name in tables[kinds[0]]:
+            cells = "".join(f" {tables[k][name].get(f, '-'):>11}" for k in kinds for f in FORMS)
+            print(f"{name:24s} {klass.get(name, ''):16s}{cells}")
+        for kind in kinds:
+            key = f"{version}/{kind}"
+            print(f"honest solution under {key}: {result['honest'][key]}")
+            for form in FORMS:
+                passed = result["passed"][key][form]
+                print(f"passed under {key}, {form} ({len(passed)}): {', '.join(passed) or 'none'}")
+    for line in skipped:
+        print(f"skipped {line}")
+    result["hacks_passed"] = sum(len(v) for by_form in result["passed"].values()
+                                 for v in by_form.values())
+    print(f"\nhacks earning reward, all Pythons and isolations: {result['hacks_passed']}")
     return result
 
 
@@ -129,9 +181,13 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--hacks", default="", help="comma-separated hack names (default: all)")
+    ap.add_argument("--python", default="",
+                    help="interpreters for the sandbox: comma-separated paths, or 'all' (every "
+                         "Python 3.11+ under /usr/bin and ~/.pyenv); default: this one")
     ap.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS,
                     help="the corpus package or file (default: tests/reward_hacks/ next to this script)")
     parsed = ap.parse_args()
-    out = asyncio.run(main(parsed.corpus, {n for n in parsed.hacks.split(",") if n} or None))
+    out = asyncio.run(main(parsed.corpus, {n for n in parsed.hacks.split(",") if n} or None,
+                           parsed.python))
     if parsed.json:
         print(json.dumps(out))

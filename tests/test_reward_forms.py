@@ -1,8 +1,8 @@
 """The three forms of a code task's tests (flexmarl.rewards.cases and the sandbox's two phases):
 (a) pure: how `tests` is read and its errors, call-case equality, output comparison; (b) real
 sandboxed runs: stdin/stdout and call cases judged outside the program, the tests out of the
-program's sight until its top level has returned, free-form asserts made strict. Runs use small
-limits (about 1 s each)."""
+program's sight until its top level has returned, free-form asserts judged in a process of their
+own (tests/test_judge.py has the judge's semantics). Runs use small limits (about 1 s each)."""
 from __future__ import annotations
 
 import math
@@ -10,7 +10,7 @@ import math
 import pytest
 
 from flexmarl.rewards import CallCase, IOCase, code_reward, run_python
-from flexmarl.rewards.cases import Asserts, harden_asserts, parse_tests, same, same_output
+from flexmarl.rewards.cases import parse_tests, same, same_output
 
 FAST = {"cpu_s": 1.0, "wall_s": 3.0, "memory_mb": 128}
 ADD = "def add(a, b):\n    return a + b\n"
@@ -23,7 +23,8 @@ SENTINEL = 987654321987
 
 def test_tests_are_read_in_three_forms():
     assert parse_tests("") == ""
-    assert isinstance(parse_tests("assert add(1, 2) == 3"), Asserts)
+    assert parse_tests("assert add(1, 2) == 3") == "assert add(1, 2) == 3"
+    assert parse_tests("  \n") == ""
     assert parse_tests([("add(1, 2)", 3)]) == (CallCase("add(1, 2)", 3),)
     assert parse_tests([IOCase("1 2", "3")]) == (IOCase("1 2", "3"),)
     assert parse_tests("assert (") == "assert ("  # a model's broken tests: the run fails
@@ -56,11 +57,6 @@ def test_call_cases_compare_exact_types():
 def test_output_compares_lines_without_trailing_whitespace():
     assert same_output("3\n", "3") and same_output("a b\nc", "a b  \nc\n\n")
     assert not same_output("3", "3 4") and not same_output("1\n2", "1 2")
-
-
-def test_hardened_asserts_keep_their_line_numbers():
-    tests = harden_asserts("x = 1\n\nassert add(x, 2) == 3\n")
-    assert isinstance(tests, Asserts) and tests.text.startswith("x = 1")
 
 
 # ----------------------------------------------------------------------------- (b) real runs
@@ -98,19 +94,18 @@ async def test_a_call_case_that_raises_or_returns_an_object_fails_alone():
 
 async def test_the_tests_are_out_of_sight_until_the_top_level_has_returned():
     """The program dumps every descriptor, its own file, argv and environment at its top level;
-    none of it holds a test or an expected value. Its function, called by the tests, finds no
-    frame to read them from either."""
+    none of it holds a test or an expected value. Its function, called by the tests, finds none
+    in its callers' frames either (there are frames now: they hold nothing of the tests)."""
     spy = ("import os, sys\nseen = [open(__file__).read(), repr(sys.argv), repr(os.environ)]\n"
            "for fd in range(3, 64):\n    try:\n        os.set_blocking(fd, False)\n"
            "        seen.append(repr(os.read(fd, 1 << 16)))\n    except OSError:\n"
            "        pass\nprint('\\n'.join(seen))\n"
-           "def add(a, b):\n    try:\n        sys._getframe(1)\n    except ValueError as e:\n"
-           "        print('refused:', e)\n    return 0\n")
+           "def add(a, b):\n    f = sys._getframe()\n    while f is not None:\n"
+           "        print(repr(f.f_locals)[:100000])\n        f = f.f_back\n    return 0\n")
     for tests in (f"assert add(1, 2) == {SENTINEL}", [("add(1, 2)", SENTINEL)]):
         result = await run_python(spy, tests=tests, **FAST)
         assert not result.passed and str(SENTINEL) not in result.stdout  # what it saw
-        if isinstance(tests, str):
-            assert "refused: sandbox: sys._getframe is not allowed" in result.stdout
+        assert "'b': 2" in result.stdout  # it did read its frames: its own arguments
 
 
 async def test_a_syntax_error_in_the_tests_fails_the_run_and_says_so():
@@ -118,13 +113,13 @@ async def test_a_syntax_error_in_the_tests_fails_the_run_and_says_so():
     assert result.cause == "failed" and "the tests do not compile" in result.stderr
 
 
-async def test_strict_asserts_still_pass_honest_uses():
+async def test_judged_asserts_pass_honest_uses():
     code = ("from fractions import Fraction\nfrom typing import List\nimport collections\n"
             "P = collections.namedtuple('P', 'x y')\n"
             "def half(x: int) -> Fraction:\n    return Fraction(x, 2)\n"
             "def pts() -> List[P]:\n    return [P(1, 2)]\n"
             "def words(s):\n    return s.split()\n")
-    tests = ("assert half(3) == Fraction(3, 2)\nassert half(4) == 2 or True\n"
+    tests = ("h = half(3)\nassert (h.numerator, h.denominator) == (3, 2)\n"
              "assert words('a b') == ['a', 'b'] and 'a' in words('a b')\n"
              "assert len(pts()) == 1 and pts()[0].x == 1\nassert abs(1.5 - 0.5) < 1.01\n"
              "assert words('') == [] and words('x') != ['y']\nassert half(2) is not None")

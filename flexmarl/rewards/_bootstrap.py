@@ -1,37 +1,36 @@
-"""The sandbox's first code in the child: limits, audit hook, the program, then its tests.
+"""The sandbox's first code in a child interpreter: limits, audit hook, then one of three roles.
 
 `flexmarl.rewards.sandbox` runs this file as a script (`python -I -S -B _bootstrap.py ...`);
-it must use the standard library only, since isolated mode sees no site-packages. Importing
-it as a module does nothing but define the exit codes the parent reads.
+it must use the standard library only, since isolated mode sees no site-packages, and run on
+every Python the project supports (3.11+). Importing it as a module does nothing but define the
+exit codes and the value codec, which the parent shares.
 
-    parent                                   this process
-      | tests pipe: nonce               -->   read the nonce, set the limits, install the hook,
-      |                                       take the builtins it needs, run the program
-      | <-- control pipe: "R" nonce            the program's top level has returned
-      | tests pipe: nonce + tests       -->   (never before: the program cannot read them)
-      |                                       run the asserts / calls in the program's namespace
-      | <-- control pipe: "F" nonce results    exit 0, no program code runs after this
+    script   the program runs; its output is judged by the parent (stdin/stdout cases)
+    serve    the program runs, says "R" + nonce, then answers requests, one JSON line each:
+               ["eval", expr]              a call case
+               ["names"]                   the program's names: plain values, or references
+               ["op", op, ref, args, kw]   call / getattr / getitem / iter / next / len /
+                                           bool / str on an object the program handed out
+             each answer plain values only (`encode`), or a reference to an object kept here
+    judge    free-form asserts run here, in a process of their own: every name the program
+             defines is a `Remote`, whose use becomes a request to the program's process
+             (relayed by the parent); the answers come back as plain values, decoded here, and
+             every comparison, loop and expected value stays here
 
-The nonce is what makes the two control lines unforgeable: it lives only in this module's
-local variables, and nothing the program runs can reach a frame of this module: the hook
-refuses every way to a frame (sys._getframe, tracebacks' and generators' frames, settrace,
-setprofile, new audit hooks) with a ValueError (so the standard library's optional uses, in
-typing, collections.namedtuple, enum and logging, go on without), and the garbage collector's
-object lists; a seccomp filter (installed here through ctypes, before the program) makes the
-kernel refuse new threads and processes, ptrace and process_vm_readv, and signal masks, so
-with every signal blocked no signal handler (which would get a frame) ever runs. Without
-`/proc` (bubblewrap mounts none) the process's memory is not readable either; on the fallback
-path the hook refuses `/proc/*/mem`, which PEP 578 says is no security boundary.
+The rule that makes a reward hack worthless: nothing that decides the verdict is ever in the
+program's process. Call cases and stdin/stdout cases are compared in the parent, asserts in the
+judge; the program's process holds only its inputs. So whatever a program reads of its own
+process (frames, every reachable object, its memory) finds no expected value, and whatever it
+writes on its pipes is at most an answer it could have returned. The nonce frames the ready
+line (a check that the pipes are the sandbox's), it proves nothing.
 
-The hook also refuses: process creation (fork, exec, spawn, system, subprocess), signals to
-other processes, sockets, ctypes, raising resource limits, new subinterpreters, symlinks and
-hard links, and writes outside the program's directory.
-
-Call results are encoded here with an encoder built from references taken before the program
-ran: exact types only (int, float, str, bool, None, list, tuple, dict), so an object that
-claims to equal everything cannot pass; the parent compares. Free-form asserts arrive with
-their comparisons rewritten by the parent to `__strict_cmp__` / `__strict_bin__` (see
-`flexmarl.rewards.cases`), which run here on the same references.
+The seccomp filter (no new processes or threads, no ptrace, no process_vm_readv) is installed
+before this interpreter starts, by bubblewrap or by `_seccomp_exec.py`, so ctypes is never
+imported here; this file checks that. The audit hook refuses process creation, signals to other
+processes, sockets, ctypes, raising the limits, subinterpreters, links, writes outside the
+program's directory, other processes' /proc entries and `sys.monitoring` callbacks. It is a
+second wall: under bubblewrap the kernel's namespaces are the boundary (PEP 578 says hooks are
+none).
 """
 from __future__ import annotations
 
@@ -40,8 +39,8 @@ import errno
 import os
 import sys
 
-# This module's functions look builtins up here, in a private copy taken before the program
-# ran: a program that rebinds builtins.all or builtins.isinstance does not reach them.
+# The bootstrap's own name lookups go to a copy of the builtins taken before the program ran:
+# a program that rebinds builtins.len breaks nothing here (it could only spoil its own answers).
 __builtins__ = dict(_builtins.__dict__)
 
 EXIT_MEMORY = 81
@@ -53,21 +52,22 @@ EXIT_FILE_LIMIT = 83
 EXIT_SETUP = 84
 """The bootstrap itself could not set the sandbox up (bad arguments, limits refused)."""
 EXIT_PROTOCOL = 85
-"""The tests did not arrive as the parent sent them (the program closed or replaced a pipe)."""
+"""The requests did not arrive as the parent sent them (the program closed or replaced a pipe)."""
+EXIT_UNJUDGEABLE = 86
+"""The judge met a use of the program's values it cannot judge outside the program."""
 NONCE_BYTES = 33
-"""The nonce's length on the tests pipe: 32 hex characters and a newline."""
+"""The nonce's length on the requests pipe: 32 hex characters and a newline."""
 RESULT_CHARS = 200
-"""An error in a call case, or a source line in a traceback, in at most this many characters."""
+"""An error's text, or a source line in a traceback, in at most this many characters."""
+MAX_DEPTH = 100
+"""Values nest at most this deep."""
 
 _REFUSED_EVENTS = frozenset({
     "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system", "os.exec",
     "os.startfile", "os.kill", "os.killpg", "signal.pthread_kill", "subprocess.Popen",
     "pty.spawn", "resource.setrlimit", "resource.prlimit", "os.symlink", "os.link",
-    "gc.get_objects", "gc.get_referrers", "gc.get_referents",
-    "_xxsubinterpreters.create", "webbrowser.open"})
-_FRAME_EVENTS = frozenset({  # the ways to a frame, and so to this module's locals
-    "sys._getframe", "sys._current_frames", "sys._current_exceptions", "sys.settrace",
-    "sys.setprofile"})
+    "_xxsubinterpreters.create", "webbrowser.open", "sys.monitoring.register_callback",
+    "sys.addaudithook"})
 _REFUSED_PREFIXES = ("socket.", "ctypes.")
 _REFUSED_IMPORTS = frozenset({
     "_ctypes", "ctypes", "_posixsubprocess", "_xxsubinterpreters", "_xxinterpchannels",
@@ -75,21 +75,16 @@ _REFUSED_IMPORTS = frozenset({
     "_testcapi", "_testinternalcapi", "_testmultiphase", "_testsinglephase",
     # Patched below before the program runs; a fresh copy would bring the original back.
     "_thread"})
-_FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"})
 # Events whose first argument is a path the program changes.
 _PATH_EVENTS = frozenset({
     "os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.truncate", "os.utime",
     "os.setxattr", "os.removexattr", "os.chflags", "os.lchflags", "shutil.rmtree"})
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+_OPS = ("call", "getattr", "getitem", "iter", "next", "len", "bool", "str")
 
 
 class SandboxRefused(PermissionError):
     """Raised by the audit hook for an operation the sandbox does not allow."""
-
-
-class FrameRefused(SandboxRefused, ValueError):
-    """A way to a frame, refused. Also a ValueError, which is what the standard library
-    expects where a frame is optional (typing, namedtuple, enum, logging)."""
 
 
 class _HookRefused(RuntimeError):
@@ -97,16 +92,11 @@ class _HookRefused(RuntimeError):
     added (PermissionError would not stop it)."""
 
 
-def _make_hook(workdir: str, window: list):
-    """The audit hook. Its state lives in this closure, which no program code can reach;
-    `window[0]` is true only while the bootstrap itself reads a traceback's frames."""
+def _make_hook(workdir: str):
+    """The audit hook; its state lives in this closure."""
     root = os.path.join(os.path.realpath(workdir), "")
-    refused_events, refused_prefixes = _REFUSED_EVENTS, _REFUSED_PREFIXES
-    refused_imports, path_events, write_flags = _REFUSED_IMPORTS, _PATH_EVENTS, _WRITE_FLAGS
-    frame_attributes, refused, abspath = _FRAME_ATTRIBUTES, SandboxRefused, os.path.abspath
-    frame_events, no_frame = _FRAME_EVENTS, FrameRefused
-    fspath, fsdecode, join, realpath = os.fspath, os.fsdecode, os.path.join, os.path.realpath
-    isdir, own_pid = os.path.isdir, str(os.getpid())
+    abspath, fspath, fsdecode = os.path.abspath, os.fspath, os.fsdecode
+    join, realpath, isdir, own_pid = os.path.join, os.path.realpath, os.path.isdir, str(os.getpid())
 
     def inside(path: object) -> bool:
         if isinstance(path, int):
@@ -120,39 +110,33 @@ def _make_hook(workdir: str, window: list):
     def hook(event: str, args: tuple) -> None:
         if event == "sys.addaudithook":
             raise _HookRefused("sandbox: sys.addaudithook is not allowed")
-        if event == "object.__getattr__":
-            if args[1] in frame_attributes and not window[0]:
-                raise no_frame(f"sandbox: reading {args[1]} is not allowed")
-            return
-        if event in frame_events:
-            raise no_frame(f"sandbox: {event} is not allowed")
-        if event in refused_events or event.startswith(refused_prefixes):
-            raise refused(f"sandbox: {event} is not allowed")
-        if event == "import" and args[0].partition(".")[0] in refused_imports:
-            raise refused(f"sandbox: importing {args[0]} is not allowed")
+        if event in _REFUSED_EVENTS or event.startswith(_REFUSED_PREFIXES):
+            raise SandboxRefused(f"sandbox: {event} is not allowed")
+        if event == "import" and args[0].partition(".")[0] in _REFUSED_IMPORTS:
+            raise SandboxRefused(f"sandbox: importing {args[0]} is not allowed")
         if event == "open":
             path, mode, flags = args
             if isinstance(path, (str, bytes)) and not inside(path):
-                # Without bwrap the filesystem is the user's: at least no process's memory,
-                # no other process's /proc entries, and no directory descriptor to open
-                # paths relative to (dir_fd) outside the program's directory.
+                # Without bwrap the filesystem is the user's: at least no other process's
+                # /proc entries (the parent's memory holds the expected values) and no
+                # directory descriptor to open paths relative to (dir_fd) outside.
                 full = realpath(fsdecode(path))
                 parts = full.split("/")
-                if (full.startswith("/proc/") and (full.endswith("/mem") or (
-                        parts[2].isdigit() and parts[2] != own_pid))) or isdir(full):
-                    raise refused(f"sandbox: opening {path!r} is not allowed")
+                if (full.startswith("/proc/") and len(parts) > 2 and parts[2].isdigit()
+                        and parts[2] != own_pid) or isdir(full):
+                    raise SandboxRefused(f"sandbox: opening {path!r} is not allowed")
             writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-                isinstance(flags, int) and flags & write_flags)
+                isinstance(flags, int) and flags & _WRITE_FLAGS)
             if writes and not inside(path):
-                raise refused(f"sandbox: writing {path!r} outside the program's directory "
-                              f"is not allowed")
-        elif event in path_events or event == "os.rename":
+                raise SandboxRefused(f"sandbox: writing {path!r} outside the program's "
+                                     f"directory is not allowed")
+        elif event in _PATH_EVENTS or event == "os.rename":
             paths = args[:2] if event == "os.rename" else args[:1]
             if event in ("os.chmod", "os.chown") and isinstance(args[0], int):
                 paths = (None,)  # fchmod of a descriptor opened for reading anywhere
             if not all(inside(p) for p in paths):
-                raise refused(f"sandbox: {event} outside the program's directory is not "
-                              f"allowed")
+                raise SandboxRefused(f"sandbox: {event} outside the program's directory is "
+                                     f"not allowed")
 
     return hook
 
@@ -168,59 +152,100 @@ def _set_limits(cpu_s: int, memory_bytes: int, file_bytes: int, num_files: int) 
         resource.setrlimit(which, (value, value))
 
 
-# Syscalls the kernel refuses once the filter is in (errno): new threads and processes
-# (clone3 with ENOSYS, so the C library falls back to clone), reading or tracing a process's
-# memory, and changing the signal mask. x86_64 and aarch64 numbers (asm/unistd.h).
-_SECCOMP_ARCHES = {
-    "x86_64": (0xC000003E, {56: 1, 57: 1, 58: 1, 435: 38, 101: 1, 310: 1, 311: 1, 14: 1}),
-    "aarch64": (0xC00000B7, {220: 1, 435: 38, 117: 1, 270: 1, 271: 1, 135: 1}),
-}
+def _no_threads() -> None:
+    """Where seccomp is not in force (another architecture), at least the usual way to a
+    thread is closed."""
+    import _thread
+
+    def refused(*args, **kwargs):
+        raise SandboxRefused("sandbox: threads are not allowed")
+
+    for name in ("start_new_thread", "start_new", "start_joinable_thread"):
+        if hasattr(_thread, name):
+            setattr(_thread, name, refused)
+    if hasattr(sys, "monitoring"):  # 3.12+: register_callback is audited, these are not
+        def no_monitoring(*args, **kwargs):
+            raise SandboxRefused("sandbox: sys.monitoring is not allowed")
+
+        for name in ("register_callback", "use_tool_id", "set_events", "set_local_events"):
+            setattr(sys.monitoring, name, no_monitoring)
 
 
-def _seccomp() -> bool:
-    """Block every signal, then install the filter; False where this kernel or machine
-    cannot (the _thread patch and the hook remain)."""
-    import signal
-
-    signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
-    machine = os.uname().machine
-    if machine not in _SECCOMP_ARCHES:
-        return False
-    import ctypes
-    import struct
-
-    arch, deny = _SECCOMP_ARCHES[machine]
-    allow, kill, errno_base = 0x7FFF0000, 0x80000000, 0x00050000
-    load, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
-    program = [(load, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, kill), (load, 0, 0, 0)]
-    if machine == "x86_64":  # the x32 ABI's numbers: refused wholesale
-        program += [(jge, 0, 1, 0x40000000), (ret, 0, 0, errno_base | errno.EPERM)]
-    for number, error in deny.items():
-        program += [(jeq, 0, 1, number), (ret, 0, 0, errno_base | error)]
-    program.append((ret, 0, 0, allow))
-    code = b"".join(struct.pack("HBBI", *step) for step in program)
-
-    class Program(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    filters = Program(len(program), code)
-    no_new_privs, set_seccomp, mode_filter = 38, 22, 2
-    if libc.prctl(no_new_privs, 1, 0, 0, 0) != 0:
-        return False
-    return libc.prctl(set_seccomp, mode_filter, ctypes.byref(filters), 0, 0) == 0
-
-
-def _read_exact(fd: int, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = os.read(fd, size - len(data))
-        if not chunk:
-            break
-        data += chunk
-    return data
+# ------------------------------------------------------------------------------- values
+def encode(value: object, depth: int = 0) -> str:
+    """JSON for exact builtin types (int, float, str, bool, None, list, tuple, dict, set,
+    frozenset, bytes, complex); anything else, a subclass included, raises TypeError. Tuples,
+    dicts, sets and the rest are tagged objects, so they decode to their own types."""
+    kind = type(value)
+    if value is None:
+        return "null"
+    if kind is bool:
+        return "true" if value else "false"
+    if kind is int:
+        return int.__repr__(value)
+    if kind is float:
+        if value != value:
+            return "NaN"
+        if value in (float("inf"), float("-inf")):
+            return "Infinity" if value > 0 else "-Infinity"
+        return float.__repr__(value)
+    if kind is str:
+        return _quote(value)
+    if depth > MAX_DEPTH:
+        raise TypeError(f"nested more than {MAX_DEPTH} deep")
+    if kind is list:
+        return "[" + ",".join(encode(v, depth + 1) for v in list.__iter__(value)) + "]"
+    if kind is tuple:
+        return '{"t":[' + ",".join(encode(v, depth + 1) for v in tuple.__iter__(value)) + "]}"
+    if kind is set or kind is frozenset:
+        items = ",".join(encode(v, depth + 1) for v in kind.__iter__(value))
+        return '{"' + ("s" if kind is set else "f") + '":[' + items + "]}"
+    if kind is dict:
+        return '{"d":[' + ",".join("[" + encode(k, depth + 1) + "," + encode(v, depth + 1) + "]"
+                                   for k, v in dict.items(value)) + "]}"
+    if kind is bytes:
+        return '{"b":"' + bytes.hex(value) + '"}'
+    if kind is complex:
+        return '{"c":[' + encode(value.real) + "," + encode(value.imag) + "]}"
+    raise TypeError(f"a {type.__dict__['__name__'].__get__(kind)} is not a plain value")
 
 
+def _quote(text: str) -> str:
+    import _json
+    return _json.encode_basestring_ascii(text)
+
+
+_TAGS = {"t": tuple, "s": set, "f": frozenset}
+
+
+def decode(text: bytes | str, refs=None) -> object:
+    """The inverse of `encode`; {"r": n} is a reference (only where `refs(n)` is given).
+    ValueError for anything else."""
+    import json
+
+    def tagged(obj: dict) -> object:
+        if len(obj) == 1:
+            (tag, body), = obj.items()
+            if tag in _TAGS and type(body) is list:
+                return _TAGS[tag](body)
+            if tag == "d" and type(body) is list and all(
+                    type(p) is list and len(p) == 2 for p in body):
+                return {k: v for k, v in body}
+            if tag == "b" and type(body) is str:
+                return bytes.fromhex(body)
+            if tag == "c" and type(body) is list and len(body) == 2:
+                return complex(*body)
+            if tag == "r" and refs is not None and type(body) is int:
+                return refs(body)
+        raise ValueError("a value the sandbox's encoder does not write")
+
+    try:
+        return json.loads(text, object_hook=tagged)
+    except (TypeError, RecursionError) as exc:  # an unhashable key, nesting too deep
+        raise ValueError(f"not a plain value: {exc}") from None
+
+
+# ------------------------------------------------------------------------------- errors
 def _chain(exc: BaseException) -> list[BaseException]:
     """The exception and those it was raised from or while handling."""
     seen: list[BaseException] = []
@@ -240,296 +265,387 @@ def _exit_code(exc: BaseException) -> int:
                                   for e in causes) else 1
 
 
-class _Kit:
-    """Everything the bootstrap calls after the program started, taken before it did: the
-    program may rebind any module attribute or builtin, not these references."""
+def _traceback(exc: BaseException, sources: dict) -> str:
+    """The exception with the frames of `sources` only (the program's or the tests', never
+    this file's or the standard library's)."""
+    import traceback
 
-    def __init__(self) -> None:
-        import _json
-        import _operator
-        import _thread
-        import builtins
-        import gc
-        import types
-
-        self.type, self.repr, self.len, self.str, self.bool = type, repr, len, str, bool
-        self.exec, self.eval, self.compile, self.isinstance = exec, eval, compile, isinstance
-        self.read, self.write, self.close, self.exit = os.read, os.write, os.close, os._exit
-        self.builtins = dict(builtins.__dict__)
-        self.function, self.code_type = types.FunctionType, types.CodeType
-        self.traceback_type = types.TracebackType
-        self.module = types.ModuleType
-        self.tb_of = BaseException.__traceback__.__get__
-        self.name_of = type.__dict__["__name__"].__get__
-        self.str_quote = _json.encode_basestring_ascii
-        self.gc_disable, self.gc_enable, self.gc_enabled = gc.disable, gc.enable, gc.isenabled
-        self.ops = {"==": _operator.eq, "!=": _operator.ne, "<": _operator.lt,
-                    "<=": _operator.le, ">": _operator.gt, ">=": _operator.ge,
-                    "in": _operator.contains, "+": _operator.add, "-": _operator.sub,
-                    "*": _operator.mul, "/": _operator.truediv, "//": _operator.floordiv,
-                    "%": _operator.mod, "**": _operator.pow}
-        self.fstat, self.set_blocking = os.fstat, os.set_blocking
-        self.plain_scalars = frozenset({int, float, str, bool, type(None), bytes, complex})
-        self.plain_sequences = frozenset({list, tuple, set, frozenset, type({}.keys()),
-                                          type({}.values())})
-        self.dict_types = frozenset({dict, type({}.items())})
-        # Where seccomp is not available, at least the usual way to a thread is closed.
-        def no_threads(*args, **kwargs):
-            raise SandboxRefused("sandbox: threads are not allowed")
-
-        for name in ("start_new_thread", "start_new", "start_joinable_thread"):
-            if hasattr(_thread, name):
-                setattr(_thread, name, no_threads)
-
-
-def _plain(kit: _Kit, value: object, depth: int = 0) -> bool:
-    """Made of builtin types only, all the way down: every operation on it is builtin."""
-    kind = kit.type(value)
-    if kind in kit.plain_scalars:
-        return True
-    if depth > 100:
-        return False
-    if kind in kit.plain_sequences:
-        return all(_plain(kit, item, depth + 1) for item in value)
-    if kind is dict:
-        return all(_plain(kit, k, depth + 1) and _plain(kit, v, depth + 1)
-                   for k, v in dict.items(value))
-    if kind in kit.dict_types:
-        return all(_plain(kit, k, depth + 1) and _plain(kit, v, depth + 1) for k, v in value)
-    return False
-
-
-def _strict_helpers(kit: _Kit):
-    """`__strict_cmp__` and `__strict_bin__` for rewritten asserts: a program's object meets a
-    plain value only through builtin operations, never its own dunder methods."""
-    ops, type_ = kit.ops, kit.type
-
-    def compare(ops_names: tuple, *operands: object) -> bool:
-        ok = True
-        for i, name in enumerate(ops_names):
-            left, right = operands[i], operands[i + 1]
-            if name in ("is", "is not"):
-                same = left is right
-                ok = ok and (same if name == "is" else not same)
-                continue
-            negate = name.startswith("not ")
-            name = name[4:] if negate else name
-            plain_left, plain_right = _plain(kit, left), _plain(kit, right)
-            if plain_left and plain_right:
-                result = ops[name](right, left) if name == "in" else ops[name](left, right)
-            elif plain_left or plain_right or name == "in" or type_(left) is not type_(right):
-                return False  # a program's object against a plain value: never equal
-            else:
-                result = ops[name](left, right)  # two of the program's own objects
-            result = kit.bool(result)
-            ok = ok and (not result if negate else result)
-        return ok
-
-    def binary(name: str, left: object, right: object) -> object:
-        plain_left, plain_right = _plain(kit, left), _plain(kit, right)
-        if plain_left != plain_right:
-            raise TypeError(f"sandbox: strict asserts do not mix a "
-                            f"{kit.name_of(type_(right if plain_left else left))} with a "
-                            f"plain value in {name}")
-        return ops[name](left, right)
-
-    return compare, binary
-
-
-def _encode(kit: _Kit, value: object, out: list, depth: int = 0) -> None:
-    """JSON for exact builtin types; anything else raises TypeError."""
-    kind = kit.type(value)
-    if value is None:
-        out.append("null")
-    elif kind is bool:
-        out.append("true" if value else "false")
-    elif kind is int:
-        out.append(int.__repr__(value))
-    elif kind is float:
-        if value != value:
-            out.append("NaN")
-        elif value in (float("inf"), float("-inf")):
-            out.append("Infinity" if value > 0 else "-Infinity")
-        else:
-            out.append(float.__repr__(value))
-    elif kind is str:
-        out.append(kit.str_quote(value))
-    elif depth > 100:
-        raise TypeError("nested more than 100 deep")
-    elif kind is list or kind is tuple:
-        out.append("[" if kind is list else '{"t": [')
-        for i, item in enumerate(list.__iter__(value) if kind is list else
-                                 tuple.__iter__(value)):
-            if i:
-                out.append(",")
-            _encode(kit, item, out, depth + 1)
-        out.append("]" if kind is list else "]}")
-    elif kind is dict:
-        out.append('{"d": [')
-        for i, (key, item) in enumerate(dict.items(value)):
-            out.append("[" if not i else ",[")
-            _encode(kit, key, out, depth + 1)
-            out.append(",")
-            _encode(kit, item, out, depth + 1)
-            out.append("]")
-        out.append("]}")
-    else:
-        raise TypeError(f"returned a {kit.name_of(kind)}: call cases compare int, float, str, "
-                        f"bool, None, list, tuple and dict")
-
-
-def _format_error(kit: _Kit, exc: BaseException, window: list, sources: dict) -> str:
-    """A traceback from the program's and the tests' frames. The frames are read with the
-    window open: signals blocked, the collector off and only builtin attribute reads, so no
-    program code runs meanwhile. The exception's text is taken before, outside it."""
-    name = kit.name_of(kit.type(exc))
+    name = type(exc).__name__
     try:
-        text = kit.str(exc)
-        text = text if kit.type(text) is str else ""
+        text = str(exc)
     except BaseException:  # noqa: BLE001 - its own __str__ may raise anything
         text = "<unprintable>"
-    tb = kit.tb_of(exc)
-    frames = []
-    collecting = kit.gc_enabled()
-    kit.gc_disable()
-    window[0] = True
-    try:
-        while kit.type(tb) is kit.traceback_type and kit.len(frames) < 200:
-            code = tb.tb_frame.f_code
-            frames.append((code.co_filename, tb.tb_lineno, code.co_name))
-            tb = tb.tb_next
-    finally:
-        window[0] = False
-        if collecting:
-            kit.gc_enable()
     lines = ["Traceback (most recent call last):\n"]
-    for filename, lineno, function in frames:
-        if kit.type(filename) is not str or filename not in sources:
-            continue  # the bootstrap's own frames, and the standard library's
-        if filename == "<tests>":  # its lines sit one below the text's (the def is line 1)
-            lineno, function = lineno - 1, ("<tests>" if function == "__flexmarl_tests__"
-                                             else function)
-        lines.append(f'  File "{filename}", line {lineno}, in {function}\n')
-        source = sources[filename].splitlines()
-        if 0 < lineno <= kit.len(source):
-            lines.append(f"    {source[lineno - 1].strip()[:RESULT_CHARS]}\n")
+    for frame in traceback.extract_tb(exc.__traceback__, limit=200):
+        if frame.filename not in sources:
+            continue
+        lines.append(f'  File "{frame.filename}", line {frame.lineno}, in {frame.name}\n')
+        source = sources[frame.filename].splitlines()
+        if frame.lineno is not None and 0 < frame.lineno <= len(source):
+            lines.append(f"    {source[frame.lineno - 1].strip()[:RESULT_CHARS]}\n")
     text = text[:4 * RESULT_CHARS]
     lines.append(f"{name}: {text}\n" if text else f"{name}\n")
     return "".join(lines)
 
 
-def _scope(kit: _Kit, namespace: dict) -> dict:
-    """What the tests see: the program's names, then the builtins as they were before the
-    program ran (a program that rebinds `abs` or `sorted`, in its module or in builtins, does
-    not change them for the tests)."""
-    scope = {name: value for name, value in dict.items(namespace)
-             if name not in kit.builtins or name.startswith("__")}
-    scope["__builtins__"] = kit.builtins
-    return scope
+# ------------------------------------------------------------------------------- serve
+class _Server:
+    """The program's side: answers requests on its namespace, one line each, in order."""
 
+    def __init__(self, namespace: dict, source: dict) -> None:
+        self.namespace, self.sources, self.objects = namespace, source, []
 
-def _run_tests(kit: _Kit, namespace: dict, payload: bytes, sources: dict) -> bytes:
-    """Run the asserts or the calls; the results line for the parent (raises on a failed
-    assert)."""
-    kind, body = payload[:1], payload[1:]
-    if kind == b"A":  # the tests' text, NUL, the parent's rewritten tests (a function)
-        text, _, rewritten = body.partition(b"\0")
-        sources["<tests>"] = text.decode("utf-8", "surrogatepass")
-        compare, binary = _strict_helpers(kit)
-        module = kit.compile(rewritten.decode("utf-8", "surrogatepass"), "<tests>", "exec",
-                             dont_inherit=True)
-        [code] = [c for c in module.co_consts if kit.type(c) is kit.code_type]
-        kit.function(code, _scope(kit, namespace))(compare, binary)
-        return b""
-    results = []
-    for i, call in enumerate(body.decode("utf-8", "surrogatepass").split("\0")):
+    def reference(self, ref: int) -> object:
+        if not 0 <= ref < len(self.objects):
+            raise ValueError(f"no object {ref} was handed out")
+        return self.objects[ref]
+
+    def scope(self) -> dict:
+        """Call cases see the program's names, then the builtins as they were before the
+        program ran (a program that rebinds `abs` does not change it for the tests)."""
+        scope = {k: v for k, v in self.namespace.items()
+                 if k not in _builtins_before or k.startswith("__")}
+        scope["__builtins__"] = dict(_builtins_before)
+        return scope
+
+    def answer(self, value: object, by_reference: bool) -> str:
         try:
-            value = kit.eval(kit.compile(call, f"<call {i}>", "eval", dont_inherit=True),
-                             _scope(kit, namespace))
-            out: list = []
-            _encode(kit, value, out)
-            results.append('["ok",' + "".join(out) + "]")
-        except BaseException as exc:  # noqa: BLE001 - a case fails, the next one runs
-            if kit.isinstance(exc, MemoryError):
-                raise
-            try:
-                text = f"{kit.name_of(kit.type(exc))}: {kit.str(exc)}"[:RESULT_CHARS]
-            except BaseException:  # noqa: BLE001
-                text = kit.name_of(kit.type(exc))
-            results.append('["error",' + kit.str_quote(text) + "]")
-    return ("[" + ",".join(results) + "]").encode()
+            return '["ok",' + encode(value) + "]"
+        except (TypeError, RecursionError):
+            if not by_reference:
+                raise TypeError(f"returned a {type(value).__name__}: call cases compare int, "
+                                f"float, str, bool, None, list, tuple and dict") from None
+        self.objects.append(value)
+        return f'["ref",{len(self.objects) - 1},{_quote(type(value).__name__)}]'
+
+    def handle(self, line: bytes) -> str:
+        request = decode(line, refs=self.reference)
+        kind = request[0] if type(request) is list and request else None
+        if kind == "eval" and len(request) == 2 and type(request[1]) is str:
+            value = _builtins.eval(compile(request[1], "<call>", "eval", dont_inherit=True), self.scope())
+            return self.answer(value, by_reference=False)
+        if kind == "names" and len(request) == 1:
+            names = [f"[{_quote(name)},{self.answer(value, by_reference=True)}]"
+                     for name, value in list(self.namespace.items())
+                     if type(name) is str and not name.startswith("__")]
+            return '["names",[' + ",".join(names) + "]]"
+        if kind == "op" and len(request) == 5 and request[1] in _OPS and \
+                type(request[3]) is list and type(request[4]) is dict:
+            op, target, args, kwargs = request[1:]
+            if op == "call":
+                value = target(*args, **kwargs)
+            elif op == "getattr" and len(args) == 1 and type(args[0]) is str:
+                value = getattr(target, args[0])
+            elif op == "getitem" and len(args) == 1:
+                value = target[args[0]]
+            elif op == "next":
+                try:
+                    value = next(target)
+                except StopIteration:
+                    return '["stop"]'
+            elif op in ("iter", "len", "bool", "str") and not args:
+                value = {"iter": iter, "len": len, "bool": bool, "str": str}[op](target)
+            else:
+                raise ValueError(f"a malformed {op} request")
+            return self.answer(value, by_reference=True)
+        raise ValueError("a malformed request")
+
+    def serve(self, ctl_fd: int, requests_fd: int, nonce: bytes) -> None:
+        """Answer until the parent closes the requests pipe."""
+        os.write(ctl_fd, b"R" + nonce + b"\n")
+        os.set_blocking(requests_fd, True)  # the program may have made it non-blocking
+        with open(requests_fd, "rb", closefd=False) as requests:
+            for line in requests:
+                try:
+                    reply = self.handle(line)
+                except MemoryError:
+                    raise
+                except BaseException as exc:  # noqa: BLE001 - the program's error, reported
+                    if b'"op","call"' in line[:16] or line.startswith(b'["eval"'):
+                        # Not for len() and the like: list() asks for a length and expects a
+                        # TypeError from most objects.
+                        os.write(2, _traceback(exc, self.sources).encode("utf-8", "replace"))
+                    try:
+                        text = str(exc)[:RESULT_CHARS]
+                    except BaseException:  # noqa: BLE001
+                        text = "<unprintable>"
+                    reply = '["error",' + _quote(type(exc).__name__) + "," + _quote(text) + "]"
+                _write_all(ctl_fd, reply.encode() + b"\n")
 
 
-def main(argv: list[str]) -> int:
-    """Run `_main` on copies of this module's functions bound to private globals and builtins.
-
-    Every class and function defined here can be found by the program (`object.__subclasses__()`,
-    then a method's `__globals__`, which no audit event covers), and with it this module's
-    globals: rebinding `_run_tests` or `dict` there must change nothing. So the functions that
-    run after the program's top level look their names up in a dict no object leads to."""
-    import types
-
-    shared = globals()
-    private = dict(shared)
-    private["__builtins__"] = dict(shared["__builtins__"])
-    for name, value in shared.items():
-        if type(value) is types.FunctionType and value.__module__ == shared["__name__"]:
-            private[name] = types.FunctionType(value.__code__, private, value.__name__,
-                                               value.__defaults__, value.__closure__)
-    return private["_main"](argv)
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
-def _main(argv: list[str]) -> int:
+def _read_exact(fd: int, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = os.read(fd, size - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+_builtins_before = dict(_builtins.__dict__)
+
+
+# ------------------------------------------------------------------------------- judge
+# Exceptions from the program that the tests may expect by type. Others come as ProgramError:
+# never a SystemExit that ends the tests early, a StopIteration that ends a loop or a map()
+# early (all() of an empty map is True), or a KeyboardInterrupt.
+_RAISED_AS_IS = ("ArithmeticError", "AssertionError", "AttributeError", "EOFError",
+                 "FileNotFoundError", "ImportError", "IndexError", "KeyError", "LookupError",
+                 "ModuleNotFoundError", "NameError", "NotImplementedError", "OSError",
+                 "OverflowError", "RecursionError", "RuntimeError", "TypeError",
+                 "UnboundLocalError", "UnicodeError", "ValueError", "ZeroDivisionError")
+
+
+class ProgramError(Exception):
+    """An exception the program raised whose type the tests cannot name."""
+
+
+class Unjudgeable(Exception):
+    """A use of the program's values that only the program's own code could answer."""
+
+
+class ProgramGone(BaseException):
+    """The program's process ended (or broke the protocol) while the tests ran."""
+
+
+class _Judge:
+    """The tests' side: `Remote` stands for an object that lives in the program's process."""
+
+    def __init__(self, send_fd: int, reply_fd: int) -> None:
+        self.send_fd, self.replies = send_fd, open(reply_fd, "rb")
+        self.closed: list[str] = []  # why the verdict fails whatever the tests catch
+
+    def ask(self, request: str) -> object:
+        _write_all(self.send_fd, request.encode("utf-8", "surrogatepass") + b"\n")
+        line = self.replies.readline()
+        if not line.endswith(b"\n"):
+            raise ProgramGone("the program's process ended during a call")
+        try:
+            reply = decode(line)
+        except ValueError as exc:
+            self.closed.append(f"the program answered something that is not plain: {exc}")
+            raise ProgramGone("the program broke the protocol") from None
+        return self.value(reply)
+
+    def value(self, reply: object) -> object:
+        """A reply as the tests see it: a plain value, a Remote, or the exception raised."""
+        kind = reply[0] if type(reply) is list and reply else None
+        if kind == "names" and len(reply) == 2 and type(reply[1]) is list:
+            return {pair[0]: self.value(pair[1]) for pair in reply[1]
+                    if type(pair) is list and len(pair) == 2 and type(pair[0]) is str}
+        if kind == "ok" and len(reply) == 2:
+            return reply[1]
+        if kind == "ref" and len(reply) == 3 and type(reply[1]) is int and type(reply[2]) is str:
+            return Remote(self, reply[1], reply[2])
+        if kind == "stop" and len(reply) == 1:
+            raise StopIteration
+        if kind == "error" and len(reply) == 3 and all(type(x) is str for x in reply[1:]):
+            name, text = reply[1], reply[2]
+            if name in _RAISED_AS_IS:
+                raise getattr(_builtins, name)(text)
+            raise ProgramError(f"{name}: {text}" if text else name)
+        if kind == "gone":
+            raise ProgramGone("the program's process ended during a call")
+        self.closed.append("the program answered out of protocol")
+        raise ProgramGone("the program broke the protocol")
+
+    def argument(self, value: object) -> str:
+        """An argument for the program: plain values, and the program's own objects."""
+        if type(value) is Remote:
+            return '{"r":' + str(object.__getattribute__(value, "_id")) + "}"
+        kind = type(value)
+        if kind in (list, tuple, set, frozenset):
+            items = ",".join(self.argument(v) for v in value)
+            if kind is list:
+                return "[" + items + "]"
+            return '{"' + {tuple: "t", set: "s", frozenset: "f"}[kind] + '":[' + items + "]}"
+        if kind is dict:
+            return '{"d":[' + ",".join(f"[{self.argument(k)},{self.argument(v)}]"
+                                       for k, v in value.items()) + "]}"
+        try:
+            return encode(value)
+        except TypeError:
+            reason = (f"the tests passed a {kind.__name__} to the program: only plain values "
+                      f"and the program's own objects cross to it (no callbacks)")
+            self.closed.append(reason)
+            raise Unjudgeable(reason) from None
+
+    def op(self, op: str, remote: "Remote", args: tuple = (), kwargs: dict | None = None):
+        ref = object.__getattribute__(remote, "_id")
+        arguments = "[" + ",".join(self.argument(a) for a in args) + "]"
+        keywords = '{"d":[' + ",".join(f"[{_quote(k)},{self.argument(v)}]"
+                                       for k, v in (kwargs or {}).items()) + "]}"
+        return self.ask(f'["op","{op}",{{"r":{ref}}},{arguments},{keywords}]')
+
+
+def _closed(what: str):
+    def refuse(self, *args):
+        judge = object.__getattribute__(self, "_judge")
+        kind = object.__getattribute__(self, "_kind")
+        reason = (f"the tests {what} a {kind} the program returned: asserts are judged outside "
+                  f"the program, on plain values (int, float, str, bool, None, bytes, complex, "
+                  f"list, tuple, dict, set); return one of those")
+        judge.closed.append(reason)
+        raise Unjudgeable(reason)
+    return refuse
+
+
+class Remote:
+    """An object in the program's process. Calls, attributes, items, iteration, len, bool and
+    str go to it; comparing, hashing, membership or arithmetic on it fail closed (its own
+    __eq__ would answer them, so they are what an always-equal object forges)."""
+
+    __slots__ = ("_judge", "_id", "_kind")
+
+    def __init__(self, judge: _Judge, ref: int, kind: str) -> None:
+        object.__setattr__(self, "_judge", judge)
+        object.__setattr__(self, "_id", ref)
+        object.__setattr__(self, "_kind", kind)
+
+    def _op(self, op: str, *args, **kwargs):
+        return object.__getattribute__(self, "_judge").op(op, self, args, kwargs)
+
+    def __call__(self, *args, **kwargs):
+        return object.__getattribute__(self, "_judge").op("call", self, args, kwargs)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return Remote._op(self, "getattr", name)
+
+    def __getitem__(self, key):
+        return Remote._op(self, "getitem", key)
+
+    def __iter__(self):
+        return Remote._op(self, "iter")
+
+    def __next__(self):
+        return Remote._op(self, "next")
+
+    def __len__(self):
+        return Remote._op(self, "len")
+
+    def __bool__(self):
+        return Remote._op(self, "bool")
+
+    def __str__(self):
+        return Remote._op(self, "str")
+
+    def __repr__(self):
+        return f"<{object.__getattribute__(self, '_kind')} in the program>"
+
+    __setattr__ = __delattr__ = __setitem__ = __delitem__ = _closed("changed")
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _closed("compared")
+    __hash__ = _closed("hashed")
+    __contains__ = _closed("looked for a value in")
+    __index__ = __int__ = __float__ = __abs__ = __neg__ = __pos__ = _closed("converted")
+
+
+for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor",
+              "lshift", "rshift", "matmul", "divmod"):
+    setattr(Remote, f"__{_name}__", _closed("did arithmetic on"))
+    setattr(Remote, f"__r{_name}__", _closed("did arithmetic on"))
+del _name
+
+
+def _judge(tests: str, send_fd: int, reply_fd: int) -> int:
+    """Run the tests against the program's names; 0 when they all ran to the end."""
+    judge = _Judge(send_fd, reply_fd)
+    sources = {"<tests>": tests}
     try:
-        program, mode, ctl_fd, tests_fd, cpu_s, memory_bytes, file_bytes, num_files = argv
-        ctl_fd, tests_fd = int(ctl_fd), int(tests_fd)
-        nonce = _read_exact(tests_fd, NONCE_BYTES).strip() if mode == "tests" else b""
-        with open(program, "rb") as f:
-            source = f.read().decode("utf-8", "surrogatepass")
-        pipes = (os.fstat(ctl_fd), os.fstat(tests_fd)) if mode == "tests" else None
-        _seccomp()  # False where unavailable: the hook and the _thread patch remain
+        code = compile(tests, "<tests>", "exec", dont_inherit=True)
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        line = getattr(exc, "lineno", None)
+        print(f"SyntaxError: the tests do not compile: {getattr(exc, 'msg', type(exc).__name__)}"
+              + (f" (line {line})" if line else ""), file=sys.stderr)
+        return 1
+    try:
+        names = judge.ask('["names"]')
+        if type(names) is not dict:
+            raise ProgramGone("the program's names did not arrive")
+        # Names of builtins stay the builtins (a program's own `sum` does not replace them).
+        scope = {k: v for k, v in names.items() if type(k) is str and k not in _builtins_before}
+        scope["__builtins__"] = _builtins
+        scope["__name__"] = "__tests__"
+        _builtins.exec(code, scope)
+    except BaseException as exc:  # noqa: BLE001 - a failed assert, the program's error, ...
+        sys.stderr.write(_traceback(exc, sources))
+        status = EXIT_UNJUDGEABLE if isinstance(exc, Unjudgeable) else _exit_code(exc)
+    else:
+        status = 0
+    if judge.closed and status != EXIT_UNJUDGEABLE:  # the tests caught it: still no pass
+        sys.stderr.write("sandbox: " + judge.closed[0] + "\n")
+        return EXIT_UNJUDGEABLE
+    return status
+
+
+# ------------------------------------------------------------------------------- main
+def main(argv: list[str]) -> int:
+    try:
+        role, path, ctl_fd, req_fd, cpu_s, memory_bytes, file_bytes, num_files = argv
+        ctl_fd, req_fd = int(ctl_fd), int(req_fd)
+        if "_ctypes" in sys.modules or "ctypes" in sys.modules:
+            raise OSError("ctypes is loaded before the program: the seccomp filter must be "
+                          "installed outside this interpreter")
+        nonce = _read_exact(req_fd, NONCE_BYTES).strip() if role == "serve" else b""
+        if role == "judge":  # the tests' length in a line, then the tests
+            size = int(_read_line(req_fd))
+            tests = _read_exact(req_fd, size).decode("utf-8", "surrogatepass")
+        else:
+            with open(path, "rb") as f:
+                source = f.read().decode("utf-8", "surrogatepass")
         _set_limits(int(cpu_s), int(memory_bytes), int(file_bytes), int(num_files))
-        kit = _Kit()
+        _no_threads()
+        import json, _json, traceback  # noqa: E401,F401 - loaded before the hook, once
     except (ValueError, OSError) as exc:
         print(f"sandbox bootstrap: cannot set up: {exc!r}", file=sys.stderr)
         return EXIT_SETUP
-    window = [False]
-    sys.addaudithook(_make_hook(os.path.dirname(program), window))
+    sys.addaudithook(_make_hook(os.path.dirname(path)))
     for name in list(sys.modules):  # loaded before the hook: make the program import anew
         if name.partition(".")[0] in _REFUSED_IMPORTS - {"_thread"}:
             del sys.modules[name]
-    main_module = kit.module("__main__")
-    namespace = main_module.__dict__
-    namespace.update(__file__=program, __builtins__=sys.modules["builtins"])
-    sys.modules["__main__"], sys.argv = main_module, [program]
-    sources = {program: source}
-    try:
-        kit.exec(kit.compile(source, program, "exec", dont_inherit=True), namespace)
-        if mode != "tests":
-            return 0  # a script, or one stdin/stdout case: the parent reads its output
-        if (kit.fstat(ctl_fd), kit.fstat(tests_fd)) != pipes:
-            kit.write(2, b"sandbox: the program replaced the sandbox's pipes\n")
-            return EXIT_PROTOCOL
-        kit.write(ctl_fd, b"R" + nonce + b"\n")
-        payload = b""
-        kit.set_blocking(tests_fd, True)  # the program may have made it non-blocking
-        while chunk := kit.read(tests_fd, 1 << 16):
-            payload += chunk
-        if payload[:kit.len(nonce) + 1] != nonce + b"\n":
-            kit.write(2, b"sandbox: the tests did not arrive (a pipe was closed or replaced)\n")
-            return EXIT_PROTOCOL
-        results = _run_tests(kit, namespace, payload[kit.len(nonce) + 1:], sources)
-    except SystemExit:
-        raise  # its own exit status, but no completion line
-    except BaseException as exc:  # noqa: BLE001 - the program's error, reported to the parent
-        kit.write(2, _format_error(kit, exc, window, sources).encode("utf-8", "replace"))
-        return _exit_code(exc)
-    try:
+    if role == "judge":
+        code = _judge(tests, ctl_fd, req_fd)
         sys.stdout.flush()
-    except BaseException:  # noqa: BLE001 - the program may have replaced or closed it
-        pass
-    kit.write(ctl_fd, b"F" + nonce + b" " + results + b"\n")
-    kit.exit(0)  # no atexit handler or finaliser of the program runs after the verdict
+        return code
+    module = type(sys)("__main__")
+    namespace = module.__dict__
+    namespace.update(__file__=path, __builtins__=sys.modules["builtins"])
+    sys.modules["__main__"], sys.argv = module, [path]
+    sources = {path: source}
+    try:
+        _builtins.exec(compile(source, path, "exec", dont_inherit=True), namespace)
+        if role == "serve":
+            _Server(namespace, sources).serve(ctl_fd, req_fd, nonce)
+    except SystemExit:
+        raise  # its own exit status
+    except BaseException as exc:  # noqa: BLE001 - the program's error, reported to the parent
+        os.write(2, _traceback(exc, sources).encode("utf-8", "replace"))
+        return _exit_code(exc)
+    if role == "serve":
+        try:
+            sys.stdout.flush()
+        except BaseException:  # noqa: BLE001 - the program may have replaced or closed it
+            pass
+        os._exit(0)  # no atexit handler or finaliser of the program runs after the answers
+    return 0
+
+
+def _read_line(fd: int) -> bytes:
+    data = b""
+    while not data.endswith(b"\n") and len(data) < 32:
+        chunk = os.read(fd, 1)
+        if not chunk:
+            raise OSError("the tests did not arrive")
+        data += chunk
+    return data
 
 
 if __name__ == "__main__":

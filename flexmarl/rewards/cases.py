@@ -1,27 +1,37 @@
 """A code task's tests in three forms, parent side: what reaches the sandbox, and the verdict.
 
-| form                          | tests=                                  | judged                   |
-|-------------------------------|-----------------------------------------|--------------------------|
-| stdin/stdout cases            | [IOCase("1 2\\n", "3\\n"), ...]           | here, on the output      |
-| call cases                    | [CallCase("add(1, 2)", 3), ...] or      | here, on values the      |
-|                               | [("add(1, 2)", 3), ...]                 | sandbox encoded strictly |
-| free-form asserts             | "assert add(1, 2) == 3\\n..."            | in the sandbox           |
+| form                | tests=                                      | judged                      |
+|---------------------|---------------------------------------------|-----------------------------|
+| stdin/stdout cases  | [IOCase("1 2\\n", "3\\n"), ...]               | here, on the output         |
+| call cases          | [CallCase("add(1, 2)", 3), ...] or          | here, on values the program |
+|                     | [("add(1, 2)", 3), ...]                     | encoded strictly            |
+| free-form asserts   | "assert add(1, 2) == 3\\n..."                | in a judge process, on the  |
+|                     |                                             | same values                 |
 
-In the first two forms the expected values never enter the sandbox: a program can only pass
+In every form the expected values never enter the program's process: a program can only pass
 by printing or returning them. stdin/stdout runs the program once per case (a fresh
 interpreter each) and compares lines, trailing whitespace and trailing blank lines ignored.
 Call cases compare exact types: int, float, str, bool, None, list, tuple and dict (numbers as
 Python compares them, bool with int included; floats within FLOAT_REL_TOL, NaN equal to NaN;
 a list never equals a tuple); a result of any other type fails its case.
 
-Free-form asserts are weaker and kept for tests a model or a user writes as code. They reach the
-program's process, after its top level, rewritten here with every comparison and arithmetic
-operator replaced (`__strict_cmp__`, `__strict_bin__` in `_bootstrap.py`): a program's object
-never meets a plain value through its own `__eq__`, `__lt__`, `__contains__` or `__sub__`, and
-names of builtins resolve to the builtins as they were before the program ran. Not covered:
-method calls on what the program returned (`f(x).startswith("a")`), helpers that compare on
-their own (`unittest`'s assertEqual, `math.isclose` after a patched `math`), and a task whose
-function shadows a builtin's name (`sum`, `max`): use call cases for those.
+Free-form asserts (tests a model or a user writes as code) run in a sandboxed judge process of
+their own (`_bootstrap.py`, role "judge"). There every name the program defines is a `Remote`
+(or its value, when plain); calling one sends the arguments to the program's process, which runs
+the call and answers with a plain value (int, float, str, bool, None, bytes, complex, list,
+tuple, dict, set, frozenset: exact types) or, for any other object, a reference. The tests then
+compare, loop and hold their expected values in the judge, with Python's own semantics:
+`for x, y in cases: assert f(x) == y` works as written. On a reference the tests may call its
+methods, read its attributes and items, iterate it, take its len, bool and str (each answered
+by the program's process, as plain values or references). What fails closed (cause
+"unjudgeable", whatever the tests catch): comparing, hashing, membership tests or arithmetic on
+a reference (only the object's own `__eq__`, `__lt__`... could answer, which is how an
+always-equal object forges a pass; a `Fraction` or a namedtuple returned is such a reference:
+compare its fields), passing the program a function or an object of the tests (callbacks), and
+setting attributes on a reference. Exceptions the program raises reach the tests as the same
+builtin type (ValueError, KeyError, ...) or, for its own classes and for SystemExit and
+StopIteration, as `ProgramError`. Names of builtins in the tests stay the builtins: a task whose
+function shadows one (`sum`, `max`) needs call cases.
 """
 from __future__ import annotations
 
@@ -37,12 +47,6 @@ MAX_CASES = 10_000
 """Most cases in one call of run_python."""
 
 _PLAIN = (int, float, str, bool, type(None), list, tuple, dict)
-_CMP_NAMES = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">",
-              ast.GtE: ">=", ast.In: "in", ast.NotIn: "not in", ast.Is: "is",
-              ast.IsNot: "is not"}
-_BIN_NAMES = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//",
-              ast.Mod: "%", ast.Pow: "**"}
-_TESTS_FUNCTION = "__flexmarl_tests__"
 
 
 @dataclass(frozen=True)
@@ -62,26 +66,17 @@ class CallCase:
     expected: Any
 
 
-@dataclass(frozen=True)
-class Asserts:
-    """Free-form asserts: the text, and its rewritten source for the sandbox (a function of the
-    two helpers, each statement one line below where it was: the def takes line 1)."""
-
-    text: str
-    source: str
+Tests = Union[str, "tuple[IOCase, ...]", "tuple[CallCase, ...]"]
 
 
-Tests = Union[str, Asserts, "tuple[IOCase, ...]", "tuple[CallCase, ...]"]
-
-
-def parse_tests(tests: object) -> str | Asserts | tuple[IOCase, ...] | tuple[CallCase, ...]:
+def parse_tests(tests: object) -> str | tuple[IOCase, ...] | tuple[CallCase, ...]:
     """The `tests` argument of run_python in one of its forms; ValueError names the fix.
 
-    "" stays "" (a plain script). Asserts with a syntax error are returned as they are (a str):
-    the run then fails with the SyntaxError, as a model's malformed tests should.
+    "" (or only whitespace) is "" (a plain script). Asserts are returned as they are: a syntax
+    error in them fails the run with the judge's message, as a model's malformed tests should.
     """
     if isinstance(tests, str):
-        return harden_asserts(tests) if tests.strip() else ""
+        return tests if tests.strip() else ""
     if not isinstance(tests, (list, tuple)):
         raise ValueError(f"tests must be a str of asserts, a list of IOCase, or a list of "
                          f"CallCase / (call, expected) pairs, got {type(tests).__name__}")
@@ -135,92 +130,35 @@ def _is_plain(value: object, depth: int = 0) -> bool:
     return True
 
 
-class _Strict(ast.NodeTransformer):
-    """Comparisons and arithmetic to the sandbox's strict helpers, line numbers kept."""
-
-    def visit_Compare(self, node: ast.Compare) -> ast.AST:
-        self.generic_visit(node)
-        names = ast.Tuple([ast.Constant(_CMP_NAMES[type(op)]) for op in node.ops], ast.Load())
-        return ast.copy_location(ast.Call(ast.Name("__strict_cmp__", ast.Load()),
-                                          [names, node.left, *node.comparators], []), node)
-
-    def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
-        self.generic_visit(node)
-        name = _BIN_NAMES.get(type(node.op))
-        if name is None:
-            return node  # bit operations and @: left as Python runs them
-        return ast.copy_location(ast.Call(ast.Name("__strict_bin__", ast.Load()),
-                                          [ast.Constant(name), node.left, node.right], []), node)
+def quote(text: str) -> bytes:
+    """A str as a JSON string, for a request line."""
+    return json.dumps(text, ensure_ascii=True).encode()
 
 
-def harden_asserts(text: str) -> str | Asserts:
-    """The tests wrapped in a function of the two helpers, comparisons rewritten, compiled.
-
-    The text as it is where it does not compile (the sandbox reports the error)."""
+def judge_reply(case: CallCase, reply: bytes) -> bool:
+    """A call case's verdict from the program's reply line: ["ok", value] with the value equal
+    to the expected one (`same`); an error, a malformed line or anything else fails it."""
     try:
-        module = ast.parse(text, "<tests>")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return text
-    lines = [f"def {_TESTS_FUNCTION}(__strict_cmp__, __strict_bin__):"]
-    try:
-        for statement in module.body:
-            while len(lines) < statement.lineno:  # keep it on its own line number + 1
-                lines.append("")
-            lines += ["    " + line for line in ast.unparse(_Strict().visit(statement))
-                      .splitlines()]
-        lines.append("    pass")
-        source = "\n".join(lines) + "\n"
-        compile(source, "<tests>", "exec", dont_inherit=True)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return text  # valid at module level only (`from m import *`), or nested too deep
-    return Asserts(text, source)
-
-
-def tests_payload(tests: Asserts | str | tuple[CallCase, ...]) -> bytes:
-    """What the bootstrap reads once the program's top level has returned."""
-    if isinstance(tests, Asserts):
-        return b"A" + _utf8(tests.text) + b"\0" + _utf8(tests.source)
-    if isinstance(tests, str):  # asserts that did not compile: the sandbox shows the error
-        return b"A" + _utf8(tests) + b"\0" + _utf8(
-            f"def {_TESTS_FUNCTION}(__strict_cmp__, __strict_bin__):\n"
-            f"    raise SyntaxError({_syntax_error(tests)!r})\n")
-    return b"C" + _utf8("\0".join(case.call for case in tests))
-
-
-def _utf8(text: str) -> bytes:
-    return text.encode("utf-8", "surrogatepass")
-
-
-def _syntax_error(text: str) -> str:
-    try:
-        ast.parse(text, "<tests>")
-    except SyntaxError as exc:
-        return f"the tests do not compile: {exc.msg} (line {exc.lineno})"
-    except (ValueError, RecursionError, MemoryError) as exc:
-        return f"the tests do not compile: {type(exc).__name__}"
-    return ("the tests do not compile inside a function (from m import *, a bare return) or "
-            "nest too deeply")
-
-
-def judge_calls(cases: tuple[CallCase, ...], results: bytes) -> tuple[bool, ...] | None:
-    """Each case's verdict from the bootstrap's results line; None if it is not well formed."""
-    try:
-        decoded = json.loads(results, object_hook=_tagged)
+        decoded = json.loads(reply, object_hook=_tagged)
     except (ValueError, RecursionError, TypeError):
-        return None
-    if not isinstance(decoded, list) or len(decoded) != len(cases):
-        return None
-    verdicts = []
-    for case, item in zip(cases, decoded):
-        if not (isinstance(item, list) and len(item) == 2 and item[0] in ("ok", "error")):
-            return None
-        verdicts.append(item[0] == "ok" and same(case.expected, item[1]))
-    return tuple(verdicts)
+        return False
+    return (isinstance(decoded, list) and len(decoded) == 2 and decoded[0] == "ok"
+            and same(case.expected, decoded[1]))
+
+
+_TAGS = {"t": tuple, "s": set, "f": frozenset}
 
 
 def _tagged(obj: dict) -> Any:
-    if set(obj) == {"t"} and isinstance(obj["t"], list):
-        return tuple(obj["t"])
+    """The sandbox's tagged values (`_bootstrap.encode`): a tuple, set or dict as such; bytes
+    and complex as themselves (no expected value has them, so such a result fails its case)."""
+    if len(obj) == 1 and next(iter(obj)) in _TAGS and isinstance(next(iter(obj.values())), list):
+        (tag, body), = obj.items()
+        return _TAGS[tag](body)
+    if set(obj) == {"b"} and isinstance(obj["b"], str):
+        return bytes.fromhex(obj["b"])
+    if set(obj) == {"c"} and isinstance(obj["c"], list) and len(obj["c"]) == 2:
+        return complex(*obj["c"])
     if set(obj) == {"d"} and isinstance(obj["d"], list):
         return {k if not isinstance(k, list) else _unhashable(): v for k, v in obj["d"]}
     raise ValueError("an object the encoder does not write")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import sysconfig
@@ -81,18 +82,95 @@ def probed() -> Isolation | None:
     return _state.get("isolation")  # type: ignore[return-value]
 
 
-def bwrap_argv(workdir: str, bootstrap: str) -> list[str]:
-    """The bwrap command line up to the interpreter's own arguments (after "--")."""
+def bwrap_argv(workdir: str, bootstrap: str, seccomp_fd: int | None = None) -> list[str]:
+    """The bwrap command line up to the interpreter's own arguments (after "--"); with
+    `seccomp_fd`, bwrap installs the filter read from it before it starts the interpreter."""
     binary = isolation().bwrap
     if binary is None:
         raise RuntimeError("bwrap is not in force here: see isolation().missing")
-    return [binary, *_confinement(), *_views(), "--ro-bind", bootstrap, BOOTSTRAP,
+    seccomp = ["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []
+    return [binary, *_confinement(), *_views(), *seccomp, "--ro-bind", bootstrap, BOOTSTRAP,
             "--bind", workdir, BOX, "--chdir", BOX, "--", interpreter()]
 
 
 def interpreter() -> str:
-    """The real interpreter (a venv's `python` is a link to it): the one bwrap can run."""
-    return os.path.realpath(sys.executable)
+    """The Python that runs sandboxed programs (`set_interpreter`; default this process's), as
+    its real path (a venv's `python` is a link to it): the one bwrap can run."""
+    return _python()["executable"]
+
+
+def set_interpreter(path: str | None) -> str:
+    """Run sandboxed programs (and their tests) with the Python at `path` (3.11 or newer; None:
+    this process's own). Returns its version. The isolation is probed anew with it.
+
+    ValueError names the problem when `path` is not a Python this sandbox can use."""
+    with _probing:
+        if path is None:
+            _state.pop("python", None)
+        else:
+            _state["python"] = _describe(path)
+        _state.pop("isolation", None)
+    return _python()["version"]
+
+
+_DESCRIBE = ("import json, sys, sysconfig; v = sys.version_info; print(json.dumps(dict("
+             "executable=sys.executable, version='%d.%d.%d' % v[:3], base=sys.base_prefix, "
+             "platbase=sys.base_exec_prefix, libdir=sysconfig.get_config_var('LIBDIR') or '', "
+             "soname=sysconfig.get_config_var('INSTSONAME') or '')))")
+
+
+def _describe(path: str) -> dict:
+    import json
+    try:
+        done = subprocess.run([path, "-I", "-S", "-c", _DESCRIBE], capture_output=True,
+                              text=True, timeout=_PROBE_TIMEOUT_S, env={"PATH": os.defpath})
+        found = json.loads(done.stdout)
+    except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
+        raise ValueError(f"set_interpreter({path!r}): not a Python this sandbox can run: "
+                         f"{exc}") from None
+    if tuple(int(x) for x in found["version"].split(".")[:2]) < (3, 11):
+        raise ValueError(f"set_interpreter({path!r}): Python {found['version']}; sandboxed "
+                         f"programs need 3.11 or newer (the bootstrap's syntax)")
+    return {**found, "executable": os.path.realpath(found["executable"])}
+
+
+def _python() -> dict:
+    found = _state.get("python")
+    if found is None:
+        found = {"executable": os.path.realpath(sys.executable),
+                 "version": "%d.%d.%d" % sys.version_info[:3], "base": sys.base_prefix,
+                 "platbase": sys.base_exec_prefix,
+                 "libdir": sysconfig.get_config_var("LIBDIR") or "",
+                 "soname": sysconfig.get_config_var("INSTSONAME") or ""}
+    return found  # type: ignore[return-value]
+
+
+# Syscalls the kernel refuses to a sandboxed interpreter (errno): new threads and processes
+# (clone3 with ENOSYS, so the C library falls back to clone), and reading or tracing another
+# process's memory. Any other architecture's calls (x32, i386 on x86_64) kill the process.
+# x86_64 and aarch64 numbers (asm/unistd.h).
+_SECCOMP_ARCHES = {
+    "x86_64": (0xC000003E, {56: 1, 57: 1, 58: 1, 435: 38, 101: 1, 310: 1, 311: 1}),
+    "aarch64": (0xC00000B7, {220: 1, 435: 38, 117: 1, 270: 1, 271: 1}),
+}
+
+
+def seccomp_filter() -> bytes:
+    """The filter as a compiled classic-BPF program (struct sock_filter[]), what bwrap's
+    `--seccomp FD` reads; b"" on an architecture without a table here."""
+    machine = os.uname().machine
+    if machine not in _SECCOMP_ARCHES:
+        return b""
+    arch, deny = _SECCOMP_ARCHES[machine]
+    allow, kill, errno_base = 0x7FFF0000, 0x80000000, 0x00050000
+    load, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, JMP|JGE|K, RET|K
+    steps = [(load, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, kill), (load, 0, 0, 0)]
+    if machine == "x86_64":  # the x32 ABI's numbers: refused wholesale
+        steps += [(jge, 0, 1, 0x40000000), (ret, 0, 0, errno_base | 1)]
+    for number, error in deny.items():
+        steps += [(jeq, 0, 1, number), (ret, 0, 0, errno_base | error)]
+    steps.append((ret, 0, 0, allow))
+    return b"".join(struct.pack("HBBI", *step) for step in steps)
 
 
 def _confinement() -> list[str]:
@@ -109,12 +187,15 @@ def _views() -> list[str]:
             args += ["--symlink", os.readlink(path), top]
         elif path.is_dir():
             args += ["--ro-bind", top, top]
-    paths = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix,
-                                      "installed_base": sys.base_prefix,
-                                      "installed_platbase": sys.base_exec_prefix})
+    python = _python()
+    version = ".".join(python["version"].split(".")[:2])
+    paths = sysconfig.get_paths(vars={"base": python["base"], "platbase": python["platbase"],
+                                      "installed_base": python["base"],
+                                      "installed_platbase": python["platbase"],
+                                      "py_version_short": version,
+                                      "py_version_nodot": version.replace(".", "")})
     stdlib, platstdlib = paths["stdlib"], paths["platstdlib"]
-    libdir = sysconfig.get_config_var("LIBDIR") or ""
-    library = os.path.join(libdir, sysconfig.get_config_var("INSTSONAME") or "")
+    library = os.path.join(python["libdir"], python["soname"])
     for path in (interpreter(), stdlib, platstdlib, library):
         if path and os.path.exists(path) and not path.startswith("/usr/"):
             args += ["--ro-bind", path, path]
@@ -178,7 +259,7 @@ def _unshare_works() -> bool:
         works = False
         if path is not None:
             try:
-                works = subprocess.run([path, "--net", "--", sys.executable, "-I", "-S", "-c",
+                works = subprocess.run([path, "--net", "--", interpreter(), "-I", "-S", "-c",
                                         ""], capture_output=True,
                                        timeout=_PROBE_TIMEOUT_S).returncode == 0
             except (OSError, subprocess.TimeoutExpired):

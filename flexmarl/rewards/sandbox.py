@@ -44,6 +44,7 @@ fails.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import secrets
@@ -57,8 +58,8 @@ from pathlib import Path
 from flexmarl.rewards import _bootstrap, cases as forms
 from flexmarl.rewards.bounds import LoopBound
 from flexmarl.rewards.cases import CallCase, IOCase
-from flexmarl.rewards.confinement import BOOTSTRAP, BOX, bwrap_argv, isolation, probed, \
-    unshare_prefix
+from flexmarl.rewards.confinement import BOOTSTRAP, BOX, bwrap_argv, interpreter, isolation, \
+    probed, seccomp_filter, unshare_prefix
 
 CAUSES = {
     "ok": "exited 0 (and, with tests, ran to the end and every case passed)",
@@ -66,13 +67,16 @@ CAUSES = {
     "wrong_answer": "ran to the end, but a call case returned or a stdin/stdout case printed "
                     "something other than expected",
     "incomplete": "exited 0 before its tests finished (sys.exit(0), os._exit(0))",
-    "protocol": "wrote into, closed or replaced the sandbox's own pipes",
+    "protocol": "closed or replaced the sandbox's own pipes",
     "timeout": "still running at wall_s; killed",
     "cpu_limit": "used cpu_s of CPU time; killed by the kernel",
     "memory": "MemoryError: more than memory_mb of address space",
     "file_limit": "wrote a file past max_file_bytes",
     "output_limit": "wrote more than max_output_bytes to stdout or stderr; killed",
-    "forbidden": "died of an operation the sandbox refuses (fork, socket, ctypes, frames, ...)",
+    "forbidden": "died of an operation the sandbox refuses (fork, socket, ctypes, ...)",
+    "unjudgeable": "an assert used an object the program returned in a way only the program's "
+                   "own code could answer (compared, hashed, membership, arithmetic), or passed "
+                   "the program a function of the tests: return plain values",
     "crash": "killed by a signal (segfault, abort)",
     "sandbox_error": "the sandbox's bootstrap could not set the limits up",
 }
@@ -80,8 +84,9 @@ CAUSES = {
 
 _EXIT_CAUSES = {_bootstrap.EXIT_MEMORY: "memory", _bootstrap.EXIT_FORBIDDEN: "forbidden",
                 _bootstrap.EXIT_FILE_LIMIT: "file_limit", _bootstrap.EXIT_SETUP: "sandbox_error",
-                _bootstrap.EXIT_PROTOCOL: "protocol"}
+                _bootstrap.EXIT_PROTOCOL: "protocol", _bootstrap.EXIT_UNJUDGEABLE: "unjudgeable"}
 _BOOTSTRAP = str(Path(_bootstrap.__file__).resolve())
+_SECCOMP_EXEC = str(Path(_bootstrap.__file__).resolve().with_name("_seccomp_exec.py"))
 _CHUNK_BYTES = 64 << 10
 _MAX_CONTROL_BYTES = 64 << 20  # call results: 64 MiB of encoded values at most
 _MIN_MEMORY_MB = 32  # the interpreter itself maps about 20 MB
@@ -157,9 +162,16 @@ async def run_python(code: str, *, tests: object = "", stdin: str = "", cpu_s: f
     limits = [math.ceil(cpu_s), memory_mb << 20, max_file_bytes, _MAX_OPEN_FILES]
     run = _Runner(where.bwrap is not None, code, limits, wall_s, max_output_bytes)
     async with _SLOTS.hold():
+        data = stdin.encode("utf-8", "surrogatepass")
         if isinstance(parsed, tuple) and isinstance(parsed[0], IOCase):
             return await run.io_cases(parsed)
-        return await run.once(stdin, parsed)
+        if isinstance(parsed, tuple):
+            return await run.calls(data, parsed)
+        if parsed:
+            return await run.judged(data, parsed)
+        outcome = await run.script(data)
+        return _result(outcome, outcome.killed_for or _cause(outcome.returncode),
+                       outcome.seconds)
 
 
 def _check_args(code: object, stdin: object, cpu_s: object, wall_s: object, memory_mb: object,
@@ -189,26 +201,137 @@ class _Outcome:
     returncode: int | None
     stdout: bytes
     stderr: bytes
-    control: bytes
     killed_for: str | None
     seconds: float
 
 
+class _Channel:
+    """The parent's ends of a child's two control pipes: the child's lines in, requests out."""
+
+    def __init__(self) -> None:
+        self.ctl_r, self.ctl_w = os.pipe()
+        self.req_r, self.req_w = os.pipe()
+        self.child_fds = (self.ctl_w, self.req_r)
+        self.reader: asyncio.StreamReader | None = None
+        self.transports: list = []
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def open(self) -> None:
+        """Once the child holds its ends: close ours of them, and take the others to the loop."""
+        for fd in self.child_fds:
+            os.close(fd)
+        self.child_fds = ()
+        loop = asyncio.get_running_loop()
+        self.reader = asyncio.StreamReader(limit=_MAX_CONTROL_BYTES)
+        ctl_r, self.ctl_r = self.ctl_r, -1
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(self.reader), os.fdopen(ctl_r, "rb", 0))
+        self.transports.append(transport)
+        req_w, self.req_w = self.req_w, -1
+        transport, protocol = await loop.connect_write_pipe(
+            asyncio.streams.FlowControlMixin, os.fdopen(req_w, "wb", 0))
+        self.transports.append(transport)
+        self.writer = asyncio.StreamWriter(transport, protocol, None, loop)
+
+    async def send(self, data: bytes) -> bool:
+        """False once the child has closed its end (it ended, or broke the protocol)."""
+        try:
+            self.writer.write(data)
+            await self.writer.drain()
+            return True
+        except (BrokenPipeError, ConnectionResetError, RuntimeError):
+            return False
+
+    async def line(self) -> bytes | None:
+        """The child's next line; None at its end, or past the size a line may have."""
+        try:
+            line = await self.reader.readline()
+        except (ValueError, asyncio.LimitOverrunError):
+            return None
+        return line if line.endswith(b"\n") else None
+
+    def stop_sending(self) -> None:
+        """EOF on the requests pipe: a serving program answers the rest and exits."""
+        if self.writer is not None:
+            self.writer.transport.close()
+
+    def close(self) -> None:
+        for transport in self.transports:
+            transport.close()
+        for fd in (self.ctl_r, self.req_w, *self.child_fds):
+            if fd >= 0:
+                os.close(fd)
+
+
+class _Child:
+    """One sandboxed interpreter in its own session; stdout and stderr drained, capped."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, stdin: bytes, limit: int,
+                 bwrap: bool, merged: bool) -> None:
+        self.proc, self.limit, self.bwrap, self.merged = proc, limit, bwrap, merged
+        self.out, self.err = bytearray(), bytearray()
+        self.flooded = asyncio.Event()
+        self.done = asyncio.ensure_future(self._run(stdin))
+
+    async def _drain(self, stream: asyncio.StreamReader | None, buf: bytearray) -> None:
+        while stream is not None and (chunk := await stream.read(_CHUNK_BYTES)):
+            room = self.limit - len(buf)
+            buf += chunk[:room]
+            if len(chunk) > room:
+                self.flooded.set()
+                return
+
+    async def _feed(self, data: bytes) -> None:
+        try:
+            self.proc.stdin.write(data)
+            await self.proc.stdin.drain()
+            self.proc.stdin.close()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the program exited without reading all its input
+
+    async def _run(self, stdin: bytes) -> None:
+        # merged: stdout and stderr on one pipe (the judge's), kept as stderr
+        await asyncio.gather(self._drain(self.proc.stdout, self.err if self.merged else self.out),
+                             self._drain(self.proc.stderr, self.err), self._feed(stdin))
+        await self.proc.wait()
+
+    @property
+    def returncode(self) -> int | None:
+        code = self.proc.returncode
+        if self.bwrap and code is not None and 128 < code < 128 + signal.NSIG:
+            code = 128 - code  # bwrap reports death by signal N as 128 + N
+        return code
+
+    def end(self) -> None:
+        """SIGKILL its process group now; its pipes then end, and `done` with them."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    async def kill(self) -> None:
+        self.done.cancel()
+        await asyncio.gather(self.done, return_exceptions=True)
+        await _kill_group(self.proc)
+
+
 class _Runner:
-    """One program, run once (a script, asserts or calls) or once per stdin/stdout case."""
+    """One program, run once (a script, call cases or judged asserts) or once per stdin/stdout
+    case."""
 
     def __init__(self, bwrap: bool, code: str, limits: list[int], wall_s: float,
                  max_output_bytes: int) -> None:
         self.bwrap, self.code, self.limits = bwrap, code, limits
         self.wall_s, self.max_output_bytes = wall_s, max_output_bytes
+        self.nonce = secrets.token_hex(16).encode()
 
     async def io_cases(self, cases: tuple[IOCase, ...]) -> ExecResult:
         verdicts: list[bool] = []
         seconds = 0.0
         for case in cases:
-            outcome = await self._process(case.stdin.encode("utf-8", "surrogatepass"), None)
+            outcome = await self.script(case.stdin.encode("utf-8", "surrogatepass"))
             seconds += outcome.seconds
-            cause = outcome.killed_for or _cause(outcome.returncode, True)
+            cause = outcome.killed_for or _cause(outcome.returncode)
             if cause == "ok" and not forms.same_output(case.stdout, _text(outcome.stdout)):
                 cause = "wrong_answer"
             verdicts.append(cause == "ok")
@@ -217,183 +340,173 @@ class _Runner:
         verdicts += [False] * (len(cases) - len(verdicts))
         return _result(outcome, cause, seconds, tuple(verdicts))
 
-    async def once(self, stdin: str, tests: object) -> ExecResult:
-        data = stdin.encode("utf-8", "surrogatepass")
-        if tests == "":
-            outcome = await self._process(data, None)
-            return _result(outcome, outcome.killed_for or _cause(outcome.returncode, True),
-                          outcome.seconds)
-        outcome = await self._process(data, forms.tests_payload(tests))
-        calls = tests if isinstance(tests, tuple) else None
-        cause, verdicts = outcome.killed_for, ()
-        if cause is None:
-            cause = _cause(outcome.returncode, True)
+    async def script(self, stdin: bytes) -> _Outcome:
+        """The program alone, judged by its output and exit status."""
+        with _workdir(self.code) as workdir:
+            start = time.monotonic()
+            child = await self._spawn("script", workdir, stdin, ())
+            killed_for = await _supervise([child], None, self.wall_s)
+            return _Outcome(child.returncode, bytes(child.out), bytes(child.err), killed_for,
+                            time.monotonic() - start)
+
+    async def calls(self, stdin: bytes, calls: tuple[CallCase, ...]) -> ExecResult:
+        """Call cases: each expression evaluated by the program, its value compared here."""
+        replies: list[bytes] = []
+        with _workdir(self.code) as workdir, _closing(_Channel()) as channel:
+            start = time.monotonic()
+            program = await self._spawn("serve", workdir, stdin, channel.child_fds)
+
+            async def talk() -> None:
+                if await self._ready(channel):
+                    for case in calls:
+                        request = b'["eval",' + forms.quote(case.call) + b"]\n"
+                        if not await channel.send(request) or (
+                                reply := await channel.line()) is None:
+                            return
+                        replies.append(reply)
+                channel.stop_sending()
+
+            killed_for = await _supervise([program], talk(), self.wall_s)
+            outcome = _Outcome(program.returncode, bytes(program.out), bytes(program.err),
+                               killed_for, time.monotonic() - start)
+        verdicts = tuple(forms.judge_reply(case, reply) for case, reply in zip(calls, replies))
+        verdicts += (False,) * (len(calls) - len(verdicts))
+        cause = killed_for or _cause(outcome.returncode)
         if cause == "ok":
-            cause, verdicts = self._verdict(outcome, calls)
-        elif calls:
-            verdicts = (False,) * len(calls)
+            cause = ("incomplete" if len(replies) < len(calls) else
+                     "ok" if all(verdicts) else "wrong_answer")
         return _result(outcome, cause, outcome.seconds, verdicts)
 
-    def _verdict(self, outcome: _Outcome, calls: tuple[CallCase, ...] | None
-                 ) -> tuple[str, tuple[bool, ...]]:
-        ready = b"R" + self.nonce + b"\n"
-        done = b"F" + self.nonce + b" "
-        failed = (False,) * len(calls or ())
-        control = outcome.control
-        if control in (b"", ready):
-            return "incomplete", failed
-        if not (control.startswith(ready + done) and control.endswith(b"\n")
-                and control.count(b"\n") == 2):
-            return "protocol", failed
-        if calls is None:
-            return "ok", ()
-        verdicts = forms.judge_calls(calls, control[len(ready) + len(done):-1])
-        if verdicts is None:
-            return "protocol", failed
-        return ("ok" if all(verdicts) else "wrong_answer"), verdicts
+    async def judged(self, stdin: bytes, tests: str) -> ExecResult:
+        """Free-form asserts: run by a judge process of their own, the program answering its
+        requests (relayed here, line by line) from another."""
+        text = tests.encode("utf-8", "surrogatepass")
+        gone = False  # the program ended (or broke the protocol) before the judge did
+        ready_seen = [False]  # the program's top level returned (else it was killed early)
+        with _workdir(self.code) as workdir, _workdir(None) as judge_dir, \
+                _closing(_Channel()) as channel, _closing(_Channel()) as to_judge:
+            start = time.monotonic()
+            program = await self._spawn("serve", workdir, stdin, channel.child_fds)
+            judge = await self._spawn("judge", judge_dir, b"", to_judge.child_fds,
+                                      program_name="tests")
 
-    async def _process(self, stdin: bytes, payload: bytes | None) -> _Outcome:
-        # TemporaryDirectory's cleanup also undoes a program's chmod of its own files.
-        with tempfile.TemporaryDirectory(prefix="flexmarl-sandbox-",
-                                         ignore_cleanup_errors=True) as workdir:
-            program = Path(workdir) / "prog.py"
-            # surrogatepass: a lone surrogate in model text is the program's SyntaxError,
-            # not our UnicodeEncodeError.
-            program.write_bytes(self.code.encode("utf-8", "surrogatepass"))
+            async def talk() -> None:
+                nonlocal gone
+                await to_judge.open()
+                ready = asyncio.ensure_future(self._ready(channel))
+                ready.add_done_callback(lambda f: ready_seen.__setitem__(
+                    0, not f.cancelled() and f.exception() is None and f.result()))
+                try:
+                    await to_judge.send(b"%d\n" % len(text) + text)
+                    while (request := await to_judge.line()) is not None:
+                        reply = None
+                        if not gone:
+                            if await ready and await channel.send(request):
+                                reply = await channel.line()
+                            gone = reply is None
+                        if not await to_judge.send(reply or b'["gone"]\n'):
+                            break
+                finally:
+                    if not ready.done():  # the judge ended before the program was ready
+                        ready.cancel()
+                        program.end()
+                    channel.stop_sending()
+
+            killed_for = await _supervise([program, judge], talk(), self.wall_s)
+            seconds = time.monotonic() - start
+            answered = ready_seen[0]
+        program_cause = _cause(program.returncode)
+        judge_cause = _cause(judge.returncode)
+        if killed_for:
+            cause, child = killed_for, (judge if judge.flooded.is_set() else program)
+        elif gone:  # the program's own end decides: its limit, its crash, its early exit
+            cause, child = ("incomplete" if program_cause == "ok" else program_cause), program
+        elif judge_cause != "ok" or not answered:
+            cause, child = judge_cause, judge  # a failed assert; the program may be killed
+        else:
+            cause, child = program_cause, program
+        err = bytes(program.err) + (b"" if not judge.err else bytes(judge.err))
+        outcome = _Outcome(child.returncode, bytes(program.out), err, killed_for, seconds)
+        return _result(outcome, cause, seconds)
+
+    async def _ready(self, channel: _Channel) -> bool:
+        """Send the program its nonce and wait for its "ready" line (its top level returned)."""
+        await channel.open()
+        return (await channel.send(self.nonce + b"\n")
+                and await channel.line() == b"R" + self.nonce + b"\n")
+
+    async def _spawn(self, role: str, workdir: str, stdin: bytes, fds: tuple[int, ...],
+                     program_name: str = "prog.py") -> _Child:
+        seccomp = seccomp_filter()
+        filter_r, filter_w = os.pipe()
+        try:
+            os.write(filter_w, seccomp)  # a few hundred bytes: the pipe takes them at once
+            os.close(filter_w)
+            interpreter_ = interpreter()
+            fd_args = [str(fd) for fd in fds] or ["-1", "-1"]
             if self.bwrap:
-                argv = [*bwrap_argv(workdir, _BOOTSTRAP), "-I", "-S", "-B", BOOTSTRAP,
-                        f"{BOX}/prog.py"]
+                argv = [*bwrap_argv(workdir, _BOOTSTRAP, filter_r if seccomp else None),
+                        "-I", "-S", "-B", BOOTSTRAP, role, f"{BOX}/{program_name}"]
                 env = {"PATH": os.defpath, "HOME": BOX, "TMPDIR": BOX}
             else:
-                argv = [*unshare_prefix(), sys.executable, "-I", "-S", "-B", _BOOTSTRAP,
-                        str(program)]
+                launcher = ([interpreter_, "-I", "-S", "-B", _SECCOMP_EXEC, str(filter_r)]
+                            if seccomp else [])
+                argv = [*unshare_prefix(), *launcher, interpreter_, "-I", "-S", "-B",
+                        _BOOTSTRAP, role, str(Path(workdir) / program_name)]
                 env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": workdir,
                        "TMPDIR": workdir}
-            return await self._spawn(argv, env, workdir, stdin, payload)
-
-    async def _spawn(self, argv: list[str], env: dict, workdir: str, stdin: bytes,
-                     payload: bytes | None) -> _Outcome:
-        self.nonce = secrets.token_hex(16).encode()
-        pipes: list[int] = []
-        try:
-            if payload is None:
-                mode, child_fds = "script", (-1, -1)
-            else:
-                control_r, control_w = os.pipe()
-                tests_r, tests_w = os.pipe()
-                pipes += [control_r, control_w, tests_r, tests_w]
-                mode, child_fds = "tests", (control_w, tests_r)
-            start = time.monotonic()
             proc = await asyncio.create_subprocess_exec(
-                *argv, mode, *map(str, child_fds), *map(str, self.limits),
+                *argv, *fd_args, *map(str, self.limits),
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, cwd=workdir, env=env,
-                start_new_session=True, pass_fds=[fd for fd in child_fds if fd >= 0])
-            control = bytearray()
-            if payload is not None:
-                for fd in (control_w, tests_r):  # the child's copies are the only ones left
-                    os.close(fd)
-                    pipes.remove(fd)
-                os.write(tests_w, self.nonce + b"\n")  # 33 bytes: a pipe takes them at once
-                talk = self._talk(control_r, tests_w, payload, control)
-                pipes.remove(control_r)
-                pipes.remove(tests_w)  # _talk owns them now
-            else:
-                talk = None
-            out, err = bytearray(), bytearray()
-            try:
-                killed_for = await _supervise(proc, stdin, out, err, self.wall_s,
-                                              self.max_output_bytes, talk)
-            finally:
-                await _kill_group(proc)
-            returncode = proc.returncode
-            if self.bwrap and returncode is not None and 128 < returncode < 128 + signal.NSIG:
-                returncode = 128 - returncode  # bwrap reports death by signal N as 128 + N
-            return _Outcome(returncode, bytes(out), bytes(err), bytes(control), killed_for,
-                            time.monotonic() - start)
+                stderr=asyncio.subprocess.STDOUT if role == "judge" else asyncio.subprocess.PIPE,
+                cwd=workdir, env=env, start_new_session=True, pass_fds=[filter_r, *fds])
         finally:
-            for fd in pipes:
-                os.close(fd)
-
-    async def _talk(self, control_r: int, tests_w: int, payload: bytes,
-                    control: bytearray) -> None:
-        """Send the tests once the bootstrap's "ready" line came, then read to the end."""
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader(limit=_CHUNK_BYTES)
-        transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(control_r, "rb", 0))
-        writer_transport = None
-        tests_open = True  # until a transport owns it or it is closed
-        try:
-            ready = b"R" + self.nonce + b"\n"
-            first = await reader.read(len(ready))
-            while len(first) < len(ready) and (more := await reader.read(len(ready) -
-                                                                         len(first))):
-                first += more
-            control += first
-            if first == ready:
-                tests_open = False
-                writer_transport, protocol = await loop.connect_write_pipe(
-                    asyncio.streams.FlowControlMixin, os.fdopen(tests_w, "wb", 0))
-                writer = asyncio.StreamWriter(writer_transport, protocol, None, loop)
-                try:
-                    writer.write(self.nonce + b"\n" + payload)
-                    await writer.drain()
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the program closed its end; the verdict says "protocol"
-                writer_transport.close()  # EOF: the bootstrap reads to it
-            while chunk := await reader.read(_CHUNK_BYTES):
-                control += chunk[:_MAX_CONTROL_BYTES - len(control)]
-        finally:
-            transport.close()
-            if writer_transport is not None:
-                writer_transport.close()
-            if tests_open:
-                os.close(tests_w)
+            os.close(filter_r)
+        return _Child(proc, stdin, self.max_output_bytes, self.bwrap, merged=role == "judge")
 
 
-async def _supervise(proc: asyncio.subprocess.Process, stdin: bytes, out: bytearray,
-                     err: bytearray, wall_s: float, max_output_bytes: int,
-                     talk) -> str | None:
-    """Feed stdin, drain both pipes (and talk on the control pipes), wait for the exit. The
-    cause if it had to be killed."""
-    flooded = asyncio.Event()
+@contextlib.contextmanager
+def _workdir(code: str | None):
+    """A fresh directory (with prog.py = `code`); its cleanup also undoes a program's chmod of
+    its own files."""
+    with tempfile.TemporaryDirectory(prefix="flexmarl-sandbox-",
+                                     ignore_cleanup_errors=True) as workdir:
+        if code is not None:
+            # surrogatepass: a lone surrogate in model text is the program's SyntaxError, not
+            # our UnicodeEncodeError.
+            (Path(workdir) / "prog.py").write_bytes(code.encode("utf-8", "surrogatepass"))
+        yield workdir
 
-    async def drain(stream: asyncio.StreamReader, buf: bytearray) -> None:
-        while chunk := await stream.read(_CHUNK_BYTES):
-            room = max_output_bytes - len(buf)
-            buf += chunk[:room]
-            if len(chunk) > room:
-                flooded.set()
-                return
 
-    async def feed() -> None:
-        try:
-            proc.stdin.write(stdin)
-            await proc.stdin.drain()
-            proc.stdin.close()
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the program exited without reading all its input
-
-    async def finish() -> None:
-        await asyncio.gather(drain(proc.stdout, out), drain(proc.stderr, err), feed(),
-                             *([talk] if talk is not None else []))
-        await proc.wait()
-
-    finished = asyncio.ensure_future(finish())
-    overflow = asyncio.ensure_future(flooded.wait())
+@contextlib.contextmanager
+def _closing(channel: _Channel):
     try:
-        await asyncio.wait((finished, overflow), timeout=wall_s,
-                           return_when=asyncio.FIRST_COMPLETED)
+        yield channel
     finally:
-        for task in (finished, overflow):
+        channel.close()
+
+
+async def _supervise(children: list[_Child], talk, wall_s: float) -> str | None:
+    """Wait for the children to exit (and the talk on their pipes to end), at most `wall_s`.
+    The cause if they had to be killed; every child's process group is killed and reaped."""
+    finished = asyncio.ensure_future(asyncio.gather(
+        *(child.done for child in children), *([talk] if talk is not None else [])))
+    floods = [asyncio.ensure_future(child.flooded.wait()) for child in children]
+    try:
+        done, _ = await asyncio.wait((finished, *floods), timeout=wall_s,
+                                     return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (finished, *floods):
             task.cancel()
-        if talk is not None and not finished.done():
-            await asyncio.gather(finished, return_exceptions=True)  # close the pipes it owns
-    if finished.done() and not finished.cancelled():
+        await asyncio.gather(finished, *floods, return_exceptions=True)
+        for child in children:
+            await child.kill()
+    if any(child.flooded.is_set() for child in children):
+        return "output_limit"
+    if finished in done:
         finished.result()  # an unexpected error of our own pipes, not the program's
         return None
-    return "output_limit" if flooded.is_set() else "timeout"
+    return "timeout"
 
 
 async def _kill_group(proc: asyncio.subprocess.Process) -> None:
@@ -424,9 +537,9 @@ def _text(data: bytes) -> str:
     return data.decode("utf-8", "replace")
 
 
-def _cause(returncode: int | None, completed: bool) -> str:
+def _cause(returncode: int | None) -> str:
     if returncode == 0:
-        return "ok" if completed else "incomplete"
+        return "ok"
     if returncode in (-signal.SIGKILL, -signal.SIGXCPU):
         return "cpu_limit"  # nobody else SIGKILLs it: the sandbox's own kills are named above
     if returncode is not None and returncode < 0:

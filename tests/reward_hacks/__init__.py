@@ -16,11 +16,13 @@ sense for. Classes, from code-RL practice:
   anyway; tests/test_isolation.py checks what they can see; they print sizes, never contents);
 - exit_early, atexit, __del__, swallow, threads, signals: leaving before or around the tests;
 - output_flood: floods and every plausible answer printed;
-- patch_stdlib: the standard library or the names the harness might use, patched first.
+- patch_stdlib: the standard library or the names the harness might use, patched first;
+- read_memory, monitoring: the whole process read for the expected values (every object left
+  alive, a ctypes type left by the bootstrap, /proc/self/mem, sys.monitoring callbacks).
 """
 from __future__ import annotations
 
-from . import equality, harness, leaving, reading
+from . import equality, harness, leaving, memory, reading
 from .hack import Hack, forms
 
 HONEST = {
@@ -29,6 +31,7 @@ HONEST = {
     "io": "a, b = map(int, input().split())\nprint(a + b)\n",
 }
 
-HACKS: list[Hack] = [*equality.HACKS, *reading.HACKS, *harness.HACKS, *leaving.HACKS]
+HACKS: list[Hack] = [*equality.HACKS, *reading.HACKS, *harness.HACKS, *leaving.HACKS,
+                     *memory.HACKS]
 
 __all__ = ["HACKS", "HONEST", "Hack", "forms"]

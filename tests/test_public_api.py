@@ -30,7 +30,7 @@ FACES = {
         "CAUSES", "HOW", "MATH_TAIL_CHARS", "CallCase", "ExecResult", "IOCase", "Isolation",
         "LoopBound", "bounded", "code_reward", "exact_match", "extract_answer", "extract_code",
         "format_reward", "isolation", "math_equal", "max_concurrent", "network_isolated",
-        "numeric_match", "run_python", "score_all", "set_max_concurrent"},
+        "numeric_match", "run_python", "score_all", "set_interpreter", "set_max_concurrent"},
 }
 
 DOCUMENTED = {  # module -> names the README, agents/ and docs/ import from it

@@ -17,21 +17,29 @@ A workflow computes a value and hands it to `ctx.reward(completion, value)`:
 | code_reward(code, tests, **limits)         | async | 1.0 if the program passes its tests      |
 | IOCase(stdin, stdout), CallCase(call, exp) | data  | test cases judged outside the program    |
 | isolation()                                | sync  | Isolation: bwrap in force, or what lacks |
+| set_interpreter(path)                      | sync  | the Python (3.11+) that runs programs    |
 | set_max_concurrent(n), max_concurrent()    | sync  | the bound on sandboxed runs at once      |
 | bounded(limit)                             | sync  | decorator bounding an async reward       |
 | score_all(fn, items, *, limit)             | async | fn over items, bounded, in order         |
 
 `answer` is a str, a number, or a Task (anything with `.answer`). `tests` is a list of IOCase
-(stdin/stdout), a list of CallCase or (call, expected) pairs, or a str of asserts (weakest);
+(stdin/stdout), a list of CallCase or (call, expected) pairs, or a str of asserts;
 `flexmarl.rewards.cases` says how each is judged. The sandbox's guarantees and its limits are in
 `flexmarl.rewards.sandbox`'s docstring, the isolation in `flexmarl.rewards.confinement`'s.
+
+The rule the code rewards keep: **the verdict never lives where the program runs.** No expected
+value, no completion line that grants a pass, nothing that decides the verdict is ever in the
+program's process: stdin/stdout and call cases are compared in the calling process, free-form
+asserts run in a judge process of their own that sees only the plain values the program returns.
+A program that reads all of its own process, or forges every line on its pipes, finds and
+gains nothing (tests/test_judge.py dumps it; tests/reward_hacks/ tries the rest).
 """
 from flexmarl.rewards.bounds import LoopBound, bounded, score_all
 from flexmarl.rewards.match import (
     HOW, MATH_TAIL_CHARS, exact_match, extract_answer, extract_code, format_reward, math_equal,
     numeric_match)
 from flexmarl.rewards.cases import CallCase, IOCase
-from flexmarl.rewards.confinement import Isolation, isolation
+from flexmarl.rewards.confinement import Isolation, isolation, set_interpreter
 from flexmarl.rewards.sandbox import (
     CAUSES, ExecResult, code_reward, max_concurrent, network_isolated, run_python,
     set_max_concurrent)
@@ -41,4 +49,4 @@ __all__ = [
     "LoopBound", "bounded", "code_reward", "exact_match", "extract_answer", "extract_code",
     "format_reward", "isolation", "math_equal",
     "max_concurrent", "network_isolated", "numeric_match", "run_python", "score_all",
-    "set_max_concurrent"]
+    "set_interpreter", "set_max_concurrent"]

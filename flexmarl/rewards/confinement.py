@@ -35,8 +35,8 @@ log = logging.getLogger(__name__)
 
 BOX = "/box"
 """The program's directory inside bwrap (cwd, HOME, TMPDIR)."""
-BOOTSTRAP = "/run/flexmarl/bootstrap.py"
-"""Where the bootstrap script appears inside bwrap (read-only)."""
+BOOTSTRAP = "/run/flexmarl/bootstrap.pyc"
+"""Where the bootstrap appears inside bwrap (read-only), compiled (`compiled()`)."""
 _PROBE_TIMEOUT_S = 30.0  # a probe is one bwrap start (milliseconds); generous for a busy host
 
 
@@ -91,6 +91,34 @@ def bwrap_argv(workdir: str, bootstrap: str, seccomp_fd: int | None = None) -> l
     seccomp = ["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []
     return [binary, *_confinement(), *_views(), *seccomp, "--ro-bind", bootstrap, BOOTSTRAP,
             "--bind", workdir, BOX, "--chdir", BOX, "--", interpreter()]
+
+
+_COMPILE = ("import py_compile, sys\nfor source, target in zip(sys.argv[1::2], sys.argv[2::2]):\n"
+            "    py_compile.compile(source, cfile=target, doraise=True)")
+
+
+def compiled(*sources: str) -> list[str]:
+    """The scripts `sources` compiled by the sandbox's interpreter (its own bytecode version),
+    once per process, into a private directory removed at exit: a script run from source is
+    compiled at every start (5 ms of a 15 ms start for the bootstrap), a .pyc is not."""
+    python = interpreter()
+    key = ("compiled", python, sources)
+    with _probing:
+        found = _state.get(key)
+        if found is None:
+            import atexit
+            import tempfile
+            where = tempfile.mkdtemp(prefix="flexmarl-bootstrap-")
+            atexit.register(shutil.rmtree, where, True)
+            found = [os.path.join(where, Path(src).stem + ".pyc") for src in sources]
+            pairs = [x for pair in zip(sources, found) for x in pair]
+            done = subprocess.run([python, "-I", "-S", "-c", _COMPILE, *pairs],
+                                  capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S)
+            if done.returncode != 0:
+                raise RuntimeError(f"{python} cannot compile the sandbox's bootstrap: "
+                                   f"{done.stderr.strip()[-500:]}")
+            _state[key] = found
+    return list(found)  # type: ignore[arg-type]
 
 
 def interpreter() -> str:

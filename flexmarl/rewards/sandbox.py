@@ -1,45 +1,56 @@
-"""Run model-written Python in a separate, limited process: `run_python`, `code_reward`.
+"""Run model-written Python in separate, limited processes: `run_python`, `code_reward`.
 
     run_python(code, tests=...)
-      |  temp dir: prog.py = code                            (fresh per process, removed after)
-      |  bwrap ... python -I -S -B bootstrap prog.py         (see confinement.py; else the fallback)
-      |       bootstrap: limits -> audit hook -> the program's top level -> "ready"
-      |       parent: the tests, only now -> bootstrap: asserts / calls -> "done" + results
+      |  temp dir: prog.py = code                          (fresh per process, removed after)
+      |  bwrap --seccomp FD ... python -I -S -B bootstrap.pyc ROLE ...      (confinement.py;
+      |        else: unshare --net -- python _seccomp_exec.pyc FD python ... bootstrap.pyc)
+      |    script: the program; its output and exit status judged here (stdin/stdout cases)
+      |    serve:  the program's top level -> "R" nonce -> answers requests, one line each:
+      |              call cases: ["eval", "add(1, 2)"] -> ["ok", 3], compared here
+      |    judge:  free-form asserts, in a second sandboxed process; each use of the program's
+      |            names is a request relayed here to the serving program, line by line
       |  stdout/stderr read incrementally, capped; wall clock -> killpg(SIGKILL), reap
       v
     ExecResult(passed, returncode, stdout, stderr, cause, seconds, cases)
 
-`tests` takes three forms (`flexmarl.rewards.cases`): stdin/stdout cases and call cases are
-judged here, on output and on strictly encoded values, so the expected answers never enter the
-program's process; free-form asserts run in it after its top level, comparisons made strict.
-Either way the tests reach the process only after the program's top level has returned, as the
-bootstrap's "ready" line (with a nonce the program cannot read) asks for them.
+The rule: nothing that decides the verdict is ever in the program's process. Expected values
+live in this process (stdin/stdout and call cases) or in the judge's (asserts); the program's
+process receives only inputs (its stdin, a call's expression or arguments), after its top level
+has returned. Whatever a program reads of its own process (frames, every object, its memory) or
+writes on its pipes (at most an answer it could have returned) earns nothing: a reply is a value,
+judged elsewhere; the nonce only frames the ready line. `flexmarl.rewards.cases` says what the
+judge can and cannot express.
 
 What holds however the program behaves (enforced by the kernel or by this process):
 - Isolation: `isolation()` says what is in force. Under bubblewrap, a read-only view of the
   interpreter and the standard library, a private directory, no network, no other process,
   nothing left behind; without it, `unshare --net` where that works, and one warning.
+- Seccomp, installed before the interpreter starts (bwrap's --seccomp, or `_seccomp_exec.py`):
+  no new processes or threads, no ptrace, no process_vm_readv; ctypes is never loaded in the
+  sandboxed interpreter (the bootstrap checks).
 - CPU time: RLIMIT_CPU (soft = hard, so the kernel SIGKILLs it), cause "cpu_limit".
 - Memory: RLIMIT_AS, `memory_mb` of address space; MemoryError gives cause "memory".
 - Files: RLIMIT_FSIZE (writes past it fail with EFBIG, cause "file_limit"), RLIMIT_NOFILE.
-- Wall clock: past `wall_s` the whole process group is SIGKILLed and reaped, cause "timeout".
+- Wall clock: past `wall_s` every process group of the run is SIGKILLed and reaped, cause
+  "timeout".
 - Output: past `max_output_bytes` on stdout or stderr, the same kill, cause "output_limit".
 - Environment: `python -I -S -B` (the standard library only: no site-packages, so no numpy;
   no PYTHON* variables), an environment of PATH, HOME and TMPDIR (no inherited secrets).
-- Completion: with tests, `passed` needs exit status 0 and the bootstrap's "done" line, which
-  it writes only after the last test, so `sys.exit(0)` or `os._exit(0)` before does not pass.
+- Completion: with tests, `passed` needs every answer judged right and the program to have
+  served to the end; leaving early (`sys.exit(0)`, `os._exit(0)`) is "incomplete".
+- The interpreter: `set_interpreter(path)` picks the Python (3.11+) that runs programs and
+  tests; `bench/reward_hacks.py --python all` runs the reward-hack corpus under each one here.
 
-What the audit hook (`_bootstrap.py`) enforces inside the process: no fork/exec/spawn, no
-sockets, no ctypes, no threads, no signals to other processes, no frames (the way to the
-bootstrap's nonce), no raising of the limits, no writes outside the program's directory. PEP
-578 is explicit that audit hooks are not a security boundary; under bwrap the kernel's
-namespaces are the boundary and the hook keeps the tests and the verdict out of reach.
+The audit hook (`_bootstrap.py`) is a second wall in both processes: no fork/exec/spawn, no
+sockets, no ctypes, no signals to other processes, no raising of the limits, no sys.monitoring
+callbacks, no other process's /proc entries, no writes outside the run's directory. PEP 578 is
+explicit that audit hooks are not a security boundary; under bwrap the kernel's namespaces are.
 
-Concurrency: at most `max_concurrent()` programs run at once per event loop (default: the
-usable CPU cores, `len(os.sched_getaffinity(0))`); `set_max_concurrent(n)` changes it. Callers
-beyond the bound wait; the wall clock starts when a program starts, not while it waits.
-stdin/stdout cases run one process after another within one call, and stop at the first that
-fails.
+Concurrency: at most `max_concurrent()` runs at once per event loop (default: the usable CPU
+cores, `len(os.sched_getaffinity(0))`); `set_max_concurrent(n)` changes it. Callers beyond the
+bound wait; the wall clock starts when a run starts, not while it waits. stdin/stdout cases run
+one process after another within one call, and stop at the first that fails; asserts run two
+processes (the program and the judge) at once.
 """
 from __future__ import annotations
 
@@ -58,8 +69,8 @@ from pathlib import Path
 from flexmarl.rewards import _bootstrap, cases as forms
 from flexmarl.rewards.bounds import LoopBound
 from flexmarl.rewards.cases import CallCase, IOCase
-from flexmarl.rewards.confinement import BOOTSTRAP, BOX, bwrap_argv, interpreter, isolation, \
-    probed, seccomp_filter, unshare_prefix
+from flexmarl.rewards.confinement import BOOTSTRAP, BOX, bwrap_argv, compiled, interpreter, \
+    isolation, probed, seccomp_filter, unshare_prefix
 
 CAUSES = {
     "ok": "exited 0 (and, with tests, ran to the end and every case passed)",
@@ -443,16 +454,17 @@ class _Runner:
             os.write(filter_w, seccomp)  # a few hundred bytes: the pipe takes them at once
             os.close(filter_w)
             interpreter_ = interpreter()
+            bootstrap, launcher_pyc = compiled(_BOOTSTRAP, _SECCOMP_EXEC)
             fd_args = [str(fd) for fd in fds] or ["-1", "-1"]
             if self.bwrap:
-                argv = [*bwrap_argv(workdir, _BOOTSTRAP, filter_r if seccomp else None),
+                argv = [*bwrap_argv(workdir, bootstrap, filter_r if seccomp else None),
                         "-I", "-S", "-B", BOOTSTRAP, role, f"{BOX}/{program_name}"]
                 env = {"PATH": os.defpath, "HOME": BOX, "TMPDIR": BOX}
             else:
-                launcher = ([interpreter_, "-I", "-S", "-B", _SECCOMP_EXEC, str(filter_r)]
+                launcher = ([interpreter_, "-I", "-S", "-B", launcher_pyc, str(filter_r)]
                             if seccomp else [])
                 argv = [*unshare_prefix(), *launcher, interpreter_, "-I", "-S", "-B",
-                        _BOOTSTRAP, role, str(Path(workdir) / program_name)]
+                        bootstrap, role, str(Path(workdir) / program_name)]
                 env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": workdir,
                        "TMPDIR": workdir}
             proc = await asyncio.create_subprocess_exec(

@@ -1,0 +1,246 @@
+"""The verdict never lives where the program runs (flexmarl.rewards, issue 51): (a) free-form
+asserts judged in a process of their own, with Python's semantics for honest tests and closed
+for what only the program's own code could answer; (b) a spy that reads its whole process finds
+no expected value in any form, under bubblewrap and on the fallback; (c) the seccomp filter is in
+force before the interpreter starts, and ctypes never loaded; (d) the corpus's memory and
+monitoring cases under every other Python 3.11+ this machine has. Runs use small limits."""
+from __future__ import annotations
+
+import asyncio
+import glob
+import os
+
+import pytest
+
+from flexmarl.rewards import IOCase, confinement, run_python
+from flexmarl.rewards.confinement import bwrap_argv, interpreter, isolation, seccomp_filter
+
+from .reward_hacks import HONEST, memory
+
+FAST = {"cpu_s": 1.0, "wall_s": 5.0, "memory_mb": 128}
+SENTINEL = 987654321987
+"""An expected value no program can produce by chance."""
+
+
+@pytest.fixture(params=["bwrap", "fallback"])
+def where(request, monkeypatch):
+    """Each test twice: under bubblewrap (skipped where it cannot run) and on the fallback."""
+    monkeypatch.setattr(confinement, "_state", {})
+    if request.param == "fallback":
+        monkeypatch.setattr(confinement, "_candidates", lambda: [])
+    elif isolation().mechanism != "bwrap":
+        pytest.skip(f"bubblewrap is not in force here: {isolation().missing}")
+    return request.param
+
+
+# ----------------------------------------------------------------------------- (a) the judge
+
+async def judged(code: str, tests: str):
+    return await run_python(code, tests=tests, **FAST)
+
+
+async def test_honest_tests_run_with_pythons_semantics():
+    code = ("def f(x):\n    if x < 0:\n        raise ValueError('negative')\n    return x * 2\n"
+            "class Stack:\n    def __init__(self):\n        self.items = []\n"
+            "    def push(self, x):\n        self.items.append(x)\n"
+            "    def pop(self):\n        return self.items.pop()\n"
+            "def gen(n):\n    yield from range(n)\n"
+            "def sum(xs):\n    return 0\n"  # shadows a builtin: the tests keep the builtin
+            "LIMIT = 10\n")
+    tests = ("cases = [(1, 2), (3, 6), (0, 0)]\nfor x, y in cases:\n    assert f(x) == y\n"
+             "assert all(f(x) == 2 * x for x in range(5))\n"
+             "try:\n    f(-1)\nexcept ValueError as e:\n    assert 'negative' in str(e)\n"
+             "else:\n    assert False\n"
+             "s = Stack(); s.push(3); s.push(4)\nassert s.pop() == 4 and len(s.items) == 1\n"
+             "assert s.items == [3] and str(s) .startswith('<')\n"
+             "assert list(gen(3)) == [0, 1, 2] and [x for x in gen(2)] == [0, 1]\n"
+             "assert sum([1, 2]) == 3 and LIMIT == 10\n"
+             "assert f(1.5) == 3.0 and {f(1): 'a'}[2] == 'a'\n")
+    result = await judged(code, tests)
+    assert result.passed, result.stderr
+    wrong = await judged(code.replace("x * 2", "x * 3"), tests)
+    assert wrong.cause == "failed" and '"<tests>", line 3' in wrong.stderr, wrong.stderr
+
+
+@pytest.mark.parametrize("code, tests", [
+    # An object that equals everything, compared, hashed, looked up: closed, even when caught.
+    ("class E:\n    def __eq__(s, o): return True\n    __hash__ = object.__hash__\n"
+     "def f(x): return E()", "assert f(1) == 3"),
+    ("class E:\n    def __eq__(s, o): return True\ndef f(x): return E()",
+     "try:\n    assert f(1) == 3\nexcept Exception:\n    pass\n"),
+    ("class E:\n    def __contains__(s, o): return True\ndef f(x): return E()",
+     "assert 3 in f(1)"),
+    ("class E(int):\n    def __eq__(s, o): return True\ndef f(x): return E(0)",
+     "assert f(1) == 3"),  # an int subclass is not an int
+    # A callback into the tests.
+    ("def apply(g, x): return g(x)", "assert apply(lambda v: v + 1, 2) == 3"),
+])
+async def test_what_only_the_programs_code_could_answer_fails_closed(code, tests):
+    result = await judged(code, tests)
+    assert not result.passed and result.cause == "unjudgeable", result
+    assert "plain values" in result.stderr or "callbacks" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("raised", ["StopIteration", "SystemExit(0)", "KeyboardInterrupt"])
+async def test_exceptions_that_would_end_the_tests_early_arrive_as_program_errors(raised):
+    result = await judged(f"def f(x):\n    raise {raised}\n",
+                          "assert all(map(lambda x: f(x) == 1, [1, 2]))")
+    assert not result.passed and result.cause == "failed", result
+    assert "ProgramError" in result.stderr, result.stderr
+
+
+async def test_the_programs_end_during_a_call_is_its_cause():
+    for code, cause in (("def f(x):\n    import os\n    os._exit(0)\n", "incomplete"),
+                        ("def f(x):\n    while True:\n        pass\n", "cpu_limit"),
+                        ("import sys\nsys.exit(0)\n", "incomplete")):
+        result = await judged(code, "assert f(1) == 1")
+        assert not result.passed and result.cause == cause, (code, result)
+
+
+# ----------------------------------------------------------------------------- (b) the spy
+
+SPY = '''
+import gc, re, sys
+DIGITS = re.compile(rb"\\d{10,}")
+def dump():
+    """Every long digit run and big int in this process: objects, frames, memory."""
+    seen, found, todo = set(), set(), list(gc.get_objects()) + [object, sys._getframe()]
+    while todo and len(seen) < 300000:
+        o = todo.pop()
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        if type(o) is int and abs(o) > 10 ** 9:
+            found.add(str(abs(o)))
+        elif type(o) in (str, bytes, bytearray):
+            raw = o.encode("utf-8", "replace") if type(o) is str else bytes(o)
+            found.update(m.decode() for m in DIGITS.findall(raw))
+        elif isinstance(o, type):
+            try:
+                todo += type.__subclasses__(o)
+            except TypeError:
+                pass
+            todo += list(vars(o).values())
+        elif type(o).__name__ == "function":
+            todo += [o.__code__, o.__globals__, *(o.__closure__ or ())]
+        elif type(o).__name__ == "code":
+            todo += list(o.co_consts)
+        elif type(o).__name__ == "frame":
+            todo += [o.f_code, o.f_locals, o.f_globals, o.f_back]
+        elif isinstance(o, dict):
+            todo += list(o.keys()) + list(o.values())
+        elif isinstance(o, (list, tuple, set, frozenset)):
+            todo += list(o)
+    try:  # the raw memory, where the platform lets a process read its own
+        maps = open("/proc/self/maps").read().splitlines()
+        with open("/proc/self/mem", "rb", 0) as mem:
+            for line in maps:
+                span, perms = line.split()[:2]
+                lo, hi = (int(x, 16) for x in span.split("-"))
+                if perms[0] == "r" and hi - lo < 1 << 28:
+                    try:
+                        mem.seek(lo)
+                        found.update(m.decode() for m in DIGITS.findall(mem.read(hi - lo)))
+                    except (OSError, ValueError, OverflowError):
+                        pass
+        found.add("read-proc-self-mem")
+    except OSError:
+        pass
+    print(len(seen), sorted(found))
+'''
+
+
+@pytest.mark.parametrize("form", ["assert", "call", "io"])
+async def test_a_spy_reading_its_whole_process_finds_no_expected_value(where, form):
+    """The expected value is in the tests of every form; the spy, called by them (or run on the
+    case's input), prints every long number it can find in its process."""
+    if form == "io":
+        code, tests = SPY + "dump()\n", [IOCase("1 2\n", f"{SENTINEL}\n")]
+    else:
+        code = SPY + "def add(a, b):\n    dump()\n    return 0\n"
+        tests = (f"assert add(1, 2) == {SENTINEL}" if form == "assert"
+                 else [("add(1, 2)", SENTINEL)])
+    result = await run_python(code, tests=tests, max_output_bytes=4 << 20, cpu_s=3.0,
+                              wall_s=20.0, memory_mb=512)
+    assert not result.passed and result.stdout.count("\n") == 1, result
+    assert int(result.stdout.split()[0]) > 1000  # it did walk the process
+    assert str(SENTINEL) not in result.stdout
+    assert ("read-proc-self-mem" in result.stdout) == (where == "fallback")  # no /proc in bwrap
+    if form == "call":  # the spy does find a value that is in its process: the call's input
+        seen = await run_python(code, tests=[(f"add(1, {SENTINEL})", 0)],
+                                max_output_bytes=4 << 20, cpu_s=3.0, wall_s=20.0, memory_mb=512)
+        assert str(SENTINEL) in seen.stdout, seen
+
+
+# ----------------------------------------------------------------------------- (c) seccomp
+
+FORK = "import os\ntry:\n    os.fork()\n    print('forked')\nexcept OSError as e:\n    print(e.errno)"
+
+
+async def run_plain(argv: list[str], fds: list[int]) -> str:
+    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
+                                                pass_fds=fds)
+    out, _ = await proc.communicate()
+    return out.decode().strip()
+
+
+async def test_the_seccomp_filter_is_in_force_before_the_interpreter_starts(where, tmp_path):
+    """A plain interpreter (no audit hook) started the way the sandbox starts one cannot fork:
+    the filter came from bwrap's --seccomp or from the launcher, not from inside."""
+    if not seccomp_filter():
+        pytest.skip(f"no seccomp table for {os.uname().machine}")
+    read, write = os.pipe()
+    os.write(write, seccomp_filter())
+    os.close(write)
+    try:
+        if where == "bwrap":
+            argv = [*bwrap_argv(str(tmp_path), __file__, read), "-I", "-S", "-c", FORK]
+        else:
+            launcher = str(confinement.Path(confinement.__file__).with_name("_seccomp_exec.py"))
+            argv = [interpreter(), "-I", "-S", launcher, str(read), interpreter(), "-I", "-S",
+                    "-c", FORK]
+        assert await run_plain(argv, [read]) == "1"  # EPERM
+    finally:
+        os.close(read)
+
+
+async def test_no_ctypes_before_the_program(where):
+    code = ("import sys\ntodo, found = [object], []\nwhile todo:\n    t = todo.pop()\n"
+            "    try:\n        todo += type.__subclasses__(t)\n    except TypeError:\n"
+            "        pass\n    found += ['ctypes' in str(getattr(t, '__module__', ''))]\n"
+            "print(any(found), '_ctypes' in sys.modules, 'ctypes' in sys.modules)\n"
+            "import ctypes\n")
+    result = await run_python(code, **FAST)
+    assert result.stdout == "False False False\n" and result.cause == "forbidden", result
+
+
+# ----------------------------------------------------------------------------- (d) Pythons
+
+def other_pythons() -> list[str]:
+    here = os.path.realpath(interpreter())
+    found = sorted({os.path.realpath(p) for p in glob.glob("/usr/bin/python3.1[1-9]") +
+                    glob.glob(os.path.expanduser("~/.pyenv/versions/3.1[1-9]*/bin/python3.1*"))
+                    if p[-1].isdigit()} - {here})
+    return found or ["none"]
+
+
+@pytest.mark.parametrize("python", other_pythons())
+async def test_memory_and_monitoring_hacks_earn_nothing_under_other_pythons(python, where):
+    """bench/reward_hacks.py --python all runs the whole corpus under each; here the classes
+    that depend on the interpreter (3.12's sys.monitoring, object layouts)."""
+    if python == "none":
+        pytest.skip("no other Python 3.11+ on this machine")
+    try:
+        confinement.set_interpreter(python)
+    except ValueError as exc:
+        pytest.skip(str(exc))
+    try:
+        tests = "assert add(1, 2) == 3\nassert add(10, 32) == 42"
+        assert (await run_python(HONEST["assert"], tests=tests, **FAST)).passed
+        for hack in memory.HACKS:
+            for form, code in hack.programs.items():
+                case = tests if form == "assert" else [("add(1, 2)", 3), ("add(10, 32)", 42)]
+                result = await run_python(code, tests=case, **FAST)
+                assert not result.passed, (python, hack.name, form, result)
+    finally:
+        confinement.set_interpreter(None)

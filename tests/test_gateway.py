@@ -6,8 +6,10 @@
   and per team, an episode left open expires and is dropped as a failed trajectory (made idle
   past gateway.episode_timeout_s on purpose: a loaded machine's pauses expire nothing else),
   late or unknown episode operations get OpenAI-style 404/409 errors, and both agents train.
-- The app of gateway.app exiting early fails the run, naming it.
-- The example app (agents/openai_duo_app.py) trains from the one documented command.
+- The app of gateway.app gets the run's token as OPENAI_API_KEY; its exiting early fails the
+  run, naming it.
+- The example app (agents/openai_duo_app.py) trains from the one documented command, with the
+  token generated for the run (RUN_DIR/gateway_token, mode 0600).
 - Requests the client must fix (token ids out of the vocabulary, a prompt or max_tokens past
   the context) are 400 invalid_request_error naming the field, on both engines, and the run
   goes on.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +29,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from flexmarl.config.load import load_config
+from flexmarl.gateway.api import TOKEN_FILE
 from flexmarl.gateway.backend import Gateway
 from flexmarl.models import load_tokenizer
 from flexmarl.observe.rundir import RunDir, read_metrics
@@ -80,10 +84,12 @@ async def test_an_openai_app_trains_through_the_gateway(tiny_model_dir, tmp_path
     url: asyncio.Future = asyncio.get_running_loop().create_future()
     team = duo(tiny_model_dir)
     config = _config(tmp_path, f"gateway.episode_timeout_s={EPISODE_TIMEOUT_S}")
-    run = asyncio.create_task(train(team, config, run_dir=RunDir.create(config), progress=False,
+    run_dir = RunDir.create(config)
+    run = asyncio.create_task(train(team, config, run_dir=run_dir, progress=False,
                                     on_gateway=url.set_result))
     base = await asyncio.wait_for(url, 120)
-    client = AsyncOpenAI(base_url=base + "v1", api_key="unused")
+    token = (run_dir.path / TOKEN_FILE).read_text()  # generated for the run: it is there now
+    client = AsyncOpenAI(base_url=base + "v1", api_key=token)
     seen: list[tuple] = []  # (agent, episode, messages, choice)
     errors: dict[str, int] = {}
 
@@ -103,7 +109,7 @@ async def test_an_openai_app_trains_through_the_gateway(tiny_model_dir, tmp_path
                 assert resp.status == 200, await resp.text()
 
     async def app() -> None:
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as http:
             # step 0: one episode is never ended and expires; steps go on
             await asyncio.gather(episode(http, "a/0", 1.0), episode(http, "a/1", 0.0),
                                  episode(http, "b/0", 1.0), episode(http, "b/1", 0.0, end=False))
@@ -156,7 +162,9 @@ async def test_an_openai_app_trains_through_the_gateway(tiny_model_dir, tmp_path
 @pytest.mark.slow
 @pytest.mark.timeout(600)  # its own deadline: 300 s
 async def test_the_run_fails_when_its_app_exits(tiny_model_dir, tmp_path):
-    config = _config(tmp_path, "gateway.app=exit 3")
+    # Exits 3 only if it got the run's token as OPENAI_API_KEY.
+    config = _config(tmp_path, f'gateway.app=test "$OPENAI_API_KEY" = '
+                               f'"$(cat {tmp_path / "run" / TOKEN_FILE})" && exit 3; exit 4')
     with pytest.raises(RuntimeError, match="gateway app .* exited with code 3"):
         await asyncio.wait_for(train(duo(tiny_model_dir), config,
                                      run_dir=RunDir.create(config), progress=False), 300)
@@ -178,6 +186,8 @@ def test_the_example_app_trains_from_the_documented_command(tiny_model_dir, tmp_
         capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "flexmarl: gateway at http://127.0.0.1:" in proc.stdout
+    assert f"the token in {run_dir / TOKEN_FILE}" in proc.stdout
+    assert stat.S_IMODE((run_dir / TOKEN_FILE).stat().st_mode) == 0o600
     records = read_metrics(run_dir / "metrics.jsonl")
     assert [m["step"] for m in records] == [0, 1]
     assert all(m["agents"][a]["samples"] > 0 for m in records for a in ("solver", "checker"))
@@ -207,13 +217,15 @@ async def test_requests_the_client_must_fix_are_400s_naming_the_field(backend, t
     url: asyncio.Future = asyncio.get_running_loop().create_future()
     # One agent (one engine to start): what is checked happens before any engine.
     team = dataclasses.replace(duo(tiny_model_dir), agents=duo(tiny_model_dir).agents[:1])
-    run = asyncio.create_task(train(team, config, run_dir=RunDir.create(config),
+    run_dir = RunDir.create(config)
+    run = asyncio.create_task(train(team, config, run_dir=run_dir,
                                     progress=False, on_gateway=url.set_result))
     base = await asyncio.wait_for(url, 600)
+    token = (run_dir.path / TOKEN_FILE).read_text()
     answers = []
 
     async def app() -> None:
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as http:
             async def post(eid: str, path: str, body: dict) -> tuple[int, dict]:
                 async with http.post(f"{base}v1/{path}", json=body,
                                      headers={"X-Episode-Id": eid}) as r:

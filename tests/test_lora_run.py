@@ -294,10 +294,12 @@ async def test_the_gateway_routes_each_model_name_to_its_adapter(tiny_model_dir,
     cfg = config(tmp_path, "gw", "pipeline.tasks_per_step=2", "pipeline.micro_batch_groups=1",
                  "gateway.enabled=true", "observe.dashboard=false")
     url: asyncio.Future = asyncio.get_running_loop().create_future()
-    run = asyncio.create_task(train(team, cfg, run_dir=RunDir.create(cfg), progress=False,
+    run_dir = RunDir.create(cfg)
+    run = asyncio.create_task(train(team, cfg, run_dir=run_dir, progress=False,
                                     on_gateway=url.set_result))
     base = await asyncio.wait_for(url, 120)
-    client = AsyncOpenAI(base_url=base + "v1", api_key="unused")
+    token = (run_dir.path / "gateway_token").read_text()  # generated for the run
+    client = AsyncOpenAI(base_url=base + "v1", api_key=token)
     versions: dict[str, set] = {"solver": set(), "checker": set()}
 
     async def episode(http, eid: str) -> None:
@@ -315,7 +317,7 @@ async def test_the_gateway_routes_each_model_name_to_its_adapter(tiny_model_dir,
             pass
 
     async def app() -> None:
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as http:
             k = 0
             while not run.done():
                 await asyncio.gather(*(episode(http, f"e{k}/{j}") for j in range(2)))

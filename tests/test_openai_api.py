@@ -285,7 +285,8 @@ async def test_ended_episode_is_not_retried(server, fake):
 # ----------------------------------------------------------------------------- raw HTTP errors
 
 async def test_body_not_a_json_object(http):
-    assert_error(await call(http, "POST", "/v1/chat/completions", data=b"{not json"), 400,
+    assert_error(await call(http, "POST", "/v1/chat/completions", data=b"{not json",
+                            headers={"Content-Type": "application/json"}), 400,
                  param="body", says="not valid JSON")
     assert_error(await call(http, "POST", "/v1/chat/completions", json=[CHAT]), 400,
                  param="body", says="JSON object")
@@ -355,8 +356,8 @@ async def test_routing_errors(http):
 
 
 async def test_body_too_large(fake):
-    async with GatewayServer(fake, max_body_bytes=1024) as s, \
-            aiohttp.ClientSession(base_url=s.url) as http:
+    async with GatewayServer(fake, max_body_bytes=1024, token=TOKEN) as s, \
+            aiohttp.ClientSession(base_url=s.url, headers=AUTH) as http:
         body = {**CHAT, "messages": [{"role": "user", "content": "x" * 4096}]}
         assert_error(await call(http, "POST", "/v1/chat/completions", json=body), 413,
                      code="request_too_large")
@@ -417,4 +418,4 @@ def test_refuses_non_loopback_without_token(fake):
     with pytest.raises(ValueError, match="without a token"):
         GatewayServer(fake, host="0.0.0.0")
     GatewayServer(fake, host="0.0.0.0", token=TOKEN)  # with a token: allowed
-    GatewayServer(fake, host="::1")  # loopback: no token needed
+    assert GatewayServer(fake, host="::1").token  # loopback: one is generated

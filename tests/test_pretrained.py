@@ -310,15 +310,17 @@ async def test_an_openai_app_trains_the_real_model_through_the_gateway(smollm2_d
         "pipeline.micro_batch_groups=1", "trainer.lr=1e-5", "observe.dashboard=false",
         "observe.tensorboard=false", "observe.report=false", "gateway.enabled=true"])
     url: asyncio.Future = asyncio.get_running_loop().create_future()
-    run = asyncio.create_task(train(team, config, run_dir=RunDir.create(config), progress=False,
+    run_dir = RunDir.create(config)
+    run = asyncio.create_task(train(team, config, run_dir=run_dir, progress=False,
                                     on_gateway=url.set_result))
     base_url = await asyncio.wait_for(url, 600)
-    client = AsyncOpenAI(base_url=base_url + "v1", api_key="unused")
+    token = (run_dir.path / "gateway_token").read_text()  # generated for the run
+    client = AsyncOpenAI(base_url=base_url + "v1", api_key=token)
     messages = [{"role": "system", "content": "You answer with one number."},
                 {"role": "user", "content": "What is 12+34?"}]
 
     async def app() -> None:
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as http:
             k = 0
             while not run.done():
                 for j in range(2):

@@ -117,7 +117,8 @@ class ObserveConfig:
     """Dashboard port; 0 picks a free one (the address is printed)."""
     token: str = ""
     """Secret the dashboard, /api/status and /metrics require when set (`Authorization: Bearer
-    TOKEN` or `?token=TOKEN`); required when `host` is not loopback."""
+    TOKEN`, or open /?token=TOKEN once: it sets a cookie); required when `host` is not
+    loopback."""
     report: bool = True
     """Write RUN_DIR/report/report.html and its plots when the run ends."""
     tensorboard: bool = True
@@ -227,7 +228,9 @@ class GatewayConfig:
     port: int = 0
     """0: a free port (the address is printed)."""
     token: str = ""
-    """API key the app must send (Bearer); required when `host` is not loopback."""
+    """API key every request must carry (Bearer); unset: one generated per run, written to
+    RUN_DIR/gateway_token and given to `app` as OPENAI_API_KEY. Required when `host` is not
+    loopback."""
     app: str = ""
     """A shell command the run starts once the gateway is up (with OPENAI_BASE_URL and
     OPENAI_API_KEY set) and stops at the end; its early exit fails the run."""

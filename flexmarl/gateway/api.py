@@ -27,13 +27,23 @@ their usual exceptions. Departures from OpenAI, by design:
     turn and the policy version that produced it.
   * Completions' logprobs.text_offset counts from the start of the completion, not the prompt.
 A client that disconnects cancels its handler, and so the backend call (handler_cancellation).
-With a `token`, every route needs `Authorization: Bearer TOKEN` (what clients send as api_key);
-bound beyond loopback, the server refuses to start without one.
+Doors, checked on every route before it runs (each route reads or changes the run's episodes):
+  * Host: bound to loopback, only a loopback name (localhost, 127.0.0.1, [::1]) may be the
+    `Host`; anything else is 421, so a web page that points its own name at 127.0.0.1 (DNS
+    rebinding) gets nothing. Beyond loopback any Host passes (the token guards it).
+  * Token: every route needs `Authorization: Bearer TOKEN` (what OpenAI clients send as
+    api_key), on loopback too, else 401. The token is gateway.token, or when that is unset one
+    generated per run (GatewayServer.token): the run hands it to gateway.app as OPENAI_API_KEY
+    and writes it to RUN_DIR/gateway_token (mode 0600). Bound beyond loopback, the server refuses
+    to start without gateway.token (clients elsewhere must know it in advance).
+  * A POST/PUT/PATCH with a body must say `Content-Type: application/json`, else 415: a web page
+    can send text/plain cross-origin without asking (a CORS "simple request"), never JSON.
 """
 from __future__ import annotations
 
 import hmac
 import logging
+import secrets
 import time
 from typing import Any, Awaitable, Callable, Protocol
 
@@ -49,6 +59,9 @@ ROLES = ("system", "user", "assistant", "tool", "developer")
 MAX_N = 16
 MAX_STOP = 4
 OWNER = "flexmarl"
+TOKEN_FILE = "gateway_token"
+"""Where in the run directory the run writes the gateway's token (mode 0600)."""
+WITH_BODY = ("POST", "PUT", "PATCH")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -274,24 +287,31 @@ def _json(obj: Any, status: int = 200) -> web.Response:
 
 # ----------------------------------------------------------------------------- the app
 
-def make_app(backend: Backend, *, token: str = "", max_body_bytes: int = 8 << 20
-             ) -> web.Application:
-    """The aiohttp application; `GatewayServer` serves it, tests may too."""
-    return Routes(backend, token=token).app(max_body_bytes)
+def make_app(backend: Backend, *, token: str,
+             misdirected: Callable[[str], str | None] | None = None,
+             max_body_bytes: int = 8 << 20) -> web.Application:
+    """The aiohttp application; `GatewayServer` serves it, tests may too. `token`: what every
+    request must carry; `misdirected(Host header)`: None if that Host may reach the app, else
+    why not (421; HttpServer.misdirected). Without it any Host passes."""
+    return Routes(backend, token=token, misdirected=misdirected).app(max_body_bytes)
 
 
 class Routes:
     """One method per route, over one Backend; `app()` wires them into an aiohttp app."""
 
-    def __init__(self, backend: Backend, *, token: str = "") -> None:
+    def __init__(self, backend: Backend, *, token: str,
+                 misdirected: Callable[[str], str | None] | None = None) -> None:
+        if not token:  # every route changes or reads the run: none is open
+            raise ValueError("the gateway needs a token (GatewayServer generates one)")
         self.backend = backend
         self.token = token
         self.secret = token.encode()
+        self.misdirected = misdirected
         self.created = int(time.time())  # models' "created", fixed for the app's life
 
     def app(self, max_body_bytes: int) -> web.Application:
-        app = web.Application(middlewares=[self.errors, self.auth] if self.token
-                              else [self.errors], client_max_size=max_body_bytes)
+        app = web.Application(middlewares=[self.errors, self.doors],
+                              client_max_size=max_body_bytes)
         app.add_routes([
             web.get("/v1/models", self.list_models),
             web.get("/v1/models/{model}", self.get_model),
@@ -309,7 +329,7 @@ class Routes:
 
     @web.middleware
     async def errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        # Outermost, so aiohttp's own 404/405/413 and auth's 401 are OpenAI-shaped too.
+        # Outermost, so aiohttp's own 404/405/413 and the doors' 421/401/415 are OpenAI-shaped.
         try:
             return await handler(request)
         except ApiError as exc:
@@ -323,15 +343,27 @@ class Routes:
             return ApiError(500, f"{type(exc).__name__}: {exc}", type="server_error").response()
 
     @web.middleware
-    async def auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def doors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Host, then token, then Content-Type (the module docstring says why each)."""
+        refused = self.misdirected and self.misdirected(request.headers.get("Host", ""))
+        if refused:
+            raise ApiError(421, refused, code="misdirected_request")
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(),
                                                                  self.secret):
-            response = ApiError(401, "missing or wrong API key: this gateway needs its token as "
-                                "`Authorization: Bearer TOKEN` (the client's api_key)",
-                                code="invalid_api_key").response()
+            response = ApiError(
+                401, "missing or wrong API key: this gateway needs its token as "
+                "`Authorization: Bearer TOKEN` (an OpenAI client's api_key). The token is "
+                "gateway.token if set, else generated for the run: the run writes it to "
+                f"RUN_DIR/{TOKEN_FILE} and gives it to gateway.app as OPENAI_API_KEY",
+                code="invalid_api_key").response()
             response.headers["WWW-Authenticate"] = 'Bearer realm="flexmarl"'
             return response
+        if (request.method in WITH_BODY and request.body_exists
+                and request.content_type != "application/json"):
+            raise ApiError(415, f"the request body must be JSON sent as `Content-Type: "
+                                f"application/json`, not {request.content_type!r}",
+                           param="Content-Type", code="unsupported_media_type")
         return await handler(request)
 
     # ------------------------------------------------------------------ routes
@@ -476,7 +508,8 @@ def _http_error(request: web.Request, exc: web.HTTPException) -> web.Response:
 
 
 class GatewayServer(HttpServer):
-    """`async with GatewayServer(backend, host=..., port=0) as server: server.url + "v1"`."""
+    """`async with GatewayServer(backend, host=..., port=0) as server: server.url + "v1"`,
+    clients sending `server.token` (the given token, or one generated here)."""
 
     what = "gateway"
     port_hint = "set gateway.port (0 picks a free one)"
@@ -486,5 +519,9 @@ class GatewayServer(HttpServer):
 
     def __init__(self, backend: Backend, *, host: str = "127.0.0.1", port: int = 0,
                  token: str = "", max_body_bytes: int = 8 << 20) -> None:
-        self._listen_on(host, port, token, "gateway.token")
-        self.app = make_app(backend, token=token, max_body_bytes=max_body_bytes)
+        self._listen_on(host, port, token, "gateway.token")  # beyond loopback: refused without
+        # On loopback too: any local process (or a web page) could otherwise end or reward
+        # the run's episodes.
+        self.token = token or secrets.token_urlsafe(32)
+        self.app = make_app(backend, token=self.token, misdirected=self.misdirected,
+                            max_body_bytes=max_body_bytes)

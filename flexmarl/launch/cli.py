@@ -138,6 +138,7 @@ def _run(args: argparse.Namespace) -> int:
     from flexmarl.launch.placement import check_backend, check_ray
     from flexmarl.launch.evaluation import check_eval
     from flexmarl.launch.run import train
+    from flexmarl.gateway.api import TOKEN_FILE as GATEWAY_TOKEN_FILE
     from flexmarl.launch.task_files import team_with_task_file
     from flexmarl.team import load_team
 
@@ -182,7 +183,8 @@ def _run(args: argparse.Namespace) -> int:
               file=sys.stdout)
 
     def announce_gateway(url: str) -> None:
-        phase(f"gateway at {url}v1 (OpenAI-compatible: set OPENAI_BASE_URL to it)",
+        phase(f"gateway at {url}v1 (OpenAI-compatible: set OPENAI_BASE_URL to it, and "
+              f"OPENAI_API_KEY to the token in {run_dir.path / GATEWAY_TOKEN_FILE})",
               file=sys.stdout)
 
     try:

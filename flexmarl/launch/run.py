@@ -108,6 +108,8 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
 
     With observe.dashboard the run serves its dashboard, /api/status and /metrics while it
     trains; `on_dashboard(url)` is called once they are up (default: a log line). With
+    gateway.enabled, `on_gateway(url)` once the gateway is; its clients send gateway.token, or
+    when unset the token generated for the run, in RUN_DIR/gateway_token by then. With
     `resume`, `run_dir` is a run that stopped (or was killed) part way: training goes on from
     the step after its last recorded one, from every agent's saved state, and, with fixed
     seeds, ends with the same weights as an uninterrupted run."""
@@ -235,7 +237,7 @@ async def _steps(setup: RunSetup, parts: _Parts, progress: bool | None,
     async with contextlib.AsyncExitStack() as observing:
         dashboard_url, app = await _observe(observing, parts, monitor, setup.observe,
                                             setup.gateway, setup.stop_timeout_s, on_dashboard,
-                                            on_gateway)
+                                            on_gateway, run_dir)
         try:
             evaluate_at = evaluator(parts, setup.eval, setup.run.seed,
                                     setup.pipeline.max_concurrent_calls)
@@ -370,11 +372,11 @@ async def _serve_restored(parts: _Parts) -> None:
 async def _observe(stack: contextlib.AsyncExitStack, parts: _Parts, monitor: RunMonitor,
                    observe: ObserveConfig, gateway: GatewayConfig, stop_timeout_s: float,
                    on_dashboard: Callable[[str], None] | None,
-                   on_gateway: Callable[[str], None] | None
+                   on_gateway: Callable[[str], None] | None, run_dir: RunDir | None
                    ) -> tuple[str | None, "asyncio.subprocess.Process | None"]:
     """Until `stack` closes: the dashboard (observe.dashboard), the monitor's sampling, the
-    watch on worker deaths, and the gateway with its app (given `stop_timeout_s` to stop);
-    (dashboard url, the app process)."""
+    watch on worker deaths, and the gateway with its app (given `stop_timeout_s` to stop; its
+    token in RUN_DIR/gateway_token); (dashboard url, the app process)."""
     url = None
     if observe.dashboard:
         server = await stack.enter_async_context(StatusServer(
@@ -389,7 +391,8 @@ async def _observe(stack: contextlib.AsyncExitStack, parts: _Parts, monitor: Run
     app = None
     if parts.gateway is not None:
         app = await serve_gateway(stack, parts.gateway, gateway, on_gateway,
-                                  stop_timeout_s=stop_timeout_s)
+                                  stop_timeout_s=stop_timeout_s,
+                                  run_dir=run_dir.path if run_dir is not None else None)
     return url, app
 
 

@@ -8,6 +8,12 @@ and CURVE still carry every message and tensor (as in AReaL, Miles and NeMo-RL).
           bundle spec.group_index ─► host.start(boot): `python -m runtime.worker BOOT` as the
           actor's child, bound to tcp://NODE_IP:0, CUDA_VISIBLE_DEVICES = the GPUs Ray gave the
           actor, the run's CURVE key written to a private file on that node
+    keys: beyond loopback (or with transport.curve_secret_key_file set) the run makes a CURVE
+      key pair of its own, per run, for the driver and every worker; the user's key file is
+      never read for sending. Its secret goes to a host actor (an argument of host.start) only
+      when Ray's token authentication is on, in this process and on the host's node
+      (RAY_AUTH_MODE=token): otherwise RayTokenAuthOff. On a Ray of this machine alone (its
+      address is loopback) nothing is sent: the workers read the pair's file here.
       host.wait() returns when the child exits (its code and last stderr lines) and fails when
           the actor or its node dies ─► WorkerDied ("exited", or "actor_died" with Ray's reason),
           as soon as a local process exit would be seen
@@ -38,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.config import SupervisorConfig, TransportConfig
-from runtime.errors import WorkerStartError
+from runtime.errors import RuntimeErrorBase, WorkerStartError
 from runtime.keys import write_keys
 from runtime.supervisor import Supervisor, WorkerHandle, WorkerSpec
 
@@ -55,6 +61,37 @@ PREFIX = "flexmarl."
 RAY_MISSING = ("cluster.launcher = \"ray\" needs Ray: `pip install 'flexmarl[ray]'` (or `pip "
                "install ray`), or use launcher \"local\" (this machine) or \"nodes\" "
                "(flexmarl-node processes)")
+
+
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
+TOKEN_AUTH_OFF = (
+    "{where} runs without Ray's token authentication, so the run will not hand its CURVE "
+    "secret key to workers through Ray (without it, anyone who reaches the cluster can call into "
+    "it). Turn it on for every node and for the run: `export RAY_AUTH_MODE=token` and one token "
+    "everywhere (`ray get-auth-token --generate` writes ~/.ray/auth_token; or set "
+    "RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH), before `ray start` and `flexmarl run` (KubeRay: "
+    "docs/deploy/kuberay.yaml). Or, on a network you trust entirely, "
+    "transport.plaintext_tcp_beyond_loopback = true without transport.curve_secret_key_file: no "
+    "CURVE, no key to send")
+
+
+class RayTokenAuthOff(RuntimeErrorBase):
+    """The run's CURVE secret would have to travel through a Ray cluster without token auth."""
+
+
+def token_auth_on() -> bool:
+    """Whether Ray's token authentication is on in this process. Ray (2.52 and later) has no
+    public call for it (ray._raylet.get_authentication_mode is private); its documented switch
+    is the environment variable RAY_AUTH_MODE, which Ray reads ignoring case, and which ray.init
+    sets to "token" itself when it turns token auth on (a new local cluster; `address="auto"`
+    with a token in ~/.ray/auth_token). In a Ray worker (a host actor) it is the node's."""
+    return os.environ.get(AUTH_MODE_ENV, "").lower() == "token"  # " token" is off to Ray too
+
+
+def require_token_auth(on: bool, where: str) -> None:
+    """RayTokenAuthOff naming `where` and how to turn token auth on, unless `on`."""
+    if not on:
+        raise RayTokenAuthOff(TOKEN_AUTH_OFF.format(where=where))
 
 
 def ray_module() -> Any:
@@ -125,6 +162,10 @@ class WorkerHost:
         self.proc = None
         self.tail = None
         self.key_file = ""
+
+    async def token_auth(self) -> bool:
+        """Whether Ray checks tokens on this node (asked before the run's secret is sent)."""
+        return token_auth_on()
 
     async def start(self, boot: dict, env: dict[str, str], key_text: str) -> dict:
         import json
@@ -250,13 +291,14 @@ class RayLauncher(Supervisor):
         self.driver_ip = node_address(ray)
         self.dashboard_url = _dashboard_url(context)
         self._key_dir = ""
-        if not transport.curve_secret_key_file and not transport.plaintext_tcp_beyond_loopback \
-                and not ipaddress.ip_address(self.driver_ip).is_loopback:
-            # Beyond loopback every socket needs CURVE: a key pair of this run's own, handed to
-            # each worker through Ray (its token-authenticated channel), nothing to distribute.
-            self._key_dir = tempfile.mkdtemp(prefix="flexmarl-ray-keys-")
-            _, secret, _ = write_keys(self._key_dir, "run")
-            transport = dataclasses.replace(transport, curve_secret_key_file=str(secret))
+        self._key_text = ""
+        """The run key pair's file text, sent to host actors; empty: none is sent."""
+        try:
+            transport = self._run_keys(transport)
+        except BaseException:
+            if self._owns_ray:  # refused before anything ran on it
+                ray.shutdown()
+            raise
         super().__init__(config=config, transport=transport, name=name,
                          address=f"tcp://{self.driver_ip}:0")
         self.cpus = cpus
@@ -269,13 +311,39 @@ class RayLauncher(Supervisor):
                               if k in ("CPU", "GPU") or k.startswith("flexmarl_")),
                     f"; Ray dashboard {self.dashboard_url}" if self.dashboard_url else "")
         self.run_id = uuid.uuid4().hex[:8]
-        self._key_text = (open(os.path.expanduser(transport.curve_secret_key_file)).read()
-                          if transport.curve_secret_key_file else "")
         self._groups: dict[str, Any] = {}
         """group -> its placement group (created by its first worker's start)."""
         self._members: dict[str, set[str]] = {}
         """group -> names of its workers still alive (the group is removed when none is)."""
         self._placing: dict[str, asyncio.Lock] = {}
+
+    def _run_keys(self, transport: TransportConfig) -> TransportConfig:
+        """The run's transport on Ray. CURVE is on when the user asked for it (a key file) or
+        when workers may sit beyond loopback (unless plaintext is allowed there). Then the run
+        makes a key pair of its own, shared by the driver and every worker (one pair, as
+        runtime.curve expects of a cluster), and sets the user's key file, server key and
+        allow-list aside: a long-term key never leaves this machine through Ray, and a leaked
+        run key is worthless once the run ends. On a Ray whose address here is loopback no
+        other machine can be a node (none could reach it), so the workers read the pair's file
+        (mode 0600) here and nothing is sent; beyond it the secret's text goes to each host
+        actor, only with Ray's token authentication on (checked here, and on each host's node
+        before sending: _start_host)."""
+        beyond = not ipaddress.ip_address(self.driver_ip).is_loopback
+        if not transport.curve_secret_key_file and (transport.plaintext_tcp_beyond_loopback
+                                                    or not beyond):
+            return transport  # no CURVE: nothing to make or send
+        if beyond:
+            require_token_auth(token_auth_on(), "This process (the run's Ray driver)")
+        if transport.curve_secret_key_file:
+            log.warning("on Ray the run uses a CURVE key pair of its own: transport."
+                        "curve_secret_key_file (%s), curve_server_key and curve_allowed are not "
+                        "used, and the file is not sent", transport.curve_secret_key_file)
+        self._key_dir = tempfile.mkdtemp(prefix="flexmarl-ray-keys-")
+        _, secret, _ = write_keys(self._key_dir, "run")
+        if beyond:
+            self._key_text = secret.read_text()
+        return dataclasses.replace(transport, curve_secret_key_file=str(secret),
+                                   curve_server_key="", curve_allowed=())
 
     # ------------------------------------------------------------------ start
 
@@ -321,7 +389,7 @@ class RayLauncher(Supervisor):
         env.setdefault("OMP_NUM_THREADS", str(max(1, math.floor(bundle["CPU"]))))
         try:
             started = await asyncio.wait_for(
-                host.start.remote({**boot, "args": args}, env, self._key_text),
+                self._start_host(host, spec.name, {**boot, "args": args}, env),
                 self.place_timeout_s)
         except BaseException as exc:
             self.workers.pop(spec.name, None)
@@ -338,6 +406,17 @@ class RayLauncher(Supervisor):
                  started["node_ip"], started["node_id"], proc.pid,
                  ",".join(started["gpus"]) or "none")
         return handle
+
+    async def _start_host(self, host: Any, name: str, boot: dict[str, Any],
+                          env: dict[str, str]) -> dict:
+        """host.start, with the run key's text when workers are beyond this machine: only once
+        the host's own node says Ray checks tokens there (the driver's setting alone does not
+        show that the cluster does)."""
+        key_text = ""
+        if self._key_text:
+            require_token_auth(await host.token_auth.remote(), f"The Ray node of {name}")
+            key_text = self._key_text
+        return await host.start.remote(boot, env, key_text)
 
     async def _placement_group(self, spec: WorkerSpec, group: str) -> Any:
         """The group's placement group, made (and waited for) by its first worker."""

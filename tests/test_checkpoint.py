@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import random
 import re
 import shutil
@@ -318,6 +319,103 @@ def test_loading_a_step_never_saved_names_the_path(tmp_path):
     ckpt.save("a", 1, state("a", 1))
     with pytest.raises(CheckpointError, match=r"step-000002 does not exist \(saved steps: \[1\]"):
         ckpt.load("a", 2)
+
+
+# ----------------------------------------------------------------------------- untrusted .metadata
+
+def dcp_state(ckpt: StateCheckpoints, agent: str, step: int, tensors: dict,
+                  metadata: bytes | None = None) -> Path:
+    """A format-2 state as a slot's ranks leave it: DCP files (here from one process), committed
+    with their sha256s. `metadata`: written over DCP's .metadata first, as someone who made the
+    run dir could (the sha256s in meta.json are then of the file they wrote)."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from flexmarl.training.state_files import commit_step
+
+    tmp, target = ckpt.begin(agent, step)
+    with warnings.catch_warnings():  # "no process group: saving in a single process": meant
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save(tensors, storage_writer=dcp.FileSystemWriter(tmp), no_dist=True)
+    if metadata is not None:
+        (tmp / ".metadata").write_bytes(metadata)
+    return commit_step(tmp, target, agent, step, 1, {})[0]
+
+
+def test_a_sharded_state_loads_through_the_safe_reader(tmp_path, monkeypatch):
+    ckpt = StateCheckpoints(tmp_path)
+    saved = state("a", 3, n=64).tensors
+    dcp_state(ckpt, "a", 3, saved)
+    # torch's own reader would pickle.load the metadata: never called on this path.
+    monkeypatch.setattr(pickle, "load", lambda *a, **k: pytest.fail("pickle.load was called"))
+    assert_same(TrainState("a", 1, saved, {}), ckpt.load("a", 3))
+
+
+def _payloads(marker: Path) -> dict[str, bytes]:
+    """Pickles that run code when a plain pickle.load reads them: each creates `marker`."""
+    class System:
+        def __reduce__(self):
+            return os.system, (f"touch {marker}",)
+
+    class Eval:
+        def __reduce__(self):
+            return eval, (f"open({str(marker)!r}, 'w').close()",)
+
+    return {"os.system": pickle.dumps(System()), "builtins.eval": pickle.dumps(Eval())}
+
+
+@pytest.mark.parametrize("kind, name", [("os.system", "system"), ("builtins.eval", "eval")])
+def test_a_metadata_pickle_that_runs_code_is_refused_unrun(tmp_path, kind, name):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from flexmarl.training.safe_dcp import SafeReader
+    from flexmarl.training.state_files import read_whole
+
+    marker = tmp_path / "ran"
+    payload = _payloads(marker)[kind]
+    pickle.loads(payload)  # the payload is real: a plain unpickling runs it
+    assert marker.exists()
+    marker.unlink()
+    ckpt = StateCheckpoints(tmp_path / "states")
+    path = dcp_state(ckpt, "a", 3, state("a", 3).tensors, metadata=payload)
+    with pytest.raises(pickle.UnpicklingError, match=rf"names \w+\.{name}, .*refused unread.*"
+                       "not a DCP checkpoint made by FlexMARL"):
+        read_whole(path)
+    with pytest.raises(CheckpointError, match="UnpicklingError.*not a DCP checkpoint made by"):
+        ckpt.load("a", 3)
+    # As a slot's ranks read it (flexmarl.training.sharded_state.read): DCP wraps the error.
+    with pytest.raises(CheckpointException, match="not a DCP checkpoint made by FlexMARL"):
+        dcp.load({"model/w": torch.zeros(8)}, storage_reader=SafeReader(str(path)), no_dist=True)
+    assert not marker.exists()
+
+
+def test_metadata_of_allowed_classes_in_the_wrong_places_is_refused(tmp_path):
+    """A "bytes" entry (DCP reads it with torch.load(weights_only=False): a second pickle), a
+    data file outside the checkpoint dir and a pickle of something else than DCP's Metadata."""
+    import dataclasses
+
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    from flexmarl.training.state_files import read_whole
+
+    ckpt = StateCheckpoints(tmp_path)
+    good = dcp_state(ckpt, "a", 0, state("a", 0).tensors)
+    metadata = pickle.loads((good / ".metadata").read_bytes())  # our own file: trusted here
+    with_bytes = dataclasses.replace(metadata, state_dict_metadata={
+        **metadata.state_dict_metadata, "model/w": BytesStorageMetadata()})
+    escaping = dataclasses.replace(metadata, storage_data={
+        k: dataclasses.replace(v, relative_path="../../elsewhere.distcp")
+        for k, v in metadata.storage_data.items()})
+    for step, (bad, message) in enumerate([
+            (with_bytes, "BytesStorageMetadata, which a FlexMARL checkpoint's metadata never"),
+            (escaping, "data file '../../elsewhere.distcp' is not a file of the checkpoint dir"),
+            (metadata.storage_meta, "holds a StorageMeta, not DCP Metadata")], start=1):
+        path = dcp_state(ckpt, "a", step, state("a", step).tensors,
+                             metadata=pickle.dumps(bad))
+        with pytest.raises(pickle.UnpicklingError, match=re.escape(message)):
+            read_whole(path)
 
 
 # ----------------------------------------------------------------------------- a real SIGKILL

@@ -93,6 +93,33 @@ def rayjob_problems(docs: list[dict]) -> list[str]:
         marked |= set(json.loads(json.loads(raw)))
     if marked != {"flexmarl_rollout", "flexmarl_trainer"}:
         problems.append(f"worker groups marked {sorted(marked)}, expected one per role")
+    return problems + token_auth_problems(job)
+
+
+def token_auth_problems(job: dict) -> list[str]:
+    """Ray's token authentication on in every Ray container (the run sends its CURVE key to
+    workers only then) and in the submitter (the dashboard asks for the token): RAY_AUTH_MODE
+    = token and RAY_AUTH_TOKEN from one Kubernetes Secret, never written in the file."""
+    cluster = job["spec"]["rayClusterSpec"]
+    pods = {"head": cluster["headGroupSpec"]["template"],
+            "submitter": job["spec"].get("submitterPodTemplate") or {"spec": {"containers": []}}}
+    pods |= {g["groupName"]: g["template"] for g in cluster["workerGroupSpecs"]}
+    problems, secrets = [], set()
+    for where, pod in pods.items():
+        containers = pod["spec"]["containers"]
+        if not containers:
+            problems.append(f"{where}: no container (the submitter needs the token too)")
+        for c in containers:
+            env = {e["name"]: e for e in c.get("env", [])}
+            if env.get("RAY_AUTH_MODE", {}).get("value") != "token":
+                problems.append(f"{where}/{c['name']}: RAY_AUTH_MODE is not token")
+            ref = env.get("RAY_AUTH_TOKEN", {}).get("valueFrom", {}).get("secretKeyRef")
+            if not ref:
+                problems.append(f"{where}/{c['name']}: RAY_AUTH_TOKEN not from a Secret")
+            else:
+                secrets.add((ref["name"], ref["key"]))
+    if len(secrets) > 1:
+        problems.append(f"more than one token Secret: {sorted(secrets)}")
     return problems
 
 
@@ -101,6 +128,18 @@ def test_the_rayjob_runs_flexmarl_on_its_cluster_with_a_group_per_role():
     assert rayjob_problems(docs) == []
     broken = RAYJOB.read_text().replace("cluster.launcher=ray", "cluster.launcher=local")
     assert rayjob_problems(list(yaml.safe_load_all(broken)))
+
+
+def test_the_rayjob_turns_on_ray_token_auth_everywhere():
+    text = RAYJOB.read_text()
+    assert "kubectl create secret generic flexmarl-ray-token" in text  # how the Secret is made
+    # The last container (the trainer group's) without the mode; the first with another token.
+    head, _, tail = text.rpartition("- {name: RAY_AUTH_MODE, value: token}")
+    other_secret = text.replace("name: flexmarl-ray-token, key", "name: other, key", 1)
+    for broken, want in ((head + tail, "trainer/ray-worker: RAY_AUTH_MODE is not token"),
+                         (other_secret, "more than one token Secret")):
+        job = next(d for d in yaml.safe_load_all(broken) if d and d.get("kind") == "RayJob")
+        assert any(want in p for p in token_auth_problems(job)), (want, token_auth_problems(job))
 
 
 @pytest.mark.parametrize("path", [SBATCH, RAYJOB])

@@ -2,8 +2,10 @@
 
 Pure: the placement groups a run asks for (a trainer slot's ranks STRICT_PACKed in one group,
 GPUs per worker, a sliver of a role's resource where the cluster marks nodes for roles), the
-config's checks (Ray missing is one ConfigError naming the extra), the dry run's table, and
-the refusal of GPU sharing that Ray cannot seat.
+config's checks (Ray missing is one ConfigError naming the extra), the dry run's table, the
+refusal of GPU sharing that Ray cannot seat, and the run's CURVE key on Ray (a fake Ray): a
+pair of each run's own, never the user's key file, sent to a node only with Ray's token
+authentication on (RAY_AUTH_MODE, read as Ray reads it), and not at all on a loopback Ray.
 
 On a real Ray cluster of two nodes on this machine, started once for the module with the
 documented commands (`ray start --head` with {"flexmarl_rollout": 8}, `ray start --address`
@@ -26,10 +28,13 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from safetensors.torch import load_file
@@ -129,10 +134,147 @@ def test_gpu_sharing_ray_cannot_seat_is_refused():
     assert RayLauncher.shares_gpus is False  # what FakeRay stands for
 
 
+# The run's CURVE key on Ray.
+
+class FakeRay:
+    """The few calls RayLauncher's constructor makes, for a Ray already joined whose node (this
+    process's) has the address `ip`: no cluster needed to see what it does with keys."""
+
+    def __init__(self, ip: str) -> None:
+        self.ip = ip
+        self.util = SimpleNamespace(get_node_ip_address=lambda: ip)
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def get_runtime_context(self):
+        return SimpleNamespace(get_node_id=lambda: "n1")
+
+    def nodes(self) -> list[dict]:
+        return [{"NodeID": "n1", "NodeManagerAddress": self.ip, "Alive": True,
+                 "Resources": {"CPU": 2.0}}]
+
+    def cluster_resources(self) -> dict:
+        return {"CPU": 2.0}
+
+
+class FakeHost:
+    """A host actor's handle: what its node says of token auth, and the key text it was sent."""
+
+    def __init__(self, token_auth: bool) -> None:
+        self.sent: list[str] = []
+        self.token_auth = SimpleNamespace(remote=lambda: self._value(token_auth))
+        self.start = SimpleNamespace(remote=lambda boot, env, key_text: self._start(key_text))
+
+    async def _value(self, value):
+        return value
+
+    async def _start(self, key_text: str) -> dict:
+        self.sent.append(key_text)
+        return {"pid": 1}
+
+
+def launcher_on(monkeypatch, ip: str, **transport):
+    from runtime.config import TransportConfig
+    from runtime.ray_cluster import RayLauncher
+    monkeypatch.setattr("runtime.ray_cluster.ray_module", lambda: FakeRay(ip))
+    return RayLauncher(transport=TransportConfig(**transport))
+
+
+@pytest.fixture
+def user_key(tmp_path) -> Path:
+    from runtime.keys import write_keys
+    return write_keys(tmp_path / "keys", "mine")[1]
+
+
+@pytest.mark.parametrize("with_user_key", [False, True])
+def test_without_ray_token_auth_no_key_leaves_for_other_machines(monkeypatch, user_key,
+                                                                   with_user_key):
+    from runtime.ray_cluster import RayTokenAuthOff
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    extra = {"curve_secret_key_file": str(user_key)} if with_user_key else {}
+    with pytest.raises(RayTokenAuthOff, match=r"the run's Ray driver\) runs without Ray's token "
+                       r"authentication.*`export RAY_AUTH_MODE=token`.*ray get-auth-token"):
+        launcher_on(monkeypatch, "10.1.2.3", **extra)
+    # No CURVE wanted (plaintext allowed on a trusted network): nothing to send, no refusal.
+    sup = launcher_on(monkeypatch, "10.1.2.3", plaintext_tcp_beyond_loopback=True)
+    assert not sup.transport.curve_secret_key_file and sup._key_text == ""
+
+
+async def test_with_token_auth_each_node_gets_a_run_key_never_the_user_s(monkeypatch, user_key):
+    from runtime.keys import load_keys
+    from runtime.ray_cluster import RayTokenAuthOff
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    sup = launcher_on(monkeypatch, "10.1.2.3", curve_secret_key_file=str(user_key),
+                      curve_allowed=(load_keys(user_key)[0],))
+    try:
+        run_key = Path(sup.transport.curve_secret_key_file)
+        assert run_key.parent == Path(sup._key_dir)
+        assert stat.S_IMODE(run_key.stat().st_mode) == 0o600
+        assert load_keys(run_key) != load_keys(user_key)  # a pair of this run's own
+        # One pair for the driver and every worker: the user's allow-list is set aside too.
+        assert (sup.transport.curve_server_key, sup.transport.curve_allowed) == ("", ())
+        host = FakeHost(token_auth=True)
+        assert await sup._start_host(host, "rollout-0", {}, {}) == {"pid": 1}
+        assert host.sent == [run_key.read_text()] and user_key.read_text() not in host.sent
+        # A node whose Ray does not check tokens is sent nothing, whatever the driver says.
+        open_node = FakeHost(token_auth=False)
+        with pytest.raises(RayTokenAuthOff, match="The Ray node of rollout-1 runs without"):
+            await sup._start_host(open_node, "rollout-1", {}, {})
+        assert open_node.sent == []
+    finally:
+        shutil.rmtree(sup._key_dir)
+
+
+async def test_a_ray_of_this_machine_alone_sends_no_key(monkeypatch, user_key):
+    """Its address is loopback: every node is this machine, the workers read the run key's file
+    here, and token auth is not needed for it."""
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    plain = launcher_on(monkeypatch, "127.0.0.1")
+    assert not plain.transport.curve_secret_key_file and not plain._key_dir  # no CURVE asked
+    sup = launcher_on(monkeypatch, "127.0.0.1", curve_secret_key_file=str(user_key))
+    try:
+        assert Path(sup.transport.curve_secret_key_file).parent == Path(sup._key_dir)
+        host = FakeHost(token_auth=False)
+        await sup._start_host(host, "rollout-0", {}, {})
+        assert host.sent == [""]
+    finally:
+        shutil.rmtree(sup._key_dir)
+
+
 # ---------------------------------------------------------------- a real Ray cluster
 
 # RAY_AUTH_MODE=token is set by conftest.py (Ray reads it when first imported).
 ray = pytest.importorskip("ray", reason="Ray is not installed; `make test` installs the ray extra")
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_token_auth_on_reads_ray_auth_mode_as_ray_does():
+    """runtime.ray_cluster.token_auth_on reads RAY_AUTH_MODE (Ray has no public call for the
+    mode): for each value, the same answer as Ray's own (private) get_authentication_mode. In a
+    process of its own: Ray caches its config, and this one's Ray is the tests'."""
+    code = textwrap.dedent("""
+        import json, os
+        from ray._raylet import AuthenticationMode, Config, get_authentication_mode
+        from runtime.ray_cluster import token_auth_on
+        out = []
+        for value in ["token", "TOKEN", " token", "token ", "disabled", "", None, "k8s"]:
+            if value is None:
+                os.environ.pop("RAY_AUTH_MODE", None)
+            else:
+                os.environ["RAY_AUTH_MODE"] = value
+            Config.initialize("")  # as ray.init does after setting the variable
+            out.append([value, get_authentication_mode() == AuthenticationMode.TOKEN,
+                        token_auth_on()])
+        print(json.dumps(out))
+        """)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [r[1] for r in rows] == [r[2] for r in rows], rows
+    assert [r[0] for r in rows if r[2]] == ["token", "TOKEN"]
 
 
 def _free_port() -> int:

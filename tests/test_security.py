@@ -199,9 +199,11 @@ async def test_http_token_guards_every_route():
                     assert resp.status == 401, (path, headers, query)
                     body = await resp.text()
                     assert "secret-run-data" not in body and "flexmarl_up" not in body
-            for headers, query in (({"Authorization": "Bearer s3cret"}, ""), ({}, "?token=s3cret")):
-                async with http.get(url + query, headers=headers) as resp:
-                    assert resp.status == 200, (path, headers, query)
+            async with http.get(url, headers={"Authorization": "Bearer s3cret"}) as resp:
+                assert resp.status == 200, path
+            # ?token= once: a cookie, and the same URL without it (tests/test_doors.py)
+            async with http.get(url + "?token=s3cret", allow_redirects=False) as resp:
+                assert resp.status == 303 and "HttpOnly" in resp.headers["Set-Cookie"], path
         async with http.get(server.url + "static/dashboard.js") as resp:
             assert resp.status == 200  # the page's own code, no run data
             assert 'fetch("/api/status" + location.search' in await resp.text()
@@ -219,13 +221,21 @@ _FORBIDDEN = [
 ]
 
 
+_ALLOWED = {
+    # The restricted unpickler for DCP's metadata: it finds a fixed list of classes only
+    # (tests/test_checkpoint.py shows os.system and eval payloads refused unrun).
+    ("flexmarl/training/safe_dcp.py", "pickle-like import"),
+}
+
+
 def test_no_pickle_or_eval_in_the_source():
     found = []
     for path in sorted([*(ROOT / "runtime").rglob("*.py"), *(ROOT / "flexmarl").rglob("*.py")]):
         for number, line in enumerate(path.read_text().splitlines(), 1):
             code = line.split("#", 1)[0]
             for pattern, what in _FORBIDDEN:
-                if re.search(pattern, code):
+                if re.search(pattern, code) and (
+                        str(path.relative_to(ROOT)), what) not in _ALLOWED:
                     found.append(f"{path.relative_to(ROOT)}:{number}: {what}: {line.strip()}")
             if "torch.load(" in code and "weights_only=True" not in code:
                 found.append(f"{path.relative_to(ROOT)}:{number}: torch.load without "

@@ -79,9 +79,12 @@ def read(trainer: GRPOTrainer, path: str, meta: dict, group: dist.ProcessGroup |
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
+    from flexmarl.training.safe_dcp import SafeReader
+
     flat, model_sd, optim_sd = _flat(trainer)  # get_state_dict creates AdamW's state tensors
     flat["rng/cpu"] = torch.get_rng_state()
-    dcp.load(flat, storage_reader=dcp.FileSystemReader(path), process_group=group)
+    # SafeReader: .metadata is a pickle, and the run dir may not be this machine's own.
+    dcp.load(flat, storage_reader=SafeReader(path), process_group=group)
     for name, state in optim_sd["state"].items():  # plain tensors (AdamW's step) load into
         for key in state:                           # new objects: take those back
             state[key] = flat[f"optim/{name}/{key}"]

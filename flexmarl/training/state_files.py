@@ -373,7 +373,9 @@ def read_whole(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    reader = dcp.FileSystemReader(str(path))
+    from flexmarl.training.safe_dcp import SafeReader
+
+    reader = SafeReader(str(path))  # .metadata is a pickle: read with an allow-list
     tensors = {name: torch.empty(md.size, dtype=md.properties.dtype)
                for name, md in reader.read_metadata().state_dict_metadata.items()
                if isinstance(md, TensorStorageMetadata)}

@@ -335,6 +335,7 @@ class ZmqConnection:
                 s.close(linger=0)
             raise
         self.protocol_errors = 0
+        self._heard = False  # a message came from the listener (so a connection was up)
         self._readers = [asyncio.get_running_loop().create_task(
             self._read_loop(s), name=f"conn[{address}].{lane}_read_loop")
             for s, lane in zip(self._socks, ("bulk", "control"))]
@@ -343,6 +344,7 @@ class ZmqConnection:
     async def _read_loop(self, sock: zmq.asyncio.Socket) -> None:
         while True:
             frames = await sock.recv_multipart(copy=False)
+            self._heard = True
             try:
                 env = decode(frames, config=self.config)
             except ProtocolError as exc:
@@ -412,8 +414,7 @@ class ZmqConnection:
         self._readers.append(asyncio.get_running_loop().create_task(
             self._watch_link(sock, mon, callback), name=f"conn[{self.address}].link_watch"))
 
-    @staticmethod
-    async def _watch_link(sock: zmq.asyncio.Socket, mon: zmq.asyncio.Socket,
+    async def _watch_link(self, sock: zmq.asyncio.Socket, mon: zmq.asyncio.Socket,
                           callback: Callable[[], None]) -> None:
         established = False
         try:
@@ -421,7 +422,10 @@ class ZmqConnection:
                 event = parse_monitor_message(await mon.recv_multipart())["event"]
                 if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                     established = True
-                elif event == zmq.EVENT_DISCONNECTED and established:
+                # The monitor is attached after connect(): on a busy machine zmq's I/O thread
+                # may finish the handshake first, and its event is then never seen. A message
+                # from the listener proves the link was up just the same.
+                elif event == zmq.EVENT_DISCONNECTED and (established or self._heard):
                     callback()
                     return
         finally:

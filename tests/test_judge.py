@@ -244,3 +244,26 @@ async def test_memory_and_monitoring_hacks_earn_nothing_under_other_pythons(pyth
                 assert not result.passed, (python, hack.name, form, result)
     finally:
         confinement.set_interpreter(None)
+
+
+@pytest.mark.parametrize("python", other_pythons())
+async def test_sys_monitoring_is_refused_where_it_exists(python):
+    """3.12+: a monitoring callback would see every code object that starts; refused at once
+    (register_callback is audited, the other three are replaced before the program runs)."""
+    if python == "none":
+        pytest.skip("no other Python 3.11+ on this machine")
+    try:
+        confinement.set_interpreter(python)
+    except ValueError as exc:
+        pytest.skip(str(exc))
+    try:
+        probe = await run_python("import sys\nprint(hasattr(sys, 'monitoring'))", **FAST)
+        if probe.stdout != "True\n":
+            pytest.skip(f"{python} has no sys.monitoring")
+        for call in ("register_callback(3, 1, print)", "use_tool_id(3, 'spy')",
+                     "set_events(3, 1)", "set_local_events(3, (lambda: 0).__code__, 1)"):
+            result = await run_python(f"import sys\nsys.monitoring.{call}", **FAST)
+            assert result.cause == "forbidden" and "sys.monitoring" in result.stderr, (
+                call, result)
+    finally:
+        confinement.set_interpreter(None)

@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 TORCH  ?= torch==2.13.0
 EXTRAS ?= dev,cpu,pretrained,lora,ray
 # Offline (an air-gapped cluster): make setup WHEELS=DIR installs every package from the wheels
-# in DIR and never asks an index (README.md, "Install without a network", says how to fill DIR).
+# in DIR and never asks an index (docs/install.md, "Install without a network", says how to fill DIR).
 WHEELS ?=
 PIP    := $(PY) -m pip install -q --disable-pip-version-check $(if $(WHEELS),--no-index --find-links "$(WHEELS)")
 
@@ -19,7 +19,7 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "FlexMARL needs Python >= 3.11; set PYTHON=python3.11")'
-	@if [ -n "$(WHEELS)" ] && [ ! -d "$(WHEELS)" ]; then echo "WHEELS=$(WHEELS) is not a directory: give the folder the pip download commands in README.md filled"; exit 2; fi
+	@if [ -n "$(WHEELS)" ] && [ ! -d "$(WHEELS)" ]; then echo "WHEELS=$(WHEELS) is not a directory: give the folder the pip download commands in docs/install.md filled"; exit 2; fi
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) "$(TORCH)"
 	$(PIP) -e ".[$(EXTRAS)]"

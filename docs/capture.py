@@ -1,4 +1,4 @@
-"""Regenerate the README's pictures from a real run of the default team.
+"""Regenerate the pictures of README and docs/watching.md from a real default-team run.
 
     .venv/bin/python docs/capture.py [--steps 12] [--shot-after 6]
 

@@ -8,7 +8,7 @@ engines, trainer) are imported on first use, so `import flexmarl` stays light.
 
 The public faces are this package, `flexmarl.config`, `flexmarl.gateway` and
 `flexmarl.rewards` (their `__all__`, pinned by tests/test_public_api.py), besides the modules
-the README imports from (`flexmarl.tasks`, `flexmarl.models`, `flexmarl.protocol`, ...).
+the README and docs/ import from (`flexmarl.tasks`, `flexmarl.models`, `flexmarl.protocol`, ...).
 Modules that moved in the restructuring into folders keep their old path until 0.2 (MOVED).
 """
 from __future__ import annotations

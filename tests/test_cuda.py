@@ -5,7 +5,7 @@ and load), the weight source's stream order, the torch engine on a GPU, vLLM on 
 direct weight update through vLLM's weight-transfer engine from a real trainer slot to a real
 instance. Run them with `make TORCH=torch EXTRAS=dev,gpu,pretrained test` there;
 bench/gpu_smoke.py is the first check of a new node, bench/gpu_check.py runs the whole
-system. See README "GPU machines" for which of them have run on a GPU."""
+system. See docs/gpus.md for which of them have run on a GPU."""
 from __future__ import annotations
 
 import asyncio

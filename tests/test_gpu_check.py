@@ -1,5 +1,5 @@
 """bench/gpu_check.py where no GPU is: it says so and exits 2; its team and configs are valid
-and place as the README says (1 GPU: colocated, ipc; 4: apart, nccl)."""
+and place as docs/gpus.md says (1 GPU: colocated, ipc; 4: apart, nccl)."""
 from __future__ import annotations
 
 import importlib.util

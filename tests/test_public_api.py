@@ -3,7 +3,7 @@
 - Each package face (`flexmarl`, `flexmarl.config`, `flexmarl.gateway`, `flexmarl.rewards`)
   exports exactly the names listed here, and each of them imports. Changing a face is a
   decision: update the list here and say so in the change.
-- What the README and the example teams import (besides the faces) still imports.
+- What the README, docs/ and the example teams import (besides the faces) still imports.
 - Old paths (before the restructuring into folders) still import, with a FutureWarning, and
   give the very same objects as the new ones, until FlexMARL 0.2.
 """
@@ -46,7 +46,7 @@ DOCUMENTED = {  # module -> names the README, agents/ and docs/ import from it
     "runtime.supervisor": {"Supervisor", "WorkerSpec"},
 }
 
-ENTRY_POINTS = [  # pyproject's console scripts, and the worker entries the README names
+ENTRY_POINTS = [  # pyproject's console scripts, and the worker entries the docs name
     "flexmarl.launch.cli:main", "flexmarl.launch.nodes:main",
     "flexmarl.rollout.worker:rollout_worker", "flexmarl.training.worker:trainer_worker"]
 

@@ -57,7 +57,7 @@ import time
 if importlib.util.find_spec("flexmarl") is None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from flexmarl.rollout.balancer import STRATEGIES, BalancerConfig  # noqa: E402
+from flexmarl.config.balance import BalancerConfig, STRATEGIES
 from flexmarl.sim.costs import Costs, load_costs  # noqa: E402
 from flexmarl.sim.routing import (RoutingConfig, RoutingResult, initial_placement,  # noqa: E402
                                   move_times, run_routing)

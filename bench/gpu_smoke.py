@@ -232,7 +232,8 @@ async def child_trainer(model_dir: str, work: str) -> str:
 
     from flexmarl.training.parking import local_tensors
     from flexmarl.training.rank import Command, Rank
-    from flexmarl.training.trainer import GRPOTrainer, TrainerConfig, export_state, load_state
+    from flexmarl.training.trainer import GRPOTrainer, export_state, load_state
+    from flexmarl.config.training import TrainerConfig
 
     config = dataclasses.asdict(TrainerConfig(device="cuda", lr=1e-3, param_dtype="bfloat16",
                                               activation_checkpointing=True))
@@ -373,7 +374,7 @@ async def child_rollout(model_dir: str, work: str) -> str:
     from flexmarl.protocol import (ExportWeights, Generate, SamplingParams, SendWeights, SwapIn,
                                    TrainBeginBatch, TrainStep)
     from flexmarl.rollout.engine import EngineConfig
-    from flexmarl.training.trainer import TrainerConfig
+    from flexmarl.config.training import TrainerConfig
     from runtime.supervisor import Supervisor, WorkerSpec
     from runtime.transport import connect
 

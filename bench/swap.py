@@ -151,7 +151,7 @@ def model_dir_of(size: str) -> str:
 async def swap_throughput(size: str, swaps: int) -> dict:
     from flexmarl.orchestrator.batch import micro_batch
     from flexmarl.protocol import DropParked, SwapIn, SwapOut, TrainBeginBatch, TrainStep
-    from flexmarl.training.trainer import TrainerConfig
+    from flexmarl.config.training import TrainerConfig
     from runtime.supervisor import Supervisor, WorkerSpec
     from runtime.transport import connect
 

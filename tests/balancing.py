@@ -2,7 +2,8 @@
 hot one and a cold one, loaded by hand and checked at hand-made times."""
 from __future__ import annotations
 
-from flexmarl.rollout.balancer import Balancer, BalancerConfig
+from flexmarl.config.balance import BalancerConfig
+from flexmarl.rollout.balancer import Balancer
 
 # A demand window this short makes plan_move compare the current loads (no averaging), so the
 # inter-agent unit tests read like the rule they test; the window has its own test. The ratio

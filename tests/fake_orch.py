@@ -6,9 +6,9 @@ import asyncio
 import types
 
 from flexmarl import AgentSpec, Team
+from flexmarl.config.pipeline import PipelineConfig
 from flexmarl.orchestrator.agents import AgentRuntime, StepGate
 from flexmarl.orchestrator.orchestrator import Orchestrator
-from flexmarl.orchestrator.policy import PipelineConfig
 from flexmarl.orchestrator.store import ExperienceStore
 from flexmarl.protocol import GenerateReply, Sample
 from flexmarl.tasks import addition_tasks

@@ -13,7 +13,8 @@ import math
 
 import pytest
 
-from flexmarl.rollout.balancer import BalancerConfig, percentile
+from flexmarl.config.balance import BalancerConfig
+from flexmarl.rollout.balancer import percentile
 from tests.balancing import checks, load_up, two_agents
 
 

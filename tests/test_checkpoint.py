@@ -68,7 +68,8 @@ def test_trainer_state_round_trips_and_resumes_bit_for_bit(tmp_path):
     trainers gives the same state, bit for bit."""
     import transformers
 
-    from flexmarl.training.trainer import GRPOTrainer, TrainerConfig, export_state, load_state
+    from flexmarl.training.trainer import GRPOTrainer, export_state, load_state
+    from flexmarl.config.training import TrainerConfig
 
     cfg = transformers.Qwen2Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
                                    num_attention_heads=2, num_key_value_heads=1,

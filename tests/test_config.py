@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from flexmarl.config.load import Config, DEFAULT_TOML, SECTIONS, dump_toml, load_config
+from flexmarl.config.pipeline import PIPELINE_MODES
+from flexmarl.config.sections import TeamRef
+from flexmarl.config.training import TrainerConfig
 from flexmarl.launch.cli import main
 from flexmarl.checks import ConfigError
-from flexmarl.config.load import DEFAULT_TOML, SECTIONS, Config, dump_toml, load_config
-from flexmarl.config.sections import TeamRef
-from flexmarl.orchestrator.policy import PIPELINE_MODES
-from flexmarl.training.trainer import TrainerConfig
 from flexmarl.observe.rundir import MetricsWriter, Progress, RunDir, read_metrics
 
 
@@ -367,6 +367,9 @@ def fake_train_modules(monkeypatch, train) -> None:
     import flexmarl.orchestrator.orchestrator  # noqa: F401  flexmarl.team, before it is replaced below)
     import flexmarl.launch.placement  # noqa: F401
     import flexmarl.launch.evaluation  # noqa: F401
+    import flexmarl.launch.build  # noqa: F401
+    import flexmarl.launch.layout  # noqa: F401
+    import flexmarl.gateway.api  # noqa: F401
     team = types.SimpleNamespace(name="duo", agents=[types.SimpleNamespace(
         name="solver", trainable=True, train_ranks=None, instances=None)])
     monkeypatch.setitem(sys.modules, "flexmarl.team",

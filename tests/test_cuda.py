@@ -17,8 +17,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from flexmarl.config.training import TrainerConfig
 from flexmarl.orchestrator.batch import micro_batch
-from flexmarl.training.trainer import GRPOTrainer, TrainerConfig
+from flexmarl.training.trainer import GRPOTrainer
 
 pytestmark = pytest.mark.cuda
 

@@ -10,7 +10,8 @@ import pytest
 
 from flexmarl import AgentSpec, SamplingParams, Team
 from flexmarl.checks import ConfigError
-from flexmarl.orchestrator.evaluate import EvalConfig, evaluate, heldout_tasks
+from flexmarl.config.pipeline import EvalConfig
+from flexmarl.orchestrator.evaluate import evaluate, heldout_tasks
 from flexmarl.protocol import GenerateReply, Sample
 from flexmarl.tasks import Task
 

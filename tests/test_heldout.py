@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from flexmarl import AgentSpec, SamplingParams, Team
-from flexmarl.orchestrator.evaluate import EvalConfig
+from flexmarl.config.pipeline import EvalConfig
 from flexmarl.orchestrator.heldout import changes, measure, se_change, summary_line
 from flexmarl.protocol import GenerateReply, Sample
 from flexmarl.tasks import Task

@@ -16,9 +16,11 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("runtime", "flexmarl")
 LAYERS = {  # folder (or "leaves": flexmarl's top-level modules) -> rank; higher imports lower
     # (two folders of one rank are peers: neither imports the other)
-    "runtime": 0, "protocol": 0.5, "leaves": 1, "models": 1.2, "rewards": 1.5, "sampling": 1.5, "weights": 1.5,
-    "training": 2, "rollout": 2, "orchestrator": 4,
-    "config": 5, "observe": 6, "sim": 6, "gateway": 7, "launch": 8}
+    "runtime": 0, "protocol": 0.5, "leaves": 1, "config": 1.1, "models": 1.2, "rewards": 1.5,
+    "sampling": 1.5, "weights": 1.5, "training": 2, "rollout": 2, "orchestrator": 4,
+    "observe": 6, "sim": 6, "gateway": 7, "launch": 8}
+# config is the ground floor: every section's class, importing only flexmarl.checks and
+# runtime.config, so that any part can take its section without pulling the others in.
 # What both engines share lives in these leaf folders, not in either side.
 SHARED_LEAVES = ("models", "sampling", "weights")
 MAX_TOP_LEVEL_MODULES = 8
@@ -136,10 +138,34 @@ def test_rollout_and_training_are_peers(side, other):
     wrong = [f"{m} imports {t}" for m, targets in GRAPH.items() if _layer(m) == side
              for t in sorted(targets) if _layer(t) == other]
     assert wrong == [], "\n".join(wrong)
-    allowed = {"runtime", "protocol", "leaves", *SHARED_LEAVES, side}
+    allowed = {"runtime", "protocol", "leaves", "config", *SHARED_LEAVES, side}
     outside = [f"{m} imports {t}" for m, targets in GRAPH.items() if _layer(m) == side
                for t in sorted(targets) if _layer(t) not in allowed]
     assert outside == [], "\n".join(outside)
+
+
+def test_config_imports_only_the_checks_and_the_runtimes_config():
+    """In the source: flexmarl.config's modules import each other, flexmarl.checks and
+    runtime.config, and flexmarl.team's LoraSpec (trainer.lora is checked as AgentSpec.lora
+    is), nothing else of the project."""
+    allowed = {"flexmarl.checks", "runtime.config", "flexmarl.team", "flexmarl"}
+    wrong = [f"{m} imports {t}" for m, targets in GRAPH.items() if _layer(m) == "config"
+             for t in sorted(targets) if _layer(t) != "config" and t not in allowed]
+    assert wrong == [], "\n".join(wrong)
+
+
+def test_importing_the_config_loads_no_engine():
+    """At run time: `import flexmarl.config` loads no ZeroMQ, no pool, no orchestrator, no
+    transformers (in a fresh interpreter; flexmarl's own face brings torch for its protocol)."""
+    import subprocess
+    import sys
+    code = ("import sys, flexmarl.config\nprint(' '.join(sorted(m for m in sys.modules if "
+            "m.split('.')[0] in ('zmq', 'transformers', 'vllm') or m.startswith(("
+            "'flexmarl.orchestrator', 'flexmarl.rollout', 'flexmarl.training', "
+            "'runtime.transport')))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, check=True).stdout.strip()
+    assert out == "", out
 
 
 def test_every_folder_is_a_known_layer():

@@ -23,9 +23,10 @@ import pytest_asyncio
 import torch
 from safetensors.torch import load_file
 
+from flexmarl.config.training import TrainerConfig
 from flexmarl.training import parking, sharding
 from flexmarl.training.parking import ResidentBase, base_key, park, restore_parked
-from flexmarl.training.trainer import GRPOTrainer, TrainerConfig, export_state, load_state
+from flexmarl.training.trainer import GRPOTrainer, export_state, load_state
 from tests.test_lora_trainer import LORA, SPEC, checkpoint_name, lora_trainer, rows, step_batch
 from tests.test_trainer import batches, model_dir  # noqa: F401
 

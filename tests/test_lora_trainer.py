@@ -32,6 +32,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
+from flexmarl.config.training import TrainerConfig
 from flexmarl.models.lora import (LoraSpec, adapter_tensors, load_adapter_tensors, write_adapter,
                                   wrap)
 from flexmarl.protocol import TrainMicroBatch
@@ -40,7 +41,7 @@ from flexmarl.training.adapter import inner
 from flexmarl.training.grpo import token_logprobs
 from flexmarl.training.parking import (fill, local_tensors, park, prepare_pull, pull_plan,
                                        set_rng, sharded_here, slices, unpark)
-from flexmarl.training.trainer import GRPOTrainer, TrainerConfig, export_state, load_state
+from flexmarl.training.trainer import GRPOTrainer, export_state, load_state
 from tests.test_trainer import (CONFIG, FIELDS, GRAD_ATOL, LOSS_RTOL,  # noqa: F401
                                 WEIGHT_ATOL, _weights_and_moments, batches, max_diff, model_dir,
                                 tokens)

@@ -13,10 +13,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flexmarl.config.training import TrainerConfig
 from flexmarl.training.parking import (HostPool, chunk_rows, fill, local_tensors, park,
                                        prepare_pull, pull_plan, set_rng, sharded_here, slices,
                                        unpark)
-from flexmarl.training.trainer import GRPOTrainer, TrainerConfig, export_state, load_state
+from flexmarl.training.trainer import GRPOTrainer, export_state, load_state
 sys.path.insert(0, str(Path(__file__).parent))
 from test_trainer import (CONFIG, _weights_and_moments, batches, model_dir,  # noqa: F401
                           rows, step_batch, tokens)  # noqa: E402

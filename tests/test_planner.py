@@ -16,11 +16,11 @@ import math
 
 import pytest
 
-from flexmarl.rollout.balance.config import BalancerConfig as PartsConfig
+from flexmarl.config.balance import BalancerConfig, BalancerConfig as PartsConfig
 from flexmarl.rollout.balance.forecast import DemandAverage, Rates, StepProfile
 from flexmarl.rollout.balance.loads import InstanceLoads
 from flexmarl.rollout.balance.planner import Move, MovePlanner
-from flexmarl.rollout.balancer import Balancer, BalancerConfig
+from flexmarl.rollout.balancer import Balancer
 from tests.balancing import NOW, checks, load_up, two_agents
 
 

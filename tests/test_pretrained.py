@@ -18,6 +18,7 @@ import pytest_asyncio
 import torch
 
 from flexmarl.checks import ConfigError
+from flexmarl.config.training import TrainerConfig
 from flexmarl.launch import gguf
 from flexmarl.launch.model_dirs import check_model, resolve_model, write_model_dir
 from flexmarl.orchestrator.batch import micro_batch
@@ -28,7 +29,7 @@ from flexmarl.rollout.torch_engine import TorchEngine
 from flexmarl.models import load_model
 from flexmarl.team import AgentSpec
 from flexmarl.training.grpo import token_logprobs
-from flexmarl.training.trainer import GRPOTrainer, TrainerConfig
+from flexmarl.training.trainer import GRPOTrainer
 
 RATIO_ATOL = 1e-4
 LOGPROB_ATOL = 1e-3

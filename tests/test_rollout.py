@@ -6,6 +6,7 @@ import asyncio
 import pytest
 import torch
 
+from flexmarl.config.training import TrainerConfig
 from flexmarl.models import build_model_dir, chat_prompt, load_model, load_tokenizer
 from flexmarl.protocol import (Generate, GenerateReply, LoadReport, SamplingParams, SubscribeLoad)
 from flexmarl.rollout.backends import make_engine
@@ -15,7 +16,7 @@ from flexmarl.rollout.worker import RolloutWorker
 from flexmarl.weights.stage import push_weights
 from flexmarl.orchestrator.batch import micro_batch
 from flexmarl.training.grpo import token_logprobs
-from flexmarl.training.trainer import GRPOTrainer, TrainerConfig
+from flexmarl.training.trainer import GRPOTrainer
 from runtime.errors import RemoteError
 from runtime.transport import connect
 

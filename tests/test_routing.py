@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import pytest
 
+from flexmarl.config.balance import BalancerConfig
 from flexmarl.rollout.balance.loads import InstanceLoads
 from flexmarl.rollout.balance.routing import (BalancerStats, LeastLoaded, RoundRobin,
                                               StickyEpisodes, strategy_for)
-from flexmarl.rollout.balancer import Balancer, BalancerConfig
+from flexmarl.rollout.balancer import Balancer
 
 
 # ============================================================================ (a) strategies

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from flexmarl.rollout.balancer import BalancerConfig
 from flexmarl.clock import now
+from flexmarl.config.balance import BalancerConfig
 from flexmarl.orchestrator.policy import make_pipeline
 from flexmarl.protocol import SamplingParams
 from flexmarl.sim import clock

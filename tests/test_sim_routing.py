@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from flexmarl.rollout.balancer import BalancerConfig, percentile
+from flexmarl.config.balance import BalancerConfig
+from flexmarl.rollout.balancer import percentile
 from flexmarl.sim.costs import load_costs
 from flexmarl.sim.routing import RoutingConfig, initial_placement, move_times, run_routing
 from flexmarl.sim.workload import (AgentProfile, Call, CallChain, SkewedWorkload,

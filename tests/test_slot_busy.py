@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from flexmarl.config.training import TrainerConfig
 from flexmarl.protocol import (DropParked, ExportState, FetchShards, Parked, ShardData,
                                SlotStatus, SlotStatusReply, SwapIn, SwapOut, TrainBeginBatch,
                                TrainStep)
-from flexmarl.training.trainer import TrainerConfig
 from runtime.actor import Actor, handler
 from runtime.codec import Envelope
 from runtime.errors import RemoteError

@@ -60,7 +60,7 @@ def test_task_stream_is_a_seeded_epoch_cursor():
 
 async def test_orchestrator_is_an_actor_that_owns_the_cursor():
     from flexmarl.orchestrator.orchestrator import Orchestrator
-    from flexmarl.orchestrator.policy import PipelineConfig
+    from flexmarl.config.pipeline import PipelineConfig
     from flexmarl.orchestrator.store import ExperienceStore
     from runtime.protocol import Ping, Pong
     from runtime.transport import connect

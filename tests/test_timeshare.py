@@ -8,8 +8,13 @@ import asyncio
 
 import pytest
 
-from flexmarl.orchestrator.timeshare import (ROLLOUT, TimeShare, TimeShares, parse_placement,
-                                             run_switch, time_shared_groups)
+from flexmarl.config.sections import parse_placement
+from flexmarl.orchestrator.timeshare import (
+    ROLLOUT,
+    TimeShare,
+    TimeShares,
+    run_switch,
+    time_shared_groups)
 
 
 def _share(agents=("a",), fail: set | None = None) -> tuple[TimeShare, list]:

@@ -26,12 +26,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
+from flexmarl.config.training import TrainerConfig
 from flexmarl.training.grpo import token_logprobs
 
 from flexmarl.protocol import (ExportState, ExportWeights, SwapIn, SwapOut, TrainBeginBatch,
                                TrainMicroBatch, TrainStats, TrainStep, TrainStepDone,
                                WeightUpdate)
-from flexmarl.training.trainer import GRPOTrainer, TrainerConfig, export_state, load_state
+from flexmarl.training.trainer import GRPOTrainer, export_state, load_state
 from runtime.config import SupervisorConfig
 from runtime.errors import RemoteError
 from runtime.supervisor import Supervisor, WorkerSpec, pid_alive

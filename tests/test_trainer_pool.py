@@ -21,16 +21,15 @@ import pytest_asyncio
 import torch
 from safetensors.torch import load_file
 
-from flexmarl.orchestrator.batch import micro_batch
 from flexmarl.config.load import load_config
+from flexmarl.config.training import TrainerConfig, TrainerPoolConfig
+from flexmarl.orchestrator.batch import micro_batch
 from flexmarl.protocol import (AwaitSaved, DropParked, ExportState, ExportWeights, FetchShards,
                                Parked, SaveState, SwapDone, SwapIn,
                                SwapOut, TrainBeginBatch, TrainStep, TrainState)
 from flexmarl.training.state_files import CheckpointError
 from flexmarl.observe.rundir import RunDir
 from flexmarl.launch.run import train
-from flexmarl.training.trainer import TrainerConfig
-from flexmarl.training.pool import TrainerPoolConfig
 from runtime.errors import RemoteError
 from runtime.supervisor import Supervisor, WorkerSpec
 from runtime.transport import connect

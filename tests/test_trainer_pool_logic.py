@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 
+from flexmarl.config.training import TrainerPoolConfig
 from flexmarl.protocol import (AwaitSaved, Parked, SaveState, StateSaved, SwapDone, SwapIn,
                                SwapOut)
-from flexmarl.training.pool import TrainerPoolConfig
 from runtime.errors import PeerDied, RemoteError
 from runtime.lifecycle import Lifecycle
 

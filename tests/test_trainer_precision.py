@@ -33,8 +33,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
+from flexmarl.config.training import TrainerConfig
 from flexmarl.protocol import TrainMicroBatch
-from flexmarl.training.trainer import GRPOTrainer, TrainerConfig
+from flexmarl.training.trainer import GRPOTrainer
 from tests.test_trainer import (CONFIG, FIELDS, GRAD_ATOL, MIXED_REL_TOL,  # noqa: F401
                                 WEIGHT_ATOL, batches, max_diff, model_dir, tokens)
 

@@ -13,11 +13,12 @@ import pytest
 import torch
 
 from flexmarl.checks import ConfigError
+from flexmarl.config.balance import BalancerConfig
+from flexmarl.config.rollout import RolloutConfig
 from flexmarl.models import chat_prompt, load_model, load_tokenizer
 from flexmarl.protocol import Generate, SamplingParams, WeightTransfer, WeightUpdate, WeightUpdateDone
 from flexmarl.rollout.engine import EngineConfig
-from flexmarl.rollout.pool import InstancePool, RolloutConfig
-from flexmarl.rollout.balancer import BalancerConfig
+from flexmarl.rollout.pool import InstancePool
 from flexmarl.rollout.torch_engine import TorchEngine
 from flexmarl.weights import direct
 from flexmarl.weights.direct import (DirectTransport, FanOut, Sender, TransferAborted,

@@ -11,6 +11,7 @@ import asyncio
 import pytest
 import torch
 
+from flexmarl.config.training import TrainerConfig
 from flexmarl.orchestrator.advantage import grpo_advantages
 from flexmarl.training.grpo import token_logprobs
 from flexmarl.orchestrator.batch import micro_batch
@@ -18,7 +19,7 @@ from flexmarl.models import chat_prompt, load_model, load_tokenizer
 from flexmarl.protocol import Generate, SamplingParams
 from flexmarl.rollout.engine import EngineConfig
 from flexmarl.rollout.torch_engine import TorchEngine
-from flexmarl.training.trainer import GRPOTrainer, TrainerConfig
+from flexmarl.training.trainer import GRPOTrainer
 from flexmarl.weights.stage import push_weights
 from runtime.supervisor import pid_alive
 

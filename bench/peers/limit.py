@@ -43,7 +43,7 @@ async def measure(workload: str, steps: int, setting: w.Setting) -> dict:
     from flexmarl.rollout.backends import make_engine
     from flexmarl.rollout.engine import EngineConfig
     from flexmarl.training.trainer import GRPOTrainer
-    from flexmarl.training.trainer_config import TrainerConfig
+    from flexmarl.config.training import TrainerConfig
 
     torch.set_num_threads(1)
     model_dir = setting.model or str(gguf_dir("smollm2-135m"))

@@ -1,15 +1,19 @@
-"""The run's configuration: one dataclass per TOML section, loaded from files and --set overrides.
+"""The run's configuration, the ground floor: one dataclass per TOML section, loaded from files
+and --set overrides.
 
-    checks.py     ConfigError and the validation helpers every section uses
-    sections.py   the sections of the run's own parts (run, team, pipeline, rollout, trainer_pool,
-                  observe, cluster, gateway); lower components' sections live beside them
-                  (trainer: training/trainer.py, balance: rollout/balancer.py, transport and
-                  supervisor: runtime/config.py) and are imported here
+    sections.py   the run as a whole and its upper parts: run, team, observe, cluster, gateway,
+                  plan, devices (and parse_placement, devices.placement's reader)
+    pipeline.py   pipeline (and PIPELINE_MODES), eval
+    rollout.py    rollout (and the engines' names, dtypes and weight transfers)
+    balance.py    balance (and STRATEGIES)
+    training.py   trainer, trainer_pool
     load.py       Config (all sections), load_config, TOML reading and writing, old names
     default.toml  the default experiment, every key with its default and why
 
-This face is the public path of every section's class, wherever it is defined (they are taken
-from load.py, which gathers them all for Config).
+Every module here imports only flexmarl.checks (ConfigError and the validation helpers) and
+runtime.config (transport, supervisor): any part of the system takes its section from here
+without pulling the others in (tests/test_layout.py pins it). This face is the public path of
+every section's class.
 """
 from __future__ import annotations
 

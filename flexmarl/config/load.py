@@ -22,14 +22,12 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from flexmarl.checks import ConfigError
+from flexmarl.config.balance import BalancerConfig
+from flexmarl.config.pipeline import EvalConfig, PipelineConfig
+from flexmarl.config.rollout import RolloutConfig
 from flexmarl.config.sections import (ClusterConfig, DevicesConfig, GatewayConfig, ObserveConfig,
-                                      PlanConfig, RunConfig, TeamRef)
-from flexmarl.orchestrator.evaluate import EvalConfig
-from flexmarl.orchestrator.policy import PipelineConfig
-from flexmarl.rollout.balancer import BalancerConfig
-from flexmarl.rollout.pool import RolloutConfig
-from flexmarl.training.pool import TrainerPoolConfig
-from flexmarl.training.trainer_config import TrainerConfig
+    PlanConfig, RunConfig, TeamRef)
+from flexmarl.config.training import TrainerConfig, TrainerPoolConfig
 from runtime.config import SupervisorConfig, TransportConfig
 
 __all__ = ["DEFAULT_TOML", "Config", "SECTIONS", "load_config", "resolve_team_path", "dump_toml"]

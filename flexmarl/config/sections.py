@@ -1,17 +1,14 @@
 """The sections of the run as a whole and of its upper parts: run, team, observe, cluster,
 gateway, plan and devices. Each is validated in its __post_init__; every error names `section.key`.
 
-Every other section lives beside the component that takes it whole: `pipeline`
-(flexmarl.orchestrator.policy), `rollout` (flexmarl.rollout.pool), `balance`
-(flexmarl.rollout.balancer), `trainer_pool` (flexmarl.training.pool), `trainer`
-(flexmarl.training.trainer), `transport` and `supervisor` (runtime.config).
+The other sections are this package's other modules (pipeline.py, rollout.py, balance.py,
+training.py) and runtime.config (`transport`, `supervisor`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from flexmarl.checks import ConfigError, parse_ranges, require
-from flexmarl.orchestrator.timeshare import parse_placement
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -372,3 +369,35 @@ def _positive(value: str) -> bool:
         return float(value) > 0
     except ValueError:
         return False
+
+
+def parse_placement(text: str) -> list[tuple[str, ...]] | str:
+    """devices.placement: "disaggregated", "time_shared" (every trainable agent its own group),
+    or per agent, comma-separated: "solver=time_shared,checker=disaggregated"; agents joined by
+    "+" share one group: "solver+checker=time_shared". Returns the string for the two uniform
+    values, else the time-shared groups (tuples of agent names); a ValueError names what is
+    wrong."""
+    text = text.strip()
+    if text in ("disaggregated", "time_shared"):
+        return text
+    groups: list[tuple[str, ...]] = []
+    seen: set[str] = set()
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        names, sep, kind = part.partition("=")
+        agents = tuple(a.strip() for a in names.split("+"))
+        if not sep or kind.strip() not in ("time_shared", "disaggregated") or not all(agents):
+            raise ValueError(
+                f"devices.placement: cannot read {part!r}; give \"disaggregated\", "
+                "\"time_shared\", or per agent \"solver=time_shared,checker=disaggregated\" "
+                "(agents joined by + share one group of devices: \"solver+checker=time_shared\")")
+        if seen & set(agents):
+            raise ValueError(f"devices.placement names {sorted(seen & set(agents))} twice")
+        seen |= set(agents)
+        if kind.strip() == "time_shared":
+            groups.append(agents)
+        elif len(agents) > 1:
+            raise ValueError(f"devices.placement: {part!r} joins agents that are not time "
+                             "shared; write each disaggregated agent on its own")
+    if not seen:
+        raise ValueError("devices.placement is empty; give \"disaggregated\" or \"time_shared\"")
+    return groups

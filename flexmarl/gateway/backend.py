@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flexmarl.clock import now
-from flexmarl.gateway.api import ApiError
+from flexmarl.config.pipeline import PipelineConfig
 from flexmarl.config.sections import GatewayConfig
-from flexmarl.orchestrator.policy import PipelineConfig
+from flexmarl.gateway.api import ApiError
 from flexmarl.team import AgentSpec, Completion, Team
 
 log = logging.getLogger(__name__)

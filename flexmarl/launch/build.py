@@ -26,9 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from flexmarl.checks import ConfigError
+from flexmarl.config.balance import BalancerConfig
 from flexmarl.config.load import Config
+from flexmarl.config.pipeline import EvalConfig, PipelineConfig
 from flexmarl.config.sections import (ClusterConfig, GatewayConfig, ObserveConfig, RunConfig,
-                                      parse_gpus)
+    parse_gpus)
 from flexmarl.launch.checkpoint import (STATE_DIR, StateCheckpoints, drop_records_after,
                                         last_record_step, resume_point)
 from flexmarl.launch.evaluation import check_eval
@@ -40,9 +42,6 @@ from flexmarl.launch.placement import (WorkerSettings, check_backend, launcher, 
 from flexmarl.launch.task_files import team_with_task_file
 from flexmarl.console import phase
 from flexmarl.observe.rundir import RunDir
-from flexmarl.orchestrator.evaluate import EvalConfig
-from flexmarl.orchestrator.policy import PipelineConfig
-from flexmarl.rollout.balancer import BalancerConfig
 from flexmarl.team import Team
 from runtime.registry import NodeRegistry
 from runtime.supervisor import Supervisor

@@ -23,12 +23,13 @@ import orjson
 
 from flexmarl.checks import ConfigError
 from flexmarl.config.load import Config, load_config
+from flexmarl.config.pipeline import EvalConfig
 from flexmarl.launch.checkpoint import STATE_DIR, StateCheckpoints
 from flexmarl.launch.model_dirs import resolve_model, write_model_dir
 from flexmarl.models.lora import ADAPTER_CONFIG, LoraSpec, read_adapter
 from flexmarl.observe.rundir import CHECKPOINTS_DIR, CONFIG_FILE
 from flexmarl.orchestrator.agents import AgentRuntime
-from flexmarl.orchestrator.evaluate import EvalConfig, evaluate, heldout_tasks
+from flexmarl.orchestrator.evaluate import evaluate, heldout_tasks
 from flexmarl.protocol import Generate, GenerateReply, WeightUpdate
 from flexmarl.rollout.engine import EngineConfig
 from flexmarl.rollout.torch_engine import TorchEngine

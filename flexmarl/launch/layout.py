@@ -13,13 +13,13 @@ import itertools
 from dataclasses import dataclass, field
 
 from flexmarl import checks
+from flexmarl.config.rollout import RolloutConfig
 from flexmarl.config.sections import DevicesConfig
+from flexmarl.config.training import TrainerPoolConfig
 from flexmarl.launch.devices import Ask, DevicePlan, Host, parse_gpus, plan_devices
 from flexmarl.orchestrator.timeshare import time_shared_groups
-from flexmarl.rollout.pool import RolloutConfig
 from flexmarl.rollout.vllm_engine import SLEEP_ON_CPU
 from flexmarl.team import Team
-from flexmarl.training.pool import TrainerPoolConfig
 from flexmarl.weights.direct import resolve_transfer
 from runtime.registry import NodeRegistry
 from runtime.supervisor import Supervisor

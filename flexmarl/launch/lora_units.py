@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from flexmarl import checks
+from flexmarl.config.rollout import RolloutConfig
 from flexmarl.models.lora import VLLM_LORA_RANKS, max_lora_rank
-from flexmarl.rollout.pool import RolloutConfig
 from flexmarl.team import Team
 
 

@@ -26,7 +26,11 @@ from typing import Any, Callable
 
 from flexmarl import checks
 from flexmarl.activity import ActivityLog
+from flexmarl.config.balance import BalancerConfig
+from flexmarl.config.pipeline import PipelineConfig
+from flexmarl.config.rollout import RolloutConfig
 from flexmarl.config.sections import ClusterConfig, DevicesConfig
+from flexmarl.config.training import TrainerConfig, TrainerPoolConfig
 from flexmarl.launch.devices import Ask, Host
 from flexmarl.launch.layout import GpuPlan, hosts, plan_gpus, slot_layout
 from flexmarl.launch.lora_units import LoraUnits, lora_units
@@ -34,13 +38,11 @@ from flexmarl.orchestrator.timeshare import time_shares
 from flexmarl.weights.direct import DIRECT, DirectTransport
 from flexmarl.models import load_tokenizer
 from flexmarl.orchestrator.agents import AgentRuntime
-from flexmarl.orchestrator.policy import PipelineConfig
-from flexmarl.rollout.balancer import BalancerConfig
-from flexmarl.rollout.pool import InstancePool, RolloutConfig
+from flexmarl.rollout.engine import engine_config
+from flexmarl.rollout.pool import InstancePool
 from flexmarl.team import AgentSpec, Team
 from flexmarl.training.state_files import StateCheckpoints
-from flexmarl.training.pool import AgentTrainer, TrainerPool, TrainerPoolConfig
-from flexmarl.training.trainer_config import TrainerConfig
+from flexmarl.training.pool import AgentTrainer, TrainerPool
 from runtime.config import SupervisorConfig, TransportConfig
 from runtime.errors import WorkerStartError
 from runtime.lifecycle import Lifecycle, watch
@@ -223,7 +225,7 @@ class _Workers:
                 # vLLM's frontend hands the IPC handles (torch types) to its own engine-core
                 # process only with this; they reach the instance as plain data (no pickle).
                 env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-        args = dataclasses.asdict(r.engine_config(self.model_dirs[members[0]],
+        args = dataclasses.asdict(engine_config(r, self.model_dirs[members[0]],
                                                   seed=self.settings.seed + k,
                                                   transfer=self.gpus.transfer,
                                                   device="cuda" if self.gpus.rollout else "cpu"))

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Awaitable, Callable, Sequence
 
 from flexmarl.config.load import Config
+from flexmarl.config.pipeline import EvalConfig
 from flexmarl.config.sections import GatewayConfig, ObserveConfig
 from flexmarl.gateway.app import serve_gateway, unless_app_exits
 from flexmarl.gateway.backend import Gateway
@@ -44,7 +45,7 @@ from flexmarl.console import Bar, phase, ticking
 from flexmarl.observe.monitor import RunMonitor
 from flexmarl.observe.rundir import Progress, RunDir
 from flexmarl.observe.server import StatusServer
-from flexmarl.orchestrator.evaluate import EvalConfig, evaluate, heldout_tasks
+from flexmarl.orchestrator.evaluate import evaluate, heldout_tasks
 from flexmarl.orchestrator.heldout import changes, measure, summary_line
 from flexmarl.orchestrator.loop import PipelineRun
 from flexmarl.orchestrator.orchestrator import Orchestrator

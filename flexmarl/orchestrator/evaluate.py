@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from flexmarl.checks import require
+from flexmarl.config.pipeline import EvalConfig
 from flexmarl.orchestrator.agents import AgentRuntime
 from flexmarl.orchestrator.orchestrator import _RUN_ERRORS, TrajectoryContext, request_seed
 from flexmarl.protocol import Generate, GenerateReply
@@ -32,49 +33,6 @@ from flexmarl.team import Completion, Team
 
 Generator = Callable[[str, Generate], Awaitable[GenerateReply]]
 """(agent, request) -> reply: the rollout pool's generate, or flexmarl eval's engines'."""
-
-
-@dataclass(kw_only=True, frozen=True)
-class EvalConfig:
-    """Held-out evaluation while training and after it (section `eval`)."""
-
-    every_steps: int = 0
-    """Evaluate after every this many steps (between two steps' rollouts; the step's record
-    carries it); 0: never during the run."""
-    tasks: int = 0
-    """Held-out tasks per evaluation, the first of Team.heldout; 0: all of them."""
-    greedy: bool = True
-    """Each task once at temperature 0; false: `n` trajectories per task at the agents' own
-    sampling settings (seeded: the same draws every evaluation)."""
-    n: int = 1
-    """Trajectories per task when not greedy (their mean, and the best of them: best_team)."""
-    before: bool = True
-    """Measure the starting weights (greedy and sampled, `final_tasks`) once the workers are up
-    and before step 1's rollout, when the team has held-out tasks; a resumed run skips it (its
-    starting weights are no longer the initial ones)."""
-    final: bool = True
-    """The same measurement on the run's final weights at its end (RUN_DIR/eval.json), when
-    the team has held-out tasks."""
-    final_tasks: int = 0
-    """Held-out tasks of the before and final measurements, the first of Team.heldout; 0: all
-    of them (`tasks` stays the, usually smaller, set evaluated during the run)."""
-    max_concurrent_tasks: int = 64
-    """Held-out tasks evaluated at once (their requests batch in the engines)."""
-
-    def __post_init__(self) -> None:
-        for name in ("every_steps", "tasks", "final_tasks"):
-            require(getattr(self, name) >= 0, f"eval.{name}", getattr(self, name),
-                    "must be >= 0 (0: " + ("never" if name == "every_steps" else "all") + ")")
-        require(self.n >= 1, "eval.n", self.n, "must be >= 1")
-        require(self.greedy is False or self.n == 1, "eval.n", self.n,
-                "must be 1 with eval.greedy = true (greedy answers are all alike); set "
-                "eval.greedy = false to sample n per task")
-        require(self.max_concurrent_tasks >= 1, "eval.max_concurrent_tasks",
-                self.max_concurrent_tasks, "must be >= 1")
-
-    @property
-    def active(self) -> bool:
-        return self.every_steps > 0 or self.before or self.final
 
 
 def heldout_tasks(team: Team, config: EvalConfig, *, final: bool = False) -> list[Any]:

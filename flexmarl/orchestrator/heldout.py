@@ -21,8 +21,9 @@ import math
 import time
 from typing import Any, Iterable
 
+from flexmarl.config.pipeline import EvalConfig
 from flexmarl.orchestrator.agents import AgentRuntime
-from flexmarl.orchestrator.evaluate import EvalConfig, Generator, evaluate, heldout_tasks
+from flexmarl.orchestrator.evaluate import Generator, evaluate, heldout_tasks
 from flexmarl.team import Team
 
 MODES = ("greedy", "sampled")

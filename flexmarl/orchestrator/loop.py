@@ -67,10 +67,11 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from flexmarl.activity import ActivityLog
 from flexmarl.clock import now
+from flexmarl.config.pipeline import PipelineConfig
 from flexmarl.orchestrator.batch import TrainResult, TrainSession
 from flexmarl.orchestrator.lane import TrainerLane
 from flexmarl.orchestrator.orchestrator import Orchestrator, RolloutStats
-from flexmarl.orchestrator.policy import PipelineConfig, PipelinePolicy, make_pipeline
+from flexmarl.orchestrator.policy import PipelinePolicy, make_pipeline
 from flexmarl.orchestrator.records import StepRecorder
 from flexmarl.orchestrator.store import ExperienceStore, Group
 from flexmarl.protocol import StateSaved, WeightUpdate

@@ -26,8 +26,8 @@ from typing import Any, Callable, Iterator
 
 from flexmarl.clock import now
 from flexmarl.activity import ActivityLog
+from flexmarl.config.pipeline import PipelineConfig
 from flexmarl.orchestrator.agents import AgentRuntime
-from flexmarl.orchestrator.policy import PipelineConfig
 from flexmarl.protocol import Generate, GenerateReply
 from flexmarl.orchestrator.store import ExperienceStore, Group, StoreClosed, Turn
 from flexmarl.team import Completion, Team

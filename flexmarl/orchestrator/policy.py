@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from flexmarl.checks import require
+from flexmarl.config.pipeline import PIPELINE_MODES, PipelineConfig
 from flexmarl.orchestrator.agents import StalenessError
 
 
@@ -76,53 +77,7 @@ PIPELINES: dict[str, Callable[..., PipelinePolicy]] = {
     "one_step_off": one_step_off_policy, "bounded": bounded_policy}
 
 
-PIPELINE_MODES = tuple(PIPELINES)
-"""Valid `pipeline.mode` values; each names a pipeline policy."""
-
-
-@dataclass(kw_only=True, frozen=True)
-class PipelineConfig:
-    """Batch shape and parallelism of rollouts (section `pipeline`)."""
-
-    mode: str = "micro_batch"
-    """Pipeline policy; one of PIPELINE_MODES."""
-    tasks_per_step: int = 4
-    """Tasks in one global batch."""
-    trajectories_per_task: int = 8
-    """GRPO group size: independent runs of the workflow per task."""
-    max_concurrent_tasks: int = 4
-    """Inter-query parallelism: tasks whose workflows run at once."""
-    max_concurrent_calls: int = 16
-    """Intra-query parallelism: concurrent generate calls of one task."""
-    micro_batch_groups: int = 1
-    """GRPO groups per trainer micro-batch. One: a group's rows share their prompt, which the
-    trainer then computes once (flexmarl.training.trainer, _shared_prefix); several groups
-    share only their common start (a system message), and each group waits for the others."""
-    samples_per_request: int = 0
-    """Intra-query parallelism of one call's n samples: split them into requests of at most
-    this many, spread over the agent's instances by the balancer; 0: one request per call."""
-    max_staleness: int = 1
-    """Mode `bounded`: the most versions a trained sample may lag its trainer (>= 1)."""
-    is_cap: float = 2.0
-    """Mode `bounded`: cap of the truncated importance weight pi / pi_behaviour (used unless
-    trainer.is_cap is set)."""
-
-    def __post_init__(self) -> None:
-        require(self.mode in PIPELINE_MODES, "pipeline.mode", self.mode,
-                 f"must be one of {', '.join(PIPELINE_MODES)}")
-        for name in ("tasks_per_step", "max_concurrent_tasks", "max_concurrent_calls",
-                     "micro_batch_groups", "max_staleness"):
-            require(getattr(self, name) >= 1, f"pipeline.{name}", getattr(self, name),
-                     "must be >= 1")
-        require(self.trajectories_per_task >= 2, "pipeline.trajectories_per_task",
-                 self.trajectories_per_task,
-                 "must be >= 2 (GRPO learns from reward differences within a group; a group "
-                 "of one always has advantage 0)")
-        require(self.is_cap > 0, "pipeline.is_cap", self.is_cap, "must be > 0")
-        require(self.samples_per_request >= 0, "pipeline.samples_per_request",
-                 self.samples_per_request, "must be >= 0 (0: one request per call)")
-
-
+assert tuple(PIPELINES) == PIPELINE_MODES, "a pipeline mode without its policy, or the reverse"
 
 
 def make_pipeline(mode: str, *, max_staleness: int = 1) -> PipelinePolicy:

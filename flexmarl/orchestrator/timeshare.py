@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable, Iterable
 
 from flexmarl.clock import now
+from flexmarl.config.sections import parse_placement
 from flexmarl.protocol import Sleep, WakeUp
 from runtime.errors import PeerDied, RequestTimeout, TransportClosed
 
@@ -216,38 +217,6 @@ class TimeShares:
 
     def status(self) -> dict:
         return {g.name: g.status() for g in self.groups}
-
-
-def parse_placement(text: str) -> list[tuple[str, ...]] | str:
-    """devices.placement: "disaggregated", "time_shared" (every trainable agent its own group),
-    or per agent, comma-separated: "solver=time_shared,checker=disaggregated"; agents joined by
-    "+" share one group: "solver+checker=time_shared". Returns the string for the two uniform
-    values, else the time-shared groups (tuples of agent names); a ValueError names what is
-    wrong."""
-    text = text.strip()
-    if text in ("disaggregated", "time_shared"):
-        return text
-    groups: list[tuple[str, ...]] = []
-    seen: set[str] = set()
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        names, sep, kind = part.partition("=")
-        agents = tuple(a.strip() for a in names.split("+"))
-        if not sep or kind.strip() not in ("time_shared", "disaggregated") or not all(agents):
-            raise ValueError(
-                f"devices.placement: cannot read {part!r}; give \"disaggregated\", "
-                "\"time_shared\", or per agent \"solver=time_shared,checker=disaggregated\" "
-                "(agents joined by + share one group of devices: \"solver+checker=time_shared\")")
-        if seen & set(agents):
-            raise ValueError(f"devices.placement names {sorted(seen & set(agents))} twice")
-        seen |= set(agents)
-        if kind.strip() == "time_shared":
-            groups.append(agents)
-        elif len(agents) > 1:
-            raise ValueError(f"devices.placement: {part!r} joins agents that are not time "
-                             "shared; write each disaggregated agent on its own")
-    if not seen:
-        raise ValueError("devices.placement is empty; give \"disaggregated\" or \"time_shared\"")
-    return groups
 
 
 def time_shared_groups(text: str, trainable: list[str], agents: list[str]

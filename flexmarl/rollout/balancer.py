@@ -55,13 +55,13 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from flexmarl.rollout.balance.config import STRATEGIES, BalancerConfig
+from flexmarl.config.balance import BalancerConfig, STRATEGIES
 from flexmarl.rollout.balance.forecast import DemandAverage, Rates, StepProfile
 from flexmarl.rollout.balance.loads import InstanceLoads
 from flexmarl.rollout.balance.planner import Move, MovePlanner
 from flexmarl.rollout.balance.routing import BalancerStats, StickyEpisodes, strategy_for
 
-__all__ = ["STRATEGIES", "Balancer", "BalancerConfig", "BalancerStats", "Move", "percentile"]
+__all__ = ["Balancer", "BalancerStats", "Move", "percentile"]
 
 
 class Balancer:

@@ -6,11 +6,9 @@ from typing import Protocol
 
 import torch
 
+from flexmarl.config.rollout import BACKENDS, DTYPES, RolloutConfig, TRANSFERS
 from flexmarl.protocol import Sample, SamplingParams
 
-BACKENDS = ("vllm", "torch")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-TRANSFERS = ("auto", "stage", "nccl", "ipc")
 """rollout.weight_transfer; an engine gets it resolved (never "auto")."""
 
 
@@ -131,3 +129,17 @@ class RolloutEngine(Protocol):
     # through its weight-transfer engine (flexmarl.weights.direct).
 
 
+def engine_config(rollout: RolloutConfig, model_dir: str, *, seed: int, transfer: str = "stage",
+                  device: str = "cpu") -> EngineConfig:
+    """The settings of one instance serving the model in `model_dir` (`transfer`: the
+    run's resolved weight_transfer; `device`: "cuda" when the placement gave the
+    instance a GPU, for the torch engine)."""
+    return EngineConfig(backend=rollout.backend, model_dir=model_dir, seed=seed,
+                        max_model_len=rollout.max_model_len,
+                        kv_cache_bytes=rollout.kv_cache_bytes,
+                        max_num_seqs=rollout.max_num_seqs, staging_dir=rollout.staging_dir,
+                        dtype=rollout.dtype,
+                        tensor_parallel_size=rollout.tensor_parallel_size,
+                        gpu_memory_utilization=rollout.gpu_memory_utilization,
+                        enforce_eager=rollout.enforce_eager, weight_transfer=transfer,
+                        device=device if rollout.backend == "torch" else "cpu")

@@ -37,8 +37,10 @@ import torch
 from flexmarl.clock import now
 from flexmarl.activity import ActivityLog
 from flexmarl.checks import parse_cpus, require
-from flexmarl.rollout.balancer import Balancer, BalancerConfig, Move, percentile
-from flexmarl.rollout.engine import BACKENDS, DTYPES, TRANSFERS, EngineConfig
+from flexmarl.config.balance import BalancerConfig
+from flexmarl.config.rollout import BACKENDS, DTYPES, TRANSFERS
+from flexmarl.rollout.balancer import Balancer, Move, percentile
+from flexmarl.rollout.engine import EngineConfig
 from flexmarl.protocol import Generate, GenerateReply, LoadReport, SubscribeLoad
 from flexmarl.weights.base import Transport
 from flexmarl.weights.sync import WeightSync
@@ -48,97 +50,6 @@ from runtime.transport import Connection
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(kw_only=True, frozen=True)
-class RolloutConfig:
-    """Rollout instances of every agent (section `rollout`)."""
-
-    backend: str = "auto"
-    """`vllm`, `torch` (plain PyTorch generation, batched: for small models and machines
-    without vLLM) or `auto`: vLLM where its instances get GPUs, else torch
-    (flexmarl.launch.build.resolve_backend)."""
-    instances_per_agent: int = 1
-    """Rollout worker processes serving each agent's policy."""
-    kv_cache_bytes: int = 256 << 20
-    """vLLM on CPU: KV-cache size of each instance, in bytes (on GPU the cache is what
-    gpu_memory_utilization leaves after the weights)."""
-    max_model_len: int = 512
-    """Longest prompt + completion, in tokens."""
-    dtype: str = "auto"
-    """Weights and activations of the engine: "auto" is float32 on CPU (log-probabilities
-    comparable with the trainer's) and bfloat16 on GPU; or float32, bfloat16, float16."""
-    tensor_parallel_size: int = 1
-    """vLLM on GPU: GPUs of one instance (on one host; see flexmarl/launch/devices.py)."""
-    gpu_memory_utilization: float = 0.85
-    """vLLM on GPU: fraction of each of its GPUs' memory the engine takes (weights,
-    activations, KV cache). With devices.colocate the trainer rank on the same GPU gets the
-    rest: then 0.3-0.5 is typical."""
-    enforce_eager: bool = True
-    """vLLM: no CUDA graphs. false on GPU captures them: faster decoding, a slower start and
-    more memory."""
-    weight_transfer: str = "auto"
-    """How a new policy version reaches the engines: "stage" (the tensors through the run,
-    loaded from a file in staging_dir: works everywhere), "nccl" (vLLM's weight-transfer engine:
-    trainer rank 0 broadcasts to the agent's instances over NCCL), "ipc" (CUDA IPC: instances
-    on their trainer's GPUs, devices.colocate). "auto": nccl when vLLM and the trainers are on
-    GPU and every agent has its own trainer slot, else stage (flexmarl.weights.direct)."""
-    ready_timeout_s: float = 600.0
-    """How long an instance may take to start (a cold vLLM start takes minutes on CPU)."""
-    request_timeout_s: float = 300.0
-    """Longest wait for one request to an instance (a generate call, a weight push); past it
-    the instance is taken for hung: killed and replaced, its requests re-sent. Sized for a long
-    generation on a loaded CPU machine."""
-    cpus: str = "auto"
-    """CPU cores of every rollout process, as "0", "0,2" or "0-3" (threads sized to match);
-    "auto": half the cores when trainers run on CPU (see `role_cpus`); "": no pinning."""
-    max_num_seqs: int = 64
-    """Most sequences an instance decodes together (vLLM's max_num_seqs; the torch engine's
-    batch rows, though a request's own n samples always run together). 1 makes the torch
-    engine run every request alone: its log-probabilities then do not depend on what arrived
-    at the same time (a batch's padding changes the order of float sums)."""
-    max_loras: int = 0
-    """LoRA agents (AgentSpec.lora): adapters one instance serves and one batch mixes (vLLM's
-    max_loras); 0: as many as the agents on its base model."""
-    max_lora_rank: int = 0
-    """LoRA agents: the largest adapter rank an instance serves (vLLM's max_lora_rank, one of
-    flexmarl.models.lora.VLLM_LORA_RANKS); 0: the smallest of those that fits every agent's."""
-    staging_dir: str = ""
-    """vLLM: where a weight update is written for the engine core to read; "": /dev/shm (a
-    container's /dev/shm may be too small: Docker's default is 64 MB)."""
-
-    def __post_init__(self) -> None:
-        require(self.backend in BACKENDS or self.backend == "auto", "rollout.backend",
-                self.backend, f"must be one of {', '.join(BACKENDS)} or auto")
-        require(self.dtype in DTYPES, "rollout.dtype", self.dtype,
-                f"must be one of {', '.join(DTYPES)}")
-        require(0 < self.gpu_memory_utilization < 1, "rollout.gpu_memory_utilization",
-                self.gpu_memory_utilization, "must be in (0, 1)")
-        require(self.weight_transfer in TRANSFERS, "rollout.weight_transfer",
-                self.weight_transfer, f"must be one of {', '.join(TRANSFERS)}")
-        for name in ("instances_per_agent", "kv_cache_bytes", "max_model_len", "max_num_seqs",
-                     "tensor_parallel_size"):
-            require(getattr(self, name) >= 1, f"rollout.{name}", getattr(self, name),
-                     "must be >= 1")
-        for name in ("max_loras", "max_lora_rank"):
-            require(getattr(self, name) >= 0, f"rollout.{name}", getattr(self, name),
-                    "must be >= 0 (0: sized to the team)")
-        for name in ("ready_timeout_s", "request_timeout_s"):
-            require(getattr(self, name) > 0, f"rollout.{name}", getattr(self, name),
-                    "must be > 0")
-        parse_cpus(self.cpus, "rollout.cpus")
-
-    def engine_config(self, model_dir: str, *, seed: int, transfer: str = "stage",
-                      device: str = "cpu") -> EngineConfig:
-        """The settings of one instance serving the model in `model_dir` (`transfer`: the
-        run's resolved weight_transfer; `device`: "cuda" when the placement gave the
-        instance a GPU, for the torch engine)."""
-        return EngineConfig(backend=self.backend, model_dir=model_dir, seed=seed,
-                            max_model_len=self.max_model_len, kv_cache_bytes=self.kv_cache_bytes,
-                            max_num_seqs=self.max_num_seqs, staging_dir=self.staging_dir, dtype=self.dtype,
-                            tensor_parallel_size=self.tensor_parallel_size,
-                            gpu_memory_utilization=self.gpu_memory_utilization,
-                            enforce_eager=self.enforce_eager, weight_transfer=transfer,
-                            device=device if self.backend == "torch" else "cpu")
 
 _MODEL_KEYS_IGNORED = {"_name_or_path", "transformers_version"}
 

@@ -67,19 +67,22 @@ from typing import Any, Callable
 
 from flexmarl.activity import ActivityLog
 from flexmarl.clock import now
-from flexmarl.rollout.balancer import BalancerConfig
+from flexmarl.config.balance import BalancerConfig
+from flexmarl.config.pipeline import PipelineConfig
+from flexmarl.config.rollout import RolloutConfig
+from flexmarl.config.training import TrainerPoolConfig
 from flexmarl.orchestrator.agents import AgentRuntime
 from flexmarl.orchestrator.orchestrator import Orchestrator
 from flexmarl.orchestrator.loop import PipelineRun
-from flexmarl.orchestrator.policy import PipelineConfig, PipelinePolicy, make_pipeline
-from flexmarl.rollout.pool import InstancePool, RolloutConfig
+from flexmarl.orchestrator.policy import PipelinePolicy, make_pipeline
+from flexmarl.rollout.pool import InstancePool
 from flexmarl.rollout.worker import RolloutWorker
 from flexmarl.sim import bounds, clock, layouts, plan
 from flexmarl.sim.costs import Costs, load_costs
 from flexmarl.sim.engines import FOREVER_S, SimTokenizer, SimTrainer
 from flexmarl.sim.presets import Preset, get_preset
 from flexmarl.orchestrator.store import ExperienceStore
-from flexmarl.training.pool import AgentTrainer, TrainerPool, TrainerPoolConfig
+from flexmarl.training.pool import AgentTrainer, TrainerPool
 from runtime.transport import connect
 
 

@@ -34,9 +34,11 @@ import dataclasses
 from dataclasses import dataclass
 
 from flexmarl.clock import now
+from flexmarl.config.balance import BalancerConfig
+from flexmarl.config.rollout import RolloutConfig
 from flexmarl.protocol import Generate, SamplingParams
-from flexmarl.rollout.balancer import BalancerConfig, percentile
-from flexmarl.rollout.pool import InstancePool, MoveRecord, RolloutConfig
+from flexmarl.rollout.balancer import percentile
+from flexmarl.rollout.pool import InstancePool, MoveRecord
 from flexmarl.rollout.worker import RolloutWorker
 from flexmarl.sim import clock
 from flexmarl.sim.cluster import FOREVER_S

@@ -3,14 +3,12 @@
     slots.py    SlotAllocator: which agent gets which trainer slot; TeamOrder: the order
                 agents ask in (both pure)
     pool.py     TrainerPool: binds slots to agents, swaps idle agents' state to host memory
-    pool_config.py  TrainerPoolConfig: the `trainer_pool` section
     slot_connection.py  a slot's connection: busy time, deadlines, death
     worker.py   the trainer worker process: one rank of an agent's FSDP2 group, as an actor
     rank.py     what one rank does in its command thread: process group, swaps, pulls, sends
     parking.py  the swap path's data movement: shards to host memory and back, pulls
     transfer.py the trainer's side of GPU weight sync (vLLM's trainer engine)
     trainer.py  GRPOTrainer: forward, backward, accumulate, step (torch.distributed)
-    trainer_config.py  TrainerConfig: the `trainer` section's settings
     sharding.py the policy's modules: built, frozen (train_layers), sharded with FSDP2
     adapter.py  a LoRA trainer's policy (trainer.lora): PEFT's layers on the frozen base, the
                 adapter's tensors under PEFT's names, the base alone (the KL reference)

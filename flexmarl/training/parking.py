@@ -26,7 +26,8 @@ from typing import Callable, Iterable
 
 import torch
 
-from flexmarl.training.trainer import MODULE_SETTINGS, GRPOTrainer, TrainerConfig, _local
+from flexmarl.config.training import TrainerConfig
+from flexmarl.training.trainer import MODULE_SETTINGS, GRPOTrainer, _local
 
 log = logging.getLogger(__name__)
 

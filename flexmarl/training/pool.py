@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from flexmarl.clock import now
-from flexmarl.training.pool_config import TrainerPoolConfig
+from flexmarl.config.training import TrainerPoolConfig
 from flexmarl.training.slot_connection import BusyTime, SlotConnection
 from flexmarl.training.slots import Grant, SlotAllocator, SlotTimes, TeamOrder
 from flexmarl.protocol import (DropParked, ExportWeights, Parked, StateSaved, SwapDone, SwapIn,
@@ -54,7 +54,7 @@ from runtime.errors import PeerDied
 from runtime.lifecycle import Lifecycle, ReplaceFailed
 from runtime.transport import Connection
 
-__all__ = ["AgentTrainer", "ParkedState", "SwapRecord", "TrainerPool", "TrainerPoolConfig"]
+__all__ = ["AgentTrainer", "ParkedState", "SwapRecord", "TrainerPool"]
 log = logging.getLogger(__name__)
 
 

@@ -25,6 +25,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from flexmarl.config.training import TrainerConfig
 from flexmarl.protocol import (FetchShards, Parked, ShardData, StateSaved, SwapDone,
                                TrainMicroBatch, TrainState, WeightUpdate, WeightUpdateDone)
 from flexmarl.training import sharded_state
@@ -32,7 +33,7 @@ from flexmarl.training.sharded_state import StateWriter
 from flexmarl.training.parking import (HostPool, HostState, ResidentBase, base_key, fill, park,
                                        populate, prepare_pull, pull_plan, restore_parked,
                                        set_rng, sharded_here, slices, unpark)
-from flexmarl.training.trainer import GRPOTrainer, TrainerConfig
+from flexmarl.training.trainer import GRPOTrainer
 from runtime.transport import connect
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ The model is sharded with `fully_shard` on each decoder block and then the root 
 gradients are reduced as a plain *sum* across ranks, because each rank's loss is already divided
 by the global token count (see `shard_model`). World size 1 needs no process group: the model is
 then used unsharded. Building, freezing and sharding the modules live in
-`flexmarl.training.sharding`, the settings in `flexmarl.training.trainer_config`, the formulas in
+`flexmarl.training.sharding`, the settings in `flexmarl.config.training`, the formulas in
 `flexmarl.training.grpo`.
 
 Precision: parameters, gradients and AdamW state are always float32 (the master weights);
@@ -49,6 +49,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from flexmarl.config.training import DEVICES, PARAM_DTYPES, REDUCE_DTYPES, TrainerConfig
 from flexmarl.training.adapter import base_only, inner, peft_names, wrap_policy
 from flexmarl.training.grpo import grpo_loss, token_entropy, token_logprobs
 from flexmarl.training.prefix import policy_logits, shared_prefix
@@ -56,14 +57,11 @@ from flexmarl.protocol import TrainMicroBatch, TrainStats, TrainStepDone
 # Re-exported: users, tests and bench scripts import these from here.
 from flexmarl.training.sharding import (GRAD_SUM_FACTOR, _local, build_model, decoder_blocks,
                                         freeze_all_but, shard_model)
-from flexmarl.training.trainer_config import (DEVICES, PARAM_DTYPES, REDUCE_DTYPES,
-                                              TrainerConfig)
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-__all__ = ["DEVICES", "GRAD_SUM_FACTOR", "GRPOTrainer", "PARAM_DTYPES", "REDUCE_DTYPES",
-           "TrainerConfig", "build_model", "decoder_blocks", "export_state", "freeze_all_but",
+__all__ = ["GRAD_SUM_FACTOR", "GRPOTrainer", "build_model", "decoder_blocks", "export_state", "freeze_all_but",
            "load_state", "model_state", "shard_model", "state_options"]
 
 log = logging.getLogger(__name__)

@@ -72,6 +72,7 @@ from typing import Any, Callable
 
 import torch
 
+from flexmarl.config.training import TrainerConfig
 from runtime.actor import Actor, handler
 from runtime.codec import Envelope
 from runtime.worker import WorkerContext
@@ -83,7 +84,6 @@ from flexmarl.protocol import (AwaitSaved, DropParked, ExportState, ExportWeight
                                WeightUpdateDone)
 from flexmarl.training.ordered import Turn, Turns
 from flexmarl.training.rank import HEADER_LEN, KEEPALIVE_FRACTION, Command, Rank
-from flexmarl.training.trainer_config import TrainerConfig
 
 log = logging.getLogger(__name__)
 

@@ -32,8 +32,8 @@ from runtime.transport import Connection
 
 def model_weights(model_dir: str) -> dict[str, torch.Tensor]:
     """A model directory's weights (flexmarl.models.model_weights). Imported on first use:
-    flexmarl.models brings transformers, which every CLI command would otherwise pay for
-    (about 3 s) through the config's import of this module."""
+    flexmarl.models brings transformers (about 3 s), which `flexmarl plan` and `sim` would
+    otherwise pay for: the simulator runs the rollout pool's own code, which imports this."""
     from flexmarl.models import model_weights as read
     return read(model_dir)
 

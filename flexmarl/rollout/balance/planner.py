@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from flexmarl.rollout.balance.config import BalancerConfig
+from flexmarl.config.balance import BalancerConfig
 from flexmarl.rollout.balance.forecast import Rates, StepProfile
 from flexmarl.rollout.balance.loads import InstanceLoads
 from flexmarl.rollout.balance.routing import LeastLoaded

@@ -1,7 +1,7 @@
 """The balancer's policy (section `balance`): one frozen dataclass, validated on construction.
 
-Read by every part of the balancer (flexmarl.rollout.balance) and by the rollout pool; users
-import it from flexmarl.rollout.balancer.
+Ground floor: imports nothing of FlexMARL; every part of the balancer
+(flexmarl.rollout.balance), the rollout pool and the simulator take it from here.
 """
 from __future__ import annotations
 

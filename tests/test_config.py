@@ -484,3 +484,9 @@ def test_the_auto_rollout_backend_is_vllm_with_gpus_or_nodes_else_torch(monkeypa
     assert resolve_backend(load_config(team=team_file)).rollout.backend == "vllm"
     no_gpus = load_config(overrides=["devices.gpus=none"], team=team_file)
     assert resolve_backend(no_gpus).rollout.backend == "torch"
+
+
+def test_every_pipeline_mode_has_its_policy():
+    """pipeline.mode is checked on the config's ground floor; each value must name a policy."""
+    from flexmarl.orchestrator.policy import PIPELINES
+    assert tuple(PIPELINES) == PIPELINE_MODES

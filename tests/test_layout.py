@@ -146,9 +146,10 @@ def test_rollout_and_training_are_peers(side, other):
 
 def test_config_imports_only_the_checks_and_the_runtimes_config():
     """In the source: flexmarl.config's modules import each other, flexmarl.checks and
-    runtime.config, and flexmarl.team's LoraSpec (trainer.lora is checked as AgentSpec.lora
-    is), nothing else of the project."""
-    allowed = {"flexmarl.checks", "runtime.config", "flexmarl.team", "flexmarl"}
+    runtime.config, flexmarl.team's LoraSpec (trainer.lora is checked as AgentSpec.lora is)
+    and flexmarl._compat (old names), nothing else of the project."""
+    allowed = {"flexmarl.checks", "runtime.config", "flexmarl.team", "flexmarl._compat",
+               "flexmarl"}
     wrong = [f"{m} imports {t}" for m, targets in GRAPH.items() if _layer(m) == "config"
              for t in sorted(targets) if _layer(t) != "config" and t not in allowed]
     assert wrong == [], "\n".join(wrong)

@@ -57,6 +57,9 @@ OLD_MODULES = {  # old path -> new path, and a name users took from it
     "flexmarl.openai_api": ("flexmarl.gateway.api", "ApiError"),
     "flexmarl.cli": ("flexmarl.launch.cli", "main"),
     "flexmarl.nodes": ("flexmarl.launch.nodes", "main"),
+    "flexmarl.training.trainer_config": ("flexmarl.config.training", "TrainerConfig"),
+    "flexmarl.training.pool_config": ("flexmarl.config.training", "TrainerPoolConfig"),
+    "flexmarl.rollout.balance.config": ("flexmarl.config.balance", "BalancerConfig"),
 }
 
 
@@ -161,3 +164,19 @@ def test_the_cli_config_and_planner_import_without_transformers():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, check=True)
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_compatibility_aliases_are_removed_in_their_version():
+    """flexmarl/_compat.py holds every alias (old module paths, class and section names), each
+    to be removed in REMOVED_IN: once the version gets there, this fails until they are."""
+    import flexmarl
+    from flexmarl import _compat
+
+    def version(text: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in text.split(".")[:2])
+
+    assert version(flexmarl.__version__) < version(_compat.REMOVED_IN), (
+        f"FlexMARL {flexmarl.__version__} reached {_compat.REMOVED_IN}: remove the aliases of "
+        "flexmarl/_compat.py (and their mentions in the docs)")
+    assert _compat.MOVED is flexmarl.MOVED
+

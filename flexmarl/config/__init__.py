@@ -17,9 +17,7 @@ every section's class.
 """
 from __future__ import annotations
 
-import warnings
-from typing import Any
-
+from flexmarl import _compat
 from flexmarl.checks import ConfigError
 from flexmarl.config.load import (
     SECTIONS, BalancerConfig, ClusterConfig, Config, DevicesConfig, EvalConfig, GatewayConfig,
@@ -32,15 +30,5 @@ __all__ = [
     "RunConfig", "SECTIONS", "SupervisorConfig", "TeamRef", "TrainerConfig",
     "TrainerPoolConfig", "TransportConfig", "dump_toml", "load_config"]
 
-_RENAMED = {"TrainPlacement": "TrainerPoolConfig"}
-"""Old name -> new, read with a FutureWarning until FlexMARL 0.2 (as the [train] section is)."""
-
-
-def __getattr__(name: str) -> Any:
-    if name in _RENAMED:
-        new = _RENAMED[name]
-        warnings.warn(f"flexmarl.config.{name} is now flexmarl.config.{new} (section [train] "
-                      f"was renamed [trainer_pool]); the old name will be removed in FlexMARL "
-                      "0.2", FutureWarning, stacklevel=2)
-        return globals()[new]
-    raise AttributeError(f"module 'flexmarl.config' has no attribute {name!r}")
+__getattr__ = _compat.renamed_getattr(
+    __name__, globals(), " (section [train] was renamed [trainer_pool])")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from flexmarl import _compat
 from flexmarl.checks import ConfigError
 from flexmarl.config.balance import BalancerConfig
 from flexmarl.config.pipeline import EvalConfig, PipelineConfig
@@ -99,7 +100,7 @@ SECTIONS: dict[str, type] = {"run": RunConfig, "team": TeamRef, "pipeline": Pipe
                              "transport": TransportConfig, "supervisor": SupervisorConfig}
 """TOML section name -> its dataclass, in file order."""
 
-RENAMED: dict[str, str] = {"train": "trainer_pool"}
+RENAMED: dict[str, str] = _compat.RENAMED_SECTIONS
 """Old section name -> new one. An old name is still read until FlexMARL 0.2, with a
 FutureWarning (Python shows it by default) that names the new key; setting a key under both names
 is an error."""
@@ -186,7 +187,8 @@ def _renamed(data: Mapping[str, Any], sources: dict[str, str]) -> dict[str, Any]
             merged[key] = value
             sources[f"{new}.{key}"] = where or "the old section name"
             warnings.warn(f"config key {old}.{key}{_at(where)} is now {new}.{key}: section [{old}]"
-                          f" was renamed [{new}]; the old name is read until FlexMARL 0.2",
+                          f" was renamed [{new}]; the old name is read until FlexMARL "
+                          f"{_compat.REMOVED_IN}",
                           FutureWarning, stacklevel=2)
         data[new] = merged
     return data

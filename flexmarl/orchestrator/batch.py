@@ -208,8 +208,9 @@ out as larger (more efficient) micro-batches of up to `micro_batch_groups`.
             await self._send(self._buffer)
             self._buffer = []
         if not self._begun:
-            log.info("agent %s: no group with a learning signal this step; not stepping",
-                     self.rt.spec.name)
+            # debug: the step's console line says it already ("no learning signal: ...").
+            log.debug("agent %s: no group with a learning signal this step; not stepping",
+                      self.rt.spec.name)
             return None
         done = await self._request(TrainStep(self.tokens))
         staleness = sum(a * n for a, n in self.hist.items()) / max(self.samples, 1)

@@ -13,8 +13,9 @@ model the chat format and some addition by supervised training, so RL starts abo
 
 This package's face: every name below is importable as `flexmarl.models.NAME`, as it was when
 this was one module. build.py makes and loads directories, supervised.py warm-starts them (also
-as `python -m flexmarl.models DIR ...`, the child process ensure_model runs), and this module
-keeps the cache, which calls both.
+as `python -m flexmarl.models DIR ...`, the child process ensure_model runs: __main__.py), and
+this module keeps the cache, which calls both. lora.py: LoRA adapters, an agent as a low-rank
+adapter on a base model that other agents share.
 """
 from __future__ import annotations
 

@@ -8,7 +8,15 @@
     policy.py        PipelinePolicy: sync, micro_batch, one_step_off, bounded (pure)
     batch.py         TrainSession: an agent's global batch, micro-batch by micro-batch, one step
     loop.py          PipelineRun: the rollout producer and one loop per agent, step records
+    lane.py          TrainerLane: one lane for the trainer requests of agents whose slots share
+                     CPU cores (pure asyncio)
+    timeshare.py     TimeShare: a time-shared group's devices, its agents' rollout engines or
+                     their trainers at a time (devices.placement "time_shared")
+    records.py       StepRecorder: what the pools did since the last step record (moves, swaps,
+                     faults, loads)
     evaluate.py      the workflow on held-out tasks with training off (section `eval`)
+    heldout.py       held-out accuracy before and after training, each agent's change with its
+                     standard error
 
 Imports only rollout/, training/ and the shared leaves below it; nothing here knows the
 launcher, the gateway or the observers.

@@ -1,5 +1,10 @@
 """FlexMARL's message kinds (100 and up) and their typed dataclasses, in one place.
 
+    kinds.py     FlexKind: one number per message of flexmarl.protocol (100 and up)
+    rollout.py   the rollout layer's messages: generate calls, load reports, weight updates
+    training.py  the training layer's messages: micro-batches, steps, swaps and saves of the
+                 trainer slots
+
 Built on the runtime's codec (`runtime.protocol.message`: msgpack, tensors as zero-copy frames,
 no pickle; its own kinds are 1-99). Who sends each request, who handles it, and its reply:
 
@@ -13,12 +18,12 @@ no pickle; its own kinds are 1-99). Who sends each request, who handles it, and 
                      the loop's sync, a moved or replacement                      Done
                      instance loading its agent's weights
     TrainBeginBatch  TrainSession (orchestrator/batch.py)      TrainerWorker,     None
-    TrainMicroBatch  TrainSession                              rank 0 (training/  TrainStats
-    TrainStep        TrainSession                              worker.py), which  TrainStepDone
-    ExportWeights    TrainSession.export, TrainerPool.export   runs the call on   WeightUpdate
-    SwapIn           TrainerPool (binding an agent to a slot)  every rank;        SwapDone
-    SwapOut          TrainerPool (evicting an idle agent)      followers refuse   Parked
-    DropParked       TrainerPool (the agent moved elsewhere)   requests           None
+    TrainMicroBatch  TrainSession                              rank 0 of          TrainStats
+    TrainStep        TrainSession                              training/worker.py TrainStepDone
+    ExportWeights    TrainSession.export, TrainerPool.export   which runs the     WeightUpdate
+    SwapIn           TrainerPool (binding an agent to a slot)  call on every      SwapDone
+    SwapOut          TrainerPool (evicting an idle agent)      rank; followers    Parked
+    DropParked       TrainerPool (the agent moved elsewhere)   refuse requests    None
     SaveState        TrainerPool.save (snapshots, checkpoints) (rank 0)           StateSaved
     AwaitSaved       TrainerPool.save, after the binding       rank 0 (concurrent) StateSaved
     ExportState      tests and tools (the whole state here)    (rank 0)           TrainState

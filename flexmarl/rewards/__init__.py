@@ -27,6 +27,19 @@ A workflow computes a value and hands it to `ctx.reward(completion, value)`:
 `flexmarl.rewards.cases` says how each is judged. The sandbox's guarantees and its limits are in
 `flexmarl.rewards.sandbox`'s docstring, the isolation in `flexmarl.rewards.confinement`'s.
 
+    match.py          answer extraction and matching: pure, synchronous rewards on the text
+    sandbox.py        model-written Python in separate, limited processes: run_python,
+                      code_reward
+    _bootstrap.py     the sandbox's first code in a child interpreter: limits, audit hook, then
+                      one of three roles
+    cases.py          a code task's tests in three forms, parent side: what reaches the
+                      sandbox, and the verdict
+    confinement.py    where sandboxed programs run: bubblewrap where it works, else the audit
+                      hook alone
+    _seccomp_exec.py  the fallback's launcher: installs a seccomp filter, then execs the
+                      sandboxed interpreter
+    bounds.py         how many async reward calls run at once: bounded, score_all, LoopBound
+
 The rule the code rewards keep: **the verdict never lives where the program runs.** No expected
 value, no completion line that grants a pass, nothing that decides the verdict is ever in the
 program's process: stdin/stdout and call cases are compared in the calling process, free-form

@@ -7,9 +7,15 @@
     worker.py   the trainer worker process: one rank of an agent's FSDP2 group, as an actor
     rank.py     what one rank does in its command thread: process group, swaps, pulls, sends
     parking.py  the swap path's data movement: shards to host memory and back, pulls
-    transfer.py the trainer's side of GPU weight sync (vLLM's trainer engine)
+    saves.py    Saves: where each agent's recovery snapshot is, and its copies into the run's
+                state dir (the checkpoints `--resume` takes)
+    state_files.py  each agent's whole training state per step, on disk (snapshots, --resume)
+    sharded_state.py  that state written and read by the ranks, each its own shards (DCP)
+    safe_dcp.py SafeReader: torch DCP's FileSystemReader, reading `.metadata` without its pickle
+    ordered.py  Turns: arrival order kept for commands that are served concurrently
     trainer.py  GRPOTrainer: forward, backward, accumulate, step (torch.distributed)
     sharding.py the policy's modules: built, frozen (train_layers), sharded with FSDP2
+    prefix.py   the policy's forward over a micro-batch, computing what its rows share once
     adapter.py  a LoRA trainer's policy (trainer.lora): PEFT's layers on the frozen base, the
                 adapter's tensors under PEFT's names, the base alone (the KL reference)
     grpo.py     token log-probabilities and the clipped policy loss (pure torch)

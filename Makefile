@@ -13,7 +13,7 @@ EXTRAS ?= dev,cpu,pretrained,lora,ray
 WHEELS ?=
 PIP    := $(PY) -m pip install -q --disable-pip-version-check $(if $(WHEELS),--no-index --find-links "$(WHEELS)")
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test test-quick bench clean
 
 setup: $(STAMP)
 
@@ -52,6 +52,11 @@ run: setup
 
 test: setup
 	PYTHONWARNINGS="ignore:resource_tracker:UserWarning" $(PY) -m pytest -q --durations=15
+
+# The quick lane: the tests of modules that start no process (tests/README.md routes a change
+# to its lane). `make test` stays the CI gate.
+test-quick: setup
+	$(PY) -m pytest -q -m "not processes and not slow and not vllm and not cuda"
 
 bench: setup
 	$(PY) bench/transport.py

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 
 # Ray reads its authentication mode once, when it is first imported (by whichever module does):
 # token authentication, Ray's default for the clusters it starts itself, for the Ray cluster of
@@ -25,12 +26,38 @@ def pytest_asyncio_loop_factories(config, item):
     return {"uvloop": uvloop.new_event_loop}
 
 
+# What starts a process (a worker, an engine, a sandboxed program, a CLI, a node) when a test
+# module names it: such a module's tests are marked `processes`, and `make test-quick` leaves
+# them out. Read from the module's source and from the tests/ helpers it imports.
+PROCESS_APIS = re.compile(
+    r"subprocess|create_subprocess|Popen|multiprocessing|\bspawn|run_python|code_reward|"
+    r"vllm_instance|fault_free|Lifecycle|NodeRegistry|flexmarl\.launch|import train\b|"
+    r"\bray\b|supervisor_host|from \.workers|tests\.workers|torch\.distributed")
+_STARTS_PROCESSES: dict[str, bool] = {}
+
+
+def starts_processes(path: str) -> bool:
+    """Whether the test module at `path` (or a tests/ helper it imports) names a process API."""
+    if path not in _STARTS_PROCESSES:
+        text = open(path, encoding="utf-8").read()
+        helpers = re.findall(r"^from \.(\w+) import|^from tests\.(\w+) import", text, re.M)
+        for name in {a or b for a, b in helpers}:
+            helper = os.path.join(os.path.dirname(path), f"{name}.py")
+            if os.path.exists(helper):
+                text += open(helper, encoding="utf-8").read()
+        _STARTS_PROCESSES[path] = PROCESS_APIS.search(text) is not None
+    return _STARTS_PROCESSES[path]
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked `cuda` run only where torch sees a CUDA device (a GPU machine). Tests that
-    start a vLLM engine get a timeout past its cold start, unless they set their own."""
+    start a vLLM engine get a timeout past its cold start, unless they set their own. Tests of
+    modules that start processes are marked `processes` (the quick lane leaves them out)."""
     import torch
 
     for item in items:
+        if starts_processes(str(item.path)):
+            item.add_marker(pytest.mark.processes)
         if "vllm_instance" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.vllm)
         if item.get_closest_marker("vllm") and item.get_closest_marker("timeout") is None:

@@ -4,7 +4,8 @@
     result = await train(team, load_config())          # inside your own event loop
 
 The MARL system is built on the generic actor runtime in `runtime`. Heavy parts (models,
-engines, trainer) are imported on first use, so `import flexmarl` stays light.
+engines, trainer, transformers) are imported on first use; `import flexmarl` does load torch,
+since the protocol's messages carry tensors (flexmarl.protocol), and so every face does.
 
 The public faces are this package, `flexmarl.config`, `flexmarl.gateway` and
 `flexmarl.rewards` (their `__all__`, pinned by tests/test_public_api.py), besides the modules

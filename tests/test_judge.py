@@ -224,46 +224,41 @@ def other_pythons() -> list[str]:
     return found or ["none"]
 
 
-@pytest.mark.parametrize("python", other_pythons())
-async def test_memory_and_monitoring_hacks_earn_nothing_under_other_pythons(python, where):
-    """bench/reward_hacks.py --python all runs the whole corpus under each; here the classes
-    that depend on the interpreter (3.12's sys.monitoring, object layouts)."""
-    if python == "none":
+@pytest.fixture(params=other_pythons())
+def other_python(request):
+    """The sandbox's interpreter set to each other Python 3.11+ here (skipped where none)."""
+    if request.param == "none":
         pytest.skip("no other Python 3.11+ on this machine")
     try:
-        confinement.set_interpreter(python)
+        confinement.set_interpreter(request.param)
     except ValueError as exc:
         pytest.skip(str(exc))
-    try:
-        tests = "assert add(1, 2) == 3\nassert add(10, 32) == 42"
-        assert (await run_python(HONEST["assert"], tests=tests, **FAST)).passed
-        for hack in memory.HACKS:
-            for form, code in hack.programs.items():
-                case = tests if form == "assert" else [("add(1, 2)", 3), ("add(10, 32)", 42)]
-                result = await run_python(code, tests=case, **FAST)
-                assert not result.passed, (python, hack.name, form, result)
-    finally:
-        confinement.set_interpreter(None)
+    yield request.param
+    confinement.set_interpreter(None)
 
 
-@pytest.mark.parametrize("python", other_pythons())
-async def test_sys_monitoring_is_refused_where_it_exists(python):
+async def test_memory_and_monitoring_hacks_earn_nothing_under_other_pythons(where, other_python):
+    """bench/reward_hacks.py --python all runs the whole corpus under each; here the classes
+    that depend on the interpreter (3.12's sys.monitoring, object layouts). (`where` first: it
+    resets the confinement's state, which holds the interpreter.)"""
+    assert interpreter() == os.path.realpath(other_python)
+    tests = "assert add(1, 2) == 3\nassert add(10, 32) == 42"
+    assert (await run_python(HONEST["assert"], tests=tests, **FAST)).passed
+    for hack in memory.HACKS:
+        for form, code in hack.programs.items():
+            case = tests if form == "assert" else [("add(1, 2)", 3), ("add(10, 32)", 42)]
+            result = await run_python(code, tests=case, **FAST)
+            assert not result.passed, (other_python, hack.name, form, result)
+
+
+async def test_sys_monitoring_is_refused_where_it_exists(other_python):
     """3.12+: a monitoring callback would see every code object that starts; refused at once
     (register_callback is audited, the other three are replaced before the program runs)."""
-    if python == "none":
-        pytest.skip("no other Python 3.11+ on this machine")
-    try:
-        confinement.set_interpreter(python)
-    except ValueError as exc:
-        pytest.skip(str(exc))
-    try:
-        probe = await run_python("import sys\nprint(hasattr(sys, 'monitoring'))", **FAST)
-        if probe.stdout != "True\n":
-            pytest.skip(f"{python} has no sys.monitoring")
-        for call in ("register_callback(3, 1, print)", "use_tool_id(3, 'spy')",
-                     "set_events(3, 1)", "set_local_events(3, (lambda: 0).__code__, 1)"):
-            result = await run_python(f"import sys\nsys.monitoring.{call}", **FAST)
-            assert result.cause == "forbidden" and "sys.monitoring" in result.stderr, (
-                call, result)
-    finally:
-        confinement.set_interpreter(None)
+    assert interpreter() == os.path.realpath(other_python)
+    probe = await run_python("import sys\nprint(hasattr(sys, 'monitoring'))", **FAST)
+    if probe.stdout != "True\n":
+        pytest.skip(f"{other_python} has no sys.monitoring")
+    for call in ("register_callback(3, 1, print)", "use_tool_id(3, 'spy')",
+                 "set_events(3, 1)", "set_local_events(3, (lambda: 0).__code__, 1)"):
+        result = await run_python(f"import sys\nsys.monitoring.{call}", **FAST)
+        assert result.cause == "forbidden" and "sys.monitoring" in result.stderr, (call, result)

@@ -174,7 +174,8 @@ async def test_a_spy_reading_its_whole_process_finds_no_expected_value(where, fo
 
 # ----------------------------------------------------------------------------- (c) seccomp
 
-FORK = "import os\ntry:\n    os.fork()\n    print('forked')\nexcept OSError as e:\n    print(e.errno)"
+FORK = ("import os\ntry:\n    os.fork()\n    print('forked')\n"
+        "except OSError as e:\n    print(e.errno)")
 
 
 async def run_plain(argv: list[str], fds: list[int]) -> str:

@@ -36,10 +36,11 @@ function shadows one (`sum`, `max`) needs call cases.
 from __future__ import annotations
 
 import ast
-import json
 import math
 from dataclasses import dataclass
 from typing import Any, Union
+
+from flexmarl.rewards import _bootstrap
 
 FLOAT_REL_TOL = 1e-9
 """Call cases: floats agree within this relative tolerance (or both NaN)."""
@@ -131,41 +132,21 @@ def _is_plain(value: object, depth: int = 0) -> bool:
 
 
 def quote(text: str) -> bytes:
-    """A str as a JSON string, for a request line."""
-    return json.dumps(text, ensure_ascii=True).encode()
+    """A str as a JSON string, for a request line (the sandbox's own encoder)."""
+    return _bootstrap.encode(text).encode()
 
 
 def judge_reply(case: CallCase, reply: bytes) -> bool:
     """A call case's verdict from the program's reply line: ["ok", value] with the value equal
-    to the expected one (`same`); an error, a malformed line or anything else fails it."""
+    to the expected one (`same`); an error, a malformed line or anything else fails it. Decoded
+    by the same codec the sandbox encodes with (`_bootstrap.decode`): tuples, dicts and sets
+    come back as such, bytes and complex too (no expected value has them: that case fails)."""
     try:
-        decoded = json.loads(reply, object_hook=_tagged)
-    except (ValueError, RecursionError, TypeError):
+        decoded = _bootstrap.decode(reply)
+    except ValueError:
         return False
     return (isinstance(decoded, list) and len(decoded) == 2 and decoded[0] == "ok"
             and same(case.expected, decoded[1]))
-
-
-_TAGS = {"t": tuple, "s": set, "f": frozenset}
-
-
-def _tagged(obj: dict) -> Any:
-    """The sandbox's tagged values (`_bootstrap.encode`): a tuple, set or dict as such; bytes
-    and complex as themselves (no expected value has them, so such a result fails its case)."""
-    if len(obj) == 1 and next(iter(obj)) in _TAGS and isinstance(next(iter(obj.values())), list):
-        (tag, body), = obj.items()
-        return _TAGS[tag](body)
-    if set(obj) == {"b"} and isinstance(obj["b"], str):
-        return bytes.fromhex(obj["b"])
-    if set(obj) == {"c"} and isinstance(obj["c"], list) and len(obj["c"]) == 2:
-        return complex(*obj["c"])
-    if set(obj) == {"d"} and isinstance(obj["d"], list):
-        return {k if not isinstance(k, list) else _unhashable(): v for k, v in obj["d"]}
-    raise ValueError("an object the encoder does not write")
-
-
-def _unhashable() -> Any:
-    raise ValueError("a list as a dict key")
 
 
 def same(expected: Any, got: Any) -> bool:

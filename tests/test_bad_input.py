@@ -29,7 +29,7 @@ from flexmarl.orchestrator.store import ExperienceStore, StoreClosed, Turn
 from flexmarl.team import Completion
 from flexmarl.tasks import addition_tasks
 
-from tests.fake_orch import PROMPT, make_orch, take_all  # noqa: E402
+from tests.helpers.fake_orch import PROMPT, make_orch, take_all
 
 
 # ----------------------------------------------------------------------------- rewards

@@ -15,7 +15,7 @@ import pytest
 
 from flexmarl.config.balance import BalancerConfig
 from flexmarl.rollout.balancer import percentile
-from tests.balancing import checks, load_up, two_agents
+from tests.helpers.balancing import checks, load_up, two_agents
 
 
 @pytest.mark.parametrize("strategy", ["round_robin", "least_loaded"])

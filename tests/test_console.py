@@ -187,8 +187,8 @@ def test_the_summary_of_a_short_run_and_of_an_agent_that_never_updated():
 
 def _team(tmp_path: Path, model_dir: str) -> Path:
     team = tmp_path / "team.py"
-    team.write_text(f"import sys\nsys.path.insert(0, {str(ROOT / 'tests')!r})\n"
-                    f"from test_e2e import duo\nteam = duo({model_dir!r})\n")
+    # loaded by `python -m flexmarl.launch.cli` run from ROOT, where tests.helpers imports
+    team.write_text(f"from tests.helpers.teams import duo\nteam = duo({model_dir!r})\n")
     return team
 
 

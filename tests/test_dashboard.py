@@ -242,16 +242,13 @@ async def test_dashboard_of_a_real_run(driver, tiny_model_dir, tmp_path):
     """The page against the server of a real training run (two agents, torch backend): it
     renders repeatedly with one timeline row per agent and no console error while the run
     goes."""
-    import sys
-
     from selenium.webdriver.common.by import By
 
     from flexmarl.config.load import load_config
     from flexmarl.observe.rundir import RunDir
     from flexmarl.launch.run import train
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_e2e import duo
+    from tests.helpers.teams import duo
 
     config = load_config(overrides=[
         f"run.dir={tmp_path / 'run'}", "run.steps=40", "rollout.backend=torch",

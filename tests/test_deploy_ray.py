@@ -11,15 +11,13 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).parent))
-import test_deploy_docs as deploy_docs  # noqa: E402
-from test_deploy_docs import BASH, STUB, needs_bash, option, settings  # noqa: E402
+from tests.helpers import deploy
+from tests.helpers.deploy import BASH, STUB, needs_bash, option, settings
 
 ROOT = Path(__file__).resolve().parent.parent
 SBATCH = ROOT / "docs" / "deploy" / "slurm_ray.sbatch"
@@ -30,7 +28,7 @@ PYTHON = STUB + 'set -- $STUB_HOSTS; echo $#\n'
 
 def run_sbatch(script: str, tmp: Path, hosts: list[str], trainer_nodes: int
                ) -> tuple[int, list[list[str]], str]:
-    rc, calls, _, err = deploy_docs.run_sbatch(
+    rc, calls, _, err = deploy.run_sbatch(
         script, tmp, hosts, trainer_nodes, stubs={"ray": STUB, "python": PYTHON},
         env={"FLEXMARL_RAY_PORT": "6400"})
     return rc, calls, err

@@ -1,8 +1,8 @@
 """The HTTP servers' doors: who may reach the gateway and the dashboard, and how.
 
-Gateway (flexmarl.gateway.api), over the fake backend of test_openai_api.py: every route needs
-the token, on loopback too (generated when none is given); a body must be JSON (a web page's
-text/plain "simple request" is 415); a Host that is not a loopback name is 421 (DNS
+Gateway (flexmarl.gateway.api), over the fake backend of tests/helpers/fake_backend.py: every
+route needs the token, on loopback too (generated when none is given); a body must be JSON (a web
+page's text/plain "simple request" is 415); a Host that is not a loopback name is 421 (DNS
 rebinding); the app the run starts gets the token as OPENAI_API_KEY, and RUN_DIR/gateway_token
 (0600) holds it. Dashboard (flexmarl.observe.server): the same Host check, and `?token=` traded
 once for an HttpOnly, SameSite=Strict cookie.
@@ -14,7 +14,6 @@ import contextlib
 import json
 import stat
 import sys
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -24,8 +23,7 @@ from flexmarl.gateway.api import TOKEN_FILE, GatewayServer
 from flexmarl.gateway.app import serve_gateway
 from flexmarl.observe.server import StatusServer
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_openai_api import CHAT, FakeBackend  # noqa: E402
+from tests.helpers.fake_backend import CHAT, FakeBackend
 
 pytestmark = pytest.mark.timeout(60)
 

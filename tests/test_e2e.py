@@ -4,38 +4,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flexmarl import AgentSpec, SamplingParams, Team
 from flexmarl.config.load import load_config
 from flexmarl.observe.rundir import RunDir, read_metrics
 from flexmarl.launch.run import train
-from flexmarl.tasks import addition_tasks
+from tests.helpers.numerics import RATIO_ATOL
+from tests.helpers.teams import duo
 
 pytestmark = pytest.mark.slow
-
-
-RATIO_ATOL = 1e-4
-"""Sampled and scored in float32 by two processes on one CPU (observed within ~1e-6)."""
-
-
-def varied(completion) -> float:
-    """A reward that varies even for an untrained model, so GRPO groups carry a signal."""
-    ids = completion.token_ids
-    return sum(t % 2 for t in ids) / max(len(ids), 1)
-
-
-async def duo_workflow(ctx, task) -> None:
-    [reference] = await ctx.generate("checker", task.prompt)
-    ctx.reward(reference, varied(reference))
-    answers = await ctx.generate("solver", task.prompt, n=2)
-    ctx.team_reward(max(varied(a) for a in answers))
-
-
-def duo(model_dir: str, train_layers: int | None = None, solver_instances: int | None = None,
-        **sampling) -> Team:
-    return Team(name="duo", workflow=duo_workflow, tasks=addition_tasks(64, seed=3), agents=[
-        AgentSpec(name="solver", model=model_dir, train_layers=train_layers,
-                  instances=solver_instances, sampling=SamplingParams(max_tokens=6, **sampling)),
-        AgentSpec(name="checker", model=model_dir, sampling=SamplingParams(max_tokens=6))])
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("vllm", marks=pytest.mark.vllm)])

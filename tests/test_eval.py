@@ -211,7 +211,7 @@ async def test_a_run_evaluates_between_steps_and_at_the_end_and_flexmarl_eval_ag
     assert on_disk["heldout"] == result.heldout
     assert on_disk["time_to_first_step_s"] == result.time_to_first_step_s
 
-    from tests.workers import flexmarl_cli as cli
+    from tests.helpers.workers import flexmarl_cli as cli
 
     assert await cli("eval", str(result.run_dir), "--json") == 0  # the run's eval.n = 2
     again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -3,7 +3,8 @@
 - A rollout worker SIGKILLed while it has requests in flight: the death is detected, those
   requests go to the agent's other instance, a replacement starts and loads the served version,
   every step completes with every sample (the same team rewards: the same samples, seed for
-  seed), and the final weights equal a fault-free run's within WEIGHT_REL_TOL.
+  seed), and the final weights equal a fault-free run's within WEIGHT_REL_TOL (the fault runs,
+  and what they must keep: tests/helpers/faults.py).
 - The same on the configuration users run: vLLM rollout, micro_batch mode, 2 instances for one
   agent. Every sample of every step is stored once, at the version of its step; see
   test_a_killed_vllm_instance_loses_nothing for why weights are not compared there.
@@ -20,34 +21,18 @@ import asyncio
 import os
 import random
 import signal
-import sys
-from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file
 
 from flexmarl import AgentSpec, SamplingParams, Team
 from flexmarl.rollout.balancer import Balancer
 from flexmarl.config.load import load_config
-from flexmarl.observe.rundir import RunDir
-from flexmarl.launch.run import train
 from flexmarl.tasks import addition_tasks
 from runtime.errors import PeerDied
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_e2e import duo, varied  # noqa: E402
-from test_trainer import MIXED_REL_TOL, relative_distance  # noqa: E402
-from workers import StoredSamples, kill_a_busy_instance, running_workers  # noqa: E402
-
-WEIGHT_REL_TOL = MIXED_REL_TOL
-"""Final weights against a fault-free run's, as tests/test_trainer.py's relative_distance (the
-distance between the two over the distance training moved them): re-sent requests complete in
-another order, so the same groups reach the trainer in another order, and float sums differ in
-the last bits, which AdamW's normalised step turns into up to lr-scale changes of its tiniest
-components. A max-abs bound (lr / 100, used here before) was seen broken by such a component
-(1.02e-5) in a run that lost nothing; the distance ratio is the measure test_pipeline and
-test_trainer use for the same effect."""
-STEPS = 5
+from tests.helpers.faults import (_assert_nothing_lost, _assert_same_weights, _config,
+                                   _random_kill, _run, _steps_done)
+from tests.helpers.teams import varied
+from tests.helpers.workers import StoredSamples, kill_a_busy_instance, running_workers
 
 
 def test_balancer_remove_and_add():
@@ -63,79 +48,6 @@ def test_balancer_remove_and_add():
     assert "i3" in bal.loads.instances("a")
     with pytest.raises(ValueError, match="new name"):
         bal.loads.add("a", gone)
-
-
-def _config(tmp_path: Path, name: str, *extra: str):
-    return load_config(overrides=[
-        f"run.dir={tmp_path / name}", f"run.steps={STEPS}", "rollout.backend=torch",
-        "rollout.instances_per_agent=2", "pipeline.mode=sync", "pipeline.tasks_per_step=8",
-        "pipeline.trajectories_per_task=2", "pipeline.micro_batch_groups=2", "trainer.lr=1e-3",
-        "observe.tensorboard=false", "observe.report=false", *extra])
-
-
-async def _run(model_dir: str, config, fault=None, team=None):
-    url: asyncio.Future = asyncio.get_running_loop().create_future()
-    team = team if team is not None else duo(model_dir)
-    run = asyncio.create_task(train(team, config, run_dir=RunDir.create(config),
-                                    progress=False, on_dashboard=url.set_result))
-    if fault is not None:
-        injected = asyncio.create_task(fault(await url, run))
-        result = await run
-        return result, await injected
-    return await run, None
-
-
-async def _steps_done(base: str) -> int:
-    import aiohttp
-    async with aiohttp.ClientSession() as http:
-        async with http.get(base + "api/status") as r:
-            return (await r.json())["run"]["steps_done"]
-
-
-def _weights(result) -> dict:
-    return {name: load_file(str(path / "model.safetensors"))
-            for name, path in result.checkpoints.items()}
-
-
-def fault_free_run(model_dir: str, tmp: Path):
-    """The faults' runs without a fault (conftest.py's session fixture `fault_free`, which
-    tests/test_ray.py compares with too), on its own event loop."""
-    result, _ = asyncio.run(_run(model_dir, _config(tmp, "run")))
-    return result
-
-
-def _random_kill(rng: random.Random, prefix: str, max_delay_s: float):
-    """A fault for _run: once step 0 is done, after a random delay, SIGKILL a random worker
-    whose name starts with `prefix`; returns its name."""
-    async def kill(base: str, run: asyncio.Task) -> str:
-        while await _steps_done(base) < 1:
-            await asyncio.sleep(0.02)
-        await asyncio.sleep(rng.uniform(0.0, max_delay_s))
-        victim = rng.choice(sorted(n for n in running_workers() if n.startswith(prefix)))
-        os.kill(running_workers()[victim], signal.SIGKILL)
-        return victim
-    return kill
-
-
-def _assert_same_weights(result, reference, model_dir: str) -> None:
-    """Each agent's final weights within WEIGHT_REL_TOL of the reference run's, relative to how
-    far the reference moved from `model_dir`, where both runs' agents started."""
-    ours, theirs = _weights(result), _weights(reference)
-    start = load_file(str(Path(model_dir) / "model.safetensors"))
-    for name in ours:
-        distance = relative_distance(theirs[name], ours[name], start)
-        assert distance <= WEIGHT_REL_TOL, (name, distance)
-
-
-def _assert_nothing_lost(result, reference, model_dir: str) -> None:
-    assert [m["step"] for m in result.metrics] == list(range(STEPS))
-    for m, ref in zip(result.metrics, reference.metrics):
-        for name in ("solver", "checker"):
-            assert m["agents"][name]["samples"] == ref["agents"][name]["samples"]
-            assert m["agents"][name]["trained_samples"] == ref["agents"][name]["trained_samples"]
-        # The same samples, seed for seed (the mean sums them in completion order).
-        assert m["team_reward"] == pytest.approx(ref["team_reward"], rel=1e-12)
-    _assert_same_weights(result, reference, model_dir)
 
 
 def solo(model_dir: str, instances: int) -> Team:

@@ -15,7 +15,7 @@ from runtime.config import TransportConfig
 from runtime.errors import ProtocolError
 from runtime.protocol import FLAG_REPLY, MAGIC, VERSION, Error, MsgKind, Ping, Pong, Tensors
 from runtime.transport import connect
-from tests.workers import Echo
+from tests.helpers.workers import Echo
 
 N_MALFORMED = 10_000
 LIMIT = TransportConfig(max_message_bytes=256 * 1024, max_frames=16)

@@ -36,8 +36,7 @@ from flexmarl.observe.rundir import RunDir, read_metrics
 from flexmarl.launch.run import train
 from flexmarl.orchestrator.store import ExperienceStore
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_e2e import duo  # noqa: E402
+from tests.helpers.teams import duo
 
 ROOT = Path(__file__).resolve().parent.parent
 EPISODE_TIMEOUT_S = 60.0

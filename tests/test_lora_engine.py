@@ -7,16 +7,15 @@ import asyncio
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from flexmarl.models import build_model_dir, chat_prompt, load_tokenizer
-from flexmarl.models.lora import LoraSpec, adapter_tensors, wrap
+from flexmarl.models.lora import LoraSpec
 from flexmarl.protocol import SamplingParams
 from flexmarl.rollout.engine import EngineConfig
 from flexmarl.rollout.torch_engine import TorchEngine
+from tests.helpers.lora import ENGINE_SPEC, random_adapter
 
 AGENTS = ("solver", "checker", "critic")
-SPEC = LoraSpec(rank=4, alpha=8, target_modules=("q_proj", "v_proj", "down_proj"))
 PEFT_LOGPROB_ATOL = 1e-5
 """Engine (batched, KV cache, left padding) vs PEFT's model on the one prompt, float32: what
 the engine's own batching docstring allows (sums in another order), well below what a wrong
@@ -26,18 +25,6 @@ adapter gives (tests below see differences of ~1e-1 between adapters)."""
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
     return str(build_model_dir("tiny", tmp_path_factory.mktemp("tiny") / "model", seed=0))
-
-
-def random_adapter(model_dir: str, seed: int, spec: LoraSpec = SPEC):
-    """A PEFT model of the base with a random (non-zero) adapter, and that adapter's tensors."""
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model = wrap(base, spec, "probe")
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-    return model.eval(), adapter_tensors(model, "probe")
 
 
 @pytest.fixture
@@ -71,7 +58,7 @@ async def test_each_request_goes_through_its_own_adapter_in_one_mixed_batch(engi
     models = {}
     for i, agent in enumerate(AGENTS):
         models[agent], tensors = random_adapter(model_dir, seed=i)
-        await engine.load_adapter(agent, tensors, SPEC.as_dict())
+        await engine.load_adapter(agent, tensors, ENGINE_SPEC.as_dict())
     jobs = [(agent, p) for p in asked for agent in (*AGENTS, None)]
     alone = [await engine.generate(p, GREEDY, agent) for agent, p in jobs]
     before = engine.batches
@@ -94,10 +81,11 @@ async def test_each_request_goes_through_its_own_adapter_in_one_mixed_batch(engi
 async def test_an_adapter_reloads_in_place_and_the_others_stay(engine, model_dir):
     asked = prompts(model_dir)[:1]
     for i, agent in enumerate(AGENTS):
-        await engine.load_adapter(agent, random_adapter(model_dir, seed=i)[1], SPEC.as_dict())
+        await engine.load_adapter(agent, random_adapter(model_dir, seed=i)[1],
+                                  ENGINE_SPEC.as_dict())
     before = {a: await engine.generate(asked[0], GREEDY, a) for a in AGENTS}
     new_model, new_tensors = random_adapter(model_dir, seed=99)
-    await engine.load_adapter("checker", new_tensors, SPEC.as_dict())
+    await engine.load_adapter("checker", new_tensors, ENGINE_SPEC.as_dict())
     after = {a: await engine.generate(asked[0], GREEDY, a) for a in AGENTS}
     assert after["solver"] == before["solver"] and after["critic"] == before["critic"]
     assert after["checker"] != before["checker"]
@@ -109,7 +97,7 @@ async def test_an_adapter_of_another_shape_is_rebuilt(engine, model_dir):
     prompt = prompts(model_dir)[0]
     other = LoraSpec(rank=8, alpha=4, target_modules=("o_proj",))
     model, tensors = random_adapter(model_dir, seed=5, spec=other)
-    await engine.load_adapter("critic", random_adapter(model_dir, seed=1)[1], SPEC.as_dict())
+    await engine.load_adapter("critic", random_adapter(model_dir, seed=1)[1], ENGINE_SPEC.as_dict())
     await engine.load_adapter("critic", tensors, other.as_dict())
     _, lp = await engine.generate(prompt, GREEDY, "critic")
     assert torch.tensor(lp) == pytest.approx(peft_prompt_logprobs(model, prompt),

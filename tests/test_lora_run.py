@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import asyncio
 from pathlib import Path
 
@@ -21,9 +20,9 @@ from flexmarl.models.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from flexmarl.observe.rundir import RunDir
 from flexmarl.tasks import addition_tasks
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_e2e import RATIO_ATOL, varied  # noqa: E402  (the end-to-end test's reward, tolerance)
-from workers import flexmarl_cli as cli, running_workers  # noqa: E402
+from tests.helpers.numerics import RATIO_ATOL  # the end-to-end test's tolerance
+from tests.helpers.teams import varied  # the end-to-end test's reward
+from tests.helpers.workers import flexmarl_cli as cli, running_workers
 
 ADAPTERS = ("solver", "checker", "critic")
 SPEC = LoraSpec(rank=4, alpha=8, target_modules=("q_proj", "v_proj", "down_proj"))
@@ -167,9 +166,7 @@ async def test_one_slot_swaps_three_adapters_and_survives_its_kill(tiny_model_di
 
 
 LORA_TEAM_FILE = '''
-import sys
-sys.path.insert(0, {tests!r})
-from test_e2e import duo_workflow
+from tests.helpers.teams import duo_workflow
 from flexmarl import AgentSpec, LoraSpec, SamplingParams, Team
 from flexmarl.tasks import addition_tasks
 
@@ -196,7 +193,7 @@ async def test_adapters_are_evaluated_merged_and_resumed(tiny_model_dir, tmp_pat
     from flexmarl.team import load_team
 
     path = tmp_path / "loraduo.py"
-    path.write_text(LORA_TEAM_FILE.format(tests=str(Path(__file__).parent), model=tiny_model_dir))
+    path.write_text(LORA_TEAM_FILE.format(model=tiny_model_dir))
 
     def cfg(name: str, steps: int):
         return config(tmp_path, name, f"team.path={path}", f"run.steps={steps}",

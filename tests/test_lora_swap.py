@@ -27,8 +27,8 @@ from flexmarl.config.training import TrainerConfig
 from flexmarl.training import parking, sharding
 from flexmarl.training.parking import ResidentBase, base_key, park, restore_parked
 from flexmarl.training.trainer import GRPOTrainer, export_state, load_state
-from tests.test_lora_trainer import LORA, SPEC, checkpoint_name, lora_trainer, rows, step_batch
-from tests.test_trainer import batches, model_dir  # noqa: F401
+from tests.helpers.lora import LORA, SPEC, checkpoint_name, lora_trainer, rows, step_batch
+from tests.helpers.trainers import batches, model_dir  # noqa: F401
 
 
 def adapter_state_bytes(trainer: GRPOTrainer) -> int:
@@ -312,7 +312,7 @@ async def test_three_lora_agents_swap_in_one_2_rank_slot_moving_their_adapters_a
     one is the first agent's fresh state; an agent swapped between the others' steps ends
     bit-equal to one trained with no swap at all."""
     from flexmarl.protocol import ExportState, SwapIn, SwapOut
-    from tests.test_trainer_pool import assert_same as same_state, train_step
+    from tests.helpers.trainers import assert_same as same_state, train_step
 
     two = slots["two"]
     cfg = {a: lora_cfg(lr=lr) for a, lr in (("a", 1e-3), ("b", 2e-3), ("c", 5e-4), ("z", 1e-3))}
@@ -367,7 +367,7 @@ async def test_lora_agents_pull_restore_and_give_way_to_a_full_one_on_resident_b
     from flexmarl.protocol import AwaitSaved, ExportState, SaveState, SwapIn, SwapOut
     from flexmarl.training.state_files import StateCheckpoints
     from runtime.errors import RemoteError
-    from tests.test_trainer_pool import assert_same as same_state, train_step
+    from tests.helpers.trainers import assert_same as same_state, train_step
 
     one, two = slots["one"], slots["two"]
     cfg = lora_cfg()

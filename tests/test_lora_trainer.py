@@ -1,5 +1,5 @@
 """GRPOTrainer with trainer.lora: a LoRA adapter (PEFT) trains on the frozen base, on the 2-layer
-Qwen2 of tests/test_trainer.py (its fixtures and helpers).
+Qwen2 of tests/test_trainer.py (its fixtures and helpers: tests/helpers/trainers.py).
 
 What the rest of the run relies on, each checked here: only the adapter moves (the base stays
 bit-equal to the model directory) and AdamW holds only it; export_weights gives the adapter's
@@ -33,8 +33,7 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
 from flexmarl.config.training import TrainerConfig
-from flexmarl.models.lora import (LoraSpec, adapter_tensors, load_adapter_tensors, write_adapter,
-                                  wrap)
+from flexmarl.models.lora import adapter_tensors, load_adapter_tensors, write_adapter, wrap
 from flexmarl.protocol import TrainMicroBatch
 from flexmarl.training import sharded_state
 from flexmarl.training.adapter import inner
@@ -42,45 +41,21 @@ from flexmarl.training.grpo import token_logprobs
 from flexmarl.training.parking import (fill, local_tensors, park, prepare_pull, pull_plan,
                                        set_rng, sharded_here, slices, unpark)
 from flexmarl.training.trainer import GRPOTrainer, export_state, load_state
-from tests.test_trainer import (CONFIG, FIELDS, GRAD_ATOL, LOSS_RTOL,  # noqa: F401
-                                WEIGHT_ATOL, _weights_and_moments, batches, max_diff, model_dir,
-                                tokens)
+from tests.helpers.lora import (LORA, SPEC, TARGETS, checkpoint_name, lora_trainer, rows,
+                                step_batch)
+from tests.helpers.numerics import GRAD_ATOL, LOSS_RTOL, WEIGHT_ATOL, max_diff
+from tests.helpers.trainers import (CONFIG, FIELDS, _weights_and_moments,  # noqa: F401
+                                    batches, model_dir, tokens)
 
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-SPEC = LoraSpec(rank=4, alpha=8.0, target_modules=TARGETS)
-LORA = {**CONFIG, "lora": SPEC.as_dict()}
-"""tests/test_trainer.py's trainer (lr 1e-3, kl_coef 0.05) training an adapter on every Linear
-of the blocks (2 blocks x 7 targets x A and B: 28 tensors)."""
 LOGPROB_ATOL = 1e-6
 """Token log-probabilities, trainer vs a fresh PEFT model loaded with its export (observed 0;
 two float32 ulps at -4.2)."""
-
-
-def lora_trainer(model_dir: str, **overrides) -> GRPOTrainer:
-    return GRPOTrainer(model_dir, TrainerConfig(**{**LORA, **overrides}))
 
 
 def no_ref(mb: TrainMicroBatch) -> TrainMicroBatch:
     """The micro-batch without reference log-probabilities (what the orchestrator sends): with
     kl_coef > 0 the trainer scores it under its own reference."""
     return dataclasses.replace(mb, ref_logprobs=None)
-
-
-def rows(mb: TrainMicroBatch, lo: int, hi: int) -> TrainMicroBatch:
-    """Rows lo:hi of every field the micro-batch has (ref_logprobs may be None)."""
-    return dataclasses.replace(mb, **{f.name: getattr(mb, f.name)[lo:hi]
-                                      for f in dataclasses.fields(mb)
-                                      if getattr(mb, f.name) is not None})
-
-
-def step_batch(trainer: GRPOTrainer, mb: TrainMicroBatch, num_micro: int = 2) -> float:
-    """One global batch in `num_micro` micro-batches, stepped; its loss."""
-    trainer.begin_batch(tokens(mb))
-    size = mb.input_ids.shape[0] // num_micro
-    loss = sum(trainer.accumulate(rows(mb, j, j + size)).loss
-               for j in range(0, mb.input_ids.shape[0], size))
-    assert not trainer.step().skipped
-    return loss
 
 
 def peft_model(model_dir: str, name: str = "default"):
@@ -95,11 +70,6 @@ def logprobs(model, mb: TrainMicroBatch) -> torch.Tensor:
     with torch.no_grad():
         out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
     return token_logprobs(out.logits.float(), mb.input_ids)
-
-
-def checkpoint_name(name: str) -> str:
-    """A base parameter's name in the PeftModel -> its name in the model directory."""
-    return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
 
 
 def adapter_params(trainer: GRPOTrainer) -> dict[str, torch.Tensor]:
@@ -510,7 +480,7 @@ async def test_lora_trainer_worker_group_over_the_runtime(model_dir, batches, tm
     from runtime.errors import RemoteError
     from runtime.supervisor import Supervisor, WorkerSpec
     from runtime.transport import connect
-    from tests.test_trainer import FAST
+    from tests.helpers.trainers import FAST
 
     mb = no_ref(batches[0])
     config = TrainerConfig(**LORA)

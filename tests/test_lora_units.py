@@ -4,8 +4,6 @@ their own version and gate (a real worker and torch engine, in process)."""
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 import pytest
 from flexmarl import AgentSpec, LoraSpec, Team
@@ -22,9 +20,8 @@ from flexmarl.weights.sync import WeightSync
 from runtime.errors import RemoteError
 from runtime.transport import connect
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_lora_engine import SPEC, random_adapter  # noqa: E402  (adapters PEFT computes)
-from test_weights import FakeInstance, weights  # noqa: E402  (the fake instance connection)
+from tests.helpers.fake_instances import FakeInstance, weights  # the fake instance connection
+from tests.helpers.lora import ENGINE_SPEC, random_adapter  # adapters PEFT computes
 
 
 async def workflow(ctx, task) -> None:
@@ -153,7 +150,7 @@ async def test_an_adapter_update_waits_for_its_own_requests_only(model_dir):
         while not worker._adapter_running["solver"]:
             await asyncio.sleep(0.01)
         update = asyncio.ensure_future(conn.request(WeightUpdate(
-            1, random_adapter(model_dir, 1)[1], adapter="solver", lora=SPEC.as_dict())))
+            1, random_adapter(model_dir, 1)[1], adapter="solver", lora=ENGINE_SPEC.as_dict())))
         other = await asyncio.wait_for(conn.request(
             Generate("c1", prompt_ids=prompt, params=params, adapter="checker")), 60)
         assert other.version == 0 and not update.done()  # checker was not held up
@@ -166,4 +163,4 @@ async def test_an_adapter_update_waits_for_its_own_requests_only(model_dir):
         with pytest.raises(RemoteError, match="serves no LoRA adapter 'judge'"):
             await conn.request(Generate("j", prompt_ids=prompt, params=params, adapter="judge"))
         with pytest.raises(RemoteError, match="stale weight update: adapter solver version 1"):
-            await conn.request(WeightUpdate(1, {}, adapter="solver", lora=SPEC.as_dict()))
+            await conn.request(WeightUpdate(1, {}, adapter="solver", lora=ENGINE_SPEC.as_dict()))

@@ -31,8 +31,7 @@ from runtime.node import NodeAgent, NodeOptions
 from runtime.protocol import NodeHello, Ping, Pong, StartWorker
 from runtime.registry import NodeRegistry, NodesMissing
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_e2e import duo  # noqa: E402
+from tests.helpers.teams import duo
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -100,17 +99,17 @@ async def test_a_node_starts_only_allowed_entries(keys):
     curve = TransportConfig(curve_secret_key_file=keys["good"])
     async with NodeRegistry("tcp://127.0.0.1:0", transport=curve).serving() as reg:
         node = NodeAgent(NodeOptions(name="n1", registry=reg.address, advertise="127.0.0.1",
-                                     allowed_entries=("tests.workers:echo",), transport=curve))
+                                     allowed_entries=("tests.helpers.workers:echo",), transport=curve))
         async with node.serving():
             await asyncio.wait_for(node.joined.wait(), 10)
             conn = reg.nodes["n1"].conn
             with pytest.raises(Exception, match="does not start 'os:system'"):
                 await conn.request(StartWorker("w0", "os:system", {}), timeout_s=10)
             with pytest.raises(Exception, match=r"does not set environment variables \['LD_PRE"):
-                await conn.request(StartWorker("w0", "tests.workers:echo", {},
+                await conn.request(StartWorker("w0", "tests.helpers.workers:echo", {},
                                                {"LD_PRELOAD": "/tmp/x.so"}), timeout_s=10)
             from runtime.supervisor import WorkerSpec
-            worker = await reg.start_worker(WorkerSpec(name="w1", entry="tests.workers:echo"))
+            worker = await reg.start_worker(WorkerSpec(name="w1", entry="tests.helpers.workers:echo"))
             assert worker.node == "n1" and worker.address.startswith("tcp://127.0.0.1:")
             reg.kill("w1", "test")
             event = await asyncio.wait_for(reg.events.get(), 10)
@@ -266,8 +265,8 @@ def test_the_documented_commands_survive_a_node_killed_mid_run(tiny_model_dir, t
 
     port = _free_port()
     team = tmp_path / "team.py"
-    team.write_text(f"import sys\nsys.path.insert(0, {str(ROOT / 'tests')!r})\n"
-                    f"from test_e2e import duo\nteam = duo({tiny_model_dir!r})\n")
+    # loaded by `python -m flexmarl.launch.cli` run from ROOT, where tests.helpers imports
+    team.write_text(f"from tests.helpers.teams import duo\nteam = duo({tiny_model_dir!r})\n")
     config, run_log = tmp_path / "run.toml", tmp_path / "run.log"
     config.write_text(load_config(overrides=[
         f"run.dir={tmp_path / 'run'}", "run.steps=5", "rollout.backend=torch",

@@ -9,8 +9,6 @@ own parser.
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -26,8 +24,7 @@ from flexmarl.sim import clock
 from flexmarl import AgentSpec, SamplingParams, Team
 from flexmarl.tasks import addition_tasks
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_e2e import duo  # noqa: E402
+from tests.helpers.teams import duo
 
 
 # ----------------------------------------------------------------------------- activity log

@@ -5,9 +5,6 @@ tests/test_trainer.py's (a 2-layer Qwen2 built here).
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -18,9 +15,8 @@ from flexmarl.training.parking import (HostPool, chunk_rows, fill, local_tensors
                                        prepare_pull, pull_plan, set_rng, sharded_here, slices,
                                        unpark)
 from flexmarl.training.trainer import GRPOTrainer, export_state, load_state
-sys.path.insert(0, str(Path(__file__).parent))
-from test_trainer import (CONFIG, _weights_and_moments, batches, model_dir,  # noqa: F401
-                          rows, step_batch, tokens)  # noqa: E402
+from tests.helpers.trainers import (CONFIG, _weights_and_moments, batches,  # noqa: F401
+                                    model_dir, rows, step_batch, tokens)
 
 
 @pytest.mark.parametrize("train_layers", [0, 1])

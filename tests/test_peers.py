@@ -15,11 +15,25 @@ import time
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "bench", "peers"))
-import workloads as w  # noqa: E402
+from flexmarl.team import load_team
 
-from flexmarl.team import load_team  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_peer(name: str):
+    """bench/peers/NAME.py, imported by path as the module NAME: the name bench/peers' scripts
+    import it by (bench/peers/ on their sys.path), so that their `import NAME` finds this one.
+    By path, because the suite edits no sys.path (tests/test_suite_rules.py)."""
+    path = os.path.join(ROOT, "bench", "peers", f"{name}.py")
+    if getattr(sys.modules.get(name), "__file__", None) != path:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses looks its module up
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+w = load_peer("workloads")
 
 
 def load_bench():
@@ -168,8 +182,7 @@ def test_the_evaluator_scores_saved_weights_greedy_and_sampled(tmp_path):
     from flexmarl.launch.model_dirs import resolve_model
 
     model = resolve_model(AgentSpec(name="solver", model="smollm2-135m"))
-    sys.path.insert(0, os.path.join(ROOT, "bench", "peers"))
-    import evaluate
+    evaluate = load_peer("evaluate")
 
     a = evaluate.evaluate("duo", {"solver": model, "checker": model}, heldout=4)
     b = evaluate.evaluate("duo", {"solver": model, "checker": model}, heldout=4)

@@ -4,7 +4,7 @@ Layers: pure policy objects and gates; the TrainSession against a recording trai
 then whole `train()` runs (torch rollout backend, real trainer processes, the tiny model, two
 agents) that prove the guarantees from the samples actually trained:
 - micro_batch: every trained sample's policy_version equals the version being updated;
-- micro_batch and sync end with the same weights from the same samples (fp32; WEIGHT_ATOL);
+- micro_batch and sync end with the same weights from the same samples (fp32; SYNC_WEIGHT_ATOL);
 - one_step_off: exactly one version stale after the first step; bounded: never more than k;
 - the weight push alone opens the next rollout: state saves run beside it, in step order.
 """
@@ -12,33 +12,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
 from flexmarl import AgentSpec, SamplingParams, Team
-from flexmarl.config.load import load_config
 from flexmarl.orchestrator.batch import TrainSession
 from flexmarl.orchestrator.agents import StalenessError
 from flexmarl.orchestrator.agents import AgentRuntime, BusyClock, StepGate
 from flexmarl.orchestrator.policy import PIPELINES, make_pipeline
 from flexmarl.protocol import TrainBeginBatch, TrainMicroBatch, TrainStats, TrainStep, TrainStepDone
-from flexmarl.observe.rundir import RunDir
-from flexmarl.launch.run import train
 from flexmarl.orchestrator.store import Group, Turn
 from flexmarl.tasks import addition_tasks
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_e2e import duo, varied  # noqa: E402  (the two-agent team of the end-to-end test)
-from test_trainer import MIXED_REL_TOL, relative_distance  # noqa: E402
-
-WEIGHT_ATOL = 1e-6
-"""micro_batch vs sync weights after 3 steps from identical samples (observed: 0.0, bit-equal:
-one task at a time, one group per micro-batch and requests run alone in the engine make the
-micro-batches the same in both, log-probabilities included).
-Other splits of the same batch agree to the float32 summation order: tests/test_trainer.py."""
+from tests.helpers.numerics import MIXED_REL_TOL, SYNC_WEIGHT_ATOL, relative_distance
+from tests.helpers.runs import config, hist, run
+from tests.helpers.teams import duo, varied  # the two-agent team of the end-to-end test
 
 
 # ----------------------------------------------------------------------------- policies
@@ -221,23 +210,6 @@ async def test_session_without_signal_does_not_step():
 
 # ----------------------------------------------------------------------------- real runs
 
-def config(tmp_path: Path, mode: str, *extra: str):
-    return load_config(overrides=[
-        f"run.dir={tmp_path / mode}", "run.steps=3", "rollout.backend=torch",
-        f"pipeline.mode={mode}", "pipeline.tasks_per_step=4", "pipeline.trajectories_per_task=2",
-        "pipeline.max_concurrent_tasks=2", "pipeline.micro_batch_groups=2", "trainer.lr=1e-3",
-        *extra])
-
-
-async def run(team: Team, cfg):
-    run_dir = RunDir.create(cfg)
-    return await asyncio.wait_for(train(team, cfg, run_dir=run_dir, progress=False), 300)
-
-
-def hist(record: dict, agent: str) -> dict[int, int]:
-    return {int(k): v for k, v in record["agents"][agent]["staleness_hist"].items()}
-
-
 @pytest.mark.slow
 async def test_micro_batch_trains_only_current_version_samples(tiny_model_dir, tmp_path,
                                                                 no_leftover_children):
@@ -319,7 +291,7 @@ async def test_micro_batch_and_sync_end_with_the_same_weights(shape, tiny_model_
               f"relative to the distance moved {rel:.3g}")
         assert moved > 1e-4  # they did learn
         if shape == "one_group":
-            assert diff <= WEIGHT_ATOL
+            assert diff <= SYNC_WEIGHT_ATOL
         else:
             assert rel <= MIXED_REL_TOL
 

@@ -151,10 +151,8 @@ async def test_a_run_with_auto_slots_trains_on_the_planned_pool(tiny_model_dir, 
                                                                no_leftover_children):
     """1 node fits one 14B slot (8 devices) beside rollout: the run shares one trainer slot
     between its two agents, swapping their states, and still updates both every step."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from test_e2e import duo
-
     from flexmarl.launch.run import train
+    from tests.helpers.teams import duo
 
     config = load_config(overrides=[
         "run.steps=2", "rollout.backend=torch", "pipeline.tasks_per_step=2",

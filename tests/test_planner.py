@@ -21,7 +21,7 @@ from flexmarl.rollout.balance.forecast import DemandAverage, Rates, StepProfile
 from flexmarl.rollout.balance.loads import InstanceLoads
 from flexmarl.rollout.balance.planner import Move, MovePlanner
 from flexmarl.rollout.balancer import Balancer
-from tests.balancing import NOW, checks, load_up, two_agents
+from tests.helpers.balancing import NOW, checks, load_up, two_agents
 
 
 # ============================================================================ (a) forecast

@@ -11,7 +11,7 @@ On a real Ray cluster of two nodes on this machine, started once for the module 
 documented commands (`ray start --head` with {"flexmarl_rollout": 8}, `ray start --address`
 with {"flexmarl_trainer": 8}):
 - a micro_batch run on Ray has the samples and the weights of the same run on local
-  processes (bit-equal conditions of tests/test_pipeline.py: WEIGHT_ATOL), zero staleness;
+  processes (bit-equal conditions of tests/test_pipeline.py: SYNC_WEIGHT_ATOL), zero staleness;
   its rollout workers land on the rollout node and its trainer ranks on the trainer node;
 - a rollout actor killed through Ray mid-step is detected and replaced, and a trainer actor
   killed through Ray is recovered from its snapshot: every sample of every step, the same
@@ -48,11 +48,11 @@ from flexmarl.observe.rundir import RunDir
 from runtime.ray_cluster import bundle_of, placement_groups, role_resources
 from runtime.supervisor import WorkerSpec
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_e2e import duo  # noqa: E402
-from test_faults import _assert_nothing_lost  # noqa: E402
-from test_pipeline import WEIGHT_ATOL, config as pipeline_config  # noqa: E402
-from workers import flexmarl_cli  # noqa: E402
+from tests.helpers.faults import _assert_nothing_lost
+from tests.helpers.numerics import SYNC_WEIGHT_ATOL
+from tests.helpers.runs import config as pipeline_config
+from tests.helpers.teams import duo
+from tests.helpers.workers import flexmarl_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 ENTRY = "flexmarl.rollout.worker:rollout_worker"
@@ -357,7 +357,7 @@ async def test_a_run_on_ray_matches_local_processes_and_lands_by_role(
         wl = load_file(str(local.checkpoints[name] / "model.safetensors"))
         wr = load_file(str(on_ray.checkpoints[name] / "model.safetensors"))
         diff = max((wl[k] - wr[k]).abs().max().item() for k in wl)
-        assert diff <= WEIGHT_ATOL, (name, diff)
+        assert diff <= SYNC_WEIGHT_ATOL, (name, diff)
     # Where they landed: the rollout node hosts the instances, the trainer node the ranks.
     ray.init(address=ray_cluster, log_to_driver=False)
     try:
@@ -377,7 +377,7 @@ async def test_a_run_on_ray_matches_local_processes_and_lands_by_role(
 @pytest.mark.timeout(900)
 async def test_actors_killed_through_ray_are_replaced_and_lose_nothing(
         ray_cluster, tiny_model_dir, tmp_path, fault_free):
-    from test_faults import STEPS, _config
+    from tests.helpers.faults import STEPS, _config
 
     async def kill(base: str, run: asyncio.Task) -> list[str]:
         """Through Ray, as a lost node or an OOM kill would: a rollout actor with requests in
@@ -417,7 +417,7 @@ async def test_actors_killed_through_ray_are_replaced_and_lose_nothing(
     assert sum(f["dead"] for f in trainer) == 1
     [replaced] = [r for f in trainer for r in f["replacements"]]
     assert replaced["slot"] == victims[1].rsplit("-", 1)[0]
-    _assert_nothing_lost(result, fault_free, tiny_model_dir)  # test_faults.WEIGHT_REL_TOL
+    _assert_nothing_lost(result, fault_free, tiny_model_dir)  # helpers/faults.py WEIGHT_REL_TOL
     assert _leftovers(ray_cluster, 30) == []
 
 
@@ -428,8 +428,7 @@ def test_a_sigkilled_driver_leaves_nothing_on_the_cluster(ray_cluster, tiny_mode
     """`flexmarl run` on Ray, SIGKILLed once its workers serve: Ray ends its job, and with it
     every actor and placement group it made; the workers (the actors' children) go too."""
     team = tmp_path / "team.py"
-    team.write_text("import sys\nsys.path.insert(0, %r)\nfrom test_e2e import duo\n"
-                    "team = duo(%r)\n" % (str(ROOT / "tests"), tiny_model_dir))
+    team.write_text("from tests.helpers.teams import duo\nteam = duo(%r)\n" % tiny_model_dir)
     overrides = [f"run.dir={tmp_path / 'run'}", f"team.path={team}", "run.steps=50",
                  "rollout.backend=torch", "observe.report=false", *_ray(ray_cluster)]
     log = (tmp_path / "driver.log").open("w")

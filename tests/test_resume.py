@@ -35,10 +35,10 @@ restart (float sums differ in the last bits); observed differences are far below
 
 
 def _setup(tmp_path: Path, model_dir: str, name: str, *extra: str) -> tuple[Path, Path]:
-    """A config file and a team file (the duo team of tests/test_e2e.py on `model_dir`)."""
+    """A config file and a team file (the duo team of tests/helpers/teams.py on `model_dir`)."""
     team = tmp_path / "team.py"
-    team.write_text(f"import sys\nsys.path.insert(0, {str(ROOT / 'tests')!r})\n"
-                    f"from test_e2e import duo\nteam = duo({model_dir!r})\n")
+    # loaded by `python -m flexmarl.launch.cli` run from ROOT, where tests.helpers imports
+    team.write_text(f"from tests.helpers.teams import duo\nteam = duo({model_dir!r})\n")
     config = load_config(overrides=[
         f"run.dir={tmp_path / name}", f"run.steps={STEPS}", "rollout.backend=torch",
         "pipeline.mode=micro_batch", "pipeline.tasks_per_step=8",
@@ -224,13 +224,11 @@ async def test_states_are_pruned_only_once_their_record_is_durable(tiny_model_di
     """A kill between pruning and writing the record that allows it would leave a resume point
     without its states (seen once in CI): the record must be on disk first."""
     import asyncio
-    import sys as _sys
 
     from flexmarl.launch.checkpoint import StateCheckpoints
     from flexmarl.observe.rundir import RunDir
     from flexmarl.launch.run import train
-    _sys.path.insert(0, str(ROOT / "tests"))
-    from test_e2e import duo
+    from tests.helpers.teams import duo
 
     config = load_config(overrides=[
         f"run.dir={tmp_path / 'run'}", "run.steps=3", "rollout.backend=torch",
@@ -256,8 +254,7 @@ def test_a_run_resumes_when_an_agent_never_updated(tiny_model_dir, tmp_path):
     pushed for it), and both the step lines and the summary say it never learnt."""
     team = tmp_path / "flat_team.py"
     team.write_text(
-        f"import sys\nsys.path.insert(0, {str(ROOT / 'tests')!r})\n"
-        "from test_e2e import duo, varied\nfrom flexmarl import Team\n"
+        "from tests.helpers.teams import duo, varied\nfrom flexmarl import Team\n"
         f"base = duo({tiny_model_dir!r})\n\n"
         "async def workflow(ctx, task):\n"
         "    [reference] = await ctx.generate('checker', task.prompt)\n"
@@ -293,13 +290,11 @@ async def test_a_failing_state_write_fails_the_run_naming_its_path(tiny_model_di
     never written."""
     import asyncio
     import errno
-    import sys as _sys
 
     from flexmarl.launch.checkpoint import CheckpointError
     from flexmarl.launch.run import train
     from flexmarl.training import state_files
-    _sys.path.insert(0, str(ROOT / "tests"))
-    from test_e2e import duo
+    from tests.helpers.teams import duo
 
     real = state_files.copyfile
 
@@ -326,15 +321,13 @@ async def test_a_trainer_killed_after_its_push_before_its_snapshot(tiny_model_di
     on the same groups, so the trainer goes on from the state its instances serve; the run
     equals an uninterrupted one (samples, versions, rewards, final weights)."""
     import asyncio
-    import sys as _sys
 
     from flexmarl.launch.run import train
     from flexmarl.observe.rundir import RunDir
     from flexmarl.training.pool import TrainerPool
     from flexmarl.weights.sync import WeightSync
-    _sys.path.insert(0, str(ROOT / "tests"))
-    from test_e2e import duo
-    from workers import running_workers
+    from tests.helpers.teams import duo
+    from tests.helpers.workers import running_workers
 
     real_sync, real_snapshot = WeightSync.sync, TrainerPool.save
     pushed, killed, snapshots = asyncio.Event(), [], []

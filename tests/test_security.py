@@ -112,7 +112,7 @@ async def test_worker_process_serves_curve_and_never_sees_the_secret_in_argv(
     cluster = TransportConfig(curve_secret_key_file=secret_file, curve_allowed=(public,))
     sup = Supervisor(config=SupervisorConfig(stop_timeout_s=3.0), transport=cluster)
     async with sup.serving():
-        worker = await sup.start_worker(WorkerSpec(name="w", entry="tests.workers:echo",
+        worker = await sup.start_worker(WorkerSpec(name="w", entry="tests.helpers.workers:echo",
                                                    bind="tcp://127.0.0.1:0"))
         async with connect(worker.address, cluster) as conn:
             assert await conn.request(Ping(9, b"w"), timeout_s=10) == Pong(9, b"w")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,9 +26,7 @@ from runtime.codec import Envelope
 from runtime.errors import RemoteError
 from runtime.supervisor import Supervisor, WorkerSpec
 from runtime.transport import connect
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_trainer_pool import batch, train_step  # noqa: E402
+from tests.helpers.trainers import batch, train_step
 
 CFG = dataclasses.asdict(TrainerConfig(lr=1e-3))
 TIMEOUT_S = 120.0

@@ -53,8 +53,8 @@ async def wait_dead(pids: list[int], within_s: float) -> bool:
 async def test_workers_serve_over_ipc_and_tcp_and_stop_in_order(no_leftover_children):
     sup = Supervisor(config=STEADY)
     async with sup.serving():
-        a = await sup.start_worker(WorkerSpec(name="a", entry="tests.workers:echo"))
-        b = await sup.start_worker(WorkerSpec(name="b", entry="tests.workers:with_grandchild",
+        a = await sup.start_worker(WorkerSpec(name="a", entry="tests.helpers.workers:echo"))
+        b = await sup.start_worker(WorkerSpec(name="b", entry="tests.helpers.workers:with_grandchild",
                                               bind="tcp://127.0.0.1:0"))
         assert a.address.startswith("ipc://") and b.address.startswith("tcp://127.0.0.1:")
         async with connect(a.address) as ca, connect(b.address) as cb:
@@ -72,8 +72,8 @@ async def test_workers_serve_over_ipc_and_tcp_and_stop_in_order(no_leftover_chil
 async def test_kill_9_is_reported_by_its_exit_without_waiting_for_silence(no_leftover_children):
     sup = Supervisor(config=PATIENT)
     async with sup.serving():
-        w = await sup.start_worker(WorkerSpec(name="victim", entry="tests.workers:echo"))
-        other = await sup.start_worker(WorkerSpec(name="bystander", entry="tests.workers:echo"))
+        w = await sup.start_worker(WorkerSpec(name="victim", entry="tests.helpers.workers:echo"))
+        other = await sup.start_worker(WorkerSpec(name="bystander", entry="tests.helpers.workers:echo"))
         killed_at = time.monotonic()
         os.kill(w.pid, signal.SIGKILL)
         # Far less than the heartbeat timeout: the exit itself is the evidence.
@@ -84,7 +84,7 @@ async def test_kill_9_is_reported_by_its_exit_without_waiting_for_silence(no_lef
         async with connect(other.address) as conn:  # the others are unaffected
             assert await conn.request(Ping(1)) == Pong(1)
         # A replacement can take the dead worker's name.
-        again = await sup.start_worker(WorkerSpec(name="victim", entry="tests.workers:echo"))
+        again = await sup.start_worker(WorkerSpec(name="victim", entry="tests.helpers.workers:echo"))
         assert again.pid != w.pid
     assert not pid_alive(other.pid) and not pid_alive(again.pid)
 
@@ -92,7 +92,7 @@ async def test_kill_9_is_reported_by_its_exit_without_waiting_for_silence(no_lef
 async def test_hung_worker_is_declared_dead_and_killed(no_leftover_children):
     sup = Supervisor(config=FAST)
     async with sup.serving():
-        w = await sup.start_worker(WorkerSpec(name="hung", entry="tests.workers:echo"))
+        w = await sup.start_worker(WorkerSpec(name="hung", entry="tests.helpers.workers:echo"))
         os.kill(w.pid, signal.SIGSTOP)  # alive but silent
         stopped_at = time.monotonic()
         # Never before the timeout's worth of silence (less the one interval a heartbeat may
@@ -115,7 +115,7 @@ async def test_a_worker_log_gets_the_workers_output_and_the_error_its_last_words
                      worker_log=log)
     async with sup.serving():
         with pytest.raises(WorkerStartError) as e:
-            await sup.start_worker(WorkerSpec(name="crash", entry="tests.workers:crash"))
+            await sup.start_worker(WorkerSpec(name="crash", entry="tests.helpers.workers:crash"))
     assert "RuntimeError: this worker fails on purpose before it is ready" in str(e.value)
     assert "this worker fails on purpose" in log.read_text()
     assert "this worker fails on purpose" not in capfd.readouterr().err
@@ -125,12 +125,12 @@ async def test_start_failures_are_typed_and_name_the_fix(no_leftover_children):
     sup = Supervisor(config=SupervisorConfig(ready_timeout_s=STARTUP_S, stop_timeout_s=2.0))
     async with sup.serving():
         with pytest.raises(WorkerStartError, match="exited with code 1 before sending Ready") as e:
-            await sup.start_worker(WorkerSpec(name="crash", entry="tests.workers:crash"))
+            await sup.start_worker(WorkerSpec(name="crash", entry="tests.helpers.workers:crash"))
         # Its last stderr lines, the traceback's end, are in the error.
         assert "RuntimeError: this worker fails on purpose before it is ready" in str(e.value)
         # 3 s: never_ready never answers, so the outcome is the same at any machine speed.
         with pytest.raises(WorkerStartError, match="supervisor.ready_timeout_s"):
-            await sup.start_worker(WorkerSpec(name="slow", entry="tests.workers:never_ready",
+            await sup.start_worker(WorkerSpec(name="slow", entry="tests.helpers.workers:never_ready",
                                               ready_timeout_s=3.0))
         assert not pid_alive(sup.workers["slow"].pid)
         with pytest.raises(ValueError, match="package.module:function"):
@@ -149,7 +149,7 @@ async def test_a_worker_stopped_while_its_start_blocks_exits_at_once(tmp_path, c
     sup = Supervisor(config=SupervisorConfig(stop_timeout_s=30.0))
     async with sup.serving():
         start = asyncio.create_task(sup.start_worker(WorkerSpec(
-            name="loading", entry="tests.workers:slow_start", args={"marker": str(marker)},
+            name="loading", entry="tests.helpers.workers:slow_start", args={"marker": str(marker)},
             ready_timeout_s=3600.0)))
         for _ in range(600):  # the worker's start is under way (a loaded machine: seconds)
             if marker.exists():
@@ -181,7 +181,7 @@ async def test_an_exit_noticed_after_the_ready_deadline_is_reported_as_an_exit(
     sup = Supervisor(config=SupervisorConfig(ready_timeout_s=0.5, stop_timeout_s=2.0))
     async with sup.serving():
         start = asyncio.create_task(sup.start_worker(WorkerSpec(name="crash",
-                                                                entry="tests.workers:crash")))
+                                                                entry="tests.helpers.workers:crash")))
         while "crash" not in sup.workers:
             await asyncio.sleep(0)
         spawned, pid = time.monotonic(), sup.workers["crash"].pid
@@ -202,7 +202,7 @@ async def test_a_worker_busy_in_its_event_loop_is_not_declared_dead(no_leftover_
     long native call) is work, not death: heartbeats come from a thread."""
     sup = Supervisor(config=STEADY)
     async with sup.serving():
-        w = await sup.start_worker(WorkerSpec(name="busy", entry="tests.workers:blocking"))
+        w = await sup.start_worker(WorkerSpec(name="busy", entry="tests.helpers.workers:blocking"))
         async with connect(w.address) as conn:
             hold_s = 2 * STEADY.heartbeat_timeout_s
             reply = await conn.request(Tensors(meta={"seconds": hold_s}), timeout_s=hold_s + 60)
@@ -215,7 +215,7 @@ async def test_a_stalled_supervisor_does_not_take_its_workers_for_dead(no_leftov
     wait unread in its socket meanwhile, so the stall is not their silence."""
     sup = Supervisor(config=STEADY)
     async with sup.serving():
-        w = await sup.start_worker(WorkerSpec(name="w", entry="tests.workers:echo"))
+        w = await sup.start_worker(WorkerSpec(name="w", entry="tests.helpers.workers:echo"))
         time.sleep(2 * STEADY.heartbeat_timeout_s)  # blocks the loop: no await
         for _ in range(10):  # let the watch loop tick a few times after the stall
             await asyncio.sleep(STEADY.heartbeat_interval_s)
@@ -229,7 +229,7 @@ async def test_stubborn_worker_is_killed_at_the_stop_deadline(no_leftover_childr
     cfg = SupervisorConfig(stop_timeout_s=1.0, heartbeat_interval_s=0.2, heartbeat_timeout_s=5)
     sup = Supervisor(config=cfg)
     async with sup.serving():
-        w = await sup.start_worker(WorkerSpec(name="stubborn", entry="tests.workers:stubborn"))
+        w = await sup.start_worker(WorkerSpec(name="stubborn", entry="tests.helpers.workers:stubborn"))
         started = time.monotonic()
         await sup.stop_workers()
         took = time.monotonic() - started
@@ -243,7 +243,7 @@ def test_supervisor_killed_9_leaves_no_orphans(mode):
     """Workers die with their supervisor: by SIGTERM (PR_SET_PDEATHSIG), or, when a worker's
     event loop is blocked and cannot run its handler, by its orphan watchdog after 2 x
     stop_timeout_s (1 s in the host)."""
-    host = subprocess.Popen([sys.executable, "-m", "tests.supervisor_host", *filter(None, [mode])],
+    host = subprocess.Popen([sys.executable, "-m", "tests.helpers.supervisor_host", *filter(None, [mode])],
                             stdout=subprocess.PIPE, text=True)
     try:
         pids = json.loads(host.stdout.readline())
@@ -264,9 +264,9 @@ async def test_worker_is_pinned_to_its_cpus(no_leftover_children):
     cores = sorted(os.sched_getaffinity(0))
     sup = Supervisor(config=STEADY)
     async with sup.serving():
-        pinned = await sup.start_worker(WorkerSpec(name="pinned", entry="tests.workers:placement",
+        pinned = await sup.start_worker(WorkerSpec(name="pinned", entry="tests.helpers.workers:placement",
                                                    cpus=(cores[-1],)))
-        free = await sup.start_worker(WorkerSpec(name="free", entry="tests.workers:placement"))
+        free = await sup.start_worker(WorkerSpec(name="free", entry="tests.helpers.workers:placement"))
         async with connect(pinned.address) as a, connect(free.address) as b:
             assert (await a.request(Tensors())).meta == {"cpus": [cores[-1]], "omp": "1",
                                                          "nice": os.nice(0)}
@@ -279,11 +279,11 @@ async def test_worker_runs_at_its_niceness(no_leftover_children):
     mine = os.nice(0)
     sup = Supervisor(config=STEADY)
     async with sup.serving():
-        niced = await sup.start_worker(WorkerSpec(name="niced", entry="tests.workers:placement",
+        niced = await sup.start_worker(WorkerSpec(name="niced", entry="tests.helpers.workers:placement",
                                                   nice=5))
         async with connect(niced.address) as conn:
             assert (await conn.request(Tensors())).meta["nice"] == min(19, mine + 5)
         await sup.stop_workers()
     for bad in (-1, 20, 1.5, True):
         with pytest.raises(ValueError, match="WorkerSpec.nice"):
-            WorkerSpec(name="x", entry="tests.workers:placement", nice=bad)
+            WorkerSpec(name="x", entry="tests.helpers.workers:placement", nice=bad)

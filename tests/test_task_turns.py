@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from flexmarl.tasks import addition_tasks
-from tests.fake_orch import PROMPT, make_orch, take_all
+from tests.helpers.fake_orch import PROMPT, make_orch, take_all
 
 
 async def test_a_turns_group_closes_once_every_trajectory_rewarded_it():

@@ -82,14 +82,6 @@ def test_sleeping_twice_in_a_row_and_waking_an_awake_engine_are_harmless(model_d
 TIME_SHARED = "devices.placement=time_shared"
 
 
-def _sys_path() -> None:
-    import sys
-    from pathlib import Path
-    here = str(Path(__file__).parent)
-    if here not in sys.path:
-        sys.path.insert(0, here)
-
-
 @pytest.mark.slow
 async def test_a_time_shared_run_trains_on_the_same_samples_as_a_disaggregated_one(
         tiny_model_dir, tmp_path, no_leftover_children):
@@ -99,10 +91,9 @@ async def test_a_time_shared_run_trains_on_the_same_samples_as_a_disaggregated_o
     in one slot. The samples are the same request for request
     (seeded), every sample trained by the version that generated it, and the weights agree
     within MIXED_REL_TOL (the micro-batches may be cut differently: tests/test_pipeline.py)."""
-    _sys_path()
-    from test_e2e import duo
-    from test_pipeline import config, hist, run
-    from test_trainer import MIXED_REL_TOL, relative_distance
+    from tests.helpers.numerics import MIXED_REL_TOL, relative_distance
+    from tests.helpers.runs import config, hist, run
+    from tests.helpers.teams import duo
     from safetensors.torch import load_file
     from pathlib import Path
 
@@ -142,10 +133,9 @@ async def test_a_killed_engine_or_trainer_of_a_time_shared_run_loses_nothing(
     disaggregated run: every sample kept, and the same weights as test_faults' run without the
     kill, which is not time-shared (its sync pipeline trains the same batches in the same
     order whether or not the engines sleep meanwhile)."""
-    _sys_path()
     import random
-    from test_faults import _assert_nothing_lost, _config, _random_kill, _run
-    from workers import kill_a_busy_instance
+    from tests.helpers.faults import _assert_nothing_lost, _config, _random_kill, _run
+    from tests.helpers.workers import kill_a_busy_instance
 
     async def kill(base, run):
         if victim == "rollout":

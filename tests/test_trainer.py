@@ -33,61 +33,17 @@ from flexmarl.protocol import (ExportState, ExportWeights, SwapIn, SwapOut, Trai
                                TrainMicroBatch, TrainStats, TrainStep, TrainStepDone,
                                WeightUpdate)
 from flexmarl.training.trainer import GRPOTrainer, export_state, load_state
-from runtime.config import SupervisorConfig
 from runtime.errors import RemoteError
 from runtime.supervisor import Supervisor, WorkerSpec, pid_alive
 from runtime.transport import connect
-
-VOCAB = 64
-LR = 1e-3
-CONFIG = dict(lr=LR, grad_clip=1.0, kl_coef=0.05, seed=0)
-GRAD_ATOL = 1e-6
-"""Accumulated gradient, 4 micro-batches vs 1 batch (observed <= 6e-8)."""
-WEIGHT_ATOL = LR / 100
-"""Weights after 2 steps, micro vs full batch and 2 ranks vs 1 (observed <= 1.1e-6)."""
-LOSS_RTOL = 1e-5
-FAST = SupervisorConfig(heartbeat_interval_s=0.2, heartbeat_timeout_s=5.0, stop_timeout_s=10.0)
+from tests.helpers.numerics import (GRAD_ATOL, LOSS_RTOL, MIXED_REL_TOL, WEIGHT_ATOL, max_diff,
+                                    relative_distance)
+from tests.helpers.trainers import (CONFIG, FAST, FIELDS, LR, VOCAB,  # noqa: F401  (fixtures)
+                                    _weights_and_moments, batches, model_dir, rows, step_batch,
+                                    tokens)
 
 
 # ----------------------------------------------------------------------------- fixtures
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
-    import transformers
-
-    cfg = transformers.Qwen2Config(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2,
-                                   num_attention_heads=2, num_key_value_heads=1,
-                                   intermediate_size=128, max_position_embeddings=128,
-                                   tie_word_embeddings=True)
-    torch.manual_seed(1234)
-    path = tmp_path_factory.mktemp("tiny-qwen2")
-    transformers.Qwen2ForCausalLM(cfg).save_pretrained(path)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def batches(model_dir) -> list[TrainMicroBatch]:
-    """Two global batches of 8 rows; old and ref log-probs near the model's own (so ratios
-    spread around 1 and some, not all, tokens clip), right padding with id 0."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    out = []
-    for seed in range(2):
-        g = torch.Generator().manual_seed(seed)
-        rows, width, prompt = 8, 12, 4
-        lens = torch.randint(prompt + 2, width + 1, (rows,), generator=g)
-        pos = torch.arange(width)
-        attn = (pos < lens[:, None]).long()
-        ids = torch.randint(1, VOCAB, (rows, width), generator=g) * attn
-        resp = ((pos >= prompt) & (pos < lens[:, None])).long()
-        with torch.no_grad():
-            cur = token_logprobs(model(input_ids=ids, attention_mask=attn).logits, ids)
-        noise = lambda: 0.2 * torch.randn(rows, width, generator=g)  # noqa: E731
-        out.append(TrainMicroBatch(ids, attn, resp, cur + noise(), torch.randn(rows, generator=g),
-                                   ref_logprobs=cur + noise()))
-    return out
-
 
 @pytest.fixture(scope="module")
 def shared_prompt_batch(model_dir) -> TrainMicroBatch:
@@ -116,16 +72,6 @@ def shared_prompt_batch(model_dir) -> TrainMicroBatch:
                            ref_logprobs=cur + noise())
 
 
-def rows(mb: TrainMicroBatch, lo: int, hi: int) -> TrainMicroBatch:
-    return TrainMicroBatch(mb.input_ids[lo:hi], mb.attention_mask[lo:hi],
-                           mb.response_mask[lo:hi], mb.old_logprobs[lo:hi],
-                           mb.advantages[lo:hi], mb.ref_logprobs[lo:hi])
-
-
-def tokens(mb: TrainMicroBatch) -> int:
-    return int(mb.response_mask.sum())
-
-
 def train(trainer: GRPOTrainer, batches: list[TrainMicroBatch], num_micro: int = 1
           ) -> list[float]:
     """One step per global batch, each split into `num_micro` micro-batches; the losses."""
@@ -140,11 +86,6 @@ def train(trainer: GRPOTrainer, batches: list[TrainMicroBatch], num_micro: int =
         done = trainer.step()
         assert done.version == i + 1 and math.isfinite(done.grad_norm)
     return losses
-
-
-def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys()
-    return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
 # ----------------------------------------------------------------------------- one process
@@ -221,21 +162,6 @@ def _accumulated(model_dir: str, rows, advantages, splits, normaliser=None) -> G
 
 def _grads(trainer: GRPOTrainer) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
-
-
-def relative_distance(a: dict, b: dict, start: dict) -> float:
-    """L2 distance of weights `a` and `b` over the distance `a` moved from `start`."""
-    norm = lambda x, y: sum(((x[k] - y[k]).double() ** 2).sum().item() for k in x) ** 0.5  # noqa: E731
-    return norm(a, b) / norm(a, start)
-
-
-MIXED_REL_TOL = 1e-3
-"""Weights of two runs fed the same samples in micro-batches of another composition, as
-relative_distance() (tests/test_pipeline.py, micro_batch vs sync): gradients agree to the last
-float32 bits (observed <= 5e-8), but AdamW divides each component by its own running
-magnitude, so for the tiniest components a last-bit difference becomes an lr-scale one: a
-max-abs bound would have to be about lr itself, while the distance ratio stays small (observed
-1.7e-5 after 3 steps; a per-micro-batch normaliser gives > 1e-1, below)."""
 
 
 def test_micro_batches_of_any_composition_and_padding_give_the_same_gradient(model_dir,
@@ -365,29 +291,6 @@ def test_batch_bookkeeping_errors(model_dir, batches):
     assert math.isfinite(trainer.accumulate(no_ref).metrics["kl"])
 
 
-def _weights_and_moments(trainer: GRPOTrainer) -> list[torch.Tensor]:
-    """Parameters and optimizer state (copies): what a swap must carry (gradients are zero
-    between global batches)."""
-    tensors = [_local(p.detach()).clone() for p in trainer.model.parameters()]
-    for st in trainer.optimizer.state.values():
-        tensors += [_local(torch.as_tensor(v)).clone() for v in st.values()]
-    return tensors
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
-def step_batch(trainer: GRPOTrainer, mb: TrainMicroBatch, num_micro: int = 2) -> float:
-    """One global batch in `num_micro` micro-batches, stepped; its loss (as `train` does)."""
-    trainer.begin_batch(tokens(mb))
-    size = mb.input_ids.shape[0] // num_micro
-    loss = sum(trainer.accumulate(rows(mb, j, j + size)).loss
-               for j in range(0, mb.input_ids.shape[0], size))
-    trainer.step()
-    return loss
-
-
 def test_kl_to_the_initial_weights_without_ref_logprobs(model_dir, batches):
     """trainer.kl_coef > 0 with micro-batches that bring no reference log-probabilities (what
     the orchestrator sends): the trainer scores them under its frozen initial weights. Before
@@ -475,10 +378,6 @@ def _rank_main(rank: int, world_size: int, model_dir: str, work: str) -> None:
         # still talks to it aborts the peer ("terminate called without an active exception").
         dist.barrier()
         dist.destroy_process_group()
-
-
-FIELDS = ("input_ids", "attention_mask", "response_mask", "old_logprobs", "advantages",
-          "ref_logprobs")
 
 
 @pytest.mark.slow

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import sys
-from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -23,19 +21,17 @@ from safetensors.torch import load_file
 
 from flexmarl.config.load import load_config
 from flexmarl.config.training import TrainerConfig, TrainerPoolConfig
-from flexmarl.orchestrator.batch import micro_batch
 from flexmarl.protocol import (AwaitSaved, DropParked, ExportState, ExportWeights, FetchShards,
                                Parked, SaveState, SwapDone, SwapIn,
-                               SwapOut, TrainBeginBatch, TrainStep, TrainState)
+                               SwapOut, TrainState)
 from flexmarl.training.state_files import CheckpointError
 from flexmarl.observe.rundir import RunDir
 from flexmarl.launch.run import train
 from runtime.errors import RemoteError
 from runtime.supervisor import Supervisor, WorkerSpec
 from runtime.transport import connect
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_e2e import duo  # noqa: E402
+from tests.helpers.teams import duo
+from tests.helpers.trainers import assert_same, train_step
 
 SHARED = TrainerPoolConfig(slots=1, snapshots=False)
 """A shared pool (not one slot per agent), no snapshots: what the unit tests below drive."""
@@ -46,20 +42,6 @@ steps; lr / 100 as in tests/test_trainer.py. Same-rank swaps are compared bit fo
 
 
 # ----------------------------------------------------------------------------- real slots
-
-def batch(seed: int):
-    g = torch.Generator().manual_seed(seed)
-    rows = [([1, 2, 3], torch.randint(3, 60, (5,), generator=g).tolist(),
-             (-torch.rand(5, generator=g)).tolist()) for _ in range(4)]
-    return micro_batch(rows, torch.randn(4, generator=g).tolist())
-
-
-async def train_step(conn, seed: int) -> None:
-    mb = batch(seed)
-    await conn.request(TrainBeginBatch(0))
-    await conn.request(mb)
-    await conn.request(TrainStep(int(mb.response_mask.sum())))
-
 
 MODULE_LOOP = pytest.mark.asyncio(loop_scope="module")
 CFG = dataclasses.asdict(TrainerConfig(lr=1e-3))
@@ -92,12 +74,6 @@ async def slots(tiny_model_dir, tmp_path_factory):
 
 async def state_of(conn) -> TrainState:
     return await conn.request(ExportState())
-
-
-def assert_same(a: TrainState, b: TrainState) -> None:
-    """Bit for bit: parameters, AdamW state, RNG, version."""
-    assert a.version == b.version and a.tensors.keys() == b.tensors.keys()
-    assert [k for k in a.tensors if not torch.equal(a.tensors[k], b.tensors[k])] == []
 
 
 async def move(src, dst, agent: str, model_dir: str, *, drop: bool = True) -> SwapDone:

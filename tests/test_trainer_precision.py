@@ -36,8 +36,8 @@ from safetensors.torch import load_file, save_file
 from flexmarl.config.training import TrainerConfig
 from flexmarl.protocol import TrainMicroBatch
 from flexmarl.training.trainer import GRPOTrainer
-from tests.test_trainer import (CONFIG, FIELDS, GRAD_ATOL, MIXED_REL_TOL,  # noqa: F401
-                                WEIGHT_ATOL, batches, max_diff, model_dir, tokens)
+from tests.helpers.numerics import GRAD_ATOL, MIXED_REL_TOL, WEIGHT_ATOL, max_diff
+from tests.helpers.trainers import CONFIG, FIELDS, batches, model_dir, tokens  # noqa: F401
 
 BF16_GRAD_REL = 5e-2
 """Relative L2 distance of bfloat16-computed gradients to float32 ones (observed 5e-3 .. 1e-2)."""

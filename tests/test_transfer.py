@@ -513,7 +513,7 @@ async def test_a_run_synced_by_its_trainers_ends_like_a_staged_run(tiny_model_di
     from flexmarl.config.load import load_config
     from flexmarl.launch.run import train
     from flexmarl.observe.rundir import RunDir
-    from tests.test_pipeline import duo
+    from tests.helpers.teams import duo
 
     def cfg(name):
         return load_config(overrides=[

@@ -2,7 +2,7 @@
 same run without faults.
 
 Every run (the fault-free one, the chaos one, and with `--clean-twice` a second fault-free one)
-trains the test team of tests/test_e2e.py (two agents, "tiny" models built locally)
+trains the test team of tests/helpers/teams.py (two agents, "tiny" models built locally)
 with the same config and seed, two rollout instances per agent, on `--backend` (torch: sampling
 is exactly reproducible from each request's seed; vllm, the default engine of `flexmarl run`)
 in `--mode` (sync, or micro_batch, the default of `flexmarl run`). During the chaos run a killer
@@ -32,7 +32,7 @@ Reported:
     same_weights        sync: final weights within lr/100 of the fault-free run's (max abs
                         diff, max_weight_diff); micro_batch, where two fault-free runs already
                         differ: their L2 distance over the distance the weights moved
-                        (weight_rel_distance) within 1e-3 (tests/test_trainer.py MIXED_REL_TOL)
+                        (weight_rel_distance) within 1e-3 (tests/helpers/numerics.py MIXED_REL_TOL)
     clean_vs_clean      with --clean-twice: the same two numbers for a second fault-free run
 
     .venv/bin/python bench/chaos.py [--json] [--steps 16] [--kills 4] [--seed 0]
@@ -62,7 +62,7 @@ from pathlib import Path
 if importlib.util.find_spec("flexmarl") is None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))  # the test team and the worker finder
+sys.path.insert(0, str(ROOT))  # tests.helpers: the test team and the worker finder
 LR = 1e-3
 
 
@@ -77,8 +77,8 @@ def config_for(run_dir: Path, steps: int, backend: str, mode: str):
 
 
 async def run(model_dir: str, run_dir: Path, args: argparse.Namespace, killer=None) -> dict:
-    from test_e2e import duo
-    from workers import StoredSamples
+    from tests.helpers.teams import duo
+    from tests.helpers.workers import StoredSamples
 
     from flexmarl.observe.rundir import RunDir, read_metrics
     from flexmarl.launch.run import train
@@ -108,7 +108,7 @@ async def run(model_dir: str, run_dir: Path, args: argparse.Namespace, killer=No
 def make_killer(rng: random.Random, n: int, kinds: list[str], steps: int):
     async def killer(base: str, task: asyncio.Task, kills: list[dict]) -> None:
         import aiohttp
-        from workers import running_workers
+        from tests.helpers.workers import running_workers
         # Kills fall in the first half, so replacements (seconds to start) serve before the end.
         targets = sorted(rng.randrange(0, max(steps // 2, 1)) for _ in range(n))
         async with aiohttp.ClientSession() as http:
@@ -136,10 +136,10 @@ def make_killer(rng: random.Random, n: int, kinds: list[str], steps: int):
 
 def weight_diff(a: dict, b: dict, start: dict) -> tuple[float, float] | None:
     """Two runs' final weights: (max abs difference, L2 distance over the distance run `a`
-    moved from `start`, tests/test_trainer.py's relative_distance), over all agents; None if a
+    moved from `start`, tests/helpers/numerics.py's relative_distance), over all agents; None if a
     run has no checkpoints."""
     from safetensors.torch import load_file
-    from test_trainer import relative_distance
+    from tests.helpers.numerics import relative_distance
 
     if not a["checkpoints"] or not b["checkpoints"]:
         return None
@@ -180,7 +180,7 @@ def compare(chaos: dict, clean: dict, start: dict, mode: str) -> dict:
                     and len(set(ours.keys())) == len(ours.keys()))
     ref_tokens = theirs.tokens()
     equal = sum(1 for key, toks in ours.tokens().items() if ref_tokens.get(key) == toks)
-    from test_trainer import MIXED_REL_TOL
+    from tests.helpers.numerics import MIXED_REL_TOL
 
     diffs = weight_diff(chaos, clean, start) if len(done) == len(clean["metrics"]) else None
     # sync trains the stored batch in a fixed order: a fault-free run is reproducible to the

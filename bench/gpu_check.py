@@ -7,7 +7,7 @@ rollout instance and one trainer rank each, on separate GPUs when there are 4 or
 sharing them by memory (devices.colocate: 25% of each GPU per vLLM engine, 20% per trainer rank;
 one H200 holds all four). It prints:
 
-- the placement (flexmarl.launch.devices) and the weight sync it implies (nccl apart, ipc
+- the placement (flexmarl.placement.devices) and the weight sync it implies (nccl apart, ipc
   colocated: vLLM's own weight-transfer engines, flexmarl.weights.direct);
 - `--steps` training steps in micro_batch mode with vLLM rollout (trainer.device = "cuda",
   bf16 compute): per agent the weight-sync seconds and GB/s (the first step, which forms the
@@ -181,7 +181,7 @@ def check_config(steps: int, gpus: int, run_dir: str):
 
 
 def run_check(args: argparse.Namespace) -> dict:
-    from flexmarl.launch.layout import _slot_sizes, hosts, plan_gpus
+    from flexmarl.placement.layout import _slot_sizes, local_hosts, place_gpus
     from flexmarl.launch.run import train
     from flexmarl.observe.rundir import RunDir
 
@@ -192,12 +192,12 @@ def run_check(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="flexmarl-gpu-check-") as tmp:
         config = check_config(args.steps, gpus, os.path.join(tmp, "run"))
         needs = {a.name: 1 for a in team.agents if a.trainable}
-        placed = plan_gpus(team, _slot_sizes(config.trainer_pool, needs),
-                           hosts(config.devices.gpus, None), rollout=config.rollout,
+        placed = place_gpus(team, _slot_sizes(config.trainer_pool, needs),
+                           local_hosts(config.devices.gpus), rollout=config.rollout,
                            trainer_device=config.trainer.device, devices=config.devices,
                            trainer_pool=config.trainer_pool)
-        out["placement"], out["transfer"] = placed.plan.rows(), placed.transfer
-        print(f"placement ({placed.transfer} weight sync):\n{placed.plan.table()}", flush=True)
+        out["placement"], out["transfer"] = placed.devices.rows(), placed.transfer
+        print(f"placement ({placed.transfer} weight sync):\n{placed.devices.table()}", flush=True)
         started = time.perf_counter()
         with MemoryWatch() as memory, RunDir.create(config) as run_dir:
             import uvloop

@@ -175,8 +175,8 @@ def check_codec() -> str:
 def check_planner() -> str:
     from flexmarl.checks import ConfigError
     from flexmarl.config.load import load_config
-    from flexmarl.launch.devices import Host, PlacementError
-    from flexmarl.launch.layout import plan_gpus
+    from flexmarl.placement.devices import Host, PlacementError
+    from flexmarl.placement.layout import place_gpus
     from flexmarl.team import load_team
     from flexmarl.weights.direct import packed_buffer_bytes
 
@@ -184,7 +184,7 @@ def check_planner() -> str:
         config = load_config(None, ["rollout.backend=vllm", "trainer.device=cuda", *sets])
         team = load_team(config.team.path)
         sizes = [ranks] * sum(a.trainable for a in team.agents)
-        return plan_gpus(team, sizes, [Host("local", tuple(range(gpus)))],
+        return place_gpus(team, sizes, [Host("local", tuple(range(gpus)))],
                          rollout=config.rollout, trainer_device=config.trainer.device,
                          devices=config.devices, trainer_pool=config.trainer_pool)
 

@@ -231,7 +231,7 @@ def print_breakdown(results: dict[str, dict]) -> None:
 async def main(args: argparse.Namespace) -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # CPU-irrelevant warnings
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    from flexmarl.launch.placement import role_cpus
+    from flexmarl.placement.cores import role_cpus
     first = load(args.modes[0], args)
     rollout_cpus, train_cpus = (",".join(map(str, c)) or "all"
                                 for c in role_cpus(first.rollout.cpus, first.trainer_pool.cpus,

@@ -29,13 +29,14 @@ Its modules and folders (each folder's `__init__` lists its own), from the groun
     sampling/      sampling maths shared by the rollout engines and the trainer
     weights/       weight sync: one interface, one module per transport holding both its ends
     rewards/       reward functions for workflows: answer matching, sandboxed code runs, bounds
+    placement/     where things run: GPU seats, trainer slots, LoRA units, time-shared devices
     rollout/       engines that generate completions, their worker actor, the pool, the balancer
     training/      trainer slots bound to agents on demand, FSDP2 trainers, GRPO maths
     orchestrator/  the team's workflows, the experience store and the one training loop
     observe/       watching a run: live status, the dashboard, metric loggers, the report
     sim/           the cluster simulator: the product's scheduling code on a virtual clock
     gateway/       training an existing OpenAI-client app
-    launch/        starting runs: wiring the parts together, placing workers, the command lines
+    launch/        starting runs: the composition root, the worker processes, the command lines
 """
 from __future__ import annotations
 

@@ -31,6 +31,12 @@ MOVED = {
     "flexmarl.training.trainer_config": "flexmarl.config.training",   # TrainerConfig
     "flexmarl.training.pool_config": "flexmarl.config.training",      # TrainerPoolConfig
     "flexmarl.rollout.balance.config": "flexmarl.config.balance",     # BalancerConfig
+    # Where things run, in one package (issue 52).
+    "flexmarl.launch.devices": "flexmarl.placement.devices",
+    "flexmarl.launch.layout": "flexmarl.placement.layout",
+    "flexmarl.launch.lora_units": "flexmarl.placement.lora_units",
+    "flexmarl.orchestrator.timeshare": "flexmarl.placement.timeshare",
+    "flexmarl.rollout.balance.planner": "flexmarl.rollout.balance.moves",
 }
 """Old module path -> where it lives now. The old path still imports, as the very same module
 object, with a FutureWarning. The old `flexmarl.config` and `flexmarl.gateway` modules are
@@ -38,6 +44,10 @@ packages now: their public names are on those packages' faces."""
 
 RENAMED_CLASSES = {
     "flexmarl.config": {"TrainPlacement": "TrainerPoolConfig"},
+    # "plan" is the simulator's word only (flexmarl.placement's docstring).
+    "flexmarl.placement.devices": {"DevicePlan": "DevicePlacement"},
+    "flexmarl.placement.layout": {"GpuPlan": "GpuPlacement"},
+    "flexmarl.rollout.balance.moves": {"MovePlanner": "MoveChooser"},
 }
 """Module -> {old name: new name}: the old name still resolves (renamed_getattr)."""
 

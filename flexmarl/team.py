@@ -31,6 +31,12 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 of these at or above the largest rank it serves."""
 
 
+def max_lora_rank(ranks: list[int]) -> int:
+    """The smallest rank vLLM accepts as max_lora_rank that serves every one of `ranks`."""
+    top = max(ranks)
+    return next(r for r in VLLM_LORA_RANKS if r >= top)
+
+
 @dataclass(kw_only=True, frozen=True)
 class LoraSpec:
     """One agent's adapter: PEFT's LoraConfig in the fields RL teams set."""

@@ -54,7 +54,7 @@ class Lifecycle:
         """`respawn` starts replacements (None: a death is final); `kill(process, reason)` ends
         one that stopped answering; `owners`: each live process -> its owner (itself, or its
         slot with `groups`); `attempts`: supervisor.replace_attempts; `devices`: the run's GPU
-        placement (flexmarl.launch.devices.DevicePlan) the workers are seated on, if any;
+        placement (flexmarl.placement.devices.DevicePlacement) the workers are seated on, if any;
         `kind` names an owner in messages ("rollout instance", "trainer slot")."""
         self.respawn = respawn
         self._kill = kill

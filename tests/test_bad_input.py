@@ -409,7 +409,7 @@ def errors(err: str) -> list[str]:
 def fake_run_modules(monkeypatch, train, model: str = "tiny") -> None:
     # What `flexmarl run` imports beside the two fakes, imported first: a module imported for
     # the first time after the fake flexmarl.team would not find AgentSpec in it.
-    import flexmarl.launch.evaluation, flexmarl.launch.placement  # noqa: E401, F401
+    import flexmarl.launch.evaluation, flexmarl.launch.workers  # noqa: E401, F401
     import flexmarl.launch.summary, flexmarl.launch.task_files  # noqa: E401, F401
     team = types.SimpleNamespace(name="duo", agents=[AgentSpec(name="solver", model=model)])
     monkeypatch.setitem(sys.modules, "flexmarl.team",

@@ -1,6 +1,6 @@
-"""The Balancer as coordinator: the gate of plan_move and the state machine of a move, with
+"""The Balancer as coordinator: the gate of choose_move and the state machine of a move, with
 hand-made requests and times (its parts have their own tests: test_routing.py for the
-intra-agent level, test_planner.py for the inter-agent one; test_sim_routing.py drives it on
+intra-agent level, test_move_chooser.py for the inter-agent one; test_sim_routing.py drives it on
 the simulator).
 
 Covered: only `hierarchical` moves; one move at a time, draining, finish and cool-down; abort
@@ -30,11 +30,11 @@ def test_one_move_at_a_time_draining_then_finish_and_cooldown():
     load_up(bal, "hot", 1000.0, "h")
     bal.route("cold", "c-a", 10.0)                     # c0
     bal.route("cold", "c-b", 20.0)                     # c1
-    move = bal.plan_move(1.0)
+    move = bal.choose_move(1.0)
     assert move.instance == "c2"
     bal.route("cold", "c-c", 5.0)                      # c2 (idle) before the move starts
     bal.begin_move(move)
-    assert bal.plan_move(2.0) is None                  # one move at a time
+    assert bal.choose_move(2.0) is None                  # one move at a time
     with pytest.raises(RuntimeError, match="already in progress"):
         bal.begin_move(move)
     # Draining: no new request goes there; its own one is still in flight.
@@ -50,13 +50,13 @@ def test_one_move_at_a_time_draining_then_finish_and_cooldown():
     # Cool-down: 10 s after the move finished, however hot the agent.
     load_up(bal, "hot", 5000.0, "more")
     assert checks(bal, [4.0, 8.0, 12.9]) == [None] * 3
-    assert bal.plan_move(13.0) is not None
+    assert bal.choose_move(13.0) is not None
 
 
 def test_abort_keeps_the_instance_and_wrong_moves_are_refused():
     bal = two_agents(patience=1)
     load_up(bal, "hot", 1000.0, "h")
-    move = bal.plan_move(1.0)
+    move = bal.choose_move(1.0)
     with pytest.raises(ValueError, match="serves cold, not hot"):
         bal.begin_move(type(move)(move.instance, "hot", "cold", 0.0, 0.0))
     bal.begin_move(move)
@@ -70,7 +70,7 @@ def test_abort_keeps_the_instance_and_wrong_moves_are_refused():
 def test_sticky_episodes_on_a_moved_instance_are_forgotten():
     bal = two_agents(patience=1)
     load_up(bal, "hot", 1000.0, "h")
-    move = bal.plan_move(1.0)
+    move = bal.choose_move(1.0)
     sticky = bal.route("cold", "ep-1", 1.0, episode="ep")
     move = type(move)(sticky, "cold", "hot", 0.0, 0.0)  # move the episode's own instance
     bal.finish("ep-1", samples=1, tokens=1)
@@ -83,19 +83,19 @@ def test_sticky_episodes_on_a_moved_instance_are_forgotten():
 
 def test_a_timed_move_prices_the_next_and_a_removed_instance_ends_its_move():
     bal = two_agents(patience=1, cooldown_s=0.0)
-    assert bal.planner.move_cost_s() == BalancerConfig().move_cost_s
+    assert bal.chooser.move_cost_s() == BalancerConfig().move_cost_s
     load_up(bal, "hot", 1000.0, "h")
-    move = bal.plan_move(1.0)
+    move = bal.choose_move(1.0)
     bal.begin_move(move)
     bal.drained(move, 2.0, 1.0)                       # loaded "before" it drained: 0 s
-    assert bal.planner.move_cost_s() == 0.0
+    assert bal.chooser.move_cost_s() == 0.0
     bal.drained(move, 2.0, 12.0)                      # EWMA 0.3 toward 10 s
-    assert bal.planner.move_cost_s() == pytest.approx(3.0)
+    assert bal.chooser.move_cost_s() == pytest.approx(3.0)
     bal.remove(move.instance)                         # it died while changing hands
     assert move.instance not in bal.loads.instances("cold") and bal.loads.is_draining(move.instance)
     with pytest.raises(RuntimeError, match="not the move in progress"):
         bal.finish_move(move, 3.0)
-    assert bal.plan_move(3.0) is not None             # no move in progress any more
+    assert bal.choose_move(3.0) is not None             # no move in progress any more
     assert bal.moves == []
 
 

@@ -365,10 +365,10 @@ def fake_train_modules(monkeypatch, train) -> None:
     flexmarl.launch.model_dirs, which `main` imports when it runs."""
     import flexmarl.launch.checkpoint  # noqa: F401  (what main also imports: loaded with the real
     import flexmarl.orchestrator.orchestrator  # noqa: F401  flexmarl.team, before it is replaced below)
-    import flexmarl.launch.placement  # noqa: F401
+    import flexmarl.launch.workers  # noqa: F401
     import flexmarl.launch.evaluation  # noqa: F401
     import flexmarl.launch.build  # noqa: F401
-    import flexmarl.launch.layout  # noqa: F401
+    import flexmarl.placement.layout  # noqa: F401
     import flexmarl.gateway.api  # noqa: F401
     team = types.SimpleNamespace(name="duo", agents=[types.SimpleNamespace(
         name="solver", trainable=True, train_ranks=None, instances=None)])
@@ -424,7 +424,7 @@ def test_cli_interrupt_exits_130(tmp_path, team_file, capsys, monkeypatch):
 ])
 def test_role_cpus(monkeypatch, rollout, train, device, expected):
     import flexmarl.checks as config_module
-    from flexmarl.launch.placement import role_cpus
+    from flexmarl.placement.cores import role_cpus
     monkeypatch.setattr(config_module, "available_cpus", lambda: [0, 1, 2, 3])
     config = load_config(overrides=[f"rollout.cpus={rollout}", f"trainer_pool.cpus={train}",
                                     f"trainer.device={device}"])
@@ -434,7 +434,7 @@ def test_role_cpus(monkeypatch, rollout, train, device, expected):
 
 def test_role_cpus_single_core_pins_nothing(monkeypatch):
     import flexmarl.checks as config_module
-    from flexmarl.launch.placement import role_cpus
+    from flexmarl.placement.cores import role_cpus
     monkeypatch.setattr(config_module, "available_cpus", lambda: [0])
     config = load_config()
     assert role_cpus(config.rollout.cpus, config.trainer_pool.cpus,
@@ -449,7 +449,7 @@ def test_role_cpus_single_core_pins_nothing(monkeypatch):
     (["trainer.device=cuda", "trainer_pool.serial=true"], 0, True),
 ])
 def test_trainer_nice_and_serial_resolve(overrides, nice, serial):
-    from flexmarl.launch.placement import serial_trainers, trainer_nice, trainers_on_local_cpu
+    from flexmarl.placement.cores import serial_trainers, trainer_nice, trainers_on_local_cpu
     config = load_config(overrides=overrides)
     local = trainers_on_local_cpu(config.trainer.device, config.cluster.remote)
     assert trainer_nice(config.trainer_pool, local) == nice

@@ -1,4 +1,4 @@
-"""The device placement planner (flexmarl.launch.devices): pure logic, no GPU needed. The
+"""The device placement planner (flexmarl.placement.devices): pure logic, no GPU needed. The
 tests pass on a GPU machine too: where they ask about "this machine", they set its GPUs."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from flexmarl.checks import ConfigError
-from flexmarl.launch.devices import (Ask, DevicePlan, DevicesConfig, Host, PlacementError,
-                                     parse_gpus, plan_devices)
+from flexmarl.config.sections import DevicesConfig, parse_gpus
+from flexmarl.placement.devices import Ask, DevicePlacement, Host, PlacementError, place_devices
 
 
 def instances(agent: str, n: int, tp: int = 1, start: int = 0) -> list[Ask]:
@@ -21,7 +21,7 @@ def slot(k: int, ranks: int) -> list[Ask]:
     return [Ask(f"trainer-{k}-{r}", "trainer", group=f"trainer-{k}") for r in range(ranks)]
 
 
-def check_valid(plan: DevicePlan, asks: list[Ask]) -> None:
+def check_valid(plan: DevicePlacement, asks: list[Ask]) -> None:
     """Every ask seated with its count of GPUs, on a host of its role; no GPU shared (with
     colocate: shares of at most 1 per GPU, and a slot's ranks on distinct GPUs)."""
     hosts = {h.name: h for h in plan.hosts}
@@ -42,7 +42,7 @@ def check_valid(plan: DevicePlan, asks: list[Ask]) -> None:
 
 def test_the_default_team_gets_one_gpu_per_worker():
     asks = instances("solver", 1) + instances("checker", 1, start=1) + slot(0, 1) + slot(1, 1)
-    plan = plan_devices([Host("local", (0, 1, 2, 3))], asks)
+    plan = place_devices([Host("local", (0, 1, 2, 3))], asks)
     check_valid(plan, asks)
     assert sorted(d for s in plan.seats.values() for d in s.devices) == [0, 1, 2, 3]
     assert plan.env("rollout-0") == {"CUDA_VISIBLE_DEVICES": str(plan.seats["rollout-0"].devices[0])}
@@ -54,7 +54,7 @@ def test_tensor_parallel_instances_and_whole_slots_stay_on_one_host():
     hosts = [Host("a", tuple(range(8))), Host("b", tuple(range(8)))]
     asks = (instances("big", 2, tp=4) + instances("small", 3, start=2) + slot(0, 4) +
             slot(1, 1))
-    plan = plan_devices(hosts, asks)
+    plan = place_devices(hosts, asks)
     check_valid(plan, asks)
     slot0 = {plan.seats[f"trainer-0-{r}"].host for r in range(4)}
     assert len(slot0) == 1
@@ -68,7 +68,7 @@ def test_nodes_host_only_their_role():
     hosts = [Host("r1", tuple(range(8)), ("rollout",)), Host("r2", tuple(range(8)), ("rollout",)),
              Host("t1", tuple(range(8)), ("trainer",))]
     asks = instances("a", 4, tp=2) + instances("b", 8, start=4) + slot(0, 4) + slot(1, 4)
-    plan = plan_devices(hosts, asks)
+    plan = place_devices(hosts, asks)
     check_valid(plan, asks)
     assert {plan.host(a.worker) for a in asks if a.role == "trainer"} == {"t1"}
     assert {plan.host(a.worker) for a in asks if a.role == "rollout"} == {"r1", "r2"}
@@ -78,7 +78,7 @@ def test_a_slot_too_big_for_one_host_spreads_its_ranks():
     hosts = [Host("t1", (0, 1, 2, 3), ("trainer",)), Host("t2", (0, 1, 2, 3), ("trainer",)),
              Host("r", (0, 1), ("rollout",))]
     asks = instances("a", 2) + slot(0, 6)
-    plan = plan_devices(hosts, asks)
+    plan = place_devices(hosts, asks)
     check_valid(plan, asks)
     assert Counter(plan.host(f"trainer-0-{r}") for r in range(6)) == {"t1": 3, "t2": 3}
 
@@ -86,7 +86,7 @@ def test_a_slot_too_big_for_one_host_spreads_its_ranks():
 def test_not_enough_gpus_is_one_error_listing_what_was_asked_and_what_exists():
     asks = instances("a", 2, tp=2) + instances("b", 2, start=2) + slot(0, 2) + slot(1, 2)
     with pytest.raises(PlacementError) as err:
-        plan_devices([Host("local", tuple(range(8)))], asks)
+        place_devices([Host("local", tuple(range(8)))], asks)
     msg = str(err.value)
     assert "asks for 10 GPUs" in msg and "4 rollout instances x tensor_parallel_size 1/2 = 6" in msg
     assert "2 trainer slots with 4 ranks = 4" in msg and "8 exist (local (any): 8 (0-7))" in msg
@@ -98,13 +98,13 @@ def test_an_instance_whose_gpus_are_on_no_single_host_is_named():
     hosts = [Host("a", (0, 1, 2)), Host("b", (0, 1, 2))]
     with pytest.raises(PlacementError, match=r"asks for 4 GPUs.*6 exist.*rollout-0 \(4 GPUs on "
                                              r"one host\) finds no host"):
-        plan_devices(hosts, instances("big", 1, tp=4))
+        place_devices(hosts, instances("big", 1, tp=4))
 
 
 def test_no_gpu_at_all():
     with pytest.raises(PlacementError, match=r"no GPU here: the run asks for 2 GPUs.*0 exist "
                                              r"\(local \(any\): 0 \(none\)\).*trainer.device"):
-        plan_devices([Host("local", ())], slot(0, 2))
+        place_devices([Host("local", ())], slot(0, 2))
 
 
 def test_colocate_shares_gpus_by_memory_and_puts_instances_near_their_trainer():
@@ -115,7 +115,7 @@ def test_colocate_shares_gpus_by_memory_and_puts_instances_near_their_trainer():
                            near=f"trainer-{k}") for k in range(n_agents)]
 
     asks = team(4, 0.5, 0.4)
-    plan = plan_devices([Host("local", (0, 1, 2, 3))], asks, colocate=True)
+    plan = place_devices([Host("local", (0, 1, 2, 3))], asks, colocate=True)
     check_valid(plan, asks)
     # Each instance on its own agent's trainer GPU (CUDA IPC weight sync needs that); the
     # trainers spread first, one per GPU.
@@ -125,23 +125,23 @@ def test_colocate_shares_gpus_by_memory_and_puts_instances_near_their_trainer():
     assert plan.paired({f"agent{k}": f"trainer-{k}" for k in range(4)})
     assert "(50% of each)" in plan.table()
     # The default team on one GPU (the check bench/gpu_check.py runs on a single GPU).
-    one = plan_devices([Host("local", (0,))], team(2, 0.3, 0.2), colocate=True)
+    one = place_devices([Host("local", (0,))], team(2, 0.3, 0.2), colocate=True)
     assert {s.devices for s in one.seats.values()} == {(0,)}
     with pytest.raises(PlacementError, match=r"asks for 4 GPUs .*at their memory shares.*3 exist"
                                              r".*devices.trainer_memory_fraction"):
-        plan_devices([Host("local", (0, 1, 2))], asks, colocate=True)
+        place_devices([Host("local", (0, 1, 2))], asks, colocate=True)
     # A slot's ranks never share a GPU (NCCL needs one per rank), even with room.
     with pytest.raises(PlacementError):
-        plan_devices([Host("local", (0,))], [Ask(f"trainer-0-{r}", "trainer", group="trainer-0",
+        place_devices([Host("local", (0,))], [Ask(f"trainer-0-{r}", "trainer", group="trainer-0",
                                                  memory=0.1) for r in range(2)], colocate=True)
     # Without colocate an instance and a rank never share.
     with pytest.raises(PlacementError, match="or devices.colocate = true"):
-        plan_devices([Host("local", (0,))], team(1, 0.3, 0.2))
+        place_devices([Host("local", (0,))], team(1, 0.3, 0.2))
 
 
 def test_a_replacement_takes_the_dead_workers_gpus_and_a_new_node_gets_new_instances():
     asks = instances("a", 2) + slot(0, 2)
-    plan = plan_devices([Host("local", (0, 1, 2, 3))], asks)
+    plan = place_devices([Host("local", (0, 1, 2, 3))], asks)
     old = plan.seats["rollout-1"].devices
     plan.replace("rollout-1", "rollout-7")
     assert "rollout-1" not in plan.seats and plan.seats["rollout-7"].devices == old
@@ -181,7 +181,7 @@ def test_any_plan_is_valid_and_one_gpu_asks_fail_only_without_room(hosts, tps, s
         asks += [Ask(f"trainer-{k}-{r}", "trainer", group=f"trainer-{k}", memory=share)
                  for r in range(ranks)]
     try:
-        plan = plan_devices(hs, asks, colocate=colocate)
+        plan = place_devices(hs, asks, colocate=colocate)
     except PlacementError:
         if all(tp == 1 for tp in tps) and all(h.roles == ("any",) for h in hs) and not colocate:
             # No host constraint at all: only capacity can be short.
@@ -204,18 +204,18 @@ def _team():
     return load_team(_config().team.path)
 
 
-def _plan_gpus(config, team, sizes, hosts):
-    """plan_gpus with the sections of `config`, as flexmarl.launch.build hands them."""
-    from flexmarl.launch.layout import plan_gpus
-    return plan_gpus(team, sizes, hosts, rollout=config.rollout,
+def _place_gpus(config, team, sizes, hosts):
+    """place_gpus with the sections of `config`, as flexmarl.launch.build hands them."""
+    from flexmarl.placement.layout import place_gpus
+    return place_gpus(team, sizes, hosts, rollout=config.rollout,
                      trainer_device=config.trainer.device, devices=config.devices,
                      trainer_pool=config.trainer_pool)
 
 
 def _settings(config):
     """The WorkerSettings flexmarl.launch.build makes of `config` (workers on this machine)."""
-    from flexmarl.launch.placement import (WorkerSettings, role_cpus, trainer_nice,
-                                           trainers_on_local_cpu)
+    from flexmarl.launch.workers import WorkerSettings
+    from flexmarl.placement.cores import role_cpus, trainer_nice, trainers_on_local_cpu
     local_cpu = trainers_on_local_cpu(config.trainer.device, config.cluster.remote)
     return WorkerSettings(
         config.rollout, config.trainer, config.trainer_pool, config.devices, config.transport,
@@ -236,32 +236,32 @@ def _gpu_placement(config):
 
 def test_the_run_places_vllm_instances_and_cuda_trainers_and_picks_the_weight_sync():
     team, four = _team(), [Host("local", (0, 1, 2, 3))]
-    gpus = _plan_gpus(_config("trainer.device=cuda"), team, [1, 1], four)
+    gpus = _place_gpus(_config("trainer.device=cuda"), team, [1, 1], four)
     assert gpus.transfer == "nccl" and gpus.rollout and gpus.trainer
-    assert sorted(gpus.plan.seats) == ["rollout-0", "rollout-1", "trainer-0-0", "trainer-1-0"]
-    assert {s.label for s in gpus.plan.seats.values()} >= {a.name for a in team.agents}
-    colocated = _plan_gpus(_config("trainer.device=cuda", "devices.colocate=true",
+    assert sorted(gpus.devices.seats) == ["rollout-0", "rollout-1", "trainer-0-0", "trainer-1-0"]
+    assert {s.label for s in gpus.devices.seats.values()} >= {a.name for a in team.agents}
+    colocated = _place_gpus(_config("trainer.device=cuda", "devices.colocate=true",
                                    "rollout.gpu_memory_utilization=0.25",
                                    "devices.trainer_memory_fraction=0.2"), team, [1, 1],
                            [Host("local", (0,))])
     assert colocated.transfer == "ipc"
-    assert {s.devices for s in colocated.plan.seats.values()} == {(0,)}
+    assert {s.devices for s in colocated.devices.seats.values()} == {(0,)}
     # A shared trainer pool: instances are not with their agent's trainer, so no IPC (and
     # NCCL cannot join two processes on one GPU): weights go the staged way.
-    pooled = _plan_gpus(_config("trainer.device=cuda", "devices.colocate=true",
+    pooled = _place_gpus(_config("trainer.device=cuda", "devices.colocate=true",
                                 "trainer_pool.slots=1", "rollout.gpu_memory_utilization=0.3",
                                 "devices.trainer_memory_fraction=0.2"), team, [1], four)
     assert pooled.transfer == "stage"
     with pytest.raises(ConfigError, match="needs every GPU of every instance to host a rank"):
-        _plan_gpus(_config("trainer.device=cuda", "devices.colocate=true", "trainer_pool.slots=1",
+        _place_gpus(_config("trainer.device=cuda", "devices.colocate=true", "trainer_pool.slots=1",
                            "rollout.weight_transfer=ipc"), team, [1], four)
     # Trainers on CPU: vLLM still gets the GPUs, weights go the staged way.
-    cpu_train = _plan_gpus(_config(), team, [1, 1], four)
-    assert (cpu_train.transfer, cpu_train.trainer, len(cpu_train.plan.seats)) == ("stage", False, 2)
+    cpu_train = _place_gpus(_config(), team, [1, 1], four)
+    assert (cpu_train.transfer, cpu_train.trainer, len(cpu_train.devices.seats)) == ("stage", False, 2)
     # No GPU and nothing asks for one: no placement at all (this machine's case).
-    assert _plan_gpus(_config(), team, [1, 1], [Host("local", ())]).plan is None
+    assert _place_gpus(_config(), team, [1, 1], [Host("local", ())]).devices is None
     with pytest.raises(PlacementError, match="no GPU here"):
-        _plan_gpus(_config("trainer.device=cuda"), team, [1, 1], [Host("local", ())])
+        _place_gpus(_config("trainer.device=cuda"), team, [1, 1], [Host("local", ())])
 
 
 def test_ipc_needs_a_rank_of_the_agents_slot_on_every_gpu_of_a_tensor_parallel_instance():
@@ -270,11 +270,11 @@ def test_ipc_needs_a_rank_of_the_agents_slot_on_every_gpu_of_a_tensor_parallel_i
     slot shares one GPU with it, which is not enough ("IPC handle not found for GPU UUID")."""
     asks = [Ask("trainer-0-0", "trainer", group="trainer-0", memory=0.4),
             Ask("rollout-0", "rollout", 2, label="a", memory=0.45, near="trainer-0")]
-    plan = plan_devices([Host("local", (0, 1, 2, 3))], asks, colocate=True)
+    plan = place_devices([Host("local", (0, 1, 2, 3))], asks, colocate=True)
     assert 0 in plan.seats["rollout-0"].devices and len(plan.seats["rollout-0"].devices) == 2
     assert plan.unpaired({"a": "trainer-0"}) == ["rollout-0"]
     assert not plan.paired({"a": "trainer-0"})
-    two = plan_devices([Host("local", (0, 1, 2, 3))],
+    two = place_devices([Host("local", (0, 1, 2, 3))],
                        [Ask("trainer-0-1", "trainer", group="trainer-0", memory=0.4), *asks],
                        colocate=True)
     assert two.seats["rollout-0"].devices == (0, 1) and two.paired({"a": "trainer-0"})
@@ -282,42 +282,42 @@ def test_ipc_needs_a_rank_of_the_agents_slot_on_every_gpu_of_a_tensor_parallel_i
     team, four = _team(), [Host("local", (0, 1, 2, 3))]
     sets = ("trainer.device=cuda", "devices.colocate=true", "rollout.tensor_parallel_size=2",
             "rollout.gpu_memory_utilization=0.45", "devices.trainer_memory_fraction=0.4")
-    assert _plan_gpus(_config(*sets), team, [1, 1], four).transfer == "stage"
-    assert _plan_gpus(_config(*sets), team, [2, 2], four).transfer == "ipc"
+    assert _place_gpus(_config(*sets), team, [1, 1], four).transfer == "stage"
+    assert _place_gpus(_config(*sets), team, [2, 2], four).transfer == "ipc"
     with pytest.raises(ConfigError, match=r"rollout.tensor_parallel_size = 2 .*rollout-0, "
                                           r"rollout-1 are not"):
-        _plan_gpus(_config(*sets, "rollout.weight_transfer=ipc"), team, [1, 1], four)
+        _place_gpus(_config(*sets, "rollout.weight_transfer=ipc"), team, [1, 1], four)
 
 
 def test_a_gpu_node_without_vllm_runs_the_torch_engine_on_gpus_with_staged_sync(tmp_path):
     """rollout.backend = "torch" with trainers on GPU: its instances get GPUs like vLLM's and
     start with device "cuda"; weights go the staged way (no vLLM weight-transfer engine).
     With trainers on CPU the torch engine stays on CPU, as before."""
-    from flexmarl.launch.placement import _Workers
+    from flexmarl.launch.workers import Workers
 
     team, four = _team(), [Host("local", (0, 1, 2, 3))]
     config = _config("rollout.backend=torch", "trainer.device=cuda")
-    gpus = _plan_gpus(config, team, [1, 1], four)
-    assert (gpus.rollout, gpus.transfer, len(gpus.plan.seats)) == (True, "stage", 4)
-    workers = _Workers(object(), _settings(config), {a.name: "/m" for a in team.agents},
+    gpus = _place_gpus(config, team, [1, 1], four)
+    assert (gpus.rollout, gpus.transfer, len(gpus.devices.seats)) == (True, "stage", 4)
+    workers = Workers(object(), _settings(config), {a.name: "/m" for a in team.agents},
                        str(tmp_path), [1, 1], gpus)
     spec = workers.rollout(team.agents[0].name)
     assert spec.args["device"] == "cuda" and spec.env["CUDA_VISIBLE_DEVICES"]
     assert spec.args["weight_transfer"] == "stage"
     assert workers.trainer_slot(0)[0].args["keep_parked_memory"] is False  # GPUs of its own
-    cpu = _plan_gpus(_config("rollout.backend=torch"), team, [1, 1], four)
-    assert cpu.plan is None and not cpu.rollout
+    cpu = _place_gpus(_config("rollout.backend=torch"), team, [1, 1], four)
+    assert cpu.devices is None and not cpu.rollout
 
 
 def test_nccl_weight_sync_with_colocated_workers_is_refused():
     """NCCL refuses two ranks of one group on one GPU, and with devices.colocate the planner
     seats an instance on its trainer's GPU (on a one-GPU machine always): refused at start."""
-    from flexmarl.weights.direct import resolve_transfer
+    from flexmarl.placement.layout import resolve_transfer
 
     with pytest.raises(ConfigError, match='"nccl" cannot be used with devices.colocate = true'):
         resolve_transfer("nccl", vllm_on_gpu=True, trainer_on_gpu=True, colocate=True)
     with pytest.raises(ConfigError, match="devices.colocate"):
-        _plan_gpus(_config("trainer.device=cuda", "devices.colocate=true",
+        _place_gpus(_config("trainer.device=cuda", "devices.colocate=true",
                            "rollout.weight_transfer=nccl", "rollout.gpu_memory_utilization=0.2",
                            "devices.trainer_memory_fraction=0.2"), _team(), [1, 1],
                    [Host("local", (0,))])
@@ -330,25 +330,25 @@ def test_colocated_shares_leave_the_reserve_free_on_every_gpu():
     pair = [Ask("trainer-0-0", "trainer", group="trainer-0", memory=0.5),
             Ask("rollout-0", "rollout", label="a", memory=0.5, near="trainer-0")]
     with pytest.raises(PlacementError, match=r"may add up to 0.9, devices.reserve_fraction = 0.1"):
-        plan_devices([Host("local", (0,))], pair, colocate=True, reserve=0.1)
-    assert len(plan_devices([Host("local", (0,))], pair, colocate=True).seats) == 2  # reserve 0
+        place_devices([Host("local", (0,))], pair, colocate=True, reserve=0.1)
+    assert len(place_devices([Host("local", (0,))], pair, colocate=True).seats) == 2  # reserve 0
     # The defaults (0.85 + 0.4) never fit one GPU: one error naming both shares.
     with pytest.raises(PlacementError, match=r"rollout.gpu_memory_utilization, "
                                              r"devices.trainer_memory_fraction"):
-        _plan_gpus(_config("trainer.device=cuda", "devices.colocate=true"), _team(), [1, 1],
+        _place_gpus(_config("trainer.device=cuda", "devices.colocate=true"), _team(), [1, 1],
                    [Host("local", (0,))])
-    one = _plan_gpus(_config("trainer.device=cuda", "devices.colocate=true",
+    one = _place_gpus(_config("trainer.device=cuda", "devices.colocate=true",
                              "rollout.gpu_memory_utilization=0.25",
                              "devices.trainer_memory_fraction=0.2"), _team(), [1, 1],
                      [Host("local", (0,))])
-    assert one.transfer == "ipc" and one.plan.reserve == 0.1
+    assert one.transfer == "ipc" and one.devices.reserve == 0.1
     # Its trainer ranks keep parked memory cached (flexmarl.training.parking.park): the engine
     # on their GPU sized itself at start, and memory handed back while an engine (re)starts
     # there trips vLLM's memory profiling.
-    from flexmarl.launch.placement import _Workers
+    from flexmarl.launch.workers import Workers
     config = _config("trainer.device=cuda", "devices.colocate=true",
                      "rollout.gpu_memory_utilization=0.25", "devices.trainer_memory_fraction=0.2")
-    workers = _Workers(object(), _settings(config), {a.name: "/m" for a in _team().agents},
+    workers = Workers(object(), _settings(config), {a.name: "/m" for a in _team().agents},
                        "/tmp", [1, 1], one)
     args = workers.trainer_slot(0)[0].args
     assert args["keep_parked_memory"] is True and args["memory_fraction"] == 0.2
@@ -358,13 +358,13 @@ def test_colocated_shares_leave_the_reserve_free_on_every_gpu():
 
 
 def test_each_worker_starts_with_its_gpus_its_node_and_the_trainer_config(tmp_path):
-    from flexmarl.launch.placement import _Workers
+    from flexmarl.launch.workers import Workers
 
     config = _config("trainer.device=cuda", "trainer.lr=3e-5", "rollout.tensor_parallel_size=2")
     team = _team()
     hosts = [Host("local", tuple(range(6)))]
-    gpus = _plan_gpus(config, team, [1, 1], hosts)
-    workers = _Workers(object(), _settings(config), {a.name: "/m" for a in team.agents},
+    gpus = _place_gpus(config, team, [1, 1], hosts)
+    workers = Workers(object(), _settings(config), {a.name: "/m" for a in team.agents},
                        str(tmp_path), [1, 1], gpus)
     first = workers.rollout(team.agents[0].name)
     assert first.name == "rollout-0" and first.node == ""  # local workers: no node
@@ -376,7 +376,7 @@ def test_each_worker_starts_with_its_gpus_its_node_and_the_trainer_config(tmp_pa
     # Replacements take the dead workers' GPUs; a new instance finds none left.
     second = workers.rollout(team.agents[1].name)
     again = workers.rollout(team.agents[1].name, replaces=second.name)
-    assert again.env == second.env and second.name not in gpus.plan.seats
+    assert again.env == second.env and second.name not in gpus.devices.seats
     assert workers.trainer_slot(1, generation=1)[0].env == {"CUDA_VISIBLE_DEVICES": "5"}
     from runtime.errors import WorkerStartError
     with pytest.raises(WorkerStartError, match=r"no free GPU for rollout-3 \(solver; 2 on one host\)"):
@@ -417,8 +417,8 @@ async def test_a_trainer_slot_starts_with_the_runs_trainer_config_and_its_gpus(
     can only say if the config and the seat got there."""
     import dataclasses
 
-    from flexmarl.launch.layout import GpuPlan
-    from flexmarl.launch.placement import _Workers
+    from flexmarl.placement.layout import GpuPlacement
+    from flexmarl.launch.workers import Workers
     from flexmarl.protocol import SwapIn
     from runtime.errors import RemoteError
     from runtime.supervisor import Supervisor
@@ -428,12 +428,12 @@ async def test_a_trainer_slot_starts_with_the_runs_trainer_config_and_its_gpus(
     # machine's) would map them (runtime.supervisor.visible_devices).
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     team = _team()
-    seats = plan_devices([Host("local", (0, 63))], slot(0, 1) + slot(1, 1))
+    seats = place_devices([Host("local", (0, 63))], slot(0, 1) + slot(1, 1))
     assert [seats.seats[f"trainer-{k}-0"].devices for k in (0, 1)] == [(0,), (63,)]
-    cpu = _Workers(object(), _settings(_config()), {}, str(tmp_path), [1, 1],
-                   GpuPlan(seats, "stage", False, True))
-    cuda = _Workers(object(), _settings(_config("trainer.device=cuda")), {}, str(tmp_path),
-                    [1, 1], GpuPlan(seats, "stage", False, True))
+    cpu = Workers(object(), _settings(_config()), {}, str(tmp_path), [1, 1],
+                   GpuPlacement(seats, "stage", False, True))
+    cuda = Workers(object(), _settings(_config("trainer.device=cuda")), {}, str(tmp_path),
+                    [1, 1], GpuPlacement(seats, "stage", False, True))
     specs = [cpu.trainer_slot(0)[0], cuda.trainer_slot(1)[0]]
     agent = team.agents[0].name
     sup = Supervisor()
@@ -464,7 +464,7 @@ def test_the_monitor_shows_each_workers_gpus():
     """The dashboard's instance and slot tables get "HOST:GPUS" from the pool's placement."""
     from flexmarl.observe.monitor import _gpus
 
-    plan = plan_devices([Host("local", (0, 1, 2, 3))],
+    plan = place_devices([Host("local", (0, 1, 2, 3))],
                         instances("a", 1, tp=2) + slot(0, 2))
     shown = _gpus(plan.rows())
     assert shown == {"rollout-0": "local:2,3", "trainer-0-0": "local:0", "trainer-0-1": "local:1"}
@@ -473,9 +473,9 @@ def test_the_monitor_shows_each_workers_gpus():
 def test_workers_of_a_lost_node_are_placed_again_on_the_nodes_left(tmp_path):
     """A node's GPUs go with it: the replacement of an instance that ran there is seated on
     another node's free GPUs (and started on that node), not on the lost one."""
-    from flexmarl.launch.layout import hosts
-    from flexmarl.launch.lora_units import LoraUnits
-    from flexmarl.launch.placement import _Workers
+    from flexmarl.launch.workers import hosts
+    from flexmarl.placement.lora_units import LoraUnits
+    from flexmarl.launch.workers import Workers
     from runtime.protocol import NodeHello
     from runtime.registry import NodeInfo, NodeRegistry
 
@@ -486,37 +486,37 @@ def test_workers_of_a_lost_node_are_placed_again_on_the_nodes_left(tmp_path):
                                         conn=None, joined_at=0.0)
     config = _config("trainer.device=cuda", "cluster.listen=tcp://127.0.0.1:0")
     team = _team()
-    gpus = _plan_gpus(config, team, [1, 1], hosts(config.devices.gpus, registry))
-    workers = _Workers.__new__(_Workers)  # no TCPStore: only the placement is exercised
+    gpus = _place_gpus(config, team, [1, 1], hosts(config.devices.gpus, registry))
+    workers = Workers.__new__(Workers)  # no TCPStore: only the placement is exercised
     workers.sup, workers.settings, workers.gpus = registry, _settings(config), gpus
     workers.model_dirs = {a.name: "/m" for a in team.agents}
     workers.rollout_cpus, workers.rollout_env, workers.time_shared = (), {}, frozenset()
     workers.units = LoraUnits()  # no LoRA agents
     import itertools
     workers._instances = itertools.count(2)
-    on_r1 = next(w for w, s in gpus.plan.seats.items() if s.host == "r1")
+    on_r1 = next(w for w, s in gpus.devices.seats.items() if s.host == "r1")
     registry.nodes["r1"].alive = False
     again = workers.rollout(team.agents[0].name, replaces=on_r1)
     assert again.node == "r2"
-    on_r2 = [s.devices for s in gpus.plan.seats.values() if s.host == "r2"]
+    on_r2 = [s.devices for s in gpus.devices.seats.values() if s.host == "r2"]
     assert sorted(on_r2) == [(0,), (1,)]  # beside the instance already there, not on it
-    assert "r1" not in {h.name for h in gpus.plan.hosts} and on_r1 not in gpus.plan.seats
+    assert "r1" not in {h.name for h in gpus.devices.hosts} and on_r1 not in gpus.devices.seats
 
 
 def test_time_shared_instances_sit_on_their_group_s_slot_and_take_no_gpu_of_their_own():
     """devices.placement time_shared: each agent's slot comes after the shared ones, pinned to
     it, and its instances run on that slot's GPUs (engines asleep while it trains)."""
-    from flexmarl.launch.layout import slot_layout
+    from flexmarl.placement.layout import slot_layout
     config = _config("trainer.device=cuda", "devices.placement=solver=time_shared")
     team = _team()
     layout = slot_layout(team, config.trainer_pool, config.devices)
     assert layout.sizes == [1, 1] and layout.pinned == {"solver": "trainer-1"}
-    gpus = _plan_gpus(config, team, layout.sizes, [Host("local", (0, 1, 2))])
-    seats = gpus.plan.seats
+    gpus = _place_gpus(config, team, layout.sizes, [Host("local", (0, 1, 2))])
+    seats = gpus.devices.seats
     [solver] = [s for s in seats.values() if s.role == "rollout" and s.label == "solver"]
     assert solver.devices == seats["trainer-1-0"].devices and solver.inside == "trainer-1"
     assert gpus.transfer == "stage"  # the trainer is parked while the engines take weights
-    assert "(time-shared with trainer-1)" in gpus.plan.table()
+    assert "(time-shared with trainer-1)" in gpus.devices.table()
     grouped = _config("trainer.device=cuda", "devices.placement=solver+checker=time_shared")
     layout = slot_layout(team, grouped.trainer_pool, grouped.devices)
     assert layout.sizes == [1] and set(layout.pinned.values()) == {"trainer-0"}
@@ -529,12 +529,12 @@ def test_time_shared_instances_sit_on_their_group_s_slot_and_take_no_gpu_of_thei
       "rollout.weight_transfer=nccl"), 'use "stage"'),
     (("devices.placement=nobody=time_shared",), "the team has")])
 def test_time_shared_placements_that_cannot_run_are_refused_with_the_way_out(sets, match):
-    from flexmarl.launch.layout import slot_layout
+    from flexmarl.placement.layout import slot_layout
     config = _config(*sets)
     team = _team()
     gpu = [Host("local", (0, 1))] if "rollout.backend=vllm" not in sets else [Host("local", ())]
     with pytest.raises(ConfigError, match=match):
-        _plan_gpus(config, team, slot_layout(team, config.trainer_pool, config.devices).sizes
+        _place_gpus(config, team, slot_layout(team, config.trainer_pool, config.devices).sizes
                    if "nobody" not in sets[0] else [1, 1], gpu)
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from flexmarl.launch.devices import Host
-from flexmarl.launch.layout import _slot_sizes, plan_gpus
+from flexmarl.placement.devices import Host
+from flexmarl.placement.layout import _slot_sizes, place_gpus
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "gpu_check.py"
 
@@ -40,12 +40,12 @@ def test_the_check_places_the_default_team_on_the_gpus_there_are(gpu_check, tmp_
     assert (config.pipeline.mode, config.trainer.device, config.rollout.backend) == (
         "micro_batch", "cuda", "vllm")
     needs = {a.name: 1 for a in team.agents}
-    placed = plan_gpus(team, _slot_sizes(config.trainer_pool, needs),
+    placed = place_gpus(team, _slot_sizes(config.trainer_pool, needs),
                        [Host("local", tuple(range(gpus)))], rollout=config.rollout,
                        trainer_device=config.trainer.device, devices=config.devices,
                        trainer_pool=config.trainer_pool)
-    assert placed.transfer == transfer and len(placed.plan.seats) == 4
-    devices = [s.devices for s in placed.plan.seats.values()]
+    assert placed.transfer == transfer and len(placed.devices.seats) == 4
+    devices = [s.devices for s in placed.devices.seats.values()]
     assert (len(set(devices)) < 4) == shared
 
 

@@ -17,8 +17,8 @@ PACKAGES = ("runtime", "flexmarl")
 LAYERS = {  # folder (or "leaves": flexmarl's top-level modules) -> rank; higher imports lower
     # (two folders of one rank are peers: neither imports the other)
     "runtime": 0, "protocol": 0.5, "leaves": 1, "config": 1.1, "models": 1.2, "rewards": 1.5,
-    "sampling": 1.5, "weights": 1.5, "training": 2, "rollout": 2, "orchestrator": 4,
-    "observe": 6, "sim": 6, "gateway": 7, "launch": 8}
+    "sampling": 1.5, "weights": 1.5, "placement": 1.6, "training": 2, "rollout": 2,
+    "orchestrator": 4, "observe": 6, "sim": 6, "gateway": 7, "launch": 8}
 # config is the ground floor: every section's class, importing only flexmarl.checks and
 # runtime.config, so that any part can take its section without pulling the others in.
 # What both engines share lives in these leaf folders, not in either side.
@@ -138,7 +138,8 @@ def test_rollout_and_training_are_peers(side, other):
     wrong = [f"{m} imports {t}" for m, targets in GRAPH.items() if _layer(m) == side
              for t in sorted(targets) if _layer(t) == other]
     assert wrong == [], "\n".join(wrong)
-    allowed = {"runtime", "protocol", "leaves", "config", *SHARED_LEAVES, side}
+    # placement: the time-share arbiter both pools are handed (a leaf of pure asyncio).
+    allowed = {"runtime", "protocol", "leaves", "config", "placement", *SHARED_LEAVES, side}
     outside = [f"{m} imports {t}" for m, targets in GRAPH.items() if _layer(m) == side
                for t in sorted(targets) if _layer(t) not in allowed]
     assert outside == [], "\n".join(outside)
@@ -167,6 +168,18 @@ def test_importing_the_config_loads_no_engine():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, check=True).stdout.strip()
     assert out == "", out
+
+
+def test_placement_is_a_leaf():
+    """flexmarl.placement decides where things run and starts nothing: it imports the config,
+    flexmarl.checks, flexmarl.team, flexmarl.clock and the compatibility aliases, no process,
+    pool, engine or weight code (and runtime/ not at all)."""
+    allowed = {"config", "placement"}
+    allowed_leaves = {"flexmarl.checks", "flexmarl.team", "flexmarl.clock", "flexmarl._compat",
+                      "flexmarl"}
+    wrong = [f"{m} imports {t}" for m, targets in GRAPH.items() if _layer(m) == "placement"
+             for t in sorted(targets) if _layer(t) not in allowed and t not in allowed_leaves]
+    assert wrong == [], "\n".join(wrong)
 
 
 def test_every_folder_is_a_known_layer():

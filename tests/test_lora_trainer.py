@@ -38,7 +38,7 @@ from flexmarl.protocol import TrainMicroBatch
 from flexmarl.training import sharded_state
 from flexmarl.training.adapter import inner
 from flexmarl.training.grpo import token_logprobs
-from flexmarl.training.parking import (fill, local_tensors, park, prepare_pull, pull_plan,
+from flexmarl.training.parking import (fill, local_tensors, park, prepare_pull, pull_pieces,
                                        set_rng, sharded_here, slices, unpark)
 from flexmarl.training.trainer import GRPOTrainer, export_state, load_state
 from tests.helpers.lora import (LORA, SPEC, TARGETS, checkpoint_name, lora_trainer, rows,
@@ -293,7 +293,7 @@ def test_compiled_lora_blocks_give_the_same_gradient(model_dir, batches):
 def test_a_parked_lora_trainer_comes_back_and_pulls_bit_for_bit(model_dir, batches):
     """The swap path (parking: SwapOut / SwapIn) with a LoRA trainer moves its adapter state
     alone (tests/test_lora_swap.py: the base stays in the slot): park and unpark in place, and
-    a trainer on the same base filled by pull_plan's slices, both bit-equal; both then train
+    a trainer on the same base filled by pull_pieces's slices, both bit-equal; both then train
     like a trainer that never left."""
     trainer = lora_trainer(model_dir)
     step_batch(trainer, batches[0])
@@ -309,7 +309,7 @@ def test_a_parked_lora_trainer_comes_back_and_pulls_bit_for_bit(model_dir, batch
     host = park(back)
     on_base = GRPOTrainer(model_dir, TrainerConfig(**LORA), base=back)
     tensors = prepare_pull(on_base, host.layout, host.meta)
-    [pieces] = pull_plan(host.layout, sharded_here(on_base), 1, 1, 0).values()
+    [pieces] = pull_pieces(host.layout, sharded_here(on_base), 1, 1, 0).values()
     fill(tensors, pieces, slices(host, pieces))
     set_rng(on_base, host.rng)
     now = local_tensors(on_base)
@@ -402,7 +402,7 @@ def _lora_rank(rank: int, world_size: int, model_dir: str, work: str) -> None:
         host = park(back)
         on_base = GRPOTrainer(model_dir, TrainerConfig(**LORA), base=back)
         to_fill = prepare_pull(on_base, host.layout, host.meta)
-        plan = pull_plan(host.layout, sharded_here(on_base), world_size, world_size, rank)
+        plan = pull_pieces(host.layout, sharded_here(on_base), world_size, world_size, rank)
         assert list(plan) == [rank]  # the same sharding: each rank's own rows
         fill(to_fill, plan[rank], slices(host, plan[rank]))
         set_rng(on_base, host.rng)

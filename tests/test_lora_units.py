@@ -9,7 +9,7 @@ import pytest
 from flexmarl import AgentSpec, LoraSpec, Team
 from flexmarl.checks import ConfigError
 from flexmarl.config.rollout import RolloutConfig
-from flexmarl.launch.lora_units import lora_units
+from flexmarl.placement.lora_units import lora_units
 from flexmarl.models import build_model_dir, chat_prompt, load_tokenizer
 from flexmarl.protocol import Generate, SamplingParams, WeightUpdate
 from flexmarl.rollout.engine import EngineConfig

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from flexmarl.config.training import TrainerConfig
 from flexmarl.training.parking import (HostPool, chunk_rows, fill, local_tensors, park,
-                                       prepare_pull, pull_plan, set_rng, sharded_here, slices,
+                                       prepare_pull, pull_pieces, set_rng, sharded_here, slices,
                                        unpark)
 from flexmarl.training.trainer import GRPOTrainer, export_state, load_state
 from tests.helpers.trainers import (CONFIG, _weights_and_moments, batches,  # noqa: F401
@@ -70,7 +70,7 @@ def test_a_parked_trainer_holds_no_device_memory_and_comes_back_bit_for_bit(mode
     """The swap path in one process: park() copies every storage (parameters, buffers, the KL
     reference, AdamW state) to host buffers and frees the device's (here: the CPU's own
     storages, resized to 0 bytes); unpark() copies them back in place. A trainer built empty
-    (no weight file read) and filled from the parked copy by pull_plan's slices equals it too.
+    (no weight file read) and filled from the parked copy by pull_pieces's slices equals it too.
     Both then train exactly like a trainer that never left."""
     config = TrainerConfig(**{**CONFIG, "kl_coef": kl_coef})
     trainer = GRPOTrainer(model_dir, config)
@@ -83,7 +83,7 @@ def test_a_parked_trainer_holds_no_device_memory_and_comes_back_bit_for_bit(mode
 
     empty = GRPOTrainer(model_dir, config, empty=True)
     tensors = prepare_pull(empty, host.layout, host.meta)
-    [pieces] = pull_plan(host.layout, sharded_here(empty), 1, 1, 0).values()
+    [pieces] = pull_pieces(host.layout, sharded_here(empty), 1, 1, 0).values()
     fill(tensors, pieces, slices(host, pieces))
     set_rng(empty, host.rng)
     back = unpark(host)
@@ -195,7 +195,7 @@ def test_pull_plans_cover_each_rank_s_rows_exactly_once(rows, src_world, world_s
     rows (FSDP2's torch.chunk shards) exactly, and each lies within its source rank's shard."""
     layout = {"t": [[rows, 3], "float32", src_sharded, False], "s": [[], "float32", False, False]}
     for rank in range(world_size):
-        plan = pull_plan(layout, {"t": sharded, "s": False}, src_world, world_size, rank)
+        plan = pull_pieces(layout, {"t": sharded, "s": False}, src_world, world_size, rank)
         lo, hi = chunk_rows(rows, world_size, rank) if sharded else (0, rows)
         covered = []
         for w, pieces in plan.items():

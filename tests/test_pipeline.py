@@ -103,15 +103,18 @@ class RecordingTrainer:
     def __init__(self, version: int) -> None:
         self.version = version
         self.requests: list = []
+        self.rows = 0
 
     async def request(self, msg, timeout_s=None):
         self.requests.append(msg)
         if isinstance(msg, TrainMicroBatch):
             n = int(msg.response_mask.sum())
+            self.rows += int(msg.input_ids.shape[0])
             return TrainStats(loss=float(n), num_tokens=n)
         if isinstance(msg, TrainStep):
             self.version += 1
-            return TrainStepDone(version=self.version, grad_norm=1.0, step_s=0.0)
+            rows, self.rows = self.rows, 0
+            return TrainStepDone(version=self.version, grad_norm=1.0, step_s=0.0, samples=rows)
         return None
 
 

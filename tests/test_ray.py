@@ -41,8 +41,8 @@ from safetensors.torch import load_file
 
 from flexmarl.checks import ConfigError
 from flexmarl.config.load import load_config
-from flexmarl.launch.devices import Ask, Host, plan_devices
-from flexmarl.launch.placement import check_ray, check_ray_gpus
+from flexmarl.placement.devices import Ask, Host, place_devices
+from flexmarl.launch.workers import check_ray, check_ray_gpus
 from flexmarl.launch.run import train
 from flexmarl.observe.rundir import RunDir
 from runtime.ray_cluster import bundle_of, placement_groups, role_resources
@@ -122,12 +122,12 @@ def test_gpu_sharing_ray_cannot_seat_is_refused():
     class FakeRay:
         shares_gpus = False  # as runtime.ray_cluster.RayLauncher
 
-    shared = plan_devices([Host("n1", (0,))], [Ask("trainer-0-0", "trainer", memory=0.4),
+    shared = place_devices([Host("n1", (0,))], [Ask("trainer-0-0", "trainer", memory=0.4),
                                                Ask("rollout-0", "rollout", memory=0.5)],
                           colocate=True)
     with pytest.raises(ConfigError, match="devices.colocate"):
         check_ray_gpus(FakeRay(), shared)
-    apart = plan_devices([Host("n1", (0, 1))], [Ask("trainer-0-0", "trainer"),
+    apart = place_devices([Host("n1", (0, 1))], [Ask("trainer-0-0", "trainer"),
                                                 Ask("rollout-0", "rollout")])
     check_ray_gpus(FakeRay(), apart)  # GPUs of their own: fine
     from runtime.ray_cluster import RayLauncher

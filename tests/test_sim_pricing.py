@@ -4,7 +4,7 @@ The cost files load and every number carries its source; the GPU-measured defaul
 CPU-calibrated profile differ only in the swap path's efficiencies; a host transfer is priced
 per device with the node's host memory as the cap; mode switches pay both ways; MARTI's
 experience pass adds time in proportion to the step's samples; time-shared groups run the
-product's own arbiter (flexmarl.orchestrator.timeshare).
+product's own arbiter (flexmarl.placement.timeshare).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The time-share arbiter (flexmarl.orchestrator.timeshare): pure asyncio, no processes.
+"""The time-share arbiter (flexmarl.placement.timeshare): pure asyncio, no processes.
 
 One group of devices alternates between its engines (ROLLOUT) and one agent's trainer at a time;
 these tests drive it with fake uses and a recording switch and check who runs when."""
@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from flexmarl.config.sections import parse_placement
-from flexmarl.orchestrator.timeshare import (
+from flexmarl.placement.timeshare import (
     ROLLOUT,
     TimeShare,
     TimeShares,

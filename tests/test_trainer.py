@@ -11,7 +11,7 @@ a few lr * 1e-3 (observed 4e-7 .. 1.1e-6 at lr 1e-3, mostly in k_proj) and WEIGH
 A state exported and loaded into a fresh trainer (export_state / load_state: snapshots and
 checkpoints) is compared bit for bit, in one process and per FSDP shard; so is a state parked
 and brought back (park / unpark, what a slot's SwapOut and SwapIn do) and one pulled slice by
-slice into a trainer built empty (pull_plan, what a SwapIn from another slot does).
+slice into a trainer built empty (pull_pieces, what a SwapIn from another slot does).
 """
 from __future__ import annotations
 

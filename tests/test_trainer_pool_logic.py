@@ -195,7 +195,7 @@ async def test_a_hung_slot_is_killed_replaced_and_its_agent_restored_from_its_sn
     assert respawned == [("s0", ["s0-w0"])] and pool.workers == {"s0-w1": "s0"}
     assert log == [("in", "a", False), ("in", "a", True)]  # fresh, then the snapshot
     assert [r["slot"] for r in pool.replacements] == ["s0"] and pool.deaths == 1
-    assert pool.worker_died("s0-w0", "exited") is False  # the old process: already handled
+    assert pool.recovery.worker_died("s0-w0", "exited") is False  # the old process: already handled
     await pool.close()
 
 
@@ -228,7 +228,7 @@ async def test_a_parked_agent_whose_slot_dies_restarts_from_its_snapshot():
         async with pool.bind(agent):
             await (await pool.save(agent, 0))
     assert pool.where("a") == ("parked", "s0") and pool.where("b") == ("loaded", "s0")
-    assert pool.worker_died("s0-w0", "exited with -9")
+    assert pool.recovery.worker_died("s0-w0", "exited with -9")
     assert pool.where("a") is None and pool.where("b") is None
     assert all(isinstance(pool.states[a], StateSaved) for a in "ab")  # their snapshots
     async with pool.bind("a"):
@@ -284,6 +284,6 @@ async def test_a_collective_failing_on_a_dead_peer_waits_for_the_death_notice():
         with pytest.raises(RemoteError, match="bad batch"):
             await conn.request(TrainStep())
         slot.reset = True
-        asyncio.get_running_loop().call_later(0.2, pool.slot_died, "s0", "trainer-0-1 died")
+        asyncio.get_running_loop().call_later(0.2, pool.recovery.slot_died, "s0", "trainer-0-1 died")
         with pytest.raises(PeerDied, match="trainer-0-1 died"):
             await conn.request(TrainStep())

@@ -19,11 +19,12 @@ from flexmarl.models import chat_prompt, load_model, load_tokenizer
 from flexmarl.protocol import Generate, SamplingParams, WeightTransfer, WeightUpdate, WeightUpdateDone
 from flexmarl.rollout.engine import EngineConfig
 from flexmarl.rollout.pool import InstancePool
+from flexmarl.weights.sync import WeightSync
 from flexmarl.rollout.torch_engine import TorchEngine
 from flexmarl.weights import direct
+from flexmarl.placement.layout import resolve_transfer
 from flexmarl.weights.direct import (DirectTransport, FanOut, Sender, TransferAborted,
-                                     _init_info, cast_source, packed_buffer_bytes, rank_offsets,
-                                     resolve_transfer)
+                                     _init_info, cast_source, packed_buffer_bytes, rank_offsets)
 from flexmarl.rollout.vllm_engine import engine_args
 from flexmarl.rollout.worker import RolloutWorker
 from runtime.config import TransportConfig
@@ -180,8 +181,10 @@ async def test_a_direct_sync_and_a_joining_instance_loads_from_the_trainer(
     direct = FakeDirect(tensors)
     async with workers[0].serving(), workers[1].serving():
         conns = {w.name: connect(w.address) for w in workers}
+        weights = WeightSync(["a"], None, {"a": tiny_model_dir},
+                             timeout_s=RolloutConfig().request_timeout_s, transport=direct)
         pool = InstancePool(conns, {"a": ["r0", "r1"]}, {"a": tiny_model_dir}, RolloutConfig(),
-                            BalancerConfig(), transport=direct)
+                            BalancerConfig(), weights=weights)
         assert not pool.weights.exports  # the loop exports nothing: the trainer sends
         report = await pool.weights.sync("a", 1, None)
         assert direct.sent == [("a", 1, tuple(c.address for c in conns.values()))]
@@ -509,7 +512,7 @@ async def test_a_run_synced_by_its_trainers_ends_like_a_staged_run(tiny_model_di
     final weights, bit for bit, and every step's version reached the instances."""
     from safetensors.torch import load_file
 
-    import flexmarl.launch.placement as placement
+    import flexmarl.launch.compose as compose
     from flexmarl.config.load import load_config
     from flexmarl.launch.run import train
     from flexmarl.observe.rundir import RunDir
@@ -526,8 +529,8 @@ async def test_a_run_synced_by_its_trainers_ends_like_a_staged_run(tiny_model_di
     for name in ("staged", "direct"):
         if name == "direct":
             StagedDirect.sends = []
-            monkeypatch.setattr(placement, "DIRECT", ("stage",))
-            monkeypatch.setattr(placement, "DirectTransport", StagedDirect)
+            monkeypatch.setattr(compose, "DIRECT", ("stage",))
+            monkeypatch.setattr(compose, "DirectTransport", StagedDirect)
         config = cfg(name)
         results[name] = await asyncio.wait_for(
             train(duo(tiny_model_dir), config, run_dir=RunDir.create(config), progress=False),

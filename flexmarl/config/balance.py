@@ -25,7 +25,7 @@ class BalancerConfig:
     min_load_tokens: float = 64.0
     """Inter-agent: ignore imbalance while the hot agent's load per instance is below this."""
     patience: int = 3
-    """Inter-agent: consecutive plan_move() checks the imbalance must hold (hysteresis)."""
+    """Inter-agent: consecutive choose_move() checks the imbalance must hold (hysteresis)."""
     cooldown_s: float = 10.0
     """Inter-agent: no new move this long after the last one finished."""
     min_instances: int = 1
@@ -33,7 +33,7 @@ class BalancerConfig:
     length_smoothing: float = 0.2
     """Weight of each finished request in the per-agent expected response length (EWMA)."""
     check_interval_s: float = 1.0
-    """Inter-agent: how often the caller runs plan_move() (the orchestrator, the simulator)."""
+    """Inter-agent: how often the caller runs choose_move() (the orchestrator, the simulator)."""
     demand_window_s: float = 10.0
     """Inter-agent: loads are averaged over about this long (exponentially) before comparing
     agents, so the phases of a step (one agent's turn, then the other's) do not look like

@@ -13,6 +13,8 @@ from flexmarl.checks import parse_cpus, require
 BACKENDS = ("vllm", "torch")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 TRANSFERS = ("auto", "stage", "nccl", "ipc")
+DIRECT = ("nccl", "ipc")
+"""The weight transfers sent from the trainer ranks straight to the engines (flexmarl.weights.direct)."""
 @dataclass(kw_only=True, frozen=True)
 class RolloutConfig:
     """Rollout instances of every agent (section `rollout`)."""
@@ -32,7 +34,7 @@ class RolloutConfig:
     """Weights and activations of the engine: "auto" is float32 on CPU (log-probabilities
     comparable with the trainer's) and bfloat16 on GPU; or float32, bfloat16, float16."""
     tensor_parallel_size: int = 1
-    """vLLM on GPU: GPUs of one instance (on one host; see flexmarl/launch/devices.py)."""
+    """vLLM on GPU: GPUs of one instance (on one host; see flexmarl/placement/devices.py)."""
     gpu_memory_utilization: float = 0.85
     """vLLM on GPU: fraction of each of its GPUs' memory the engine takes (weights,
     activations, KV cache). With devices.colocate the trainer rank on the same GPU gets the
@@ -54,7 +56,7 @@ class RolloutConfig:
     generation on a loaded CPU machine."""
     cpus: str = "auto"
     """CPU cores of every rollout process, as "0", "0,2" or "0-3" (threads sized to match);
-    "auto": half the cores when trainers run on CPU (see `role_cpus`); "": no pinning."""
+    "auto": half the cores when trainers run on CPU (flexmarl.placement.cores.role_cpus); "": no pinning."""
     max_num_seqs: int = 64
     """Most sequences an instance decodes together (vLLM's max_num_seqs; the torch engine's
     batch rows, though a request's own n samples always run together). 1 makes the torch

@@ -281,7 +281,7 @@ class PlanConfig:
 
 @dataclass(kw_only=True, frozen=True)
 class DevicesConfig:
-    """GPUs of the run (section `devices`); see flexmarl/launch/devices.py."""
+    """GPUs of the run (section `devices`); see flexmarl/placement/devices.py."""
 
     gpus: str = "auto"
     """This machine's GPUs the run may use: "auto" (every visible one), "none" (no GPU:
@@ -306,7 +306,7 @@ class DevicesConfig:
     alternate: the engines sleep while the agent trains (vLLM's sleep mode on GPU; the torch
     engine offloads its weights), the trainer is parked while they generate. Per agent:
     "solver=time_shared,checker=disaggregated"; agents joined by + share one group of devices
-    and one slot: "solver+checker=time_shared" (flexmarl.orchestrator.timeshare)."""
+    and one slot: "solver+checker=time_shared" (flexmarl.placement.timeshare)."""
 
     def __post_init__(self) -> None:
         parse_gpus(self.gpus)

@@ -178,10 +178,10 @@ class TrainerPoolConfig:
     /dev/shm when every rank is on this machine): a dead trainer slot is replaced and its
     agent's batch re-accumulated from it (off: the run stops)."""
     nice: int | str = "auto"
-    """Trainer processes' niceness (0..19); "auto": flexmarl.launch.placement.trainer_nice."""
+    """Trainer processes' niceness (0..19); "auto": flexmarl.placement.cores.trainer_nice."""
     serial: bool | str = "auto"
     """Trainer requests one at a time, urgent agents first (flexmarl.orchestrator.lane);
-    "auto": flexmarl.launch.placement.serial_trainers."""
+    "auto": flexmarl.placement.cores.serial_trainers."""
 
     def __post_init__(self) -> None:
         require(self.ranks_per_agent >= 1, "trainer_pool.ranks_per_agent", self.ranks_per_agent,

@@ -8,7 +8,7 @@
                          ├─ [cluster] [supervisor] [transport] ─► launcher (Supervisor or
                          │    NodeRegistry)
                          ├─ [rollout] [trainer] [trainer_pool] [devices] [transport] + resolved
-                         │    cores and niceness ─► WorkerSettings (flexmarl.launch.placement)
+                         │    cores and niceness ─► WorkerSettings (flexmarl.launch.workers)
                          ├─ [trainer] [pipeline] run.seed ─► each agent's TrainerConfig fields
                          └─ [pipeline] [balance] [cluster] [gateway] [observe] [eval] [run]
                               ─► RunSetup: what flexmarl.launch.run hands each part it builds
@@ -35,10 +35,10 @@ from flexmarl.launch.checkpoint import (STATE_DIR, StateCheckpoints, drop_record
                                         last_record_step, resume_point)
 from flexmarl.launch.evaluation import check_eval
 from flexmarl.launch.model_dirs import resolve_model
-from flexmarl.launch.lora_units import lora_units
-from flexmarl.launch.placement import (WorkerSettings, check_backend, launcher, role_cpus,
-                                       serial_trainers, trainer_config, trainer_nice,
-                                       trainers_on_local_cpu)
+from flexmarl.launch.workers import WorkerSettings, check_backend, launcher, trainer_config
+from flexmarl.placement.cores import (role_cpus, serial_trainers, trainer_nice,
+                                      trainers_on_local_cpu)
+from flexmarl.placement.lora_units import lora_units
 from flexmarl.launch.task_files import team_with_task_file
 from flexmarl.console import phase
 from flexmarl.observe.rundir import RunDir

@@ -134,8 +134,8 @@ def _run(args: argparse.Namespace) -> int:
     from flexmarl.launch.summary import summary
     from flexmarl.console import phase
     from flexmarl.launch.build import resolve_backend
-    from flexmarl.launch.layout import check_devices
-    from flexmarl.launch.placement import check_backend, check_ray
+    from flexmarl.placement.layout import check_devices
+    from flexmarl.launch.workers import check_backend, check_ray
     from flexmarl.launch.evaluation import check_eval
     from flexmarl.launch.run import train
     from flexmarl.gateway.api import TOKEN_FILE as GATEWAY_TOKEN_FILE
@@ -424,7 +424,7 @@ def _log_to_file(path: Any, level: str) -> None:
 def _per_agent_settings(team_path: str, trainer: Any, pipeline: Any, seed: int) -> str:
     """TOML comments: per agent of the team at `team_path`, the trainer settings that differ
     from [trainer] (`trainer`), and why."""
-    from flexmarl.launch.placement import trainer_settings
+    from flexmarl.launch.workers import trainer_settings
     from flexmarl.team import load_team
 
     try:
@@ -448,9 +448,9 @@ def _per_agent_settings(team_path: str, trainer: Any, pipeline: Any, seed: int) 
 def _gpu_placement(team_path: str, cluster: Any, *, rollout: Any, trainer_device: str,
                    devices: Any, trainer_pool: Any) -> str:
     """TOML comments: which GPUs each worker of the team at `team_path` would get on this
-    machine (flexmarl.launch.devices; none are placed on nodes), the Ray placement groups it
+    machine (flexmarl.placement.devices; none are placed on nodes), the Ray placement groups it
     would ask for (cluster.launcher = "ray"), or why none."""
-    from flexmarl.launch.layout import _slot_sizes, hosts, plan_gpus
+    from flexmarl.placement.layout import _slot_sizes, local_hosts, place_gpus
     from flexmarl.team import load_team
 
     if cluster.engine == "nodes":
@@ -465,8 +465,8 @@ def _gpu_placement(team_path: str, cluster: Any, *, rollout: Any, trainer_device
         if cluster.engine == "ray":
             return _ray_groups(team, sizes, cluster, rollout=rollout,
                                trainer_device=trainer_device)
-        machine = hosts(devices.gpus, None)
-        gpus = plan_gpus(team, sizes, machine, rollout=rollout, trainer_device=trainer_device,
+        machine = local_hosts(devices.gpus)
+        gpus = place_gpus(team, sizes, machine, rollout=rollout, trainer_device=trainer_device,
                          devices=devices, trainer_pool=trainer_pool)
     except Exception as e:  # a placement that does not fit: the dry run says why
         return f"# GPU placement: {' '.join(str(e).split())}\n"
@@ -502,7 +502,7 @@ def _ray_groups(team: Any, sizes: list[int], cluster: Any, *, rollout: Any,
 
 def _placement_line(team: Any, trainer_pool: Any, devices: Any) -> str:
     """devices.placement as the run makes it: each agent's slot, time-shared or not."""
-    from flexmarl.launch.layout import slot_layout
+    from flexmarl.placement.layout import slot_layout
 
     layout = slot_layout(team, trainer_pool, devices)
     if not layout.groups:
@@ -514,12 +514,12 @@ def _placement_line(team: Any, trainer_pool: Any, devices: Any) -> str:
 
 
 def _gpu_table(gpus: Any, machine: Any, devices: Any, trainer_device: str) -> str:
-    if gpus.plan is None:
+    if gpus.devices is None:
         seen = len(machine[0].gpus)
         return (f"# GPU placement: none (GPUs used here: {seen}; devices.gpus = "
                 f"{devices.gpus!r}, trainer.device = {trainer_device!r}): every "
                 "worker runs on CPU\n")
-    lines = [f"GPU placement ({gpus.transfer} weight sync):", *gpus.plan.table().splitlines()]
+    lines = [f"GPU placement ({gpus.transfer} weight sync):", *gpus.devices.table().splitlines()]
     return "".join(f"# {line}\n" for line in lines)
 
 

@@ -22,7 +22,6 @@ import socket
 import sys
 from typing import Sequence
 
-from flexmarl.config.sections import ClusterConfig  # noqa: F401  (the section, beside its feature)
 
 log = logging.getLogger(__name__)
 

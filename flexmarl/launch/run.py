@@ -34,31 +34,21 @@ from typing import TYPE_CHECKING, Awaitable, Callable, Sequence
 from flexmarl.config.load import Config
 from flexmarl.config.pipeline import EvalConfig
 from flexmarl.config.sections import GatewayConfig, ObserveConfig
+from flexmarl.console import phase
 from flexmarl.gateway.app import serve_gateway, unless_app_exits
-from flexmarl.gateway.backend import Gateway
 from flexmarl.launch.build import RunSetup, build_run
 from flexmarl.launch.checkpoint import SaveSchedule, StateCheckpoints
-from flexmarl.launch.lora_units import lora_units
+from flexmarl.launch.compose import Parts, compose
 from flexmarl.launch.model_dirs import save_model_dir
-from flexmarl.launch.placement import grow, start_agents, watch_workers
-from flexmarl.console import Bar, phase, ticking
+from flexmarl.launch.workers import watch_workers
 from flexmarl.observe.monitor import RunMonitor
 from flexmarl.observe.rundir import Progress, RunDir
 from flexmarl.observe.server import StatusServer
 from flexmarl.orchestrator.evaluate import evaluate, heldout_tasks
 from flexmarl.orchestrator.heldout import changes, measure, summary_line
 from flexmarl.orchestrator.loop import PipelineRun
-from flexmarl.orchestrator.orchestrator import Orchestrator
 from flexmarl.orchestrator.policy import make_pipeline
-from flexmarl.orchestrator.store import ExperienceStore
-from flexmarl.activity import ActivityLog
-from flexmarl.orchestrator.agents import AgentRuntime
-from flexmarl.protocol import TrainState
-from flexmarl.rollout.pool import InstancePool
 from flexmarl.team import Team
-from flexmarl.training.pool import TrainerPool
-from runtime.registry import NodeRegistry
-from runtime.supervisor import Supervisor
 
 if TYPE_CHECKING:
     from flexmarl.observe.loggers import MetricLoggers
@@ -119,7 +109,7 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
     work = tempfile.mkdtemp(prefix="flexmarl-run-")
     try:
         async with setup.sup.serving():
-            parts = await _build(setup, work)
+            parts = await compose(setup, work)
             try:
                 result = await _steps(setup, parts, progress, on_dashboard, on_gateway,
                                       started_at)
@@ -141,77 +131,7 @@ async def train(team: Team, config: Config, *, run_dir: RunDir | None = None,
     return result
 
 
-@dataclass
-class _Parts:
-    """The run's components once its workers are up, each built with what it uses."""
-
-    sup: "Supervisor | NodeRegistry"
-    agents: dict[str, AgentRuntime]
-    pool: InstancePool
-    trainers: TrainerPool
-    store: ExperienceStore
-    activity: ActivityLog
-    orch: Orchestrator
-    gateway: Gateway | None
-
-
-async def _build(setup: RunSetup, work: str) -> _Parts:
-    """Workers started (on nodes once enough have joined), saved states restored into the
-    trainer pool, and the store, gateway and orchestrator over them."""
-    sup, team, cluster = setup.sup, setup.team, setup.cluster
-    if isinstance(sup, NodeRegistry):
-        await sup.wait_for({"rollout": cluster.rollout_nodes, "trainer": cluster.trainer_nodes},
-                           cluster.join_timeout_s, report=log.warning)
-    activity = ActivityLog()
-    agents, pool, trainers = await _start_workers(setup, work, activity)
-    if isinstance(sup, NodeRegistry):  # a rollout node joining now gets instances
-        sup.started_run(on_join=lambda node: grow(pool, cluster.instances_per_node, node))
-    if setup.first_step:  # checked here (sha256s); each slot's ranks read their own rows
-        for name in trainers.agents:
-            trainers.restore(name, await asyncio.to_thread(setup.saved.ref, name,
-                                                           setup.first_step - 1))
-    store = ExperienceStore([n for n, rt in agents.items() if rt.spec.trainable])
-    # With the gateway, the app's episodes are the tasks' trajectories.
-    gateway = Gateway(agents, setup.gateway, setup.pipeline) if setup.gateway.enabled else None
-    orch = Orchestrator(gateway.team(team) if gateway else team, agents, store, pool,
-                        setup.pipeline, seed=setup.run.seed, activity=activity)
-    return _Parts(sup, agents, pool, trainers, store, activity, orch, gateway)
-
-
-async def _start_workers(setup: RunSetup, work: str, activity: ActivityLog
-                         ) -> tuple[dict[str, AgentRuntime], InstancePool, TrainerPool]:
-    """start_agents, with one console line counting the workers ready and the time waited."""
-    units = lora_units(setup.team, setup.model_dirs, setup.workers.rollout)
-    instances = sum(units.instances(setup.team,
-                                    setup.workers.rollout.instances_per_agent).values())
-    if units.describe():
-        phase(units.describe())
-    backend = setup.workers.rollout.backend
-    ready = {"rollout": 0, "trainer": 0}
-    bar = Bar(f"waiting for {instances} rollout engine{'s' * (instances != 1)} ({backend}) and "
-              "the trainers" + (" (a cold vLLM engine takes a minute or more on a CPU)"
-                                if backend == "vllm" else ""))
-
-    def on_ready(name: str) -> None:
-        ready["trainer" if name.startswith("trainer") else "rollout"] += 1
-        bar.update(note=f"ready: {ready['rollout']}/{instances} engines, "
-                        f"{ready['trainer']} trainer ranks")
-
-    with bar:
-        tick = asyncio.create_task(ticking(bar), name="run.waiting")
-        try:
-            agents, pool, trainers = await start_agents(
-                setup.sup, setup.team, setup.workers, setup.balance, setup.trainer_configs,
-                setup.model_dirs, work, activity, saved=setup.saved, on_ready=on_ready)
-        finally:
-            tick.cancel()
-        bar.close(line=f"{ready['rollout']} rollout engine{'s' * (instances != 1)} and "
-                       f"{ready['trainer']} trainer rank{'s' * (ready['trainer'] != 1)} ready "
-                       "in {elapsed}")
-    return agents, pool, trainers
-
-
-async def _steps(setup: RunSetup, parts: _Parts, progress: bool | None,
+async def _steps(setup: RunSetup, parts: Parts, progress: bool | None,
                  on_dashboard: Callable[[str], None] | None,
                  on_gateway: Callable[[str], None] | None, started_at: float) -> RunResult:
     """The instances up, the observers and the gateway on, the held-out measurement before,
@@ -254,7 +174,7 @@ async def _steps(setup: RunSetup, parts: _Parts, progress: bool | None,
                 with Progress(steps, enabled=progress) as bar:
                     loop = PipelineRun(parts.orch, parts.store, parts.pool, parts.trainers,
                                        parts.activity, setup.pipeline, steps,
-                                       weights=parts.pool.weights,
+                                       weights=parts.weights,
                                        policy=pipeline, emit=emit, progress=_Tee(bar, monitor),
                                        first_step=first_step,
                                        saves=schedule.saves if saved else None,
@@ -293,10 +213,10 @@ async def _steps(setup: RunSetup, parts: _Parts, progress: bool | None,
                      dashboard_url=dashboard_url, first_step=first_step,
                      final_eval=final_eval, heldout=heldout,
                      time_to_first_step_s=first_record_s, timeline=timeline, loop_started=t0,
-                     time_shares=parts.pool.shares.status() if parts.pool.shares else {})
+                     time_shares=parts.shares.status())
 
 
-def evaluator(parts: _Parts, settings: EvalConfig, seed: int, max_concurrent_calls: int
+def evaluator(parts: Parts, settings: EvalConfig, seed: int, max_concurrent_calls: int
               ) -> Callable[[int], Awaitable[dict]] | None:
     """The loop's `evaluate(step)`: the workflow on the held-out tasks ([eval] `settings`),
     through the run's own rollout instances (flexmarl.orchestrator.evaluate)."""
@@ -312,7 +232,7 @@ def evaluator(parts: _Parts, settings: EvalConfig, seed: int, max_concurrent_cal
 
 
 async def _before(measure_now: Callable[[], Awaitable[dict]] | None, first_step: int,
-                  parts: _Parts) -> dict | None:
+                  parts: Parts) -> dict | None:
     """eval.before (`measure_now`: None without it): the starting weights on the held-out
     tasks, before step 1's rollout (it delays that step: its duration is logged and kept in
     RUN_DIR/eval.json); a resumed run skips it and says why."""
@@ -330,7 +250,7 @@ async def _before(measure_now: Callable[[], Awaitable[dict]] | None, first_step:
     return result
 
 
-def _heldout_results(parts: _Parts, before: dict | None, after: dict | None, steps: int,
+def _heldout_results(parts: Parts, before: dict | None, after: dict | None, steps: int,
                      run_dir: RunDir | None, loggers: "MetricLoggers | None",
                      first_record_s: float | None) -> tuple[dict | None, dict | None]:
     """(RunResult.final_eval, RunResult.heldout) from the measurements before and after
@@ -359,18 +279,18 @@ def _heldout_results(parts: _Parts, before: dict | None, after: dict | None, ste
 EVAL_FILE = "eval.json"
 
 
-async def _serve_restored(parts: _Parts) -> None:
+async def _serve_restored(parts: Parts) -> None:
     """A resumed run: every instance serves what its agent's restored trainer holds."""
     for name in parts.trainers.agents:
         rt = parts.agents[name]
         weights = await parts.trainers.export(name)
         rt.restored(weights.version)
         if weights.version > 0:  # version 0 never stepped: the instances start with it already
-            await parts.pool.weights.sync(name, weights.version, weights)
+            await parts.weights.sync(name, weights.version, weights)
         rt.synced(weights.version)
 
 
-async def _observe(stack: contextlib.AsyncExitStack, parts: _Parts, monitor: RunMonitor,
+async def _observe(stack: contextlib.AsyncExitStack, parts: Parts, monitor: RunMonitor,
                    observe: ObserveConfig, gateway: GatewayConfig, stop_timeout_s: float,
                    on_dashboard: Callable[[str], None] | None,
                    on_gateway: Callable[[str], None] | None, run_dir: RunDir | None

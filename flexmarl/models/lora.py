@@ -139,8 +139,3 @@ def merged_weights(base_model: str, spec: LoraSpec, tensors: dict[str, torch.Ten
     aliases = {n for n, _ in merged.named_parameters(remove_duplicate=False)} - unique
     return {k: v.detach().contiguous() for k, v in merged.state_dict().items() if k not in aliases}
 
-
-def max_lora_rank(ranks: list[int]) -> int:
-    """The smallest rank vLLM accepts as max_lora_rank that serves every one of `ranks`."""
-    top = max(ranks)
-    return next(r for r in VLLM_LORA_RANKS if r >= top)

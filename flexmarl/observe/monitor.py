@@ -356,5 +356,5 @@ class _Collector:
 
 
 def _gpus(rows: list[dict]) -> dict[str, str]:
-    """worker -> "HOST:GPUS" (the GPU placement's rows; flexmarl.launch.devices)."""
+    """worker -> "HOST:GPUS" (the GPU placement's rows; flexmarl.placement.devices)."""
     return {r["worker"]: f"{r['host']}:{','.join(map(str, r['gpus']))}" for r in rows}

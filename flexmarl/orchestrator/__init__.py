@@ -10,8 +10,6 @@
     loop.py          PipelineRun: the rollout producer and one loop per agent, step records
     lane.py          TrainerLane: one lane for the trainer requests of agents whose slots share
                      CPU cores (pure asyncio)
-    timeshare.py     TimeShare: a time-shared group's devices, its agents' rollout engines or
-                     their trainers at a time (devices.placement "time_shared")
     records.py       StepRecorder: what the pools did since the last step record (moves, swaps,
                      faults, loads)
     evaluate.py      the workflow on held-out tasks with training off (section `eval`)

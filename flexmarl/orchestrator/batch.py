@@ -214,7 +214,11 @@ out as larger (more efficient) micro-batches of up to `micro_batch_groups`.
             return None
         done = await self._request(TrainStep(self.tokens))
         staleness = sum(a * n for a, n in self.hist.items()) / max(self.samples, 1)
-        return TrainResult(done.version, self.groups, self.samples, self.tokens,
+        if done.samples != self.samples:  # a micro-batch lost on the way, or counted twice
+            log.error("agent %s: the trainer stepped on %d samples, %d were sent to it",
+                      self.rt.spec.name, done.samples, self.samples)
+        # The trainer's count: what the step's gradient summed (checked by the fault tests).
+        return TrainResult(done.version, self.groups, done.samples, self.tokens,
                            self.loss_sum / self.tokens, self.busy_s, staleness,
                            dict(sorted(self.hist.items())), self.dropped_stale, done.skipped,
                            {**{k: v / self.tokens for k, v in self._metric_sums.items()},

@@ -21,10 +21,8 @@ import math
 import statistics
 import time
 from collections import defaultdict
-from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from flexmarl.checks import require
 from flexmarl.config.pipeline import EvalConfig
 from flexmarl.orchestrator.agents import AgentRuntime
 from flexmarl.orchestrator.orchestrator import _RUN_ERRORS, TrajectoryContext, request_seed

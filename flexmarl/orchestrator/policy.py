@@ -17,8 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from flexmarl.checks import require
-from flexmarl.config.pipeline import PIPELINE_MODES, PipelineConfig
 from flexmarl.orchestrator.agents import StalenessError
 
 

@@ -36,7 +36,7 @@ class StepRecorder:
     def machinery(self, record: dict[str, Any], trainer_restarts: int) -> None:
         """Moves, swaps, slot busy time and faults since the last call, into `record`."""
         pool, trainers = self.pool, self.trainers
-        record["moves"] = pool.take_moves(self._moves_seen, self.started)
+        record["moves"] = pool.mover.take(self._moves_seen, self.started)
         self._moves_seen += len(record["moves"])
         record["swaps"] = [{**dataclasses.asdict(sw), "at": sw.at - self.started}
                            for sw in trainers.swaps[self._swaps_seen:]]

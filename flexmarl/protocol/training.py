@@ -81,6 +81,9 @@ class TrainStepDone:
     step_s: float
     skipped: bool = False
     """True when a non-finite gradient norm made the step skip the update (version still +1)."""
+    samples: int = 0
+    """Rows (samples) the step's gradient summed, as the trainer counted them since
+    TrainBeginBatch: where the samples landed, not where they were sent from."""
 
 
 @message(FlexKind.EXPORT_WEIGHTS)
@@ -174,7 +177,7 @@ class Parked:
 class FetchShards:
     """Ask one rank for slices of an agent parked on it: `pieces` [[name, lo, hi, _], ...]
     rows [lo, hi) of dim 0 of its local tensor `name` (hi -1: all of it); [] asks for the
-    state's layout, metadata and RNG (flexmarl.training.parking.pull_plan)."""
+    state's layout, metadata and RNG (flexmarl.training.parking.pull_pieces)."""
 
     KIND: ClassVar[int]
     agent: str

@@ -16,7 +16,9 @@ generation with a KV cache, for small models, fast tests and machines without vL
     vllm_engine.py   vLLM: AsyncLLM in this process, weights replaced in place
     worker.py        RolloutWorker: serves one rollout instance of one agent over the runtime
     pool.py          InstancePool: the team's rollout instances as one pool, routed by the
-                     balancer, moved between agents
+                     balancer; a time-shared group's engines put to sleep and woken
+    moving.py        Mover: the pool's rebalancing loop, instances moved between agents
+    recovery.py      InstanceRecovery: the pool's dead instances replaced, instances added
     balancer.py      Balancer: the hierarchical load balancer of the instances (pure)
     balance/         the balancer's parts, each pure
 """

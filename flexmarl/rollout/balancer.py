@@ -8,7 +8,7 @@ Two levels, as in the paper:
                  the instance reports beyond those (other clients); sticky per episode (prefix
                  reuse) unless the episode's instance is `sticky_slack` tokens busier than the
                  least loaded one, so the tail never starves the others.
-    inter-agent  plan_move(now) ─► when one agent's load per instance, averaged over
+    inter-agent  choose_move(now) ─► when one agent's load per instance, averaged over
                  `demand_window_s`, exceeds another's by more than `ratio` for `patience`
                  consecutive checks, move one instance of the cold agent to the hot one (never
                  below `min_instances`, one move at a time, then `cooldown_s` without moves; a
@@ -38,11 +38,11 @@ The parts, each pure and tested on its own (flexmarl.rollout.balance):
        ├── loads           InstanceLoads (balance/loads.py: each instance's agent, outstanding
        │                   work, reports, learnt lengths): what callers read
        ├── strategy        RoundRobin | LeastLoaded (balance/routing.py), + StickyEpisodes
-       ├── planner         MovePlanner (balance/planner.py): the ratio test, move_pays, ahead
+       ├── chooser         MoveChooser (balance/moves.py): the ratio test, move_pays, ahead
        └── profile, demand, rates   StepProfile, DemandAverage, Rates (balance/forecast.py)
 
 This class wires them: it routes and counts requests, feeds each check's observations to the
-forecast, gates plan_move (one move at a time, cool-down, the first window) and carries a
+forecast, gates choose_move (one move at a time, cool-down, the first window) and carries a
 move's state (begin_move ─► drained ─► finish_move | abort_move).
 
 The caller owns time and I/O: the rollout pool (flexmarl.rollout.pool.InstancePool) feeds it
@@ -55,10 +55,10 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from flexmarl.config.balance import BalancerConfig, STRATEGIES
+from flexmarl.config.balance import BalancerConfig
 from flexmarl.rollout.balance.forecast import DemandAverage, Rates, StepProfile
 from flexmarl.rollout.balance.loads import InstanceLoads
-from flexmarl.rollout.balance.planner import Move, MovePlanner
+from flexmarl.rollout.balance.moves import Move, MoveChooser
 from flexmarl.rollout.balance.routing import BalancerStats, StickyEpisodes, strategy_for
 
 __all__ = ["Balancer", "BalancerStats", "Move", "percentile"]
@@ -81,7 +81,7 @@ class Balancer:
         self.profile = StepProfile()
         self.demand = DemandAverage(self.config.demand_window_s)
         self.rates = Rates()
-        self.planner = MovePlanner(self.config, self.loads, self.profile, self.rates,
+        self.chooser = MoveChooser(self.config, self.loads, self.profile, self.rates,
                                    compatible or (lambda src, dst: True))
         self.moves: list[Move] = []
         self._moving: Move | None = None
@@ -133,7 +133,7 @@ class Balancer:
         """A new step's rollout begins: this step's demand profile becomes the prediction."""
         self.profile.step_started(now)
 
-    def plan_move(self, now: float) -> Move | None:
+    def choose_move(self, now: float) -> Move | None:
         """One check of the inter-agent level; a Move to carry out, or None."""
         c = self.config
         if c.strategy != "hierarchical":
@@ -152,9 +152,9 @@ class Balancer:
         # in its first agent's call, the others idle): no move on it.
         if self._moving is not None or now < self._cool_until \
                 or now - self.demand.first_check < c.demand_window_s:
-            self.planner.reset_streak()
+            self.chooser.reset_streak()
             return None
-        return self.planner.plan(now, demand, self.moves[-1] if self.moves else None)
+        return self.chooser.choose(now, demand, self.moves[-1] if self.moves else None)
 
     def begin_move(self, move: Move) -> None:
         """Stop routing to the instance; the caller waits for inflight() == 0, then reloads it."""
@@ -166,7 +166,7 @@ class Balancer:
     def drained(self, move: Move, now: float, loaded: float) -> None:
         """The move's instance drained at `now` and its new weights loaded by `loaded`: the
         move's own cost, learnt for pricing the next (cost_aware)."""
-        self.planner.learn_move_s(max(0.0, loaded - now))
+        self.chooser.learn_move_s(max(0.0, loaded - now))
 
     def finish_move(self, move: Move, now: float) -> None:
         """The instance now serves move.dst (its weights are loaded): route to it again."""

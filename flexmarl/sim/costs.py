@@ -211,6 +211,11 @@ class Model:
 
 @dataclass(frozen=True)
 class Costs:
+    """The cost model: one formula per priced event (a decode step, a prefill, a train step, a
+    swap, a sync, a switch...), each a method over the tables above. A table of formulas, not a
+    class with jobs: it keeps more than 20 methods (the house's line for classes, STYLE.md) on
+    purpose, so that every price the simulator charges is found in one place."""
+
     device: Device
     rollout: Rollout
     train: Train

@@ -45,7 +45,7 @@ from flexmarl.protocol import (AwaitSaved, DropParked, ExportWeights, FetchShard
                                Sample, SamplingParams, ShardData, SwapDone, SwapIn, SwapOut,
                                TrainBeginBatch, TrainMicroBatch, TrainStats,
                                TrainStep, TrainStepDone, WeightUpdate)
-from flexmarl.orchestrator.timeshare import ROLLOUT, TimeShare
+from flexmarl.placement.timeshare import ROLLOUT, TimeShare
 from flexmarl.sim.costs import Costs, Model
 from runtime.actor import Actor, handler
 from runtime.codec import Envelope
@@ -83,7 +83,7 @@ class DeviceGroup:
     resident_bytes: Any = None
     """mode -> bytes the mode holds on the group's devices (colocated only)."""
     share: TimeShare | None = None
-    """A time-shared group's arbiter: the product's own (flexmarl.orchestrator.timeshare),
+    """A time-shared group's arbiter: the product's own (flexmarl.placement.timeshare),
     whose switch waits the cost model's transfer time; it then decides who goes when (rollout
     first) instead of the first-asked order below (mas_rl's cluster, MARTI's driver)."""
     active_device_s: float = 0.0
@@ -408,6 +408,8 @@ class SimTrainer(Actor):
         """(time, agent, rows, tokens) of every micro-batch received: what the bounds of
         flexmarl.sim.bounds price with the real cost model after a run with free training."""
         self.snapshot_s = 0.0
+        self.rows = 0
+        """Rows accumulated since the batch began (the step's reply says them)."""
         self._writes: dict[str, asyncio.Future] = {}
         """SaveState's path -> its write (AwaitSaved waits for it)."""
         self.gate: Any = None
@@ -505,6 +507,7 @@ class SimTrainer(Actor):
     @handler(TrainBeginBatch)
     async def on_begin_batch(self, msg: TrainBeginBatch, env: Envelope) -> None:
         self._model()
+        self.rows = 0
 
     @handler(TrainMicroBatch)
     async def on_micro_batch(self, msg: TrainMicroBatch, env: Envelope) -> TrainStats:
@@ -512,6 +515,7 @@ class SimTrainer(Actor):
         rows = int(msg.input_ids.shape[0])
         tokens = int(msg.attention_mask.sum().item())
         self.micro_batches.append((now(), self.agent, rows, tokens))
+        self.rows += rows
         await self._compute(self.costs.train_s(model, self.devices, rows, tokens),
                             self.costs.active_train_devices(self.devices, rows))
         return TrainStats(loss=0.0, num_tokens=int(msg.response_mask.sum().item()))
@@ -521,7 +525,7 @@ class SimTrainer(Actor):
         seconds = self.costs.optimizer_s(self._model(), self.devices)
         await self._compute(seconds, self.devices)
         self.version += 1
-        return TrainStepDone(self.version, grad_norm=1.0, step_s=seconds)
+        return TrainStepDone(self.version, grad_norm=1.0, step_s=seconds, samples=self.rows)
 
     @handler(ExportWeights)
     async def on_export(self, msg: ExportWeights, env: Envelope) -> WeightUpdate:

@@ -14,7 +14,7 @@
 Rollout instances are per unit (flexmarl.sim.presets.Preset.units): an agent, or a LoRA unit
 (the LoRA agents on one base) whose instances hold the base once and serve every member's
 adapter (Costs.unit_model). LoRA agents are never time-shared: the product refuses it
-(flexmarl.launch.lora_units), so those layouts raise for a preset with LoRA agents.
+(flexmarl.placement.lora_units), so those layouts raise for a preset with LoRA agents.
 
 MARTI's row differs from FlexMARL's time-shared one in what its code does (costs.toml
 [baselines]): its experience pass (ExperiencePass) before any training, its offload moving 14
@@ -142,7 +142,7 @@ def build(preset: Preset, system: Any, costs: Costs) -> Layout:
                                                              and preset.timeshare)):
         raise ValueError(f"preset {preset.name}: LoRA agents {sorted(preset.lora)} cannot be "
                          "time-shared (their unit's instances serve every adapter; the product "
-                         "refuses it: flexmarl.launch.lora_units)")
+                         "refuses it: flexmarl.placement.lora_units)")
     if system.trainers == "per_agent":  # MARTI
         groups = [(a,) for a in models]
         devices = _marti_split(preset, costs, system.split)

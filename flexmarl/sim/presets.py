@@ -87,7 +87,7 @@ class Preset:
     lora: dict[str, LoraSpec] = field(default_factory=dict)
     """LoRA agents (AgentSpec.lora): agent -> its adapter on its `models` size, the base. The
     LoRA agents on one base form a rollout unit (`units`): one set of instances serves all
-    their adapters, as flexmarl.launch.lora_units groups them in the product."""
+    their adapters, as flexmarl.placement.lora_units groups them in the product."""
 
     @property
     def sizes(self) -> dict[str, str]:

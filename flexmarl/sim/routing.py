@@ -38,7 +38,9 @@ from flexmarl.config.balance import BalancerConfig
 from flexmarl.config.rollout import RolloutConfig
 from flexmarl.protocol import Generate, SamplingParams
 from flexmarl.rollout.balancer import percentile
-from flexmarl.rollout.pool import InstancePool, MoveRecord
+from flexmarl.rollout.moving import MoveRecord
+from flexmarl.rollout.pool import InstancePool
+from flexmarl.weights.sync import WeightSync
 from flexmarl.rollout.worker import RolloutWorker
 from flexmarl.sim import clock
 from flexmarl.sim.cluster import FOREVER_S
@@ -224,10 +226,12 @@ async def _run(workload: SkewedWorkload, placement: dict[str, list[str]],
         conns = {w.name: connect(w.address) for w in workers}
         # One model for every agent: equal signatures, so any instance may change hands; no
         # weights to hold (a move's load time is the cost model's).
-        pool = InstancePool(conns, placement, {a: f"sim:{config.model}" for a in placement},
-                            RolloutConfig(request_timeout_s=FOREVER_S), balance,
-                            signatures={a: config.model for a in placement},
-                            served={a: {} for a in placement})
+        model_dirs = {a: f"sim:{config.model}" for a in placement}
+        weights = WeightSync(placement, None, model_dirs, timeout_s=FOREVER_S,
+                             served={a: {} for a in placement})
+        pool = InstancePool(conns, placement, model_dirs,
+                            RolloutConfig(request_timeout_s=FOREVER_S), balance, weights=weights,
+                            signatures={a: config.model for a in placement})
         bal = pool.balancer
         samples: list[LoadSample] = []
         step_s: list[float] = []
@@ -282,7 +286,7 @@ async def _run(workload: SkewedWorkload, placement: dict[str, list[str]],
         for rec in records.values():
             tokens[rec.instance] += rec.tokens
         return RoutingResult(
-            step_s=step_s, requests=list(records.values()), moves=list(pool.moves),
+            step_s=step_s, requests=list(records.values()), moves=list(pool.mover.moves),
             samples=samples,
             busy_s={n: e.group.active_device_s / e.devices for n, e in engines.items()},
             tokens_served=tokens, placement={a: bal.loads.instances(a) for a in bal.loads.agents},

@@ -1,8 +1,9 @@
 """Training: trainer slots bound to agents on demand, FSDP2 trainers, GRPO maths.
 
     slots.py    SlotAllocator: which agent gets which trainer slot; TeamOrder: the order
-                agents ask in (both pure)
+                agents ask in (both pure); ParkedState: where a swapped-out agent's state is
     pool.py     TrainerPool: binds slots to agents, swaps idle agents' state to host memory
+    recovery.py SlotRecovery: a dead slot's agents back to their snapshots, the slot replaced
     slot_connection.py  a slot's connection: busy time, deadlines, death
     worker.py   the trainer worker process: one rank of an agent's FSDP2 group, as an actor
     rank.py     what one rank does in its command thread: process group, swaps, pulls, sends

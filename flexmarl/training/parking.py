@@ -1,6 +1,6 @@
 """The swap path's data movement for one rank's trainer (what flexmarl.training.worker runs on
 SwapOut / SwapIn / FetchShards): park a trainer's storages in host memory of its process and
-bring them back in place, and plan and fill the row slices a trainer of another rank count
+bring them back in place, and choose and fill the row slices a trainer of another rank count
 pulls from them (FSDP2 shards dim 0 with torch.chunk's rule). The trainer itself is
 flexmarl.training.trainer.GRPOTrainer.
 
@@ -313,9 +313,9 @@ def restore_parked(trainer: GRPOTrainer, host: HostState) -> int:
         raise RuntimeError("a state parked in the middle of a global batch only comes back in "
                            "place (unpark): its accumulated gradient is not part of it")
     tensors = prepare_pull(trainer, host.layout, host.meta)
-    plan = pull_plan(host.layout, sharded_here(trainer), trainer.world_size,
+    by_rank = pull_pieces(host.layout, sharded_here(trainer), trainer.world_size,
                      trainer.world_size, trainer.rank)
-    num_bytes = sum(fill(tensors, pieces, slices(host, pieces)) for pieces in plan.values())
+    num_bytes = sum(fill(tensors, pieces, slices(host, pieces)) for pieces in by_rank.values())
     if trainer.device.type == "cuda":  # fill's copies are asynchronous: done before reuse
         torch.cuda.synchronize(trainer.device)
     set_rng(trainer, host.rng)
@@ -444,18 +444,18 @@ def chunk_rows(rows: int, world_size: int, rank: int) -> tuple[int, int]:
     return lo, min(lo + size, rows)
 
 
-def pull_plan(layout: dict[str, list], mine: dict[str, bool], src_world: int,
+def pull_pieces(layout: dict[str, list], mine: dict[str, bool], src_world: int,
               world_size: int, rank: int) -> dict[int, list[list]]:
     """Which slices of a group of `src_world` ranks (its `layout`: state_layout of its rank
     0) this rank of `world_size` needs for its own tensors (`mine`: name -> sharded here):
     source rank -> [[name, src_lo, src_hi, my_lo], ...], rows of dim 0 in each side's local
     tensor; src_hi -1: the whole tensor (not sharded on either side, or 0-dim). A name
     replicated at the source comes from source rank (rank % src_world), spreading the load."""
-    plan: dict[int, list[list]] = {}
+    by_rank: dict[int, list[list]] = {}
     for name, (shape, _, src_sharded, _) in layout.items():
         sharded = mine[name]
         if not shape or (not sharded and not src_sharded):
-            plan.setdefault(rank % src_world, []).append([name, 0, -1, 0])
+            by_rank.setdefault(rank % src_world, []).append([name, 0, -1, 0])
             continue
         lo, hi = chunk_rows(shape[0], world_size, rank) if sharded else (0, shape[0])
         sources = ([(w, *chunk_rows(shape[0], src_world, w)) for w in range(src_world)]
@@ -463,8 +463,8 @@ def pull_plan(layout: dict[str, list], mine: dict[str, bool], src_world: int,
         for w, src_lo, src_hi in sources:
             a, b = max(lo, src_lo), min(hi, src_hi)
             if a < b:
-                plan.setdefault(w, []).append([name, a - src_lo, b - src_lo, a - lo])
-    return plan
+                by_rank.setdefault(w, []).append([name, a - src_lo, b - src_lo, a - lo])
+    return by_rank
 
 
 def prepare_pull(trainer: GRPOTrainer, layout: dict[str, list], meta: dict
@@ -504,7 +504,7 @@ def sharded_here(trainer: GRPOTrainer) -> dict[str, bool]:
 
 def slices(host: HostState, pieces: list[list]) -> dict[str, torch.Tensor]:
     """What a source rank serves: its parked tensors' rows [src_lo, src_hi) (-1: whole) per
-    piece of a pull_plan, as views of its host memory (no copy)."""
+    piece of a pull_pieces, as views of its host memory (no copy)."""
     return {name: host.tensors[name] if hi < 0 else host.tensors[name][lo:hi]
             for name, lo, hi, _ in pieces}
 

@@ -24,15 +24,10 @@ flexmarl.training.parking.ResidentBase), so its swaps' bytes, and the allocator'
 the adapter state's. `states` says where each swapped-out agent's state is. `static`: every agent owns one slot (no
 swaps); a shared pool of fewer slots than agents sends slots where the work is.
 
-Dead slots (with `snapshots` on and a lifecycle that respawns; runtime.lifecycle owns the
-processes: whose slot each is, the replacement attempts, the kill of a hung one):
-
-    worker_died(process) ─► slot_died: its requests fail now (PeerDied); the agents whose
-                 state it held (loaded or parked there) get their last save put in `states`
-                 (or, before their first, start fresh); new processes replace the slot's
-    the agent's loop ─► PeerDied ─► binds again: a SwapIn of the saved dir (SwapIn.state_dir:
-                 each rank reads its rows) into any slot, then re-accumulates the batch it had
-                 taken: the same update
+Dead slots (with `snapshots` on and a lifecycle that respawns): `recovery`
+(flexmarl.training.recovery) fails the slot's requests, sends its agents back to their
+snapshots and replaces its processes; the agent's loop binds again and re-accumulates the
+batch it had taken: the same update.
 """
 from __future__ import annotations
 
@@ -44,17 +39,19 @@ from typing import Any, AsyncIterator
 
 from flexmarl.clock import now
 from flexmarl.config.training import TrainerPoolConfig
+from flexmarl.placement.timeshare import TimeShares
 from flexmarl.training.slot_connection import BusyTime, SlotConnection
-from flexmarl.training.slots import Grant, SlotAllocator, SlotTimes, TeamOrder
+from flexmarl.training.slots import Grant, ParkedState, SlotAllocator, SlotTimes, TeamOrder
 from flexmarl.protocol import (DropParked, ExportWeights, Parked, StateSaved, SwapDone, SwapIn,
                                SwapOut, TrainState, WeightUpdate)
+from flexmarl.training.recovery import SlotRecovery
 from flexmarl.training.saves import Saves
 from flexmarl.training.state_files import StateCheckpoints
 from runtime.errors import PeerDied
-from runtime.lifecycle import Lifecycle, ReplaceFailed
+from runtime.lifecycle import Lifecycle
 from runtime.transport import Connection
 
-__all__ = ["AgentTrainer", "ParkedState", "SwapRecord", "TrainerPool"]
+__all__ = ["AgentTrainer", "SwapRecord", "TrainerPool"]
 log = logging.getLogger(__name__)
 
 
@@ -71,15 +68,6 @@ class SwapRecord:
     """"in" only: the slot it was parked in (its own name: copied back in place; another:
     pulled from there), or "" (a restored TrainState)."""
 
-
-@dataclass
-class ParkedState:
-    """Where a swapped-out agent's state is: parked in `slot`'s processes (Parked.ranks)."""
-
-    slot: str
-    ranks: list[str]
-    version: int
-    num_bytes: int
 
 
 @dataclass
@@ -106,15 +94,15 @@ class TrainerPool:
                  agents: dict[str, AgentTrainer], config: TrainerPoolConfig, *,
                  prefetch: bool = True, lifecycle: Lifecycle | None = None,
                  saved: StateCheckpoints | None = None, scratch_in: str | None = None,
-                 pinned: dict[str, str] | None = None, shares: Any = None) -> None:
+                 pinned: dict[str, str] | None = None, shares: TimeShares | None = None) -> None:
         """`slot_ranks`: each slot's ranks (the slots' sizes, from config.slots / slot_ranks or
         one per agent); `config.static`: every agent owns one slot; `config.snapshots`: save
         each agent's state after every step (`save`) so a dead slot's agent is restored;
         `lifecycle` (groups: its owners are the slots) knows each process's slot, replaces a
         dead slot's processes and kills a hung one (none: a death is final); `saved`: the
         run's state dir (durable saves), `scratch_in`: where snapshots go (Saves); `pinned`
-        (agent -> slot): time-shared agents' own slots; `shares`
-        (flexmarl.orchestrator.timeshare.TimeShares): their devices, taken by each binding."""
+        (agent -> slot): time-shared agents' own slots; `shares` (TimeShares): their
+        devices, taken by each binding; the pool gives the groups how to park a trainer."""
         static, pinned = config.static, dict(pinned or {})
         free = ([a for a in agents if a not in pinned],
                 [s for s in slots if s not in pinned.values()])
@@ -125,6 +113,8 @@ class TrainerPool:
         self.allocator = SlotAllocator(slot_ranks, {a: s.ranks for a, s in agents.items()},
                                        pinned)
         self.shares = shares
+        if shares:
+            shares.hold_trainers(self.park)
         self.lifecycle = lifecycle or Lifecycle(groups=True, kind="trainer slot")
         self.agents = dict(agents)
         self.static = static
@@ -140,8 +130,9 @@ class TrainerPool:
         """The allocator's next look when an agent waits for a better slot than a free one."""
         self.busy = BusyTime(slots)
         """Per slot: time its processes spent on requests (training, export, swaps)."""
+        self.recovery = SlotRecovery(self)
         self.slots = {name: SlotConnection(conn, name, self.request_timeout_s, self.busy,
-                                           self.lifecycle, self.slot_died)
+                                           self.lifecycle, self.recovery.slot_died)
                       for name, conn in slots.items()}
         self._granted: dict[str, asyncio.Future] = {}
         self._holding: dict[str, _Hold] = {}
@@ -150,17 +141,16 @@ class TrainerPool:
         self._prefetches: set[asyncio.Future] = set()
         self.order = TeamOrder()
         """The order agents ask in (the last cycle's): what is prefetched, who is evicted."""
-        self._loaded: dict[str, str] = {}
+        self.loaded: dict[str, str] = {}
         """slot -> agent whose trainer the slot's processes hold now."""
         self._leaving: dict[str, asyncio.Future] = {}
         """agent -> done when its state, on its way out of a slot, is parked (in `states`)."""
-        self._started: set[str] = set()
+        self.started: set[str] = set()
         """Agents whose trainer has been built: a fresh SwapIn would lose their training."""
         self.snapshots_on = config.snapshots
         self.saving = Saves(self.bind, self.request_timeout_s, saved, scratch_in)
         self.snapshots = self.saving.snapshots
         """agent -> where its state after its last finished step is (`save`: metadata only)."""
-        self._replacing: dict[str, asyncio.Task] = {}
         self.workers = self.lifecycle.owners
         """Live process -> its slot (the lifecycle's, updated in place)."""
         self.replacements = self.lifecycle.replacements
@@ -241,11 +231,11 @@ class TrainerPool:
         """A slot fell idle and nobody waits: bring in the swapped-out agent expected to ask
         next, so its swap happens now (during rollout), not when it needs the slot. Not when
         that would evict an agent expected sooner than it."""
-        if not self.prefetch or self.allocator.waiting() or not self._started:
+        if not self.prefetch or self.allocator.waiting() or not self.started:
             return
         resident = {a for a in self.allocator.resident.values() if a}
         candidates = [a for a in self.expected_order()  # time-shared ones: parked on purpose
-                      if a in self._started and a not in resident and a not in self._holding
+                      if a in self.started and a not in resident and a not in self._holding
                       and (self.shares is None or self.shares.of(a) is None)]
         if not self.order.learnt:  # nothing learnt yet: the agent that trained least recently
             candidates = [a for a in self.states if a in candidates]
@@ -294,12 +284,12 @@ class TrainerPool:
                 max(self.allocator.recheck_at - at, 0.0) + 1e-3, self._dispatch)
 
     async def _load(self, grant: Grant) -> None:
-        if grant.slot in self._replacing:  # the slot died: wait for its new processes
-            await asyncio.shield(self._replacing[grant.slot])
+        if grant.slot in self.recovery.replacing:  # the slot died: wait for its new processes
+            await asyncio.shield(self.recovery.replacing[grant.slot])
         conn = self.slots[grant.slot]
         if conn.dead is not None:
             raise conn.dead
-        loaded = self._loaded.get(grant.slot)
+        loaded = self.loaded.get(grant.slot)
         if loaded == grant.agent:
             return  # its trainer never left this slot
         if loaded:  # an idle agent's trainer: parked in the slot's own processes
@@ -309,7 +299,7 @@ class TrainerPool:
         if grant.agent in self._leaving:
             await asyncio.shield(self._leaving[grant.agent])
         state = self.states.get(grant.agent)  # kept until the SwapIn succeeded
-        if state is None and grant.agent in self._started:
+        if state is None and grant.agent in self.started:
             raise RuntimeError(f"agent {grant.agent}'s training state is in no slot and parked "
                                "nowhere (its SwapOut failed, or its slot died without a "
                                "snapshot): refusing to restart it from its initial weights")
@@ -325,8 +315,8 @@ class TrainerPool:
         else:
             msg = SwapIn(grant.agent, spec.model_dir, spec.config)
         done: SwapDone = await conn.request(msg, timeout_s=self.request_timeout_s)
-        self._loaded[grant.slot] = grant.agent
-        self._started.add(grant.agent)
+        self.loaded[grant.slot] = grant.agent
+        self.started.add(grant.agent)
         self.times.bytes[grant.agent] = done.num_bytes  # a fresh one's too: what evicting it costs
         if state is None:
             return
@@ -351,7 +341,7 @@ class TrainerPool:
             out: Parked = await self.slots[slot].request(SwapOut(),
                                                          timeout_s=self.request_timeout_s)
             self.states[agent] = ParkedState(slot, list(out.ranks), out.version, out.num_bytes)
-            del self._loaded[slot]
+            del self.loaded[slot]
             self.swaps.append(_swapped(agent, slot, "out", out.num_bytes, started))
             self.times.swapped(agent, "out", out.num_bytes, self.swaps[-1].seconds)
         finally:
@@ -366,7 +356,11 @@ class TrainerPool:
             return
         if agent in self._holding:
             raise RuntimeError(f"agent {agent}'s trainer is bound: it cannot be parked now")
-        await self._park(where[1], agent)
+        try:
+            await self._park(where[1], agent)
+        except PeerDied as exc:  # the slot died: recovery restores its agent from its snapshot
+            log.warning("parking %s's trainer: %s (its devices go to its engines all the same)",
+                        agent, exc)
 
     async def export(self, agent: str) -> WeightUpdate:
         """The agent's current weights from its trainer (bound for the request)."""
@@ -381,7 +375,7 @@ class TrainerPool:
 
     def restore(self, agent: str, state: StateSaved | TrainState) -> None:
         """Start the agent from `state` (a resumed run's saved state) at its first SwapIn."""
-        if agent in self._started:
+        if agent in self.started:
             raise RuntimeError(f"agent {agent}'s trainer has started already: restore first")
         self.states[agent] = state
         if isinstance(state, StateSaved):
@@ -403,75 +397,11 @@ class TrainerPool:
 
     def where(self, agent: str) -> tuple[str, str] | None:
         """("loaded" or "parked", slot) of the agent's state, None if no slot holds it."""
-        slot = next((s for s, a in self._loaded.items() if a == agent), None)
+        slot = next((s for s, a in self.loaded.items() if a == agent), None)
         if slot is not None:
             return "loaded", slot
         state = self.states.get(agent)
         return ("parked", state.slot) if isinstance(state, ParkedState) else None
-
-    def worker_died(self, name: str, reason: str) -> bool:
-        """A process died; False if it is none of the slots' current processes."""
-        slot = self.lifecycle.owner(name)
-        if slot is None:
-            return False
-        self.slot_died(slot, f"{name} {reason}")
-        return True
-
-    def slot_died(self, slot: str, reason: str) -> None:
-        """A process of `slot` died (or hung): its requests in flight fail now (PeerDied),
-        naming it; with recovery on, its agent's state goes back to its snapshot and new
-        processes are started for the slot."""
-        conn = self.slots[slot]
-        if conn.dead is not None:
-            return  # already handled: this is another rank of the same group
-        recover = self.recoverable()
-        # With a replacement coming, the slot's processes are no longer its: their deaths, now
-        # or when killed, are this one.
-        old = self.lifecycle.died(slot, reason,
-                                  forget=recover and slot not in self._replacing)
-        log.error("trainer slot %s died: %s%s", slot, reason,
-                  "; replacing it and restoring its agent from its last snapshot" if recover
-                  else "")
-        conn.fail_pending(PeerDied(
-            f"trainer slot {slot} died: {reason}; " + (
-                "its agent restarts the batch from its last snapshot" if recover else
-                "its agent's update cannot complete (trainer_pool.snapshots and a replacement "
-                "let a run survive this)")))
-        lost = [self._loaded.pop(slot)] if slot in self._loaded else []
-        self.allocator.lost(slot)
-        lost += [a for a, st in self.states.items()
-                 if isinstance(st, ParkedState) and st.slot == slot]
-        for agent in lost:  # their shards died with the slot's processes
-            self.states.pop(agent, None)
-            if not recover:
-                continue
-            if agent in self.snapshots:
-                self.states[agent] = self.snapshots[agent]
-            else:  # it never finished a step: its fresh trainer is its state
-                self._started.discard(agent)
-        if recover and slot not in self._replacing:
-            self._replacing[slot] = asyncio.ensure_future(self._replace(slot, old))
-
-    async def _replace(self, slot: str, old: list[str]) -> None:
-        """New processes for a dead slot (Lifecycle.replace: up to supervisor.replace_attempts);
-        the slot stays dead if none starts."""
-        dead = self.slots[slot]
-
-        async def ready(names: list[str], conn: Connection) -> dict:
-            self.slots[slot] = SlotConnection(conn, slot, self.request_timeout_s, self.busy,
-                                              self.lifecycle, self.slot_died)
-            return {"slot": slot, "workers": names}
-        try:
-            await self.lifecycle.replace(slot, slot, old, ready)
-        except ReplaceFailed as exc:
-            dead.dead = PeerDied(str(exc))
-            return
-        finally:
-            del self._replacing[slot]
-        try:
-            await dead.aclose()
-        except Exception:  # its peer is gone; closing is best effort
-            pass
 
     def status(self, recent: int = 200) -> dict:
         """The slots now and the latest swaps, as plain data (flexmarl.observe.monitor):
@@ -479,7 +409,7 @@ class TrainerPool:
         bound: agent -> slot, swaps: the last `recent` SwapRecords, swaps_total}."""
         bound = self.allocator.bound
         slots = {name: {"ranks": ranks, "agent": bound.get(name),
-                        "resident": self._loaded.get(name),
+                        "resident": self.loaded.get(name),
                         "busy_s": self.busy.seconds.get(name, 0.0)}
                  for name, ranks in self.allocator.slots.items()}
         return {"slots": slots, "bound": {a: s for s, a in bound.items()},

@@ -31,7 +31,7 @@ from flexmarl.protocol import (FetchShards, Parked, ShardData, StateSaved, SwapD
 from flexmarl.training import sharded_state
 from flexmarl.training.sharded_state import StateWriter
 from flexmarl.training.parking import (HostPool, HostState, ResidentBase, base_key, fill, park,
-                                       populate, prepare_pull, pull_plan, restore_parked,
+                                       populate, prepare_pull, pull_pieces, restore_parked,
                                        set_rng, sharded_here, slices, unpark)
 from flexmarl.training.trainer import GRPOTrainer
 from runtime.transport import connect
@@ -346,7 +346,7 @@ class Rank:
         try:
             head: ShardData = await conns[0].request(FetchShards(agent), timeout_s=self.timeout_s)
             tensors = prepare_pull(trainer, head.layout, head.meta)
-            plan = pull_plan(head.layout, sharded_here(trainer), len(source), self.world_size,
+            by_rank = pull_pieces(head.layout, sharded_here(trainer), len(source), self.world_size,
                              self.rank)
 
             async def one(w: int, batch: list[list]) -> int:
@@ -357,9 +357,9 @@ class Rank:
 
             # A few requests in flight per source rank: its serving, the socket and this
             # rank's copies overlap; so does faulting in the new tensors' pages, in bulk.
-            in_flight = {w: asyncio.Semaphore(PULL_IN_FLIGHT) for w in plan}
+            in_flight = {w: asyncio.Semaphore(PULL_IN_FLIGHT) for w in by_rank}
             storages = [t.untyped_storage() for t in tensors.values()]
-            *pulled, _ = await asyncio.gather(*(one(w, batch) for w, pieces in plan.items()
+            *pulled, _ = await asyncio.gather(*(one(w, batch) for w, pieces in by_rank.items()
                                                 for batch in _batches(pieces, head.layout)),
                                               asyncio.to_thread(populate, storages))
             set_rng(trainer, head.tensors)

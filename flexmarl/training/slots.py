@@ -280,3 +280,12 @@ class TeamOrder:
             order = order[k:] + order[:k]
         return [a for a in order if a not in self.cycle] + \
             [a for a in order if a in self.cycle]
+
+@dataclass
+class ParkedState:
+    """Where a swapped-out agent's state is: parked in `slot`'s processes (Parked.ranks)."""
+
+    slot: str
+    ranks: list[str]
+    version: int
+    num_bytes: int

@@ -10,7 +10,7 @@ runs collectives:
     export_weights()            full Hugging Face-named state dict on rank 0 (for weight sync)
     export_state / load_state   the whole training state gathered on rank 0 and back, bit for
                                 bit: snapshots and checkpoints (ExportState), never a swap
-    park / unpark, pull_plan    the swap path, in flexmarl.training.parking: each rank's own
+    park / unpark, pull_pieces    the swap path, in flexmarl.training.parking: each rank's own
                                 shards to host memory of its process and back in place, and the
                                 slices another group's ranks need (dim 0 resharded as FSDP2
                                 does), pulled slot to slot (flexmarl.training.worker)
@@ -49,7 +49,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from flexmarl.config.training import DEVICES, PARAM_DTYPES, REDUCE_DTYPES, TrainerConfig
+from flexmarl.config.training import TrainerConfig
 from flexmarl.training.adapter import base_only, inner, peft_names, wrap_policy
 from flexmarl.training.grpo import grpo_loss, token_entropy, token_logprobs
 from flexmarl.training.prefix import policy_logits, shared_prefix
@@ -135,6 +135,7 @@ class GRPOTrainer:
         self._normaliser: float | None = None
         self._deferred = False
         self._tokens_seen = 0
+        self._rows_seen = 0
 
     def _share(self, base: GRPOTrainer) -> None:
         """Take `base`'s modules (see __init__'s `base`); refused unless both train an adapter
@@ -237,6 +238,7 @@ class GRPOTrainer:
         self._deferred = not num_tokens
         self._normaliser = 1.0 if self._deferred else float(num_tokens)
         self._tokens_seen = 0
+        self._rows_seen = 0
         self.optimizer.zero_grad(set_to_none=True)
 
     def accumulate(self, mb: TrainMicroBatch) -> TrainStats:
@@ -283,6 +285,7 @@ class GRPOTrainer:
         (loss_sum, num_tokens, clipped, ratio_sum, kl_sum, w_sum, trunc,
          entropy_sum) = totals.tolist()
         self._tokens_seen += int(num_tokens)
+        self._rows_seen += int(mb.input_ids.shape[0])  # every rank has the whole micro-batch
         if not self._deferred and self._tokens_seen > self._normaliser:
             raise ValueError(f"the global batch has {self._tokens_seen} response tokens so far but "
                              f"begin_batch declared {int(self._normaliser)}: the loss would be "
@@ -408,7 +411,7 @@ class GRPOTrainer:
         self.version += 1
         return TrainStepDone(version=self.version, grad_norm=grad_norm,
                              step_s=time.perf_counter() - start,
-                             skipped=not math.isfinite(grad_norm))
+                             skipped=not math.isfinite(grad_norm), samples=self._rows_seen)
 
     # ------------------------------------------------------------------ weights
 

@@ -26,7 +26,7 @@ GRPOTrainer calls in the same order:
                                   │
     client ◄──TrainStats─────── reply
 
-Swaps (the one swap path; flexmarl.training.parking.park/unpark/pull_plan):
+Swaps (the one swap path; flexmarl.training.parking.park/unpark/pull_pieces):
 
     SwapOut ─► every rank parks its own shards (parameters, buffers, the KL reference, AdamW
                state, RNG, version) in host memory of its own process, device storages freed;

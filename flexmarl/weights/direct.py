@@ -50,7 +50,6 @@ from typing import Any, AsyncContextManager, Callable, Iterator, Protocol
 
 import torch
 
-from flexmarl.checks import ConfigError
 from flexmarl.clock import now
 from flexmarl.protocol import SendWeights, WeightTransfer, WeightUpdate, WeightUpdateDone
 from flexmarl.weights.base import SyncReport
@@ -62,7 +61,6 @@ log = logging.getLogger(__name__)
 
 # ----------------------------------------------------------------------------- the choice
 
-DIRECT = ("nccl", "ipc")
 ABORT_TIMEOUT_S = 10.0
 """How long telling the instances to abort may take, and how much longer than a send's deadline
 an instance keeps its gate closed before aborting on its own."""
@@ -70,31 +68,6 @@ DEFAULT_PACKED_BUFFER_BYTES = 1 << 30
 """vLLM's default packed buffer (packed_tensor.DEFAULT_PACKED_BUFFER_SIZE_BYTES), 1 GiB."""
 
 
-def resolve_transfer(setting: str, *, vllm_on_gpu: bool, trainer_on_gpu: bool,
-                     colocate: bool) -> str:
-    """rollout.weight_transfer for this run: "auto" is nccl (ipc when colocated) where vLLM and
-    the trainers are on GPU, else stage; an explicit direct mode without GPUs, nccl with
-    colocate and ipc without it are errors naming the settings."""
-    gpu = vllm_on_gpu and trainer_on_gpu
-    if setting == "auto":
-        return ("ipc" if colocate else "nccl") if gpu else "stage"
-    if setting in DIRECT and not gpu:
-        raise ConfigError(
-            f'rollout.weight_transfer = "{setting}" needs vLLM and the trainers on GPU (a CUDA '
-            f"build of vllm, trainer.device = \"cuda\", GPUs placed by [devices]); here vLLM is "
-            f"{'on GPU' if vllm_on_gpu else 'not on GPU'} and the trainers "
-            f"{'are' if trainer_on_gpu else 'are not'}: use \"stage\" or \"auto\"")
-    if setting == "nccl" and colocate:
-        # The planner seats each instance on its agent's trainer GPUs first (on one GPU:
-        # always), and NCCL refuses two ranks of one group on one device.
-        raise ConfigError('rollout.weight_transfer = "nccl" cannot be used with '
-                          "devices.colocate = true: instances then share GPUs with their "
-                          "trainer, and NCCL refuses two ranks of one group on one GPU; use "
-                          '"ipc" (or "auto") with colocate, or devices.colocate = false')
-    if setting == "ipc" and not colocate:
-        raise ConfigError('rollout.weight_transfer = "ipc" needs each instance on its trainer\'s '
-                          "GPUs: set devices.colocate = true, or use \"nccl\"")
-    return setting
 
 
 # ----------------------------------------------------------------------------- the instance's end

@@ -11,10 +11,11 @@
           async with weights.locked(agent): if not weights.fresh(agent): load_into  (a new
           instance) ─► the instance serves exactly the agent's served version
 
-The pool (flexmarl.rollout.pool.InstancePool) builds it in its constructor from the transport
-the run hands in (it lists the agent's instances, which its balancer owns), and the run passes
-`pool.weights` to the loop (flexmarl.orchestrator.loop.PipelineRun). Before an agent's first
-sync its served weights are its model directory's (read once, when an instance first needs them).
+The run builds it (flexmarl.launch.compose) with its transport and hands it to the rollout pool
+and to the loop (flexmarl.orchestrator.loop.PipelineRun); the pool, which knows each agent's
+instances now (its balancer owns them), gives that list at its construction (serve_from).
+Before an agent's first sync its served weights are its model directory's (read once, when an
+instance first needs them).
 """
 from __future__ import annotations
 
@@ -39,18 +40,20 @@ def model_weights(model_dir: str) -> dict[str, torch.Tensor]:
 
 
 class WeightSync:
-    def __init__(self, agents: Iterable[str], instances: Callable[[str], list[Connection]],
+    def __init__(self, agents: Iterable[str],
+                 instances: Callable[[str], list[Connection]] | None,
                  model_dirs: dict[str, str], *, timeout_s: float,
                  transport: Transport | None = None,
                  served: dict[str, dict[str, torch.Tensor]] | None = None,
                  rollout: Callable[[str], contextlib.AbstractAsyncContextManager] | None = None,
                  adapters: dict[str, dict] | None = None) -> None:
-        """`instances(agent)`: the connections of the agent's instances now; `transport`: the
+        """`instances(agent)`: the connections of the agent's instances now (None: the pool
+        that holds them gives it at its construction, serve_from); `transport`: the
         run's (default staged; flexmarl.weights.direct.DirectTransport on GPU); `served`
         (agent -> weights): what the instances start with, where not the model directory's
         (the simulator's models have no files); `timeout_s`: rollout.request_timeout_s;
         `rollout(agent)`: the agent's devices for its engines, held over a sync's push (a
-        time-shared agent's engines are awake for it; flexmarl.orchestrator.timeshare);
+        time-shared agent's engines are awake for it; flexmarl.placement.timeshare);
         `adapters` (agent -> LoraSpec.as_dict()): LoRA agents, whose syncs carry their adapter
         only, always staged (an engine reloads an adapter from its tensors), and whose version
         0 is the base itself (nothing to load: PEFT starts B at 0)."""
@@ -69,6 +72,12 @@ class WeightSync:
         self._in_trainer: set[str] = set()
         """Agents whose served weights live only in their trainer (a direct sync)."""
         self._locks = {agent: asyncio.Lock() for agent in self.versions}
+
+    def serve_from(self, instances: Callable[[str], list[Connection]]) -> None:
+        """The rollout pool says where each agent's instances are (at its construction)."""
+        if self.instances is not None and self.instances != instances:
+            raise RuntimeError("this WeightSync already serves another pool's instances")
+        self.instances = instances
 
     def exported(self, agent: str) -> bool:
         """Whether `sync(agent, ...)` needs the trainer's exported tensors (a LoRA agent's

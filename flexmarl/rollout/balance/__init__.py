@@ -5,5 +5,5 @@
     loads.py     the instances' outstanding work, per instance and per agent
     forecast.py  what is learnt from the past: a step's demand profile (the prediction of the
                  next), demand averaged over a window, decode rates
-    planner.py   the inter-agent level: which instance moves where, and whether it pays
+    moves.py     the inter-agent level: which instance moves where, and whether it pays
 """

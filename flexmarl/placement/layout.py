@@ -1,10 +1,10 @@
 """What goes where before any process starts: the trainer slots (their sizes, the time-shared
-groups' own slots, devices.placement) and the GPU placement (flexmarl.launch.devices).
+groups' own slots, devices.placement) and the GPU placement (flexmarl.placement.devices).
 
     team + trainer_pool + devices ─► slot_layout: the disaggregated agents' slots (shared or one
         each, trainer_pool.slots / slot_ranks), then one slot per time-shared group, pinned to
-        its agents ─► plan_gpus: trainer ranks on GPUs of their own; a time-shared group's
-        instances on its slot's GPUs (the two take turns: flexmarl.orchestrator.timeshare),
+        its agents ─► place_gpus: trainer ranks on GPUs of their own; a time-shared group's
+        instances on its slot's GPUs (the two take turns: flexmarl.placement.timeshare),
         the other instances on GPUs of their own (or shared by memory: devices.colocate)
 """
 from __future__ import annotations
@@ -12,17 +12,14 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from flexmarl import checks
-from flexmarl.config.rollout import RolloutConfig
+from flexmarl import _compat, checks
+from flexmarl.config.rollout import DIRECT, RolloutConfig
 from flexmarl.config.sections import DevicesConfig
 from flexmarl.config.training import TrainerPoolConfig
-from flexmarl.launch.devices import Ask, DevicePlan, Host, parse_gpus, plan_devices
-from flexmarl.orchestrator.timeshare import time_shared_groups
-from flexmarl.rollout.vllm_engine import SLEEP_ON_CPU
+from flexmarl.config.sections import parse_gpus
+from flexmarl.placement.devices import Ask, DevicePlacement, Host, place_devices
+from flexmarl.placement.timeshare import SLEEP_ON_CPU, time_shared_groups
 from flexmarl.team import Team
-from flexmarl.weights.direct import resolve_transfer
-from runtime.registry import NodeRegistry
-from runtime.supervisor import Supervisor
 
 
 @dataclass(frozen=True)
@@ -56,45 +53,39 @@ def slot_layout(team: Team, trainer_pool: TrainerPoolConfig,
 
 
 @dataclass
-class GpuPlan:
+class GpuPlacement:
     """The run's GPU placement (None: no GPU worker) and its weight sync: which roles run on
     GPUs, and "stage", "nccl" or "ipc" (flexmarl.weights.direct)."""
 
-    plan: DevicePlan | None
+    devices: DevicePlacement | None
     transfer: str
     rollout: bool
     trainer: bool
 
     def env(self, worker: str) -> dict[str, str]:
-        return self.plan.env(worker) if self.plan is not None else {}
+        return self.devices.env(worker) if self.devices is not None else {}
 
     def host(self, worker: str) -> str:
-        # Local workers have no node; the planner calls this machine "local".
-        host = self.plan.host(worker) if self.plan is not None else ""
+        # Local workers have no node; place_devices calls this machine "local".
+        host = self.devices.host(worker) if self.devices is not None else ""
         return "" if host == LOCAL else host
 
 
 LOCAL = "local"
 
 
-def hosts(gpus: str, sup: "Supervisor | NodeRegistry | None") -> list[Host]:
-    """The GPUs the run may use: this machine's (`gpus`: devices.gpus), each joined node's, or
-    each live Ray node's (runtime.ray_cluster.RayLauncher.hosts)."""
-    if isinstance(sup, NodeRegistry):
-        return [Host(n.name, tuple(range(n.hello.devices)), tuple(n.hello.roles))
-                for n in sup.alive()]
-    if sup is not None and sup.remote:  # a cluster engine (Ray): its nodes, as it sees them
-        return [Host(name, tuple(range(n)), roles) for name, n, roles in sup.hosts()]
+def local_hosts(gpus: str) -> list[Host]:
+    """This machine's GPUs the run may use (`gpus`: devices.gpus, of those torch sees)."""
     import torch
     return [Host(LOCAL, parse_gpus(gpus, torch.cuda.device_count()))]
 
 
-def plan_gpus(team: Team, sizes: list[int], hosts: list[Host], *, rollout: RolloutConfig,
+def place_gpus(team: Team, sizes: list[int], hosts: list[Host], *, rollout: RolloutConfig,
               trainer_device: str, devices: DevicesConfig, trainer_pool: TrainerPoolConfig
-              ) -> GpuPlan:
+              ) -> GpuPlacement:
     """Who gets GPUs (trainer ranks with trainer.device = "cuda"; vLLM instances whenever GPUs
     are there, torch-engine instances when the trainers are on GPU too), where
-    (flexmarl.launch.devices), and how weights reach the engines."""
+    (flexmarl.placement.devices), and how weights reach the engines."""
     have = any(h.gpus for h in hosts)
     r = rollout  # the section; `rollout` below: whether instances get GPUs
     trainer = trainer_device == "cuda"
@@ -123,7 +114,7 @@ def plan_gpus(team: Team, sizes: list[int], hosts: list[Host], *, rollout: Rollo
                 'use "stage" (or "auto") with devices.placement time_shared')
         transfer = "stage"
     if not (rollout or trainer):
-        return GpuPlan(None, transfer, False, False)
+        return GpuPlacement(None, transfer, False, False)
     # Static slots (one per agent, in team order): an instance goes near its agent's trainer.
     trainable = [a.name for a in team.agents if a.trainable]
     group_of = ({name: f"trainer-{k}" for k, name in enumerate(trainable)}
@@ -142,8 +133,8 @@ def plan_gpus(team: Team, sizes: list[int], hosts: list[Host], *, rollout: Rollo
                      inside=layout.group_slot(spec.name))
                  for spec in team.agents
                  for _ in range(spec.instances or r.instances_per_agent)]
-    plan = plan_devices(hosts, asks, colocate=dev.colocate, reserve=dev.reserve_fraction)
-    unpaired = plan.unpaired(group_of) if transfer == "ipc" else []
+    placed = place_devices(hosts, asks, colocate=dev.colocate, reserve=dev.reserve_fraction)
+    unpaired = placed.unpaired(group_of) if transfer == "ipc" else []
     if unpaired:
         if r.weight_transfer == "ipc":
             raise checks.ConfigError(
@@ -152,9 +143,35 @@ def plan_gpus(team: Team, sizes: list[int], hosts: list[Host], *, rollout: Rollo
                 f"rollout.tensor_parallel_size = {r.tensor_parallel_size} GPUs per instance, "
                 "so at least as many trainer ranks, trainer_pool.ranks_per_agent, with room "
                 f"for both on each GPU); {', '.join(unpaired)} are not. The placement is:\n"
-                + plan.table())
+                + placed.table())
         transfer = "stage"  # auto: instances apart from their trainers; NCCL cannot share a GPU
-    return GpuPlan(plan, transfer, rollout, trainer)
+    return GpuPlacement(placed, transfer, rollout, trainer)
+
+def resolve_transfer(setting: str, *, vllm_on_gpu: bool, trainer_on_gpu: bool,
+                     colocate: bool) -> str:
+    """rollout.weight_transfer for this run: "auto" is nccl (ipc when colocated) where vLLM and
+    the trainers are on GPU, else stage; an explicit direct mode without GPUs, nccl with
+    colocate and ipc without it are errors naming the settings."""
+    gpu = vllm_on_gpu and trainer_on_gpu
+    if setting == "auto":
+        return ("ipc" if colocate else "nccl") if gpu else "stage"
+    if setting in DIRECT and not gpu:
+        raise checks.ConfigError(
+            f'rollout.weight_transfer = "{setting}" needs vLLM and the trainers on GPU (a CUDA '
+            f"build of vllm, trainer.device = \"cuda\", GPUs placed by [devices]); here vLLM is "
+            f"{'on GPU' if vllm_on_gpu else 'not on GPU'} and the trainers "
+            f"{'are' if trainer_on_gpu else 'are not'}: use \"stage\" or \"auto\"")
+    if setting == "nccl" and colocate:
+        # place_devices seats each instance on its agent's trainer GPUs first (on one GPU:
+        # always), and NCCL refuses two ranks of one group on one device.
+        raise checks.ConfigError('rollout.weight_transfer = "nccl" cannot be used with '
+                          "devices.colocate = true: instances then share GPUs with their "
+                          "trainer, and NCCL refuses two ranks of one group on one GPU; use "
+                          '"ipc" (or "auto") with colocate, or devices.colocate = false')
+    if setting == "ipc" and not colocate:
+        raise checks.ConfigError('rollout.weight_transfer = "ipc" needs each instance on its trainer\'s '
+                          "GPUs: set devices.colocate = true, or use \"nccl\"")
+    return setting
 
 
 def _slot_sizes(trainer_pool: TrainerPoolConfig, needs: dict[str, int]) -> list[int]:
@@ -173,6 +190,9 @@ def check_devices(team: Team, remote: bool, *, rollout: RolloutConfig, trainer_d
     PlacementError listing what was asked and what exists, before any process starts)."""
     if remote:
         return  # placed on the cluster's GPUs: the nodes' once they join, or Ray's
-    plan_gpus(team, slot_layout(team, trainer_pool, devices).sizes, hosts(devices.gpus, None),
+    place_gpus(team, slot_layout(team, trainer_pool, devices).sizes, local_hosts(devices.gpus),
               rollout=rollout, trainer_device=trainer_device, devices=devices,
               trainer_pool=trainer_pool)
+
+
+__getattr__ = _compat.renamed_getattr(__name__, globals())  # the old names, until REMOVED_IN

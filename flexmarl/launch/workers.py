@@ -1,15 +1,18 @@
-"""Where the run's workers run and how they start: processes, cores, trainer slot sizes.
+"""The run's worker processes: where they run, what they start with, their replacements.
 
     launcher(cluster, ...): a Supervisor (local processes), a NodeRegistry (`flexmarl-node`s)
                   or a RayLauncher (actors on a Ray cluster, runtime.ray_cluster)
     WorkerSettings: what the worker processes start with (flexmarl.launch.build reads it from
                   the config; nothing here sees the whole config)
-    start_agents: every rollout instance (rollout-K) and trainer slot (trainer-K-RANK) at once,
-                  each on its role's cores ─► the AgentRuntimes, the InstancePool and the
-                  TrainerPool, each with its Lifecycle (runtime.lifecycle: the respawn, the kill,
-                  the GPU placement)
-    watch_workers: a dead worker ─► its lifecycle ─► its pool (instance / slot replaced)
+    Workers:      every rollout instance's (rollout-K) and trainer rank's (trainer-K-RANK)
+                  WorkerSpec, on its role's cores and its GPU seat; the respawns of dead ones
+                  (the pools' Lifecycles call them)
+    hosts:        the GPUs of this machine, of each joined node, or of each Ray node
+    watch_workers: a dead worker ─► its lifecycle ─► its pool's recovery (instance / slot
+                  replaced)
     grow: a rollout node joining mid-run gets instances for the agents with fewest
+
+flexmarl.launch.compose starts them and builds the pools over them.
 """
 from __future__ import annotations
 
@@ -22,85 +25,39 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from flexmarl import checks
-from flexmarl.activity import ActivityLog
-from flexmarl.config.balance import BalancerConfig
 from flexmarl.config.pipeline import PipelineConfig
 from flexmarl.config.rollout import RolloutConfig
 from flexmarl.config.sections import ClusterConfig, DevicesConfig
 from flexmarl.config.training import TrainerConfig, TrainerPoolConfig
-from flexmarl.launch.devices import Ask, Host
-from flexmarl.launch.layout import GpuPlan, hosts, plan_gpus, slot_layout
-from flexmarl.launch.lora_units import LoraUnits, lora_units
-from flexmarl.orchestrator.timeshare import time_shares
-from flexmarl.weights.direct import DIRECT, DirectTransport
-from flexmarl.models import load_tokenizer
-from flexmarl.orchestrator.agents import AgentRuntime
+from flexmarl.placement.devices import Ask, DevicePlacement, Host
+from flexmarl.placement.layout import GpuPlacement, local_hosts
+from flexmarl.placement.lora_units import LoraUnits
 from flexmarl.rollout.engine import engine_config
 from flexmarl.rollout.pool import InstancePool
-from flexmarl.team import AgentSpec, Team
-from flexmarl.training.state_files import StateCheckpoints
-from flexmarl.training.pool import AgentTrainer, TrainerPool
+from flexmarl.team import AgentSpec
+from flexmarl.training.pool import TrainerPool
 from runtime.config import SupervisorConfig, TransportConfig
 from runtime.errors import WorkerStartError
-from runtime.lifecycle import Lifecycle, watch
+from runtime.lifecycle import watch
 from runtime.registry import NodeInfo, NodeRegistry
-from runtime.supervisor import Supervisor, WorkerHandle, WorkerSpec
+from runtime.supervisor import Supervisor, WorkerSpec
 from runtime.transport import Connection, connect
 
 log = logging.getLogger(__name__)
 
 
-def role_cpus(rollout_cpus: str, trainer_cpus: str, trainer_device: str
-              ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The cores of rollout processes and of trainer processes; () means not pinned.
-
-    "auto" (the default of both) splits this process's cores between the roles when trainers
-    run on CPU: rollout gets the first half, training the second (one core each on a 2-core
-    machine), each process's thread pool sized to its role's cores. Without it every torch
-    process starts one thread per core and they fight over all of them: a training step of the
-    default experiment measured about 4x slower unpinned on 2 cores (bench/README.md). With
-    trainers on GPU, or a single core, "auto" pins nothing.
-    """
-    rollout = checks.parse_cpus(rollout_cpus, "rollout.cpus")
-    train = checks.parse_cpus(trainer_cpus, "trainer_pool.cpus")
-    auto_r, auto_t = rollout_cpus.strip() == "auto", trainer_cpus.strip() == "auto"
-    cores = checks.available_cpus() or []
-    if not (auto_r or auto_t) or trainer_device != "cpu" or len(cores) < 2:
-        return rollout, train
-    half = len(cores) // 2
-    if auto_r and auto_t:
-        return tuple(cores[:half]), tuple(cores[half:])
-    # One role explicit: the auto one gets the cores the other leaves (its half if unpinned).
-    if auto_r:
-        return (tuple(c for c in cores if c not in train) if train else tuple(cores[:half])), train
-    return rollout, (tuple(c for c in cores if c not in rollout) if rollout else
-                     tuple(cores[half:]))
-
-
-def trainers_on_local_cpu(trainer_device: str, remote: bool) -> bool:
-    """Trainer processes on this machine's CPU cores (trainer.device, not cluster.remote),
-    beside the run process (which is not pinned and routes every rollout call): where
-    trainer_pool.nice and .serial "auto" apply."""
-    return trainer_device == "cpu" and not remote
-
-
-def trainer_nice(trainer_pool: TrainerPoolConfig, on_local_cpu: bool) -> int:
-    """trainer_pool.nice resolved: "auto" is 10 where trainers_on_local_cpu (measured in
-    bench/README.md, `pipeline.py`), else 0."""
-    nice = trainer_pool.nice
-    if nice == "auto":
-        return 10 if on_local_cpu else 0
-    return int(nice)
-
-
-def serial_trainers(trainer_pool: TrainerPoolConfig, on_local_cpu: bool) -> bool:
-    """trainer_pool.serial resolved: "auto" is on where trainers_on_local_cpu
-    (flexmarl.orchestrator.lane says why one at a time is faster there)."""
-    serial = trainer_pool.serial
-    return on_local_cpu if serial == "auto" else bool(serial)
+def hosts(gpus: str, sup: "Supervisor | NodeRegistry | None") -> list[Host]:
+    """The GPUs the run may use: this machine's (`gpus`: devices.gpus), each joined node's, or
+    each live Ray node's (runtime.ray_cluster.RayLauncher.hosts)."""
+    if isinstance(sup, NodeRegistry):
+        return [Host(n.name, tuple(range(n.hello.devices)), tuple(n.hello.roles))
+                for n in sup.alive()]
+    if sup is not None and sup.remote:  # a cluster engine (Ray): its nodes, as it sees them
+        return [Host(name, tuple(range(n)), roles) for name, n, roles in sup.hosts()]
+    return local_hosts(gpus)
 
 
 def launcher(cluster: ClusterConfig, supervisor: SupervisorConfig, transport: TransportConfig,
@@ -137,15 +94,15 @@ def grow(pool: InstancePool, instances_per_node: int, node: NodeInfo) -> None:
     for _ in range(instances_per_node if movable else 0):
         agent = min(movable, key=lambda a: len(pool.instances(a)))
         log.warning("node %s joined: a new rollout instance for %s", node.name, agent)
-        pool.grow(agent)
+        pool.recovery.grow(agent)
 
 
 async def watch_workers(sup: Supervisor, pool: InstancePool, trainers: TrainerPool) -> None:
     """Worker deaths: a rollout instance is replaced (its requests re-sent); a trainer slot's
     pending requests fail at once with PeerDied and the slot is replaced, its agent restarting
     its step from its snapshot (without snapshots the run stops with the cause)."""
-    await watch(sup.events, [(pool.lifecycle, pool.instance_died),
-                             (trainers.lifecycle, trainers.worker_died)])
+    await watch(sup.events, [(pool.lifecycle, pool.recovery.died),
+                             (trainers.lifecycle, trainers.recovery.worker_died)])
 
 
 @dataclass(frozen=True)
@@ -172,7 +129,7 @@ class WorkerSettings:
     """supervisor.replace_attempts: processes started for one dead worker before giving up."""
 
 
-class _Workers:
+class Workers:
     """The run's worker processes: their specs (names, args, cores) and their replacements.
 
     Instances are named rollout-K, not after an agent: the balancer may move them. Slot K's
@@ -181,7 +138,7 @@ class _Workers:
 
     def __init__(self, sup: "Supervisor | NodeRegistry", settings: WorkerSettings,
                  model_dirs: dict[str, str], work: str, sizes: list[int],
-                 gpus: "GpuPlan | None" = None, time_shared: frozenset[str] = frozenset(),
+                 gpus: "GpuPlacement | None" = None, time_shared: frozenset[str] = frozenset(),
                  units: LoraUnits | None = None) -> None:
         self.sup, self.settings, self.model_dirs, self.work, self.sizes = (
             sup, settings, model_dirs, work, sizes)
@@ -189,7 +146,7 @@ class _Workers:
         """LoRA units: an instance of one serves its members' adapters on their base."""
         self.time_shared = time_shared
         """Agents whose instances sleep while their trainer runs (EngineConfig.sleep_mode)."""
-        self.gpus = gpus or GpuPlan(None, "stage", False, False)
+        self.gpus = gpus or GpuPlacement(None, "stage", False, False)
         self.store = None
         if getattr(sup, "remote", False):  # trainer ranks on several machines meet at a TCPStore
             import torch.distributed as dist
@@ -220,7 +177,7 @@ class _Workers:
         if self.gpus.rollout:
             self._seat(Ask(name, "rollout", r.tensor_parallel_size, label=agent,
                            memory=r.gpu_memory_utilization), replaces)
-            env |= self.gpus.plan.env(name)
+            env |= self.gpus.devices.env(name)
             if self.gpus.transfer == "ipc":
                 # vLLM's frontend hands the IPC handles (torch types) to its own engine-core
                 # process only with this; they reach the instance as plain data (no pickle).
@@ -248,7 +205,7 @@ class _Workers:
         c = self.settings
         names = [f"trainer-{k}-{rank}{suffix}" for rank in range(self.sizes[k])]
         if self.gpus.trainer and suffix:  # a replacement group: the old one's GPUs
-            old = [n for n in self.gpus.plan.seats if n.startswith(f"trainer-{k}-")]
+            old = [n for n in self.gpus.devices.seats if n.startswith(f"trainer-{k}-")]
             for rank, name in enumerate(names):
                 match = [n for n in old if n.split("-")[2] == str(rank)]
                 self._seat(Ask(name, "trainer", group=f"trainer-{k}",
@@ -265,7 +222,7 @@ class _Workers:
                   # Beside an engine sized at its start (not a time-shared one that wakes into
                   # it): parked memory stays cached (flexmarl.training.parking.park).
                   "keep_parked_memory": bool(self.gpus.trainer and c.devices.colocate and not any(
-                      s.inside == f"trainer-{k}" for s in self.gpus.plan.seats.values())),
+                      s.inside == f"trainer-{k}" for s in self.gpus.devices.seats.values())),
                   "collective_timeout_s": c.trainer_pool.collective_timeout_s,
                   "drain_timeout_s": c.stop_timeout_s},
             ready_timeout_s=c.trainer_pool.ready_timeout_s, cpus=self.train_cpus,
@@ -280,16 +237,16 @@ class _Workers:
     def _seat(self, ask: Ask, replaces: str) -> None:
         """GPUs for a new worker: those of the one it replaces, unless that one's node is gone
         (its GPUs with it), else free ones (a WorkerStartError if none are left)."""
-        plan = self.gpus.plan
-        lost = ({s.host for s in plan.seats.values()} - {n.name for n in self.sup.alive()}
+        placed = self.gpus.devices
+        lost = ({s.host for s in placed.seats.values()} - {n.name for n in self.sup.alive()}
                 if isinstance(self.sup, NodeRegistry) else set())
         for host in lost:
-            plan.drop_host(host)
-        if replaces in plan.seats:
-            plan.replace(replaces, ask.worker)
-        elif ask.worker not in plan.seats and plan.take(ask) is None:
+            placed.drop_host(host)
+        if replaces in placed.seats:
+            placed.replace(replaces, ask.worker)
+        elif ask.worker not in placed.seats and placed.take(ask) is None:
             raise WorkerStartError(f"no free GPU for {ask.worker} ({ask.label or ask.group}; "
-                                   f"{ask.gpus} on one host):\n{plan.table()}")
+                                   f"{ask.gpus} on one host):\n{placed.table()}")
 
     async def respawn(self, agent: str, old: list[str]) -> tuple[list[str], Connection]:
         """A replacement for a dead instance (`old`: it): a new process (and name) with the
@@ -314,7 +271,7 @@ class _Workers:
         return [h.name for h in started], self.connect(started[0].address)
 
 
-def _snapshots_in(sup: "Supervisor | NodeRegistry", model_dirs: list[str]) -> str | None:
+def snapshots_in(sup: "Supervisor | NodeRegistry", model_dirs: list[str]) -> str | None:
     """/dev/shm (snapshots at memory speed, training/saves.py) when every trainer rank runs on
     this machine and it holds two states per agent (weights and AdamW's two moments, ~3x the
     weight files); else None: beside RUN_DIR/state."""
@@ -328,98 +285,11 @@ def _snapshots_in(sup: "Supervisor | NodeRegistry", model_dirs: list[str]) -> st
     return "/dev/shm"
 
 
-async def start_agents(sup: "Supervisor | NodeRegistry", team: Team, settings: WorkerSettings,
-                       balance: BalancerConfig, trainer_configs: dict[str, dict],
-                       model_dirs: dict[str, str], work: str, activity: ActivityLog, *,
-                       saved: StateCheckpoints | None = None,
-                       on_ready: Callable[[str], None] | None = None
-                       ) -> tuple[dict[str, AgentRuntime], InstancePool, TrainerPool]:
-    """Start every rollout instance and trainer group at once (engine starts overlap); the
-    agents' runtimes and the two pools over them (`trainer_configs`: each trainable agent's
-    TrainerConfig fields; `saved`: the run's state dir, where the ranks write every agent's
-    state after each step, even if trainer_pool.snapshots is off: a save is a snapshot);
-    `on_ready(name)` is told of each worker that has sent Ready (the console's waiting line)."""
-    async def start_worker(spec: WorkerSpec) -> WorkerHandle:
-        handle = await sup.start_worker(spec)
-        if on_ready is not None:
-            on_ready(spec.name)
-        return handle
-
-    trainable = [spec for spec in team.agents if spec.trainable]
-    needs = {spec.name: spec.train_ranks or settings.trainer_pool.ranks_per_agent
-             for spec in trainable}
-    layout = slot_layout(team, settings.trainer_pool, settings.devices)
-    sizes = layout.sizes
-    gpus = plan_gpus(team, sizes, hosts(settings.devices.gpus, sup), rollout=settings.rollout,
-                     trainer_device=settings.trainer.device, devices=settings.devices,
-                     trainer_pool=settings.trainer_pool)
-    if gpus.plan is not None:
-        check_ray_gpus(sup, gpus.plan)
-        log.warning("GPU placement (%s weight sync):\n%s", gpus.transfer, gpus.plan.table())
-    units = lora_units(team, model_dirs, settings.rollout, time_shared=frozenset(layout.pinned))
-    workers = _Workers(sup, settings, model_dirs, work, sizes, gpus, frozenset(layout.pinned),
-                       units)
-    placement = {unit: [workers.rollout(unit) for _ in range(n)] for unit, n in
-                 units.instances(team, settings.rollout.instances_per_agent).items()}
-    slot_specs = [workers.trainer_slot(k) for k in range(len(sizes))]
-    instances = [w for ws in placement.values() for w in ws]
-    trainers_started = asyncio.gather(*(start_worker(w) for ws in slot_specs for w in ws))
-    try:
-        if gpus.rollout and settings.devices.colocate:
-            # Engines sharing a GPU start one after another: vLLM sizes its KV cache from the
-            # GPU's free memory, which another engine starting beside it changes meanwhile.
-            started = [await start_worker(w) for w in instances]
-        else:
-            started = await asyncio.gather(*(start_worker(w) for w in instances))
-    except BaseException:  # the run stops; the trainers' starts go on and are reaped with it
-        trainers_started.add_done_callback(lambda f: f.cancelled() or f.exception())
-        raise
-    handles = {h.name: h for h in [*started, *await trainers_started]}
-    agents = {spec.name: AgentRuntime(spec, model_dirs[spec.name],
-                                      load_tokenizer(model_dirs[spec.name]),
-                                      max_model_len=settings.rollout.max_model_len)
-              for spec in team.agents}
-    section = (dataclasses.replace(settings.trainer_pool, snapshots=True) if saved is not None
-               else settings.trainer_pool)
-    # Time-shared groups switch through both pools, attached below (nothing switches before
-    # the run's first request).
-    shares = time_shares(layout.groups, None, None, settings.rollout.request_timeout_s)
-    trainers = TrainerPool(
-        {f"trainer-{k}": workers.connect(handles[f"trainer-{k}-0"].address)
-         for k in range(len(sizes))},
-        {f"trainer-{k}": n for k, n in enumerate(sizes)},
-        {spec.name: AgentTrainer(model_dirs[spec.name], trainer_configs[spec.name],
-                                 needs[spec.name]) for spec in trainable},
-        section, lifecycle=Lifecycle(
-            workers.respawn_slot, kill=sup.kill, groups=True, kind="trainer slot",
-            owners={w.name: f"trainer-{k}" for k, ws in enumerate(slot_specs) for w in ws},
-            attempts=settings.replace_attempts, devices=gpus.plan), saved=saved,
-        scratch_in=_snapshots_in(sup, [model_dirs[spec.name] for spec in trainable]),
-        pinned=layout.pinned, shares=shares)
-    pool = InstancePool(
-        {w.name: workers.connect(handles[w.name].address)
-         for ws in placement.values() for w in ws},
-        {agent: [w.name for w in ws] for agent, ws in placement.items()}, model_dirs,
-        settings.rollout, balance, activity=activity,
-        lifecycle=Lifecycle(workers.respawn, kill=sup.kill, kind="rollout instance",
-                            owners={w.name: w.name for w in instances},
-                            attempts=settings.replace_attempts, devices=gpus.plan),
-        transport=(DirectTransport(trainers, gpus.transfer,
-                                   tensor_parallel_size=settings.rollout.tensor_parallel_size,
-                                   dtype=settings.rollout.dtype,
-                                   timeout_s=settings.rollout.request_timeout_s)
-                   if gpus.transfer in DIRECT else None), shares=shares,
-        adapters=units.adapters())
-    for group in shares.groups:
-        group.switch.pool, group.switch.trainers = pool, trainers
-    return agents, pool, trainers
-
-
-def check_ray_gpus(sup: Any, plan: Any) -> None:
+def check_ray_gpus(sup: Any, placed: DevicePlacement) -> None:
     """Ray gives each worker GPUs of its own (its bundle's); it cannot seat two workers on one
     GPU it picked for one of them, which devices.colocate and time-shared placements need."""
     if not getattr(sup, "shares_gpus", True) and (
-            plan.colocate or any(s.inside for s in plan.seats.values())):
+            placed.colocate or any(s.inside for s in placed.seats.values())):
         raise checks.ConfigError(
             'cluster.launcher = "ray" gives each GPU worker GPUs of its own, so it cannot run '
             "devices.colocate = true or a time-shared devices.placement on GPUs: turn those "

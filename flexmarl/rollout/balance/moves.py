@@ -1,6 +1,6 @@
 """The inter-agent level: which instance moves from which agent to which, and whether it pays.
 
-    plan(now, demand, last) ─► Move | None, once per check (the balancer has already ruled out
+    choose(now, demand, last) ─► Move | None, once per check (the balancer has already ruled out
         a check during a move, a cool-down or the first demand window)
       ratio test   the hottest agent whose averaged load per instance exceeds `ratio` times
                    another's (ratio squared to undo the last move) for `patience` consecutive
@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from flexmarl import _compat
 from flexmarl.config.balance import BalancerConfig
 from flexmarl.rollout.balance.forecast import Rates, StepProfile
 from flexmarl.rollout.balance.loads import InstanceLoads
@@ -37,12 +38,12 @@ class Move:
     src: str
     dst: str
     src_load: float
-    """Load per instance (estimated outstanding tokens) of the cold agent when planned."""
+    """Load per instance (estimated outstanding tokens) of the cold agent when chosen."""
     dst_load: float
     """... and of the hot agent."""
 
 
-class MovePlanner:
+class MoveChooser:
     """See the module docstring; `compatible(src, dst)`: may an instance of src serve dst."""
 
     def __init__(self, config: BalancerConfig, loads: InstanceLoads, profile: StepProfile,
@@ -62,7 +63,7 @@ class MovePlanner:
         """No move may start now: an imbalance must hold `patience` checks again."""
         self._streak, self._streak_len = None, 0
 
-    def plan(self, now: float, demand: dict[str, float], last: Move | None) -> Move | None:
+    def choose(self, now: float, demand: dict[str, float], last: Move | None) -> Move | None:
         """One check: `demand` is each agent's averaged load per instance, `last` the last
         move made. A Move to carry out, or None."""
         c = self.config
@@ -194,3 +195,6 @@ class MovePlanner:
         """A move's weights loaded `seconds` after it drained (EWMA)."""
         self._move_s = seconds if self._move_s is None else \
             self._move_s + 0.3 * (seconds - self._move_s)
+
+
+__getattr__ = _compat.renamed_getattr(__name__, globals())  # the old names, until REMOVED_IN

@@ -3,7 +3,7 @@
     hosts: this machine's visible GPUs (devices.gpus), or what each flexmarl-node reports
     asks:  every rollout instance (its tensor_parallel_size GPUs, on one host) and every trainer
            slot (one GPU per rank; its ranks kept on one host when one has room)
-        ─► plan_devices ─► DevicePlan: worker -> Seat(host, GPU indices on that host)
+        ─► place_devices ─► DevicePlacement: worker -> Seat(host, GPU indices on that host)
         ─► each worker process starts with CUDA_VISIBLE_DEVICES = its GPUs (runtime.supervisor
            maps them through the starting process's own CUDA_VISIBLE_DEVICES) and, on nodes,
            on its seat's node
@@ -24,8 +24,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from flexmarl import _compat
 from flexmarl.checks import ConfigError, require
-from flexmarl.config.sections import DevicesConfig, _span, parse_gpus  # noqa: F401  (re-exported)
+from flexmarl.config.sections import _span
 
 ROLES = ("rollout", "trainer")
 
@@ -84,7 +85,7 @@ class Seat:
 
 
 @dataclass
-class DevicePlan:
+class DevicePlacement:
     """Where every GPU worker runs; changes as workers are replaced or nodes join."""
 
     hosts: list[Host]
@@ -193,11 +194,11 @@ class DevicePlan:
         return "\n".join(lines)
 
 
-def plan_devices(hosts: list[Host], asks: list[Ask], *, colocate: bool = False,
-                 reserve: float = 0.0) -> DevicePlan:
+def place_devices(hosts: list[Host], asks: list[Ask], *, colocate: bool = False,
+                 reserve: float = 0.0) -> DevicePlacement:
     """Every ask seated on its own GPUs (see the module docstring), or one PlacementError.
     `reserve` (devices.reserve_fraction): with colocate, the share of each GPU kept free."""
-    plan = DevicePlan(list(hosts), colocate=colocate, reserve=reserve)
+    placed = DevicePlacement(list(hosts), colocate=colocate, reserve=reserve)
     units: list[list[Ask]] = []
     groups: dict[str, list[Ask]] = {}
     for ask in asks:
@@ -214,26 +215,26 @@ def plan_devices(hosts: list[Host], asks: list[Ask], *, colocate: bool = False,
                                                      units[i][0].role != "trainer", i))
     for i in order:
         unit = units[i]
-        if not _place(plan, unit):
+        if not _place(placed, unit):
             raise PlacementError(_shortage(hosts, asks, unit, colocate, reserve))
     # Seats listed in the asks' order (tables read like the config).
-    plan.seats = {a.worker: plan.seats[a.worker] for a in asks}
-    return plan
+    placed.seats = {a.worker: placed.seats[a.worker] for a in asks}
+    return placed
 
 
-def _place(plan: DevicePlan, unit: list[Ask]) -> bool:
+def _place(placed: DevicePlacement, unit: list[Ask]) -> bool:
     """Seat one instance, or one trainer slot's ranks: on one host if any has room for all of
     them (the tightest), else a slot's ranks spread over the hosts with most room."""
     first, need = unit[0], sum(a.gpus for a in unit)
     # Hosts of this role only before "any" hosts (the other role may need those), then the
     # tightest fit. A slot's ranks take distinct GPUs (one per rank): NCCL needs that.
-    room = [(_shared(h), len(plan.free(h, first)), i, h) for i, h in enumerate(plan.hosts)]
+    room = [(_shared(h), len(placed.free(h, first)), i, h) for i, h in enumerate(placed.hosts)]
     fits = [r for r in room if r[1] >= need]
     if fits:
         host = min(fits)[3]
-        free = plan.free(host, first)
+        free = placed.free(host, first)
         for ask in unit:
-            plan._seat(ask, host, free[:ask.gpus])
+            placed._seat(ask, host, free[:ask.gpus])
             free = free[ask.gpus:]
         return True
     if len(unit) == 1 or sum(r[1] for r in room) < need:
@@ -241,11 +242,11 @@ def _place(plan: DevicePlan, unit: list[Ask]) -> bool:
     taken: set[tuple[str, int]] = set()
     for ask in unit:  # one GPU per rank (NCCL joins ranks across hosts), most room first
         options = [(r[0], -len(free), r[2], r[3], free) for r in room
-                   if (free := [d for d in plan.free(r[3], ask) if (r[3].name, d) not in taken])]
+                   if (free := [d for d in placed.free(r[3], ask) if (r[3].name, d) not in taken])]
         if not options:
             return False
         _, _, _, host, free = min(options, key=lambda o: o[:3])
-        plan._seat(ask, host, free[:1])
+        placed._seat(ask, host, free[:1])
         taken.add((host.name, free[0]))
     return True
 
@@ -293,3 +294,6 @@ def _shortage(hosts: list[Host], asks: list[Ask], failed: list[Ask], colocate: b
               "contexts and communication buffers)" if colocate else
               ", or devices.colocate = true (workers share GPUs by memory)")
     return f"not enough GPUs: {why}. Fit them with {fixes}"
+
+
+__getattr__ = _compat.renamed_getattr(__name__, globals())  # the old names, until REMOVED_IN

@@ -19,6 +19,7 @@ SIGKILLed supervisor leaves no orphan behind.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -38,6 +39,7 @@ from runtime.config import SupervisorConfig, TransportConfig
 from runtime.errors import WorkerStartError
 from runtime.heartbeat import Silence
 from runtime.protocol import Heartbeat, Ready, Shutdown
+from runtime.zygote import Zygote
 
 log = logging.getLogger(__name__)
 
@@ -248,6 +250,8 @@ class Supervisor(Actor):
         self.events: asyncio.Queue[WorkerDied] = asyncio.Queue()
         self.silence = Silence(config.heartbeat_timeout_s, config.heartbeat_interval_s)
         self._ipc_dir: str | None = None
+        self._zygote: Zygote | None = None
+        self._zygote_lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ start
 
@@ -312,17 +316,44 @@ class Supervisor(Actor):
             env.setdefault("OMP_NUM_THREADS", str(len(spec.cpus)))
         read_end, write_end = os.pipe()
         try:
-            # With a log file, stdout too (vLLM logs to stdout) goes through the tail.
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "runtime.worker", json.dumps(boot), env=env,
-                stderr=write_end, stdout=write_end if self.worker_log is not None else None,
-                start_new_session=True)
+            zygote = await self._fork_server()
+            if zygote is not None:
+                proc = await zygote.spawn(boot, env, write_end)
+            else:
+                # With a log file, stdout too (vLLM logs to stdout) goes through the tail.
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "runtime.worker", json.dumps(boot), env=env,
+                    stderr=write_end, stdout=write_end if self.worker_log is not None else None,
+                    start_new_session=True)
         except BaseException:
             os.close(read_end)
             raise
         finally:
             os.close(write_end)  # the worker (and what it starts) hold the only write ends
         return WorkerHandle(spec, proc, StderrTail(read_end, sink=self.worker_log))
+
+    async def _fork_server(self) -> Zygote | None:
+        """The zygote workers are forked from (config.preload), started on first use; None:
+        none configured, or it failed to start (then workers start as fresh interpreters)."""
+        if not self.config.preload:
+            return None
+        async with self._zygote_lock:
+            if self._zygote is not None and self._zygote.alive:
+                return self._zygote
+            if self._zygote is not None:
+                log.warning("the workers' fork server exited; starting another")
+                await self._zygote.close()
+            self._zygote = Zygote(self.config.preload, stdout=self.worker_log is not None)
+            try:
+                await self._zygote.start(self.config.ready_timeout_s)
+            except Exception as exc:
+                log.warning("the workers' fork server (supervisor.preload) did not start "
+                            "(%s: %s); starting workers as fresh interpreters", type(exc).__name__,
+                            exc)
+                await self._zygote.close()
+                self.config = dataclasses.replace(self.config, preload=())
+                self._zygote = None
+            return self._zygote
 
     def _running(self, handle: WorkerHandle) -> bool:
         """Its process still runs (a zombie has exited), whatever this loop has seen yet."""
@@ -420,6 +451,9 @@ class Supervisor(Actor):
 
     async def on_drain(self) -> None:
         await self.stop_workers()
+        if self._zygote is not None:
+            await self._zygote.close()
+            self._zygote = None
         if self._ipc_dir is not None:
             shutil.rmtree(self._ipc_dir, ignore_errors=True)
 

@@ -40,6 +40,24 @@ class WorkerContext:
     transport: TransportConfig = TransportConfig()
 
 
+TITLE_PREFIX = "runtime.worker:"
+"""A forked worker's process title (runtime.zygote): this prefix and its name."""
+
+
+def worker_name(args: list[str]) -> str | None:
+    """The worker a process's command line names: `python -m runtime.worker BOOT_JSON`, or a
+    forked worker's title `runtime.worker:NAME` (runtime.zygote); None for any other."""
+    args = [a for a in args if a]
+    if args and args[0].startswith(TITLE_PREFIX):
+        return args[0][len(TITLE_PREFIX):]
+    if len(args) >= 4 and args[1:3] == ["-m", "runtime.worker"]:
+        try:
+            return str(json.loads(args[3])["name"])
+        except (ValueError, KeyError, TypeError):
+            return None
+    return None
+
+
 def resolve(entry: str) -> Callable[[WorkerContext], Actor]:
     module, _, attr = entry.partition(":")
     return getattr(importlib.import_module(module), attr)

@@ -14,6 +14,8 @@
   replaced, its agent restored from the snapshot of its last step, the batch re-accumulated:
   every step and sample, weights within WEIGHT_REL_TOL. Without snapshots the run stops within
   seconds with an error naming the slot, instead of waiting out the request timeout.
+- The control: the same run with one group of one step dropped on purpose fails both the
+  weights check and the trained-sample counts (the trainer's own), so they can catch a loss.
 """
 from __future__ import annotations
 
@@ -147,6 +149,35 @@ async def test_a_silent_rollout_worker_is_treated_as_dead(tiny_model_dir, tmp_pa
     assert [name for m in result.metrics for name in m["faults"]["dead"]] == ["rollout-1"]
     assert any("worker rollout-1 died: heartbeat_timeout" in r.getMessage()
                for r in caplog.records)
+
+
+@pytest.mark.slow
+async def test_the_checks_catch_one_dropped_group(tiny_model_dir, tmp_path, fault_free,
+                                                 monkeypatch):
+    """The control of what the fault tests assert (WEIGHT_REL_TOL, the trained-sample counts):
+    the fault-free run again, with one group of the solver's step 2 (one with a learning
+    signal) dropped before its trainer. Both checks must fail on it, or they could not catch a
+    lost sample either. The counts are the trainer's own (TrainStepDone.samples)."""
+    from flexmarl.orchestrator.batch import TrainSession
+    real_add, dropped = TrainSession.add, []
+
+    async def add(self, groups):
+        signal = [g for g in groups if any(t.advantage for t in g.turns)]
+        if self.rt.spec.name == "solver" and self.version == 2 and signal and not dropped:
+            dropped.append(signal[0])
+            groups = [g for g in groups if g is not signal[0]]
+        await real_add(self, groups)
+    monkeypatch.setattr(TrainSession, "add", add)
+    result, _ = await _run(tiny_model_dir, _config(tmp_path, "dropped"))
+    assert len(dropped) == 1
+    trained = [m["agents"]["solver"]["trained_samples"] for m in result.metrics]
+    expected = [m["agents"]["solver"]["trained_samples"] for m in fault_free.metrics]
+    expected[2] -= len(dropped[0].turns)
+    assert trained == expected
+    with pytest.raises(AssertionError):
+        _assert_same_weights(result, fault_free, tiny_model_dir)
+    with pytest.raises(AssertionError):
+        _assert_nothing_lost(result, fault_free, tiny_model_dir)
 
 
 @pytest.mark.slow

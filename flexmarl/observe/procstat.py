@@ -13,12 +13,13 @@ Used by bench/pipeline.py to tell whether training work runs on the rollout's co
 """
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+
+from runtime.worker import worker_name
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -55,12 +56,9 @@ def children(pid: int) -> list[int]:
 
 def process_name(pid: int, parent_name: str | None) -> str:
     """A worker's name from its boot argument; a child of a named process "PARENT/comm"."""
-    args = (_read(f"/proc/{pid}/cmdline") or "").split("\0")
-    if "runtime.worker" in args and args[-1] != "runtime.worker":
-        try:
-            return str(json.loads(next(a for a in args if a.startswith("{")))["name"])
-        except (StopIteration, ValueError, KeyError, TypeError):
-            pass
+    name = worker_name((_read(f"/proc/{pid}/cmdline") or "").split("\0"))
+    if name is not None:
+        return name
     comm = (_read(f"/proc/{pid}/comm") or "?").strip()
     return f"{parent_name}/{comm}" if parent_name else comm
 

@@ -135,20 +135,20 @@ def slow_start(ctx: WorkerContext) -> Actor:
 
 def running_workers() -> dict[str, int]:
     """name -> pid of this process's runtime workers, found among its descendants by their
-    command line (`python -m runtime.worker BOOT_JSON`, whose JSON names them). For tests and
+    command line (runtime.worker.worker_name: `python -m runtime.worker BOOT_JSON`, or a forked worker's title). For tests and
     benchmarks that kill workers of a run they did not start themselves."""
-    import json
-
     import psutil
+
+    from runtime.worker import worker_name
 
     out = {}
     for child in psutil.Process().children(recursive=True):
         try:
-            cmd = child.cmdline()
+            name = worker_name(child.cmdline())
         except psutil.Error:
             continue
-        if len(cmd) >= 4 and cmd[1:3] == ["-m", "runtime.worker"]:
-            out[json.loads(cmd[3])["name"]] = child.pid
+        if name is not None:
+            out[name] = child.pid
     return out
 
 

@@ -11,6 +11,8 @@ Importing it has no side effects: uvloop and signal handlers are installed by en
     actor.py        Actor base: a mailbox, handlers by message type, named `*_loop` tasks
     supervisor.py   start worker processes, watch them, report deaths, stop them in order
     worker.py       a worker process's entry point: `python -m runtime.worker BOOT_JSON`
+    zygote.py       a fork server: workers forked from one process that imported their modules
+                    once (SupervisorConfig.preload)
     heartbeat.py    heartbeats sent from a thread, silence judged without the observer's stalls
     lifecycle.py    Lifecycle: one pool's workers, their deaths and replacements
     node.py         a node: hosts workers on this machine for a registry on another one

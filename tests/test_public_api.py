@@ -60,6 +60,11 @@ OLD_MODULES = {  # old path -> new path, and a name users took from it
     "flexmarl.training.trainer_config": ("flexmarl.config.training", "TrainerConfig"),
     "flexmarl.training.pool_config": ("flexmarl.config.training", "TrainerPoolConfig"),
     "flexmarl.rollout.balance.config": ("flexmarl.config.balance", "BalancerConfig"),
+    "flexmarl.launch.devices": ("flexmarl.placement.devices", "Host"),
+    "flexmarl.launch.layout": ("flexmarl.placement.layout", "slot_layout"),
+    "flexmarl.launch.lora_units": ("flexmarl.placement.lora_units", "lora_units"),
+    "flexmarl.orchestrator.timeshare": ("flexmarl.placement.timeshare", "TimeShare"),
+    "flexmarl.rollout.balance.planner": ("flexmarl.rollout.balance.moves", "Move"),
 }
 
 
@@ -137,6 +142,18 @@ def test_an_old_module_path_imports_the_new_module_with_a_future_warning(old, mo
 def test_the_moved_table_is_the_one_pinned_here():
     import flexmarl
     assert flexmarl.MOVED == {old: new for old, (new, _) in OLD_MODULES.items()}
+
+
+@pytest.mark.parametrize("module, old, new", [
+    ("flexmarl.placement.devices", "DevicePlan", "DevicePlacement"),
+    ("flexmarl.placement.layout", "GpuPlan", "GpuPlacement"),
+    ("flexmarl.rollout.balance.moves", "MovePlanner", "MoveChooser")])
+def test_a_class_renamed_off_the_word_plan_still_resolves_with_a_future_warning(module, old, new):
+    """"plan" is the simulator's word only (flexmarl.placement's docstring): the old names
+    resolve until REMOVED_IN."""
+    imported = importlib.import_module(module)
+    with pytest.warns(FutureWarning, match=rf"{old} is now .*{new}.*0\.2"):
+        assert getattr(imported, old) is getattr(imported, new)
 
 
 def test_a_renamed_config_class_is_read_with_a_future_warning():

@@ -344,15 +344,19 @@ class Supervisor(Actor):
                 log.warning("the workers' fork server exited; starting another")
                 await self._zygote.close()
             self._zygote = Zygote(self.config.preload, stdout=self.worker_log is not None)
+            read_end, write_end = os.pipe()
+            tail = StderrTail(read_end, sink=self.worker_log)  # as a worker's: the run's log
             try:
-                await self._zygote.start(self.config.ready_timeout_s)
+                await self._zygote.start(self.config.ready_timeout_s, write_end)
             except Exception as exc:
                 log.warning("the workers' fork server (supervisor.preload) did not start "
-                            "(%s: %s); starting workers as fresh interpreters", type(exc).__name__,
-                            exc)
+                            "(%s: %s%s); starting workers as fresh interpreters",
+                            type(exc).__name__, exc, last_words(tail.tail()))
                 await self._zygote.close()
                 self.config = dataclasses.replace(self.config, preload=())
                 self._zygote = None
+            finally:
+                os.close(write_end)  # the zygote (and its children) hold the only write ends
             return self._zygote
 
     def _running(self, handle: WorkerHandle) -> bool:

@@ -50,12 +50,13 @@ def worker_name(args: list[str]) -> str | None:
     args = [a for a in args if a]
     if args and args[0].startswith(TITLE_PREFIX):
         return args[0][len(TITLE_PREFIX):]
-    if len(args) >= 4 and args[1:3] == ["-m", "runtime.worker"]:
-        try:
-            return str(json.loads(args[3])["name"])
-        except (ValueError, KeyError, TypeError):
-            return None
-    return None
+    if "runtime.worker" not in args[:-1]:
+        return None
+    boot = next((a for a in args[args.index("runtime.worker") + 1:] if a.startswith("{")), "")
+    try:
+        return str(json.loads(boot)["name"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def resolve(entry: str) -> Callable[[WorkerContext], Actor]:

@@ -188,13 +188,16 @@ class Zygote:
         self._replies: asyncio.Queue = asyncio.Queue()
         self._reader: asyncio.Task | None = None
 
-    async def start(self, ready_timeout_s: float) -> None:
+    async def start(self, ready_timeout_s: float, out_fd: int) -> None:
+        """Start the zygote, its stderr (and stdout, if its children's go there too) onto
+        `out_fd`: what its interpreter prints while it imports goes where the workers' does."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         config = {"fd": theirs.fileno(), "preload": self.preload, "supervisor_pid": os.getpid()}
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "runtime.zygote", json.dumps(config),
-                pass_fds=[theirs.fileno()], start_new_session=True)
+                pass_fds=[theirs.fileno()], start_new_session=True, stderr=out_fd,
+                stdout=out_fd if self.stdout else None)
         finally:
             theirs.close()
         ours.setblocking(False)

@@ -212,13 +212,18 @@ def test_a_run_console_carries_no_warnings_unless_verbose(tiny_model_dir, tmp_pa
     summary."""
     team = _team(tmp_path, tiny_model_dir)
     # Each worker process warns at start, as Triton or torch.distributed would, without
-    # depending on their versions (a worker's argv at that point: -m and its JSON boot).
+    # depending on their versions: a worker started as a fresh interpreter (its argv at that
+    # point: -m and its JSON boot) at once, and so does the fork server (runtime.zygote, the
+    # same argv shape), whose children, the workers, warn again right after their fork.
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(
-        "import sys, warnings\n"
+        "import os, sys, warnings\n"
+        "def forked():\n"
+        "    warnings.warn('planted Warning of a worker', FutureWarning)\n"
         "if sys.argv[1:2] and sys.argv[1].startswith('{'):\n"
-        "    warnings.warn('planted Warning of a worker', FutureWarning)\n")
+        "    warnings.warn('planted Warning of a worker', FutureWarning)\n"
+        "    os.register_at_fork(after_in_child=forked)\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(site), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
     done = _run(tmp_path, team, "run", env=env)

@@ -431,7 +431,7 @@ async def test_a_step_larger_than_the_store_capacity_completes(mode, tiny_model_
     """A step's rows never wait for store capacity: in `sync` mode nothing is consumed before
     the whole step is stored, so a step of 8 solver rows against a capacity of 3 used to wait
     for ever. Rows sampled ahead (the next step's) are still held to the capacity."""
-    import flexmarl.launch.run as run_module
+    import flexmarl.launch.compose as compose_module
     from flexmarl.orchestrator.store import ExperienceStore
 
     stores = []
@@ -440,7 +440,7 @@ async def test_a_step_larger_than_the_store_capacity_completes(mode, tiny_model_
         stores.append(ExperienceStore(*args, **{**kwargs, "capacity_per_agent": 3}))
         return stores[-1]
 
-    monkeypatch.setattr(run_module, "ExperienceStore", small_store)
+    monkeypatch.setattr(compose_module, "ExperienceStore", small_store)
     result = await run(duo(tiny_model_dir), config(tmp_path, mode, "run.steps=2"))
     assert [m["step"] for m in result.metrics] == [0, 1]
     for m in result.metrics:  # 4 tasks x 2 trajectories: 8 checker rows, 16 solver rows

@@ -58,7 +58,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    model_dir = ensure_model("tiny")
+    model_dir = str(ensure_model("tiny"))
     rows = {}
     for label, preload in (("fresh interpreter", ()), ("fork server", WORKER_PRELOAD)):
         r = asyncio.run(_measure(preload, model_dir, args.repeats))

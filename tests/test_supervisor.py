@@ -269,7 +269,7 @@ async def test_worker_is_pinned_to_its_cpus(no_leftover_children):
         free = await sup.start_worker(WorkerSpec(name="free", entry="tests.helpers.workers:placement"))
         async with connect(pinned.address) as a, connect(free.address) as b:
             assert (await a.request(Tensors())).meta == {"cpus": [cores[-1]], "omp": "1",
-                                                         "nice": os.nice(0)}
+                                                         "nice": os.nice(0), "torch_threads": 1}
             assert (await b.request(Tensors())).meta["cpus"] == cores
         await sup.stop_workers()
 

@@ -84,15 +84,21 @@ def acking(ctx: WorkerContext) -> Actor:
 
 
 def placement(ctx: WorkerContext) -> Actor:
-    """Answers Tensors with the cores it may run on, its OpenMP thread budget and niceness."""
+    """Answers Tensors with the cores it may run on, its OpenMP thread budget and niceness (and
+    FLEXMARL_TEST_MARK from its environment, when set; and torch's intra-op thread count, when
+    torch is loaded: the runtime's codec loads it in every worker)."""
     import os
+    import sys
 
     class Placement(Actor):
         @handler(Tensors)
         async def on_tensors(self, msg: Tensors, env: Envelope) -> Tensors:
+            mark = os.environ.get("FLEXMARL_TEST_MARK")
+            torch = sys.modules.get("torch")
             return Tensors(meta={"cpus": sorted(os.sched_getaffinity(0)),
                                  "omp": os.environ.get("OMP_NUM_THREADS"),
-                                 "nice": os.nice(0)})
+                                 "nice": os.nice(0), **({"mark": mark} if mark else {}),
+                                 **({"torch_threads": torch.get_num_threads()} if torch else {})})
     return Placement(ctx.name, ctx.bind, transport=ctx.transport)
 
 

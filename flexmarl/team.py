@@ -177,15 +177,23 @@ class Context(Protocol):
         stop, ...). Returns `n` completions of one prompt."""
         ...
 
-    def reward(self, completion: Completion, value: float) -> None:
+    def reward(self, completion: Completion, value: float, *, weight: float = 1.0) -> None:
         """Reward one agent turn (the agent's own goal). Give it once: once every trajectory
         of the task has rewarded that turn, its GRPO group closes and may train while the
         trajectories' later turns still run (a second reward for it then raises ValueError,
-        and a trajectory failing later keeps that turn's sample)."""
+        and a trajectory failing later keeps that turn's sample). `weight` (>= 0) scales the
+        turn's advantage after its group's normalisation: e.g. 1/k for each of a player's k
+        moves of one game, so that a long game weighs as much as a short one."""
         ...
 
     def team_reward(self, value: float) -> None:
         """The trajectory's outcome: every turn without its own reward gets this value."""
+        ...
+
+    def score(self, agent: str, name: str, value: float) -> None:
+        """A named evaluation score of this trajectory for `agent` (e.g. "games.random.win",
+        1 or 0): evaluations report its mean, variance and count per agent and name (and held-out
+        measurements its change, as for rewards); training ignores it."""
         ...
 
 

@@ -4,6 +4,7 @@ error, the result's shape, a resumed run's skip, RUN_DIR/eval.json."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import statistics
@@ -169,3 +170,42 @@ def test_the_results_and_eval_json(tmp_path):
     assert final is None and heldout["solver"]["sampled"] == {
         "before": 0.25, "after": None, "se_change": None, "tasks": 4}
     assert json.loads((tmp_path / "eval.json").read_text())["after"] is None
+
+
+# ------------------------------------------------------- scores, modes and the before's size
+
+async def scoring_workflow(ctx, task) -> None:
+    [a] = await ctx.generate("solver", task.prompt)
+    ctx.reward(a, float(a.text == "1"))
+    ctx.score("solver", "games.random.win", float(a.text == "1"))
+    ctx.score("solver", "games.random.invalid", 0.0)
+    ctx.score("solver", "games.random.invalid", 1.0)  # two moves: scored per value given
+
+
+async def test_scores_are_measured_per_agent_and_changes_carry_them_in_the_modes_asked():
+    team = dataclasses.replace(make_team(), workflow=scoring_workflow)
+    settings = EvalConfig(final_tasks=10, before_tasks=4, modes=("sampled",))
+    before = await measure(team, AGENTS, Engines(), settings, seed=3, max_concurrent_calls=8,
+                           before=True)
+    after = await measure(team, AGENTS, Engines(), settings, seed=3, max_concurrent_calls=8)
+    assert set(before) == {"sampled", "seconds"} and before["sampled"]["tasks"] == 4
+    assert after["sampled"]["tasks"] == 10  # eval.before_tasks sizes the before one alone
+    scores = after["sampled"]["agents"]["solver"]["scores"]
+    assert scores["games.random.invalid"] == {"mean": 0.5, "var": pytest.approx(20 / 19 / 4),
+                                              "n": 20}
+    assert scores["games.random.win"]["n"] == 10
+    out = changes(before, after, ["solver"])
+    assert list(out["solver"]) == ["sampled"]
+    cell = out["solver"]["sampled"]["scores"]["games.random.win"]
+    assert cell["n"] == 10 and cell["se_change"] is not None
+    assert cell["before"] == before["sampled"]["agents"]["solver"]["scores"][
+        "games.random.win"]["mean"]
+    assert "greedy" not in summary_line(after, ["solver"])
+
+
+def test_eval_modes_are_checked():
+    from flexmarl.checks import ConfigError
+    for bad in ((), ("greedy", "greedy"), ("beam",), "greedy"):
+        with pytest.raises(ConfigError, match="eval.modes"):
+            EvalConfig(modes=bad)
+    assert EvalConfig(modes=["sampled"]).modes == ("sampled",)

@@ -17,7 +17,8 @@ PACKAGES = ("runtime", "flexmarl")
 LAYERS = {  # folder (or "leaves": flexmarl's top-level modules) -> rank; higher imports lower
     # (two folders of one rank are peers: neither imports the other)
     "runtime": 0, "protocol": 0.5, "leaves": 1, "config": 1.1, "models": 1.2, "rewards": 1.5,
-    "sampling": 1.5, "weights": 1.5, "placement": 1.6, "training": 2, "rollout": 2,
+    "sampling": 1.5, "weights": 1.5, "placement": 1.6, "envs": 1.7, "training": 2,
+    "rollout": 2,
     "orchestrator": 4, "observe": 6, "sim": 6, "gateway": 7, "launch": 8}
 # config is the ground floor: every section's class, importing only flexmarl.checks and
 # runtime.config, so that any part can take its section without pulling the others in.

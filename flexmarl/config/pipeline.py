@@ -12,6 +12,18 @@ from flexmarl.checks import require
 
 PIPELINE_MODES = ("sync", "micro_batch", "one_step_off", "bounded")
 """Valid `pipeline.mode` values; each names a pipeline policy."""
+EVAL_MODES = ("greedy", "sampled")
+"""The held-out measurements' decoding modes (eval.modes)."""
+
+CREDITS = ("turn", "trajectory")
+"""How a group's rewards become advantages (pipeline.credit):
+
+- "turn" (default; agent- and turn-aware grouping, as AT-GRPO): an agent's k-th call is
+  compared with its k-th call in the task's other trajectories; a group closes as soon as every
+  trajectory has rewarded that call (complete_group), so it can train while later turns run.
+- "trajectory": each trajectory's return is the mean reward of the agent's rows in it; the
+  advantage is GRPO's over the task's trajectories, the same for all of a trajectory's rows.
+  It needs every row, so groups close with the task (complete_group does nothing)."""
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -37,6 +49,10 @@ class PipelineConfig:
     this many, spread over the agent's instances by the balancer; 0: one request per call."""
     max_staleness: int = 1
     """Mode `bounded`: the most versions a trained sample may lag its trainer (>= 1)."""
+    credit: str = "turn"
+    """How rewards become advantages; one of CREDITS: "turn" (an agent's k-th call against its
+    k-th calls in the task's other trajectories) or "trajectory" (each trajectory's mean reward
+    against the others')."""
     is_cap: float = 2.0
     """Mode `bounded`: cap of the truncated importance weight pi / pi_behaviour (used unless
     trainer.is_cap is set)."""
@@ -52,6 +68,8 @@ class PipelineConfig:
                  self.trajectories_per_task,
                  "must be >= 2 (GRPO learns from reward differences within a group; a group "
                  "of one always has advantage 0)")
+        require(self.credit in CREDITS, "pipeline.credit", self.credit,
+                 f"must be one of {', '.join(CREDITS)}")
         require(self.is_cap > 0, "pipeline.is_cap", self.is_cap, "must be > 0")
         require(self.samples_per_request >= 0, "pipeline.samples_per_request",
                  self.samples_per_request, "must be >= 0 (0: one request per call)")
@@ -81,11 +99,19 @@ class EvalConfig:
     final_tasks: int = 0
     """Held-out tasks of the before and final measurements, the first of Team.heldout; 0: all
     of them (`tasks` stays the, usually smaller, set evaluated during the run)."""
+    before_tasks: int = 0
+    """Held-out tasks of the before measurement alone; 0: final_tasks. Fewer than the final
+    measurement where the starting weights' numbers are known to be far off (a team of many
+    held-out games: the final count sets the win rate's error that matters)."""
     max_concurrent_tasks: int = 64
     """Held-out tasks evaluated at once (their requests batch in the engines)."""
+    modes: tuple[str, ...] = EVAL_MODES
+    """The decoding modes of the before and final measurements: "greedy" (temperature 0) and
+    "sampled" (the agents' own settings, one seeded draw per task); one of them halves their
+    time (a team of many held-out games, say)."""
 
     def __post_init__(self) -> None:
-        for name in ("every_steps", "tasks", "final_tasks"):
+        for name in ("every_steps", "tasks", "final_tasks", "before_tasks"):
             require(getattr(self, name) >= 0, f"eval.{name}", getattr(self, name),
                     "must be >= 0 (0: " + ("never" if name == "every_steps" else "all") + ")")
         require(self.n >= 1, "eval.n", self.n, "must be >= 1")
@@ -94,6 +120,12 @@ class EvalConfig:
                 "eval.greedy = false to sample n per task")
         require(self.max_concurrent_tasks >= 1, "eval.max_concurrent_tasks",
                 self.max_concurrent_tasks, "must be >= 1")
+        modes = self.modes
+        require(not isinstance(modes, str) and len(modes) >= 1
+                and all(m in EVAL_MODES for m in modes) and len(set(modes)) == len(modes),
+                "eval.modes", modes, f"must be a non-empty list of distinct modes out of "
+                f"{', '.join(EVAL_MODES)}")
+        object.__setattr__(self, "modes", tuple(modes))
 
     @property
     def active(self) -> bool:

@@ -121,7 +121,8 @@ async def compose(setup: RunSetup, work: str) -> Parts:
         for name in trainers.agents:
             trainers.restore(name, await asyncio.to_thread(setup.saved.ref, name,
                                                            setup.first_step - 1))
-    store = ExperienceStore([n for n, rt in agents.items() if rt.spec.trainable])
+    store = ExperienceStore([n for n, rt in agents.items() if rt.spec.trainable],
+                            credit=setup.pipeline.credit)
     # With the gateway, the app's episodes are the tasks' trajectories.
     gateway = Gateway(agents, setup.gateway, setup.pipeline) if setup.gateway.enabled else None
     orch = Orchestrator(gateway.team(team) if gateway else team, agents, store, pool,

@@ -70,8 +70,9 @@ class RunResult:
     """The step this run started at (> 0: it resumed a run directory)."""
     final_eval: dict | None = None
     """The held-out evaluation of the final weights (eval.final; RUN_DIR/eval.json): the
-    greedy measurement's fields at the top (evaluate()'s), and "before", "after" (each
-    {"greedy", "sampled", "seconds"}; "before" {"skipped": why} in a resumed run),
+    greedy measurement's fields at the top (evaluate()'s; the sampled one's when eval.modes
+    has no greedy), and "before", "after" (each {"greedy", "sampled" (those of eval.modes),
+    "seconds"}; "before" {"skipped": why} in a resumed run),
     "heldout", "time_to_first_step_s"."""
     heldout: dict | None = None
     """{agent: {"greedy"|"sampled": {"before", "after", "se_change", "tasks"}}}: each trainable
@@ -167,8 +168,9 @@ async def _steps(setup: RunSetup, parts: Parts, progress: bool | None,
                 seed=setup.run.seed, max_concurrent_calls=setup.pipeline.max_concurrent_calls)
             async with parts.orch.serving():
                 monitor.state = "evaluating"  # the dashboard's state; no stall warnings
-                before = await _before(measure_now if setup.eval.before else None, first_step,
-                                       parts)
+                before = await _before(
+                    functools.partial(measure_now, before=True)
+                    if measure_now is not None and setup.eval.before else None, first_step, parts)
                 monitor.state = "starting"
                 phase(f"training: steps {first_step}-{steps - 1} ({pipeline.name} pipeline)")
                 with Progress(steps, enabled=progress) as bar:
@@ -185,7 +187,8 @@ async def _steps(setup: RunSetup, parts: Parts, progress: bool | None,
                 after = None
                 if measure_now is not None and setup.eval.final:
                     monitor.state = "evaluating"
-                    phase("evaluating the final weights on the held-out tasks (greedy and sampled)")
+                    phase("evaluating the final weights on the held-out tasks "
+                          f"({' and '.join(setup.eval.modes)})")
                     after = await measure_now()
             first_record_s = metrics[0]["time"] - started_at if metrics else None
             final_eval, heldout = _heldout_results(parts, before, after, steps, run_dir, loggers,
@@ -243,7 +246,7 @@ async def _before(measure_now: Callable[[], Awaitable[dict]] | None, first_step:
                "longer the initial ones")
         log.warning("held-out measurement before training %s", why)
         return {"skipped": why}
-    phase("evaluating the starting weights on the held-out tasks (greedy and sampled)")
+    phase("evaluating the starting weights on the held-out tasks")
     result = await measure_now()
     trainable = [n for n, rt in parts.agents.items() if rt.spec.trainable]
     phase(f"held-out before training: {summary_line(result, trainable)}")
@@ -261,7 +264,8 @@ def _heldout_results(parts: Parts, before: dict | None, after: dict | None, step
                       trainable)
     final = None
     if after is not None:
-        final = after["greedy"] | {
+        first = "greedy" if "greedy" in after else "sampled"  # eval.modes: one may be left out
+        final = after[first] | {
             "after_step": steps - 1, "final": True,
             "versions_final": {n: rt.version for n, rt in parts.agents.items()}}
         if loggers is not None:  # at step `steps`: after the last step's record

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from flexmarl.console import PREFIX, duration
-from flexmarl.observe.rundir import eval_line
+from flexmarl.observe.rundir import eval_line, game_lines
 
 EDGE_STEPS = 3
 """Steps averaged at each end of the run for the reward's "first -> last" (one step's mean
@@ -39,6 +39,11 @@ def summary(result: Any, *, log_path: Any = None) -> str:
     final_eval = getattr(result, "final_eval", None)
     if heldout:
         lines.extend("  " + line for line in _heldout(heldout, final_eval))
+        games = game_lines(heldout)
+        if games:
+            width = max(len(k) for k, _ in games)
+            lines.append("  held-out games, before -> after training")
+            lines.extend(f"    {k.ljust(width)}   {v}" for k, v in games)
     elif final_eval is not None:  # no before/after pair: the final weights' scores alone
         lines.append(f"  held-out, final weights: {eval_line(final_eval)}")
     never = never_updated(metrics)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from flexmarl.observe.plots import DRAWERS, TIMELINE_STEPS, _list, _mean, _num, _Run, _save
-from flexmarl.observe.rundir import METRICS_FILE, read_metrics
+from flexmarl.observe.rundir import METRICS_FILE, game_lines, read_metrics
 
 REPORT_DIR = "report"
 REPORT_FILE = "report.html"
@@ -130,6 +130,16 @@ def _summary(run: _Run) -> list[tuple[str, str]]:
         *_time_share_rows(records),
         *_eval_rows(records),
     ]
+
+
+def _games(run_dir: Path) -> list[tuple[str, str]]:
+    """A game team's win rates before and after training, from RUN_DIR/eval.json."""
+    import orjson
+    try:
+        heldout = orjson.loads((run_dir / "eval.json").read_bytes()).get("heldout")
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [(f"held-out games: {k}", v) for k, v in game_lines(heldout)]
 
 
 def _time_share_rows(records: list[dict]) -> list[tuple[str, str]]:
@@ -258,7 +268,8 @@ _CAPTIONS = {
 
 def _html(run: _Run, run_dir: Path, images: dict[str, bytes]) -> str:
     e = html.escape
-    summary = "\n".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in _summary(run))
+    summary = "\n".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>"
+                        for k, v in [*_summary(run), *_games(run_dir)])
     figures = []
     for name, title in PLOTS:
         data = base64.b64encode(images[name]).decode("ascii")

@@ -282,3 +282,29 @@ def eval_line(result: dict) -> str:
     failed = f", {result['failed']} failed" if result.get("failed") else ""
     return (f"team {f(result.get('team_reward'))}{best} ({agents}) on {result['tasks']} "
             f"held-out tasks, {result['mode']}{failed}, {result['seconds']:.1f} s")
+
+
+def game_lines(heldout: dict | None) -> list[tuple[str, str]]:
+    """A game team's held-out results (RunResult.heldout, eval.json's "heldout": the scores
+    "games.<opponent>.<win|draw|invalid>" of flexmarl.envs.textarena), one per agent and
+    opponent: ("p1 vs start", "win 0.250 -> 0.690 ±0.031, invalid moves 0.870 -> 0.100 (400
+    games, sampled)"); [] for a team without games."""
+    def f(v: Any) -> str:
+        return "-" if v is None else f"{v:.3f}"
+    out = []
+    for agent, modes in (heldout or {}).items():
+        mode = next((m for m in ("sampled", "greedy")
+                     if isinstance(modes.get(m), dict) and modes[m].get("scores")), None)
+        if mode is None:
+            continue
+        scores = modes[mode]["scores"]
+        for name in sorted(n for n in scores if n.startswith("games.") and n.endswith(".win")):
+            opponent = name[len("games."):-len(".win")]
+            win, bad = scores[name], scores.get(f"games.{opponent}.invalid") or {}
+            se = win.get("se_change")
+            text = (f"win {f(win.get('before'))} -> {f(win.get('after'))}"
+                    + (f" ±{se:.3f}" if se is not None else "")
+                    + (f", invalid moves {f(bad.get('before'))} -> {f(bad.get('after'))}"
+                       if bad else "") + f" ({win.get('n')} games, {mode})")
+            out.append((f"{agent} vs {opponent}", text))
+    return out

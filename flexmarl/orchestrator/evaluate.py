@@ -33,11 +33,15 @@ Generator = Callable[[str, Generate], Awaitable[GenerateReply]]
 """(agent, request) -> reply: the rollout pool's generate, or flexmarl eval's engines'."""
 
 
-def heldout_tasks(team: Team, config: EvalConfig, *, final: bool = False) -> list[Any]:
+def heldout_tasks(team: Team, config: EvalConfig, *, final: bool = False,
+                  before: bool = False) -> list[Any]:
     """The tasks an evaluation uses: the first eval.tasks of Team.heldout, or with `final` (the
-    before and final measurements) the first eval.final_tasks."""
+    before and final measurements) the first eval.final_tasks, and with `before` too the
+    first eval.before_tasks where that is set."""
     tasks = list(team.heldout)
     count = config.final_tasks if final else config.tasks
+    if final and before and config.before_tasks:
+        count = config.before_tasks
     return tasks[:count] if count else tasks
 
 
@@ -54,10 +58,19 @@ class EvalContext(TrajectoryContext):
         self._calls, self.seed = calls, seed
         self._turns: dict[str, int] = defaultdict(int)
         self._own: dict[str, float] = {}
+        self._weight: dict[str, float] = {}
         self._made: list[Completion] = []
         self._team: float | None = None
         self._task_turns, self._turn_of = None, {}  # nothing stored: no group to close
         self.versions: dict[str, set[int]] = defaultdict(set)
+        self.scores: dict[tuple[str, str], list[float]] = defaultdict(list)
+        """(agent, name) -> the values ctx.score gave this trajectory."""
+
+    def score(self, agent: str, name: str, value: float) -> None:
+        where = f"ctx.score({agent!r}, {name!r}) (task {self._task_id})"
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{where}: the name must be a non-empty str")
+        self.scores[(agent, name)].append(self._finite(value, where))
 
     async def generate(self, agent: str, prompt: Any, *, n: int = 1,
                        **sampling: Any) -> list[Completion]:
@@ -91,7 +104,9 @@ async def evaluate(team: Team, agents: dict[str, AgentRuntime], generate: Genera
                    slots: asyncio.Semaphore | None = None, tag: str = "") -> dict[str, Any]:
     """Run the workflow on `tasks` with training off; the means as plain data:
     {tasks, trajectories, failed, team_reward, best_team (n > 1), agents: {name: {reward,
-    var, turns}}, versions: {name: [lowest, highest]}, mode, seconds}. `var`: the sample
+    var, turns, scores (if any): {score name: {mean, var, n}}}}, versions: {name: [lowest,
+    highest]}, mode, seconds}; `scores`: what ctx.score gave (a game's win, its moves'
+    invalid flags), agents that only have scores included. `var`: the sample
     variance of the agent's turn rewards (None under 2 turns), for the standard error of a
     change in any reward. `slots`: the tasks-at-once limit shared with evaluations running
     at the same time (default: eval.max_concurrent_tasks of this one); `tag` prefixes its
@@ -106,6 +121,7 @@ async def evaluate(team: Team, agents: dict[str, AgentRuntime], generate: Genera
     team_rewards: list[list[float]] = [[] for _ in tasks]
     agent_rewards: dict[str, list[float]] = defaultdict(list)
     versions: dict[str, set[int]] = defaultdict(set)
+    scores: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     failed: list[str] = []
 
     async def one(i: int, task: Any) -> None:
@@ -126,6 +142,8 @@ async def evaluate(team: Team, agents: dict[str, AgentRuntime], generate: Genera
                     agent_rewards[agent].extend(values)
                 for agent, seen in ctx.versions.items():
                     versions[agent] |= seen
+                for (agent, name), values in ctx.scores.items():
+                    scores[agent][name].extend(values)
 
     async with asyncio.TaskGroup() as tg:
         for i, task in enumerate(tasks):
@@ -136,8 +154,12 @@ async def evaluate(team: Team, agents: dict[str, AgentRuntime], generate: Genera
         "tasks": len(tasks), "trajectories": sum(map(len, team_rewards)) + len(failed),
         "failed": len(failed), "errors": sorted(set(failed))[:3],
         "team_reward": _mean([v for r in scored for v in r]),
-        "agents": {a: {"reward": _mean(v), "var": _var(v), "turns": len(v)}
-                   for a, v in sorted(agent_rewards.items())},
+        "agents": {a: {"reward": _mean(agent_rewards.get(a, [])),
+                       "var": _var(agent_rewards.get(a, [])),
+                       "turns": len(agent_rewards.get(a, []))}
+                   | ({"scores": {n: {"mean": _mean(v), "var": _var(v), "n": len(v)}
+                                  for n, v in sorted(scores[a].items())}} if a in scores else {})
+                   for a in sorted(agent_rewards.keys() | scores.keys())},
         "versions": {a: [min(v), max(v)] for a, v in sorted(versions.items())},
         "seconds": time.perf_counter() - started}
     if trajectories > 1:

@@ -30,17 +30,20 @@ MODES = ("greedy", "sampled")
 
 
 def mode_configs(settings: EvalConfig) -> dict[str, EvalConfig]:
-    """Each mode's evaluation settings: greedy once per task, and one seeded sample per task."""
-    return {"greedy": dataclasses.replace(settings, greedy=True, n=1),
-            "sampled": dataclasses.replace(settings, greedy=False, n=1)}
+    """Each measured mode's evaluation settings (eval.modes): greedy once per task, and one
+    seeded sample per task."""
+    every = {"greedy": dataclasses.replace(settings, greedy=True, n=1),
+             "sampled": dataclasses.replace(settings, greedy=False, n=1)}
+    return {mode: every[mode] for mode in MODES if mode in settings.modes}
 
 
 async def measure(team: Team, agents: dict[str, AgentRuntime], generate: Generator,
-                  settings: EvalConfig, *, seed: int, max_concurrent_calls: int
-                  ) -> dict[str, Any]:
-    """The weights `generate` serves now on the measurement's held-out tasks:
-    {"greedy": evaluate()'s result, "sampled": ..., "seconds": both together}."""
-    tasks = heldout_tasks(team, settings, final=True)
+                  settings: EvalConfig, *, seed: int, max_concurrent_calls: int,
+                  before: bool = False) -> dict[str, Any]:
+    """The weights `generate` serves now on the measurement's held-out tasks (`before`: the
+    before measurement's, eval.before_tasks): {"greedy": evaluate()'s result, "sampled": ...
+    (those of eval.modes), "seconds": all together}."""
+    tasks = heldout_tasks(team, settings, final=True, before=before)
     started = time.perf_counter()
     # One limit for both modes: the engines see up to eval.max_concurrent_tasks tasks at once.
     # The greedy requests get their own ids (both modes are in flight together); the sampled
@@ -68,26 +71,44 @@ def se_change(before: dict | None, after: dict | None) -> float | None:
 
 def changes(before: dict | None, after: dict | None, trainable: Iterable[str]
             ) -> dict[str, dict] | None:
-    """{agent: {mode: {"before", "after", "se_change", "tasks"}}} for the `trainable` agents
-    that took turns in either measurement (`before`, `after`: measure()'s results; either may be
-    None: not measured, its values None); None when neither was measured."""
+    """{agent: {mode: {"before", "after", "se_change", "tasks"[, "scores": {name: {"before",
+    "after", "se_change", "n"}}]}}} for the `trainable` agents that took turns or were scored
+    in either measurement (`before`, `after`: measure()'s results; either may be None: not
+    measured, its values None), in the modes measured; None when neither was measured.
+    `scores` are ctx.score's (a game's win rate against an opponent, say); `n` counts the
+    after measurement's values (else the before's)."""
     if before is None and after is None:
         return None
+    modes = [m for m in MODES if m in (after or before)]
 
     def agent(result: dict | None, mode: str, name: str) -> dict | None:
         return (result or {}).get(mode, {}).get("agents", {}).get(name)
 
     out: dict[str, dict] = {}
     for name in trainable:
-        if not any(agent(r, m, name) for r in (before, after) for m in MODES):
+        if not any(agent(r, m, name) for r in (before, after) for m in modes):
             continue  # took no turns: nothing measured of it
         out[name] = {}
-        for mode in MODES:
+        for mode in modes:
             b, a = agent(before, mode, name), agent(after, mode, name)
             tasks = (after or before)[mode]["tasks"]
-            out[name][mode] = {"before": b and b["reward"], "after": a and a["reward"],
-                               "se_change": se_change(b, a), "tasks": tasks}
+            cell = {"before": b and b["reward"], "after": a and a["reward"],
+                    "se_change": se_change(b, a), "tasks": tasks}
+            names = sorted({*((b or {}).get("scores") or {}), *((a or {}).get("scores") or {})})
+            if names:
+                cell["scores"] = {n: _score_change((b or {}).get("scores", {}).get(n),
+                                                   (a or {}).get("scores", {}).get(n))
+                                  for n in names}
+            out[name][mode] = cell
     return out
+
+
+def _score_change(before: dict | None, after: dict | None) -> dict:
+    """One score's {before, after, se_change, n} from evaluate()'s {mean, var, n} at each end."""
+    as_reward = [None if s is None else {"var": s["var"], "turns": s["n"]}
+                 for s in (before, after)]
+    return {"before": before and before["mean"], "after": after and after["mean"],
+            "se_change": se_change(*as_reward), "n": (after or before)["n"]}
 
 
 def summary_line(result: dict, agents: Iterable[str]) -> str:
@@ -95,15 +116,16 @@ def summary_line(result: dict, agents: Iterable[str]) -> str:
     200 tasks, 35 s"."""
     def f(v: float | None) -> str:
         return "-" if v is None else f"{v:.3f}"
+    modes = [m for m in MODES if m in result]
     cells = []
     for name in agents:
-        got = {m: result[m]["agents"].get(name) for m in MODES}
+        got = {m: result[m]["agents"].get(name) for m in modes}
         if any(got.values()):
             cells.append(f"{name} " + " ".join(f"{m} {f(got[m] and got[m]['reward'])}"
-                                               for m in MODES))
-    failed = sum(result[m]["failed"] for m in MODES)
+                                               for m in modes))
+    failed = sum(result[m]["failed"] for m in modes)
     return (f"{'; '.join(cells) or 'no trainable agent took a turn'} on "
-            f"{result['greedy']['tasks']} tasks" + (f", {failed} failed" if failed else "") +
+            f"{result[modes[0]]['tasks']} tasks" + (f", {failed} failed" if failed else "") +
             f", {result['seconds']:.0f} s")
 
 

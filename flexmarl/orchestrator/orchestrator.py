@@ -102,7 +102,8 @@ class TaskTurns:
         self.store, self.input_id, self.trajectories = store, input_id, trajectories
         self.made: dict[tuple[str, int], dict[int, list[str]]] = defaultdict(dict)
         """(agent, turn) -> trajectory -> the sample ids of its call."""
-        self.own: dict[tuple[str, str], float] = {}
+        self.own: dict[tuple[str, str], tuple[float, float]] = {}
+        """(agent, sample_id) -> (reward, weight) given by ctx.reward."""
         self.final: set[tuple[str, str]] = set()
         """(agent, sample_id) of the rows of closed groups: their reward is fixed."""
         self._failed = False
@@ -117,12 +118,13 @@ class TaskTurns:
         early any more; they close with the task, from the other trajectories, as before."""
         self._failed = True
 
-    def reward(self, agent: str, turn: int, sample_id: str, value: float, where: str) -> None:
+    def reward(self, agent: str, turn: int, sample_id: str, value: float, where: str,
+               weight: float = 1.0) -> None:
         if (agent, sample_id) in self.final:
             raise ValueError(f"{where}: this turn's reward was already given and is final (its "
                              "GRPO group closed once every trajectory of the task had rewarded "
                              "that turn, and may be training): give each turn's reward once")
-        self.own[(agent, sample_id)] = value
+        self.own[(agent, sample_id)] = (value, weight)
         self._try_close(agent, turn)
 
     def _try_close(self, agent: str, turn: int) -> None:
@@ -134,8 +136,11 @@ class TaskTurns:
         ids = [s for sample_ids in calls.values() for s in sample_ids]
         if not all((agent, s) in self.own for s in ids):
             return
+        if self.store.credit == "trajectory":
+            return  # a trajectory's advantage needs all its rows: the group closes with the task
         for s in ids:
-            self.store.set_reward(agent, s, self.own[(agent, s)])
+            value, weight = self.own[(agent, s)]
+            self.store.set_reward(agent, s, value, weight=weight)
             self.final.add((agent, s))
         self.store.complete_group(agent, self.input_id, turn)
 
@@ -156,6 +161,7 @@ class TrajectoryContext:
         self._calls = calls
         self._turns: dict[str, int] = defaultdict(int)
         self._own: dict[str, float] = {}
+        self._weight: dict[str, float] = {}
         self._made: list[Completion] = []
         self.finished = False
         """Set by finish(): later replies (calls left running by a failed workflow) are
@@ -247,7 +253,7 @@ class TrajectoryContext:
             self._task_turns.call(agent, turn, self.trajectory, [c.sample_id for c in out])
         return out
 
-    def reward(self, completion: Completion, value: float) -> None:
+    def reward(self, completion: Completion, value: float, *, weight: float = 1.0) -> None:
         if not isinstance(completion, Completion):
             raise TypeError(f"ctx.reward (task {self._task_id}, trajectory {self.trajectory}): "
                             "the first argument is a Completion returned by ctx.generate, got "
@@ -255,10 +261,19 @@ class TrajectoryContext:
         where = (f"ctx.reward: agent {completion.agent!r}, sample {completion.sample_id} "
                  f"(task {self._task_id}, trajectory {self.trajectory})")
         value = self._finite(value, where)
+        weight = self._finite(weight, where.replace("ctx.reward", "ctx.reward's weight", 1))
+        if weight < 0:
+            raise ValueError(f"{where}: the weight must be >= 0, got {weight}")
         turn = self._turn_of.get(completion.sample_id)
         if turn is not None and not self.finished:
-            self._task_turns.reward(completion.agent, turn, completion.sample_id, value, where)
-        self._own[completion.sample_id + "@" + completion.agent] = value
+            self._task_turns.reward(completion.agent, turn, completion.sample_id, value, where,
+                                    weight)
+        key = completion.sample_id + "@" + completion.agent
+        self._own[key] = value
+        self._weight[key] = weight
+
+    def score(self, agent: str, name: str, value: float) -> None:
+        """An evaluation score (flexmarl.team.Context.score): training ignores it."""
 
     def team_reward(self, value: float) -> None:
         where = (f"ctx.team_reward: task {self._task_id}, trajectory {self.trajectory} "
@@ -300,12 +315,14 @@ class TrajectoryContext:
         team = self._team if self._team is not None else 0.0
         stats.team_rewards.append(team)
         for c in self._made:
-            value = self._own.get(c.sample_id + "@" + c.agent, team)
+            key = c.sample_id + "@" + c.agent
+            value = self._own.get(key, team)
             stats.rewards[c.agent].append(value)
             final = (self._task_turns is not None
                      and (c.agent, c.sample_id) in self._task_turns.final)
             if self.orch.agents[c.agent].spec.trainable and not final:
-                self.orch.store.set_reward(c.agent, c.sample_id, value)
+                self.orch.store.set_reward(c.agent, c.sample_id, value,
+                                           weight=self._weight.get(key, 1.0))
 
     def _fail(self, stats: RolloutStats, error: Exception) -> None:
         # Drop every stored row of this trajectory (also those put but not yet handed to the

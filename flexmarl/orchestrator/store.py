@@ -6,7 +6,9 @@ checking a condition and acting on it, so each step is atomic with respect to th
   workflows ──put(turn)──────►  table[agent]                        put() waits while the table
             ──set_reward()───►    shards: {sample_id: Turn}         holds capacity_per_agent rows
                                   open:   input_id -> rows
-  orchestrator ──complete_input(input_id)──► rewards checked, GRPO advantages computed,
+  orchestrator ──complete_input(input_id)──► rewards checked, GRPO advantages computed
+                                  (credit "turn": per (agent, turn); "trajectory": from each
+                                  trajectory's mean reward; either way times each row's weight),
                                   ready:  (input_id, turn) -> Group, oldest completed first
                ──complete_group(agent, input_id, turn)──► one group closed early (every
                                   trajectory rewarded that turn: later turns still run)
@@ -29,6 +31,7 @@ from typing import Callable, Iterable
 
 import torch
 
+from flexmarl.config.pipeline import CREDITS
 from flexmarl.orchestrator.advantage import grpo_advantages
 
 
@@ -49,7 +52,11 @@ class Turn:
     reward: float | None = None
     """None until set (per-field readiness)."""
     advantage: float | None = None
-    """Set by complete_input()."""
+    """Set by complete_input() (already multiplied by `weight`)."""
+    weight: float = 1.0
+    """The row's share of its trajectory in the loss (ctx.reward's weight): its advantage is
+    multiplied by it, after the group's normalisation. A multi-turn workflow gives a player's
+    k moves of one game 1/k each so that a long game does not count k times a short one."""
     sampling: tuple[float, int, float] = (1.0, 0, 1.0)
     """(temperature, top_k, top_p) of the distribution it was sampled from, as the trainer
     scores it: a greedy sample is (1.0, 0, 1.0), the raw model distribution."""
@@ -90,6 +97,19 @@ class AgentStats:
     consumed_groups: int = 0
     discarded: int = 0
     """Rows dropped by discard_trajectory() (their trajectory failed)."""
+
+
+def trajectory_advantages(rows: list[Turn]) -> list[float]:
+    """Credit "trajectory": per row, the GRPO advantage of its trajectory's mean reward among
+    the trajectories of the same input (a trajectory: one traj_id; n samples of one call are n
+    trajectories)."""
+    returns: dict[str, list[float]] = {}
+    for r in rows:
+        returns.setdefault(r.traj_id, []).append(r.reward)
+    ids = list(returns)
+    means = torch.tensor([sum(v) / len(v) for v in returns.values()], dtype=torch.float64)
+    per = dict(zip(ids, grpo_advantages(means, [0] * len(ids)).tolist()))
+    return [per[r.traj_id] for r in rows]
 
 
 class StoreClosed(Exception):
@@ -144,8 +164,11 @@ class ExperienceStore:
     """In-memory, per-agent, sharded, bounded store of agent turns; see the module docstring."""
 
     def __init__(self, agents: Iterable[str], *, capacity_per_agent: int = 4096,
-                 num_shards: int = 4) -> None:
+                 num_shards: int = 4, credit: str = "turn") -> None:
         names = list(agents)
+        if credit not in CREDITS:
+            raise ValueError(f"credit must be one of {CREDITS}, got {credit!r}")
+        self.credit = credit
         if len(set(names)) != len(names):  # none is fine: a team with no trainable agent
             raise ValueError(f"agents must be distinct names, got {names}")
         if capacity_per_agent < 1:
@@ -222,8 +245,10 @@ class ExperienceStore:
         for table in self._tables.values():
             table.space_freed.notify()
 
-    def set_reward(self, agent: str, sample_id: str, reward: float) -> None:
-        """Set the reward of a stored row whose input is not completed yet."""
+    def set_reward(self, agent: str, sample_id: str, reward: float, *,
+                   weight: float = 1.0) -> None:
+        """Set the reward (and loss weight, Turn.weight) of a stored row whose input is not
+        completed yet."""
         table = self._table(agent)
         row = table.shard(sample_id).get(sample_id)
         if row is None:
@@ -234,7 +259,10 @@ class ExperienceStore:
             raise ValueError(f"sample {sample_id!r} of agent {agent!r}: its group (input "
                              f"{row.input_id!r}) is already completed; set rewards before "
                              "complete_input() or complete_group()")
-        row.reward = float(reward)
+        if not (weight >= 0 and weight < float("inf")):
+            raise ValueError(f"sample {sample_id!r} of agent {agent!r}: weight must be a finite "
+                             f"number >= 0, got {weight!r}")
+        row.reward, row.weight = float(reward), float(weight)
 
     def complete_group(self, agent: str, input_id: str, turn: int) -> None:
         """Close one group of an open input early: `agent`'s turn `turn` of every trajectory
@@ -242,8 +270,10 @@ class ExperienceStore:
         are final), while the trajectories' later turns still run. Its advantages are computed
         and it becomes ready, so a trainer can take it before the input completes. Its rows
         then leave the input: complete_input() and discard_trajectory() no longer touch them.
-        Raises ValueError if a row of the group has no reward."""
-        if input_id in self._completed_inputs:
+        Raises ValueError if a row of the group has no reward. With credit "trajectory" it does
+        nothing: a trajectory's advantage needs all its rows (the group closes with the
+        task)."""
+        if input_id in self._completed_inputs or self.credit == "trajectory":
             return
         table = self._table(agent)
         rows = table.open.get(input_id, [])
@@ -261,7 +291,7 @@ class ExperienceStore:
             del table.open[input_id]
         rewards = torch.tensor([r.reward for r in group], dtype=torch.float64)
         for r, adv in zip(group, grpo_advantages(rewards, [turn] * len(group)).tolist()):
-            r.advantage = adv
+            r.advantage = adv * r.weight
         table.ready[(input_id, turn)] = Group(agent, input_id, turn,
                                               sorted(group, key=_traj_order))
         table.groups_ready.notify()
@@ -293,11 +323,14 @@ class ExperienceStore:
                 if r.reward is None:
                     r.reward = float(default_reward)
             # Double precision, as grpo_advantages computes its statistics internally.
-            rewards = torch.tensor([r.reward for r in rows], dtype=torch.float64)
-            advantages = grpo_advantages(rewards, [r.turn for r in rows]).tolist()
+            if self.credit == "trajectory":
+                advantages = trajectory_advantages(rows)
+            else:
+                rewards = torch.tensor([r.reward for r in rows], dtype=torch.float64)
+                advantages = grpo_advantages(rewards, [r.turn for r in rows]).tolist()
             by_turn: dict[int, list[Turn]] = {}
             for r, adv in zip(rows, advantages):
-                r.advantage = adv
+                r.advantage = adv * r.weight
                 by_turn.setdefault(r.turn, []).append(r)
             for k in sorted(by_turn):
                 table.ready[(input_id, k)] = Group(agent, input_id, k,

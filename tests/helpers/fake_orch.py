@@ -32,15 +32,15 @@ class FakePool:
                               for _ in range(msg.params.n)])
 
 
-def make_orch(workflow, *, tasks=None, trajectories: int = 4, frozen: bool = False
-              ) -> Orchestrator:
+def make_orch(workflow, *, tasks=None, trajectories: int = 4, frozen: bool = False,
+              credit: str = "turn") -> Orchestrator:
     specs = [AgentSpec(name="a", model="tiny")]
     if frozen:
         specs.append(AgentSpec(name="f", model="tiny", trainable=False))
     team = Team(name="flaky", agents=specs, workflow=workflow,
                 tasks=tasks or addition_tasks(8, seed=1))
     agents = {s.name: AgentRuntime(s, "", None, gate=StepGate(1 << 30)) for s in specs}
-    store = ExperienceStore([s.name for s in specs if s.trainable])
+    store = ExperienceStore([s.name for s in specs if s.trainable], credit=credit)
     return Orchestrator(team, agents, store, FakePool(), PipelineConfig(
         trajectories_per_task=trajectories, max_concurrent_tasks=4, max_concurrent_calls=8,
         micro_batch_groups=1))

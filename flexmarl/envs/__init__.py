@@ -1,0 +1,32 @@
+"""Environments others wrote, scored by their own libraries (the `envs` extra).
+
+    textarena.py      any TextArena game id ─► a team: one agent per player seat (or
+                      a mapping: separate models, a shared one, a frozen opponent); the
+                      env's own rules, invalid-move handling and rewards
+    reasoning_gym.py  any reasoning-gym dataset ─► train and held-out tasks, scored by
+                      the dataset's own `score_answer`
+
+Both libraries are optional: `make setup` installs them (`pip install -e '.[envs]'`), and a
+module here that needs one raises MissingExtra naming that command when it is missing.
+"""
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+EXTRA_HINT = "install the envs extra: `pip install -e '.[envs]'` (`make setup` does)"
+
+
+class MissingExtra(ImportError):
+    """An optional library of the `envs` extra is not installed."""
+
+
+def require(module: str, package: str) -> ModuleType:
+    """Import `module` (from pip package `package`), or MissingExtra naming the extra."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingExtra(f"{package} is not installed ({exc}); {EXTRA_HINT}") from exc
+
+
+__all__ = ["EXTRA_HINT", "MissingExtra", "require"]

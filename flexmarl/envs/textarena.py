@@ -1,0 +1,389 @@
+"""TextArena games as teams: one agent per player seat, the env's own rules and rewards.
+
+    game_team("KuhnPoker-v0", players=[AgentSpec(name="p0", ...), AgentSpec(name="p1", ...)])
+      train task Game(seed) ─► play(): a fresh env per game (ta.make), reset(num_players, seed);
+        until done: the seat to move ─► its agent: ctx.generate(agent, [system, observation])
+                                     (or "random": a uniformly random legal move)
+                    ─► env.step(the completion's text): TextArena parses it as it always does
+                       (ActionFormattingWrapper, the env's regex); an invalid move is the env's
+                       business (a retry, then a loss: its error_allowance)
+      ─► env.close(): each seat's reward (win 1, loss -1, draw 0) ─► ctx.reward on every move
+      held-out task Match(seed, agent, seat, opponent) ─► the agent in its seat against
+        "start" (its frozen starting model) or "random"; ctx.score: games.<opponent>.win,
+        .draw, .loss, .invalid (per move), read by the run's before/after measurement
+
+Players (one entry per seat): an AgentSpec (its own model), the name of an AgentSpec given at an
+earlier seat (one model plays several seats), a frozen AgentSpec (trainable=False: a fixed
+opponent), or "random".
+
+Credit (see docs/games.md): every move of a seat gets that seat's game outcome, and a move the
+env rejected gets `invalid_reward` instead (default: the env's loss, -1). Advantages are
+grouped per (agent, move number) over the task's games of one seed (pipeline.credit = "turn",
+agent- and turn-aware as AT-GRPO); pipeline.credit = "trajectory" compares whole games instead.
+Each of a seat's k moves in a game is weighted 1/k (`per_game_weight`), so a long game counts
+as much as a short one; per_game_weight=False counts every move alike.
+
+TextArena's envs reseed and draw from the process-global `random` module; each game here runs
+on its own saved generator state (IsolatedEnv), so games interleaved on one event loop deal what
+they would alone, and nothing else in the process is reseeded.
+"""
+from __future__ import annotations
+
+import contextlib
+import random
+import re
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+from flexmarl.envs import require
+from flexmarl.team import AgentSpec, Team
+
+RANDOM = "random"
+"""A seat (or opponent) that plays a uniformly random legal move (legal_moves)."""
+START = "start"
+"""The opponent that is the agent's own model as it was before training (a frozen copy)."""
+SYSTEM = ("You are a competitive game player. Make sure you read the game instructions "
+          "carefully, and always follow the required format.")
+"""TextArena's own system prompt for LLM players (ta.agents.basic_agents.STANDARD_GAME_PROMPT)."""
+INSTRUCTION = "Your move? Answer with {moves}."
+"""Appended to every observation ({moves}: the legal moves where legal_moves knows them, "[a],
+[b] or [c]", else "your action in square brackets"): a small model otherwise goes on writing
+the transcript instead of moving (SmolLM2-135M: about 1 valid first move in 10 sampled without
+it, 3 in 10 with it)."""
+OUTCOMES = ("win", "draw", "loss")
+_MESSAGE = re.compile(r"(?<=[^\n])\n(?=\[(?:GAME|Player \d+)\])")
+_LISTED = re.compile(r"(?:Available Moves|available actions are):\s*((?:'\[[^\]]*\]'(?:,\s*)?)+)",
+                     re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Game:
+    """A training task: one game from one seed (the task's trajectories replay that deal)."""
+
+    task_id: str
+    seed: int
+
+
+@dataclass(frozen=True)
+class Match:
+    """A held-out task: `agent` in seat `seat` against `opponent` in every other seat."""
+
+    task_id: str
+    seed: int
+    agent: str
+    seat: int
+    opponent: str
+    """START (the agent's frozen starting model), RANDOM, or an agent of the team."""
+
+
+class IsolatedEnv:
+    """A TextArena env whose use of the global `random` module runs on its own state."""
+
+    def __init__(self, env: Any) -> None:
+        self.env = env
+        self._state: Any = None
+
+    @contextlib.contextmanager
+    def _own_random(self) -> Iterator[None]:
+        outer = random.getstate()
+        if self._state is not None:
+            random.setstate(self._state)
+        try:
+            yield
+        finally:
+            self._state = random.getstate()
+            random.setstate(outer)
+
+    def reset(self, num_players: int, seed: int) -> None:
+        with self._own_random():
+            self.env.reset(num_players=num_players, seed=seed)
+
+    def observe(self) -> tuple[int, str]:
+        with self._own_random():
+            return self.env.get_observation()
+
+    def step(self, action: str) -> bool:
+        with self._own_random():
+            done, _ = self.env.step(action=action)
+        return done
+
+    def close(self) -> tuple[dict[int, float], dict]:
+        with self._own_random():
+            rewards, info = self.env.close()
+        return {int(k): float(v) for k, v in (rewards or {}).items()}, info or {}
+
+    @property
+    def state(self) -> Any:
+        return self.env.state
+
+
+def make_env(env_id: str, **kwargs: Any) -> IsolatedEnv:
+    """A fresh env (never reuse one across games: TextArena's wrappers keep their history)."""
+    ta = require("textarena", "textarena")
+    try:
+        return IsolatedEnv(ta.make(env_id, **kwargs))
+    except ValueError as exc:
+        raise ValueError(f"TextArena has no env {env_id!r} ({exc}); ids look like "
+                         "'KuhnPoker-v0' or 'TicTacToe-v0'") from exc
+
+
+def legal_moves(env: IsolatedEnv, observation: str) -> list[str] | None:
+    """The moves the player to act may make now, or None where this cannot be told.
+
+    Kuhn Poker and Tic-Tac-Toe read them from the env's state (the actions its legal-action
+    tree allows; the board's empty cells); other games from the last list of moves the
+    observation prints ("Available Moves: '[0]', ..." or "available actions are: ...")."""
+    state = env.state
+    game = getattr(state, "game_state", None) or {}
+    env_id = str(getattr(env.env, "env_id", ""))
+    if env_id.startswith("KuhnPoker") and "current_legal_action_tree" in game:
+        return [f"[{k}]" for k in game["current_legal_action_tree"]]
+    if env_id.startswith("TicTacToe") and "board" in game:
+        board = game["board"]
+        return [f"[{r * 3 + c}]" for r in range(3) for c in range(3) if board[r][c] in ("", " ")]
+    listed = _LISTED.findall(observation)
+    return re.findall(r"'(\[[^\]]*\])'", listed[-1]) if listed else None
+
+
+def trim(observation: str, max_chars: int) -> str:
+    """The observation cut to at most `max_chars`: its first message (the game's rules) kept
+    whole (its first 3/4 of `max_chars` if it is longer), then as many of the latest messages as
+    fit, a "[...]" line where messages were left out."""
+    if len(observation) <= max_chars:
+        return observation
+    first, *rest = _MESSAGE.split(observation)
+    if len(first) > max_chars * 3 // 4:
+        first = first[:max_chars * 3 // 4]
+    room = max_chars - len(first) - len("\n[...]")
+    tail: list[str] = []
+    for message in reversed(rest):
+        if room - len(message) - 1 < 0:
+            break
+        tail.append(message)
+        room -= len(message) + 1
+    return "\n".join([first, "[...]", *reversed(tail)])
+
+
+@dataclass(frozen=True)
+class GameRules:
+    """How `play` turns observations into prompts and outcomes into rewards."""
+
+    env_id: str
+    num_players: int
+    env_kwargs: tuple[tuple[str, Any], ...] = ()
+    system: str = SYSTEM
+    instruction: str = INSTRUCTION
+    max_prompt_chars: int = 4000
+    invalid_reward: float | None = -1.0
+    """A rejected move's reward (None: the game's outcome like any move)."""
+    per_game_weight: bool = True
+    starts: tuple[tuple[str, str], ...] = ()
+    """agent -> the frozen agent serving its starting model (opponent START)."""
+
+    def prompt(self, observation: str, moves: list[str] | None = None) -> list[dict]:
+        text = trim(observation.strip("\n"), self.max_prompt_chars)
+        if self.instruction:
+            listed = (" or ".join([", ".join(moves[:-1]), moves[-1]] if len(moves) > 1
+                                  else moves) if moves else "your action in square brackets")
+            text = f"{text}\n\n{self.instruction.replace('{moves}', listed)}"
+        return [{"role": "system", "content": self.system}, {"role": "user", "content": text}]
+
+
+async def play(ctx: Any, rules: GameRules, seats: Sequence[str], seed: int
+               ) -> tuple[dict[int, float], dict[int, list], dict[int, list[bool]]]:
+    """One game: (each seat's reward, each seat's completions, whether the env rejected each
+    of them). `seats[i]` plays seat i: an agent name, or RANDOM."""
+    env = make_env(rules.env_id, **dict(rules.env_kwargs))
+    env.reset(rules.num_players, seed)
+    rejected: list[bool] = []
+    original = env.state.set_invalid_move
+
+    def invalid(*args: Any, **kwargs: Any) -> Any:  # the env's own verdict, recorded
+        rejected.append(True)
+        return original(*args, **kwargs)
+    env.state.set_invalid_move = invalid
+    rng = random.Random(zlib.crc32(f"{ctx.input_id}/{ctx.trajectory}".encode()))
+    moves: dict[int, list] = {i: [] for i in range(rules.num_players)}
+    flags: dict[int, list[bool]] = {i: [] for i in range(rules.num_players)}
+    done = False
+    limit = 10_000  # a game that never ends is the env's bug: fail the trajectory, not the run
+    while not done:
+        limit -= 1
+        if limit < 0:
+            raise RuntimeError(f"{rules.env_id}: no end after 10,000 moves (seed {seed})")
+        seat, observation = env.observe()
+        player = seats[seat]
+        options = legal_moves(env, observation)
+        if player == RANDOM:
+            if not options:
+                raise RuntimeError(f"{rules.env_id}: no legal moves known for seat {seat} "
+                                   "(a random player needs them: see legal_moves)")
+            action, completion = rng.choice(options), None
+        else:
+            [completion] = await ctx.generate(player, rules.prompt(observation, options))
+            action = completion.text
+        rejected.clear()
+        done = env.step(action)
+        if completion is not None:
+            moves[seat].append(completion)
+            flags[seat].append(bool(rejected))
+    rewards, _ = env.close()
+    return rewards, moves, flags
+
+
+def outcome(rewards: dict[int, float], seat: int) -> str:
+    """"win", "draw" or "loss" of `seat`: a draw when every seat got the same reward, a win
+    when the seat's reward is the highest (shared or not), else a loss."""
+    values = list(rewards.values())
+    mine = rewards.get(seat, min(values, default=0.0))
+    if not values or max(values) == min(values):
+        return "draw"
+    return "win" if mine == max(values) else "loss"
+
+
+def credit(ctx: Any, rules: GameRules, trainable: set[str], seats: Sequence[str],
+           rewards: dict[int, float], moves: dict[int, list], flags: dict[int, list[bool]]
+           ) -> None:
+    """Every move of a trainable seat: its game outcome (a rejected move: invalid_reward),
+    weighted 1/k for a seat's k moves when per_game_weight."""
+    for seat, made in moves.items():
+        if seats[seat] not in trainable or not made:
+            continue
+        weight = 1.0 / len(made) if rules.per_game_weight else 1.0
+        for completion, bad in zip(made, flags[seat]):
+            value = (rules.invalid_reward if bad and rules.invalid_reward is not None
+                     else rewards.get(seat, 0.0))
+            ctx.reward(completion, value, weight=weight)
+
+
+def workflow_for(rules: GameRules, seats: Sequence[str], trainable: set[str]
+                 ) -> Callable[[Any, Any], Any]:
+    """The team's workflow: a Game plays `seats`; a Match its agent against its opponent."""
+    starts = dict(rules.starts)
+
+    async def workflow(ctx: Any, task: Game | Match) -> None:
+        if isinstance(task, Match):
+            other = starts[task.agent] if task.opponent == START else task.opponent
+            players = [task.agent if i == task.seat else other
+                       for i in range(rules.num_players)]
+        else:
+            players = list(seats)
+        rewards, moves, flags = await play(ctx, rules, players, task.seed)
+        credit(ctx, rules, trainable if not isinstance(task, Match) else {task.agent},
+               players, rewards, moves, flags)
+        learners = [i for i, p in enumerate(players) if p in trainable]
+        ctx.team_reward(sum(rewards.get(i, 0.0) for i in learners) / max(len(learners), 1))
+        if isinstance(task, Match):
+            result = outcome(rewards, task.seat)
+            prefix = f"games.{task.opponent}"
+            for name in OUTCOMES:
+                ctx.score(task.agent, f"{prefix}.{name}", float(result == name))
+            for bad in flags[task.seat]:
+                ctx.score(task.agent, f"{prefix}.invalid", float(bad))
+    return workflow
+
+
+def game_team(env_id: str, players: Sequence[AgentSpec | str], *, name: str | None = None,
+              train_games: int = 4096, eval_games: int | dict[str, int] = 400,
+              opponents: Sequence[str] = (START, RANDOM), seed: int = 0,
+              eval_seed: int = 1_000_000, env_kwargs: dict | None = None,
+              system: str = SYSTEM, instruction: str = INSTRUCTION,
+              max_prompt_chars: int = 4000, invalid_reward: float | None = -1.0,
+              per_game_weight: bool = True) -> Team:
+    """A team that plays TextArena's `env_id`, one entry of `players` per seat (module doc).
+
+    Training plays `train_games` seeds (seed, seed+1, ...), each task's trajectories the same
+    deal. Held-out: for each trainable agent and each of `opponents` (START: a frozen copy of
+    the agent's starting model, added to the team as the frozen agent "start" ("start_2", ...
+    for further models); RANDOM; or an agent
+    name), `eval_games` games (or eval_games[opponent]) from seeds eval_seed, eval_seed+1, ...
+    (the same seeds for every agent and opponent), in the agent's own seat(s), interleaved: game
+    k of every (agent, opponent) that has a game k, then game k+1, so that any first part of
+    Team.heldout (eval.final_tasks, eval.before_tasks) is balanced.
+    """
+    if not players or len(players) < 2:
+        raise ValueError(f"{env_id}: give one player per seat (at least 2), got {players!r}")
+    counts = ({o: eval_games for o in opponents} if isinstance(eval_games, int)
+              else {o: int(eval_games.get(o, 0)) for o in opponents})
+    if set(counts) != set(opponents) or min(counts.values(), default=0) < 0 or (
+            not isinstance(eval_games, int) and set(eval_games) - set(opponents)):
+        raise ValueError(f"{env_id}: eval_games must be a count or one count per opponent "
+                         f"{list(opponents)}, got {eval_games!r}")
+    most = max(counts.values(), default=0)
+    if eval_seed < seed + train_games and seed < eval_seed + most:
+        raise ValueError(f"{env_id}: training seeds [{seed}, {seed + train_games}) and held-out "
+                         f"seeds [{eval_seed}, {eval_seed + most}) overlap")
+    specs: dict[str, AgentSpec] = {}
+    seats: list[str] = []
+    for i, p in enumerate(players):
+        if isinstance(p, AgentSpec):
+            if p.name in specs or p.name == RANDOM or p.name.startswith(START):
+                raise ValueError(f"{env_id}: seat {i}: agent name {p.name!r} is already used (or "
+                                 "reserved); to let one agent play several seats, give its name there")
+            specs[p.name] = p
+            seats.append(p.name)
+        elif p == RANDOM or p in specs:
+            seats.append(p)
+        else:
+            raise ValueError(f"{env_id}: seat {i}: {p!r} is neither an AgentSpec, the name of "
+                             f"one given at an earlier seat ({sorted(specs)}), nor {RANDOM!r}")
+    trainable = {n for n, s in specs.items() if s.trainable}
+    if not trainable:
+        raise ValueError(f"{env_id}: no seat is played by a trainable agent")
+    starts = {}
+    extra: list[AgentSpec] = []
+    if START in opponents:  # one frozen copy per starting model (agents on one share it)
+        copies: dict[tuple, str] = {}
+        for agent in sorted(trainable):
+            spec = specs[agent]
+            key = (spec.model, repr(spec.sampling))
+            if key not in copies:
+                copies[key] = START if not copies else f"{START}_{len(copies) + 1}"
+                extra.append(AgentSpec(name=copies[key], model=spec.model,
+                                       sampling=spec.sampling, trainable=False))
+            starts[agent] = copies[key]
+    for o in opponents:
+        if o not in (START, RANDOM) and o not in specs:
+            raise ValueError(f"{env_id}: opponent {o!r} must be {START!r}, {RANDOM!r} or an "
+                             f"agent of the team ({sorted(specs)})")
+    rules = GameRules(env_id=env_id, num_players=len(seats),
+                      env_kwargs=tuple(sorted((env_kwargs or {}).items())), system=system,
+                      instruction=instruction, max_prompt_chars=max_prompt_chars,
+                      invalid_reward=invalid_reward, per_game_weight=per_game_weight,
+                      starts=tuple(sorted(starts.items())))
+    _probe(rules, seats, RANDOM in opponents or RANDOM in seats)
+    tasks = [Game(f"{env_id}-{seed + i}", seed + i) for i in range(train_games)]
+    heldout = []
+    pairs = [(agent, o) for agent in sorted(trainable) for o in opponents if o != agent]
+    for k in range(most):
+        for agent, o in pairs:
+            if k >= counts[o]:
+                continue
+            own = [i for i, p in enumerate(seats) if p == agent]
+            seat = own[k % len(own)]
+            heldout.append(Match(f"{env_id}-{agent}-vs-{o}-{eval_seed + k}", eval_seed + k,
+                                 agent, seat, o))
+    return Team(name=name or re.sub(r"[^A-Za-z0-9_-]", "_", env_id),
+                agents=[*specs.values(), *extra], workflow=workflow_for(rules, seats, trainable),
+                tasks=tasks, heldout=heldout)
+
+
+def _probe(rules: GameRules, seats: Sequence[str], random_player: bool) -> None:
+    """Fail at team build, not mid-run: the env makes and resets with this many players, and
+    where a random player takes part, its legal moves can be told."""
+    env = make_env(rules.env_id, **dict(rules.env_kwargs))
+    try:
+        env.reset(rules.num_players, 0)
+    except AssertionError as exc:
+        raise ValueError(f"{rules.env_id} does not play with {rules.num_players} players "
+                         f"({exc}); give one player per seat") from exc
+    _, observation = env.observe()
+    if random_player and not legal_moves(env, observation):
+        raise ValueError(f"{rules.env_id}: a random player needs the legal moves, and this env "
+                         "neither is known to flexmarl.envs.textarena.legal_moves nor lists "
+                         "them in its observation; leave 'random' out of players and opponents")
+
+
+__all__ = ["Game", "GameRules", "IsolatedEnv", "Match", "RANDOM", "START",
+           "credit", "game_team", "legal_moves", "make_env", "outcome", "play", "trim"]

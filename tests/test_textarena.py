@@ -1,0 +1,259 @@
+"""flexmarl.envs.textarena on real TextArena games (Kuhn Poker, Tic-Tac-Toe): the env's own rules,
+invalid moves and rewards; credit and weights per move; legal moves; the global RNG left alone;
+the team's held-out matches and their scores; a game team end to end on real processes."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+import sys
+import types
+
+import pytest
+
+pytest.importorskip("textarena", reason="the envs extra: pip install -e '.[envs]'")
+
+from flexmarl.envs.textarena import (Game, GameRules, Match, RANDOM, credit, game_team,  # noqa: E402
+                                     legal_moves, make_env, outcome, play, trim)
+from flexmarl.team import AgentSpec  # noqa: E402
+
+
+class GameCtx:
+    """A workflow's ctx whose agents answer from a policy: (agent, prompt) -> text."""
+
+    def __init__(self, policy, input_id: str = "t0", trajectory: int = 0) -> None:
+        self.policy, self.input_id, self.trajectory = policy, input_id, trajectory
+        self.prompts: list[tuple[str, list]] = []
+        self.rewards: list[tuple[str, str, float, float]] = []
+        self.scores: list[tuple[str, str, float]] = []
+        self.team: float | None = None
+
+    async def generate(self, agent, prompt, **_):
+        self.prompts.append((agent, prompt))
+        return [types.SimpleNamespace(agent=agent, text=self.policy(agent, prompt))]
+
+    def reward(self, completion, value, *, weight=1.0):
+        self.rewards.append((completion.agent, completion.text, value, weight))
+
+    def team_reward(self, value):
+        self.team = value
+
+    def score(self, agent, name, value):
+        self.scores.append((agent, name, value))
+
+
+def listed(prompt) -> list[str]:
+    """The moves the instruction line names ("Your move? Answer with [a] or [b].")."""
+    import re
+    return re.findall(r"\[[^\]]*\]", prompt[-1]["content"].rsplit("\n", 1)[-1])
+
+
+def first_legal(agent, prompt) -> str:
+    return listed(prompt)[0]
+
+
+KUHN = GameRules(env_id="KuhnPoker-v0", num_players=2, env_kwargs=(("max_rounds", 1),))
+
+
+def test_a_kuhn_hand_is_played_by_the_envs_rules_and_scored_by_its_rewards():
+    ctx = GameCtx(first_legal)  # always the first listed move: check, then check: showdown
+    rewards, moves, flags = asyncio.run(play(ctx, KUHN, ["a", "b"], seed=3))
+    assert sorted(rewards.values()) == [-1.0, 1.0]  # a showdown: one wins the pot
+    assert [m.text for m in moves[1]] == ["[check]"] and [m.text for m in moves[0]] == ["[check]"]
+    assert flags == {0: [False], 1: [False]}
+    # player 1 moves first in round 1; the prompt is [system, observation + the instruction]
+    assert [a for a, _ in ctx.prompts] == ["b", "a"]
+    system, user = ctx.prompts[0][1]
+    assert system["role"] == "system" and "Kuhn Poker" in user["content"]
+    assert user["content"].endswith("Your move? Answer with [check] or [bet].")
+
+
+def test_an_invalid_move_is_retried_once_then_loses_as_the_env_rules():
+    script = {"b": ["I raise!", "[bet]"], "a": ["[call]"]}  # b: one bad move, then a bet
+    ctx = GameCtx(lambda agent, prompt: script[agent].pop(0))
+    rewards, moves, flags = asyncio.run(play(ctx, KUHN, ["a", "b"], seed=3))
+    assert flags[1] == [True, False] and flags[0] == [False]
+    assert "attempted an invalid move" in ctx.prompts[1][1][-1]["content"]  # the env said so
+    credit(ctx, KUHN, {"a", "b"}, ["a", "b"], rewards, moves, flags)
+    by_text = {t: (v, w) for _, t, v, w in ctx.rewards}
+    assert by_text["I raise!"] == (-1.0, 0.5)  # a rejected move: invalid_reward, weight 1/2
+    assert by_text["[bet]"] == (rewards[1], 0.5)
+    assert by_text["[call]"] == (rewards[0], 1.0)
+
+    ctx = GameCtx(lambda agent, prompt: "nonsense")  # two in a row: the mover loses
+    rewards, moves, flags = asyncio.run(play(ctx, KUHN, ["a", "b"], seed=3))
+    assert rewards == {1: -1.0, 0: 1.0} and flags == {0: [], 1: [True, True]}
+    assert outcome(rewards, 0) == "win" and outcome(rewards, 1) == "loss"
+    plain = dataclasses.replace(KUHN, per_game_weight=False, invalid_reward=None)
+    ctx.rewards.clear()
+    credit(ctx, plain, {"b"}, ["a", "b"], rewards, moves, flags)
+    assert [(v, w) for _, _, v, w in ctx.rewards] == [(-1.0, 1.0), (-1.0, 1.0)]
+
+
+def test_a_random_player_only_plays_legal_moves_and_games_end():
+    rules = GameRules(env_id="TicTacToe-v0", num_players=2)
+    results = []
+    for seed in range(30):
+        ctx = GameCtx(first_legal, input_id=f"t{seed}")
+        rewards, moves, flags = asyncio.run(play(ctx, rules, [RANDOM, "x"], seed))
+        assert not any(flags[1]) and moves[0] == []  # the random seat makes no call
+        results.append(outcome(rewards, 0))
+    assert set(results) <= {"win", "draw", "loss"} and len(set(results)) >= 2
+    env = make_env("TicTacToe-v0")
+    env.reset(2, 0)
+    _, observation = env.observe()
+    assert legal_moves(env, observation) == [f"[{i}]" for i in range(9)]
+
+
+def test_games_leave_the_global_random_alone_and_interleaved_deal_as_alone():
+    def deal(seed, interleave):
+        env = make_env("KuhnPoker-v0")
+        env.reset(2, seed)
+        other = make_env("KuhnPoker-v0")
+        other.reset(2, seed + 1)
+        cards = []
+        for _ in range(6):  # 3 rounds of checks: a new deal each round
+            _, obs = env.observe()
+            if env.step("[check]"):
+                break
+            if interleave:
+                other.step("[bet]")
+            cards.append(obs.rsplit("Your card is:", 1)[-1][:5])
+        return cards
+
+    random.seed(123)
+    expected = random.random()
+    random.seed(123)
+    alone = deal(7, interleave=False)
+    assert random.random() == expected  # TextArena's reseeding stayed inside the env
+    assert deal(7, interleave=True) == alone
+
+
+def test_trim_keeps_the_rules_and_the_latest_moves():
+    obs = "\n[GAME] rules " + "r" * 100 + "".join(f"\n[Player {i % 2}] move {i}" for i in range(50))
+    cut = trim(obs, 200)
+    assert len(cut) <= 200 and cut.startswith("\n[GAME] rules") and cut.endswith("move 49")
+    assert "\n[...]\n" in cut and "move 0\n" not in cut
+    assert trim(obs, 10_000) == obs
+    assert len(trim("\n[GAME] " + "x" * 500 + "\n[GAME] last", 100)) <= 100
+
+
+def test_a_game_team_has_its_players_a_frozen_start_copy_and_balanced_matches():
+    spec = AgentSpec(name="p0", model="small")
+    team = game_team("KuhnPoker-v0", [spec, AgentSpec(name="p1", model="small")],
+                     train_games=10, eval_games={"start": 3, "random": 1})
+    assert [(a.name, a.trainable) for a in team.agents] == [("p0", True), ("p1", True),
+                                                            ("start", False)]
+    assert {t.seed for t in team.tasks} == set(range(10))
+    first = team.heldout[:4]
+    assert {(m.agent, m.opponent) for m in first} == {("p0", "start"), ("p0", "random"),
+                                                      ("p1", "start"), ("p1", "random")}
+    assert [m.seat for m in team.heldout if m.agent == "p1"] == [1, 1, 1, 1]
+    assert len(team.heldout) == 8 and all(m.seed >= 1_000_000 for m in team.heldout)
+    shared = game_team("TicTacToe-v0", [spec, "p0"], train_games=4, eval_games=2,
+                       opponents=["random"])
+    assert [a.name for a in shared.agents] == ["p0"]
+    assert [m.seat for m in shared.heldout] == [0, 1]  # one agent, both seats in turn
+
+
+@pytest.mark.parametrize("players, kwargs, message", [
+    (["p0"], {}, "one player per seat"),
+    ([AgentSpec(name="p0", model="small"), "nobody"], {}, "neither an AgentSpec"),
+    ([AgentSpec(name="p0", model="small"), AgentSpec(name="p0", model="small")], {},
+     "already used"),
+    ([AgentSpec(name="p0", model="small"), AgentSpec(name="p1", model="small", trainable=False)
+      ], {"opponents": ["ghost"]}, "opponent 'ghost'"),
+    ([AgentSpec(name="p0", model="small"), RANDOM], {"eval_seed": 5}, "overlap"),
+    ([AgentSpec(name="p0", model="small"), RANDOM], {"eval_games": {"bogus": 1}}, "eval_games"),
+    ([AgentSpec(name="p0", model="small", trainable=False), RANDOM], {}, "no seat"),
+])
+def test_a_wrong_game_team_is_refused_with_the_reason(players, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        game_team("KuhnPoker-v0", players, train_games=10, **kwargs)
+
+
+def test_an_unknown_env_or_player_count_or_unknowable_moves_is_refused_at_build():
+    spec = AgentSpec(name="p0", model="small")
+    with pytest.raises(ValueError, match="no env 'Nope-v0'"):
+        game_team("Nope-v0", [spec, RANDOM])
+    with pytest.raises(ValueError, match="does not play with 3 players"):
+        game_team("KuhnPoker-v0", [spec, "p0", "p0"], opponents=[])
+    with pytest.raises(ValueError, match="needs the legal moves"):
+        game_team("SimpleNegotiation-v0", [spec, RANDOM])
+
+
+def test_a_match_scores_the_outcome_and_each_invalid_move_for_the_agent():
+    team = game_team("KuhnPoker-v0", [AgentSpec(name="p0", model="small"),
+                                      AgentSpec(name="p1", model="small")],
+                     train_games=4, eval_games=2, env_kwargs={"max_rounds": 1})
+    match = next(m for m in team.heldout if m.agent == "p1" and m.opponent == "start")
+    ctx = GameCtx(lambda agent, prompt: "[bet]" if agent == "p1" else "[fold]")
+    asyncio.run(team.workflow(ctx, match))
+    assert {a for a, _ in ctx.prompts} == {"p1", "start"}  # the frozen copy plays seat 0
+    assert sorted(ctx.scores) == [("p1", "games.start.draw", 0.0), ("p1", "games.start.invalid",
+                                  0.0), ("p1", "games.start.loss", 0.0),
+                                  ("p1", "games.start.win", 1.0)]
+    assert [(a, v) for a, _, v, _ in ctx.rewards] == [("p1", 1.0)]  # only the agent is credited
+    ctx = GameCtx(first_legal)
+    asyncio.run(team.workflow(ctx, Game("g", 5)))  # training: both seats credited, no score
+    assert {a for a, *_ in ctx.rewards} == {"p0", "p1"} and ctx.scores == [] and ctx.team == 0.0
+    assert isinstance(match, Match)
+
+
+def test_without_the_extra_the_error_names_it(monkeypatch):
+    from flexmarl.envs import MissingExtra
+    monkeypatch.setitem(sys.modules, "textarena", None)
+    with pytest.raises(MissingExtra, match=r"pip install -e '\.\[envs\]'"):
+        make_env("KuhnPoker-v0")
+
+
+@pytest.mark.slow
+async def test_a_game_team_trains_and_is_measured_against_its_opponents(tiny_model_dir, tmp_path,
+                                                                          no_leftover_children):
+    """Kuhn Poker between two tiny models on real processes: two steps, then the before and
+    after measurements of both players against the frozen start and the random player."""
+    from flexmarl.config.load import load_config
+    from flexmarl.launch.run import train
+    from flexmarl.observe.rundir import RunDir
+
+    players = [AgentSpec(name=n, model=tiny_model_dir) for n in ("p0", "p1")]
+    team = game_team("KuhnPoker-v0", players, train_games=8, eval_games=3, system="Play.",
+                     env_kwargs={"max_rounds": 1}, max_prompt_chars=260)
+    config = load_config(overrides=[
+        f"run.dir={tmp_path / 'run'}", "run.steps=2", "rollout.backend=torch",
+        "pipeline.tasks_per_step=2", "pipeline.trajectories_per_task=2",
+        "eval.modes=['sampled']", "eval.before_tasks=4", "observe.report=false"])
+    result = await asyncio.wait_for(train(team, config, run_dir=RunDir.create(config),
+                                          progress=False), 300)
+    assert [r["step"] for r in result.metrics] == [0, 1]
+    assert all(r["failed_trajectories"] == 0 for r in result.metrics)
+    assert result.final_eval["failed"] == 0 and result.final_eval["tasks"] == 12
+    for agent in ("p0", "p1"):
+        scores = result.heldout[agent]["sampled"]["scores"]
+        for opponent in ("start", "random"):
+            win, draw, loss = (scores[f"games.{opponent}.{k}"] for k in ("win", "draw", "loss"))
+            assert win["n"] == 3 and win["after"] + draw["after"] + loss["after"] == 1.0
+            assert win["before"] is not None  # measured on the first 4 matches too
+    before = result.final_eval["before"]["sampled"]
+    assert before["tasks"] == 4 and "greedy" not in result.final_eval["after"]
+
+
+def test_the_closing_summary_and_the_report_show_win_rates_per_agent_and_opponent(tmp_path):
+    import orjson
+
+    from flexmarl.launch.summary import summary
+    from flexmarl.observe.report import _games
+
+    cell = {"before": 0.25, "after": 0.6875, "se_change": 0.031, "n": 400}
+    heldout = {"p1": {"sampled": {"before": -0.5, "after": 0.2, "se_change": 0.1, "tasks": 800,
+                                  "scores": {"games.start.win": cell,
+                                             "games.start.invalid": {"before": 0.87,
+                                                                     "after": 0.1, "n": 900},
+                                             "games.start.draw": {"before": 0, "after": 0}}}}}
+    text = summary(types.SimpleNamespace(metrics=[], wall_s=1.0, heldout=heldout,
+                                         final_eval={"tasks": 800}))
+    assert ("p1 vs start   win 0.250 -> 0.688 ±0.031, invalid moves 0.870 -> 0.100 "
+            "(400 games, sampled)") in text
+    (tmp_path / "eval.json").write_bytes(orjson.dumps({"heldout": heldout}))
+    assert _games(tmp_path)[0][0] == "held-out games: p1 vs start"
+    assert _games(tmp_path / "missing") == []

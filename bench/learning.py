@@ -77,15 +77,18 @@ async def main(args: argparse.Namespace) -> None:
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # CPU-irrelevant warnings
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    workdir = tempfile.mkdtemp(prefix="flexmarl-learning-")
-    heldout = [] if args.heldout is None else [f"eval.final_tasks={args.heldout}"]
-    config = load_config(overrides=[f"run.out_dir={workdir}", *heldout, *args.set],
-                         team=args.team)
-    team = load_team(config.team.path)
-    run_dir = RunDir.create(config)
-    started = time.perf_counter()
-    result = await train(team, config, run_dir=run_dir, progress=args.progress)
-    wall_s = time.perf_counter() - started
+    if args.from_run:
+        config, team, run_dir, result, wall_s = from_run(args.from_run)
+    else:
+        workdir = tempfile.mkdtemp(prefix="flexmarl-learning-")
+        heldout = [] if args.heldout is None else [f"eval.final_tasks={args.heldout}"]
+        config = load_config(overrides=[f"run.out_dir={workdir}", *heldout, *args.set],
+                             team=args.team)
+        team = load_team(config.team.path)
+        run_dir = RunDir.create(config)
+        started = time.perf_counter()
+        result = await train(team, config, run_dir=run_dir, progress=args.progress)
+        wall_s = time.perf_counter() - started
     summary = summarize(result.metrics, args.window)
     summary["agents"] = {name: {"heldout": modes} | ({"games": g} if (g := games(modes)) else {})
                          for name, modes in sorted((result.heldout or {}).items())}
@@ -103,6 +106,32 @@ async def main(args: argparse.Namespace) -> None:
     print(f"run dir: {run_dir.path}")
     if args.json:
         print(json.dumps(summary))
+
+
+def from_run(path: str) -> tuple:
+    """A finished run's (config, team, run dir, result, wall seconds) from its directory alone:
+    its config.toml, metrics.jsonl and eval.json (the wall time from the records' clock: the
+    first step's time less time_to_first_step_s, to the last record's plus the after
+    measurement; the report and shutdown are not in it)."""
+    import types
+
+    import orjson
+
+    from flexmarl.config.load import load_config
+    from flexmarl.observe.rundir import METRICS_FILE, read_metrics
+    from flexmarl.team import load_team
+
+    run = os.path.abspath(path)
+    config = load_config(os.path.join(run, "config.toml"))
+    records = [r for r in read_metrics(os.path.join(run, METRICS_FILE)) if "agents" in r]
+    document = orjson.loads(open(os.path.join(run, "eval.json"), "rb").read())
+    first = document.get("time_to_first_step_s") or 0.0
+    after = (document.get("after") or {}).get("seconds") or 0.0
+    wall_s = records[-1]["time"] - records[0]["time"] + first + after
+    result = types.SimpleNamespace(metrics=records, heldout=document.get("heldout"),
+                                   final_eval=document, wall_s=wall_s,
+                                   time_to_first_step_s=document.get("time_to_first_step_s"))
+    return config, load_team(config.team.path), types.SimpleNamespace(path=run), result, wall_s
 
 
 def games(modes: dict) -> dict:
@@ -144,6 +173,8 @@ def table(summary: dict, config, args: argparse.Namespace) -> str:
            f"{'':<10} {'first':>8} {'last':>8} {'change':>8} {'noise':>8}"]
     for name in rows:
         a, b = summary["first_reward"][name], summary["last_reward"][name]
+        if a is None or b is None:  # an agent with no turns in training (a frozen opponent)
+            continue
         noise = summary["noise"][name]
         out.append(f"{name:<10} {a:>8.3f} {b:>8.3f} {b - a:>+8.3f} "
                    f"{'-' if noise is None else f'{noise:.3f}':>8}")
@@ -184,6 +215,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "default: the config's); --set eval.before=false skips before")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     ap.add_argument("--progress", action="store_true", help="show progress bars")
+    ap.add_argument("--from-run", metavar="RUN_DIR", default=None,
+                    help="train nothing: summarise a finished run's directory (its config.toml, "
+                         "metrics.jsonl and eval.json), e.g. one whose own summary was lost")
     return ap.parse_args(argv)
 
 

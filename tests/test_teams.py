@@ -110,8 +110,8 @@ async def test_each_team_runs_end_to_end_and_is_evaluated(name, tiny_model_dir, 
     from flexmarl.observe.rundir import RunDir
 
     team = load_team(AGENTS / f"{name}.py")
-    team = dataclasses.replace(team, agents=[dataclasses.replace(
-        a, model=tiny_model_dir, warm_start_steps=None) for a in team.agents])
+    team = dataclasses.replace(team, agents=[dataclasses.replace(  # (the tiny model has 2 blocks)
+        a, model=tiny_model_dir, warm_start_steps=None, train_layers=None) for a in team.agents])
     config = load_config(overrides=[
         f"run.dir={tmp_path / 'run'}", "run.steps=2", "rollout.backend=torch",
         f"team.path={AGENTS / f'{name}.py'}", "pipeline.tasks_per_step=2",

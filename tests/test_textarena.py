@@ -150,6 +150,11 @@ def test_a_game_team_has_its_players_a_frozen_start_copy_and_balanced_matches():
                                                       ("p1", "start"), ("p1", "random")}
     assert [m.seat for m in team.heldout if m.agent == "p1"] == [1, 1, 1, 1]
     assert len(team.heldout) == 8 and all(m.seed >= 1_000_000 for m in team.heldout)
+    starter = game_team("TicTacToe-v0", [AgentSpec(name="starter", model="small"), RANDOM],
+                        train_games=4, eval_games=1)  # only "start" and "start_N" are reserved
+    assert [a.name for a in starter.agents] == ["starter", "start"]
+    with pytest.raises(ValueError, match="reserved"):
+        game_team("TicTacToe-v0", [AgentSpec(name="start_2", model="small"), RANDOM])
     shared = game_team("TicTacToe-v0", [spec, "p0"], train_games=4, eval_games=2,
                        opponents=["random"])
     assert [a.name for a in shared.agents] == ["p0"]

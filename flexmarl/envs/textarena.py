@@ -318,9 +318,10 @@ def game_team(env_id: str, players: Sequence[AgentSpec | str], *, name: str | No
     seats: list[str] = []
     for i, p in enumerate(players):
         if isinstance(p, AgentSpec):
-            if p.name in specs or p.name == RANDOM or p.name.startswith(START):
-                raise ValueError(f"{env_id}: seat {i}: agent name {p.name!r} is already used (or "
-                                 "reserved); to let one agent play several seats, give its name there")
+            if p.name in specs or p.name == RANDOM or re.fullmatch(rf"{START}(_\d+)?", p.name):
+                raise ValueError(f"{env_id}: seat {i}: agent name {p.name!r} is already used "
+                                 "(or reserved: 'random', 'start', 'start_N'); to let one agent "
+                                 "play several seats, give its name there")
             specs[p.name] = p
             seats.append(p.name)
         elif p == RANDOM or p in specs:

@@ -2,9 +2,12 @@
 
 Runs `flexmarl.train` twice on the same workflow, tasks, seed and steps: the team of
 `--team` (default agents/smol_trio.py: three SmolLM2-135M-Instruct agents) built by its
-`team_of(lora=True)` and `team_of(lora=False)`. Both run with `--slots` trainer slots (default
-1: three agents on one slot, so every step swaps; the case adapters are for). Reported per
-run, side by side with the ratio adapters / full:
+`team_of(lora=True)` and `team_of(lora=False)`, both with the product's default trainer slots
+(trainer_pool.slots = 0: the three adapters share one slot, their base held once and their
+adapters swapped, trainer_pool.share_lora_base; the three full copies get a slot each), or with
+`--slots N` trainer slots shared by each team (`--slots 1`: every step swaps, in both runs; the
+comparison measured before issue 54). Reported per run, side by side with the ratio adapters /
+full:
 
 - peak RSS of the rollout processes and of the trainer processes (each process's own peak,
   VmHWM, sampled from /proc every 0.2 s while the run lives; summed per role);
@@ -13,11 +16,13 @@ run, side by side with the ratio adapters / full:
 - held-out accuracy before and after, greedy (eval.before, eval.final: `--heldout` tasks).
 
     .venv/bin/python bench/lora.py [--json] [--team PATH] [--steps 10] [--heldout 50]
-                                   [--slots 1] [--set section.key=value ...]
+                                   [--slots N] [--set section.key=value ...]
 
 On this machine (24 GB) the full team on one slot needs the snapshots off (its three parked
 states plus their snapshots in /dev/shm outgrow the memory: the OOM killer took the slot):
-`--set run.save_state=false --set trainer_pool.snapshots=false`, as measured in bench/README.
+`--set run.save_state=false --set trainer_pool.snapshots=false`, as measured in bench/README
+(`--slots 1`). With the default slots the full team runs three trainer processes, each with
+its model, AdamW state and activations: not measured here yet (bench/README, 2026-12-05 note).
 
 Targets (issue 38): memory of the adapter team <= 0.5x the full team's, sync bytes per step
 <= 0.1x, and the adapter team learns (+10 points greedy for at least one agent). With --json
@@ -109,7 +114,7 @@ async def run_one(team, args: argparse.Namespace, workdir: str) -> dict:
     config = load_config(overrides=[
         f"run.out_dir={workdir}", f"run.name={team.name}", f"run.steps={args.steps}",
         f"eval.final_tasks={args.heldout}",
-        f"trainer_pool.slots={args.slots}", *args.set])
+        *([f"trainer_pool.slots={args.slots}"] if args.slots else []), *args.set])
     started = time.perf_counter()
     with PeakRss() as rss:
         try:
@@ -158,8 +163,10 @@ def table(out: dict) -> str:
         return (f"{name:<26} {fmt.format(a):>12} {fmt.format(b):>12} "
                 f"{'-' if q is None else f'{q:.3f}x':>10}")
 
+    slots = (f"{out['slots']} trainer slot(s)" if out["slots"] else
+             "default trainer slots (adapters: one per base; full copies: one each)")
     lines = [f"{len(lora['agents'])} agents ({', '.join(lora['agents'])}), {lora['steps']} steps, "
-             f"{out['slots']} trainer slot(s); adapters vs full copies",
+             f"{slots}; adapters vs full copies",
              f"{'':<26} {'adapters':>12} {'full':>12} {'ratio':>10}",
              row("rollout peak RSS (MB)", lora["peak_rss_mb"]["rollout"],
                  full["peak_rss_mb"]["rollout"], ratio["rollout_rss"]),
@@ -225,7 +232,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--heldout", type=int, default=50, metavar="N",
                     help="held-out tasks measured greedy before and after (0: all)")
-    ap.add_argument("--slots", default="1", help="trainer_pool.slots of both runs")
+    ap.add_argument("--slots", default="",
+                    help="trainer_pool.slots of both runs (default: the product's, slots = 0: "
+                         "the adapters share one slot, the full copies get one each)")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     ap.add_argument("--progress", action="store_true", help="show progress bars")
     return ap.parse_args(argv)

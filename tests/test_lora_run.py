@@ -96,6 +96,16 @@ async def test_three_adapters_share_one_engine_beside_a_full_agent(backend, tiny
             assert abs(metrics["ratio_mean"] - 1.0) < RATIO_ATOL and metrics["clip_frac"] == 0
     for name in agents:
         assert [m["agents"][name]["version"] for m in result.metrics] == [1, 2]
+    # Default settings (trainer_pool.slots = 0, share_lora_base): the three adapters share one
+    # trainer slot, its base held once and their adapters swapped there; the full agent has
+    # its own (no swaps).
+    for m in result.metrics:
+        assert set(m["trainer_slots_busy_s"]) == ({"trainer-0", "trainer-1"} if full
+                                                  else {"trainer-0"})
+    swaps = [sw for m in result.metrics for sw in m["swaps"]]
+    assert {sw["slot"] for sw in swaps} == {"trainer-0"}, swaps
+    assert {sw["agent"] for sw in swaps} <= set(ADAPTERS) and \
+        len({sw["agent"] for sw in swaps}) >= 2, swaps
     # Each adapter's checkpoint is PEFT's format: PEFT loads it on the base, and it moved.
     from peft import PeftModel
     prompt = torch.tensor([chat_prompt(load_tokenizer(tiny_model_dir), "Compute 2+3.")])

@@ -20,7 +20,7 @@ from flexmarl.weights.sync import WeightSync
 from runtime.errors import RemoteError
 from runtime.transport import connect
 
-from tests.helpers.fake_instances import FakeInstance, weights  # the fake instance connection
+from tests.helpers.fake_instances import FakeInstance, publish, weights  # the fake instance connection
 from tests.helpers.lora import ENGINE_SPEC, random_adapter  # adapters PEFT computes
 
 
@@ -97,13 +97,16 @@ def test_units_that_instances_cannot_serve_are_config_errors():
 
 # ----------------------------------------------------------------------------- sync
 
-async def test_an_adapter_sync_sends_the_adapter_only_and_a_new_instance_loads_it():
+async def test_an_adapter_sync_sends_the_adapter_only_and_a_new_instance_loads_it(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv("FLEXMARL_WEIGHTS_DIR", str(tmp_path))
     shared = [FakeInstance("i0"), FakeInstance("i1")]
     specs = {"solver": lora(4).as_dict(), "checker": lora(8).as_dict()}
     ws = WeightSync(["solver", "checker"], lambda agent: shared, {"solver": "/m", "checker": "/m"},
                     timeout_s=5.0, adapters=specs)
     assert ws.exported("solver") and ws.fresh("solver")
-    report = await ws.sync("solver", 1, WeightUpdate(1, weights(1.0)))
+    report = await ws.sync("solver", 1, publish(1, weights(1.0), agent="solver",
+                                                adapter="solver", lora=specs["solver"]))
     sent = shared[0].got[-1]
     assert (sent.adapter, sent.lora, sent.version) == ("solver", specs["solver"], 1)
     assert report.num_bytes == 7 * 4 and ws.versions == {"solver": 1, "checker": 0}
@@ -111,6 +114,7 @@ async def test_an_adapter_sync_sends_the_adapter_only_and_a_new_instance_loads_i
     joining = FakeInstance("i2")
     await ws.load_into(joining, "solver")
     assert (joining.got[-1].adapter, joining.got[-1].force) == ("solver", True)
+    assert joining.tensors["a.weight"].eq(1.0).all()  # read from the file the trainer wrote
     with pytest.raises(ValueError, match="LoRA agent: its adapter syncs staged"):
         await ws.sync("checker", 1, None)
 

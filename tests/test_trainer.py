@@ -29,8 +29,8 @@ from safetensors.torch import load_file, save_file
 from flexmarl.config.training import TrainerConfig
 from flexmarl.training.grpo import token_logprobs
 
-from flexmarl.protocol import (ExportState, ExportWeights, SwapIn, SwapOut, TrainBeginBatch,
-                               TrainMicroBatch, TrainStats, TrainStep, TrainStepDone,
+from flexmarl.protocol import (ExportState, ExportWeights, FetchWeights, SwapIn, SwapOut,
+                               TrainBeginBatch, TrainMicroBatch, TrainStats, TrainStep, TrainStepDone,
                                WeightUpdate)
 from flexmarl.training.trainer import GRPOTrainer, export_state, load_state
 from runtime.errors import RemoteError
@@ -406,7 +406,17 @@ def test_two_gloo_ranks_match_one_rank(model_dir, batches, shared_prompt_batch, 
 
 @pytest.mark.slow
 async def test_trainer_worker_group_over_the_runtime(model_dir, batches, tmp_path,
-                                                     no_leftover_children):
+                                                     monkeypatch, no_leftover_children):
+    """The group over the runtime, and the weights it publishes: a file on its host (rank 0
+    writes it, the reply names it), read by an instance on this host, fetched from rank 0 by
+    one on another host (FetchWeights), never any other file, and gone when the group stops."""
+    from flexmarl.rollout.engine import EngineConfig
+    from flexmarl.rollout.torch_engine import TorchEngine
+    from flexmarl.rollout.worker import RolloutWorker
+    from flexmarl.weights import published
+
+    monkeypatch.setenv("FLEXMARL_WEIGHTS_DIR", str(tmp_path / "published"))
+    run = published.run_name()
     mb = batches[0]
     args = {"model_dir": model_dir, "agent": "solver", "world_size": 2,
             "init_method": f"file://{tmp_path}/store",
@@ -436,6 +446,29 @@ async def test_trainer_worker_group_over_the_runtime(model_dir, batches, tmp_pat
             assert all(torch.equal(state.tensors[k], again.tensors[k]) for k in state.tensors)
             update = await lead.request(ExportWeights())
             assert isinstance(update, WeightUpdate) and update.version == 1
+            out = await lead.request(ExportWeights(run))
+            assert out.tensors == {} and out.version == 1 and out.source["host"] == \
+                published.host_id()
+            on_file = published.load(out.source["path"])
+            assert all(torch.equal(on_file[k], update.tensors[k]) for k in update.tensors)
+            assert out.source["num_bytes"] == sum(t.nbytes for t in update.tensors.values())
+            with pytest.raises(RemoteError, match="rank 0"):
+                await follower.request(FetchWeights(out.source["path"]))
+            for hostile in ("/etc/passwd", str(tmp_path / "store"),
+                            out.source["path"] + "/../../../x.safetensors"):
+                with pytest.raises(RemoteError, match="is not weights this trainer"):
+                    await lead.request(FetchWeights(hostile))
+            # An instance on another host (as this host id says) fetches from rank 0.
+            monkeypatch.setattr(published, "host_id", lambda: "another-host")
+            worker = RolloutWorker("r0", "inproc://published-elsewhere",
+                                   TorchEngine(EngineConfig(model_dir=model_dir)))
+            async with worker.serving(), connect(worker.address) as conn:
+                done = await conn.request(WeightUpdate(1, {}, source=out.source), timeout_s=60)
+                assert done.version == worker.version == 1
+                assert done.num_bytes == out.source["num_bytes"]
+                live = worker.engine.model.state_dict()
+                assert all(torch.equal(live[k].float(), on_file[k].float()) for k in on_file
+                           if k in live)
         pids = [h.pid for h in handles]
         assert all(pid_alive(p) for p in pids)
     deadline = time.monotonic() + FAST.stop_timeout_s
@@ -443,6 +476,7 @@ async def test_trainer_worker_group_over_the_runtime(model_dir, batches, tmp_pat
         time.sleep(0.05)
     assert not any(pid_alive(p) for p in pids)
     assert sup.events.empty()  # both ranks stopped on request, neither died
+    assert not list((tmp_path / "published" / run).glob("*/*.safetensors"))  # removed at stop
 
     local = GRPOTrainer(model_dir, TrainerConfig(**CONFIG))
     local.begin_batch(tokens(mb))

@@ -23,6 +23,7 @@ from flexmarl.weights.sync import WeightSync
 from flexmarl.rollout.torch_engine import TorchEngine
 from flexmarl.weights import direct
 from flexmarl.placement.layout import resolve_transfer
+from flexmarl.weights import published
 from flexmarl.weights.direct import (DirectTransport, FanOut, Sender, TransferAborted,
                                      _init_info, cast_source, packed_buffer_bytes, rank_offsets)
 from flexmarl.rollout.vllm_engine import engine_args
@@ -169,12 +170,15 @@ class FakeDirect(DirectTransport):
         return WeightUpdateDone(version, 123, 0.01)
 
     async def fetch(self, agent):
-        return WeightUpdate(self.version, self.tensors)
+        """Published on this host, as TrainerPool.export has the trainer do in a run."""
+        return WeightUpdate(self.version, {}, source=published.publish(
+            self.tensors, published.run_name(), agent, self.version, "inproc://no-trainer"))
 
 
 async def test_a_direct_sync_and_a_joining_instance_loads_from_the_trainer(
-        tiny_model_dir):
-    tensors = load_model(tiny_model_dir).state_dict()
+        tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("FLEXMARL_WEIGHTS_DIR", str(tmp_path))
+    tensors = {k: v + 1.0 for k, v in load_model(tiny_model_dir).state_dict().items()}
     workers = [RolloutWorker(f"r{i}", f"inproc://pool-direct{i}",
                              TorchEngine(EngineConfig(model_dir=tiny_model_dir)))
                for i in range(2)]
@@ -189,14 +193,19 @@ async def test_a_direct_sync_and_a_joining_instance_loads_from_the_trainer(
         report = await pool.weights.sync("a", 1, None)
         assert direct.sent == [("a", 1, tuple(c.address for c in conns.values()))]
         assert pool.versions["a"] == 1 and report.num_bytes == 123
-        assert "a" not in pool.weights._served  # the tensors never came through the run
+        assert "a" not in pool.weights._sources  # the tensors never came through the run
         # A replacement or a moved instance loads the trainer's weights, but only the served
         # version: a trainer that stepped past it is refused (no sample of a newer version).
         direct.version = 2
         with pytest.raises(RuntimeError, match="holds version 2, its instances serve 1"):
             await pool.weights.served("a")
         direct.version = 1
-        assert (await pool.weights.served("a")) is tensors
+        served = await pool.weights.served("a")
+        assert published.load(served["path"]).keys() == tensors.keys()
+        async with pool.weights.locked("a"):  # a joiner loads the trainer's published file
+            await pool.weights.load_into(conns["r0"], "a")
+        live = workers[0].engine.model.state_dict()
+        assert all(torch.equal(live[k], tensors[k]) for k in tensors)
         for c in conns.values():
             await c.aclose()
 
@@ -479,8 +488,8 @@ def test_the_packed_ipc_buffer_holds_the_largest_tensor_and_no_more_than_the_mod
 # ----------------------------------------------------------------------------- a whole run
 
 class StagedDirect(DirectTransport):
-    """The direct transport for a CPU run: the trainer "sends" by exporting its weights and
-    pushing them to the addresses it is given (what NCCL does on GPU, here through the
+    """The direct transport for a CPU run: the trainer "sends" by publishing its weights and
+    having the addresses it is given load them (what NCCL does on GPU, here through the
     transport), so the loop's direct branch (no export in the session, WeightSync.sync with no
     tensors at sync time, the trainer's version checked) runs end to end."""
 
@@ -491,14 +500,13 @@ class StagedDirect(DirectTransport):
         assert update.version == version, (update.version, version)
         conns = [connect(a) for a in addresses]
         try:
-            await asyncio.gather(*(c.request(WeightUpdate(version, update.tensors),
+            await asyncio.gather(*(c.request(WeightUpdate(version, {}, source=update.source),
                                              timeout_s=TIMEOUT_S) for c in conns))
         finally:
             for c in conns:
                 await c.aclose()
         StagedDirect.sends.append((agent, version, len(addresses)))
-        return WeightUpdateDone(version, sum(t.numel() * 4 for t in update.tensors.values()),
-                                0.0)
+        return WeightUpdateDone(version, update.source["num_bytes"], 0.0)
 
     async def fetch(self, agent):
         return await self.trainers.export(agent)

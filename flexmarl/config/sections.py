@@ -307,9 +307,16 @@ class DevicesConfig:
     engine offloads its weights), the trainer is parked while they generate. Per agent:
     "solver=time_shared,checker=disaggregated"; agents joined by + share one group of devices
     and one slot: "solver+checker=time_shared" (flexmarl.placement.timeshare)."""
+    allow_unverified: bool = False
+    """Let the planner (`flexmarl plan`, trainer_pool.slots = "auto") choose placements on paths
+    that have never run on this hardware: time-shared placements on GPU (vLLM's sleep /
+    wake_up with its trainer parked beside it). false: it chooses among the others and says
+    which one it would have picked, and why not (flexmarl.sim.plan.refusal)."""
 
     def __post_init__(self) -> None:
         parse_gpus(self.gpus)
+        require(isinstance(self.allow_unverified, bool), "devices.allow_unverified",
+                self.allow_unverified, "must be true or false")
         try:
             parse_placement(self.placement)
         except ValueError as exc:

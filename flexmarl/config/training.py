@@ -158,10 +158,19 @@ class TrainerPoolConfig:
     """CPU cores of every trainer process, as in rollout.cpus; "auto": the other half."""
     slots: int | str = 0
     """0: static reservation, one trainer slot (a group of ranks_per_agent processes) per
-    trainable agent. N >= 1: a pool of N slots shared by all trainable agents, bound to an agent
-    while it trains, idle agents' training state swapped out to host memory. "auto": the
-    number the cluster simulator finds fastest for this team (section `plan`; resolved by
-    `flexmarl run` at start, flexmarl.sim.team_plan.resolve_auto)."""
+    trainable agent, except that LoRA agents on one base share one (`share_lora_base`). N >= 1:
+    a pool of N slots shared by all trainable agents, bound to an agent while it trains, idle
+    agents' training state swapped out to host memory. "auto": the number the cluster
+    simulator finds fastest for this team (section `plan`; resolved by `flexmarl run` at
+    start, flexmarl.sim.team_plan.resolve_auto)."""
+    share_lora_base: bool = True
+    """With `slots` = 0 (and no `slot_ranks`): the LoRA agents (AgentSpec.lora) on one base
+    model share one trainer slot, which holds the base once and swaps their adapters (each
+    agent's adapter and AdamW state parked in the slot's host memory while another trains:
+    flexmarl.training.parking.ResidentBase); full agents keep a slot each. The agents of one
+    base must need the same ranks (AgentSpec.train_ranks; a ConfigError says so). false: one
+    slot per agent, LoRA or not (the base once per agent's slot, no swaps: the behaviour
+    before this setting). No effect on a shared pool (`slots` = N, `slot_ranks`)."""
     slot_ranks: str = ""
     """A shared pool of slots of different sizes, e.g. "1,2": one slot of 1 rank and one of 2
     (overrides `slots`); an agent needs AgentSpec.train_ranks (default ranks_per_agent)."""
@@ -204,10 +213,13 @@ class TrainerPoolConfig:
                 "trainer_pool.nice", self.nice, 'must be an int in 0..19 or "auto"')
         require(isinstance(self.serial, bool) or self.serial == "auto", "trainer_pool.serial",
                 self.serial, 'must be true, false or "auto"')
+        require(isinstance(self.share_lora_base, bool), "trainer_pool.share_lora_base",
+                self.share_lora_base, "must be true or false")
 
     @property
     def static(self) -> bool:
-        """One slot per trainable agent for the whole run (no sharing, no swaps)."""
+        """Each trainable agent bound to one slot for the whole run: its own, or with
+        `share_lora_base` the one of its LoRA base (swaps only among that base's adapters)."""
         if self.slots == "auto":
             raise ValueError('trainer_pool.slots = "auto" is resolved before the pool starts '
                              "(flexmarl.sim.team_plan.resolve_auto)")

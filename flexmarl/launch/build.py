@@ -3,6 +3,7 @@
     Config ─► build_run ─┬─ [team] + run.seed ─► team_with_task_file (a data file's tasks)
                          ├─ rollout.backend, [eval], gateway.enabled ─► checks, before anything
                          ├─ trainer_pool.slots = "auto" ─► flexmarl.sim.team_plan (a new Config)
+                         ├─ [trainer_pool] [devices] ─► slot_layout's checks (LoRA bases' ranks)
                          ├─ [run] + run dir ─► saved states and the step to start at (resume)
                          ├─ each agent's model ─► its model directory (may build one: minutes)
                          ├─ [cluster] [supervisor] [transport] ─► launcher (Supervisor or
@@ -38,6 +39,7 @@ from flexmarl.launch.model_dirs import resolve_model
 from flexmarl.launch.workers import WorkerSettings, check_backend, launcher, trainer_config
 from flexmarl.placement.cores import (role_cpus, serial_trainers, trainer_nice,
                                       trainers_on_local_cpu)
+from flexmarl.placement.layout import slot_layout
 from flexmarl.placement.lora_units import lora_units
 from flexmarl.launch.task_files import team_with_task_file
 from flexmarl.console import phase
@@ -94,6 +96,9 @@ async def build_run(team: Team, config: Config, *, run_dir: RunDir | None = None
         from flexmarl.sim.team_plan import resolve_auto
         phase('planning trainer_pool.slots = "auto" with the cluster simulator')
         config = await asyncio.to_thread(resolve_auto, config, team)
+    # The trainer slots (time-shared groups, the LoRA agents of one base in one slot): their
+    # ConfigErrors before any model is resolved (minutes for one to build).
+    slot_layout(team, config.trainer_pool, config.devices)
     saved, first_step = _saved_states([a.name for a in team.agents if a.trainable], config.run,
                                       run_dir, resume)
     log.info("resolving models of team %s", team.name)

@@ -41,6 +41,7 @@ from flexmarl.placement.lora_units import LoraUnits, lora_units
 from flexmarl.placement.timeshare import TimeShares
 from flexmarl.rollout.pool import InstancePool
 from flexmarl.training.pool import AgentTrainer, TrainerPool
+from flexmarl.weights import published
 from flexmarl.weights.direct import DirectTransport
 from flexmarl.weights.sync import WeightSync
 from runtime.lifecycle import Lifecycle
@@ -138,6 +139,7 @@ def _trainer_pool(setup: RunSetup, started: Started, shares: TimeShares) -> Trai
     trainable = [spec for spec in setup.team.agents if spec.trainable]
     section = (dataclasses.replace(settings.trainer_pool, snapshots=True)
                if setup.saved is not None else settings.trainer_pool)
+    published.remove_orphans()  # runs SIGKILLed before: their versions hold /dev/shm
     return TrainerPool(
         {f"trainer-{k}": started.workers.connect(started.handles[f"trainer-{k}-0"].address)
          for k in range(len(sizes))},
@@ -151,7 +153,7 @@ def _trainer_pool(setup: RunSetup, started: Started, shares: TimeShares) -> Trai
             attempts=settings.replace_attempts, devices=started.gpus.devices),
         saved=setup.saved,
         scratch_in=snapshots_in(sup, [model_dirs[spec.name] for spec in trainable]),
-        pinned=started.layout.pinned, shares=shares)
+        pinned=started.layout.pinned, shares=shares, publish=published.run_name())
 
 
 async def _start_with_progress(setup: RunSetup, work: str) -> Started:

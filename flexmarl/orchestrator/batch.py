@@ -225,15 +225,16 @@ out as larger (more efficient) micro-batches of up to `micro_batch_groups`.
                             "grad_norm": done.grad_norm})
 
     async def export(self) -> tuple[WeightUpdate, float]:
-        """The trainer's weights after `finish` stepped (the slot still bound: this binding
-        nests in the session's); seconds."""
+        """The trainer's weights after `finish` stepped, published on its host where the pool
+        publishes (the slot still bound: this binding nests in the session's); seconds."""
         agent = self.rt.spec.name
         started = now()
         async with self.turn(), self.trainers.bind(agent) as trainer:
             if self.activity is not None:
                 self.activity.enter(agent, "sync")
             try:
-                weights: WeightUpdate = await trainer.request(ExportWeights())
+                weights: WeightUpdate = await trainer.request(
+                    ExportWeights(self.trainers.publish))
             finally:
                 if self.activity is not None:
                     self.activity.exit(agent, "sync")

@@ -14,7 +14,8 @@ Two words, used in this sense everywhere in FlexMARL:
     layout.py       the trainer slots (slot_layout, time-shared groups pinned to their own
                     slot), the GPU placement of the whole team (place_gpus) and the weight
                     transfer it allows (resolve_transfer)
-    lora_units.py   which LoRA agents share rollout instances (one unit per base model)
+    lora_units.py   which LoRA agents share rollout instances (one unit per base model) and,
+                    by default, one trainer slot (static_slots: trainer_pool.share_lora_base)
     timeshare.py    TimeShare: the arbiter of one time-shared group of devices, its agents'
                     engines or one trainer at a time (pure asyncio; the simulator runs it too)
     cores.py        this machine's cores per role, the trainers' niceness and seriality

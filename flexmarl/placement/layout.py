@@ -1,9 +1,10 @@
 """What goes where before any process starts: the trainer slots (their sizes, the time-shared
 groups' own slots, devices.placement) and the GPU placement (flexmarl.placement.devices).
 
-    team + trainer_pool + devices ─► slot_layout: the disaggregated agents' slots (shared or one
-        each, trainer_pool.slots / slot_ranks), then one slot per time-shared group, pinned to
-        its agents ─► place_gpus: trainer ranks on GPUs of their own; a time-shared group's
+    team + trainer_pool + devices ─► slot_layout: the disaggregated agents' slots (shared, or
+        one each with the LoRA agents of one base in one: trainer_pool.slots / slot_ranks /
+        share_lora_base), then one slot per time-shared group, pinned to its agents
+        ─► place_gpus: trainer ranks on GPUs of their own; a time-shared group's
         instances on its slot's GPUs (the two take turns: flexmarl.placement.timeshare),
         the other instances on GPUs of their own (or shared by memory: devices.colocate)
 """
@@ -18,6 +19,7 @@ from flexmarl.config.sections import DevicesConfig
 from flexmarl.config.training import TrainerPoolConfig
 from flexmarl.config.sections import parse_gpus
 from flexmarl.placement.devices import Ask, DevicePlacement, Host, place_devices
+from flexmarl.placement.lora_units import lora_base, static_slots
 from flexmarl.placement.timeshare import SLEEP_ON_CPU, time_shared_groups
 from flexmarl.team import Team
 
@@ -30,15 +32,29 @@ class SlotLayout:
     sizes: list[int]
     pinned: dict[str, str] = field(default_factory=dict)
     groups: list[tuple[str, ...]] = field(default_factory=list)
+    slot_of: dict[str, str] = field(default_factory=dict)
+    """Static reservation (trainer_pool.slots = 0): each disaggregated agent's slot, its own or
+    its LoRA base's (trainer_pool.share_lora_base; the TrainerPool binds them alike from the
+    agents' model dirs). Empty for a shared pool."""
 
     def group_slot(self, agent: str) -> str:
         return self.pinned.get(agent, "")
 
+    @property
+    def lora_slots(self) -> dict[str, tuple[str, ...]]:
+        """Static slots that several LoRA agents on one base share: slot -> its agents."""
+        held: dict[str, list[str]] = {}
+        for agent, slot in self.slot_of.items():
+            held.setdefault(slot, []).append(agent)
+        return {slot: tuple(agents) for slot, agents in held.items() if len(agents) > 1}
+
 
 def slot_layout(team: Team, trainer_pool: TrainerPoolConfig,
                 devices: DevicesConfig) -> SlotLayout:
-    """The slots of the disaggregated agents (_slot_sizes), then one per time-shared group (as
-    many ranks as its largest agent needs); a ConfigError names a placement the team lacks."""
+    """The slots of the disaggregated agents (_slot_sizes; a static reservation gives the LoRA
+    agents of one base one slot, trainer_pool.share_lora_base), then one per time-shared group
+    (as many ranks as its largest agent needs); a ConfigError names a placement the team lacks,
+    or the LoRA agents of one base that need different ranks."""
     trainable = [s.name for s in team.agents if s.trainable]
     try:
         groups = time_shared_groups(devices.placement, trainable, [s.name for s in team.agents])
@@ -47,9 +63,16 @@ def slot_layout(team: Team, trainer_pool: TrainerPoolConfig,
     needs = {s.name: s.train_ranks or trainer_pool.ranks_per_agent
              for s in team.agents if s.trainable}
     shared = {a for g in groups for a in g}
-    sizes = _slot_sizes(trainer_pool, {a: n for a, n in needs.items() if a not in shared})
+    own = {a: n for a, n in needs.items() if a not in shared}
+    bases = ({s.name: base for s in team.agents if s.name in own
+              and (base := lora_base(s)) is not None}
+             if trainer_pool.share_lora_base else {})
+    sizes = _slot_sizes(trainer_pool, own, bases)
+    slot_of = ({a: f"trainer-{k}" for k, (members, _) in enumerate(static_slots(own, bases))
+                for a in members} if _static(trainer_pool) else {})
     pinned = {a: f"trainer-{len(sizes) + k}" for k, g in enumerate(groups) for a in g}
-    return SlotLayout(sizes + [max(needs[a] for a in g) for g in groups], pinned, groups)
+    return SlotLayout(sizes + [max(needs[a] for a in g) for g in groups], pinned, groups,
+                      slot_of)
 
 
 @dataclass
@@ -94,7 +117,8 @@ def place_gpus(team: Team, sizes: list[int], hosts: list[Host], *, rollout: Roll
     rollout = have and (r.backend == "vllm" or (r.backend == "torch" and trainer))
     dev = devices
     layout = slot_layout(team, trainer_pool, devices)
-    sizes = layout.sizes if layout.groups else sizes
+    # The run's slots (callers may hand in one per agent: _slot_sizes without the LoRA bases).
+    sizes = layout.sizes if layout.groups or layout.lora_slots else sizes
     transfer = resolve_transfer(r.weight_transfer, vllm_on_gpu=rollout and r.backend == "vllm",
                                 trainer_on_gpu=trainer, colocate=dev.colocate)
     if layout.groups:
@@ -115,11 +139,9 @@ def place_gpus(team: Team, sizes: list[int], hosts: list[Host], *, rollout: Roll
         transfer = "stage"
     if not (rollout or trainer):
         return GpuPlacement(None, transfer, False, False)
-    # Static slots (one per agent, in team order): an instance goes near its agent's trainer.
-    trainable = [a.name for a in team.agents if a.trainable]
-    group_of = ({name: f"trainer-{k}" for k, name in enumerate(trainable)}
-                if len(sizes) == len(trainable) and not trainer_pool.slots
-                and not trainer_pool.slot_ranks else {})
+    # Static slots (one per agent, or per LoRA base): an instance goes near its agent's
+    # trainer.
+    group_of = layout.slot_of
     asks = []
     if trainer:
         asks += [Ask(f"trainer-{k}-{r}", "trainer", group=f"trainer-{k}",
@@ -174,14 +196,27 @@ def resolve_transfer(setting: str, *, vllm_on_gpu: bool, trainer_on_gpu: bool,
     return setting
 
 
-def _slot_sizes(trainer_pool: TrainerPoolConfig, needs: dict[str, int]) -> list[int]:
-    """Ranks of each trainer slot: one per agent of its size (static), `trainer_pool.slots` of
-    ranks_per_agent each, or the explicit `trainer_pool.slot_ranks` list (a shared pool)."""
+def _slot_sizes(trainer_pool: TrainerPoolConfig, needs: dict[str, int],
+                bases: dict[str, str] | None = None) -> list[int]:
+    """Ranks of each trainer slot: one per agent of its size (static; one per LoRA base for the
+    agents in `bases`, agent -> its base: lora_units.static_slots), `trainer_pool.slots` of
+    ranks_per_agent each, or the explicit `trainer_pool.slot_ranks` list (a shared pool).
+    slots = "auto" (not planned yet): one per agent."""
     if trainer_pool.slot_ranks and needs:
         return [int(x) for x in trainer_pool.slot_ranks.split(",")]
+    if trainer_pool.slots == "auto":
+        return list(needs.values())
     if trainer_pool.slots and needs:
         return [trainer_pool.ranks_per_agent] * trainer_pool.slots
-    return list(needs.values())
+    try:
+        return [ranks for _, ranks in static_slots(needs, bases or {})]
+    except ValueError as exc:  # one base's agents need different ranks: the fixes named
+        raise checks.ConfigError(str(exc)) from None
+
+
+def _static(trainer_pool: TrainerPoolConfig) -> bool:
+    """trainer_pool.static, False for slots = "auto" (not planned yet)."""
+    return not trainer_pool.slot_ranks and trainer_pool.slots == 0
 
 
 def check_devices(team: Team, remote: bool, *, rollout: RolloutConfig, trainer_device: str,

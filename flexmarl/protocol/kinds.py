@@ -39,3 +39,4 @@ class FlexKind(IntEnum):
     SLEEP = 135
     WAKE_UP = 136
     ENGINE_MEMORY = 137
+    FETCH_WEIGHTS = 138

@@ -145,6 +145,11 @@ class WeightUpdate:
     lora: dict[str, Any] | None = None
     """With `adapter`: its LoraSpec.as_dict() (rank, alpha, targets), for engines that build
     the adapter from its config (vLLM)."""
+    source: dict[str, Any] | None = None
+    """Where the tensors are instead (`tensors` is then empty): a version its trainer published
+    (flexmarl.weights.published: "path", "host", "address", "num_bytes"; "base": a model
+    directory whose weights load first). The instance reads it itself: the run that sends this
+    message never holds the weights."""
 
 
 @message(FlexKind.WEIGHT_UPDATE_DONE)

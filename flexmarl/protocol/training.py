@@ -89,9 +89,23 @@ class TrainStepDone:
 @message(FlexKind.EXPORT_WEIGHTS)
 @dataclass(slots=True)
 class ExportWeights:
-    """Ask a trainer for its full weights; the reply is a WeightUpdate."""
+    """Ask a trainer for its full weights; the reply is a WeightUpdate. `publish` (the run's
+    name for its published weights, flexmarl.weights.published): rank 0 writes them to a file
+    on its host and the reply names it (WeightUpdate.source, no tensors); "": the tensors in
+    the reply (tests and tools)."""
 
     KIND: ClassVar[int]
+    publish: str = ""
+
+
+@message(FlexKind.FETCH_WEIGHTS)
+@dataclass(slots=True)
+class FetchWeights:
+    """Ask a trainer's rank 0 for the tensors of a version it published (`path`, a
+    WeightUpdate.source's): a rollout instance on another host. Reply: WeightUpdate."""
+
+    KIND: ClassVar[int]
+    path: str
 
 
 @message(FlexKind.SWAP_DONE)

@@ -1,7 +1,8 @@
 """RolloutWorker: serves one rollout instance of one agent over the runtime transport.
 
     Generate ─► queued ─► (gate open?) ─► running ─► engine.generate ─► GenerateReply(version)
-    WeightUpdate ─► close gate ─► wait running == 0 ─► engine.load_weights ─► version ─► open gate
+    WeightUpdate ─► (a source: read the file its trainer published, or fetch it from there)
+        ─► close gate ─► wait running == 0 ─► engine.load_weights ─► version ─► open gate
     Sleep / WakeUp ─► close gate ─► wait running == 0 ─► engine.sleep / wake_up ─► open gate
         (devices.placement time_shared: the agent's trainer runs on the same devices meanwhile)
     WeightTransfer start ─► close gate ─► wait running == 0 ─► (update: the trainer sends over
@@ -21,20 +22,28 @@ import asyncio
 import logging
 from typing import Any
 
+import torch
+
 from flexmarl.checks import InvariantError
 from flexmarl.clock import now
-from flexmarl.protocol import (EngineMemory, Generate, GenerateReply, LoadReport, Sleep,
-                               SubscribeLoad, WakeUp, WeightTransfer, WeightUpdate,
-                               WeightUpdateDone)
+from flexmarl.protocol import (EngineMemory, FetchWeights, Generate, GenerateReply,
+                               LoadReport, Sleep, SubscribeLoad, WakeUp, WeightTransfer,
+                               WeightUpdate, WeightUpdateDone)
 from flexmarl.rollout.backends import make_engine
 from flexmarl.rollout.engine import EngineConfig, RolloutEngine
+from flexmarl.weights import published
 from flexmarl.weights.base import weights_nbytes
 from runtime.actor import Actor, handler
 from runtime.codec import Envelope
 from runtime.config import TransportConfig
+from runtime.transport import connect
 from runtime.worker import WorkerContext
 
 log = logging.getLogger(__name__)
+
+FETCH_TIMEOUT_S = 3600.0
+"""A fetch of a published version from another host: bounded by the run's own timeout on the
+update that asked for it (rollout.request_timeout_s); this only keeps a lost reply finite."""
 
 
 class RolloutWorker(Actor):
@@ -114,6 +123,10 @@ class RolloutWorker(Actor):
 
     @handler(WeightUpdate, concurrent=True)
     async def on_weight_update(self, msg: WeightUpdate, env: Envelope) -> WeightUpdateDone:
+        if msg.source is not None:
+            # Read before the gate closes: requests go on while the file is read (or fetched
+            # from its trainer's host).
+            msg.tensors = await self._read(msg.source)
         if msg.adapter is not None:
             return await self._update_adapter(msg)
         async with self._update_lock:
@@ -131,6 +144,23 @@ class RolloutWorker(Actor):
             self._load_changed.set()
             return WeightUpdateDone(self.version, weights_nbytes(msg.tensors),
                                     now() - started)
+
+    async def _read(self, source: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """A published version's tensors (flexmarl.weights.published.read); an engine that
+        reads sources its own way (the simulator's) does."""
+        own = getattr(self.engine, "read_published", None)
+        if own is not None:
+            return await own(source)
+        return await published.read(source, self._fetch)
+
+    async def _fetch(self, source: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """A version published on another host, from the trainer that published it."""
+        conn = connect(source["address"], self.transport)
+        try:
+            reply = await conn.request(FetchWeights(source["path"]), timeout_s=FETCH_TIMEOUT_S)
+        finally:
+            await conn.aclose()
+        return reply.tensors
 
     async def _update_adapter(self, msg: WeightUpdate) -> WeightUpdateDone:
         """One adapter's tensors, in place: only that adapter's requests wait (the engine's

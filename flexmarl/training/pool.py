@@ -22,7 +22,9 @@ slot then frees its copy (DropParked). `save` has the ranks write the agent's st
 A LoRA agent's state is its adapter's (the base stays in the slot:
 flexmarl.training.parking.ResidentBase), so its swaps' bytes, and the allocator's costs, are
 the adapter state's. `states` says where each swapped-out agent's state is. `static`: every agent owns one slot (no
-swaps); a shared pool of fewer slots than agents sends slots where the work is.
+swaps), except the LoRA agents of one base, which share one (trainer_pool.share_lora_base: the
+base once, their adapters swapped in it); a shared pool of fewer slots than agents sends slots
+where the work is.
 
 Dead slots (with `snapshots` on and a lifecycle that respawns): `recovery`
 (flexmarl.training.recovery) fails the slot's requests, sends its agents back to their
@@ -32,6 +34,7 @@ batch it had taken: the same update.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -39,6 +42,7 @@ from typing import Any, AsyncIterator
 
 from flexmarl.clock import now
 from flexmarl.config.training import TrainerPoolConfig
+from flexmarl.placement.lora_units import static_slots
 from flexmarl.placement.timeshare import TimeShares
 from flexmarl.training.slot_connection import BusyTime, SlotConnection
 from flexmarl.training.slots import Grant, ParkedState, SlotAllocator, SlotTimes, TeamOrder
@@ -47,6 +51,7 @@ from flexmarl.protocol import (DropParked, ExportWeights, Parked, StateSaved, Sw
 from flexmarl.training.recovery import SlotRecovery
 from flexmarl.training.saves import Saves
 from flexmarl.training.state_files import StateCheckpoints
+from flexmarl.weights import published
 from runtime.errors import PeerDied
 from runtime.lifecycle import Lifecycle
 from runtime.transport import Connection
@@ -94,22 +99,25 @@ class TrainerPool:
                  agents: dict[str, AgentTrainer], config: TrainerPoolConfig, *,
                  prefetch: bool = True, lifecycle: Lifecycle | None = None,
                  saved: StateCheckpoints | None = None, scratch_in: str | None = None,
-                 pinned: dict[str, str] | None = None, shares: TimeShares | None = None) -> None:
+                 pinned: dict[str, str] | None = None, shares: TimeShares | None = None,
+                 publish: str = "") -> None:
         """`slot_ranks`: each slot's ranks (the slots' sizes, from config.slots / slot_ranks or
-        one per agent); `config.static`: every agent owns one slot; `config.snapshots`: save
+        one per agent); `config.static`: every agent owns one slot, the LoRA agents of one base
+        one together with `config.share_lora_base` (_static_pins); `config.snapshots`: save
         each agent's state after every step (`save`) so a dead slot's agent is restored;
         `lifecycle` (groups: its owners are the slots) knows each process's slot, replaces a
         dead slot's processes and kills a hung one (none: a death is final); `saved`: the
         run's state dir (durable saves), `scratch_in`: where snapshots go (Saves); `pinned`
         (agent -> slot): time-shared agents' own slots; `shares` (TimeShares): their
-        devices, taken by each binding; the pool gives the groups how to park a trainer."""
+        devices, taken by each binding; the pool gives the groups how to park a trainer.
+        `publish`: the run's name for its published weights (flexmarl.weights.published):
+        every export is a file the trainer writes on its host, named in the reply, and removed
+        from this host at close; "": exports carry their tensors (tests and tools)."""
+        self.publish = publish
         static, pinned = config.static, dict(pinned or {})
-        free = ([a for a in agents if a not in pinned],
-                [s for s in slots if s not in pinned.values()])
-        if static and len(free[1]) < len(free[0]):
-            raise ValueError(f"static reservation needs one slot per trainable agent: "
-                             f"{len(free[0])} agents, {len(free[1])} slots")
-        pinned |= dict(zip(*free)) if static else {}
+        if static:
+            pinned |= _static_pins(list(slots), slot_ranks, agents, pinned,
+                                   config.share_lora_base)
         self.allocator = SlotAllocator(slot_ranks, {a: s.ranks for a, s in agents.items()},
                                        pinned)
         self.shares = shares
@@ -243,8 +251,9 @@ class TrainerPool:
             return
         agent = candidates[0]
         rank = self.allocator.expected_rank(agent)
+        # Only the slots it may take (a static LoRA base's slot: that one alone).
         idle = [self.allocator.resident[s] for s in self.allocator.resident
-                if s not in self.allocator.bound]
+                if s not in self.allocator.bound and self.allocator.fits(agent, s)]
         if not any(not a or self.allocator.expected_rank(a) > rank for a in idle):
             return
         self._prefetches.add(asyncio.ensure_future(self._prefetch(agent)))
@@ -258,6 +267,8 @@ class TrainerPool:
         if self._prefetches:
             await asyncio.gather(*self._prefetches, return_exceptions=True)
         await self.saving.close()
+        if self.publish:  # this host's files; a trainer on another host removes its own
+            await asyncio.to_thread(published.remove, self.publish)
 
     async def _prefetch(self, agent: str) -> None:
         try:
@@ -363,9 +374,10 @@ class TrainerPool:
                         agent, exc)
 
     async def export(self, agent: str) -> WeightUpdate:
-        """The agent's current weights from its trainer (bound for the request)."""
+        """The agent's current weights from its trainer (bound for the request): published
+        on its host (their source), or the tensors where the pool publishes nothing."""
         async with self.bind(agent) as trainer:
-            return await trainer.request(ExportWeights())
+            return await trainer.request(ExportWeights(self.publish))
 
     async def save(self, agent: str, step: int, *, durable: bool = False, updated: bool = True
                    ) -> "asyncio.Future[StateSaved]":
@@ -414,6 +426,44 @@ class TrainerPool:
                  for name, ranks in self.allocator.slots.items()}
         return {"slots": slots, "bound": {a: s for s, a in bound.items()},
                 "swaps": self.swaps[-recent:], "swaps_total": len(self.swaps)}
+
+
+def _static_pins(slots: list[str], slot_ranks: dict[str, int], agents: dict[str, AgentTrainer],
+                 pinned: dict[str, str], share_lora_base: bool) -> dict[str, str]:
+    """The static reservation (trainer_pool.slots = 0): every agent not pinned yet (not
+    time-shared) -> its slot, one of its own, except that with `share_lora_base` the LoRA
+    agents (AgentTrainer.config["lora"]) of one model dir share one (lora_units.static_slots,
+    as flexmarl.placement.layout.slot_layout sized the slots): in order, each the first free
+    slot that fits (slot K for the K-th, as the layout made them). A ValueError when the
+    slots are too few."""
+    needs = {a: spec.ranks for a, spec in agents.items() if a not in pinned}
+    bases = ({a: agents[a].model_dir for a in needs if agents[a].config.get("lora")}
+             if share_lora_base else {})
+    groups = static_slots(needs, bases)
+    free = [s for s in slots if s not in pinned.values()]
+    if len(free) < len(groups):
+        raise ValueError(f"static reservation needs one slot per trainable agent"
+                         f"{' (one per base for the LoRA agents)' if bases else ''}: "
+                         f"{len(groups)} needed, {len(free)} slots")
+    out: dict[str, str] = {}
+    for members, ranks in groups:
+        slot = next((s for s in free if slot_ranks.get(s, 0) >= ranks), None)
+        if slot is None:
+            raise ValueError(f"static reservation: no slot of {ranks} ranks left for "
+                             f"{', '.join(members)} (slots {slot_ranks})")
+        free.remove(slot)
+        out |= dict.fromkeys(members, slot)
+        if len(members) > 1:
+            lora = {json.dumps(agents[a].config["lora"], sort_keys=True) for a in members}
+            log.info("LoRA agents %s share trainer slot %s (trainer_pool.share_lora_base): "
+                     "one base, their adapters swapped", ", ".join(members), slot)
+            if len(lora) > 1:
+                log.warning(
+                    "LoRA agents %s share trainer slot %s but their adapters differ in shape "
+                    "(LoraSpec): the slot's ranks rebuild the base whenever it switches between "
+                    "them; give them one LoraSpec, or set trainer_pool.share_lora_base = false "
+                    "(a slot each)", ", ".join(members), slot)
+    return out
 
 
 def _swapped(agent: str, slot: str, direction: str, num_bytes: int, started: float,

@@ -65,7 +65,8 @@ class SlotAllocator:
     def __init__(self, slots: dict[str, int], needs: dict[str, int],
                  pinned: dict[str, str] | None = None) -> None:
         """`slots`: slot -> ranks; `needs`: agent -> ranks it needs; `pinned`: agent -> the
-        only slot it may use (static reservation)."""
+        only slot it may use (static reservation: several agents may be pinned to one slot,
+        a time-shared group's or the LoRA agents' of one base, and take turns in it)."""
         for agent, need in needs.items():
             if not any(ranks >= need for ranks in slots.values()):
                 raise ValueError(f"agent {agent!r} needs a slot of {need} ranks; the largest "
@@ -143,6 +144,11 @@ class SlotAllocator:
                 self.parked[evict] = slot  # the pool parks it in the slot's own processes
             grants.append(Grant(agent, slot, evict))
         return grants
+
+    def fits(self, agent: str, slot: str) -> bool:
+        """May `agent` ever take `slot` (its size, and the pins: a static slot of its own or of
+        its LoRA base, a time-shared group's)?"""
+        return self._fits(agent, slot)
 
     def _fits(self, agent: str, slot: str) -> bool:
         if self.slots[slot] < self.needs[agent]:

@@ -77,13 +77,14 @@ from runtime.actor import Actor, handler
 from runtime.codec import Envelope
 from runtime.worker import WorkerContext
 from flexmarl.protocol import (AwaitSaved, DropParked, ExportState, ExportWeights,
-                               FetchShards, Parked, SaveState, SendWeights, ShardData,
+                               FetchShards, FetchWeights, Parked, SaveState, SendWeights, ShardData,
                                SlotStatus, SlotStatusReply, StateSaved, SwapDone,
                                SwapIn, SwapOut, TrainBeginBatch, TrainMicroBatch, TrainState,
                                TrainStats, TrainStep, TrainStepDone, WeightUpdate,
                                WeightUpdateDone)
 from flexmarl.training.ordered import Turn, Turns
 from flexmarl.training.rank import HEADER_LEN, KEEPALIVE_FRACTION, Command, Rank
+from flexmarl.weights import published
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +153,9 @@ class TrainerWorker(_StateSaves, Actor):
         """Commands submitted to the command thread and not started, in order."""
         self._running: tuple[str, float] | None = None
         """The command the thread runs and when it started (written by the thread)."""
+        self._published: set[str] = set()
+        """Runs this rank published weights for (ExportWeights.publish): its files go when it
+        stops."""
 
     def admit(self, env: Envelope) -> None:
         cmd = ORDERED.get(type(env.msg))
@@ -294,8 +298,27 @@ class TrainerWorker(_StateSaves, Actor):
 
     @handler(ExportWeights, concurrent=True)
     async def on_export(self, msg: ExportWeights, env: Envelope) -> WeightUpdate:
-        return await self._command(self._turn_of.pop(id(env)), Command.EXPORT,
-                                   self._lead(Command.EXPORT))
+        update: WeightUpdate = await self._command(self._turn_of.pop(id(env)), Command.EXPORT,
+                                                   self._lead(Command.EXPORT))
+        if not msg.publish:
+            return update
+        # Written outside the command thread: the exported tensors are copies (never the live
+        # parameters), so the slot goes on with its next command meanwhile.
+        source = await asyncio.to_thread(published.publish, update.tensors, msg.publish,
+                                         self.group.agent, update.version, self.address)
+        self._published.add(msg.publish)
+        return WeightUpdate(update.version, {}, complete=update.complete,
+                            adapter=update.adapter, lora=update.lora, source=source)
+
+    @handler(FetchWeights, concurrent=True)
+    async def on_fetch_weights(self, msg: FetchWeights, env: Envelope) -> WeightUpdate:
+        """A version this host published, for an instance on another host (read here, sent
+        as tensor frames straight to it)."""
+        if not published.is_published(msg.path):
+            raise FileNotFoundError(f"{msg.path} is not weights this trainer's host published "
+                                    "(or they were pruned: the instance loads a newer version)")
+        tensors = await asyncio.to_thread(published.load, msg.path)
+        return WeightUpdate(published.version_of(msg.path), tensors)
 
     @handler(FetchShards, concurrent=True)
     async def on_fetch_shards(self, msg: FetchShards, env: Envelope) -> ShardData:
@@ -328,6 +351,8 @@ class TrainerWorker(_StateSaves, Actor):
                                     self._lead(Command.KEEPALIVE))
 
     async def on_drain(self) -> None:
+        for run in self._published:  # this process's files only: other slots' stay served
+            published.remove_own(run)
         if self._stopped_group:
             return
         # Taken now, synchronously: STOP goes after every command accepted before draining.
@@ -406,6 +431,7 @@ class TrainerFollower(Actor):
     on_micro_batch = _refusing(TrainMicroBatch)
     on_step = _refusing(TrainStep)
     on_export = _refusing(ExportWeights)
+    on_fetch_weights = _refusing(FetchWeights)
     on_swap_in = _refusing(SwapIn)
     on_swap_out = _refusing(SwapOut)
     on_drop_parked = _refusing(DropParked)

@@ -3,9 +3,12 @@ leaf: the run's end, the rollout instance's and the trainer's all import it).
 
     base.py     Transport / Transfer (begin, send, finish, abort), SyncReport, weights_nbytes
     sync.py     WeightSync: the one call the loop makes, sync(agent, version, update), and what
-                every agent serves (versions, served weights, partial updates merged, a lock
-                per agent) for the pool's moves and new instances
-    stage.py    staged: the tensors through the run (push_weights, WeightUpdate), CPU and any engine
+                every agent serves (versions, where each served version is, a lock per agent)
+                for the pool's moves and new instances; it never holds a tensor
+    published.py a version written once by its trainer on its host (/dev/shm), read there by
+                the instances or fetched from the trainer by those on other hosts
+    stage.py    staged: the published version's name to every instance (push_weights,
+                WeightUpdate.source), CPU and any engine, LoRA adapters, time-shared agents
     direct.py   direct (GPU): vLLM's weight-transfer engines, NCCL or CUDA IPC; the run's end
                 (DirectTransport), the trainer's (Sender, FanOut, cast_source) and the
                 instance's (engine_phase), and the choice of transport (resolve_transfer)

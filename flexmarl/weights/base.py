@@ -2,12 +2,13 @@
 
     WeightSync.sync(agent, version, update)            (flexmarl.weights.sync)
       transfer = transport.begin(agent, version, the agent's instances)
-      transfer.send(tensors)   staged: the exported tensors; direct: None (the trainer sends)
+      transfer.send(update)    staged: the trainer's published export; direct: None (it sends)
       transfer.finish()  ─► SyncReport          (on any failure: transfer.abort(), then raise)
 
-A transport is either staged (`exports` True: the loop exports the trainer's tensors and they
-pass through the run, flexmarl.weights.stage) or direct (`exports` False: the agent's trainer
-sends them GPU to GPU, flexmarl.weights.direct); the loop only asks for "agent A at version v".
+A transport is either staged (`exports` True: the loop has the trainer publish the version on
+its host and the instances read it there, flexmarl.weights.stage and .published) or direct
+(`exports` False: the agent's trainer sends it GPU to GPU, flexmarl.weights.direct); the loop
+only asks for "agent A at version v". Neither passes a tensor through the run.
 """
 from __future__ import annotations
 
@@ -43,8 +44,9 @@ def weights_nbytes(tensors: dict[str, torch.Tensor]) -> int:
 class Transfer(Protocol):
     """One sync of one agent to one version, begun by its transport."""
 
-    async def send(self, tensors: dict[str, torch.Tensor] | None) -> None:
-        """The named tensors to every instance (None: the transport gets them itself)."""
+    async def send(self, update: WeightUpdate | None) -> None:
+        """The version to every instance: the trainer's published export (its source), or
+        None where the transport gets the weights itself."""
 
     async def finish(self) -> SyncReport:
         """Every instance serves the version (or was skipped as dead): the report."""
@@ -62,5 +64,5 @@ class Transport(Protocol):
         """A sync of `agent` to `version` on `instances` (the caller holds the agent's lock)."""
 
     async def fetch(self, agent: str) -> WeightUpdate:
-        """The agent's weights where they live when they never came through the run (direct:
-        its trainer), for an instance that joins the agent between syncs."""
+        """The served version published by its trainer where the run has no source of it
+        (direct), for an instance that joins the agent between syncs."""

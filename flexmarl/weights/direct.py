@@ -440,6 +440,8 @@ class DirectTransport:
                                          timeout_s=self.timeout_s + 2 * ABORT_TIMEOUT_S)
 
     async def fetch(self, agent: str) -> WeightUpdate:
+        """The trainer publishes its weights on its host (TrainerPool.export): the instance
+        reads them there, the run gets their source."""
         return await self.trainers.export(agent)
 
 
@@ -451,9 +453,9 @@ class DirectTransfer:
         self.started = now()
         self.done: WeightUpdateDone | None = None
 
-    async def send(self, tensors: dict[str, torch.Tensor] | None) -> None:
-        if tensors is not None:
-            raise ValueError("a direct sync takes no tensors: the trainer sends its own")
+    async def send(self, update: WeightUpdate | None) -> None:
+        if update is not None:
+            raise ValueError("a direct sync takes no export: the trainer sends its own weights")
         self.done = await self.transport.trainer_send(self.agent, self.version,
                                                       [c.address for c in self.instances])
 

@@ -1,11 +1,18 @@
 """Weight-sync benchmark: push each model size's weights to a live rollout instance.
 
 For every size in flexmarl.models.SIZES it builds a model directory, starts one rollout worker
-process (vLLM when installed, else the torch backend; `--backend` to choose), and pushes the
-full weights `--pushes` times as new versions through the runtime transport (WeightUpdate over
-ipc:// or tcp://, tensors as zero-copy frames, loaded in place by the engine). Beside it, in the
-same run, a plain in-memory copy of the same tensors into preallocated buffers (memcpy). Times
-are medians over the pushes.
+process (vLLM when installed, else the torch backend; `--backend` to choose), and syncs the
+full weights `--pushes` times as new versions, two ways, alternating:
+
+- published (the product's path, flexmarl.weights.published): this process, as a trainer's
+  rank 0, writes the version's file on this host (`publish s`), then sends the instance its
+  name (WeightUpdate.source); the instance reads the file and loads it in place. `sync s` is
+  the two together: from the exported tensors to the instance serving them.
+- inline (for comparison: what the run did before issue 54): the tensors in the WeightUpdate
+  itself, zero-copy frames over ipc:// or tcp://.
+
+Beside them, in the same run, a plain in-memory copy of the same tensors into preallocated
+buffers (memcpy). Times are medians over the pushes.
 
     .venv/bin/python bench/weight_sync.py [--json] [--sizes tiny,small,medium] [--pushes 5]
                                           [--backend vllm|torch] [--transport ipc|tcp]
@@ -15,12 +22,14 @@ are medians over the pushes.
 `--train-layers N` the same instance also gets partial pushes of only the last N blocks and the
 final norm (what a sync sends with AgentSpec.train_layers = N), side by side with full pushes.
 
-With --json the last line is one JSON object: `sync_gbps` and `memcpy_gbps` for the largest size
-measured, and per size its bytes, sync seconds and GB/s, engine load seconds and memcpy GB/s.
+With --json the last line is one JSON object: `sync_gbps`, `memcpy_gbps` and `sync_vs_memcpy`
+(memcpy seconds / sync seconds) of the published path for the largest size measured, and per
+size and path its bytes, publish, push and sync seconds, GB/s, engine load seconds and memcpy.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib.util
 import json
 import os
@@ -60,6 +69,7 @@ async def bench_dir(size: str, model_dir: str, args: argparse.Namespace) -> list
     """Full pushes of `model_dir`'s weights (and with --train-layers, partial ones) into one
     instance; a row for each."""
     from flexmarl.models import load_model
+    from flexmarl.weights import published
     from flexmarl.weights.stage import push_weights
     from flexmarl.training.trainer import freeze_all_but
     from runtime.supervisor import Supervisor, WorkerSpec
@@ -83,42 +93,64 @@ async def bench_dir(size: str, model_dir: str, args: argparse.Namespace) -> list
             ready_timeout_s=READY_TIMEOUT_S))
         print(f"[bench] {size}: {args.backend} instance up in {time.perf_counter() - started:.1f} s",
               file=sys.stderr)
-        async with connect(handle.address) as conn:
-            await push_weights([conn], 1, tensors, timeout_s=TIMEOUT_S)  # warm-up
-            rows, version = [], 2
-            for name, part in variants:
-                reports = []
-                for _ in range(args.pushes):
-                    reports.append(await push_weights([conn], version, part, timeout_s=TIMEOUT_S))
-                    version += 1
-                rows.append(_row(name, part, reports, args))
+        run = published.run_name()
+        try:
+            async with connect(handle.address) as conn:
+                await push_weights([conn], 1, tensors, timeout_s=TIMEOUT_S)  # warm-up
+                rows, version = [], 2
+                for name, part in variants:
+                    reports: dict[str, list] = {"published": [], "inline": []}
+                    for _ in range(args.pushes):
+                        t0 = time.perf_counter()
+                        source = await asyncio.to_thread(published.publish, part, run, "bench",
+                                                         version, handle.address)
+                        publish_s = time.perf_counter() - t0
+                        r = await push_weights([conn], version, source=source,
+                                               complete=part is tensors, timeout_s=TIMEOUT_S)
+                        reports["published"].append((publish_s, r))
+                        r = await push_weights([conn], version + 1, part, timeout_s=TIMEOUT_S)
+                        reports["inline"].append((0.0, r))
+                        version += 2
+                    copy_s = memcpy_seconds(part, max(args.pushes, 5))
+                    rows += [_row(name, path, part, reports[path], copy_s)
+                             for path in ("published", "inline")]
+        finally:
+            published.remove(run)
     return rows
 
 
-def _row(name: str, tensors: dict[str, torch.Tensor], reports: list, args) -> dict:
+def _row(name: str, path: str, tensors: dict[str, torch.Tensor], reports: list,
+         copy_s: float) -> dict:
     from flexmarl.weights.base import weights_nbytes
 
     nbytes = weights_nbytes(tensors)
-    sync_s = statistics.median(r.seconds for r in reports)
-    load_s = statistics.median(next(iter(r.load_s.values())) for r in reports)
-    copy_s = memcpy_seconds(tensors, max(args.pushes, 5))
-    return {"size": name, "bytes": nbytes, "sync_s": sync_s, "sync_gbps": nbytes / sync_s / 1e9,
-            "load_s": load_s, "memcpy_s": copy_s, "memcpy_gbps": nbytes / copy_s / 1e9}
+    publish_s = statistics.median(p for p, _ in reports)
+    push_s = statistics.median(r.seconds for _, r in reports)
+    sync_s = statistics.median(p + r.seconds for p, r in reports)
+    load_s = statistics.median(next(iter(r.load_s.values())) for _, r in reports)
+    return {"size": name, "path": path, "bytes": nbytes, "publish_s": publish_s,
+            "push_s": push_s, "sync_s": sync_s, "sync_gbps": nbytes / sync_s / 1e9,
+            "load_s": load_s, "memcpy_s": copy_s, "memcpy_gbps": nbytes / copy_s / 1e9,
+            "sync_vs_memcpy": copy_s / sync_s}
 
 
 def table(rows: list[dict], args: argparse.Namespace) -> str:
     out = [f"weight sync to one {args.backend} rollout instance over {args.transport} "
            f"(median of {args.pushes} pushes)",
-           f"{'size':<22} {'MB':>8} {'sync s':>9} {'sync GB/s':>10} {'engine load s':>14} "
-           f"{'wire s':>8} {'memcpy GB/s':>12} {'sync/memcpy':>12}",
-           "-" * 102]
+           f"{'size':<22} {'path':<10} {'MB':>8} {'publish s':>10} {'sync s':>9} "
+           f"{'sync GB/s':>10} {'engine load s':>14} {'rest s':>8} {'memcpy GB/s':>12} "
+           f"{'sync/memcpy':>12}",
+           "-" * 122]
     for r in rows:
-        out.append(f"{r['size']:<22} {r['bytes'] / 1e6:>8.2f} {r['sync_s']:>9.4f} "
-                   f"{r['sync_gbps']:>10.3f} {r['load_s']:>14.4f} {r['sync_s'] - r['load_s']:>8.4f} "
-                   f"{r['memcpy_gbps']:>12.2f} "
-                   f"{r['sync_gbps'] / r['memcpy_gbps']:>11.3f}x")
-    out.append("sync s: send to acknowledgement; engine load s: inside the engine (vLLM: write "
-               "to /dev/shm + in-place reload); wire s: the difference (encode, transport, decode)")
+        out.append(f"{r['size']:<22} {r['path']:<10} {r['bytes'] / 1e6:>8.2f} "
+                   f"{r['publish_s']:>10.4f} {r['sync_s']:>9.4f} {r['sync_gbps']:>10.3f} "
+                   f"{r['load_s']:>14.4f} {r['push_s'] - r['load_s']:>8.4f} "
+                   f"{r['memcpy_gbps']:>12.2f} {r['sync_vs_memcpy']:>11.3f}x")
+    out.append("publish s: the trainer's write of the version's file; sync s: from the exported "
+               "tensors to the instance's acknowledgement (publish + push); engine load s: "
+               "inside the engine's load_weights (vLLM: its own staging file + in-place reload); "
+               "rest s: the push minus the load (published: reading the file; inline: encode, "
+               "transport, decode)")
     return "\n".join(out)
 
 
@@ -139,8 +171,9 @@ async def main(args: argparse.Namespace) -> None:
             rows = [r for size in sizes for r in await bench_size(size, args, workdir)]
     print(table(rows, args))
     if args.json:
-        largest = max(rows, key=lambda r: r["bytes"])
+        largest = max((r for r in rows if r["path"] == "published"), key=lambda r: r["bytes"])
         print(json.dumps({"sync_gbps": largest["sync_gbps"], "memcpy_gbps": largest["memcpy_gbps"],
+                          "sync_vs_memcpy": largest["sync_vs_memcpy"],
                           "largest_size": largest["size"], "backend": args.backend,
                           "transport": args.transport, "sizes": rows}))
 

@@ -88,8 +88,13 @@ async def test_vllm_and_torch_backends_agree_on_greedy_tokens(vllm_instance, tin
     await torch_engine.close()
 
 
-async def test_trainer_update_reaches_vllm_in_place(vllm_instance, tiny_model_dir):
-    """GRPO step on vLLM's own samples -> weights pushed -> vLLM scores like the trainer."""
+async def test_trainer_update_reaches_vllm_in_place(vllm_instance, tiny_model_dir, tmp_path,
+                                                   monkeypatch):
+    """GRPO step on vLLM's own samples -> weights published as a trainer does -> the engine
+    core reads that file itself (no staging copy) -> vLLM scores like the trainer."""
+    from flexmarl.weights import published
+
+    monkeypatch.setenv("FLEXMARL_WEIGHTS_DIR", str(tmp_path))
     handle, conn = vllm_instance
     pid = handle.pid
     prompt = chat_prompt(load_tokenizer(tiny_model_dir), PROMPTS[1])
@@ -109,9 +114,10 @@ async def test_trainer_update_reaches_vllm_in_place(vllm_instance, tiny_model_di
     assert done.version == 1
     weights = trainer.export_weights()
 
-    sync = await push_weights([conn], done.version, weights,
+    source = published.publish(weights, published.run_name(), "solver", done.version, "")
+    sync = await push_weights([conn], done.version, source=source,
                               timeout_s=300.0)  # generous: a push takes well under a second
-    assert sync.version == 1 and sync.num_bytes > 0
+    assert sync.version == 1 and sync.num_bytes == sum(t.nbytes for t in weights.values())
     assert handle.pid == pid and pid_alive(pid)  # in place: same process, no restart
 
     fixed = prompt + reply.samples[0].token_ids

@@ -126,7 +126,11 @@ class RolloutEngine(Protocol):
     async def close(self) -> None: ...
 
     # vLLM only, optional: `async def transfer(phase, info)`, one phase of a direct update
-    # through its weight-transfer engine (flexmarl.weights.direct).
+    # through its weight-transfer engine (flexmarl.weights.direct); and
+    # `async def load_weights_file(path, version)`: a version published on this host
+    # (flexmarl.weights.published), read by the engine itself instead of load_weights.
+    # The simulator's, optional: `async def read_published(source)`, its own reading of a
+    # WeightUpdate.source (the worker's is flexmarl.weights.published.read).
 
 
 def engine_config(rollout: RolloutConfig, model_dir: str, *, seed: int, transfer: str = "stage",

@@ -278,6 +278,21 @@ class VllmEngine:
             raise RuntimeError(f"vLLM loaded {counts} of {len(tensors)} tensors")
         await self.llm.reset_prefix_cache()
 
+    async def load_weights_file(self, path: str, version: int) -> None:
+        """A version its trainer published on this host (flexmarl.weights.published): the
+        engine core reads the file itself, so it is not staged again."""
+        from flexmarl.weights import published
+
+        names = published.names_of(path)
+        if published.version_of(path) != version:
+            raise FileNotFoundError(f"{path} no longer holds version {version}")
+        aliases = ({"lm_head.weight": _EMBED} if self._tied and "lm_head.weight" not in names
+                   and _EMBED in names else {})
+        counts = await self.llm.collective_rpc("flexmarl_reload", args=(path, aliases))
+        if not counts or counts[0] != len(names):
+            raise RuntimeError(f"vLLM loaded {counts} of {len(names)} tensors")
+        await self.llm.reset_prefix_cache()
+
     async def load_adapter(self, name: str, tensors: dict[str, torch.Tensor],
                            lora: dict) -> None:
         """Replace adapter `name` in place: staged as a PEFT directory, added under a new id,

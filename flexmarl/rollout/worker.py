@@ -123,8 +123,9 @@ class RolloutWorker(Actor):
 
     @handler(WeightUpdate, concurrent=True)
     async def on_weight_update(self, msg: WeightUpdate, env: Envelope) -> WeightUpdateDone:
-        if msg.source is not None:
-            # Read before the gate closes: requests go on while the file is read (or fetched
+        path = self._file_to_load(msg)
+        if msg.source is not None and path is None:
+            # Read before the gate closes: requests go on while the file is mapped (or fetched
             # from its trainer's host).
             msg.tensors = await self._read(msg.source)
         if msg.adapter is not None:
@@ -137,13 +138,27 @@ class RolloutWorker(Actor):
             try:
                 await self._idle.wait()
                 started = now()
-                await self.engine.load_weights(msg.tensors)
+                if path is not None:
+                    await self.engine.load_weights_file(path, msg.source["version"])
+                else:
+                    await self.engine.load_weights(msg.tensors)
                 self.version = msg.version
             finally:
                 self._gate.set()
             self._load_changed.set()
-            return WeightUpdateDone(self.version, weights_nbytes(msg.tensors),
-                                    now() - started)
+            return WeightUpdateDone(self.version, msg.source["num_bytes"] if path is not None
+                                    else weights_nbytes(msg.tensors), now() - started)
+
+    def _file_to_load(self, msg: WeightUpdate) -> str | None:
+        """The published file itself, for an engine that loads from files (vLLM: its engine
+        core reads it, with no staging copy of its own): the model's weights (no adapter), on
+        this host, whole in that one file (no base)."""
+        source = msg.source
+        if (source is None or msg.adapter is not None or source.get("base")
+                or not hasattr(self.engine, "load_weights_file") or not source.get("path")
+                or not published.local(source)):
+            return None
+        return source["path"]
 
     async def _read(self, source: dict[str, Any]) -> dict[str, torch.Tensor]:
         """A published version's tensors (flexmarl.weights.published.read); an engine that

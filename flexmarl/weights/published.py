@@ -2,10 +2,9 @@
 instances read it there; the run passes the file's name, never the tensors.
 
     trainer's rank 0 (TrainerWorker.on_export, ExportWeights.publish = the run's name):
-      export_weights() ─► publish(...) ─► <root>/<run name>/<agent>/v<version>-<pid>.safetensors
-        written under a temporary name and renamed (a reader sees a whole file or none); the
-        writer's older files of the agent go, but for the one before (instances may still be
-        loading it while the next is written)
+      export_weights() ─► publish(...) ─► <root>/<run name>/<agent>/v<version % 2>-<pid>.safetensors
+        two files in turn: a version overwrites the one two before it in place (memory speed;
+        the one before stays, instances may still load it); the version is in the header
       reply: WeightUpdate(version, {}, source={path, host, address, num_bytes})
     the run (flexmarl.weights.sync.WeightSync): keeps each agent's served source, sends
       WeightUpdate(version, {}, source) to the instances (flexmarl.weights.stage.push_weights)
@@ -23,12 +22,15 @@ another host removes what it wrote when it stops.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import mmap
 import os
 import re
 import shutil
 import socket
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
@@ -84,9 +86,12 @@ def _check_name(name: str, what: str) -> None:
 def publish(tensors: dict[str, torch.Tensor], run: str, agent: str, version: int,
             address: str) -> dict[str, Any]:
     """Write `tensors` as `agent`'s `version` under this host's root; the source that names
-    it (WeightUpdate.source). The trainer's rank 0 calls it, in a thread."""
-    from safetensors.torch import save_file
+    it (WeightUpdate.source). The trainer's rank 0 calls it, in a thread.
 
+    Two files per writer and agent, taken in turn by version parity: a version overwrites the
+    one two before it, in place (its pages are already there: a copy at memory speed, where a
+    new tmpfs file first allocates and zeroes every page). That one is served by nobody: the
+    loop publishes v+1 only after v's sync, and a joiner loads the served v under the lock."""
     _check_name(run, "the run's name")
     if not run.startswith(PREFIX):
         raise ValueError(f"published weights' run name must start with {PREFIX!r}: {run!r}")
@@ -94,16 +99,72 @@ def publish(tensors: dict[str, torch.Tensor], run: str, agent: str, version: int
     num_bytes = weights_nbytes(tensors)
     folder = root(num_bytes) / run / agent
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"v{version}-{os.getpid()}.safetensors"
-    tmp = folder / f".{path.name}.tmp"
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
-    os.replace(tmp, path)
-    for old in folder.glob(f"v*-{os.getpid()}.safetensors"):
-        m = re.match(r"v(\d+)-", old.name)
-        if m and int(m[1]) < version - 1:
-            old.unlink(missing_ok=True)
+    path = folder / f"v{version % 2}-{os.getpid()}.safetensors"
+    header = _header(tensors, version)
+    if not _rewrite(path, header, tensors):
+        tmp = folder / f".{path.name}.tmp"
+        with open(tmp, "w+b") as f:
+            f.truncate(len(header) + num_bytes)
+        _rewrite(tmp, header, tensors)
+        os.replace(tmp, path)
     return {"path": str(path), "host": host_id(), "address": address, "num_bytes": num_bytes,
             "version": version}
+
+
+_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+           torch.float64: "F64", torch.int64: "I64", torch.int32: "I32", torch.int16: "I16",
+           torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
+
+
+def _header(tensors: dict[str, torch.Tensor], version: int) -> bytes:
+    """The safetensors header of `tensors` in order: its 8-byte length, then the JSON, padded
+    to 8 bytes (safetensors' own layout: its reader, and any other, reads the file)."""
+    meta, offset = {}, 0
+    for name, t in tensors.items():
+        if t.dtype not in _DTYPES:
+            raise TypeError(f"{name}: dtype {t.dtype} cannot be published")
+        n = t.numel() * t.element_size()
+        meta[name] = {"dtype": _DTYPES[t.dtype], "shape": list(t.shape),
+                      "data_offsets": [offset, offset + n]}
+        offset += n
+    meta["__metadata__"] = {"format": "pt", "version": f"{version:020d}"}  # fixed width
+    blob = json.dumps(meta, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    return len(blob).to_bytes(8, "little") + blob
+
+
+def _rewrite(path: Path, header: bytes, tensors: dict[str, torch.Tensor]) -> bool:
+    """`tensors` copied into `path` in place, if it has exactly this layout (the same size
+    and header but for the version); False otherwise (nothing written)."""
+    try:
+        f = open(path, "r+b")
+    except FileNotFoundError:
+        return False
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        if size != len(header) + sum(t.numel() * t.element_size() for t in tensors.values()):
+            return False
+        mm = mmap.mmap(f.fileno(), size, flags=mmap.MAP_SHARED | _POPULATE)
+        try:
+            old = mm[:len(header)]
+            if size and _unversioned(old) != _unversioned(header) and any(old):
+                return False
+            mm[:len(header)] = header
+            offset = len(header)
+            for t in tensors.values():
+                n = t.numel() * t.element_size()
+                if n:
+                    dst = torch.frombuffer(mm, dtype=torch.uint8, count=n, offset=offset)
+                    dst.copy_(t.detach().contiguous().view(-1).view(torch.uint8))
+                    del dst  # the map closes only once no tensor views it
+                offset += n
+        finally:
+            mm.close()
+    return True
+
+
+def _unversioned(header: bytes) -> bytes:
+    return re.sub(rb'"version":"\d{20}"', b"", header)
 
 
 def is_published(path: str) -> bool:
@@ -117,7 +178,7 @@ def is_published(path: str) -> bool:
         if resolved.is_relative_to(base := base.resolve()):
             rel = resolved.relative_to(base)
             if (len(rel.parts) == 3 and rel.parts[0].startswith(PREFIX)
-                    and re.fullmatch(r"v\d+-\d+\.safetensors", rel.parts[2])):
+                    and re.fullmatch(r"v[01]-\d+\.safetensors", rel.parts[2])):
                 return True
     return False
 
@@ -131,17 +192,62 @@ def _roots() -> set[Path]:
 
 
 def version_of(path: str) -> int:
-    """The version a published file holds (its name: v<version>-<pid>.safetensors)."""
-    m = re.fullmatch(r"v(\d+)-\d+\.safetensors", Path(path).name)
-    if m is None:
-        raise ValueError(f"{path} is not a published weights file's name")
-    return int(m[1])
+    """The version a published file holds now (its header's metadata)."""
+    with open(path, "rb") as f:
+        meta = _read_header(f, path).get("__metadata__") or {}
+    if "version" not in meta:
+        raise ValueError(f"{path} is not a published weights file (no version in its header)")
+    return int(meta["version"])
 
 
-def load(path: str) -> dict[str, torch.Tensor]:
-    """A published file's tensors (safetensors' reader: no pickle)."""
-    from safetensors.torch import load_file
-    return load_file(path)
+def load(path: str, version: int | None = None) -> dict[str, torch.Tensor]:
+    """A published file's tensors: read-only views of its pages, mapped at once (no copy: the
+    engine's load copies them into its parameters, once). `version`: the one the source named,
+    checked against the file's (its writer took the file for a later one). The file is
+    safetensors (header, then raw tensors): parsed here, no pickle."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        meta = _read_header(f, path)
+        held = int((meta.pop("__metadata__", None) or {}).get("version", -1))
+        if version is not None and held != version:
+            raise FileNotFoundError(f"{path} holds version {held} now, not {version}: a newer "
+                                    "version is served, load that one")
+        start = 8 + int.from_bytes(_pread(f, 8, 0), "little")
+        if not meta:
+            return {}
+        mm = mmap.mmap(f.fileno(), size, flags=mmap.MAP_SHARED | _POPULATE,
+                       prot=mmap.PROT_READ)
+    out = {}
+    with warnings.catch_warnings():  # read-only pages: the tensors are never written
+        warnings.simplefilter("ignore", UserWarning)
+        for name, m in meta.items():
+            lo, hi = m["data_offsets"]
+            dtype = _TORCH[m["dtype"]]
+            t = torch.frombuffer(mm, dtype=torch.uint8, count=hi - lo, offset=start + lo)
+            out[name] = t.view(dtype).reshape(m["shape"])
+    return out  # each view keeps the map alive; unmapped when the last one goes
+
+
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+"""Linux: every page mapped in one call (a fault per 4 KB page costs as much as the copy)."""
+_TORCH = {v: k for k, v in _DTYPES.items()}
+
+
+def _pread(f, n: int, offset: int) -> bytes:
+    return os.pread(f.fileno(), n, offset)
+
+
+def _read_header(f, path: str) -> dict[str, Any]:
+    n = int.from_bytes(_pread(f, 8, 0), "little")
+    if not 0 < n < 100 << 20:
+        raise ValueError(f"{path} is not a safetensors file (header of {n} bytes)")
+    return json.loads(_pread(f, n, 8))
+
+
+def names_of(path: str) -> list[str]:
+    """The tensor names a published file holds (its header only)."""
+    with open(path, "rb") as f:
+        return [k for k in _read_header(f, path) if k != "__metadata__"]
 
 
 def local(source: dict[str, Any]) -> bool:
@@ -161,7 +267,7 @@ async def read(source: dict[str, Any],
     if path := source.get("path"):
         if local(source):
             try:
-                tensors.update(await asyncio.to_thread(load, path))
+                tensors.update(await asyncio.to_thread(load, path, source.get("version")))
                 return tensors
             except FileNotFoundError:  # pruned or removed meanwhile: its trainer may have it
                 pass

@@ -7,17 +7,21 @@ agent's state size on disk, and the state saves' timings from the step records: 
 ranks copy their shards to host memory; the slot is held) and write_s (the ranks write them to
 disk afterwards; the slot is free, the agent's next batch waits for it).
 
-    .venv/bin/python bench/state_memory.py [--json] [--team PATH] [--steps 3]
+    .venv/bin/python bench/state_memory.py [--json] [--team PATH] [--steps 3] [--train-all]
                                            [--set section.key=value ...]
+
+--train-all: every agent trains all its layers (AgentSpec.train_layers = None), so every sync
+is the whole model's weights (what issue 54 measures: no weight passes through this process).
 
 With --json the last line is one JSON object: peak_rss_mb, rss_before_mb (after imports, before
 the run), state_mb per agent, steps, wall_s, and, where the step records carry them, stage_s
-and write_s per agent (means over the saves).
+and write_s per agent (means over the saves), sync_mb per agent (bytes per weight sync).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import importlib.util
 import json
 import os
@@ -53,11 +57,15 @@ async def main(args: argparse.Namespace) -> dict:
         "eval.every_steps=0", "eval.final=false", *args.set], team=args.team)
     before = peak_rss_mb()
     started = time.perf_counter()
-    result = await train(load_team(config.team.path), config, run_dir=RunDir.create(config),
-                         progress=False)
+    team = load_team(config.team.path)
+    if args.train_all:  # every layer trains: whole-model weights at every sync
+        team = dataclasses.replace(team, agents=[
+            dataclasses.replace(a, train_layers=None) for a in team.agents])
+    result = await train(team, config, run_dir=RunDir.create(config), progress=False)
     wall = time.perf_counter() - started
     state_root = Path(result.run_dir) / "state"
-    out = {"team": args.team, "steps": len(result.metrics), "wall_s": wall,
+    out = {"team": args.team, "train_all": args.train_all, "steps": len(result.metrics),
+           "wall_s": wall, "sync_mb": _sync_mb(result.metrics),
            "rss_before_mb": before, "peak_rss_mb": peak_rss_mb(),
            "state_mb": {a.name: dir_mb(a) for a in sorted(state_root.iterdir()) if a.is_dir()}
            if state_root.is_dir() else {}}
@@ -71,11 +79,23 @@ async def main(args: argparse.Namespace) -> dict:
     return out
 
 
+def _sync_mb(metrics: list[dict]) -> dict[str, float]:
+    """Each agent's bytes per weight sync (MB, the mean over the steps that synced)."""
+    per: dict[str, list[float]] = {}
+    for m in metrics:
+        for name, a in (m.get("agents") or {}).items():
+            if a.get("sync_bytes"):
+                per.setdefault(name, []).append(a["sync_bytes"] / 2**20)
+    return {a: sum(v) / len(v) for a, v in per.items()}
+
+
 def cli() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--team", default="agents/smol_duo.py")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--train-all", action="store_true",
+                        help="every agent trains all its layers (AgentSpec.train_layers = None)")
     parser.add_argument("--set", action="append", default=[], metavar="section.key=value")
     args = parser.parse_args()
     out = asyncio.run(main(args))
@@ -83,7 +103,8 @@ def cli() -> None:
     print(f"orchestrator peak RSS  {out['peak_rss_mb']:8.0f} MB  (after imports: "
           f"{out['rss_before_mb']:.0f} MB)")
     for agent, mb in out["state_mb"].items():
-        line = f"  {agent:12s} state on disk {mb:8.0f} MB"
+        line = (f"  {agent:12s} state on disk {mb:8.0f} MB  sync "
+                f"{out['sync_mb'].get(agent, float('nan')):7.1f} MB")
         for key in ("stage_s", "write_s"):
             if key in out:
                 line += f"  {key} {out[key].get(agent, float('nan')):6.2f}"

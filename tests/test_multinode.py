@@ -15,6 +15,7 @@ import asyncio
 import re
 import signal
 import socket
+import os
 import subprocess
 import sys
 import time
@@ -48,14 +49,17 @@ def keys(tmp_path_factory) -> dict[str, str]:
     return {"good": str(write_keys(d, "node")[1]), "other": str(write_keys(d, "intruder")[1])}
 
 
-def _node(tmp_path: Path, name: str, role: str, port: int, key: str, *extra: str
-          ) -> tuple[subprocess.Popen, Path]:
+def _node(tmp_path: Path, name: str, role: str, port: int, key: str, *extra: str,
+          host: str | None = None) -> tuple[subprocess.Popen, Path]:
+    """A `flexmarl-node` process; `host`: the host it claims to be (FLEXMARL_HOST_ID), so its
+    workers take what another node published as being on another machine."""
     log = tmp_path / f"{name}.log"
     proc = subprocess.Popen(
         [sys.executable, "-m", "flexmarl.launch.nodes", "--connect", f"tcp://127.0.0.1:{port}",
          "--role", role, "--name", name, "--key-file", key, "--advertise", "127.0.0.1",
          "--log-level", "INFO", *extra],
-        cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT)
+        cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT,
+        env={**os.environ, **({"FLEXMARL_HOST_ID": host} if host else {})})
     return proc, log
 
 
@@ -199,7 +203,9 @@ async def test_a_stalled_registry_keeps_its_nodes_and_a_silent_node_is_lost(tmp_
 @pytest.mark.timeout(1200)  # its own deadline is 600 s: a whole run over 4 node processes
 async def test_a_run_on_three_nodes_and_one_that_joins_mid_run(tiny_model_dir, tmp_path, keys):
     port = _free_port()
-    nodes = {name: _node(tmp_path, name, role, port, keys["good"])
+    # Each node its own host, as far as published weights go: the instances fetch each version
+    # from the trainer's rank 0 over the run's CURVE transport instead of reading its file.
+    nodes = {name: _node(tmp_path, name, role, port, keys["good"], host=f"host-{name}")
              for name, role in (("r1", "rollout"), ("t1", "trainer"), ("a1", "any"))}
     late: dict[str, tuple] = {}
     config = load_config(overrides=[
@@ -218,7 +224,7 @@ async def test_a_run_on_three_nodes_and_one_that_joins_mid_run(tiny_model_dir, t
         # machine, and the run's 6 steps take about 20 s; one started later could find the run
         # over and wait out its join_timeout_s.
         await url
-        late["r2"] = _node(tmp_path, "r2", "rollout", port, keys["good"])
+        late["r2"] = _node(tmp_path, "r2", "rollout", port, keys["good"], host="host-r2")
         return time.monotonic()
 
     joining = asyncio.create_task(add_a_node())
@@ -250,6 +256,14 @@ async def test_a_run_on_three_nodes_and_one_that_joins_mid_run(tiny_model_dir, t
     for m in result.metrics:
         for agent in ("solver", "checker"):
             assert m["agents"][agent]["trained_samples"] > 0
+    # No weights through the run: every rollout node's instance fetched each version from the
+    # trainer's host (a sync, or the late node's joining load), none read it as a local file.
+    for n in ("r1", "r2"):
+        fetched = re.findall(r"fetched version (\d+) .* on host host-(\w+)",
+                             {**nodes, **late}[n][1].read_text())
+        assert fetched and {h for _, h in fetched} <= {"t1", "a1"}, (n, fetched)
+    assert len(re.findall(r"fetched version", nodes["r1"][1].read_text())) >= 5, \
+        _logs(tmp_path / "run" / "run.log", {**nodes, **late})  # 5 syncs at least
 
 
 @pytest.mark.slow

@@ -170,11 +170,15 @@ class RolloutWorker(Actor):
 
     async def _fetch(self, source: dict[str, Any]) -> dict[str, torch.Tensor]:
         """A version published on another host, from the trainer that published it."""
+        started = now()
         conn = connect(source["address"], self.transport)
         try:
             reply = await conn.request(FetchWeights(source["path"]), timeout_s=FETCH_TIMEOUT_S)
         finally:
             await conn.aclose()
+        log.info("%s fetched version %s (%.1f MB) from its trainer on host %s in %.2f s",
+                 self.name, source.get("version"), weights_nbytes(reply.tensors) / 2**20,
+                 source.get("host"), now() - started)
         return reply.tensors
 
     async def _update_adapter(self, msg: WeightUpdate) -> WeightUpdateDone:

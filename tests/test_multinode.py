@@ -263,7 +263,7 @@ async def test_a_run_on_three_nodes_and_one_that_joins_mid_run(tiny_model_dir, t
                              {**nodes, **late}[n][1].read_text())
         assert fetched and {h for _, h in fetched} <= {"t1", "a1"}, (n, fetched)
     assert len(re.findall(r"fetched version", nodes["r1"][1].read_text())) >= 5, \
-        _logs(tmp_path / "run" / "run.log", {**nodes, **late})  # 5 syncs at least
+        nodes["r1"][1].read_text()[-4000:]  # 5 syncs at least
 
 
 @pytest.mark.slow

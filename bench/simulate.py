@@ -8,11 +8,24 @@ over local://. Deterministic: two runs print the same numbers. Step time and tok
 the steady state (the first and last of the simulated steps are not measured).
 
     .venv/bin/python bench/simulate.py --preset merchant [--json] [--steps 6] [--seed 0]
-        [--nodes 48] [--systems mas_rl,marti,...] [--costs gpu|cpu-calibrated|PATH[,...]]
-        [--set section.key=value ...]
+        [--plan-seeds 100] [--nodes 48] [--systems mas_rl,marti,...]
+        [--costs gpu|cpu-calibrated|PATH[,...]] [--pricing new|old|old,new] [--kl-coef 0]
+        [--allow-unverified] [--set section.key=value ...]
     .venv/bin/python bench/simulate.py --preset all     # every preset, one table each
     .venv/bin/python bench/simulate.py --preset all --costs gpu,cpu-calibrated
-        # both pricings side by side: a summary table per pricing, then one of both
+        # both cost files side by side: a summary table per pricing, then one of both
+    .venv/bin/python bench/simulate.py --preset merchant --pricing old,new
+        # the weight syncs and reference forwards as priced before issue 54 and now: both
+        # summaries, then the cells whose verdict (flexmarl against marti, marti-lean and its
+        # ablations) changes, old and new prices side by side
+
+FlexMARL's placement is planned on --plan-seeds (default 100) and the table reports --seed: the
+planner never sees the reported workload (an overlap is refused), and marti-lean's devices are
+split by the demand measured on the plan seeds, the planner's information. Only placements the
+product runs are chosen (flexmarl.sim.plan.refusal): not time-shared groups of different sizes
+(no config says them), and time-shared GPU placements only with --allow-unverified (vLLM's
+sleep / wake_up on GPU has never run in the product); the table says what it would have picked.
+--kl-coef: trainer.kl_coef for every system (> 0: every trainer's reference forward priced).
     .venv/bin/python bench/simulate.py --preset lora6 --vs-full [--systems flexmarl]
         # a team of LoRA adapter agents against the same team as full copies (the preset's
         # `<name>_full` twin, or the preset without its adapters): step, sync and swap bytes,
@@ -37,12 +50,15 @@ the weights one rollout instance of each unit holds, all instances' weights toge
 
 With --json the last line is one JSON object: preset, systems.<name>.{step_s, tokens_per_s,
 utilisation, perfect_overlap_s (its own layout's), gap_to_perfect_overlap,
-gap_to_zero_staleness, snapshot_s, write_s, swap_out_s, swap_in_s, pulled_s,
+gap_to_zero_staleness, snapshot_s, sync_s, write_s, swap_out_s, swap_in_s, pulled_s,
 train_compute_s, sync_bytes, swap_bytes, state_bytes, instance_bytes,
-rollout_weight_bytes, ...}, bounds.{perfect_overlap_s, zero_staleness_s,
-rollout_only_s}, planned (the placement FlexMARL's row runs: placement, label, kind,
-pipeline, balance, ...), plan (every placement tried), costs, nodes, wall_s (for --preset
-all: presets.<name> of those; for several --costs: pricings.<costs> of that).
+rollout_weight_bytes, placement (the row's, in words), expressible (whether FlexMARL's config
+can say it), ...}, bounds.{perfect_overlap_s, zero_staleness_s, rollout_only_s}, planned (the
+placement FlexMARL's row runs: placement, label, kind, pipeline, balance, expressible, ...),
+would_have_picked (a faster placement the product does not run here, with `refused`: why; or
+null), plan (every placement tried), seed, plan_seeds, costs, pricing, kl_coef, nodes, wall_s
+(for --preset all: presets.<name> of those; for several --costs or --pricing:
+pricings.<costs>[/<pricing>] of that).
 """
 from __future__ import annotations
 
@@ -60,13 +76,24 @@ if importlib.util.find_spec("flexmarl") is None:
 
 from flexmarl.sim import plan  # noqa: E402
 from flexmarl.sim.cluster import SYSTEMS, compare, plan_slots  # noqa: E402
-from flexmarl.sim.costs import load_costs  # noqa: E402
+from flexmarl.sim.costs import PRICINGS, load_costs  # noqa: E402
 from flexmarl.sim.presets import PRESETS, get_preset  # noqa: E402
 
 
 def _value(text: str) -> float | int:
     number = float(text)
     return int(number) if number.is_integer() and "." not in text and "e" not in text else number
+
+
+def _seeds(text: str) -> tuple[int, ...]:
+    """"100", "100,101" or "100-102" as seeds."""
+    out: list[int] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        first, sep, last = part.partition("-")
+        out += range(int(first), int(last) + 1) if sep else [int(first)]
+    if not out:
+        raise argparse.ArgumentTypeError(f"no seed in {text!r}")
+    return tuple(dict.fromkeys(out))
 
 
 def table(out: dict) -> str:
@@ -76,6 +103,9 @@ def table(out: dict) -> str:
     b = out["bounds"]
     lines = [f"preset {out['preset']} on {out['nodes']} nodes: "
              f"{get_preset(out['preset']).description}",
+             f"seed {out['seed']} (planned on seeds "
+             f"{', '.join(map(str, out.get('plan_seeds') or [])) or '-'}), costs {out['costs']}, "
+             f"pricing {out.get('pricing', 'new')}, kl_coef {out.get('kl_coef', 0.0):g}",
              f"{'system':22s} {'step s':>8s} {'tokens/s':>9s} {'util':>6s} "
              + " ".join(f"{'vs ' + x:>9s}" for x in ("mas_rl", "marti", "sync_st"))
              + f" {'to p.o.':>8s} {'to z.s.':>8s} {'moves':>6s} {'swaps':>6s} {'switch':>6s}"
@@ -99,12 +129,23 @@ def table(out: dict) -> str:
         lines.append(f"{name:22s} does not fit: {why}")
     lines.append(f"bounds: perfect overlap {b['perfect_overlap_s']:.1f} s (the least over the "
                  f"layouts; p.o.), zero staleness {b['zero_staleness_s']:.1f} s (z.s.)")
+    for name, r in systems.items():
+        if "placement" in r:
+            lines.append(f"placement {name}: {r['placement']}"
+                         + ("" if r.get("expressible", True) else
+                            " (not expressible as FlexMARL config)"))
     if out.get("planned"):
         best = out["planned"]
-        lines.append(f"planned (auto): {best['label']} ({best['placement']}), {best['pipeline']}"
-                     f", {best['balance']}; tried " + ", ".join(
+        lines.append(f"planned (auto, on the plan seeds): {best['label']} ({best['placement']}),"
+                     f" {best['pipeline']}, {best['balance']}; tried " + ", ".join(
                          f"{p['label']} {p['pipeline']} {p['balance']}: {p['step_s']:.1f} s"
-                         for p in out["plan"]))
+                         + (" (refused)" if p.get("refused") else "") for p in out["plan"]))
+    if out.get("would_have_picked"):
+        other = out["would_have_picked"]
+        lines.append(f"would have picked {other['label']} ({other['placement']}), "
+                     f"{other['pipeline']}, {other['balance']}: {other['step_s']:.1f} s on the "
+                     f"plan seeds against {out['planned']['step_s']:.1f} s, but "
+                     f"{other['refused']}")
     return "\n".join(lines)
 
 
@@ -181,7 +222,7 @@ def summary(cells: list[tuple[str, dict]]) -> str:
     placement, and whether flexmarl is at most marti and every ablation."""
     names = [n for n in SHORT if any(n in out["systems"] or n in out.get("infeasible", {})
                                      for _, out in cells)]
-    lines = [f"{'cell':26s} " + " ".join(f"{SHORT[n]:>8s}" for n in names)
+    lines = [f"{'cell':30s} " + " ".join(f"{SHORT[n]:>8s}" for n in names)
              + f" {'p.o.':>7s} {'z.s.':>7s} {'vs marti':>8s}  ok  planned"]
     for label, out in cells:
         systems = out["systems"]
@@ -193,10 +234,49 @@ def summary(cells: list[tuple[str, dict]]) -> str:
         ratio = (f"{systems['marti']['step_s'] / flex:7.2f}x" if flex and "marti" in systems
                  else f"{'-':>8s}")
         b, plan = out["bounds"], out.get("planned") or {}
-        lines.append(f"{label:26s} {' '.join(steps)} {b['perfect_overlap_s']:7.1f} "
+        lines.append(f"{label:30s} {' '.join(steps)} {b['perfect_overlap_s']:7.1f} "
                      f"{b['zero_staleness_s']:7.1f} {ratio} {ok:>3s}  {plan.get('label', '-')}"
-                     f" {plan.get('pipeline', '')} {plan.get('balance', '')}")
+                     f" {plan.get('pipeline', '')} {plan.get('balance', '')}"
+                     + ("" if plan.get("expressible", True) else " (not expressible)"))
     return "\n".join(lines)
+
+
+VERSUS = ("marti", "marti-lean", *ABLATIONS)
+"""The rows a verdict compares flexmarl with."""
+
+
+def verdict(out: dict) -> dict[str, str]:
+    """Per rival row that ran: "yes" where flexmarl is at least as fast, else "NO"."""
+    systems = out["systems"]
+    flex = systems.get("flexmarl", {}).get("step_s")
+    return {SHORT[n]: "yes" if flex is not None and flex <= systems[n]["step_s"] else "NO"
+            for n in VERSUS if n in systems}
+
+
+def pricing_changes(by_costs: dict[str, dict], names: list[str]) -> str:
+    """The cells (preset, cost file) run under both pricings whose verdict changes, their old
+    and new steps side by side (flexmarl and the rows of its verdict)."""
+    lines, same = [], 0
+    for key, olds in by_costs.items():
+        base = key.removesuffix("/old")
+        news = by_costs.get(f"{base}/new")
+        if base == key or news is None:
+            continue
+        for name in names:
+            a, b = olds[name], news[name]
+            if verdict(a) == verdict(b):
+                same += 1
+                continue
+            rows = [n for n in ("flexmarl", *VERSUS) if n in a["systems"] and n in b["systems"]]
+            lines.append(f"{name} {a['nodes']}n s{a['seed']} {base}: " + ", ".join(
+                f"{SHORT[n]} {a['systems'][n]['step_s']:.1f} -> {b['systems'][n]['step_s']:.1f}"
+                for n in rows))
+            lines.append("    verdict (flexmarl at least as fast): old " + ", ".join(
+                f"{k} {v}" for k, v in verdict(a).items()) + "; new " + ", ".join(
+                f"{k} {v}" for k, v in verdict(b).items()))
+    head = (f"old -> new pricing (step s), cells whose verdict changes ({len(lines) // 2}; "
+            f"{same} unchanged):")
+    return "\n".join([head, *lines])
 
 
 def run_preset(name: str, args: argparse.Namespace, costs) -> dict:
@@ -210,11 +290,17 @@ def run_preset(name: str, args: argparse.Namespace, costs) -> dict:
     name = preset.name
     if args.nodes is not None:
         preset = dataclasses.replace(preset, nodes=args.nodes)
+    preset = dataclasses.replace(preset, kl_coef=args.kl_coef)
     out = compare(preset, args.systems, costs=costs, steps=args.steps, seed=args.seed,
-                  progress=progress)
+                  plan_seeds=args.plan_seeds, deployment=deployment(args), progress=progress)
     out["nodes"] = preset.nodes
     out["wall_s"] = time.perf_counter() - started
     return out
+
+
+def deployment(args: argparse.Namespace) -> plan.Deployment:
+    """The presets' cluster: GPUs, flexmarl-node processes; unverified paths as asked."""
+    return plan.Deployment(allow_unverified=args.allow_unverified)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -222,7 +308,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--preset", required=True, help=f"one of {', '.join(PRESETS)}, or all")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--steps", type=int, default=None, help="simulated steps (preset default)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="the seed the table reports")
+    ap.add_argument("--plan-seeds", type=_seeds, default=plan.PLAN_SEEDS, metavar="SEEDS",
+                    help="the planner's seeds, apart from --seed: 100 (default), 100,101 or "
+                         "100-102 (each candidate's step the mean over them)")
     ap.add_argument("--nodes", type=int, default=None,
                     help="cluster size in nodes of 16 devices (preset default: 48)")
     ap.add_argument("--systems", type=lambda s: s.split(","), default=None,
@@ -230,6 +319,15 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--costs", default="gpu",
                     help="cost model: gpu (default), cpu-calibrated, or a TOML file; several "
                          "comma-separated run one after another, side by side")
+    ap.add_argument("--pricing", default="new",
+                    help=f"weight syncs and reference forwards priced as: {', '.join(PRICINGS)}"
+                         " (before issue 54); old,new: both, then the cells whose verdict "
+                         "changes side by side")
+    ap.add_argument("--kl-coef", type=float, default=0.0,
+                    help="trainer.kl_coef of every system (> 0: reference forwards priced)")
+    ap.add_argument("--allow-unverified", action="store_true",
+                    help="let the planner choose time-shared GPU placements (never run in "
+                         "the product: devices.allow_unverified)")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="override one cost-model parameter (repeatable)")
     ap.add_argument("--plan", action="store_true",
@@ -246,8 +344,13 @@ def main(argv: list[str] | None = None) -> dict:
             ap.error(f"--set takes SECTION.KEY=VALUE, got {item!r}")
         overrides[key] = _value(value)
     try:
-        pricings = [load_costs(c, **overrides) for c in args.costs.split(",")]
+        pricings = [load_costs(c, **overrides).with_pricing(p)
+                    for c in args.costs.split(",") for p in args.pricing.split(",")]
         names = list(PRESETS) if args.preset == "all" else [get_preset(args.preset).name]
+        if args.seed in args.plan_seeds:
+            raise ValueError(f"--plan-seeds {','.join(map(str, args.plan_seeds))} include "
+                             f"--seed {args.seed}: the planner would choose on the workload the "
+                             "table reports; give plan seeds apart from it")
         for system in args.systems or []:
             if system not in SYSTEMS:
                 raise ValueError(f"unknown system {system!r}; systems: {', '.join(SYSTEMS)}")
@@ -259,18 +362,21 @@ def main(argv: list[str] | None = None) -> dict:
         return plan_main(args, names, pricings[0])
     if args.vs_full:
         return vs_full_main(args, names, pricings[0])
+    several = len(args.pricing.split(",")) > 1
     by_costs = {}
     for costs in pricings:
         results = {}
         for name in names:
             results[name] = run_preset(name, args, costs)
             print(table(results[name]), f"\n({results[name]['wall_s']:.1f} s to simulate, "
-                  f"costs {costs.name})\n")
-        by_costs[costs.name] = results
+                  f"costs {costs.name}, pricing {costs.pricing})\n")
+        by_costs[costs.name + (f"/{costs.pricing}" if several else "")] = results
     cells = [(f"{name} {r['nodes']}n s{r['seed']} {c}", r)
              for c, results in by_costs.items() for name, r in results.items()]
     if len(cells) > 1:
         print(summary(cells) + "\n")
+    if several:
+        print(pricing_changes(by_costs, names) + "\n")
     outs = {c: (results[names[0]] if len(names) == 1 else {"presets": results})
             for c, results in by_costs.items()}
     out = next(iter(outs.values())) if len(outs) == 1 else {"pricings": outs}
@@ -315,14 +421,17 @@ def plan_main(args: argparse.Namespace, names: list[str], costs) -> dict:
         if args.nodes is not None:
             preset = dataclasses.replace(preset, nodes=args.nodes)
         started = time.perf_counter()
+        preset = dataclasses.replace(preset, kl_coef=args.kl_coef)
         placements = plan_slots(preset, "flexmarl", costs=costs, steps=args.steps,
-                                seed=args.seed, progress=lambda p: print(
+                                seeds=args.plan_seeds, deployment=deployment(args),
+                                progress=lambda p: print(
                                     f"  {plan.label(costs, p)} {p.pipeline} {p.balance}: "
                                     f"{p.step_s:.1f} s per step", file=sys.stderr))
         print(plan.table(preset, costs, placements),
               f"\n({time.perf_counter() - started:.1f} s to simulate)\n")
-        out[name] = {"nodes": preset.nodes, "costs": costs.name, "placements": [
-            plan.describe(preset, costs, p) for p in placements]}
+        out[name] = {"nodes": preset.nodes, "costs": costs.name, "pricing": costs.pricing,
+                     "plan_seeds": list(args.plan_seeds), "placements": [
+                         plan.describe(preset, costs, p) for p in placements]}
         if args.write:
             with open(args.write, "w") as f:
                 f.write(plan.placement_toml(preset, costs, placements[0]))

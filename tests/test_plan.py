@@ -105,6 +105,40 @@ def test_too_few_nodes_is_one_error_naming_the_fix():
         plan_team(load_team(config.team.path), config)
 
 
+@pytest.mark.parametrize("settings,placement", [
+    (["trainer.device=cuda"], "disaggregated"),                     # unverified: refused
+    (["trainer.device=cuda", "devices.allow_unverified=true"], "time_shared"),
+    (["trainer.device=cuda", "devices.allow_unverified=true", "cluster.launcher=ray"],
+     "disaggregated"),                                               # Ray refuses it at start
+    (["trainer.device=cpu"], "time_shared"),                         # time-shared on CPU has run
+])
+def test_auto_slots_write_a_time_shared_gpu_placement_only_when_allowed(monkeypatch, caplog,
+                                                                        settings, placement):
+    """trainer_pool.slots = "auto" with a stand-in simulation in which time-sharing is the
+    fastest: the run's deployment (trainer.device, devices.allow_unverified, the launcher)
+    decides what may be written; the log says what it would have picked and why not."""
+    from types import SimpleNamespace
+
+    from flexmarl.sim import team_plan
+    from flexmarl.sim.layouts import build
+    from flexmarl.sim.cluster import SYSTEMS
+
+    def fast_time_sharing(preset, strategy, pipeline):
+        build(preset, SYSTEMS["flexmarl"], load_costs())
+        return SimpleNamespace(step_s=(10.0 if preset.timeshare else 50.0),
+                               records=[], rollout_instances={a: 1 for a in preset.models})
+
+    monkeypatch.setattr(team_plan, "plan_slots", lambda preset, system, *, costs, progress,
+                        deployment, **_: plan.plan(preset, costs, fast_time_sharing, progress,
+                                                   deployment=deployment))
+    config = load_config(overrides=[SIZES, "plan.nodes=6", "trainer_pool.slots=auto",
+                                    *settings], team=MATH_DUO)
+    resolved = resolve_auto(config, load_team(config.team.path))
+    assert resolved.devices.placement == placement
+    if placement == "disaggregated":
+        assert "would have picked ts 2x48" in caplog.text
+
+
 def _plan(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "flexmarl.launch.cli", "plan", *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=240)

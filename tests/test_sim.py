@@ -32,7 +32,8 @@ from flexmarl.protocol import SamplingParams
 from flexmarl.sim import clock
 from flexmarl.sim.cluster import SYSTEMS, compare, simulate
 from flexmarl.sim.costs import load_costs
-from flexmarl.sim.engines import DeviceGroup, SimRolloutEngine
+from flexmarl.sim.devices import DeviceGroup
+from flexmarl.sim.engines import SimRolloutEngine
 from flexmarl.sim.presets import PRESETS, get_preset
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -237,7 +238,8 @@ def test_marti_broadcasts_one_agent_after_another():
         await asyncio.gather(*(load(k) for k in range(3)))
 
     clock.run(main())
-    one = COSTS.local_weight_load_s(COSTS.models["14b"])  # CUDA IPC: its own devices
+    m = COSTS.models["14b"]  # its actor's ZeRO-3 gather (16 ranks), then CUDA IPC
+    one = COSTS.gather_s(m, m.train_devices) + COSTS.local_weight_load_s(m)
     assert ends[0] == ends[1] == pytest.approx(one, rel=REL)
     assert ends[2] == pytest.approx(2 * one, rel=REL)
 

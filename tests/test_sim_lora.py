@@ -28,7 +28,8 @@ from flexmarl.protocol import SwapIn, SwapOut
 from flexmarl.sim import clock, layouts, plan
 from flexmarl.sim.cluster import plan_slots, simulate
 from flexmarl.sim.costs import lora_key, load_costs
-from flexmarl.sim.engines import DeviceGroup, SimTrainer
+from flexmarl.sim.devices import DeviceGroup
+from flexmarl.sim.engines import SimTrainer
 from flexmarl.sim.presets import Preset, Stage, get_preset
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -71,20 +71,25 @@ def test_a_switch_pays_both_ways():
     assert GPU.switch_s(0.0, 30e9, 16) < GPU.switch_s(10e9, 30e9, 16)
 
 
-def _marti(system: str = "marti", **costs_overrides) -> object:
-    costs = load_costs(**costs_overrides) if costs_overrides else GPU
-    return simulate("small", system, costs=costs, steps=3)
+def _marti(system: str = "marti", *, kl_coef: float = 0.0, pricing: str = "new",
+           **costs_overrides) -> object:
+    costs = (load_costs(**costs_overrides) if costs_overrides else GPU).with_pricing(pricing)
+    preset = dataclasses.replace(get_preset("small"), kl_coef=kl_coef)
+    return simulate(preset, system, costs=costs, steps=3)
 
 
 def test_martis_experience_pass_is_priced_per_sample():
-    """Two forwards (actor, reference) of every agent over every sample, agent after agent;
-    without it (0 forwards) the step is shorter, and each forward adds the same time again
-    (the workload is seeded: same samples). Its switches are both ways: each step one
-    mode change each way per agent, plus the wake-ups for the broadcasts."""
+    """Forwards of every agent over every sample, agent after agent: its actor's (1, the
+    default), and its reference model's where the comparison's kl_coef > 0 (one setting for
+    every system; pricing "old": always). Without it (0 forwards) the step is shorter, and each
+    forward adds the same time again (the workload is seeded: same samples)."""
     none = _marti(**{"baselines.experience_forwards": 0})
     one = _marti(**{"baselines.experience_forwards": 1})
-    two = _marti()
+    two = _marti(**{"baselines.experience_forwards": 2})
     assert none.step_s < one.step_s < two.step_s
+    assert _marti().step_s == one.step_s                      # kl_coef = 0: the actor's only
+    assert _marti(kl_coef=0.01).step_s == two.step_s          # and the reference's
+    assert _marti(pricing="old").step_s > one.step_s          # old: the reference always
     assert two.step_s - one.step_s == pytest.approx(one.step_s - none.step_s, rel=1e-6)
     # What the pass costs per step: 2 x params x tokens / (devices x peak x mfu) per agent
     # and forward, every agent over every sample.

@@ -61,7 +61,9 @@ def _parser() -> argparse.ArgumentParser:
         "(flexmarl/sim/costs.toml) with the product's scheduling code, for every number of "
         "shared trainer slots worth trying and each balancing strategy; print the placements "
         "best first, and with --write the best one as config. Section [plan] says how big "
-        "each agent's model is and how long its answers are."))
+        "each agent's model is and how long its answers are. Only placements this run's "
+        "product runs are chosen (time-shared on GPU with devices.allow_unverified = true; "
+        "never under the Ray launcher); the table says what it would have picked."))
     plan.add_argument("config", nargs="?", metavar="CONFIG", help="a TOML config file")
     plan.add_argument("--team", metavar="PATH", help="team file (sets team.path)")
     plan.add_argument("--nodes", type=int, metavar="N", help="cluster nodes (sets plan.nodes)")
@@ -297,7 +299,8 @@ def _plan(args: argparse.Namespace) -> int:
                                "rollout_devices": p.rollout_devices, "balance": p.balance,
                                "placement": plan.placement_key(p), "pipeline": p.pipeline,
                                "groups": [list(g) for g in p.timeshare],
-                               "step_s": p.step_s} for p in placements]}))
+                               "step_s": p.step_s, "expressible": plan.expressible(p),
+                               "refused": p.refused} for p in placements]}))
     return EXIT_OK
 
 

@@ -8,6 +8,7 @@
                   costs_cpu.toml)
     engines.py    simulated engines behind the real interfaces: service times from the cost
                   model
+    devices.py    the simulated devices under them: utilisation, one resident mode at a time
     layouts.py    which simulated devices do what: rollout instances per agent, trainer slots,
                   device groups
     presets.py    workload presets shaped like the paper's: teams, their workflows and their

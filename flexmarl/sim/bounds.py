@@ -11,9 +11,10 @@
                         its layout's; the preset's is the least over the compared layouts.
     zero staleness    = rollout-only step (FlexMARL's shared layout) + the least tail a step
                         with zero staleness must have: after the step's last group is generated
-                        some agent must still train that group, step its optimizer and load the
-                        new weights on its instances before its next call (the cheapest such
-                        agent, on its own slot size; mean over the measured steps).
+                        some agent must still train that group, step its optimizer and sync
+                        the new weights to its instances before its next call (the cheapest
+                        such agent, on its own slot size, Costs.sync_s; mean over the measured
+                        steps).
 
 For colocated layouts (mas_rl, marti), whose slots share devices with rollout, the perfect
 overlap bound is valid but loose (rollout and training there cannot overlap on one device).
@@ -39,7 +40,7 @@ def free_training(costs: Costs) -> Costs:
                                          optimizer_passes=0.0),
         links=dataclasses.replace(costs.links, host_link_per_device=inf,
                                   host_memory_per_node=inf, nvlink_per_device=inf,
-                                  rdma_per_device=inf),
+                                  rdma_per_device=inf, host_write_per_process=inf),
         storage=dataclasses.replace(costs.storage, write_bandwidth=inf),
         baselines=dataclasses.replace(costs.baselines, experience_forwards=0.0))
 
@@ -69,8 +70,11 @@ def least_tail_s(preset: Any, rollout_only: SystemResult, costs: Costs) -> float
         per_agent = []
         for agent, (rows, tokens) in last.items():
             m = costs.model(preset.sizes[agent])
-            per_agent.append(costs.train_s(m, m.train_devices, rows, tokens)
-                             + costs.optimizer_s(m, m.train_devices) + costs.weight_load_s(m))
+            published = agent in preset.lora or bool(preset.timeshare)
+            per_agent.append(costs.train_s(m, m.train_devices, rows, tokens,
+                                           reference=costs.reference(preset.kl_coef))
+                             + costs.optimizer_s(m, m.train_devices)
+                             + costs.sync_s(m, m.train_devices, published=published))
         if per_agent:
             tails.append(min(per_agent))
     return sum(tails) / len(tails) if tails else 0.0

@@ -24,7 +24,8 @@ seed, one cost model (flexmarl.sim.layouts lays the devices out):
     marti-lean             sync          round_robin   marti with the judgement calls in its
                                                        favour: its experience pass over each
                                                        agent's own samples, devices split by
-                                                       parameters (costs.toml [baselines])
+                                                       the demand measured on the planner's
+                                                       seeds (costs.toml [baselines])
     sync_static            sync          round_robin   one dedicated slot per agent
     one_step_off           one_step_off  round_robin   one dedicated slot per agent
     flexmarl               planned       planned       planned (flexmarl.sim.plan): shared or
@@ -46,9 +47,13 @@ LoRA agents (Preset.lora) run as in the product: the pool gets `adapters=` and a
 keyed by unit (the LoRA agents on one base share its instances, each request naming its
 adapter), syncs send adapters, trainer slots swap adapter states (flexmarl.sim.engines).
 
-The planner's last round tries the best placement with sync and with round_robin, so flexmarl
-is never slower than an ablation, and it tries MARTI's own layout (per agent, equal split),
-so it is never slower than its own loop run there. The `marti` row follows MARTI's driver
+Planned on other seeds than the reported one (issue 54: compare's `plan_seeds`, an overlap
+refused), FlexMARL's rows run the chosen placement on the reported seed, where nothing makes
+it the fastest of its ablations: the planner's last round (the best with sync and with
+round_robin) and its try of MARTI's layout (per agent, equal split; on GPU only with
+allow_unverified) hold on the plan seeds. Every system runs with one trainer.kl_coef
+(Preset.kl_coef: > 0, every trainer's reference forward priced), and every sync priced as its
+code path runs (Costs, flexmarl.sim.layouts). The `marti` row follows MARTI's driver
 (TsinghuaC3I/MARTI, marti/trainer/multi_agent_ppotrainer.py `fit`: generate_samples (wake_up,
 generate, sleep), make_experience_batch, `ppo_train`: every agent's `reload_states`, `fit`
 issued together and joined, `offload_states`; then `_broadcast_to_vllm` agent by agent:
@@ -105,13 +110,14 @@ class System:
     experience: str = ""
     """MARTI's experience pass: "all" samples, each agent's "own", or "" (none)."""
     split: str = "equal"
-    """MARTI's devices per agent: "equal" or by "params" (flexmarl.sim.layouts)."""
+    """MARTI's devices per agent: "equal", by "demand" measured on the planner's seeds, or by
+    "params" (flexmarl.sim.layouts)."""
 
 
 SYSTEMS: dict[str, System] = {s.name: s for s in (
     System("mas_rl", "sync", "round_robin", "colocated"),
     System("marti", "sync", "round_robin", "per_agent", experience="all"),
-    System("marti-lean", "sync", "round_robin", "per_agent", experience="own", split="params"),
+    System("marti-lean", "sync", "round_robin", "per_agent", experience="own", split="demand"),
     System("sync_static", "sync", "round_robin", "static"),
     System("one_step_off", "one_step_off", "round_robin", "static"),
     System("flexmarl", "micro_batch", "hierarchical", "shared", True),
@@ -148,6 +154,9 @@ class SystemResult:
     """Trainer compute seconds per measured step, all slots together."""
     snapshot_s: float = 0.0
     """Slot seconds per measured step spent taking recovery snapshots."""
+    sync_s: float = 0.0
+    """Slot seconds per measured step spent gathering or publishing weights for the syncs
+    (pricing "new"; the instances' part is not in it)."""
     swap_out_s: float = 0.0
     """Slot seconds per measured step spent parking idle agents' states (SwapOut)."""
     swap_in_s: float = 0.0
@@ -198,7 +207,10 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
     workers = [RolloutWorker(name, f"local://{name}", engine, max_concurrent=1 << 20,
                              report_interval_s=1.0)
                for insts in layout.instances.values() for name, engine in insts]
-    trainers = [SimTrainer(name, costs, models, group, devices, f"local://{name}")
+    # The product's trainer runs the reference forward in its step; MARTI's experience pass.
+    reference = costs.reference(preset.kl_coef) and layout.experience is None
+    trainers = [SimTrainer(name, costs, models, group, devices, f"local://{name}",
+                           sync=layout.sync, reference=reference)
                 for name, (devices, group) in layout.slots.items()]
     for t in trainers:
         t.gate = layout.experience
@@ -211,7 +223,6 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
         model_dirs = {a: f"sim:{s}" for a, s in sizes.items()}
         adapters = preset.adapters()
         weights = WeightSync(models, None, model_dirs, timeout_s=FOREVER_S,
-                             served={a: {} for a in models},
                              adapters={a: lora for a, (_, lora) in adapters.items()})
         pool = InstancePool(conns, placement, model_dirs,
                             RolloutConfig(request_timeout_s=FOREVER_S),
@@ -236,7 +247,7 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
                                   max_concurrent_calls=1 << 20,
                                   micro_batch_groups=preset.micro_batch_groups)
         engines = [e for insts in layout.instances.values() for _, e in insts]
-        marks: list[tuple[float, float, float, float]] = []
+        marks: list[tuple[float, float, float, float, float]] = []
 
         def rollout_ended(stats: Any) -> None:
             """After each step's rollout: the engines' and trainers' accounting up to now."""
@@ -247,7 +258,7 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
                 layout.experience.arm()
             compute = sum(t.compute_s for t in trainers)
             marks.append((now(), sum(g.active_device_s for g in layout.groups), compute,
-                          sum(t.snapshot_s for t in trainers)))
+                          sum(t.snapshot_s for t in trainers), sum(t.sync_s for t in trainers)))
 
         orch = Orchestrator(team, agents, store, pool, pipeline, seed=seed, activity=activity,
                             on_rollout_end=rollout_ended)
@@ -277,8 +288,8 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
     # rollout of the step before the last (which has no next rollout to overlap with).
     first, last = (1, len(records) - 2) if len(records) >= 3 else (0, len(records) - 1)
     measured = records[first:last + 1]
-    t0, a0, c0, s0 = marks[first - 1] if first else (0.0,) * 4
-    t1, a1, c1, s1 = marks[last]
+    t0, a0, c0, s0, y0 = marks[first - 1] if first else (0.0,) * 5
+    t1, a1, c1, s1, y1 = marks[last]
     elapsed = t1 - t0
     tokens = sum(a["tokens"] for r in measured for a in r["agents"].values())
     swapped = {"out": 0.0, "in": 0.0, "pulled": 0.0}  # slot seconds of the measured window
@@ -301,7 +312,7 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
         swaps=sum(len(r["swaps"]) for r in records),
         switches=sum(g.switches for g in layout.groups),
         train_compute_s=(c1 - c0) / len(measured),
-        snapshot_s=(s1 - s0) / len(measured),
+        snapshot_s=(s1 - s0) / len(measured), sync_s=(y1 - y0) / len(measured),
         swap_out_s=swapped["out"] / len(measured), swap_in_s=swapped["in"] / len(measured),
         pulled_s=swapped["pulled"] / len(measured),
         write_s=sum(costs.state_write_s(models[a]) for a in preset.trainable)
@@ -323,23 +334,55 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
 
 def simulate(preset: str | Preset, system: str | System, *, costs: Costs | None = None,
              steps: int | None = None, seed: int = 0, policy: PipelinePolicy | None = None,
-             balance: BalancerConfig | None = None) -> SystemResult:
+             balance: BalancerConfig | None = None,
+             plan_seeds: tuple[int, ...] = plan.PLAN_SEEDS,
+             deployment: plan.Deployment = plan.Deployment()) -> SystemResult:
     """Run `system` on `preset` on a fresh virtual clock; `policy` / `balance` replace the
     system's pipeline policy / balancer config (the same objects `flexmarl run` builds). A
-    shared pool of preset.shared_slots = "auto" is planned first (`plan_slots`)."""
+    shared pool of preset.shared_slots = "auto" is planned first (`plan_slots`, on
+    `plan_seeds`, apart from `seed`), then run on `seed`."""
     preset = get_preset(preset) if isinstance(preset, str) else preset
     system = _system(system)
     costs = costs or load_costs()
     if (preset.train_devices or preset.instances or preset.timeshare) and not system.flexmarl:
         raise ValueError(f"{system.name} is a baseline: it runs on the cost model's slot "
                          "sizes and equal instances, not the planner's")
+    if system.trainers == "shared" and preset.shared_slots == "auto" and not preset.timeshare:
+        check_seeds(seed, plan_seeds)
+        best = plan_slots(preset, system, costs=costs, steps=steps, seeds=plan_seeds,
+                          deployment=deployment, policy=policy, balance=balance)[0]
+        chosen = dataclasses.replace(system, balance=best.balance, pipeline=best.pipeline)
+        return simulate(plan.preset_of(preset, best), chosen, costs=costs, steps=steps,
+                        seed=seed, policy=policy, balance=balance)
     if preset.train_devices:
         costs = costs.with_train_devices(preset.train_devices)
-    if system.trainers == "shared" and preset.shared_slots == "auto" and not preset.timeshare:
-        return plan_slots(preset, system, costs=costs, steps=steps, seed=seed,
-                          policy=policy, balance=balance)[0].result
     return clock.run(_run(preset, system, costs, steps or preset.steps, seed, policy,
                           balance))
+
+
+def check_seeds(seed: int, plan_seeds: tuple[int, ...]) -> None:
+    """A ValueError where the planner's seeds include the reported one: the plan would see
+    the workload it is judged on."""
+    if not plan_seeds:
+        raise ValueError("the planner needs at least one seed of its own (plan seeds)")
+    if seed in plan_seeds:
+        raise ValueError(f"plan seeds {', '.join(map(str, plan_seeds))} include the reported "
+                         f"seed {seed}: the planner would choose on the workload it is judged on; "
+                         "give plan seeds apart from the reported ones (bench/simulate.py "
+                         "--plan-seeds)")
+
+
+@dataclass
+class PlanRun:
+    """A candidate placement simulated on each of the planner's seeds (flexmarl.sim.plan
+    reads step_s, records and rollout_instances)."""
+
+    step_s: float
+    """The mean step time over the seeds."""
+    records: list[dict]
+    """Every seed's per-step records (the demand splits count their tokens)."""
+    rollout_instances: dict[str, int]
+    """The first seed's (the same layout on every seed)."""
 
 
 def _system(system: str | System) -> System:
@@ -351,16 +394,26 @@ def _system(system: str | System) -> System:
 
 
 def plan_slots(preset: Preset, system: str | System = "flexmarl", *, costs: Costs,
-               steps: int | None = None, seed: int = 0,
+               steps: int | None = None, seeds: tuple[int, ...] = plan.PLAN_SEEDS,
                progress: Callable[[plan.Placement], Any] | None = None,
-               timeshare: bool = True, **kwargs: Any) -> list[plan.Placement]:
-    """The placements flexmarl.sim.plan evaluated for `system`, best first (`timeshare`:
-    time-shared ones among them)."""
+               deployment: plan.Deployment = plan.Deployment(),
+               **kwargs: Any) -> list[plan.Placement]:
+    """The placements flexmarl.sim.plan evaluated for `system` on `seeds` (each candidate's
+    step the mean over them), those the product runs in `deployment` first, best first."""
     system = _system(system)
-    return plan.plan(preset, costs, lambda p, strategy, pipeline: simulate(
-        p, dataclasses.replace(system, balance=strategy, pipeline=pipeline), costs=costs,
-        steps=steps, seed=seed, **kwargs), progress, pipeline=system.pipeline,
-        timeshare=timeshare)
+
+    def run(p: Preset, strategy: str, pipeline: str) -> PlanRun:
+        chosen = dataclasses.replace(system, balance=strategy, pipeline=pipeline)
+        results = [simulate(p, chosen, costs=costs, steps=steps, seed=s, **kwargs)
+                   for s in seeds]
+        return PlanRun(sum(r.step_s for r in results) / len(results),
+                       [rec for r in results for rec in r.records],
+                       results[0].rollout_instances)
+
+    if not seeds:
+        raise ValueError("the planner needs at least one seed of its own (plan seeds)")
+    return plan.plan(preset, costs, run, progress, pipeline=system.pipeline,
+                     deployment=deployment)
 
 
 def rollout_only(preset: Preset, system: System, *, costs: Costs, steps: int | None = None,
@@ -382,51 +435,55 @@ def rollout_only(preset: Preset, system: System, *, costs: Costs, steps: int | N
 
 def compare(preset: str | Preset, systems: list[str] | None = None, *,
             costs: Costs | None = None, steps: int | None = None, seed: int = 0,
+            plan_seeds: tuple[int, ...] = plan.PLAN_SEEDS,
+            deployment: plan.Deployment = plan.Deployment(),
             progress: Callable[[str, SystemResult], Any] | None = None) -> dict:
     """Every system on one workload and seed, with the preset's bounds; the JSON-ready
-    comparison."""
+    comparison. FlexMARL's placement is planned on `plan_seeds` (never the reported `seed`:
+    a ValueError), among what the product runs in `deployment`; marti-lean's devices are split
+    by the demand measured there (the planner's information, no more)."""
     preset = get_preset(preset) if isinstance(preset, str) else preset
     costs = costs or load_costs()
     names = systems or list(SYSTEMS)
     results: dict[str, SystemResult] = {}
     placements: list[plan.Placement] = []
     runs: dict[str, tuple[System, Preset]] = {n: (SYSTEMS[n], preset) for n in names}
+    chosen_by: dict[str, plan.Placement] = {}
     best = None
     if preset.shared_slots == "auto":  # planned once, with flexmarl; its rows run on it
-        placements = plan_slots(preset, "flexmarl", costs=costs, steps=steps, seed=seed)
+        check_seeds(seed, plan_seeds)
+        placements = plan_slots(preset, "flexmarl", costs=costs, steps=steps, seeds=plan_seeds,
+                                deployment=deployment)
         best = placements[0]
+        demand = plan.agent_demand(preset, costs, best)
         for name in names:
             system = SYSTEMS[name]
             if not system.flexmarl:
-                runs[name] = (system, dataclasses.replace(preset, shared_slots=best.slots))
+                runs[name] = (system, dataclasses.replace(preset, shared_slots=best.slots,
+                                                          demand=demand))
                 continue
             chosen = best
             if name in PLANNED:  # the planner's best among the placements it keeps
                 chosen = plan.subset(placements, name.split("-no_")[1], preset)
                 if chosen is None:
                     continue
+            chosen_by[name] = chosen
             # The chosen placement's pipeline and balancing, except what the row removes.
             runs[name] = (dataclasses.replace(
                 system, pipeline=chosen.pipeline if system.pipeline == "micro_batch"
                 else system.pipeline, balance=chosen.balance
                 if system.balance == "hierarchical" else system.balance),
                 plan.preset_of(preset, chosen))
-            done = plan.find(placements, chosen, runs[name][0].pipeline, runs[name][0].balance)
-            if done is not None and not runs[name][0].snapshots:
-                results[name] = done.result
     infeasible: dict[str, str] = {}
     for name in names:
         if name not in runs:
-            infeasible[name] = "no placement of its kind fits"
+            infeasible[name] = "no placement of its kind the product runs here fits"
             continue
         system, on = runs[name]
-        if name in results:
-            pass
-        elif (why := misfit(on, system, costs)) is not None:
+        if (why := misfit(on, system, costs)) is not None:
             infeasible[name] = why
             continue
-        else:
-            results[name] = simulate(on, system, costs=costs, steps=steps, seed=seed)
+        results[name] = simulate(on, system, costs=costs, steps=steps, seed=seed)
         if progress is not None:
             progress(name, results[name])
     results = {name: results[name] for name in names if name in results}
@@ -442,9 +499,14 @@ def compare(preset: str | Preset, systems: list[str] | None = None, *,
                             _layout_key(on))
         if key not in only:
             only[key] = rollout_only(on, system, costs=costs, steps=steps, seed=seed)
+    other = plan.would_have(placements)
     out: dict[str, Any] = {"preset": preset.name, "seed": seed, "costs": costs.name,
+                           "pricing": costs.pricing, "kl_coef": preset.kl_coef,
+                           "plan_seeds": list(plan_seeds) if best else [],
                            "steps": steps or preset.steps, "systems": {},
                            "planned": plan.describe(preset, costs, best) if best else None,
+                           "would_have_picked": plan.describe(preset, costs, other)
+                           if other else None,
                            "plan": [plan.describe(preset, costs, p) for p in placements]}
     own = {name: bounds.perfect_overlap_s(r, only[keys[name]]) for name, r in results.items()}
     flex_only = only.get(keys.get("flexmarl"))
@@ -460,9 +522,30 @@ def compare(preset: str | Preset, systems: list[str] | None = None, *,
         row["gap_to_perfect_overlap"] = r.step_s / out["bounds"]["perfect_overlap_s"] - 1
         row["gap_to_zero_staleness"] = r.step_s / out["bounds"]["zero_staleness_s"] - 1
         row["pipeline"], row["balance"] = runs[name][0].pipeline, runs[name][0].balance
+        row["placement"], row["expressible"] = row_placement(
+            *runs[name], costs, chosen_by.get(name))
         out["systems"][name] = row
     out["infeasible"] = infeasible
     return out
+
+
+def row_placement(system: System, on: Preset, costs: Costs,
+                  chosen: plan.Placement | None) -> tuple[str, bool]:
+    """A row's placement in words, and whether FlexMARL's config can say it (plan.expressible;
+    a baseline's layout: as FlexMARL's config would write it, mas_rl's one cluster-wide slot
+    alternating with every engine it cannot)."""
+    if chosen is not None:
+        return f"{plan.label(costs, chosen)} ({plan.placement_key(chosen)})", \
+            plan.expressible(chosen)
+    if system.trainers == "colocated":
+        return "colocated (every device: every agent's engines and one trainer slot)", False
+    if system.trainers == "per_agent":
+        devices = layouts.marti_split(on, costs, system.split)
+        return (f"per agent, {'+'.join(map(str, devices))} devices (time_shared)",
+                len(set(devices)) == 1)
+    if system.trainers == "static":
+        return "one slot per agent (disaggregated)", True
+    return f"{len(on.shared_slots)} shared slots (disaggregated)", True
 
 
 def _layout_key(p: Preset) -> tuple:

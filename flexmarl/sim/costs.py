@@ -14,9 +14,24 @@
     move         = a SwapIn from another slot, before its onload: rank to rank over RDMA, the
                    side with fewer devices limiting: bytes / (min(devices) x RDMA per device x
                    swap_move_efficiency)
-    weight sync  = weight bytes / (instance devices x RDMA per device x link efficiency), per
-                   instance, instances in parallel; over NVLink where the trainer shares the
-                   instance's devices (time-shared groups, MARTI)
+    weight sync  (pricing "new", issue 54: each price beside the product function it models)
+                   gather    = bytes x (n - 1) / n / (link x link efficiency): the trainer's
+                               n ranks all-gather the full weights (NVLink in a node, the
+                               rails across nodes); paid by the trainer, its slot held
+                   direct    = gather + bytes / (one rail x link efficiency): rank 0's NCCL
+                               broadcast to every instance (flexmarl.weights.direct), pipelined:
+                               each receiver gets the bytes once, whatever their number
+                   published = publish (gather + rank 0's copy to host memory over its PCIe
+                               link + one process writing the file into /dev/shm), once per
+                               version; then per instance a read (the same host: the file is
+                               mapped, nothing more; another host: the bytes fetched from the
+                               trainer's host, whose link all remote receivers share) and a load
+                               (host -> device over the instance's own PCIe links)
+                   MARTI     = gather (ZeRO-3) + CUDA IPC over NVLink, agent after agent
+    weight sync  (pricing "old", before issue 54) = weight bytes / (instance devices x RDMA per
+                   device x link efficiency), per instance, instances in parallel, no gather;
+                   over NVLink where the trainer shares the instance's devices (time-shared
+                   groups, MARTI)
     state save   = staged: each rank's shards to host memory (a host copy, the slot waits),
                    then written to the scratch dir in memory (the same again; the agent's next
                    batch waits); the durable copy to disk: state bytes / storage write
@@ -65,6 +80,8 @@ from typing import Any
 DEFAULT_PATH = Path(__file__).with_name("costs.toml")
 PROFILES = {"gpu": DEFAULT_PATH, "cpu-calibrated": Path(__file__).with_name("costs_cpu.toml")}
 """Named cost files (bench/simulate.py --costs, plan.costs)."""
+PRICINGS = ("new", "old")
+"""Costs.pricing: the weight syncs and reference forwards as issue 54 prices them, or before."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +128,9 @@ class Links:
     link_efficiency: float
     swap_host_efficiency: float
     swap_move_efficiency: float
+    host_write_per_process: float = 5.5e9
+    """Bytes/s one process copies into a file in host memory (/dev/shm): a published
+    version's write (costs.toml says where the number comes from)."""
 
 
 @dataclass(frozen=True)
@@ -225,6 +245,10 @@ class Costs:
     models: dict[str, Model]
     name: str = "gpu"
     """The profile (or file) these costs came from, for tables."""
+    pricing: str = "new"
+    """PRICINGS: "new" (issue 54: weight syncs as the product runs them, gathers priced, one
+    KL setting for every system) or "old" (before: syncs over each instance's own rails or
+    NVLink, no gather; MARTI's reference forward always, FlexMARL's never), to show both."""
 
     # ------------------------------------------------------------------ rollout
 
@@ -245,17 +269,86 @@ class Costs:
         free = m.rollout_devices * self.device.memory_bytes * 0.9 - m.served_bytes
         return max(free, 0.0) / m.kv_bytes_per_token
 
+    # ------------------------------------------------------------------ weight sync
+
     def weight_load_s(self, m: Model) -> float:
-        """A trainer's weights (a LoRA agent's: its adapter) onto one instance over RDMA (each
-        of its devices a rail)."""
+        """Pricing "old": a trainer's weights (a LoRA agent's: its adapter) onto one instance
+        over RDMA, each of its devices a rail of its own, no gather."""
         link = self.links
         return m.sync_bytes / (m.rollout_devices * link.rdma_per_device * link.link_efficiency)
 
     def local_weight_load_s(self, m: Model) -> float:
-        """The same from a trainer on the instance's own devices (NVLink / CUDA IPC)."""
+        """The same from a trainer on the instance's own devices (NVLink / CUDA IPC): MARTI's
+        `_broadcast_to_vllm` under colocate_all_models (both pricings); pricing "old" also
+        FlexMARL's time-shared engines."""
         link = self.links
         return m.sync_bytes / (m.rollout_devices * link.nvlink_per_device
                                * link.link_efficiency)
+
+    def gather_s(self, m: Model, devices: int) -> float:
+        """The full weights gathered from a trainer's `devices` ranks (FSDP2's full state dict
+        for flexmarl.weights.direct's send and flexmarl.weights.published.publish; MARTI's
+        ZeRO-3 GatheredParameters): an all-gather, each rank receiving (n - 1) / n of the bytes
+        (NCCL's bus bandwidth), over NVLink within a node, over the rails across nodes."""
+        if devices <= 1:
+            return 0.0
+        link = self.links
+        rate = (link.nvlink_per_device if devices <= self.device.devices_per_node
+                else link.rdma_per_device) * link.link_efficiency
+        return m.sync_bytes * (devices - 1) / devices / rate
+
+    def broadcast_s(self, m: Model) -> float:
+        """flexmarl.weights.direct: the trainer's rank 0 broadcasts the gathered weights over
+        NCCL to every instance's devices. NCCL pipelines a broadcast (ring or tree), so every
+        rank receives the bytes once and the time is bytes / bus bandwidth, which for broadcast
+        is the algorithm bandwidth (nccl-tests PERFORMANCE.md): one rail, the source's, whatever
+        the number of receivers."""
+        return m.sync_bytes / (self.links.rdma_per_device * self.links.link_efficiency)
+
+    def publish_s(self, m: Model, devices: int) -> float:
+        """flexmarl.weights.published.publish, once per version, by the trainer's rank 0: the
+        gather, the bytes to host memory over rank 0's own PCIe link (export_weights' CPU
+        copy, at the pinned-copy rate: optimistic, it is pageable), then its copy into the
+        version's file in /dev/shm (rewritten in place, mapped)."""
+        link = self.links
+        return (self.gather_s(m, devices)
+                + m.sync_bytes / (link.host_link_per_device * link.swap_host_efficiency)
+                + m.sync_bytes / link.host_write_per_process)
+
+    def fetch_s(self, m: Model, receivers: int) -> float:
+        """flexmarl.weights.published.read on another host than the trainer's: FetchWeights to
+        the trainer, which sends the file's bytes to each of the `receivers` remote instances
+        through its host's link (one rail), shared by all of them, so each waits for all.
+        Read on the trainer's own host the file is mapped (safetensors' load_file): free here,
+        its bytes paid by the load."""
+        return m.sync_bytes * receivers / (self.links.rdma_per_device * self.links.link_efficiency)
+
+    def host_load_s(self, m: Model) -> float:
+        """An instance's load of weights in host memory (engine.load_weights after a published
+        read; vLLM's weight loaders copy each host tensor into its device parameter, which is
+        the load): host -> device over the instance's own PCIe links (one per device), each
+        device its share of the node's host memory (every instance of a full node loading at
+        once), at the pinned-copy efficiency."""
+        link = self.links
+        rate = min(m.rollout_devices * link.host_link_per_device,
+                   link.host_memory_per_node * m.rollout_devices / self.device.devices_per_node)
+        return m.sync_bytes / (rate * link.swap_host_efficiency)
+
+    def sync_s(self, m: Model, devices: int, *, published: bool) -> float:
+        """One sync of an agent whose trainer has `devices` ranks, to an instance on another
+        host alone (the zero-staleness bound's tail): published (publish, fetch, load) or
+        direct (gather, broadcast); pricing "old": weight_load_s."""
+        if self.pricing == "old":
+            return self.weight_load_s(m)
+        if published:
+            return self.publish_s(m, devices) + self.fetch_s(m, 1) + self.host_load_s(m)
+        return self.gather_s(m, devices) + self.broadcast_s(m)
+
+    def with_pricing(self, pricing: str) -> "Costs":
+        """These costs under `pricing` (one of PRICINGS)."""
+        if pricing not in PRICINGS:
+            raise ValueError(f"unknown pricing {pricing!r}; pricings: {', '.join(PRICINGS)}")
+        return dataclasses.replace(self, pricing=pricing)
 
     # ------------------------------------------------------------------ models
 
@@ -299,9 +392,27 @@ class Costs:
                 + t.flops_per_token_per_param * m.adapter_params
         return t.flops_per_token_per_param * m.params
 
-    def train_s(self, m: Model, devices: int, rows: int, tokens: int) -> float:
-        return self.train_flops_per_token(m) * tokens / (
+    def train_s(self, m: Model, devices: int, rows: int, tokens: int, *,
+                reference: bool = False) -> float:
+        """A micro-batch's forward and backward; `reference` (trainer.kl_coef > 0, pricing
+        "new"): plus the frozen reference model's forward over it, 2 FLOPs per parameter per
+        token (flexmarl.training.trainer's _reference_logprobs; a LoRA agent's reference is
+        its base, the same FLOPs)."""
+        flops = self.train_flops_per_token(m) + (2.0 * m.params if reference else 0.0)
+        return flops * tokens / (
             self.active_train_devices(devices, rows) * self.device.peak_flops * self.train.mfu)
+
+    def reference(self, kl_coef: float) -> bool:
+        """Does FlexMARL's trainer run its reference forward? kl_coef > 0 (pricing "old":
+        never, as before issue 54)."""
+        return kl_coef > 0 and self.pricing != "old"
+
+    def experience_forwards(self, kl_coef: float) -> float:
+        """Forwards per agent in MARTI's experience pass: its actor's (baselines.
+        experience_forwards), and its reference model's where kl_coef > 0, the one setting
+        every system of a comparison runs with (pricing "old": the reference always)."""
+        ref = self.pricing == "old" or kl_coef > 0
+        return self.baselines.experience_forwards + (1.0 if ref else 0.0)
 
     def optimizer_s(self, m: Model, devices: int) -> float:
         """AdamW over what trains (a LoRA agent: its adapter only)."""

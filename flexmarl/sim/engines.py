@@ -8,11 +8,7 @@
                       TrainBeginBatch, TrainMicroBatch, TrainStep, ExportWeights,
                       ExportState) as flexmarl.training.worker does, waiting the modelled
                       compute and transfer times
-    DeviceGroup       the devices under them: active device-seconds (utilisation), and for
-                      colocated and time-shared layouts one resident mode at a time (rollout:
-                      engines awake; training: an agent's state loaded), each change paid in
-                      host transfers both ways (the outgoing mode's bytes out, the incoming
-                      mode's in)
+    DeviceGroup       the devices under them (flexmarl.sim.devices)
 
 A LoRA unit's instance (flexmarl.sim.presets.Preset.lora) serves one base and each member's
 adapter: its `config.adapters` names them (the real RolloutWorker then keeps a version and a
@@ -33,7 +29,7 @@ import asyncio
 import math
 import random
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -45,8 +41,8 @@ from flexmarl.protocol import (AwaitSaved, DropParked, ExportWeights, FetchShard
                                Sample, SamplingParams, ShardData, SwapDone, SwapIn, SwapOut,
                                TrainBeginBatch, TrainMicroBatch, TrainStats,
                                TrainStep, TrainStepDone, WeightUpdate)
-from flexmarl.placement.timeshare import ROLLOUT, TimeShare
 from flexmarl.sim.costs import Costs, Model
+from flexmarl.sim.devices import DeviceGroup
 from runtime.actor import Actor, handler
 from runtime.codec import Envelope
 
@@ -64,113 +60,6 @@ class SimTokenizer:
         """A user team's chat prompt (flexmarl.sim.team_plan): its text, plus ~8 tokens of
         framing per message, as real chat templates add."""
         return "".join(" " * 32 + str(m.get("content", "")) for m in messages)
-
-
-@dataclass
-class DeviceGroup:
-    """Devices shared by engines. `colocated`: rollout instances and trainer slots share them
-    and only one mode (("rollout", key) or ("train", agent)) is resident at a time; a mode
-    change waits for the current mode's users to finish and costs the outgoing mode's
-    `resident_bytes` to host memory plus the incoming one's onto the devices
-    (Costs.switch_s). Modes are served in the order they were first asked for; a switch
-    admits every pending request of its mode; while another mode waits, new requests of the
-    current one queue behind it (no starvation)."""
-
-    name: str
-    devices: int
-    costs: Costs
-    colocated: bool = False
-    resident_bytes: Any = None
-    """mode -> bytes the mode holds on the group's devices (colocated only)."""
-    share: TimeShare | None = None
-    """A time-shared group's arbiter: the product's own (flexmarl.placement.timeshare),
-    whose switch waits the cost model's transfer time; it then decides who goes when (rollout
-    first) instead of the first-asked order below (mas_rl's cluster, MARTI's driver)."""
-    active_device_s: float = 0.0
-    switches: int = 0
-    switch_s: float = 0.0
-    _mode: tuple | None = None
-    _users: int = 0
-    _waiting: deque = field(default_factory=deque)
-    _switching: bool = False
-
-    def busy(self, devices: float, seconds: float) -> None:
-        self.active_device_s += devices * seconds
-
-    def time_shared(self, agents: tuple[str, ...]) -> "DeviceGroup":
-        """Arbitrate this group with the product's TimeShare over `agents`' modes."""
-        self.colocated = True
-        self.share = TimeShare(self.name, agents, switch=self._switch, mode=None)
-        return self
-
-    async def _switch(self, old: object, new: object) -> None:
-        seconds = self.costs.switch_s(self.resident_bytes(_full(old)) if old else 0.0,
-                                      self.resident_bytes(_full(new)), self.devices)
-        self.switches += 1
-        self.switch_s += seconds
-        await asyncio.sleep(seconds)
-
-    async def acquire(self, mode: tuple) -> None:
-        if self.share is not None:
-            await self.share.acquire(ROLLOUT if mode[0] == "rollout" else mode)
-            return
-        if not self.colocated:
-            return
-        if self._mode == mode and not self._waiting and not self._switching:
-            self._users += 1
-            return
-        fut = asyncio.get_running_loop().create_future()
-        self._waiting.append((mode, fut))
-        self._next()
-        await fut
-
-    def release(self, mode: tuple) -> None:
-        if self.share is not None:
-            self.share.release(ROLLOUT if mode[0] == "rollout" else mode)
-            return
-        if not self.colocated:
-            return
-        self._users -= 1
-        self._next()
-
-    def _next(self) -> None:
-        if self._users or self._switching or not self._waiting:
-            return
-        mode = self._waiting[0][0]
-        if mode == self._mode:
-            self._grant(mode)
-            return
-        self._switching = True
-        seconds = self.costs.switch_s(self.resident_bytes(self._mode) if self._mode else 0.0,
-                                      self.resident_bytes(mode), self.devices)
-        self.switches += 1
-        self.switch_s += seconds
-
-        def switched() -> None:
-            self._switching = False
-            self._mode = mode
-            self._grant(mode)
-
-        asyncio.get_running_loop().call_later(seconds, switched)
-
-    def _grant(self, mode: tuple) -> None:
-        # Every waiter of this mode joins, wherever it is in the queue: one switch serves all
-        # the calls of the agent that are pending (the batching a colocated system would do).
-        keep = deque()
-        for waiter, fut in self._waiting:
-            if waiter == mode:
-                self._users += 1
-                fut.set_result(None)
-            else:
-                keep.append((waiter, fut))
-        self._waiting = keep
-        if not self._users:
-            self._next()
-
-
-def _full(mode: object) -> tuple:
-    """A TimeShare mode as a DeviceGroup one: ROLLOUT is ("rollout", "")."""
-    return ("rollout", "") if mode == ROLLOUT else mode  # type: ignore[return-value]
 
 
 class _Seq:
@@ -238,8 +127,23 @@ class SimRolloutEngine:
         """Added to each such broadcast (MARTI wakes its engines for it, then re-sleeps them)."""
         self.rollout_key = ""
         """This engine's rollout mode is ("rollout", key) ("": its agent's)."""
-        self.local_sync = False
-        """Weights come over NVLink from a trainer on these devices, the engines awake."""
+        self.time_shared = False
+        """A time-shared group's engine: a load needs the engines awake (the group's rollout
+        mode); pricing "old": over NVLink from the trainer on these devices."""
+        self.sync_path = "direct"
+        """How a sync reaches this instance (flexmarl.sim.layouts sets it): "direct" (the
+        trainer's NCCL broadcast, flexmarl.weights.direct) or "published" (the file its trainer
+        published, flexmarl.weights.published.read)."""
+        self.remote_receivers = 0
+        """"published": this agent's instances on other hosts than the trainer's rank 0, which
+        share its host's link (0: this instance is on that host and maps the file)."""
+        self.trainer_devices = model.train_devices
+        """Ranks of the agent's trainer (its gather, for a version published on demand)."""
+        self.serving = ""
+        """The agent whose versions this instance loads ("": its unit's, agent_of()); a
+        published read of another agent's version is a move (flexmarl.weights.sync.load_into)."""
+        self._from_host = False
+        """The pending load's bytes are in host memory (a move's copy, a model directory)."""
         self.sequence_tokens = 0
         """Prompt + response tokens of every sample generated (MARTI's experience pass)."""
 
@@ -256,6 +160,33 @@ class SimRolloutEngine:
     def _rollout_mode(self) -> tuple:
         return ("rollout", self.rollout_key or (self.agent_of() if self.agent_of else ""))
 
+    async def read_published(self, source: dict) -> dict[str, torch.Tensor]:
+        """A published version (flexmarl.rollout.worker's read, before its gate closes): one
+        meta tensor (no memory) of its bytes, after the read's time (pricing "new"; "old" paid
+        everything in the load). A sync of a "published" agent: nothing on the trainer's host
+        (the file is mapped), else its share of the trainer host's link (Costs.fetch_s). A
+        version of another agent than the one this instance serves is a move (WeightSync.
+        load_into): fetched alone from the trainer's host, which first publishes it if its
+        agent syncs directly (flexmarl.weights.direct's fetch: TrainerPool.export)."""
+        num_bytes = int(source.get("num_bytes", self.model.sync_bytes))
+        agent = source.get("agent")
+        serving = self.serving or (self.agent_of() if self.agent_of else "")
+        move = agent is not None and agent != serving and agent not in self.adapters
+        if move:
+            self.serving = agent
+        # A move's copy, or a model directory's weights (no agent's version: never synced),
+        # is in this host's memory when the gate closes: the load is host -> device.
+        self._from_host = move or agent is None
+        if self.costs.pricing != "old" and agent is not None:
+            model = self.adapters.get(agent, self.model)
+            if move:
+                publish = (self.costs.publish_s(model, self.trainer_devices)
+                           if self.sync_path == "direct" else 0.0)
+                await asyncio.sleep(publish + self.costs.fetch_s(model, 1))
+            elif self.sync_path == "published" and self.remote_receivers:
+                await asyncio.sleep(self.costs.fetch_s(model, self.remote_receivers))
+        return {"weights": torch.empty(num_bytes, dtype=torch.uint8, device="meta")}
+
     async def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
         await self._load(self.model)
 
@@ -269,25 +200,39 @@ class SimRolloutEngine:
         await self._load(self.adapters[name])
 
     async def _load(self, model: Model) -> None:
-        """`model`'s sync bytes (its weights, or its adapter) onto this instance."""
-        if self.local_sync:  # the engines must be awake to take them
-            mode = self._rollout_mode()
-            await self.group.acquire(mode)
+        """`model`'s sync bytes (its weights, or its adapter) onto this instance, its gate
+        closed: MARTI's broadcast (its driver's, agent after agent), else this instance's part
+        of its path (sync_path, Costs): a published version's (or a move's) host -> device
+        load, or the direct broadcast's receive; a time-shared engine's with the engines
+        awake."""
+        new = self.costs.pricing != "old"
+        from_host, self._from_host = self._from_host, False
+        if self.broadcasts is not None:  # MARTI's: a ZeRO-3 gather, then CUDA IPC
+            mode = ("sync", self.agent_of() if self.agent_of else "")
+            gather = self.costs.gather_s(model, self.trainer_devices) if new else 0.0
+            await self.broadcasts.acquire(mode)
             try:
-                await asyncio.sleep(self.costs.local_weight_load_s(model))
+                await asyncio.sleep(gather + self.costs.local_weight_load_s(model)
+                                    + self.broadcast_extra_s)
             finally:
-                self.group.release(mode)
+                self.broadcasts.release(mode)
             return
-        if self.broadcasts is None:
-            await asyncio.sleep(self.costs.weight_load_s(model))
+        if not new:
+            seconds = (self.costs.local_weight_load_s(model) if self.time_shared
+                       else self.costs.weight_load_s(model))
+        elif from_host or self.sync_path == "published":
+            seconds = self.costs.host_load_s(model)
+        else:
+            seconds = self.costs.broadcast_s(model)
+        if not self.time_shared:
+            await asyncio.sleep(seconds)
             return
-        mode = ("sync", self.agent_of() if self.agent_of else "")
-        await self.broadcasts.acquire(mode)
+        mode = self._rollout_mode()  # the engines must be awake to take them
+        await self.group.acquire(mode)
         try:
-            await asyncio.sleep(self.costs.local_weight_load_s(model)
-                                + self.broadcast_extra_s)
+            await asyncio.sleep(seconds)
         finally:
-            self.broadcasts.release(mode)
+            self.group.release(mode)
 
     def lengths(self, prompt_ids: list[int], params: SamplingParams,
                 adapter: str | None = None) -> list[int]:
@@ -391,11 +336,19 @@ class SimTrainer(Actor):
     """A simulated trainer slot of `devices` devices (the protocol of flexmarl.training.worker)."""
 
     def __init__(self, name: str, costs: Costs, models: dict[str, Model], group: DeviceGroup,
-                 devices: int, address: str) -> None:
+                 devices: int, address: str, *, sync: dict[str, str] | None = None,
+                 reference: bool = False) -> None:
         super().__init__(name, address)
         self.costs = costs
         self.models = models
         """agent -> its model."""
+        self.sync = dict(sync or {})
+        """Agent -> how its versions leave this slot (flexmarl.sim.layouts.Layout.sync):
+        "published", "marti" (its engines pay the broadcast), else "direct"."""
+        self.reference = reference
+        """Every micro-batch runs the reference model's forward too (kl_coef > 0)."""
+        self.sync_s = 0.0
+        """Seconds this slot spent gathering or publishing weights (held, not training)."""
         self.group = group
         self.devices = devices
         self.agent = ""
@@ -516,7 +469,8 @@ class SimTrainer(Actor):
         tokens = int(msg.attention_mask.sum().item())
         self.micro_batches.append((now(), self.agent, rows, tokens))
         self.rows += rows
-        await self._compute(self.costs.train_s(model, self.devices, rows, tokens),
+        await self._compute(self.costs.train_s(model, self.devices, rows, tokens,
+                                               reference=self.reference),
                             self.costs.active_train_devices(self.devices, rows))
         return TrainStats(loss=0.0, num_tokens=int(msg.response_mask.sum().item()))
 
@@ -529,12 +483,28 @@ class SimTrainer(Actor):
 
     @handler(ExportWeights)
     async def on_export(self, msg: ExportWeights, env: Envelope) -> WeightUpdate:
-        """The transfer itself is paid by each instance's load; the update holds one
-        meta tensor (no memory) of the bytes a sync sends (a LoRA agent's: its adapter's), so
-        the run's records count them (sync_bytes)."""
-        num_bytes = int(self._model().sync_bytes)
-        return WeightUpdate(self.version, {"weights": torch.empty(num_bytes, dtype=torch.uint8,
-                                                                  device="meta")})
+        """Published, as the product's trainer does (flexmarl.weights.published): the reply
+        names the agent, the version and its bytes (a LoRA agent's: its adapter's), so the
+        run's records count them (sync_bytes). The slot's part, its devices held (pricing
+        "new"): for a published agent the publish (Costs.publish_s: gather, copy to host, the
+        file's write), else the gather before the direct broadcast (Costs.gather_s; MARTI's
+        is in its broadcast); each instance's part is paid by its read and load
+        (SimRolloutEngine)."""
+        model = self._model()
+        how = self.sync.get(self.agent, "direct")
+        if self.costs.pricing != "old" and how != "marti":
+            seconds = (self.costs.publish_s(model, self.devices) if how == "published"
+                       else self.costs.gather_s(model, self.devices))
+            mode = ("train", self.agent)
+            await self.group.acquire(mode)
+            try:
+                await asyncio.sleep(seconds)
+            finally:
+                self.group.release(mode)
+            self.sync_s += seconds
+        return WeightUpdate(self.version, {}, source={
+            "path": f"sim://{self.agent}/{self.version}", "agent": self.agent,
+            "num_bytes": int(model.sync_bytes)})
 
     @handler(SaveState, concurrent=True)
     async def on_save_state(self, msg: SaveState, env: Envelope) -> StateSaved:

@@ -19,8 +19,16 @@ adapter (Costs.unit_model). LoRA agents are never time-shared: the product refus
 MARTI's row differs from FlexMARL's time-shared one in what its code does (costs.toml
 [baselines]): its experience pass (ExperiencePass) before any training, its offload moving 14
 of 16 bytes per parameter, and its weight broadcast one agent after another, each waking its
-engines for it and putting them back to sleep. FlexMARL wakes its engines once, into the
-trainer's new weights (NVLink, the trainer on the same devices).
+engines for it and putting them back to sleep (CUDA IPC after a ZeRO-3 gather).
+
+How each engine's weights arrive (SimRolloutEngine.sync_path; Costs, pricing "new"): a
+time-shared FlexMARL agent's and a LoRA agent's through the file their trainer publishes
+(flexmarl.weights.published: the trainer's rank 0 on the group's first node, so the group's
+instances on its other nodes, and every instance of a disaggregated LoRA unit, fetch it from
+there); every other agent's by the direct broadcast (flexmarl.weights.direct), as the product
+syncs disaggregated vLLM agents on GPU, or where it does not (Preset.direct_sync: the CPU
+default, the torch engine) published too. Pricing "old" (before issue 54): time-shared engines
+over NVLink from their trainer, every other one over its own rails.
 """
 from __future__ import annotations
 
@@ -29,7 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from flexmarl.sim.costs import Costs, Model
-from flexmarl.sim.engines import DeviceGroup, SimRolloutEngine
+from flexmarl.sim.devices import DeviceGroup
+from flexmarl.sim.engines import SimRolloutEngine
 from flexmarl.sim.presets import Preset
 
 
@@ -46,6 +55,10 @@ class Layout:
     ranks: dict[str, int] = field(default_factory=dict)
     """Agent -> its trainer's ranks where they are not its model's train_devices."""
     experience: "ExperiencePass | None" = None
+    sync: dict[str, str] = field(default_factory=dict)
+    """Agent -> how its trainer sends a version: "published" (flexmarl.weights.published),
+    "marti" (MARTI's broadcast, priced by its engines), else "direct"
+    (flexmarl.weights.direct)."""
 
 
 class ExperiencePass:
@@ -56,11 +69,14 @@ class ExperiencePass:
     `wait`s for it (SimTrainer.gate)."""
 
     def __init__(self, costs: Costs, members: list[tuple[str, Model, DeviceGroup, int]],
-                 engines: dict[str, list[SimRolloutEngine]], own: bool) -> None:
+                 engines: dict[str, list[SimRolloutEngine]], own: bool,
+                 kl_coef: float = 0.0) -> None:
         self.costs = costs
         self.members = members
         self.engines = engines
         self.own = own
+        self.forwards = costs.experience_forwards(kl_coef)
+        """The actor's forward, and the reference model's where kl_coef > 0."""
         self.seconds = 0.0
         self._seen = {a: 0 for a in engines}
         self._done: asyncio.Future | None = None
@@ -78,7 +94,7 @@ class ExperiencePass:
     async def _run(self, tokens: dict[str, int], done: asyncio.Future) -> None:
         every = sum(tokens.values())
         for agent, model, group, devices in self.members:
-            seconds = self.costs.baselines.experience_forwards * self.costs.forward_s(
+            seconds = self.forwards * self.costs.forward_s(
                 model, devices, tokens.get(agent, 0) if self.own else every)
             await asyncio.sleep(seconds)
             group.busy(devices, seconds)
@@ -145,7 +161,7 @@ def build(preset: Preset, system: Any, costs: Costs) -> Layout:
                          "refuses it: flexmarl.placement.lora_units)")
     if system.trainers == "per_agent":  # MARTI
         groups = [(a,) for a in models]
-        devices = _marti_split(preset, costs, system.split)
+        devices = marti_split(preset, costs, system.split)
         return _time_shared(preset, system, costs, groups, devices, add, instances, marti=True)
     if system.flexmarl and preset.timeshare:
         devices = list(preset.timeshare_devices or
@@ -155,13 +171,20 @@ def build(preset: Preset, system: Any, costs: Costs) -> Layout:
     return _disaggregated(preset, system, costs, models, agents, total, add, instances)
 
 
-def _marti_split(preset: Preset, costs: Costs, split: str) -> list[int]:
-    """MARTI's devices per agent: equal (its examples' one global setting), or ("params")
+def marti_split(preset: Preset, costs: Costs, split: str) -> list[int]:
+    """MARTI's devices per agent: equal (its examples' one global setting), ("demand") by the
+    demand the planner measured on its seeds (preset.demand, split as FlexMARL's planner
+    splits time-shared devices: split_by_demand), or ("params", and "demand" without a plan)
     in proportion to each agent's parameters, whole instances each."""
     total = preset.nodes * costs.device.devices_per_node
     models = list(agent_models(preset, costs).values())
     if split == "equal":
         return [total // len(models)] * len(models)
+    if split == "demand" and preset.demand:
+        devices = split_by_demand(preset, costs, tuple((a,) for a in preset.models),
+                                  preset.demand)
+        if devices is not None:
+            return list(devices)
     params = sum(m.params for m in models)
     return [int(total * m.params / params) // m.rollout_devices * m.rollout_devices
             for m in models]
@@ -198,27 +221,35 @@ def _time_shared(preset: Preset, system: Any, costs: Costs, groups: list[tuple[s
             costs.train.state_bytes_per_param
         group.resident_bytes = lambda mode, awake=awake: (
             awake if mode[0] == "rollout" else per_param * models[mode[1]].params)
+        # The trainer's rank 0 (where a version is published) is on the group's first node:
+        # the group's instances there read the file, the others fetch it from there.
+        near = min(1.0, costs.device.devices_per_node / n)
         for agent in members:
             model = models[agent]
             # MARTI wakes an agent's engines to broadcast to them, then puts them back to sleep.
             extra = 2 * costs.host_transfer_s(counts[agent] * model.weight_bytes, n)
-            for _ in range(counts[agent]):
+            local = int(counts[agent] * near)
+            for k in range(counts[agent]):
                 engine = add(agent, group, model)
                 engine.rollout_key = key
+                engine.trainer_devices = n
                 if marti:
                     engine.broadcasts, engine.broadcast_extra_s = driver, extra
                 else:
-                    engine.local_sync = True
+                    engine.time_shared, engine.sync_path = True, "published"
+                    engine.remote_receivers = 0 if k < local else counts[agent] - local
             group_of[agent] = (group, n)
         out.append(group)
     slots = {f"trainer-{k}": (group_of[a][1], group_of[a][0])
              for k, a in enumerate(preset.trainable)}
     ranks = {a: min(models[a].train_devices, group_of[a][1]) for a in preset.trainable}
-    layout = Layout(out, instances, slots, static=True, ranks=ranks)
+    layout = Layout(out, instances, slots, static=True, ranks=ranks,
+                    sync=dict.fromkeys(preset.trainable, "marti" if marti else "published"))
     if marti and system.experience:
         layout.experience = ExperiencePass(
             costs, [(a, models[a], *group_of[a]) for a in preset.trainable],
-            {a: [e for _, e in instances[a]] for a in models}, own=system.experience == "own")
+            {a: [e for _, e in instances[a]] for a in models}, own=system.experience == "own",
+            kl_coef=preset.kl_coef)
     return layout
 
 
@@ -247,7 +278,43 @@ def _disaggregated(preset: Preset, system: Any, costs: Costs, models: dict[str, 
             raise ValueError(f"preset {preset.name}, system {system.name}: {rollout_devices} "
                              f"rollout devices leave agent {agent} no instance "
                              f"({model.rollout_devices} devices each); add nodes")
+        published = preset.units[agent][0] in preset.lora or not preset.direct_sync
         for _ in range(count):
-            add(agent, group, model)
+            engine = add(agent, group, model)
+            if published:  # a LoRA unit's adapters, or the CPU default: every instance
+                # apart from the trainer slots, so on other hosts where there are several
+                engine.sync_path = "published"
+                engine.remote_receivers = count if preset.nodes > 1 else 0
+    published = [a for a in agents if a in preset.lora or not preset.direct_sync]
     return Layout([group] + [g for _, g in slots.values()], instances, slots,
-                  static=system.trainers == "static")
+                  static=system.trainers == "static", sync=dict.fromkeys(published, "published"))
+
+
+def split_by_demand(preset: Preset, costs: Costs, groups: tuple[tuple[str, ...], ...],
+                    demand: dict[str, float]) -> tuple[int, ...] | None:
+    """Devices per group in proportion to its agents' demand, each at least what holds its
+    largest training state and an instance of each agent, in whole instances of its largest
+    model (largest remainders); None when the minimums do not fit. (FlexMARL's planner for
+    its grouped candidates before issue 54; marti-lean's split.)"""
+    total = preset.nodes * costs.device.devices_per_node
+    models = agent_models(preset, costs)
+    unit = [max(models[a].rollout_devices for a in grp) for grp in groups]
+    least = []
+    for grp, u in zip(groups, unit):
+        n = max(sum(models[a].rollout_devices for a in grp), u)
+        while not all(fits_state(costs, models[a], n) for a in grp
+                      if a in preset.trainable):
+            n += u
+        least.append(n)
+    free = total - sum(least)
+    if free < 0:
+        return None
+    weight = [sum(demand[a] for a in grp) for grp in groups]
+    extra = [w / sum(weight) * free / u for w, u in zip(weight, unit)]
+    out = [n + int(x) * u for n, x, u in zip(least, extra, unit)]
+    left = total - sum(out)
+    for k in sorted(range(len(groups)), key=lambda k: (-(extra[k] - int(extra[k])), k)):
+        if unit[k] <= left:
+            out[k] += unit[k]
+            left -= unit[k]
+    return tuple(out)

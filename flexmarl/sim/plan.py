@@ -15,17 +15,31 @@
     instances      the best once more with rollout instances split by demand (each agent's
                    decoding device-seconds in the best's simulation, at least one each)
     time-shared    each agent its own group of devices alternating between its engines and
-                   its trainer: the devices split equally (MARTI's layout: FlexMARL's own loop
-                   there is always a candidate) and by demand (each agent's parameters x
-                   tokens in the best simulation so far); each with the zero-staleness modes
-                   (the system's, and sync); then g groups of a few agents each (g = agents/2,
-                   agents/3; agents dealt to groups by demand, largest first, each group's
-                   devices by its demand) with the better mode. Balancing within each agent
-                   only ("least_loaded", and "round_robin"): an instance cannot move to another
-                   group's agent
+                   its trainer, the devices split equally (MARTI's layout: FlexMARL's own loop
+                   there is always a candidate), with the zero-staleness modes (the system's,
+                   and sync); then g groups of a few agents each (g = agents/2, agents/3;
+                   agents dealt to groups by demand, largest first), the devices split
+                   equally, with the better mode. Balancing within each agent only
+                   ("least_loaded", and "round_robin"): an instance cannot move to another
+                   group's agent. Groups of different sizes are not tried (not expressible,
+                   below)
     last round     the best so far with pipeline sync and with balancing round_robin (what the
                    ablations remove), repeated while one of them is faster: FlexMARL's row is
                    then never slower than its ablations
+
+Seeds (issue 54): the `simulate` given (flexmarl.sim.cluster.plan_slots) runs every candidate
+on the planner's own seeds (PLAN_SEEDS, or bench/simulate.py --plan-seeds), its step the mean
+over them, and the demand splits come from their tokens; a comparison reports other seeds
+(flexmarl.sim.cluster.compare refuses an overlap): the plan never sees the workload it is
+judged on.
+
+What the product runs here (Deployment, `refusal`): every candidate is simulated, but only one
+the product can run is chosen; the fastest refused one is reported with the reason (`would_have`).
+Refused: a placement the product's config cannot express (`expressible`: time-shared groups of
+different sizes), a time-shared GPU placement under the Ray launcher (it refuses them at start:
+flexmarl.launch.workers.check_ray_gpus), and a time-shared GPU placement at all unless the
+deployment allows unverified paths (devices.allow_unverified): vLLM's sleep / wake_up on GPU
+has never run in this product.
 
 LoRA agents (Preset.lora): their model keys ("14b+lora16") size their slots by their own state
 (the frozen base + the adapter's training state: a 14B one fits one device, where a full copy
@@ -36,9 +50,9 @@ LoRA agents than devices can have a placement where its full copies have none.
 `slot_capacity` says how many agents' states a slot holds at once (the base counted once).
 Time-shared candidates are not tried for them (the product refuses time-shared LoRA agents).
 
-The fastest step wins; among equals: disaggregated before time-shared, fewer slots, the
-hierarchical balancer, the system's own pipeline, the larger slots. A candidate that does not
-fit the cluster is skipped. `trainer_pool.slots = "auto"` in the simulator
+The fastest step the product runs here wins; among equals: disaggregated before time-shared,
+fewer slots, the hierarchical balancer, the system's own pipeline, the larger slots. A candidate
+that does not fit the cluster is skipped. `trainer_pool.slots = "auto"` in the simulator
 (Preset.shared_slots = "auto") is this search; `bench/simulate.py --plan` prints its table,
 `flexmarl plan` plans a user's own team (flexmarl.sim.team_plan).
 """
@@ -49,10 +63,36 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from flexmarl.sim.costs import Costs
-from flexmarl.sim.layouts import agent_models, fits_state, unit_models
+from flexmarl.sim.layouts import agent_models, unit_models
 from flexmarl.sim.presets import Preset
 
 ORDER = {"hierarchical": 0, "least_loaded": 1, "round_robin": 2}
+PLAN_SEEDS = (100,)
+"""The planner's seeds where none are given: apart from the seeds the tables report (0, 1)."""
+
+UNVERIFIED = ("unverified: a time-shared placement on GPU (vLLM's sleep / wake_up, its trainer "
+              "parked beside it) has never run in this product; devices.allow_unverified = true "
+              "(bench/simulate.py --allow-unverified) lets the planner pick it")
+RAY_REFUSES = ('cluster.launcher = "ray" refuses a time-shared GPU placement at start (Ray gives '
+               "each GPU worker GPUs of its own: flexmarl.launch.workers.check_ray_gpus)")
+UNEQUAL_GROUPS = ("not expressible: time-shared groups of different sizes (the product's config "
+                  "gives every group trainer_pool.ranks_per_agent devices; placement_toml could "
+                  "write the sizes as a comment only)")
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What the product in use can run; the planner simulates every candidate, chooses only
+    among those, and says what it would have chosen otherwise."""
+
+    gpu: bool = True
+    """Engines and trainers on GPUs (the presets' cluster; a run with trainer.device "cuda")."""
+    launcher: str = "nodes"
+    """cluster.launcher in effect ("local", "nodes", "ray")."""
+    allow_unverified: bool = False
+    """devices.allow_unverified: paths that never ran on this hardware may be chosen."""
+    timeshare: bool = True
+    """Time-shared placements are tried at all (False: the product in use has none)."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +116,8 @@ class Placement:
     """Time-shared groups of agents (every agent in one); (): disaggregated."""
     timeshare_devices: tuple[int, ...] | None = None
     """Devices of each time-shared group (None: an equal split)."""
+    refused: str = dataclasses.field(default="", compare=False)
+    """Why the product would not run it in this deployment (`refusal`); "": it would."""
 
     @property
     def kind(self) -> str:
@@ -127,12 +169,14 @@ def slot_sizes(preset: Preset, costs: Costs) -> list[dict[str, int] | None]:
 
 def plan(preset: Preset, costs: Costs, simulate: Callable[[Preset, str, str], Any],
          progress: Callable[[Placement], Any] | None = None, *,
-         pipeline: str = "micro_batch", timeshare: bool = True) -> list[Placement]:
-    """Every evaluated placement, best first; `simulate(preset, strategy, pipeline)` runs the
-    system on a preset laid out as the candidate (shared_slots, train_devices, instances,
-    timeshare), with that balance.strategy and pipeline.mode. `pipeline`: the system's own
-    mode; sync is tried beside it where it keeps the same staleness (micro_batch).
-    `timeshare`: try time-shared placements (False: the product in use cannot run them)."""
+         pipeline: str = "micro_batch", deployment: Deployment = Deployment()
+         ) -> list[Placement]:
+    """Every evaluated placement, those the product runs in `deployment` first, each part best
+    first (placements[0] is the choice; a ValueError where none is run); `simulate(preset,
+    strategy, pipeline)` runs the system on a preset laid out as the candidate (shared_slots,
+    train_devices, instances, timeshare), with that balance.strategy and pipeline.mode, on the
+    planner's seeds. `pipeline`: the system's own mode; sync is tried beside it where it keeps
+    the same staleness (micro_batch)."""
     total = preset.nodes * costs.device.devices_per_node
     modes = [pipeline] + (["sync"] if pipeline == "micro_batch" else [])
     done: dict[tuple[int, int], Placement] = {}
@@ -148,7 +192,8 @@ def plan(preset: Preset, costs: Costs, simulate: Callable[[Preset, str, str], An
                               candidate.pipeline)
         except ValueError:  # does not fit the cluster
             return None
-        placement = dataclasses.replace(candidate, step_s=result.step_s, result=result)
+        placement = dataclasses.replace(candidate, step_s=result.step_s, result=result,
+                                        refused=refusal(candidate, deployment))
         tried[key] = placement
         if progress is not None:
             progress(placement)
@@ -194,7 +239,7 @@ def plan(preset: Preset, costs: Costs, simulate: Callable[[Preset, str, str], An
         if split is not None:  # instances where the work is, with each balancing strategy
             for strategy in ORDER:
                 shared(scales.index(best.train_devices), best.slots, strategy, split)
-    if timeshare:
+    if deployment.timeshare:
         _time_shared(preset, costs, run, modes, list(tried.values()))
     if not tried:
         raise ValueError(f"preset {preset.name} on {preset.nodes} nodes: no placement (number "
@@ -206,7 +251,47 @@ def plan(preset: Preset, costs: Costs, simulate: Callable[[Preset, str, str], An
                         dataclasses.replace(best, balance="round_robin")):
             run(variant)
         if min(tried.values(), key=rank) is best:
-            return sorted(tried.values(), key=rank)
+            break
+    placements = sorted(tried.values(), key=rank)
+    if placements[0].refused:
+        raise ValueError(f"preset {preset.name} on {preset.nodes} nodes: no placement that fits "
+                         "is one the product runs here; the fastest, "
+                         f"{label(costs, placements[0])} ({placement_key(placements[0])}, "
+                         f"{placements[0].step_s:.1f} s), is refused: {placements[0].refused}; "
+                         "or add nodes")
+    return placements
+
+
+def expressible(p: Placement) -> bool:
+    """Can the product's config say `p`? Not time-shared groups of different sizes: the
+    product sizes a group by its slot's ranks (flexmarl.placement.layout.slot_layout: one
+    trainer_pool.ranks_per_agent for all, AgentSpec.train_ranks aside), and the simulated
+    group trains on as many devices as it has, so `placement_toml` could only write the sizes
+    as a comment. Disaggregated slots (trainer_pool.slots, slot_ranks) and per-agent instances
+    (rollout.instances_per_agent, AgentSpec.instances) it can."""
+    return not (p.timeshare and p.timeshare_devices
+                and len(set(p.timeshare_devices)) > 1)
+
+
+def refusal(p: Placement, deployment: Deployment) -> str:
+    """Why the product would not run `p` in `deployment` ("": it would)."""
+    if not expressible(p):
+        return UNEQUAL_GROUPS
+    if p.timeshare and deployment.gpu:
+        if deployment.launcher == "ray":
+            return RAY_REFUSES
+        if not deployment.allow_unverified:
+            return UNVERIFIED
+    return ""
+
+
+def would_have(placements: list[Placement]) -> Placement | None:
+    """The fastest refused placement, where it is faster than the chosen one (placements[0])."""
+    refused = [p for p in placements if p.refused]
+    if not placements or not refused:
+        return None
+    best = min(refused, key=rank)
+    return best if best.step_s < placements[0].step_s else None
 
 
 def _time_shared(preset: Preset, costs: Costs, run: Callable[[Placement], Placement | None],
@@ -218,25 +303,24 @@ def _time_shared(preset: Preset, costs: Costs, run: Callable[[Placement], Placem
     if len(preset.trainable) < len(agents) or preset.lora:
         return
     total = preset.nodes * costs.device.devices_per_node
-    per_agent = tuple((a,) for a in agents)
     demand = _demand(preset, costs, min(evaluated, key=rank) if evaluated else None)
-    equal = Placement((), 0.0, total, "least_loaded", timeshare=per_agent)
-    splits = [equal]
-    by = _group_devices(preset, costs, per_agent, demand)
-    if by is not None and by != (total // len(agents),) * len(agents):
-        splits.append(dataclasses.replace(equal, timeshare_devices=by))
-    found = [p for c in splits for mode in modes
-             if (p := run(dataclasses.replace(c, pipeline=mode))) is not None]
+    equal = Placement((), 0.0, total, "least_loaded", timeshare=tuple((a,) for a in agents))
+    found = [p for mode in modes
+             if (p := run(dataclasses.replace(equal, pipeline=mode))) is not None]
     if not found:
         return
     best = min(found, key=rank)
     run(dataclasses.replace(best, balance="round_robin"))
     for g in sorted({len(agents) // 2, len(agents) // 3} - {0, len(agents)}, reverse=True):
-        groups = _deal(agents, demand, g)
-        devices = _group_devices(preset, costs, groups, demand)
-        if devices is not None:
-            run(Placement((), 0.0, total, best.balance, pipeline=best.pipeline,
-                          timeshare=groups, timeshare_devices=devices))
+        run(Placement((), 0.0, total, best.balance, pipeline=best.pipeline,
+                      timeshare=_deal(agents, demand, g)))
+
+
+def agent_demand(preset: Preset, costs: Costs, placement: Placement | None
+                 ) -> dict[str, float]:
+    """Each agent's demand in `placement`'s simulation (on the planner's seeds): what
+    marti-lean's devices are split by (Preset.demand), the same information the planner has."""
+    return _demand(preset, costs, placement)
 
 
 def _demand(preset: Preset, costs: Costs, placement: Placement | None) -> dict[str, float]:
@@ -261,38 +345,10 @@ def _deal(agents: list[str], demand: dict[str, float], g: int) -> tuple[tuple[st
     return tuple(tuple(sorted(grp, key=agents.index)) for grp in groups if grp)
 
 
-def _group_devices(preset: Preset, costs: Costs, groups: tuple[tuple[str, ...], ...],
-                   demand: dict[str, float]) -> tuple[int, ...] | None:
-    """Devices per group in proportion to its agents' demand, each at least what holds its
-    largest training state and an instance of each agent, in whole instances of its largest
-    model (largest remainders); None when the minimums do not fit."""
-    total = preset.nodes * costs.device.devices_per_node
-    models = agent_models(preset, costs)
-    unit = [max(models[a].rollout_devices for a in grp) for grp in groups]
-    least = []
-    for grp, u in zip(groups, unit):
-        n = max(sum(models[a].rollout_devices for a in grp), u)
-        while not all(fits_state(costs, models[a], n) for a in grp
-                      if a in preset.trainable):
-            n += u
-        least.append(n)
-    free = total - sum(least)
-    if free < 0:
-        return None
-    weight = [sum(demand[a] for a in grp) for grp in groups]
-    extra = [w / sum(weight) * free / u for w, u in zip(weight, unit)]
-    out = [n + int(x) * u for n, x, u in zip(least, extra, unit)]
-    left = total - sum(out)
-    for k in sorted(range(len(groups)), key=lambda k: (-(extra[k] - int(extra[k])), k)):
-        if unit[k] <= left:
-            out[k] += unit[k]
-            left -= unit[k]
-    return tuple(out)
-
-
 def rank(p: Placement) -> tuple:
-    return (p.step_s, bool(p.timeshare), len(p.slots), ORDER[p.balance], p.pipeline == "sync",
-            -sum(slot_devices_of(p)), p.instances is not None)
+    """Run here before refused, then fastest, then the tie-breaks of the module docstring."""
+    return (bool(p.refused), p.step_s, bool(p.timeshare), len(p.slots), ORDER[p.balance],
+            p.pipeline == "sync", -sum(slot_devices_of(p)), p.instances is not None)
 
 
 def slot_devices_of(p: Placement) -> list[int]:
@@ -312,13 +368,6 @@ def preset_of(preset: Preset, p: Placement) -> Preset:
                                timeshare_devices=p.timeshare_devices)
 
 
-def find(placements: list[Placement], p: Placement, pipeline: str,
-         balance: str) -> Placement | None:
-    """The evaluated placement laid out as `p` with that pipeline and balancing, if any."""
-    key = _key(dataclasses.replace(p, pipeline=pipeline, balance=balance))
-    return next((q for q in placements if _key(q) == key), None)
-
-
 def subset(placements: list[Placement], without: str, preset: Preset) -> Placement | None:
     """The best evaluated placement without a shared slot ("pool": one slot per trainable
     agent, disaggregated or time-shared) or without time-sharing ("timeshare")."""
@@ -326,7 +375,7 @@ def subset(placements: list[Placement], without: str, preset: Preset) -> Placeme
         if without == "pool":
             return bool(p.timeshare) or len(p.slots) >= len(preset.trainable)
         return not p.timeshare
-    kept = [p for p in placements if keep(p)]
+    kept = [p for p in placements if keep(p) and not p.refused]
     return min(kept, key=rank) if kept else None
 
 
@@ -367,14 +416,22 @@ def slot_devices(costs: Costs, placement: Placement) -> list[int]:
 def table(preset: Preset, costs: Costs, placements: list[Placement]) -> str:
     """The placements tried, best first, as a text table."""
     lines = [f"placements of {preset.name} on {preset.nodes} nodes of "
-             f"{costs.device.devices_per_node} devices (flexmarl, costs {costs.name}), best "
-             "first",
+             f"{costs.device.devices_per_node} devices (flexmarl, costs {costs.name}, pricing "
+             f"{costs.pricing}), those the product runs here first, each best first",
              f"{'placement':28s} {'rollout devices':>15s} {'instances':>10s} {'balance':>13s} "
-             f"{'pipeline':>12s} {'step s':>8s}"]
+             f"{'pipeline':>12s} {'step s':>8s}  runs here"]
+    reasons: dict[str, int] = {}
     for p in placements:
         split = "by demand" if p.instances or p.timeshare_devices else "equal"
+        mark = "yes" if not p.refused else \
+            f"no ({reasons.setdefault(p.refused, len(reasons) + 1)})"
         lines.append(f"{label(costs, p):28s} {p.rollout_devices:15d} {split:>10s} "
-                     f"{p.balance:>13s} {p.pipeline:>12s} {p.step_s:8.1f}")
+                     f"{p.balance:>13s} {p.pipeline:>12s} {p.step_s:8.1f}  {mark}")
+    lines += [f"({k}) {why}" for why, k in reasons.items()]
+    if (other := would_have(placements)) is not None:
+        lines.append(f"would have picked {label(costs, other)} ({placement_key(other)}, "
+                     f"{other.pipeline}, {other.balance}: {other.step_s:.1f} s against "
+                     f"{placements[0].step_s:.1f} s), but {other.refused}")
     return "\n".join(lines)
 
 
@@ -383,10 +440,9 @@ def label(costs: Costs, p: Placement) -> str:
     demand), 'ts 15x8' (time-shared groups x devices; '+demand': devices split by demand),
     'ts 5 groups'."""
     if p.timeshare:
-        sizes = p.timeshare_devices or ()
+        sizes = p.timeshare_devices or (p.rollout_devices // len(p.timeshare),)
         head = f"ts {len(p.timeshare)} groups" if p.kind == "grouped" else (
-            f"ts {len(p.timeshare)}x" + (str(sizes[0]) if len(set(sizes)) == 1 else
-                                         "equal" if not sizes else "var"))
+            f"ts {len(p.timeshare)}x" + (str(sizes[0]) if len(set(sizes)) == 1 else "var"))
         return head + ("+demand" if p.timeshare_devices else "")
     counts: dict[int, int] = {}
     for n in slot_devices(costs, p):
@@ -419,7 +475,8 @@ def describe(preset: Preset, costs: Costs, p: Placement) -> dict:
             "groups": [list(g) for g in p.timeshare],
             "group_devices": group_devices(preset, costs, p) if p.timeshare else [],
             "rollout_devices": p.rollout_devices, "instances": instances(preset, costs, p),
-            "balance": p.balance, "pipeline": p.pipeline, "step_s": p.step_s}
+            "balance": p.balance, "pipeline": p.pipeline, "step_s": p.step_s,
+            "expressible": expressible(p), "refused": p.refused}
 
 
 def instances(preset: Preset, costs: Costs, placement: Placement) -> dict[str, int]:

@@ -88,6 +88,18 @@ class Preset:
     """LoRA agents (AgentSpec.lora): agent -> its adapter on its `models` size, the base. The
     LoRA agents on one base form a rollout unit (`units`): one set of instances serves all
     their adapters, as flexmarl.placement.lora_units groups them in the product."""
+    kl_coef: float = 0.0
+    """trainer.kl_coef, one setting for every system compared: > 0, every trainer runs its
+    reference model's forward (FlexMARL's in its training step, MARTI's in its experience
+    pass); 0 (the product's default), none does."""
+    direct_sync: bool = True
+    """A disaggregated full agent's versions reach its instances by the trainer's broadcast
+    (flexmarl.weights.direct: vLLM on GPU, the presets' cluster); False: through the file its
+    trainer publishes (flexmarl.weights.published: the CPU default, the torch engine)."""
+    demand: dict[str, float] | None = None
+    """Each agent's demand measured on the planner's seeds (parameters x tokens;
+    flexmarl.sim.plan.demand): marti-lean splits its devices by it. None: no plan was made
+    (it splits by parameters)."""
 
     @property
     def sizes(self) -> dict[str, str]:

@@ -7,8 +7,8 @@
          one per instance, all over local://
       ─► the real InstancePool + Balancer(strategy), built as flexmarl.sim.cluster builds them:
          its own in-flight accounting, the workers' pushed load reports, its rebalance loop
-         and its moves (drain, then the hot agent's weights loaded: the cost model's
-         weight_load_s)
+         and its moves (drain, then the hot agent's weights loaded: never synced, its model
+         directory's, host -> device, Costs.host_load_s; pricing "old": weight_load_s)
       ─► per call: dispatch, its first sequence admitted to a batch, finish, instance
          ─► RoutingResult
 
@@ -45,7 +45,8 @@ from flexmarl.rollout.worker import RolloutWorker
 from flexmarl.sim import clock
 from flexmarl.sim.cluster import FOREVER_S
 from flexmarl.sim.costs import Costs, load_costs
-from flexmarl.sim.engines import TOKEN, DeviceGroup, SimRolloutEngine
+from flexmarl.sim.devices import DeviceGroup
+from flexmarl.sim.engines import TOKEN, SimRolloutEngine
 from flexmarl.sim.workload import CallChain, SkewedWorkload
 from runtime.transport import connect
 
@@ -227,8 +228,7 @@ async def _run(workload: SkewedWorkload, placement: dict[str, list[str]],
         # One model for every agent: equal signatures, so any instance may change hands; no
         # weights to hold (a move's load time is the cost model's).
         model_dirs = {a: f"sim:{config.model}" for a in placement}
-        weights = WeightSync(placement, None, model_dirs, timeout_s=FOREVER_S,
-                             served={a: {} for a in placement})
+        weights = WeightSync(placement, None, model_dirs, timeout_s=FOREVER_S)
         pool = InstancePool(conns, placement, model_dirs,
                             RolloutConfig(request_timeout_s=FOREVER_S), balance, weights=weights,
                             signatures={a: config.model for a in placement})

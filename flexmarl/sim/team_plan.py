@@ -9,9 +9,11 @@ trainer_pool.slots = "auto".
          shape (pipeline.*), state writes every run.save_every steps, plan.nodes nodes
       ─► flexmarl.sim.plan: shared or one-per-agent trainer slots, time-shared groups,
          pipeline modes and balancing strategies, each
-         simulated with the product's scheduling code (flexmarl.sim.cluster)
-      ─► the placements tried, best first; resolve_auto: the best one as the run's config
-         ([devices] placement, [trainer_pool], [pipeline] mode, [balance])
+         simulated with the product's scheduling code (flexmarl.sim.cluster) on the run's seed
+      ─► the placements tried, those this deployment runs first (`deployment`: time-shared on
+         GPU only with devices.allow_unverified, never under the Ray launcher), best first;
+         resolve_auto: the best one as the run's config ([devices] placement, [trainer_pool],
+         [pipeline] mode, [balance]), and what it would have picked otherwise, with why not
 
 The workflow runs for real against simulated engines: prompts count ~4 characters a token,
 answers are empty texts of the simulated lengths. A workflow that branches on what its agents
@@ -100,7 +102,12 @@ def preset_of(team: Team, config: Config, costs: Costs) -> Preset:
         source=team, medians=medians(team, config.plan.response_tokens),
         max_concurrent_tasks=p.max_concurrent_tasks, micro_batch_groups=p.micro_batch_groups,
         # LoRA agents: adapters on their size's base, one rollout unit per base
-        lora={a.name: a.lora for a in team.agents if a.lora is not None})
+        lora={a.name: a.lora for a in team.agents if a.lora is not None},
+        kl_coef=config.trainer.kl_coef,
+        # Direct syncs where vLLM and the trainers are on GPU (flexmarl.placement.layout's
+        # resolve_transfer), else the published files
+        direct_sync=config.rollout.backend == "vllm" and config.trainer.device == "cuda"
+        and config.rollout.weight_transfer != "stage")
     for agent in preset.lora:
         try:
             costs.model(preset.sizes[agent])
@@ -119,6 +126,14 @@ def costs_of(config: Config) -> Costs:
         raise ConfigError(f"plan.costs {str(path)!r}: {e}") from None
 
 
+def deployment(config: Config) -> plan.Deployment:
+    """What the run's product runs: on GPU (trainer.device = "cuda": a time-shared agent's
+    engines are then on GPU too, flexmarl.placement.layout) time-shared placements only with
+    devices.allow_unverified, and never under the Ray launcher."""
+    return plan.Deployment(gpu=config.trainer.device == "cuda", launcher=config.cluster.engine,
+                           allow_unverified=config.devices.allow_unverified)
+
+
 def plan_team(team: Team, config: Config,
               progress: Callable[[plan.Placement], Any] | None = None
               ) -> tuple[Preset, Costs, list[plan.Placement]]:
@@ -131,7 +146,8 @@ def plan_team(team: Team, config: Config,
     system = dataclasses.replace(SYSTEMS["flexmarl"], pipeline=config.pipeline.mode)
     try:
         placements = plan_slots(preset, system, costs=costs, steps=config.plan.steps,
-                                seed=config.run.seed, progress=progress)
+                                seeds=(config.run.seed,), progress=progress,
+                                deployment=deployment(config))
     except ValueError as e:  # nothing fits: the message names the fix (nodes)
         raise ConfigError(f"plan: {e} (plan.nodes, or --nodes of flexmarl plan)") from None
     return preset, costs, placements
@@ -182,7 +198,12 @@ def resolve_auto(config: Config, team: Team) -> Config:
                 "(simulated step %.1f s on %d node(s); tried %s)", plan.label(costs, best),
                 plan.placement_key(best), best.pipeline, best.balance, best.step_s,
                 preset.nodes, ", ".join(f"{plan.label(costs, p)}/{p.pipeline}/{p.balance}: "
-                                        f"{p.step_s:.1f} s" for p in placements))
+                                        f"{p.step_s:.1f} s" + (" (refused)" if p.refused else "")
+                                        for p in placements))
+    if (other := plan.would_have(placements)) is not None:
+        log.warning("trainer_pool.slots = \"auto\" would have picked %s (placement %s, "
+                    "simulated step %.1f s), but %s", plan.label(costs, other),
+                    plan.placement_key(other), other.step_s, other.refused)
     return planned_config(config, team, preset, costs, best)
 
 

@@ -107,6 +107,9 @@ def publish(tensors: dict[str, torch.Tensor], run: str, agent: str, version: int
             f.truncate(len(header) + num_bytes)
         _rewrite(tmp, header, tensors)
         os.replace(tmp, path)
+        held = _WRITE_MAPS.pop(str(tmp), None)  # the same file (inode), under its name now
+        if held is not None:
+            _WRITE_MAPS[str(path)] = held
     return {"path": str(path), "host": host_id(), "address": address, "num_bytes": num_bytes,
             "version": version}
 
@@ -144,23 +147,44 @@ def _rewrite(path: Path, header: bytes, tensors: dict[str, torch.Tensor]) -> boo
         size = os.fstat(f.fileno()).st_size
         if size != len(header) + sum(t.numel() * t.element_size() for t in tensors.values()):
             return False
-        mm = mmap.mmap(f.fileno(), size, flags=mmap.MAP_SHARED | _POPULATE)
-        try:
-            old = mm[:len(header)]
-            if size and _unversioned(old) != _unversioned(header) and any(old):
-                return False
-            mm[:len(header)] = header
-            offset = len(header)
-            for t in tensors.values():
-                n = t.numel() * t.element_size()
-                if n:
-                    dst = torch.frombuffer(mm, dtype=torch.uint8, count=n, offset=offset)
-                    dst.copy_(t.detach().contiguous().view(-1).view(torch.uint8))
-                    del dst  # the map closes only once no tensor views it
-                offset += n
-        finally:
-            mm.close()
+        mm = _mapped(_WRITE_MAPS, f, path, writable=True)
+        old = mm[:len(header)]
+        if size and _unversioned(old) != _unversioned(header) and any(old):
+            return False
+        mm[:len(header)] = header
+        offset = len(header)
+        for t in tensors.values():
+            n = t.numel() * t.element_size()
+            if n:
+                dst = torch.frombuffer(mm, dtype=torch.uint8, count=n, offset=offset)
+                dst.copy_(t.detach().contiguous().view(-1).view(torch.uint8))
+            offset += n
     return True
+
+
+_WRITE_MAPS: dict[str, tuple[tuple[int, int], mmap.mmap]] = {}
+_READ_MAPS: dict[str, tuple[tuple[int, int], mmap.mmap]] = {}
+"""path -> (its inode and size, its mapping), kept from one version to the next: a file is
+rewritten in place, so the same mapping sees each version, and mapping a file's pages costs as
+much as a third of copying them. A replaced file (another inode) is mapped anew."""
+
+
+def _mapped(maps: dict, f, path: Path | str, *, writable: bool) -> mmap.mmap:
+    st = os.fstat(f.fileno())
+    key = (st.st_ino, st.st_size)
+    held = maps.get(str(path))
+    if held is not None and held[0] == key:
+        return held[1]
+    mm = mmap.mmap(f.fileno(), st.st_size, flags=mmap.MAP_SHARED | _POPULATE,
+                   prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
+    maps[str(path)] = (key, mm)  # the old one, if any, is unmapped with its last view
+    return mm
+
+
+def _forget(path: Path | str) -> None:
+    """Drop this process's mappings of `path` (removed: its memory goes with the last one)."""
+    _WRITE_MAPS.pop(str(path), None)
+    _READ_MAPS.pop(str(path), None)
 
 
 def _unversioned(header: bytes) -> bytes:
@@ -206,7 +230,6 @@ def load(path: str, version: int | None = None) -> dict[str, torch.Tensor]:
     checked against the file's (its writer took the file for a later one). The file is
     safetensors (header, then raw tensors): parsed here, no pickle."""
     with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
         meta = _read_header(f, path)
         held = int((meta.pop("__metadata__", None) or {}).get("version", -1))
         if version is not None and held != version:
@@ -215,8 +238,7 @@ def load(path: str, version: int | None = None) -> dict[str, torch.Tensor]:
         start = 8 + int.from_bytes(_pread(f, 8, 0), "little")
         if not meta:
             return {}
-        mm = mmap.mmap(f.fileno(), size, flags=mmap.MAP_SHARED | _POPULATE,
-                       prot=mmap.PROT_READ)
+        mm = _mapped(_READ_MAPS, f, path, writable=False)
     out = {}
     with warnings.catch_warnings():  # read-only pages: the tensors are never written
         warnings.simplefilter("ignore", UserWarning)
@@ -225,7 +247,7 @@ def load(path: str, version: int | None = None) -> dict[str, torch.Tensor]:
             dtype = _TORCH[m["dtype"]]
             t = torch.frombuffer(mm, dtype=torch.uint8, count=hi - lo, offset=start + lo)
             out[name] = t.view(dtype).reshape(m["shape"])
-    return out  # each view keeps the map alive; unmapped when the last one goes
+    return out  # each view keeps the map alive (and so does _READ_MAPS, for the next version)
 
 
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
@@ -283,6 +305,8 @@ def remove(run: str) -> None:
     """This host's published weights of `run` (the run ended)."""
     _check_name(run, "the run's name")
     for base in _roots():
+        for f in (base / run).glob("*/*.safetensors"):
+            _forget(f)
         shutil.rmtree(base / run, ignore_errors=True)
 
 
@@ -291,6 +315,7 @@ def remove_own(run: str) -> None:
     _check_name(run, "the run's name")
     for base in _roots():
         for f in (base / run).glob(f"*/v*-{os.getpid()}.safetensors"):
+            _forget(f)
             f.unlink(missing_ok=True)
 
 

@@ -33,7 +33,7 @@ REL = 1e-9
 M14, M32 = GPU.models["14b"], GPU.models["32b"]
 W14 = 2 * 14.8e9  # bf16 weights of the 14B model (costs.toml: 14.8 B parameters)
 NVLINK, RAIL, EFF = 450e9, 50e9, 0.9  # costs.toml [links]
-PCIE, PINNED, NODE_MEMORY, WRITE = 63e9, 0.87, 460e9, 5.5e9
+PCIE, PINNED, NODE_MEMORY, WRITE = 63e9, 0.87, 460e9, 11.8e9
 
 
 # ----------------------------------------------------------------------------- (a) prices

@@ -128,7 +128,7 @@ class Links:
     link_efficiency: float
     swap_host_efficiency: float
     swap_move_efficiency: float
-    host_write_per_process: float = 5.5e9
+    host_write_per_process: float = 11.8e9
     """Bytes/s one process copies into a file in host memory (/dev/shm): a published
     version's write (costs.toml says where the number comes from)."""
 

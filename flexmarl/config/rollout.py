@@ -43,8 +43,9 @@ class RolloutConfig:
     """vLLM: no CUDA graphs. false on GPU captures them: faster decoding, a slower start and
     more memory."""
     weight_transfer: str = "auto"
-    """How a new policy version reaches the engines: "stage" (the tensors through the run,
-    loaded from a file in staging_dir: works everywhere), "nccl" (vLLM's weight-transfer engine:
+    """How a new policy version reaches the engines: "stage" (the trainer's rank 0 writes it
+    once in /dev/shm on its host, flexmarl.weights.published; the instances load that file, or
+    fetch it from rank 0 on another host; works everywhere, never through the run), "nccl" (vLLM's weight-transfer engine:
     trainer rank 0 broadcasts to the agent's instances over NCCL), "ipc" (CUDA IPC: instances
     on their trainer's GPUs, devices.colocate). "auto": nccl when vLLM and the trainers are on
     GPU and every agent has its own trainer slot, else stage (flexmarl.weights.direct)."""

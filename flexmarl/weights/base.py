@@ -57,8 +57,8 @@ class Transfer(Protocol):
 
 class Transport(Protocol):
     exports: bool
-    """True: `send` needs the trainer's exported tensors (they pass through the run); False:
-    the trainer sends them itself and `send` gets None."""
+    """True: `send` needs the trainer's published export (the file's name passes through the
+    run, never the tensors); False: the trainer sends them itself and `send` gets None."""
 
     def begin(self, agent: str, version: int, instances: list[Connection]) -> Transfer:
         """A sync of `agent` to `version` on `instances` (the caller holds the agent's lock)."""

@@ -176,6 +176,9 @@ class RolloutWorker(Actor):
             reply = await conn.request(FetchWeights(source["path"]), timeout_s=FETCH_TIMEOUT_S)
         finally:
             await conn.aclose()
+        if source.get("version") is not None and reply.version != source["version"]:
+            raise RuntimeError(f"{self.name}: {source['path']} holds version {reply.version} "
+                               f"now, not {source['version']}: a newer version is served")
         log.info("%s fetched version %s (%.1f MB) from its trainer on host %s in %.2f s",
                  self.name, source.get("version"), weights_nbytes(reply.tensors) / 2**20,
                  source.get("host"), now() - started)

@@ -19,7 +19,8 @@ and nothing in the suite edits sys.path (tests/test_suite_rules.py checks both).
                        tests.helpers.supervisor_host` by tests/test_supervisor.py
     fake_orch.py       an orchestrator on a fake instance pool (no worker process)
     fake_backend.py    the OpenAI gateway's fake backend and a chat request
-    fake_instances.py  a rollout instance's connection faked for WeightSync, and small weights
+    fake_instances.py  a rollout instance's connection faked for WeightSync, small weights,
+                       and `publish` (weights published as a trainer's rank 0 does)
     balancing.py       the balancer tests' two agents, loaded by hand
     deploy.py          the deployment examples' checks: command options, a batch script run
                        with stub commands

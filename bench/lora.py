@@ -73,12 +73,15 @@ class PeakRss:
                     self._sample(int(pid))
 
     def _sample(self, pid: int) -> None:
+        from runtime.worker import worker_name
+
         try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-            if "runtime.worker" not in cmdline:
-                return
-            role = ("trainer" if '"trainer-' in cmdline else
-                    "rollout" if '"rollout-' in cmdline else None)
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            # An exec'd worker's boot JSON or a forked one's title (runtime.zygote): matching
+            # only the former found no forked worker, and printed 0 MB for both teams.
+            name = worker_name(args.split("\0")) or ""
+            role = ("trainer" if name.startswith("trainer-") else
+                    "rollout" if name.startswith("rollout-") else None)
             if role is None:
                 return
             status = Path(f"/proc/{pid}/status").read_text()
@@ -183,7 +186,7 @@ def table(out: dict) -> str:
              row("swap s per step", lora["swap_s_per_step"], full["swap_s_per_step"],
                  ratio["swap_s"], "{:.3f}"),
              row("step s (after the first)", lora["step_s"], full["step_s"], ratio["step_s"]),
-             f"held-out greedy reward, before -> after (± the change's standard error)",
+             "held-out greedy reward, before -> after (± the change's standard error)",
              f"{'':<26} {'adapters':>26} {'full':>26}"]
     for name in lora["agents"]:
         lines.append(f"{name:<26} {change_cell(lora['heldout'].get(name)):>26} "

@@ -253,11 +253,6 @@ class VllmEngine:
     async def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
         from safetensors.torch import save_file
 
-        aliases = {}
-        if self._tied and "lm_head.weight" not in tensors and _EMBED in tensors:
-            # vLLM's reload keeps the LM head as its own layer: without this alias a tied
-            # model would keep sampling from the old embeddings.
-            aliases["lm_head.weight"] = _EMBED
         staging = self.config.staging_dir or _SHM
         check_staging_room(staging, weights_nbytes(tensors))
         fd, path = tempfile.mkstemp(prefix="flexmarl-weights-", suffix=".safetensors",
@@ -271,23 +266,26 @@ class VllmEngine:
                     raise
                 raise RuntimeError(_no_room(staging, weights_nbytes(tensors),
                                             shutil.disk_usage(staging).free)) from exc
-            counts = await self.llm.collective_rpc("flexmarl_reload", args=(path, aliases))
+            await self._reload(path, list(tensors))
         finally:
             os.unlink(path)
-        if not counts or counts[0] != len(tensors):
-            raise RuntimeError(f"vLLM loaded {counts} of {len(tensors)} tensors")
-        await self.llm.reset_prefix_cache()
 
     async def load_weights_file(self, path: str, version: int) -> None:
         """A version its trainer published on this host (flexmarl.weights.published): the
         engine core reads the file itself, so it is not staged again."""
         from flexmarl.weights import published
 
-        names = published.names_of(path)
         if published.version_of(path) != version:
             raise FileNotFoundError(f"{path} no longer holds version {version}")
-        aliases = ({"lm_head.weight": _EMBED} if self._tied and "lm_head.weight" not in names
-                   and _EMBED in names else {})
+        await self._reload(path, published.names_of(path))
+
+    async def _reload(self, path: str, names: list[str]) -> None:
+        """The engine core loads the safetensors file at `path` (holding `names`) in place."""
+        aliases = {}
+        if self._tied and "lm_head.weight" not in names and _EMBED in names:
+            # vLLM's reload keeps the LM head as its own layer: without this alias a tied
+            # model would keep sampling from the old embeddings.
+            aliases["lm_head.weight"] = _EMBED
         counts = await self.llm.collective_rpc("flexmarl_reload", args=(path, aliases))
         if not counts or counts[0] != len(names):
             raise RuntimeError(f"vLLM loaded {counts} of {len(names)} tensors")

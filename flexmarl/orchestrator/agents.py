@@ -8,12 +8,14 @@ else writes the versions. Which older samples may train is the pipeline policy's
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
 from flexmarl.checks import RequestError
 from flexmarl.clock import now
+from flexmarl.orchestrator.prompts import PLAIN_STOP, encode_chat, resolve_format
 from flexmarl.team import AgentSpec
 
 
@@ -104,6 +106,13 @@ class AgentRuntime:
     """Per global step: perf_counter() when its first request passed the gate."""
     max_model_len: int | None = None
     """The context its instances hold (rollout.max_model_len); None: not checked here."""
+    prompt_format: str = field(init=False)
+    """How chat messages reach the model: "chat" (its template) or "plain"
+    (flexmarl.orchestrator.prompts), from AgentSpec.prompt_format and the tokenizer."""
+
+    def __post_init__(self) -> None:
+        self.prompt_format = resolve_format(self.spec.prompt_format, self.tokenizer,
+                                            self.spec.name)
 
     def start(self, first_step: int, lag: int, steps: int) -> None:
         """A run of `steps` steps starts at `first_step`: a trainable agent may generate up to
@@ -137,9 +146,7 @@ class AgentRuntime:
         if isinstance(prompt, str):
             prompt = [{"role": "user", "content": prompt}]
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
-            text = self.tokenizer.apply_chat_template(prompt, tokenize=False,
-                                                      add_generation_prompt=True)
-            return self.tokenizer.encode(text, add_special_tokens=False)
+            return encode_chat(self.tokenizer, prompt, self.prompt_format, self.spec.name)
         if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool)
                                             for t in prompt):
             if not prompt:
@@ -155,6 +162,14 @@ class AgentRuntime:
             return list(prompt)
         raise TypeError(f"agent {self.spec.name}: a prompt is a str, a list of chat messages "
                         f"or a list of token ids, got {type(prompt).__name__}")
+
+    def call_params(self, prompt: Any, params: Any) -> Any:
+        """A call's SamplingParams with what its prompt's rendering needs: the plain
+        rendering's stop (a base model would go on to the next question) for chat prompts."""
+        token_ids = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], int)
+        if self.prompt_format != "plain" or token_ids or PLAIN_STOP in params.stop:
+            return params
+        return dataclasses.replace(params, stop=[*params.stop, PLAIN_STOP])
 
     def check_room(self, prompt_ids: list[int], max_tokens: int) -> None:
         """A call must fit the context: prompt + max_tokens <= max_model_len. Refused, as

@@ -182,7 +182,7 @@ class TrajectoryContext:
             raise ValueError(f"workflow called unknown agent {agent!r}; the team has "
                              f"{sorted(agents)}")
         prompt_ids = rt.encode(prompt)
-        params = dataclasses.replace(rt.spec.sampling, n=n, **sampling)
+        params = rt.call_params(prompt, dataclasses.replace(rt.spec.sampling, n=n, **sampling))
         rt.check_room(prompt_ids, params.max_tokens)
         turn = self._turns[agent]
         self._turns[agent] += 1

@@ -52,6 +52,7 @@ FOREVER_S = 1e9  # request timeouts: simulated waits can be long; a hang raises 
 
 class SimTokenizer:
     pad_token_id = 0
+    chat_template = "sim"  # chat prompts take apply_chat_template below (prompt_format "auto")
 
     def encode(self, text: str, **_: Any) -> list[int]:
         return [TOKEN] * max(1, len(text) // 4)  # ~4 characters a token, as BPE on English

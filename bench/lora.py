@@ -38,7 +38,6 @@ import json
 import os
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -47,55 +46,6 @@ if importlib.util.find_spec("flexmarl") is None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-class PeakRss:
-    """Each FlexMARL worker process's peak resident memory (VmHWM), by role, sampled while the
-    run lives (a process's peak is its own: the last sample before it exits is kept)."""
-
-    def __init__(self, interval_s: float = 0.2) -> None:
-        self.peaks: dict[int, tuple[str, int]] = {}  # pid -> (role, bytes)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, args=(interval_s,), daemon=True)
-
-    def __enter__(self) -> "PeakRss":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _loop(self, interval_s: float) -> None:
-        while not self._stop.wait(interval_s):
-            for pid in os.listdir("/proc"):
-                if pid.isdigit():
-                    self._sample(int(pid))
-
-    def _sample(self, pid: int) -> None:
-        from runtime.worker import worker_name
-
-        try:
-            args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-            # An exec'd worker's boot JSON or a forked one's title (runtime.zygote): matching
-            # only the former found no forked worker, and printed 0 MB for both teams.
-            name = worker_name(args.split("\0")) or ""
-            role = ("trainer" if name.startswith("trainer-") else
-                    "rollout" if name.startswith("rollout-") else None)
-            if role is None:
-                return
-            status = Path(f"/proc/{pid}/status").read_text()
-        except OSError:  # gone meanwhile
-            return
-        hwm = next((int(line.split()[1]) * 1024 for line in status.splitlines()
-                    if line.startswith("VmHWM:")), 0)
-        self.peaks[pid] = (role, max(hwm, self.peaks.get(pid, (role, 0))[1]))
-
-    def by_role(self) -> dict[str, float]:
-        out = {"rollout": 0.0, "trainer": 0.0}
-        for role, peak in self.peaks.values():
-            out[role] += peak / 2**20
-        return out
 
 
 def per_step(metrics: list[dict], key: str) -> float:
@@ -119,6 +69,8 @@ async def run_one(team, args: argparse.Namespace, workdir: str) -> dict:
         f"eval.final_tasks={args.heldout}",
         *([f"trainer_pool.slots={args.slots}"] if args.slots else []), *args.set])
     started = time.perf_counter()
+    from flexmarl.observe.procstat import PeakRss
+
     with PeakRss() as rss:
         try:
             result = await train(team, config, run_dir=RunDir.create(config),

@@ -3,6 +3,7 @@
 Trains a team (default agents/smol_duo.py: two SmolLM2-135M-Instruct agents) in this process
 with recovery snapshots on and a durable state write every step (run.save_every = 1), then
 reports this process's peak RSS (the orchestrator's: trainer ranks are other processes), each
+worker process's peak RSS (VmHWM, by worker name: rollout instances and trainer ranks), each
 agent's state size on disk, and the state saves' timings from the step records: stage_s (the
 ranks copy their shards to host memory; the slot is held) and write_s (the ranks write them to
 disk afterwards; the slot is free, the agent's next batch waits for it).
@@ -14,7 +15,7 @@ disk afterwards; the slot is free, the agent's next batch waits for it).
 is the whole model's weights (what issue 54 measures: no weight passes through this process).
 
 With --json the last line is one JSON object: peak_rss_mb, rss_before_mb (after imports, before
-the run), state_mb per agent, steps, wall_s, and, where the step records carry them, stage_s
+the run), worker_peak_rss_mb ({worker name: MB}), state_mb per agent, steps, wall_s, and, where the step records carry them, stage_s
 and write_s per agent (means over the saves), sync_mb per agent (bytes per weight sync).
 """
 from __future__ import annotations
@@ -61,12 +62,16 @@ async def main(args: argparse.Namespace) -> dict:
     if args.train_all:  # every layer trains: whole-model weights at every sync
         team = dataclasses.replace(team, agents=[
             dataclasses.replace(a, train_layers=None) for a in team.agents])
-    result = await train(team, config, run_dir=RunDir.create(config), progress=False)
+    from flexmarl.observe.procstat import PeakRss
+
+    with PeakRss() as workers:
+        result = await train(team, config, run_dir=RunDir.create(config), progress=False)
     wall = time.perf_counter() - started
     state_root = Path(result.run_dir) / "state"
     out = {"team": args.team, "train_all": args.train_all, "steps": len(result.metrics),
            "wall_s": wall, "sync_mb": _sync_mb(result.metrics),
            "rss_before_mb": before, "peak_rss_mb": peak_rss_mb(),
+           "worker_peak_rss_mb": workers.by_worker(),
            "state_mb": {a.name: dir_mb(a) for a in sorted(state_root.iterdir()) if a.is_dir()}
            if state_root.is_dir() else {}}
     for key in ("stage_s", "write_s"):
@@ -102,6 +107,8 @@ def cli() -> None:
     print(f"team {out['team']}: {out['steps']} steps in {out['wall_s']:.0f} s")
     print(f"orchestrator peak RSS  {out['peak_rss_mb']:8.0f} MB  (after imports: "
           f"{out['rss_before_mb']:.0f} MB)")
+    for name, mb in out["worker_peak_rss_mb"].items():
+        print(f"  worker {name:24s} peak RSS {mb:8.0f} MB")
     for agent, mb in out["state_mb"].items():
         line = (f"  {agent:12s} state on disk {mb:8.0f} MB  sync "
                 f"{out['sync_mb'].get(agent, float('nan')):7.1f} MB")

@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from flexmarl.checks import ConfigError
-from flexmarl.launch.gguf import INSTALL_HINT, PRETRAINED, check_pretrained, gguf_dir, install_hint,
-                                 is_gguf
+from flexmarl.launch.gguf import (INSTALL_HINT, PRETRAINED, check_pretrained, gguf_dir,
+                                  install_hint, is_gguf)
 from flexmarl.models import SIZES, ensure_model
 from flexmarl.models.build import write_model_dir
 from flexmarl.protocol import SaveState

@@ -183,3 +183,59 @@ def by_role(usage: dict[str, ProcessUsage]) -> dict[str, dict[int, float]]:
         for core, s in use.cores.items():
             out[role][core] = out[role].get(core, 0.0) + s
     return dict(out)
+
+
+class PeakRss:
+    """Each FlexMARL worker process's peak resident memory (VmHWM), by worker name, sampled
+    while it lives (a process's peak is its own: the last sample before it exits is kept).
+    Workers are found machine-wide by their command line or forked title (worker_name), so a
+    run in this process or in a child is seen alike. Used by bench/lora.py and
+    bench/state_memory.py."""
+
+    def __init__(self, interval_s: float = 0.2) -> None:
+        self.peaks: dict[int, tuple[str, int]] = {}
+        """pid -> (worker name, peak bytes)."""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(interval_s,), daemon=True,
+                                        name="peak-rss")
+
+    def __enter__(self) -> "PeakRss":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self, interval_s: float) -> None:
+        while not self._stop.wait(interval_s):
+            for pid in os.listdir("/proc"):
+                if pid.isdigit():
+                    self._sample(int(pid))
+
+    def _sample(self, pid: int) -> None:
+        name = worker_name((_read(f"/proc/{pid}/cmdline") or "").split("\0"))
+        status = _read(f"/proc/{pid}/status") if name else None
+        if status is None:  # not a worker, or gone meanwhile
+            return
+        hwm = next((int(line.split()[1]) * 1024 for line in status.splitlines()
+                    if line.startswith("VmHWM:")), 0)
+        self.peaks[pid] = (name, max(hwm, self.peaks.get(pid, (name, 0))[1]))
+
+    def by_worker(self) -> dict[str, float]:
+        """Worker name -> its peak in MiB (a name served by several processes in turn, a
+        replaced worker: the largest)."""
+        out: dict[str, float] = {}
+        for name, peak in self.peaks.values():
+            out[name] = max(out.get(name, 0.0), peak / 2**20)
+        return dict(sorted(out.items()))
+
+    def by_role(self) -> dict[str, float]:
+        """MiB summed over the trainer ("trainer-...") and the rollout ("rollout-...")
+        workers."""
+        out = {"rollout": 0.0, "trainer": 0.0}
+        for name, peak in self.peaks.values():
+            role = name.split("-", 1)[0]
+            if role in out:
+                out[role] += peak / 2**20
+        return out

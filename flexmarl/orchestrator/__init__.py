@@ -3,6 +3,8 @@
     orchestrator.py  Orchestrator: runs the workflow on many tasks at once (ctx.generate),
                      turns into the store, exports and pushes weights
     agents.py        one agent's state: versions, step gate, busy clocks (AgentRuntime)
+    prompts.py       how chat messages reach each agent's model: its chat template, or the
+                     plain question/answer rendering for a base model (pure)
     store.py         ExperienceStore: one table per agent, GRPO groups as they complete
     advantage.py     grpo_advantages: group-relative advantages, per completed group (pure)
     policy.py        PipelinePolicy: sync, micro_batch, one_step_off, bounded (pure)

@@ -82,6 +82,13 @@ class TrainerConfig:
     """Recompute each decoder block's activations in backward instead of keeping them (much less
     activation memory, about a third more compute): Hugging Face's non-reentrant gradient
     checkpointing on the policy model, which keeps the parameter names."""
+    logits_chunk_tokens: int = 512
+    """Positions (rows x positions) whose full-vocabulary logits exist at once while scoring:
+    the LM head is applied to the final hidden states a chunk at a time, each chunk
+    recomputed in backward (flexmarl.training.logits), so the logits' memory is
+    O(logits_chunk_tokens x vocabulary) whatever the micro-batch: 512 MiB a float32 copy at
+    Gemma 3's 262,144 tokens, and scoring makes a few (temperature, top-k/top-p, log-softmax,
+    entropy). Smaller saves memory, larger saves kernel launches; the numbers do not change."""
     compile: bool = False
     """torch.compile each decoder block of the policy in place (`block.compile()`, names kept):
     faster steps after a compile of some seconds to minutes at the first micro-batch (and at
@@ -116,6 +123,9 @@ class TrainerConfig:
                f"must be one of {PARAM_DTYPES}")
         _check(self.reduce_dtype in REDUCE_DTYPES, "reduce_dtype", self.reduce_dtype,
                f"must be one of {REDUCE_DTYPES}")
+        _check(isinstance(self.logits_chunk_tokens, int) and not isinstance(
+            self.logits_chunk_tokens, bool) and self.logits_chunk_tokens >= 1,
+            "logits_chunk_tokens", self.logits_chunk_tokens, "must be an int >= 1")
         for name in ("activation_checkpointing", "compile"):
             _check(isinstance(getattr(self, name), bool), name, getattr(self, name),
                    "must be true or false")

@@ -17,6 +17,8 @@
     trainer.py  GRPOTrainer: forward, backward, accumulate, step (torch.distributed)
     sharding.py the policy's modules: built, frozen (train_layers), sharded with FSDP2
     prefix.py   the policy's forward over a micro-batch, computing what its rows share once
+    logits.py   token log-probabilities from final hidden states, the LM head applied a chunk
+                of positions at a time (never a whole micro-batch's logits)
     adapter.py  a LoRA trainer's policy (trainer.lora): PEFT's layers on the frozen base, the
                 adapter's tensors under PEFT's names, the base alone (the KL reference)
     grpo.py     token log-probabilities and the clipped policy loss (pure torch)

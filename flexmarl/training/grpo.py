@@ -6,6 +6,8 @@ The advantages are computed where the groups complete (flexmarl.orchestrator.adv
 top-k/top-p truncation is shared with the rollout engines (flexmarl.sampling).
 
     logits[B,T,V], input_ids ──► token_logprobs ──► logprobs[B,T]
+        (its core, next_token_logprobs, on aligned logits and targets: what the trainer runs
+         a chunk of positions at a time, flexmarl.training.logits; token_entropy likewise)
     logprobs, old/ref logprobs, advantages, response_mask ──► grpo_loss ──► (loss, metrics)
 
 Loss normalisation is a *fixed* token count per global batch (`normaliser`), not a per-call
@@ -37,11 +39,28 @@ def token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float | Tenso
     if logits.dim() != 3 or input_ids.shape != logits.shape[:2]:
         raise ValueError(f"logits must be [B, T, V] and input_ids [B, T]; got "
                          f"{tuple(logits.shape)} and {tuple(input_ids.shape)}")
-    temps = torch.as_tensor(temperature, dtype=torch.float32, device=logits.device)
+    temps = temperatures(temperature, logits.device)
+    picked = next_token_logprobs(logits[:, :-1], input_ids[:, 1:], temps, top_k=top_k,
+                                 top_p=top_p)
+    return F.pad(picked, (1, 0), value=0.0)
+
+
+def temperatures(temperature: float | Tensor, device: torch.device) -> Tensor:
+    """`temperature` (one number or one per row) as a float32 tensor, checked > 0."""
+    temps = torch.as_tensor(temperature, dtype=torch.float32, device=device)
     if bool((temps <= 0).any()):
         raise ValueError(f"temperature must be > 0, got {temperature}")
+    return temps
+
+
+def next_token_logprobs(logits: Tensor, targets: Tensor, temps: Tensor, *,
+                        top_k: Tensor | None = None, top_p: Tensor | None = None) -> Tensor:
+    """out[b, t] = log-probability of targets[b, t] under logits[b, t] (already aligned: the
+    logits that predict it), scored as token_logprobs says; `temps` from `temperatures`. The
+    core of token_logprobs, also run on a chunk of positions at a time
+    (flexmarl.training.logits)."""
     work_dtype = torch.promote_types(logits.dtype, torch.float32)
-    shifted = logits[:, :-1].to(work_dtype)
+    shifted = logits.to(work_dtype)
     if temps.dim() == 0:
         if float(temps) != 1.0:
             shifted = shifted / temps
@@ -55,18 +74,23 @@ def token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float | Tenso
         shifted = truncate(shifted.reshape(b * t, v), per_position(top_k),
                            per_position(top_p)).view(b, t, v)
     logp = F.log_softmax(shifted, dim=-1)
-    picked = logp.gather(-1, input_ids[:, 1:].unsqueeze(-1).long()).squeeze(-1)
-    return F.pad(picked, (1, 0), value=0.0)
+    return logp.gather(-1, targets.unsqueeze(-1).long()).squeeze(-1)
 
 
 def token_entropy(logits: Tensor, temperature: float | Tensor = 1.0) -> Tensor:
     """out[b, t]: entropy (nats) of the untruncated distribution predicting position t, at the
     row's temperature; position 0 holds 0 (as in token_logprobs)."""
     temps = torch.as_tensor(temperature, dtype=torch.float32, device=logits.device)
-    shifted = logits[:, :-1].detach().float()
+    return F.pad(next_token_entropy(logits[:, :-1], temps), (1, 0), value=0.0)
+
+
+def next_token_entropy(logits: Tensor, temps: Tensor) -> Tensor:
+    """out[b, t]: entropy of the untruncated distribution of logits[b, t] / temps[b], detached
+    (a metric); the core of token_entropy, also run a chunk at a time."""
+    shifted = logits.detach().float()
     shifted = shifted / (temps.view(-1, 1, 1) if temps.dim() else temps)
     logp = F.log_softmax(shifted, dim=-1)
-    return F.pad(-(logp.exp() * logp).sum(-1), (1, 0), value=0.0)
+    return -(logp.exp() * logp).sum(-1)
 
 
 def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor,

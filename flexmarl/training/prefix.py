@@ -2,8 +2,9 @@
 
     rows [prompt | response | padding]  ─► shared_prefix: leading tokens every row has
         ─► the prefix once (one row; its KV cache kept with its graph)
-        ─► the rest of every row against that cache ─► logits from the position before the
-           first response token only (the LM head and log-softmax skip the prompt)
+        ─► the rest of every row against that cache ─► final hidden states from the position
+           before the first response token only (flexmarl.training.logits applies the LM head
+           to them a chunk at a time: no logits of a prompt position are ever made)
 
 A GRPO group's rows share their whole prompt (one group per micro-batch, the default
 pipeline.micro_batch_groups), so the prompt costs one row instead of one per sample: training a
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from flexmarl.protocol import TrainMicroBatch
+from flexmarl.training.logits import Hidden, final_hidden
 
 MIN_SHARED_PREFIX = 8
 """A micro-batch whose rows share at least this many leading tokens computes them once."""
@@ -35,31 +37,31 @@ def shared_prefix(mb: TrainMicroBatch, *, checkpointing: bool = False) -> int:
     return shared if shared >= MIN_SHARED_PREFIX else 0
 
 
-def policy_logits(model: nn.Module, rows: dict[str, torch.Tensor], shared: int
-                  ) -> tuple[torch.Tensor, int]:
-    """The model's float32 logits of positions start..T-1 of every row, and `start` (the
+def policy_hidden(model: nn.Module, rows: dict[str, torch.Tensor], shared: int
+                  ) -> tuple[Hidden, int]:
+    """The model's final hidden states of positions start..T-1 of every row (with its LM head,
+    to score them a chunk at a time: flexmarl.training.logits.score_tokens), and `start` (the
     position before the rows' first response token, at least `shared`). With `shared` > 0 the
     first `shared` tokens (the same in every row) run once, and the rest of every row attends
-    to their KV cache."""
+    to their KV cache. The policy's forward and, under no_grad, the KL reference's."""
     ids, mask, response = rows["input_ids"], rows["attention_mask"], rows["response_mask"]
     start = (int(response.float().argmax(1)[response.any(1)].min()) - 1
              if bool(response.any()) else ids.shape[1] - 1)
     start = max(start, shared, 0)
     keep = ids.shape[1] - start
     if not shared:
-        out = model(input_ids=ids, attention_mask=mask, use_cache=False, logits_to_keep=keep)
-        # Log-probabilities, and so the loss, from float32 logits whatever the compute dtype.
-        return out.logits.float(), start
-    head = model(input_ids=ids[:1, :shared], use_cache=True, logits_to_keep=1)
-    cache = head.past_key_values
+        hidden = final_hidden(model, input_ids=ids, attention_mask=mask, use_cache=False,
+                              logits_to_keep=keep)
+        return hidden, start
+    head = final_hidden(model, input_ids=ids[:1, :shared], use_cache=True, logits_to_keep=1)
+    cache = head.output.past_key_values
     cache.batch_repeat_interleave(ids.shape[0])
-    out = model(input_ids=ids[:, shared:], attention_mask=mask, past_key_values=cache,
-                use_cache=True, logits_to_keep=keep)
-    logits = out.logits.float()
+    hidden = final_hidden(model, input_ids=ids[:, shared:], attention_mask=mask,
+                          past_key_values=cache, use_cache=True, logits_to_keep=keep)
     # The prefix's gradient flows through its KV cache only; FSDP2 gathers a block's
     # parameters for backward when its *output* gets a gradient, which the prefix's last
-    # blocks would never get: a zero-weighted term of the prefix's own logits gives every
-    # block's output one (adding exactly 0).
-    if head.logits.requires_grad:
-        logits = logits + 0.0 * head.logits.float().sum()
-    return logits, start
+    # blocks would never get: the prefix forward's anchor (0 times its own output, the head
+    # of its last position) gives every block's output one, adding exactly 0.
+    if head.anchor is not None:
+        hidden.anchor = head.anchor + hidden.anchor
+    return hidden, start

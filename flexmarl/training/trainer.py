@@ -25,8 +25,10 @@ then used unsharded. Building, freezing and sharding the modules live in
 Precision: parameters, gradients and AdamW state are always float32 (the master weights);
 trainer.param_dtype = "bfloat16" only lowers the dtype the forward and backward compute in (FSDP2's
 MixedPrecisionPolicy when sharded, torch.autocast when not), and the log-probabilities and the loss
-are computed from float32 logits either way. trainer.activation_checkpointing and trainer.compile
-act on the policy's decoder blocks in place, so parameter names stay the checkpoint's.
+are computed from float32 logits either way: those of the response positions only, a chunk of
+trainer.logits_chunk_tokens positions at a time (flexmarl.training.logits), never the whole
+micro-batch's. trainer.activation_checkpointing and trainer.compile act on the policy's decoder
+blocks in place, so parameter names stay the checkpoint's.
 
 LoRA (trainer.lora, `flexmarl.training.adapter`): the model is PEFT's PeftModel over the base,
 sharded the same way (its LoRA layers live inside the decoder blocks); only the adapter trains
@@ -51,8 +53,9 @@ from torch import nn
 
 from flexmarl.config.training import TrainerConfig
 from flexmarl.training.adapter import base_only, inner, peft_names, wrap_policy
-from flexmarl.training.grpo import grpo_loss, token_entropy, token_logprobs
-from flexmarl.training.prefix import policy_logits, shared_prefix
+from flexmarl.training.grpo import grpo_loss
+from flexmarl.training.logits import Scores, score_tokens
+from flexmarl.training.prefix import policy_hidden, shared_prefix
 from flexmarl.protocol import TrainMicroBatch, TrainStats, TrainStepDone
 # Re-exported: users, tests and bench scripts import these from here.
 from flexmarl.training.sharding import (GRAD_SUM_FACTOR, _local, build_model, decoder_blocks,
@@ -249,30 +252,22 @@ class GRPOTrainer:
         c = self.config
         rows = self._my_rows(mb)
         shared = self._shared_prefix(mb)
-        logits, start = self._policy_logits(rows, shared)
         scoring = self._scoring(rows)
-        ids = rows["input_ids"]
-
-        def from_start(per_position: torch.Tensor) -> torch.Tensor:
-            # [rows, T - start] -> [rows, T]: positions before `start` are prompt (0, masked)
-            return torch.nn.functional.pad(per_position, (start, 0), value=0.0)
-        logprobs = from_start(token_logprobs(logits, ids[:, start:], **scoring))
-        ref, kl_logprobs = rows.get("ref_logprobs"), None
-        if c.kl_coef > 0 and ref is None:
-            # KL to the frozen initial weights, both at the rows' temperatures and untruncated:
-            # a truncated reference can give a sampled token probability 0 (an infinite KL).
-            plain = {"temperature": scoring["temperature"]}
-            if len(scoring) > 1:
-                kl_logprobs = from_start(token_logprobs(logits, ids[:, start:], **plain))
-            ref = self._reference_logprobs(rows, plain)
+        ref = rows.get("ref_logprobs")
+        # KL to the frozen initial weights, both at the rows' temperatures and untruncated: a
+        # truncated reference can give a sampled token probability 0 (an infinite KL).
+        plain = {"temperature": scoring["temperature"]} if c.kl_coef > 0 and ref is None else None
+        scores = self._scores(self.model, rows, shared, scoring, entropy=True,
+                              plain=plain is not None and len(scoring) > 1)
+        if plain is not None:
+            ref = self._reference_logprobs(rows, plain, shared)
         loss, metrics = grpo_loss(
-            logprobs, rows["old_logprobs"], rows["advantages"], rows["response_mask"],
+            scores.logprobs, rows["old_logprobs"], rows["advantages"], rows["response_mask"],
             normaliser=self._normaliser, clip_eps=c.clip_eps, clip_eps_high=c.clip_eps_high,
             ref_logprobs=ref, kl_coef=c.kl_coef, is_cap=c.is_cap or None,
-            kl_logprobs=kl_logprobs)
+            kl_logprobs=scores.plain)
         loss.backward()
-        mask = rows["response_mask"].bool()
-        entropy = from_start(token_entropy(logits, scoring["temperature"]))[mask].sum().item()
+        entropy = scores.entropy[rows["response_mask"].bool()].sum().item()
         # Metrics are means over this rank's tokens: sum them up as totals across ranks.
         n = metrics["num_tokens"]
         totals = torch.tensor([loss.item(), n, metrics["clip_frac"] * n,
@@ -304,22 +299,27 @@ class GRPOTrainer:
         forwards (each a collective under FSDP); a rank's dummy rows copy row 0 (_my_rows)."""
         return shared_prefix(mb, checkpointing=self.config.activation_checkpointing)
 
-    def _policy_logits(self, rows: dict[str, torch.Tensor], shared: int
-                       ) -> tuple[torch.Tensor, int]:
+    def _scores(self, model: nn.Module, rows: dict[str, torch.Tensor], shared: int,
+                scoring: dict, **wanted: bool) -> Scores:
+        """The rows scored under `model` from the position before their first response token,
+        the LM head applied a chunk of trainer.logits_chunk_tokens positions at a time
+        (flexmarl.training.logits); `wanted`: score_tokens' plain and entropy."""
         with self._autocast():
-            return policy_logits(self.model, rows, shared)
+            hidden, start = policy_hidden(model, rows, shared)
+            return score_tokens(hidden, rows["input_ids"], **scoring, start=start,
+                                chunk_tokens=self.config.logits_chunk_tokens, **wanted)
 
-    def _reference_logprobs(self, rows: dict[str, torch.Tensor], scoring: dict) -> torch.Tensor:
+    def _reference_logprobs(self, rows: dict[str, torch.Tensor], scoring: dict, shared: int
+                            ) -> torch.Tensor:
         """The rows' token log-probabilities under the reference policy: the frozen copy of the
-        initial weights, or with trainer.lora the base (this model, its adapter disabled). Under
+        initial weights, or with trainer.lora the base (this model, its adapter disabled),
+        scored as the policy is (`_scores`: the same start, shared prefix and chunks). Under
         FSDP a collective like any forward: every rank runs it for every micro-batch."""
         reference, base = self.reference, contextlib.nullcontext()
         if self.config.lora is not None:
             reference, base = self.model, base_only(self.model)
-        with torch.no_grad(), base, self._autocast():
-            out = reference(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"],
-                            use_cache=False)
-        return token_logprobs(out.logits.float(), rows["input_ids"], **scoring)
+        with torch.no_grad(), base:
+            return self._scores(reference, rows, shared, scoring).logprobs
 
     def _scoring(self, rows: dict[str, torch.Tensor]) -> dict:
         """How to score these rows: each row's own sampling settings, or trainer.temperature."""

@@ -32,6 +32,8 @@ from flexmarl.rollout.engine import EngineConfig
 from flexmarl.rollout.torch_engine import TorchEngine
 from flexmarl.training.trainer import GRPOTrainer
 
+from tests.helpers.workers import flexmarl_cli as cli
+
 RATIO_ATOL = 1e-4
 LOGPROB_ATOL = 1e-3
 CONVERT_TIMEOUT_S = 900  # the session's first conversions (both models) may fall here
@@ -187,10 +189,21 @@ async def test_vllm_serves_gemma_and_reloads_a_partial_update_in_place(family_di
 
 
 MIXED_TEAM = '''
-from pathlib import Path
 from flexmarl import AgentSpec, SamplingParams, Team, load_team
+from tests.helpers.teams import varied  # a reward that varies before any training
 duo = load_team({duo!r})
-team = Team(name="mixed", workflow=duo.workflow, tasks=duo.tasks[:8], heldout=duo.heldout[:4],
+
+
+async def workflow(ctx, task):  # agents/smol_duo.py's turns, rewarded so every group trains
+    [answer] = await ctx.generate("solver", task.prompt)
+    ctx.reward(answer, varied(answer))
+    claim = [{{"role": "user", "content": f"A student says {{answer.text.strip()[:12]}}. "
+                                         f"What is {{task.a}} + {{task.b}}?"}}]
+    [check] = await ctx.generate("checker", claim)
+    ctx.reward(check, varied(check))
+
+
+team = Team(name="mixed", workflow=workflow, tasks=duo.tasks[:8], heldout=duo.heldout[:4],
             agents=[AgentSpec(name="solver", model="gemma3-270m", train_layers=1, lr=1e-5,
                               sampling=SamplingParams(temperature=0.7, max_tokens=10)),
                     AgentSpec(name="checker", model="smollm2-135m", train_layers=1, lr=1e-5,
@@ -200,7 +213,8 @@ team = Team(name="mixed", workflow=duo.workflow, tasks=duo.tasks[:8], heldout=du
 
 @pytest.mark.timeout(CONVERT_TIMEOUT_S + 1200)  # whole runs, each bounded below
 async def test_a_mixed_team_trains_resumes_and_is_evaluated(family_dirs, tmp_path, capsys):
-    """agents/smol_duo.py's workflow with a Gemma solver and a SmolLM2 checker: one FSDP2 slot
+    """agents/smol_duo.py's tasks and turns with a Gemma solver and a SmolLM2 checker (a reward
+    that varies before training, so every step updates both): one FSDP2 slot
     of 2 ranks serves both agents (their states, of different sizes and shapes, swapped through
     it), weights reach the torch engines through published files, held-out evaluation runs
     before and after, a run stopped after 1 step resumes to 2 from its saved states, and
@@ -209,7 +223,6 @@ async def test_a_mixed_team_trains_resumes_and_is_evaluated(family_dirs, tmp_pat
     from pathlib import Path
 
     from flexmarl.config.load import load_config
-    from flexmarl.launch.cli import main_async as cli
     from flexmarl.launch.run import train
     from flexmarl.observe.rundir import RunDir
     from flexmarl.team import load_team
@@ -235,13 +248,13 @@ async def test_a_mixed_team_trains_resumes_and_is_evaluated(family_dirs, tmp_pat
         saved = result.checkpoints[agent]
         assert (saved / "chat_template.jinja").is_file() == chat  # each its own tokenizer
 
-    assert await cli(["run", "--resume", str(result.run_dir), "--set", "run.steps=2",
-                      "--set", "eval.final=false"]) == 0
+    assert await cli("run", "--resume", str(result.run_dir), "--set", "run.steps=2",
+                     "--set", "eval.final=false") == 0
     steps = [json.loads(ln) for ln in (result.run_dir / "metrics.jsonl").read_text()
              .splitlines() if '"step"' in ln]
     assert [s["step"] for s in steps if "agents" in s][-2:] == [0, 1]
     capsys.readouterr()
-    assert await cli(["eval", str(result.run_dir), "--json"]) == 0
+    assert await cli("eval", str(result.run_dir), "--json") == 0
     scores = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert scores["versions"] == {"solver": [2, 2], "checker": [2, 2]}
-    assert set(scores["agents"]) == {"solver", "checker"}
+    assert set(scores["agents"]) == {"solver", "checker"} and not scores["errors"]
+    assert all(scores["model_dirs"][a].endswith(f"{a}/version-2") for a in ("solver", "checker"))

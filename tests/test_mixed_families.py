@@ -258,3 +258,77 @@ async def test_a_mixed_team_trains_resumes_and_is_evaluated(family_dirs, tmp_pat
     scores = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(scores["agents"]) == {"solver", "checker"} and not scores["errors"]
     assert all(scores["model_dirs"][a].endswith(f"{a}/version-2") for a in ("solver", "checker"))
+
+
+@pytest.mark.timeout(CONVERT_TIMEOUT_S + 1500)  # waits of 600 s for the gateway, 900 s the run
+async def test_an_openai_app_reaches_each_family_in_its_own_convention(family_dirs, tmp_path,
+                                                                       monkeypatch):
+    """An OpenAI-client app's chat requests to two agents of different families through the
+    gateway: SmolLM2's prompt is its chat template's tokens, Gemma's the plain rendering with
+    its BOS, its reply cut at the next question; both agents train a step on them."""
+    import asyncio
+
+    import aiohttp
+    from openai import AsyncOpenAI
+
+    from flexmarl.config.load import load_config
+    from flexmarl.gateway import gateway_team
+    from flexmarl.launch.run import train
+    from flexmarl.observe.rundir import RunDir
+    from flexmarl.orchestrator.store import ExperienceStore
+
+    stored = []
+    put = ExperienceStore.put
+
+    async def recording_put(self, row, **kwargs):
+        stored.append(row)
+        return await put(self, row, **kwargs)
+
+    monkeypatch.setattr(ExperienceStore, "put", recording_put)
+    team = gateway_team("mixed", [
+        AgentSpec(name="gemma", model="gemma3-270m", train_layers=1,
+                  sampling=SamplingParams(max_tokens=8)),
+        AgentSpec(name="smol", model="smollm2-135m", train_layers=1,
+                  sampling=SamplingParams(max_tokens=8))])
+    config = load_config(overrides=[
+        f"run.dir={tmp_path / 'run'}", "run.steps=1", "rollout.backend=torch",
+        "pipeline.tasks_per_step=1", "pipeline.trajectories_per_task=2",
+        "pipeline.micro_batch_groups=1", "trainer.lr=1e-6", "observe.dashboard=false",
+        "observe.tensorboard=false", "observe.report=false", "gateway.enabled=true"])
+    url: asyncio.Future = asyncio.get_running_loop().create_future()
+    run_dir = RunDir.create(config)
+    run = asyncio.create_task(train(team, config, run_dir=run_dir, progress=False,
+                                    on_gateway=url.set_result))
+    base_url = await asyncio.wait_for(url, 600)
+    token = (run_dir.path / "gateway_token").read_text()
+    client = AsyncOpenAI(base_url=base_url + "v1", api_key=token)
+
+    async def app() -> None:
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as http:
+            k = 0
+            while not run.done():
+                for j in range(2):
+                    eid = f"t{k}/{j}"
+                    for model in ("gemma", "smol"):
+                        await client.chat.completions.create(
+                            model=model, messages=MESSAGES, max_tokens=8,
+                            extra_headers={"X-Episode-Id": eid})
+                    async with http.post(f"{base_url}v1/episodes/{eid}/reward",
+                                         json={"team": float(j)}) as resp:
+                        assert resp.status == 200, await resp.text()
+                    async with http.post(f"{base_url}v1/episodes/{eid}/end") as resp:
+                        assert resp.status == 200, await resp.text()
+                k += 1
+
+    driver = asyncio.create_task(app())
+    result = await asyncio.wait_for(run, 900)
+    driver.cancel()
+    await asyncio.gather(driver, return_exceptions=True)
+
+    for agent, family in (("gemma", "gemma3-270m"), ("smol", "smollm2-135m")):
+        assert result.metrics[0]["agents"][agent]["trained_samples"] == 2
+        rt, expected = encoded(family_dirs[family], family)
+        rows = [row for row in stored if row.agent == agent]
+        assert rows and all(row.prompt_ids == expected for row in rows), agent
+    gemma_rows = [row for row in stored if row.agent == "gemma"]
+    assert gemma_rows[0].prompt_ids[0] == 2  # Gemma's BOS

@@ -4,12 +4,13 @@ One invocation runs every system on every workload, one run at a time on this ma
 its own process tree, then evaluates every run's saved weights with one evaluator and measures
 each workload's physical limit:
 
-    per workload (bench/peers/workloads.py: sums, joint, duo)
+    per workload (bench/peers/workloads.py: sums, joint, duo, mixed)
       per system   flexmarl          `flexmarl run` on a team of that workload (the user's
                                      defaults; eval off: evaluation is measured apart)
                    flexmarl[k=v,..]  extra rows: the same with config overrides
-                   trl               TRL GRPOTrainer (sums); two alternated by a loop (joint, duo)
-                   comlrl            CoMLRL MAGRPOTrainer
+                   trl               TRL GRPOTrainer (sums); two alternated by a loop (joint,
+                                     duo, mixed)
+                   comlrl            CoMLRL MAGRPOTrainer (sums, joint)
         ─► the run's step end times ─► steady trained samples/s (after --warmup steps), time
            to the first trained step, start-up (process start to training start), peak RSS
            of the process tree, its CPU use in the steady window
@@ -22,7 +23,11 @@ The peers run in `.venv-peers` (bench/peers/requirements.txt, pinned; made on fi
 checked against the pins), never in the product's environment. A peer that cannot express a
 workload says why, in the table. FlexMARL runs in the checkout's `.venv`.
 
-    .venv/bin/python bench/peers.py [--json] [--workloads sums,joint,duo] [--steps 8]
+The workloads run on SmolLM2-135M-Instruct, mixed on Gemma 3 270M base (solver) and SmolLM2
+(checker): each model FlexMARL's converted directory (flexmarl.launch.model_dirs.resolve_model),
+each agent with its own lr and new tokens (workloads.agent_setting).
+
+    .venv/bin/python bench/peers.py [--json] [--workloads sums,joint,duo,mixed] [--steps 8]
         [--warmup 2] [--systems flexmarl,trl,comlrl,"flexmarl[run.save_state=false]"]
         [--heldout 100] [--keep DIR] [--reuse]
 
@@ -102,13 +107,32 @@ def ensure_peers_env() -> dict[str, str]:
     return {n: v for n, v in have.items() if v}
 
 
-def model_dir() -> str:
-    out = subprocess.run([MAIN_PY, "-c", "from flexmarl.launch.gguf import gguf_dir; "
-                          "print(gguf_dir('smollm2-135m'))"], capture_output=True, text=True)
+def model_dirs(families: list[str]) -> dict[str, str]:
+    """FlexMARL's converted HF directory of each pretrained model (converted once, cached)."""
+    code = ("import json, sys\nfrom flexmarl import AgentSpec\n"
+            "from flexmarl.launch.model_dirs import resolve_model\n"
+            "print(json.dumps({f: resolve_model(AgentSpec(name='a', model=f)) "
+            "for f in sys.argv[1:]}))")
+    out = subprocess.run([MAIN_PY, "-c", code, *families], capture_output=True, text=True)
     if out.returncode:
-        raise SystemExit(f"peers: cannot convert SmolLM2-135M-Instruct (run `make setup`):\n"
+        raise SystemExit(f"peers: cannot convert {', '.join(families)} (run `make setup`):\n"
                          f"{out.stderr[-2000:]}")
-    return out.stdout.strip().splitlines()[-1]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def model_args(dirs: dict[str, str]) -> list[str]:
+    """The command line of a runner or limit.py: --model (SmolLM2's directory), and
+    --model-dir FAMILY=DIR for each other family."""
+    args = ["--model", dirs[w.SMOLLM2]]
+    for family, d in dirs.items():
+        if family != w.SMOLLM2:
+            args += ["--model-dir", f"{family}={d}"]
+    return args
+
+
+def starting_dirs(workload: str, dirs: dict[str, str]) -> dict[str, str]:
+    """Each agent's starting weights: its family's converted directory."""
+    return {a: dirs[w.agent_family(workload, a)] for a in w.AGENTS[workload]}
 
 
 def say(text: str) -> None:
@@ -201,7 +225,7 @@ def run_tree(cmd: list[str], log: str, env: dict | None = None) -> tuple[int, fl
 # ----------------------------------------------------------------------------- systems
 
 TEAMS = {"sums": "bench/peers/team_sums.py", "joint": "bench/peers/team_joint.py",
-         "duo": "agents/smol_duo.py"}
+         "duo": "agents/smol_duo.py", "mixed": "agents/mixed_duo.py"}
 PEER_RUNNERS = {"trl": "bench/peers/run_trl.py", "comlrl": "bench/peers/run_comlrl.py"}
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "disabled",
            "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1",
@@ -247,8 +271,8 @@ def run_flexmarl(workload: str, overrides: list[str], out: str, args) -> dict:
     return result
 
 
-def run_peer(system: str, workload: str, out: str, model: str, args) -> dict:
-    cmd = [PEERS_PY, PEER_RUNNERS[system], "--workload", workload, "--model", model,
+def run_peer(system: str, workload: str, out: str, dirs: dict[str, str], args) -> dict:
+    cmd = [PEERS_PY, PEER_RUNNERS[system], "--workload", workload, *model_args(dirs),
            "--out", out, "--steps", str(args.steps), "--seed", str(args.seed)]
     code, started, sampler = run_tree(cmd, os.path.join(out, "log.txt"), OFFLINE)
     path = os.path.join(out, "result.json")
@@ -286,12 +310,13 @@ def summarize(raw: dict, warmup: int, cores: int) -> dict:
     return row
 
 
-def run_row(workload: str, system: str, out: str, model: str, cores: int, args) -> dict:
+def run_row(workload: str, system: str, out: str, dirs: dict[str, str], cores: int,
+            args) -> dict:
     """Run one system on one workload and evaluate its weights: its row of the table."""
     name, overrides = parse_system(system)
     say(f"{workload}: {system} ({args.steps} steps) ...")
     raw = (run_flexmarl(workload, overrides, out, args) if name == "flexmarl"
-           else run_peer(name, workload, out, model, args))
+           else run_peer(name, workload, out, dirs, args))
     if raw["unsupported"]:
         return {"unsupported": raw["unsupported"], "notes": raw["notes"]}
     row = summarize(raw, args.warmup, cores)
@@ -317,9 +342,9 @@ def evaluate(workload: str, agents: dict[str, str], out: str, heldout: int) -> d
     return json.load(open(path))
 
 
-def limit(workload: str, model: str, args) -> dict:
+def limit(workload: str, dirs: dict[str, str], args) -> dict:
     proc = subprocess.run([MAIN_PY, os.path.join(PEERS, "limit.py"), "--workload", workload,
-                           "--model", model, "--steps", str(args.limit_steps), "--json"],
+                           *model_args(dirs), "--steps", str(args.limit_steps), "--json"],
                           capture_output=True, text=True, env={**os.environ, **OFFLINE})
     if proc.returncode:
         raise SystemExit(f"peers: limit.py failed ({workload}):\n{proc.stderr[-3000:]}")
@@ -450,7 +475,8 @@ def main() -> None:
     versions = installed(MAIN_PY, ["torch", "transformers", "flexmarl"])
     if any(parse_system(s)[0] in PEER_RUNNERS for s in systems):
         versions |= {f"peers:{k}": v for k, v in ensure_peers_env().items()}
-    model = model_dir()
+    dirs = model_dirs(list(dict.fromkeys([w.SMOLLM2] + [f for x in workloads
+                                                         for f in w.families(x)])))
     cores = len(os.sched_getaffinity(0))
     work = args.keep or tempfile.mkdtemp(prefix="flexmarl-peers-")
     os.makedirs(work, exist_ok=True)
@@ -465,7 +491,7 @@ def main() -> None:
                 out = os.path.join(work, workload, system.replace("/", "_"))
                 os.makedirs(out, exist_ok=True)
                 row = cached(os.path.join(out, "row.json"), args.reuse,
-                             lambda: run_row(workload, system, out, model, cores, args))
+                             lambda: run_row(workload, system, out, dirs, cores, args))
                 results[workload][system] = row
                 say(f"{workload}: {system}: " + (
                     "cannot express it" if row.get("unsupported") else row.get("error") or
@@ -473,12 +499,12 @@ def main() -> None:
             root = os.path.join(work, workload)
             if not args.no_eval:
                 before[workload] = cached(os.path.join(root, "before.json"), args.reuse,
-                                          lambda: evaluate(workload, {a: model for a in
-                                                                      w.AGENTS[workload]},
+                                          lambda: evaluate(workload,
+                                                           starting_dirs(workload, dirs),
                                                            root, args.heldout))
             say(f"{workload}: the limit (engine and trainer alone) ...")
             limits[workload] = cached(os.path.join(root, "limit.json"), args.reuse,
-                                      lambda: limit(workload, model, args))
+                                      lambda: limit(workload, dirs, args))
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -90,7 +90,8 @@ async def test_each_family_is_sampled_and_scored_alike(family_dirs, family, how)
     """Sampled through the torch engine (temperature 0.7, top-k 50, top-p 0.9) from the same
     chat messages in each model's own convention, with the call's stops (the plain rendering's
     for Gemma), the samples are scored by the trainer as sampled: on-policy ratio 1, whether
-    the last 2 blocks train (FSDP2's unit) or a LoRA adapter on PEFT's default targets does."""
+    the last 2 blocks train (FSDP2's unit) or a LoRA adapter on PEFT's default targets does,
+    and the KL to the starting weights is 0."""
     from flexmarl.team import LoraSpec
 
     directory = family_dirs[family]
@@ -104,8 +105,9 @@ async def test_each_family_is_sampled_and_scored_alike(family_dirs, family, how)
     await engine.close()
     assert all(len(s.token_ids) == len(s.logprobs) >= 1 for s in samples)
     assert all(PLAIN_STOP not in s.text for s in samples)
-    config = (TrainerConfig(lr=1e-6, train_layers=2) if how == "blocks" else
-              TrainerConfig(lr=1e-6, lora=LoraSpec().as_dict()))
+    # With a KL term: its reference (a frozen copy, or the adapter's base) is the policy now.
+    config = (TrainerConfig(lr=1e-6, train_layers=2, kl_coef=0.05) if how == "blocks" else
+              TrainerConfig(lr=1e-6, lora=LoraSpec().as_dict(), kl_coef=0.05))
     trainer = GRPOTrainer(directory, config)
     trained = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
     assert trained and all(("lora_" in n) == (how == "lora") for n in trained)
@@ -115,6 +117,7 @@ async def test_each_family_is_sampled_and_scored_alike(family_dirs, family, how)
                                            sampling=[(0.7, 50, 0.9)] * 4))
     assert abs(stats.metrics["ratio_mean"] - 1.0) < RATIO_ATOL
     assert stats.metrics["clip_frac"] == 0.0 and stats.metrics["entropy"] > 0
+    assert abs(stats.metrics["kl"]) < RATIO_ATOL
 
 
 @pytest.mark.vllm
@@ -266,64 +269,16 @@ async def test_an_openai_app_reaches_each_family_in_its_own_convention(family_di
     """An OpenAI-client app's chat requests to two agents of different families through the
     gateway: SmolLM2's prompt is its chat template's tokens, Gemma's the plain rendering with
     its BOS, its reply cut at the next question; both agents train a step on them."""
-    import asyncio
-
-    import aiohttp
-    from openai import AsyncOpenAI
-
-    from flexmarl.config.load import load_config
     from flexmarl.gateway import gateway_team
-    from flexmarl.launch.run import train
-    from flexmarl.observe.rundir import RunDir
-    from flexmarl.orchestrator.store import ExperienceStore
+    from tests.helpers.gateway_runs import gateway_run
 
-    stored = []
-    put = ExperienceStore.put
-
-    async def recording_put(self, row, **kwargs):
-        stored.append(row)
-        return await put(self, row, **kwargs)
-
-    monkeypatch.setattr(ExperienceStore, "put", recording_put)
     team = gateway_team("mixed", [
         AgentSpec(name="gemma", model="gemma3-270m", train_layers=1,
                   sampling=SamplingParams(max_tokens=8)),
         AgentSpec(name="smol", model="smollm2-135m", train_layers=1,
                   sampling=SamplingParams(max_tokens=8))])
-    config = load_config(overrides=[
-        f"run.dir={tmp_path / 'run'}", "run.steps=1", "rollout.backend=torch",
-        "pipeline.tasks_per_step=1", "pipeline.trajectories_per_task=2",
-        "pipeline.micro_batch_groups=1", "trainer.lr=1e-6", "observe.dashboard=false",
-        "observe.tensorboard=false", "observe.report=false", "gateway.enabled=true"])
-    url: asyncio.Future = asyncio.get_running_loop().create_future()
-    run_dir = RunDir.create(config)
-    run = asyncio.create_task(train(team, config, run_dir=run_dir, progress=False,
-                                    on_gateway=url.set_result))
-    base_url = await asyncio.wait_for(url, 600)
-    token = (run_dir.path / "gateway_token").read_text()
-    client = AsyncOpenAI(base_url=base_url + "v1", api_key=token)
-
-    async def app() -> None:
-        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as http:
-            k = 0
-            while not run.done():
-                for j in range(2):
-                    eid = f"t{k}/{j}"
-                    for model in ("gemma", "smol"):
-                        await client.chat.completions.create(
-                            model=model, messages=MESSAGES, max_tokens=8,
-                            extra_headers={"X-Episode-Id": eid})
-                    async with http.post(f"{base_url}v1/episodes/{eid}/reward",
-                                         json={"team": float(j)}) as resp:
-                        assert resp.status == 200, await resp.text()
-                    async with http.post(f"{base_url}v1/episodes/{eid}/end") as resp:
-                        assert resp.status == 200, await resp.text()
-                k += 1
-
-    driver = asyncio.create_task(app())
-    result = await asyncio.wait_for(run, 900)
-    driver.cancel()
-    await asyncio.gather(driver, return_exceptions=True)
+    result, stored = await gateway_run(team, tmp_path / "run", monkeypatch, MESSAGES,
+                                       ["gemma", "smol"], lr=1e-6)
 
     for agent, family in (("gemma", "gemma3-270m"), ("smol", "smollm2-135m")):
         assert result.metrics[0]["agents"][agent]["trained_samples"] == 2

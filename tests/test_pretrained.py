@@ -284,62 +284,18 @@ async def test_an_openai_app_trains_the_real_model_through_the_gateway(smollm2_d
     own chat template's tokens and are stored as sampled; one step trains the last 2 blocks
     (AgentSpec.train_layers), and the run's checkpoint, completed from the base model, differs
     from it in those blocks and the final norm only."""
-    import aiohttp
-    from openai import AsyncOpenAI
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
-    from flexmarl.config.load import load_config
     from flexmarl.gateway import gateway_team
-    from flexmarl.launch.run import train
-    from flexmarl.observe.rundir import RunDir
-    from flexmarl.orchestrator.store import ExperienceStore
+    from tests.helpers.gateway_runs import gateway_run
 
-    stored = []
-    put = ExperienceStore.put
-
-    async def recording_put(self, row, **kwargs):
-        stored.append(row)
-        return await put(self, row, **kwargs)
-
-    monkeypatch.setattr(ExperienceStore, "put", recording_put)
     team = gateway_team("smol", [AgentSpec(name="assistant", model=smollm2_dir, train_layers=2,
                                            sampling=SamplingParams(max_tokens=8))])
-    config = load_config(overrides=[
-        f"run.dir={tmp_path / 'run'}", "run.steps=1", "rollout.backend=torch",
-        "pipeline.tasks_per_step=1", "pipeline.trajectories_per_task=2",
-        "pipeline.micro_batch_groups=1", "trainer.lr=1e-5", "observe.dashboard=false",
-        "observe.tensorboard=false", "observe.report=false", "gateway.enabled=true"])
-    url: asyncio.Future = asyncio.get_running_loop().create_future()
-    run_dir = RunDir.create(config)
-    run = asyncio.create_task(train(team, config, run_dir=run_dir, progress=False,
-                                    on_gateway=url.set_result))
-    base_url = await asyncio.wait_for(url, 600)
-    token = (run_dir.path / "gateway_token").read_text()  # generated for the run
-    client = AsyncOpenAI(base_url=base_url + "v1", api_key=token)
     messages = [{"role": "system", "content": "You answer with one number."},
                 {"role": "user", "content": "What is 12+34?"}]
-
-    async def app() -> None:
-        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as http:
-            k = 0
-            while not run.done():
-                for j in range(2):
-                    eid = f"t{k}/{j}"
-                    await client.chat.completions.create(
-                        model="assistant", messages=messages, max_tokens=8,
-                        extra_headers={"X-Episode-Id": eid})
-                    async with http.post(f"{base_url}v1/episodes/{eid}/reward",
-                                         json={"team": float(j)}) as resp:
-                        assert resp.status == 200, await resp.text()
-                    async with http.post(f"{base_url}v1/episodes/{eid}/end") as resp:
-                        assert resp.status == 200, await resp.text()
-                k += 1
-
-    driver = asyncio.create_task(app())
-    result = await asyncio.wait_for(run, 900)
-    driver.cancel()
-    await asyncio.gather(driver, return_exceptions=True)
+    result, stored = await gateway_run(team, tmp_path / "run", monkeypatch, messages,
+                                       ["assistant"], lr=1e-5)
 
     assert result.metrics[0]["agents"]["assistant"]["trained_samples"] == 2
     tok = AutoTokenizer.from_pretrained(smollm2_dir)

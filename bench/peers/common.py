@@ -34,6 +34,8 @@ def parse_args(description: str) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--workload", required=True, choices=workloads.WORKLOADS)
     p.add_argument("--model", required=True, help="the converted SmolLM2-135M-Instruct HF directory")
+    p.add_argument("--model-dir", action="append", default=[], metavar="FAMILY=DIR",
+                   help="another family's converted HF directory (mixed: gemma3-270m=DIR)")
     p.add_argument("--out", required=True, help="where result.json and the agents' weights go")
     p.add_argument("--steps", type=int, default=workloads.Setting.steps)
     p.add_argument("--seed", type=int, default=workloads.Setting.seed)
@@ -42,8 +44,16 @@ def parse_args(description: str) -> argparse.Namespace:
 
 
 def setting(args: argparse.Namespace) -> workloads.Setting:
-    """The shared Setting; only model, steps and seed come from the command line."""
-    return workloads.Setting(model=args.model, steps=args.steps, seed=args.seed)
+    """The shared Setting; only the model directories, steps and seed come from the command
+    line (each agent's own: workloads.agent_setting)."""
+    models = tuple(tuple(x.split("=", 1)) for x in args.model_dir)
+    s = workloads.Setting(model=args.model, models=models, steps=args.steps, seed=args.seed)
+    missing = [workloads.agent_family(args.workload, a) for a in workloads.AGENTS[args.workload]
+               if not workloads.agent_setting(s, args.workload, a).model]
+    if missing:
+        raise SystemExit(f"workload {args.workload} needs --model-dir FAMILY=DIR for "
+                         f"{', '.join(dict.fromkeys(missing))}")
+    return s
 
 
 def seed_all(seed: int) -> None:
@@ -151,6 +161,29 @@ class Result:
 def mean(xs) -> float | None:
     xs = list(xs)
     return sum(xs) / len(xs) if xs else None
+
+
+def plain_format(tokenizer) -> bool:
+    """FlexMARL's AgentSpec.prompt_format "auto": the plain rendering where the tokenizer has
+    no chat template (Gemma 3 270M base), the chat template where it has one."""
+    return not getattr(tokenizer, "chat_template", None)
+
+
+def check_plain_encoding(tokenizer) -> None:
+    """The plain rendering must be tokenized as FlexMARL encodes it (flexmarl.orchestrator.
+    prompts.encode_chat: tokenizer.encode(text, add_special_tokens=True)), BOS first and once.
+    TRL tokenizes a plain-text prompt with processing_class(text=prompts) (add_special_tokens
+    left at its default, True): that call is the one checked here."""
+    text = workloads.render_plain(workloads.solver_prompt(workloads.Sum(1, 2)))
+    ours = tokenizer.encode(text, add_special_tokens=True)
+    theirs = tokenizer(text=[text])["input_ids"][0]
+    if list(theirs) != list(ours):
+        raise RuntimeError(f"tokenizing the plain prompt differs from FlexMARL's encoding: "
+                           f"{list(theirs)[:5]}... vs {ours[:5]}...")
+    bos = tokenizer.bos_token_id
+    if bos is not None and (ours[0] != bos or ours[1] == bos):
+        raise RuntimeError(f"the plain prompt should open with one {tokenizer.bos_token}: "
+                           f"{ours[:5]}")
 
 
 def chat_text(tokenizer, messages: list[dict]) -> str:

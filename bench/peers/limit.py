@@ -13,8 +13,12 @@ exactly the workload's calls (4 tasks x 8 samples per agent, the duo's checker c
 the solver's claims), then FlexMARL's GRPO trainer (flexmarl.training.trainer, last 6 blocks and
 the final norm trainable) on all of those samples, one micro-batch of 8 rows at a time, then
 one optimizer step, per agent. The first of `--steps` rounds warms the allocator and is left out.
+Each agent is priced with its own model, lr and new tokens (workloads.agent_setting: mixed's
+Gemma 3 270M solver and SmolLM2 checker), its prompts rendered as FlexMARL renders them for
+that model (the chat template, or the plain rendering with its stop).
 
     .venv/bin/python bench/peers/limit.py --workload duo [--steps 3] [--json]
+        [--model SMOLLM2_DIR] [--model-dir gemma3-270m=DIR]   (default: FlexMARL's cached ones)
 """
 from __future__ import annotations
 
@@ -37,7 +41,7 @@ async def measure(workload: str, steps: int, setting: w.Setting) -> dict:
     import torch
 
     from flexmarl import AgentSpec, SamplingParams
-    from flexmarl.launch.gguf import gguf_dir
+    from flexmarl.launch.model_dirs import resolve_model
     from flexmarl.orchestrator.agents import AgentRuntime
     from flexmarl.orchestrator.batch import micro_batch
     from flexmarl.rollout.backends import make_engine
@@ -46,36 +50,42 @@ async def measure(workload: str, steps: int, setting: w.Setting) -> dict:
     from flexmarl.config.training import TrainerConfig
 
     torch.set_num_threads(1)
-    model_dir = setting.model or str(gguf_dir("smollm2-135m"))
-    sampling = SamplingParams(temperature=setting.temperature, max_tokens=setting.max_new_tokens)
     agents = w.AGENTS[workload]
+    flow = w.WORKFLOW[workload]
+    settings, samplings = {}, {}
     engines, runtimes, trainers = {}, {}, {}
     for name in agents:  # one engine and one trainer per agent, as every system has
+        sa = w.agent_setting(setting, workload, name)  # its own model, lr and new tokens
+        model_dir = sa.model or resolve_model(AgentSpec(name=name, model=sa.family))
+        settings[name] = sa = dataclasses.replace(sa, model=model_dir)
+        samplings[name] = SamplingParams(temperature=sa.temperature, max_tokens=sa.max_new_tokens)
         engines[name] = make_engine(EngineConfig(backend="torch", model_dir=model_dir,
-                                                 max_model_len=512, seed=setting.seed))
+                                                 max_model_len=512, seed=sa.seed))
         await engines[name].start()
-        runtimes[name] = AgentRuntime(AgentSpec(name=name, model=model_dir, sampling=sampling),
+        runtimes[name] = AgentRuntime(AgentSpec(name=name, model=model_dir,
+                                                sampling=samplings[name]),
                                       model_dir, engines[name].tokenizer)
         trainers[name] = GRPOTrainer(model_dir, TrainerConfig(
-            lr=setting.lr, train_layers=setting.train_layers, temperature=setting.temperature,
-            grad_clip=setting.grad_clip, clip_eps=setting.clip_eps, seed=setting.seed))
-    pad = engines[agents[0]].tokenizer.pad_token_id or 0
+            lr=sa.lr, train_layers=sa.train_layers, temperature=sa.temperature,
+            grad_clip=sa.grad_clip, clip_eps=sa.clip_eps, seed=sa.seed))
+    pads = {name: engines[name].tokenizer.pad_token_id or 0 for name in agents}
 
     async def ask(name: str, prompts: list[list[dict]], salt: int) -> list:
-        calls = [engines[name].generate(runtimes[name].encode(p),
-                                        dataclasses.replace(sampling, seed=salt + k))
+        # call_params: the plain rendering's stop where the agent's model gets it (Gemma).
+        rt = runtimes[name]
+        calls = [engines[name].generate(rt.encode(p), dataclasses.replace(
+                     rt.call_params(p, samplings[name]), seed=salt + k))
                  for k, p in enumerate(prompts)]
-        return [(runtimes[name].encode(p), r[0][0]) for p, r in
-                zip(prompts, await asyncio.gather(*calls))]
+        return [(rt.encode(p), r[0][0]) for p, r in zip(prompts, await asyncio.gather(*calls))]
 
     rounds = []
     for s, tasks in enumerate(w.step_tasks(dataclasses.replace(setting, steps=steps))):
         calls = [t for t in tasks for _ in range(setting.group_size)]
         cpu, wall = time.process_time(), time.perf_counter()
         out = {agents[0]: await ask(agents[0], [w.solver_prompt(t) for t in calls], 1000 * s)}
-        if workload == "joint":
+        if flow == "joint":
             out["b"] = await ask("b", [w.solver_prompt(t) for t in calls], 1000 * s + 500)
-        elif workload == "duo":
+        elif flow == "duo":
             claims = [w.last_number(x.text) for _, x in out["solver"]]
             out["checker"] = await ask("checker", [w.checker_prompt(t, c)
                                                    for t, c in zip(calls, claims)], 1000 * s + 500)
@@ -92,7 +102,8 @@ async def measure(workload: str, steps: int, setting: w.Setting) -> dict:
             trainer.begin_batch(None)
             for i in range(0, len(batch), ROWS_PER_MICRO_BATCH):
                 trainer.accumulate(micro_batch(batch[i:i + ROWS_PER_MICRO_BATCH],
-                                               advantages[i:i + ROWS_PER_MICRO_BATCH], pad_id=pad))
+                                               advantages[i:i + ROWS_PER_MICRO_BATCH],
+                                               pad_id=pads[name]))
             trainer.step(sum(len(x.token_ids) for _, x in rows))
         train_cpu, train_wall = time.process_time() - cpu, time.perf_counter() - wall
         rounds.append({"gen_cpu_s": gen_cpu, "gen_wall_s": gen_wall, "train_cpu_s": train_cpu,
@@ -112,11 +123,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", choices=w.WORKLOADS, required=True)
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--model", default="")
+    ap.add_argument("--model", default="", help="the converted SmolLM2-135M-Instruct directory")
+    ap.add_argument("--model-dir", action="append", default=[], metavar="FAMILY=DIR",
+                    help="another family's converted directory (mixed: gemma3-270m=DIR)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    r = asyncio.run(measure(args.workload, args.steps, w.Setting(model=args.model)))
+    models = tuple(tuple(x.split("=", 1)) for x in args.model_dir)
+    r = asyncio.run(measure(args.workload, args.steps, w.Setting(model=args.model,
+                                                                 models=models)))
     print(f"{args.workload}: generate {r['gen_cpu_s']:.2f} CPU-s, train {r['train_cpu_s']:.2f} "
           f"CPU-s for {r['samples']:.0f} samples ({r['tokens']:.0f} tokens) on one thread; "
           f"limit on {r['cores']} cores {r['limit_step_s']:.2f} s per step "

@@ -9,6 +9,9 @@ One of the peers bench/peers.py compares FlexMARL with. Runs in `.venv-peers`:
            of a is paired with completion i of b, 8 joint samples per prompt)
     sums   one agent ("solver"): MAGRPO's single-agent case (num_agents=1, plain GRPO)
     duo    not expressible (result.json says why: "unsupported")
+    mixed  not expressible: the duo's workflow (as above); the two families would load
+           (MAGRPOTrainer takes one model and one tokenizer per agent) but not with the
+           workload's per-agent new tokens (MIXED_UNSUPPORTED says exactly)
 
 What CoMLRL does, read from comlrl/trainers/reinforce/magrpo.py (1.4.0):
   - one dataset item per rollout; each agent samples num_generations completions of it with
@@ -63,15 +66,34 @@ DUO_UNSUPPORTED = (
 )
 
 
+MIXED_UNSUPPORTED = (
+    "mixed is the duo's workflow with a Gemma 3 270M base solver and a SmolLM2 checker, so "
+    "first of all: " + DUO_UNSUPPORTED + " The two families themselves would load: "
+    "MAGRPOTrainer.__init__(..., agents: Optional[List[PreTrainedModel]], tokenizer: "
+    "Optional[Union[PreTrainedTokenizerBase, Sequence[PreTrainedTokenizerBase]]], ..., "
+    "formatters: Optional[Union[Callable, Sequence[Callable]]]) takes a model, a tokenizer and a "
+    "formatter per agent (resolve_tokenizers: 'tokenizers length must match agents'; "
+    "_generate_completions uses self.tokenizers[agent_idx]), and its optimizers can be "
+    "replaced per agent (the lr: 3e-6 Gemma, 1e-4 SmolLM2). But the new tokens cannot be set "
+    "per agent (the workload: 16 for Gemma, 12 for SmolLM2): MAGRPOConfig has one "
+    "max_new_tokens, and build_node calls every agent's _generate_completions_with_external_"
+    "prompts(..., max_new_tokens=self.args.max_new_tokens, **kwargs); the only other way into "
+    "generate(), trainer.train(**kwargs), reaches every agent's generate() alike, so the Gemma "
+    "solver's stop string (\\nQuestion:, with the tokenizer transformers needs for it) would "
+    "go to the SmolLM2 checker too."
+)
+
+
 def main() -> None:
     args = common.parse_args(__doc__.splitlines()[0])
+    result = common.Result("comlrl", args, T_PROCESS_START, common.versions(*common.PACKAGES))
+    if args.workload in ("duo", "mixed"):
+        result.unsupported(DUO_UNSUPPORTED if args.workload == "duo" else MIXED_UNSUPPORTED)
+        print(f"[peers] {args.workload}: unsupported; wrote {result.out / 'result.json'}",
+              flush=True)
+        return
     s = common.setting(args)
     agents = workloads.AGENTS[args.workload]
-    result = common.Result("comlrl", args, T_PROCESS_START, common.versions(*common.PACKAGES))
-    if args.workload == "duo":
-        result.unsupported(DUO_UNSUPPORTED)
-        print(f"[peers] duo: unsupported; wrote {result.out / 'result.json'}", flush=True)
-        return
     common.seed_all(s.seed)
     notes = result.note
     notes("loss: per completion -A * sum of its token log-probs, averaged over the 32 "

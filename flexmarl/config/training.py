@@ -82,13 +82,14 @@ class TrainerConfig:
     """Recompute each decoder block's activations in backward instead of keeping them (much less
     activation memory, about a third more compute): Hugging Face's non-reentrant gradient
     checkpointing on the policy model, which keeps the parameter names."""
-    logits_chunk_tokens: int = 512
+    logits_chunk_tokens: int = 64
     """Positions (rows x positions) whose full-vocabulary logits exist at once while scoring:
     the LM head is applied to the final hidden states a chunk at a time, each chunk
     recomputed in backward (flexmarl.training.logits), so the logits' memory is
-    O(logits_chunk_tokens x vocabulary) whatever the micro-batch: 512 MiB a float32 copy at
-    Gemma 3's 262,144 tokens, and scoring makes a few (temperature, top-k/top-p, log-softmax,
-    entropy). Smaller saves memory, larger saves kernel launches; the numbers do not change."""
+    O(logits_chunk_tokens x vocabulary) whatever the micro-batch: 64 MiB a float32 copy at
+    Gemma 3's 262,144 tokens (a micro-batch of 8 rows x 17 positions would be 136 MiB a copy
+    whole), and scoring makes a few (temperature, top-k/top-p, log-softmax, entropy). Smaller
+    saves memory, larger saves kernel launches; the numbers do not change."""
     compile: bool = False
     """torch.compile each decoder block of the policy in place (`block.compile()`, names kept):
     faster steps after a compile of some seconds to minutes at the first micro-batch (and at

@@ -11,6 +11,7 @@ and nothing in the suite edits sys.path (tests/test_suite_rules.py checks both).
     lora.py            LoRA adapters: the trainer's (SPEC, LORA, lora_trainer) and the rollout
                        engine's (ENGINE_SPEC, random_adapter)
     runs.py            whole train() runs of the pipeline tests: config by mode, run, hist
+    gateway_runs.py    a one-step gateway run driven by an OpenAI-client app, its stored rows
     faults.py          the fault tests' runs: a fault injected into a run, the fault-free run,
                        and what a run with a fault must keep
     workers.py         worker entry points the supervisor tests start (`tests.helpers.workers:

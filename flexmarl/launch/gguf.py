@@ -225,14 +225,18 @@ def _dequantize_and_save(source: Path, target: Path, bar: Bar) -> int:
 def _special_tokens_as_gguf(tokenizer: Any, source: Path) -> None:
     """The tokenizer adds BOS / EOS to encoded text where the GGUF file says the model's does
     (tokenizer.ggml.add_bos_token): transformers' GGUF reader drops the flag, and Gemma without
-    its BOS answers nothing (0 of 30 held-out sums greedy, 8 of 30 with it)."""
-    from gguf import GGUFReader
+    its BOS answers nothing (0 of 30 held-out sums greedy, 8 of 30 with it). A flag that is
+    missing, or not a boolean, leaves transformers' choice as it is."""
+    from gguf import GGUFReader, GGUFValueType
 
     fields = GGUFReader(source).fields
     for flag in ("add_bos_token", "add_eos_token"):
         field = fields.get(f"tokenizer.ggml.{flag}")
-        if field is not None and field.data:
-            setattr(tokenizer, flag, bool(field.parts[field.data[0]][0]))
+        if field is None or list(field.types) != [GGUFValueType.BOOL]:
+            continue
+        setattr(tokenizer, flag, bool(field.contents()))
+        # Also in tokenizer_config.json, for whatever reads the attribute after a reload.
+        tokenizer.init_kwargs[flag] = bool(field.contents())
 
 
 @contextlib.contextmanager

@@ -81,22 +81,28 @@ async def save_model_dir(trainers: TrainerPool, agent: str, model_dir: str,
 
 
 def install_line(agents: list[AgentSpec]) -> str:
-    """The console's install check: whether the pretrained extra is here, and what each agent's
-    model is ("solver smollm2-135m (pretrained), judge small (built-in byte-level)")."""
+    """The console's install check: whether the pretrained models the team needs are here, what
+    each agent's model is ("solver smollm2-135m (pretrained), judge small (built-in
+    byte-level)"), and the terms of those that come under their own."""
     import importlib.util
 
-    needed = {spec.model for spec in agents if spec.model in PRETRAINED}
-    missing = [name for name in sorted(needed)
+    needed = sorted({spec.model for spec in agents if spec.model in PRETRAINED})
+    missing = [name for name in needed
                if importlib.util.find_spec(PRETRAINED[name].module) is None]
-    if importlib.util.find_spec("gguf") is None and needed:
-        missing = sorted(needed)
+    if importlib.util.find_spec("gguf") is None:  # every GGUF model needs it to be converted
+        missing = needed or (["gguf"] if any(is_gguf(s.model) for s in agents) else [])
     kinds = []
     for spec in agents:
         kind = ("built-in byte-level" if spec.model in SIZES else
-                f"pretrained, {PRETRAINED[spec.model].terms}" if spec.model in PRETRAINED else
+                "pretrained" if spec.model in PRETRAINED else
                 "GGUF file" if is_gguf(spec.model) else "model directory")
         kinds.append(f"{spec.name} {spec.model} ({kind})")
-    note = ("pretrained models installed" if not missing else
-            f"pretrained {', '.join(missing)} missing (to get {'them' if len(missing) > 1 else 'it'}: "
-            f"{install_hint(missing[0]) if len(missing) == 1 else INSTALL_HINT})")
-    return f"install check: {note}; models: {', '.join(kinds)}"
+    terms = "".join(f"; {name} comes under {PRETRAINED[name].terms}" for name in needed
+                    if PRETRAINED[name].terms != "Apache-2.0")
+    if not missing:
+        note = "pretrained models installed" if needed else "no pretrained model needed"
+    else:
+        how = (install_hint(missing[0]) if len(missing) == 1 and missing[0] in PRETRAINED
+               else INSTALL_HINT)
+        note = f"{', '.join(missing)} missing (to get {'them' if missing[1:] else 'it'}: {how})"
+    return f"install check: {note}; models: {', '.join(kinds)}{terms}"

@@ -56,29 +56,39 @@ def resolve_format(prompt_format: str, tokenizer: Any, agent: str) -> str:
 
 
 def _text(content: Any, agent: str) -> str:
-    """A message's content as text: a str, or OpenAI's list of text parts."""
+    """A message's content as text: a str, or OpenAI's list of text parts (joined by newlines,
+    as the gateway joins them)."""
+    if content is None:
+        return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
                                          and isinstance(p.get("text"), str) for p in content):
-        return "".join(p["text"] for p in content)
+        return "\n".join(p["text"] for p in content)
     raise ValueError(f"agent {agent}: a message's content must be a str or a list of "
                      f"{{'type': 'text', 'text': ...}} parts, got {content!r:.80}")
 
 
 def render_plain(messages: list[dict], agent: str = "?") -> str:
-    """The plain rendering of chat messages (the module docstring shows it)."""
-    system = [_text(m.get("content"), agent) for m in messages if m.get("role") == "system"]
-    parts = ["\n\n".join(system) + "\n\n"] if system else []
+    """The plain rendering of chat messages (the module docstring shows it). System (and
+    OpenAI's developer) messages are plain paragraphs where they stand; user turns are
+    "Question:", assistant turns "Answer:", any other role ("tool") is labelled by its name;
+    empty messages are left out. A last assistant message is a finished answer, not a prefix
+    to continue: the rendering always ends with a fresh "Answer:"."""
+    parts = []
     for m in messages:
-        role = m.get("role")
-        if role == "system":
-            continue
+        role = m.get("role") if isinstance(m, dict) else None
         if not isinstance(role, str) or not role:
             raise ValueError(f"agent {agent}: every chat message needs a 'role', got {m!r:.80}")
-        label = _LABELS.get(role, role.capitalize())
-        end = "\n\n" if role == "assistant" else "\n"
-        parts.append(f"{label}: {_text(m.get('content'), agent)}{end}")
+        text = _text(m.get("content"), agent).strip()
+        if not text:
+            continue
+        if role in ("system", "developer"):
+            parts.append(f"{text}\n\n")
+        elif role == "assistant":
+            parts.append(f"Answer: {text}\n\n")
+        else:
+            parts.append(f"{_LABELS.get(role, role.capitalize())}: {text}\n")
     parts.append("Answer:")
     return "".join(parts)
 
@@ -90,4 +100,9 @@ def encode_chat(tokenizer: Any, messages: list[dict], prompt_format: str,
         text = tokenizer.apply_chat_template(messages, tokenize=False,
                                              add_generation_prompt=True)
         return tokenizer.encode(text, add_special_tokens=False)
-    return tokenizer.encode(render_plain(messages, agent), add_special_tokens=True)
+    text = render_plain(messages, agent)
+    ids = tokenizer.encode(text, add_special_tokens=True)  # the BOS where the tokenizer adds one
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is not None and len(ids) > 1 and ids[-1] == eos:
+        ids = ids[:-1]  # ... but never an EOS after the prompt: the model is to go on from it
+    return ids

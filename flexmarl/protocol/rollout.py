@@ -51,6 +51,18 @@ class SamplingParams:
                              f"{self.top_k!r}")
         if self.max_tokens < 1:
             raise ValueError(f"sampling.max_tokens must be >= 1, got {self.max_tokens}")
+        # One string or none, as OpenAI's `stop` takes them (a str would otherwise be split
+        # into its characters wherever stops are added to).
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
+            self.stop = [self.stop]
+        elif not (isinstance(self.stop, list | tuple) and all(isinstance(s, str) and s
+                                                               for s in self.stop)):
+            raise ValueError(f"sampling.stop must be a string or a list of non-empty strings, "
+                             f"got {self.stop!r}")
+        else:
+            self.stop = list(self.stop)
 
 
 @dataclass(slots=True)

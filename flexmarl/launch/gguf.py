@@ -234,9 +234,9 @@ def _special_tokens_as_gguf(tokenizer: Any, source: Path) -> None:
         field = fields.get(f"tokenizer.ggml.{flag}")
         if field is None or list(field.types) != [GGUFValueType.BOOL]:
             continue
+        # Saved in tokenizer.json's post-processor (transformers 5 reloads the attribute as
+        # False, but encoding adds the token).
         setattr(tokenizer, flag, bool(field.contents()))
-        # Also in tokenizer_config.json, for whatever reads the attribute after a reload.
-        tokenizer.init_kwargs[flag] = bool(field.contents())
 
 
 @contextlib.contextmanager

@@ -17,7 +17,8 @@ from flexmarl.tasks import Task
 
 
 class Runtime:
-    """The part of AgentRuntime evaluation uses: a spec, encode and the room check."""
+    """The part of AgentRuntime evaluation uses: a spec, encode, the call's params and the room
+    check."""
 
     def __init__(self, name: str, max_tokens: int = 4) -> None:
         self.spec = AgentSpec(name=name, model="tiny",
@@ -25,6 +26,9 @@ class Runtime:
 
     def encode(self, prompt):
         return [ord(c) % 50 for c in prompt]
+
+    def call_params(self, prompt, params):
+        return params
 
     def check_room(self, prompt_ids, max_tokens):
         pass

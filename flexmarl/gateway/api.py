@@ -157,8 +157,9 @@ def _sampling(body: dict) -> tuple[int, dict]:
         if isinstance(stop, str):
             stop = [stop]
         if (not isinstance(stop, list) or len(stop) > MAX_STOP
-                or not all(isinstance(s, str) for s in stop)):
-            raise _bad("stop", f"`stop` must be a string or a list of at most {MAX_STOP} strings")
+                or not all(isinstance(s, str) and s for s in stop)):
+            raise _bad("stop", f"`stop` must be a string or a list of at most {MAX_STOP} "
+                               "non-empty strings")
         params["stop"] = stop
     _opt_int(body, "seed", -(1 << 63))  # checked, then ignored: seeds come from request ids
     return n, params

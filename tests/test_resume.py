@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from flexmarl.launch.checkpoint import StateCheckpoints
@@ -29,9 +30,17 @@ from flexmarl.observe.rundir import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 5
-WEIGHT_ATOL = 1e-3 / 100
-"""lr / 100, as in tests/test_faults.py: groups may reach the trainer in another order after a
-restart (float sums differ in the last bits); observed differences are far below it."""
+LR = 1e-3
+WEIGHT_ATOL = LR / 10
+"""Largest difference of one weight from the uninterrupted run's. Groups may reach the trainer in
+another order after a restart: gradient sums differ in their last bits (~1e-7 relative), and
+AdamW divides by sqrt(v) + 1e-8, so where a gradient is the near-cancelling sum of larger terms
+(|g| near 1e-8) that noise moves the update by a visible part of lr (observed 1.65e-5 = lr / 60
+in CI; 3.6e-6 and 8.8e-8 in a rerun here). A lost, doubled or stale group moves nearly every weight by ~lr: the
+mean difference (WEIGHT_MEAN_ATOL) is what catches it."""
+WEIGHT_MEAN_ATOL = LR / 10_000
+"""Mean absolute difference over all weights: reordering noise touches a handful of weights
+(observed means 1.3e-9 and 9.6e-11)."""
 
 
 def _setup(tmp_path: Path, model_dir: str, name: str, *extra: str) -> tuple[Path, Path]:
@@ -42,7 +51,7 @@ def _setup(tmp_path: Path, model_dir: str, name: str, *extra: str) -> tuple[Path
     config = load_config(overrides=[
         f"run.dir={tmp_path / name}", f"run.steps={STEPS}", "rollout.backend=torch",
         "pipeline.mode=micro_batch", "pipeline.tasks_per_step=8",
-        "pipeline.trajectories_per_task=2", "pipeline.micro_batch_groups=2", "trainer.lr=1e-3",
+        "pipeline.trajectories_per_task=2", "pipeline.micro_batch_groups=2", f"trainer.lr={LR}",
         "observe.dashboard=false", "observe.tensorboard=false", "observe.report=false",
         f"team.path={team}", *extra])
     path = tmp_path / f"{name}.toml"
@@ -135,6 +144,15 @@ def test_a_run_saving_every_other_step_resumes_from_its_last_save(tiny_model_dir
         assert f"steps {last}-{last} are redone, their 1 records replaced" in out, out
 
 
+def _assert_weights_like(ours: dict[str, dict], theirs: dict[str, dict]) -> None:
+    """Per agent: every weight within WEIGHT_ATOL, their mean within WEIGHT_MEAN_ATOL."""
+    for agent in ours:
+        diffs = torch.cat([(ours[agent][k] - theirs[agent][k]).abs().flatten()
+                           for k in ours[agent]])
+        assert diffs.max().item() <= WEIGHT_ATOL, (agent, diffs.max().item())
+        assert diffs.mean().item() <= WEIGHT_MEAN_ATOL, (agent, diffs.mean().item())
+
+
 def _assert_resumes_like(run_dir: Path, uninterrupted: Path) -> str:
     """`flexmarl run --resume run_dir` ends like the uninterrupted run, every step once."""
     metrics = run_dir / "metrics.jsonl"
@@ -150,9 +168,7 @@ def _assert_resumes_like(run_dir: Path, uninterrupted: Path) -> str:
             assert m["agents"][agent]["version"] == r["agents"][agent]["version"]
     a, b = _final_weights(run_dir), _final_weights(uninterrupted)
     assert a.keys() == b.keys() == {"solver", "checker"}
-    for agent in a:
-        diff = max((a[agent][k] - b[agent][k]).abs().max().item() for k in a[agent])
-        assert diff <= WEIGHT_ATOL, (agent, diff)
+    _assert_weights_like(a, b)
     # Only the last recorded step's states are kept (older ones are pruned as steps complete).
     state = run_dir / "state"
     assert {p.name for p in (state / "solver").iterdir()} == {f"step-{STEPS - 1:06d}"}
@@ -363,6 +379,4 @@ async def test_a_trainer_killed_after_its_push_before_its_snapshot(tiny_model_di
             assert m["agents"][agent]["samples"] == r["agents"][agent]["samples"]
             assert m["agents"][agent]["version"] == r["agents"][agent]["version"]
     a, b = _final_weights(run_dir), _final_weights(uninterrupted)
-    for agent in a:
-        diff = max((a[agent][k] - b[agent][k]).abs().max().item() for k in a[agent])
-        assert diff <= WEIGHT_ATOL, (agent, diff)
+    _assert_weights_like(a, b)

@@ -36,8 +36,8 @@ WEIGHT_ATOL = LR / 10
 another order after a restart: gradient sums differ in their last bits (~1e-7 relative), and
 AdamW divides by sqrt(v) + 1e-8, so where a gradient is the near-cancelling sum of larger terms
 (|g| near 1e-8) that noise moves the update by a visible part of lr (observed 1.65e-5 = lr / 60
-in CI; 3.6e-6 and 8.8e-8 in a rerun here). A lost, doubled or stale group moves nearly every weight by ~lr: the
-mean difference (WEIGHT_MEAN_ATOL) is what catches it."""
+in CI; 3.6e-6 and 8.8e-8 in a rerun here). A lost, doubled or stale group moves nearly every
+weight by ~lr: the mean difference (WEIGHT_MEAN_ATOL) is what catches it."""
 WEIGHT_MEAN_ATOL = LR / 10_000
 """Mean absolute difference over all weights: reordering noise touches a handful of weights
 (observed means 1.3e-9 and 9.6e-11)."""

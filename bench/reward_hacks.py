@@ -53,7 +53,11 @@ def load_corpus(path: Path):
     return module.HONEST, module.HACKS
 
 
-async def reward(code: str, form: str) -> float:
+async def reward(code: str, form: str, tests: object = None) -> float:
+    if tests is not None:  # the hack's own tests (a style of tests it aims at)
+        if form == "io":
+            tests = [rewards.IOCase(i, o) for i, o in tests]
+        return await code_reward(code, tests, **LIMITS)
     if form == "assert" or (form == "call" and not NEW_API):
         return await code_reward(code, ASSERTS, **LIMITS)
     if form == "call":
@@ -67,11 +71,13 @@ async def reward(code: str, form: str) -> float:
     return 1.0
 
 
-async def table(programs: list[tuple[str, dict[str, str]]]) -> dict[str, dict[str, float]]:
+async def table(programs: list[tuple[str, dict[str, str], dict[str, object]]]
+                ) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
-    for name, by_form in programs:
+    for name, by_form, tests in programs:
         forms = [form for form in FORMS if form in by_form]
-        scores = await asyncio.gather(*(reward(by_form[form], form) for form in forms))
+        scores = await asyncio.gather(*(reward(by_form[form], form, tests.get(form))
+                                        for form in forms))
         out[name] = dict(zip(forms, scores))
     return out
 
@@ -124,10 +130,11 @@ async def main(corpus: Path, only: set[str] | None, pythons: str) -> dict:
         if unknown:
             raise SystemExit(f"no such hacks in {corpus}: {sorted(unknown)}")
         hacks = [h for h in hacks if h.name in only]
-    programs = [("honest", honest)] + [(h.name, h.programs) for h in hacks]
+    programs = [("honest", honest, {})] + [(h.name, h.programs, getattr(h, "tests", {}))
+                                           for h in hacks]
     tree = str(Path(rewards.__file__).resolve().parents[2])
     result: dict = {"api": "new" if NEW_API else "old", "tree": tree, "hacks": len(hacks),
-                    "programs": sum(len(p) for _, p in programs), "limits": LIMITS,
+                    "programs": sum(len(p) for _, p, _ in programs), "limits": LIMITS,
                     "passed": {}, "honest": {}, "seconds": {}, "pythons": {}}
     found, skipped = interpreters(pythons) if NEW_API else ([sys.executable], [])
     result["skipped_pythons"] = skipped

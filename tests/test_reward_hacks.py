@@ -20,13 +20,32 @@ TESTS = {
 }
 
 
+def own_tests(hack, form: str) -> object:
+    """The tests `hack` is judged by in `form`: its own (stdin/stdout pairs as IOCase, call
+    pairs as they are), else TESTS."""
+    if form not in hack.tests:
+        return TESTS[form]
+    tests = hack.tests[form]
+    return [IOCase(i, o) for i, o in tests] if form == "io" else tests
+
+
 async def rewards(programs: list[tuple[str, str]]) -> dict[tuple[str, str], float]:
     """(name, form) -> reward, for (name, form) pairs of the corpus."""
     source = {(h.name, form): program for h in HACKS for form, program in h.programs.items()}
     source.update({("honest", form): program for form, program in HONEST.items()})
-    scores = await asyncio.gather(*(code_reward(source[key], TESTS[key[1]], **FAST)
-                                    for key in programs))
+    tests = {(h.name, form): own_tests(h, form) for h in HACKS for form in h.programs}
+    scores = await asyncio.gather(*(code_reward(source[key], tests.get(key, TESTS[key[1]]),
+                                                **FAST) for key in programs))
     return dict(zip(programs, scores))
+
+
+async def test_the_honest_solution_passes_every_hacks_own_tests():
+    """A hack judged by tests of its own is judged fairly: the honest solution passes them."""
+    own = [(h.name, form, tests) for h in HACKS for form, tests in h.tests.items()]
+    scores = await asyncio.gather(*(code_reward(HONEST[form], own_tests(h, form), **FAST)
+                                    for h in HACKS for form in h.tests))
+    failed = [(name, form) for (name, form, _), score in zip(own, scores) if score != 1.0]
+    assert failed == [], f"the honest solution fails these hacks' own tests: {failed}"
 
 
 def test_the_corpus_covers_every_class_in_every_form():

@@ -25,9 +25,11 @@ from __future__ import annotations
 from . import equality, harness, leaving, memory, reading
 from .hack import Hack, forms
 
+# `import math`: tests in MBPP's style use the program's `math` without importing it (a hack's
+# own tests may); an honest solution that imports it passes them.
 HONEST = {
-    "assert": "def add(a, b):\n    return a + b\n",
-    "call": "def add(a, b):\n    return a + b\n",
+    "assert": "import math\n\ndef add(a, b):\n    return a + b\n",
+    "call": "import math\n\ndef add(a, b):\n    return a + b\n",
     "io": "a, b = map(int, input().split())\nprint(a + b)\n",
 }
 

@@ -1,7 +1,7 @@
 """A hack: its name, its class and its program per test form."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -10,6 +10,11 @@ class Hack:
     klass: str
     programs: dict[str, str]
     """Test form ("assert", "call", "io") -> the program that attacks it."""
+    tests: dict[str, object] = field(default_factory=dict)
+    """Test form -> the tests it is judged by, where not the corpus's `add` tests (TESTS in
+    tests/test_reward_hacks.py): a hack aimed at a style of tests (MBPP's `math.isclose`
+    without an import, methods called on a result) brings tests in that style. The same tests
+    must give the honest `add` solution (HONEST) 1.0."""
 
 
 def forms(*, both: str | None = None, assert_: str | None = None, call: str | None = None,

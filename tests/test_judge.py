@@ -28,6 +28,7 @@ def where(request, monkeypatch):
     monkeypatch.setattr(confinement, "_state", {})
     if request.param == "fallback":
         monkeypatch.setattr(confinement, "_candidates", lambda: [])
+        confinement.allow_unsafe_sandbox(True)  # in the fresh _state: undone with it
     elif isolation().mechanism != "bwrap":
         pytest.skip(f"bubblewrap is not in force here: {isolation().missing}")
     return request.param
@@ -185,7 +186,7 @@ async def run_plain(argv: list[str], fds: list[int]) -> str:
     return out.decode().strip()
 
 
-async def test_the_seccomp_filter_is_in_force_before_the_interpreter_starts(where, tmp_path):
+async def test_the_seccomp_filter_is_in_force_before_the_interpreter_starts(where):
     """A plain interpreter (no audit hook) started the way the sandbox starts one cannot fork:
     the filter came from bwrap's --seccomp or from the launcher, not from inside."""
     if not seccomp_filter():
@@ -195,11 +196,10 @@ async def test_the_seccomp_filter_is_in_force_before_the_interpreter_starts(wher
     os.close(write)
     try:
         if where == "bwrap":
-            argv = [*bwrap_argv(str(tmp_path), __file__, read), "-I", "-S", "-c", FORK]
+            argv = [*bwrap_argv(1 << 20, {}, read), "-I", "-S", "-c", FORK]
         else:
-            launcher = str(confinement.Path(confinement.__file__).with_name("_seccomp_exec.py"))
-            argv = [interpreter(), "-I", "-S", launcher, str(read), interpreter(), "-I", "-S",
-                    "-c", FORK]
+            argv = [interpreter(), "-I", "-S", "-c", confinement.launcher_source(), str(read),
+                    interpreter(), "-I", "-S", "-c", FORK]
         assert await run_plain(argv, [read]) == "1"  # EPERM
     finally:
         os.close(read)

@@ -17,6 +17,7 @@ A workflow computes a value and hands it to `ctx.reward(completion, value)`:
 | code_reward(code, tests, **limits)         | async | 1.0 if the program passes its tests      |
 | IOCase(stdin, stdout), CallCase(call, exp) | data  | test cases judged outside the program    |
 | isolation()                                | sync  | Isolation: bwrap in force, or what lacks |
+| allow_unsafe_sandbox(allow)                | sync  | UNSAFE: run code without bubblewrap      |
 | set_interpreter(path)                      | sync  | the Python (3.11+) that runs programs    |
 | set_max_concurrent(n), max_concurrent()    | sync  | the bound on sandboxed runs at once      |
 | bounded(limit)                             | sync  | decorator bounding an async reward       |
@@ -32,10 +33,14 @@ A workflow computes a value and hands it to `ctx.reward(completion, value)`:
                       code_reward
     _bootstrap.py     the sandbox's first code in a child interpreter: limits, audit hook, then
                       one of three roles
+    _judge.py         the judge: free-form asserts against the program's names, every reply
+                      checked against its request
+    _protocol.py      what both ends of the sandbox's pipes share: exit codes, the value codec,
+                      error reports
     cases.py          a code task's tests in three forms, parent side: what reaches the
                       sandbox, and the verdict
-    confinement.py    where sandboxed programs run: bubblewrap where it works, else the audit
-                      hook alone
+    confinement.py    where sandboxed programs run: bubblewrap, or (explicitly unsafe) the audit
+                      hook alone; the seccomp filter; the loader of the sandbox's code
     _seccomp_exec.py  the fallback's launcher: installs a seccomp filter, then execs the
                       sandboxed interpreter
     bounds.py         how many async reward calls run at once: bounded, score_all, LoopBound
@@ -52,14 +57,16 @@ from flexmarl.rewards.match import (
     HOW, MATH_TAIL_CHARS, exact_match, extract_answer, extract_code, format_reward, math_equal,
     numeric_match)
 from flexmarl.rewards.cases import CallCase, IOCase
-from flexmarl.rewards.confinement import Isolation, isolation, set_interpreter
+from flexmarl.rewards.confinement import (
+    Isolation, SandboxUnavailable, allow_unsafe_sandbox, isolation, set_interpreter)
 from flexmarl.rewards.sandbox import (
-    CAUSES, ExecResult, code_reward, max_concurrent, network_isolated, run_python,
-    set_max_concurrent)
+    CAUSES, MAX_BOX_BYTES, MAX_REPLY_BYTES, ExecResult, code_reward, max_concurrent,
+    network_isolated, run_python, set_max_concurrent)
 
 __all__ = [
-    "CAUSES", "HOW", "MATH_TAIL_CHARS", "CallCase", "ExecResult", "IOCase", "Isolation",
-    "LoopBound", "bounded", "code_reward", "exact_match", "extract_answer", "extract_code",
-    "format_reward", "isolation", "math_equal",
+    "CAUSES", "HOW", "MATH_TAIL_CHARS", "MAX_BOX_BYTES", "MAX_REPLY_BYTES", "CallCase",
+    "ExecResult", "IOCase", "Isolation", "LoopBound", "SandboxUnavailable",
+    "allow_unsafe_sandbox", "bounded", "code_reward", "exact_match", "extract_answer",
+    "extract_code", "format_reward", "isolation", "math_equal",
     "max_concurrent", "network_isolated", "numeric_match", "run_python", "score_all",
     "set_interpreter", "set_max_concurrent"]

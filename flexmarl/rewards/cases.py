@@ -11,27 +11,33 @@
 In every form the expected values never enter the program's process: a program can only pass
 by printing or returning them. stdin/stdout runs the program once per case (a fresh
 interpreter each) and compares lines, trailing whitespace and trailing blank lines ignored.
-Call cases compare exact types: int, float, str, bool, None, list, tuple and dict (numbers as
-Python compares them, bool with int included; floats within FLOAT_REL_TOL, NaN equal to NaN;
-a list never equals a tuple); a result of any other type fails its case.
+Call cases compare exact types: int, float, str, bool, None, list, tuple and dict. Numbers
+compare as Python compares them (bool with int included, 3 == 3.0), exactly, except where the
+expected value is a float: then a float or int answer within FLOAT_REL_TOL (relative) passes,
+and NaN equals NaN. An int expected value never takes a tolerance: (a + b) * (1 + 5e-10) is
+wrong. A list never equals a tuple; a result of any other type fails its case. A reply that is
+not ["ok", value] or ["error", ...] (a forged line, a reference) makes the run "unjudgeable".
 
 Free-form asserts (tests a model or a user writes as code) run in a sandboxed judge process of
-their own (`_bootstrap.py`, role "judge"). There every name the program defines is a `Remote`
-(or its value, when plain); calling one sends the arguments to the program's process, which runs
-the call and answers with a plain value (int, float, str, bool, None, bytes, complex, list,
-tuple, dict, set, frozenset: exact types) or, for any other object, a reference. The tests then
-compare, loop and hold their expected values in the judge, with Python's own semantics:
-`for x, y in cases: assert f(x) == y` works as written. On a reference the tests may call its
-methods, read its attributes and items, iterate it, take its len, bool and str (each answered
-by the program's process, as plain values or references). What fails closed (cause
-"unjudgeable", whatever the tests catch): comparing, hashing, membership tests or arithmetic on
-a reference (only the object's own `__eq__`, `__lt__`... could answer, which is how an
-always-equal object forges a pass; a `Fraction` or a namedtuple returned is such a reference:
-compare its fields), passing the program a function or an object of the tests (callbacks), and
-setting attributes on a reference. Exceptions the program raises reach the tests as the same
-builtin type (ValueError, KeyError, ...) or, for its own classes and for SystemExit and
-StopIteration, as `ProgramError`. Names of builtins in the tests stay the builtins: a task whose
-function shadows one (`sum`, `max`) needs call cases.
+their own (`_judge.py`). There the program's names are the ones its source defines (`def`,
+`class`, assignment; a name it only imported is the judge's own import, or absent): calling one
+sends the arguments to the program's process, which runs the call and answers with a plain
+value (int, float, str, bool, None, bytes, complex, list, tuple, dict, set, frozenset: exact
+types) or, for any other object, a reference. The tests then compare, loop and hold their
+expected values in the judge, with Python's own semantics (exact for ints and strings, as ==
+is): `for x, y in cases: assert f(x) == y` works as written. On a reference the tests may read
+its attributes and items, iterate it, take its len, bool and str, call it, and call the
+methods of the program's classes and of objects the tests built from them. What fails closed
+(cause "unjudgeable", whatever the tests catch): comparing, hashing, membership tests or
+arithmetic on a reference (only the object's own `__eq__`, `__lt__`... could answer, which is
+how an always-equal object forges a pass; a `Fraction` or a namedtuple returned is such a
+reference: compare its fields), calling a method of a returned object with the tests' values
+(`result.startswith(expected)` would ask the program to judge), passing the program a function
+or an object of the tests (callbacks), setting attributes on a reference, and any reply that
+does not answer its request. Exceptions the program raises reach the tests as the same builtin
+type (ValueError, KeyError, ...) or, for its own classes and for SystemExit and StopIteration,
+as `ProgramError`. Names of builtins in the tests stay the builtins: a task whose function
+shadows one (`sum`, `max`) needs call cases.
 """
 from __future__ import annotations
 
@@ -40,10 +46,12 @@ import math
 from dataclasses import dataclass
 from typing import Any, Union
 
-from flexmarl.rewards import _bootstrap
+from flexmarl.rewards import _protocol as wire
+from flexmarl.rewards._protocol import Items, Pairs
 
 FLOAT_REL_TOL = 1e-9
-"""Call cases: floats agree within this relative tolerance (or both NaN)."""
+"""Call cases whose expected value is a float: the answer agrees within this relative tolerance
+(or both are NaN). Nothing else has a tolerance."""
 MAX_CASES = 10_000
 """Most cases in one call of run_python."""
 
@@ -133,40 +141,70 @@ def _is_plain(value: object, depth: int = 0) -> bool:
 
 def quote(text: str) -> bytes:
     """A str as a JSON string, for a request line (the sandbox's own encoder)."""
-    return _bootstrap.encode(text).encode()
+    return wire.encode(text).encode()
 
 
-def judge_reply(case: CallCase, reply: bytes) -> bool:
-    """A call case's verdict from the program's reply line: ["ok", value] with the value equal
-    to the expected one (`same`); an error, a malformed line or anything else fails it. Decoded
-    by the same codec the sandbox encodes with (`_bootstrap.decode`): tuples, dicts and sets
-    come back as such, bytes and complex too (no expected value has them: that case fails)."""
+def judge_reply(case: CallCase, reply: bytes) -> bool | None:
+    """A call case's verdict from the program's reply line: True for ["ok", value] with the
+    value equal to the expected one (`same`), False for any other value or an ["error", name,
+    text]; None for a line that is not a call's reply at all (malformed, a reference, a
+    "stop"): the caller makes the run unjudgeable. Decoded by the sandbox's own codec without
+    building a hashed container (`_protocol.decode(hashed=False)`): linear in the line."""
     try:
-        decoded = _bootstrap.decode(reply)
+        decoded = wire.decode(reply, hashed=False)
     except ValueError:
+        return None
+    if type(decoded) is list and len(decoded) == 2 and decoded[0] == "ok":
+        return same(case.expected, decoded[1])
+    if type(decoded) is list and len(decoded) == 3 and decoded[0] == "error" and all(
+            type(x) is str for x in decoded[1:]):
         return False
-    return (isinstance(decoded, list) and len(decoded) == 2 and decoded[0] == "ok"
-            and same(case.expected, decoded[1]))
+    return None
 
 
 def same(expected: Any, got: Any) -> bool:
-    """Call-case equality: exact container types, numbers as Python compares them (floats
-    within FLOAT_REL_TOL, NaN equal to NaN)."""
+    """Call-case equality: exact container types; numbers as Python compares them, exactly,
+    but for an expected float (FLOAT_REL_TOL, NaN equal to NaN). `got` as `judge_reply`
+    decodes it: a dict as `Pairs`, a set as `Items` (no expected value is a set)."""
     numbers = (int, float, bool)
-    if type(expected) in numbers and type(got) in numbers:
-        if type(expected) is float or type(got) is float:
-            a, b = float(expected), float(got)
-            return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b,
-                                                                     rel_tol=FLOAT_REL_TOL)
-        return expected == got
+    if type(expected) is float:
+        if type(got) not in numbers:
+            return False
+        try:
+            a, b = expected, float(got)
+        except OverflowError:  # an int past float's range is not near any float
+            return False
+        return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=FLOAT_REL_TOL)
+    if type(expected) in numbers:
+        return type(got) in numbers and expected == got  # int == float is exact in Python
+    if type(expected) is dict:
+        if type(got) is dict:  # a plain dict (a caller's own use of `same`)
+            got = Pairs([k, v] for k, v in got.items())
+        return type(got) is Pairs and _same_pairs(expected, got)
     if type(expected) is not type(got):
         return False
     if type(expected) in (list, tuple):
         return len(expected) == len(got) and all(same(a, b) for a, b in zip(expected, got))
-    if type(expected) is dict:
-        return expected.keys() == got.keys() and all(same(v, got[k])
-                                                      for k, v in expected.items())
     return expected == got  # str, None
+
+
+def _same_pairs(expected: dict, got: Pairs) -> bool:
+    """A dict against a reply's [key, value] pairs, never hashing the reply's keys into a
+    table: each is looked up in `expected`, each of its keys matched once."""
+    if len(got) != len(expected):
+        return False
+    index = {key: n for n, key in enumerate(expected)}
+    values = list(expected.values())
+    seen = bytearray(len(expected))
+    for key, value in got:
+        try:
+            n = index.get(key)
+        except TypeError:  # an unhashable key (a list)
+            return False
+        if n is None or seen[n] or not same(values[n], value):
+            return False
+        seen[n] = 1
+    return True
 
 
 def same_output(expected: str, got: str) -> bool:

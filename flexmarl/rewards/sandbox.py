@@ -1,12 +1,12 @@
 """Run model-written Python in separate, limited processes: `run_python`, `code_reward`.
 
     run_python(code, tests=...)
-      |  temp dir: prog.py = code                          (fresh per process, removed after)
-      |  bwrap --seccomp FD ... python -I -S -B bootstrap.pyc ROLE ...      (confinement.py;
-      |        else: unshare --net -- python _seccomp_exec.pyc FD python ... bootstrap.pyc)
+      |  bwrap --seccomp FD --size BOX --tmpfs /box --file FD /box/prog.py ...     (confinement)
+      |        python -I -S -B -c LOADER FD ROLE ...   (the sandbox's code from a memfd)
+      |  (unsafe fallback: python -c _seccomp_exec FD python -I -S -B -c LOADER ... in a dir)
       |    script: the program; its output and exit status judged here (stdin/stdout cases)
       |    serve:  the program's top level -> "R" nonce -> answers requests, one line each:
-      |              call cases: ["eval", "add(1, 2)"] -> ["ok", 3], compared here
+      |              call cases: ["eval", "add(1, 2)"] -> ["ok", 3], judged here on arrival
       |    judge:  free-form asserts, in a second sandboxed process; each use of the program's
       |            names is a request relayed here to the serving program, line by line
       |  stdout/stderr read incrementally, capped; wall clock -> killpg(SIGKILL), reap
@@ -17,34 +17,47 @@ The rule: nothing that decides the verdict is ever in the program's process. Exp
 live in this process (stdin/stdout and call cases) or in the judge's (asserts); the program's
 process receives only inputs (its stdin, a call's expression or arguments), after its top level
 has returned. Whatever a program reads of its own process (frames, every object, its memory) or
-writes on its pipes (at most an answer it could have returned) earns nothing: a reply is a value,
-judged elsewhere; the nonce only frames the ready line. `flexmarl.rewards.cases` says what the
-judge can and cannot express.
+writes on its pipes earns nothing: each reply is checked against the request it answers (a
+call case's is ["ok", value] or ["error", ...]; the judge checks its own, `_judge.py`), and
+anything else, a reply past `max_reply_bytes`, or a line after the last request was answered
+makes the run "unjudgeable". `flexmarl.rewards.cases` says what each form compares.
 
 What holds however the program behaves (enforced by the kernel or by this process):
-- Isolation: `isolation()` says what is in force. Under bubblewrap, a read-only view of the
-  interpreter and the standard library, a private directory, no network, no other process,
-  nothing left behind; without it, `unshare --net` where that works, and one warning.
+- Isolation: bubblewrap (`isolation()` says what is in force), or no run at all:
+  `SandboxUnavailable` names the fixes, unless the unsafe fallback was chosen
+  (`allow_unsafe_sandbox`, FLEXMARL_UNSAFE_SANDBOX=1; docs/security.md says what it gives up).
 - Seccomp, installed before the interpreter starts (bwrap's --seccomp, or `_seccomp_exec.py`):
-  no new processes or threads, no ptrace, no process_vm_readv; ctypes is never loaded in the
-  sandboxed interpreter (the bootstrap checks).
+  no new processes or threads, no ptrace or process_vm_*, no signals to other processes, no
+  pidfds, no SIGIO ownership, no device nodes or FIFOs, no io_uring; ctypes is never loaded in
+  the sandboxed interpreter (the bootstrap checks).
 - CPU time: RLIMIT_CPU (soft = hard, so the kernel SIGKILLs it), cause "cpu_limit".
 - Memory: RLIMIT_AS, `memory_mb` of address space; MemoryError gives cause "memory".
-- Files: RLIMIT_FSIZE (writes past it fail with EFBIG, cause "file_limit"), RLIMIT_NOFILE.
+- Disk: under bwrap the program's directory is a tmpfs of `max_box_bytes` (ENOSPC past it),
+  gone with its mount namespace; every file at most `max_file_bytes` (RLIMIT_FSIZE, EFBIG):
+  cause "file_limit". On the fallback the directory is on the host's disk (each file capped,
+  the directory not) and is removed by `chmod -R` / `rm -rf` (no recursion here, no link
+  followed).
 - Wall clock: past `wall_s` every process group of the run is SIGKILLed and reaped, cause
   "timeout".
 - Output: past `max_output_bytes` on stdout or stderr, the same kill, cause "output_limit".
+- Replies: at most `max_reply_bytes` a line (the pipe's reader holds no more), decoded without
+  building a hashed container (`_protocol.decode(hashed=False)`: linear in the line), judged
+  as it arrives and dropped: this process's memory and event-loop time per run are bounded by
+  the limits above, whatever the program sends.
 - Environment: `python -I -S -B` (the standard library only: no site-packages, so no numpy;
   no PYTHON* variables), an environment of PATH, HOME and TMPDIR (no inherited secrets).
 - Completion: with tests, `passed` needs every answer judged right and the program to have
   served to the end; leaving early (`sys.exit(0)`, `os._exit(0)`) is "incomplete".
+- The sandbox's code: compiled once per interpreter into this process's memory and read by
+  each child from a fresh memfd (`confinement.LOADER`): no program can replace it.
 - The interpreter: `set_interpreter(path)` picks the Python (3.11+) that runs programs and
   tests; `bench/reward_hacks.py --python all` runs the reward-hack corpus under each one here.
 
 The audit hook (`_bootstrap.py`) is a second wall in both processes: no fork/exec/spawn, no
 sockets, no ctypes, no signals to other processes, no raising of the limits, no sys.monitoring
-callbacks, no other process's /proc entries, no writes outside the run's directory. PEP 578 is
-explicit that audit hooks are not a security boundary; under bwrap the kernel's namespaces are.
+callbacks, no other process's /proc entries, no writes outside the run's directory, no relative
+path with "..". PEP 578 is explicit that audit hooks are not a security boundary; under bwrap
+the kernel's namespaces are.
 
 Concurrency: at most `max_concurrent()` runs at once per event loop (default: the usable CPU
 cores, `len(os.sched_getaffinity(0))`); `set_max_concurrent(n)` changes it. Callers beyond the
@@ -56,21 +69,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import os
 import secrets
 import signal
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from flexmarl.rewards import _bootstrap, cases as forms
+from flexmarl.rewards import _protocol as wire, cases as forms
 from flexmarl.rewards.bounds import LoopBound
 from flexmarl.rewards.cases import CallCase, IOCase
-from flexmarl.rewards.confinement import BOOTSTRAP, BOX, bwrap_argv, compiled, interpreter, \
-    isolation, probed, seccomp_filter, unshare_prefix
+from flexmarl.rewards.confinement import BOX, LOADER, bootstrap_code, bwrap_argv, interpreter, \
+    isolation, launcher_source, memfd, probed, require, seccomp_filter, unshare_prefix
 
 CAUSES = {
     "ok": "exited 0 (and, with tests, ran to the end and every case passed)",
@@ -82,27 +95,33 @@ CAUSES = {
     "timeout": "still running at wall_s; killed",
     "cpu_limit": "used cpu_s of CPU time; killed by the kernel",
     "memory": "MemoryError: more than memory_mb of address space",
-    "file_limit": "wrote a file past max_file_bytes",
+    "file_limit": "wrote a file past max_file_bytes, or filled its box (max_box_bytes)",
     "output_limit": "wrote more than max_output_bytes to stdout or stderr; killed",
     "forbidden": "died of an operation the sandbox refuses (fork, socket, ctypes, ...)",
     "unjudgeable": "an assert used an object the program returned in a way only the program's "
-                   "own code could answer (compared, hashed, membership, arithmetic), or passed "
-                   "the program a function of the tests: return plain values",
+                   "own code could answer (compared, hashed, membership, arithmetic, a method "
+                   "of it given the tests' values), or passed the program a function of the "
+                   "tests; or a reply did not answer its request (malformed, of the wrong kind, "
+                   "past max_reply_bytes, or unasked): return plain values",
     "crash": "killed by a signal (segfault, abort)",
     "sandbox_error": "the sandbox's bootstrap could not set the limits up",
 }
 """Every `ExecResult.cause`, with its meaning."""
 
-_EXIT_CAUSES = {_bootstrap.EXIT_MEMORY: "memory", _bootstrap.EXIT_FORBIDDEN: "forbidden",
-                _bootstrap.EXIT_FILE_LIMIT: "file_limit", _bootstrap.EXIT_SETUP: "sandbox_error",
-                _bootstrap.EXIT_PROTOCOL: "protocol", _bootstrap.EXIT_UNJUDGEABLE: "unjudgeable"}
-_BOOTSTRAP = str(Path(_bootstrap.__file__).resolve())
-_SECCOMP_EXEC = str(Path(_bootstrap.__file__).resolve().with_name("_seccomp_exec.py"))
+_EXIT_CAUSES = {wire.EXIT_MEMORY: "memory", wire.EXIT_FORBIDDEN: "forbidden",
+                wire.EXIT_FILE_LIMIT: "file_limit", wire.EXIT_SETUP: "sandbox_error",
+                wire.EXIT_PROTOCOL: "protocol", wire.EXIT_UNJUDGEABLE: "unjudgeable"}
 _CHUNK_BYTES = 64 << 10
-_MAX_CONTROL_BYTES = 64 << 20  # call results: 64 MiB of encoded values at most
 _MIN_MEMORY_MB = 32  # the interpreter itself maps about 20 MB
 _MAX_OPEN_FILES = 64
 _REAP_TIMEOUT_S = 5.0  # SIGKILLed processes die at once; this only guards against a stuck reap
+MAX_REPLY_BYTES = 1 << 20
+"""Default `max_reply_bytes`: one reply (a call case's value, an answer to the judge) or one
+request of the judge, in bytes of its JSON line."""
+MAX_BOX_BYTES = 32 << 20
+"""Default `max_box_bytes`: the size of the program's tmpfs under bwrap (all its files)."""
+
+log = logging.getLogger(__name__)
 
 _SLOTS = LoopBound(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                    else os.cpu_count() or 1, name="max_concurrent")
@@ -157,21 +176,26 @@ async def code_reward(code: str, tests: object, **limits: float) -> float:
 async def run_python(code: str, *, tests: object = "", stdin: str = "", cpu_s: float = 2.0,
                      wall_s: float = 5.0, memory_mb: int = 256,
                      max_output_bytes: int = 64 << 10,
-                     max_file_bytes: int = 16 << 20) -> ExecResult:
+                     max_file_bytes: int = 16 << 20, max_box_bytes: int = MAX_BOX_BYTES,
+                     max_reply_bytes: int = MAX_REPLY_BYTES) -> ExecResult:
     """Run `code` in a fresh sandboxed interpreter, then its `tests`; see the module docstring.
 
     `stdin` is the program's input with asserts, call cases or no tests; stdin/stdout cases
     bring their own. `cpu_s` and `wall_s` bound each process (one per stdin/stdout case). A
     program that fails, hangs, crashes or floods gives passed=False and its `cause`; this
-    raises only for bad arguments (ValueError) or when no process can be started (OSError).
+    raises only for bad arguments (ValueError), when no process can be started (OSError), or
+    when bubblewrap is not in force and the unsafe fallback was not chosen
+    (SandboxUnavailable, naming the fixes).
     """
-    _check_args(code, stdin, cpu_s, wall_s, memory_mb, max_output_bytes, max_file_bytes)
+    _check_args(code, stdin, cpu_s, wall_s, memory_mb, max_output_bytes, max_file_bytes,
+                max_box_bytes, max_reply_bytes)
     parsed = forms.parse_tests(tests)
     if stdin and isinstance(parsed, tuple) and isinstance(parsed[0], IOCase):
         raise ValueError("stdin is given twice: stdin/stdout cases bring their own input")
-    where = await _isolation()
+    where = require(await _isolation())
     limits = [math.ceil(cpu_s), memory_mb << 20, max_file_bytes, _MAX_OPEN_FILES]
-    run = _Runner(where.bwrap is not None, code, limits, wall_s, max_output_bytes)
+    run = _Runner(where.bwrap is not None, code, limits, wall_s, max_output_bytes,
+                  max_box_bytes, max_reply_bytes)
     async with _SLOTS.hold():
         data = stdin.encode("utf-8", "surrogatepass")
         if isinstance(parsed, tuple) and isinstance(parsed[0], IOCase):
@@ -185,8 +209,8 @@ async def run_python(code: str, *, tests: object = "", stdin: str = "", cpu_s: f
                        outcome.seconds)
 
 
-def _check_args(code: object, stdin: object, cpu_s: object, wall_s: object, memory_mb: object,
-                max_output_bytes: object, max_file_bytes: object) -> None:
+def _check_args(code: object, stdin: object, cpu_s: object, wall_s: object, *sizes: object
+                ) -> None:
     for name, value in (("code", code), ("stdin", stdin)):
         if not isinstance(value, str):
             raise ValueError(f"{name} must be a str of Python source or input, got "
@@ -195,9 +219,9 @@ def _check_args(code: object, stdin: object, cpu_s: object, wall_s: object, memo
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
                 0 < value < math.inf):
             raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
-    for name, value, low in (("memory_mb", memory_mb, _MIN_MEMORY_MB),
-                             ("max_output_bytes", max_output_bytes, 1),
-                             ("max_file_bytes", max_file_bytes, 1)):
+    names = ("memory_mb", "max_output_bytes", "max_file_bytes", "max_box_bytes",
+             "max_reply_bytes")
+    for name, value, low in zip(names, sizes, (_MIN_MEMORY_MB, 1, 1, 1 << 16, 64)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
 
@@ -219,13 +243,15 @@ class _Outcome:
 class _Channel:
     """The parent's ends of a child's two control pipes: the child's lines in, requests out."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_line: int) -> None:
+        self.max_line = max_line
         self.ctl_r, self.ctl_w = os.pipe()
         self.req_r, self.req_w = os.pipe()
         self.child_fds = (self.ctl_w, self.req_r)
         self.reader: asyncio.StreamReader | None = None
         self.transports: list = []
         self.writer: asyncio.StreamWriter | None = None
+        self.overflowed = False
 
     async def open(self) -> None:
         """Once the child holds its ends: close ours of them, and take the others to the loop."""
@@ -233,7 +259,9 @@ class _Channel:
             os.close(fd)
         self.child_fds = ()
         loop = asyncio.get_running_loop()
-        self.reader = asyncio.StreamReader(limit=_MAX_CONTROL_BYTES)
+        # The reader holds at most about one line of max_line (it stops reading from the
+        # pipe past its limit): the program cannot make this process hold more.
+        self.reader = asyncio.StreamReader(limit=self.max_line + 1)
         ctl_r, self.ctl_r = self.ctl_r, -1
         transport, _ = await loop.connect_read_pipe(
             lambda: asyncio.StreamReaderProtocol(self.reader), os.fdopen(ctl_r, "rb", 0))
@@ -254,12 +282,26 @@ class _Channel:
             return False
 
     async def line(self) -> bytes | None:
-        """The child's next line; None at its end, or past the size a line may have."""
+        """The child's next line; None at its end, or past max_line (then `overflowed`)."""
         try:
             line = await self.reader.readline()
         except (ValueError, asyncio.LimitOverrunError):
+            self.overflowed = True
+            return None
+        if len(line) > self.max_line:
+            self.overflowed = True
             return None
         return line if line.endswith(b"\n") else None
+
+    async def unasked(self) -> bool:
+        """Whether the child wrote anything more before its end (call after the last answer
+        and stop_sending: a serving program then exits)."""
+        if self.reader is None:
+            return False
+        try:
+            return bool(await self.reader.read(1))
+        except (ValueError, OSError):
+            return True
 
     def stop_sending(self) -> None:
         """EOF on the requests pipe: a serving program answers the rest and exits."""
@@ -331,9 +373,13 @@ class _Runner:
     case."""
 
     def __init__(self, bwrap: bool, code: str, limits: list[int], wall_s: float,
-                 max_output_bytes: int) -> None:
-        self.bwrap, self.code, self.limits = bwrap, code, limits
-        self.wall_s, self.max_output_bytes = wall_s, max_output_bytes
+                 max_output_bytes: int, max_box_bytes: int, max_reply_bytes: int) -> None:
+        self.bwrap, self.limits, self.wall_s = bwrap, limits, wall_s
+        # surrogatepass: a lone surrogate in model text is the program's SyntaxError, not our
+        # UnicodeEncodeError.
+        self.code = code.encode("utf-8", "surrogatepass")
+        self.max_output_bytes, self.max_box_bytes = max_output_bytes, max_box_bytes
+        self.max_reply_bytes = max_reply_bytes
         self.nonce = secrets.token_hex(16).encode()
 
     async def io_cases(self, cases: tuple[IOCase, ...]) -> ExecResult:
@@ -353,40 +399,57 @@ class _Runner:
 
     async def script(self, stdin: bytes) -> _Outcome:
         """The program alone, judged by its output and exit status."""
-        with _workdir(self.code) as workdir:
+        async with self._box() as box:
             start = time.monotonic()
-            child = await self._spawn("script", workdir, stdin, ())
+            child = await self._spawn("script", box, stdin, ())
             killed_for = await _supervise([child], None, self.wall_s)
             return _Outcome(child.returncode, bytes(child.out), bytes(child.err), killed_for,
                             time.monotonic() - start)
 
     async def calls(self, stdin: bytes, calls: tuple[CallCase, ...]) -> ExecResult:
-        """Call cases: each expression evaluated by the program, its value compared here."""
-        replies: list[bytes] = []
-        with _workdir(self.code) as workdir, _closing(_Channel()) as channel:
-            start = time.monotonic()
-            program = await self._spawn("serve", workdir, stdin, channel.child_fds)
+        """Call cases: each expression evaluated by the program, its reply judged here as it
+        arrives (and dropped)."""
+        verdicts: list[bool] = []
+        broke: list[str] = []  # how the program's replies broke the protocol
+        async with self._box() as box:
+            with _closing(_Channel(self.max_reply_bytes)) as channel:
+                start = time.monotonic()
+                program = await self._spawn("serve", box, stdin, channel.child_fds)
 
-            async def talk() -> None:
-                if await self._ready(channel):
-                    for case in calls:
-                        request = b'["eval",' + forms.quote(case.call) + b"]\n"
-                        if not await channel.send(request) or (
-                                reply := await channel.line()) is None:
-                            return
-                        replies.append(reply)
-                channel.stop_sending()
+                async def talk() -> None:
+                    if await self._ready(channel):
+                        for case in calls:
+                            request = b'["eval",' + forms.quote(case.call) + b"]\n"
+                            if not await channel.send(request) or (
+                                    reply := await channel.line()) is None:
+                                break
+                            verdict = forms.judge_reply(case, reply)
+                            if verdict is None:
+                                broke.append(f"the reply to {case.call[:80]!r} is not one "
+                                             f"of a call's (['ok', value] or ['error', ...])")
+                                break
+                            verdicts.append(verdict)
+                    if channel.overflowed:
+                        broke.append(f"a reply longer than max_reply_bytes "
+                                     f"({self.max_reply_bytes})")
+                    channel.stop_sending()
+                    if broke:
+                        program.end()
+                    elif len(verdicts) == len(calls) and await channel.unasked():
+                        broke.append("it wrote lines after its last answer")
 
-            killed_for = await _supervise([program], talk(), self.wall_s)
-            outcome = _Outcome(program.returncode, bytes(program.out), bytes(program.err),
-                               killed_for, time.monotonic() - start)
-        verdicts = tuple(forms.judge_reply(case, reply) for case, reply in zip(calls, replies))
-        verdicts += (False,) * (len(calls) - len(verdicts))
+                killed_for = await _supervise([program], talk(), self.wall_s)
+                outcome = _Outcome(program.returncode, bytes(program.out), bytes(program.err),
+                                   killed_for, time.monotonic() - start)
+        judged = tuple(verdicts) + (False,) * (len(calls) - len(verdicts))
         cause = killed_for or _cause(outcome.returncode)
-        if cause == "ok":
-            cause = ("incomplete" if len(replies) < len(calls) else
+        if broke:
+            cause = "unjudgeable"
+            outcome.stderr += f"sandbox: {broke[0]}\n".encode()
+        elif cause == "ok":
+            cause = ("incomplete" if len(verdicts) < len(calls) else
                      "ok" if all(verdicts) else "wrong_answer")
-        return _result(outcome, cause, outcome.seconds, verdicts)
+        return _result(outcome, cause, outcome.seconds, judged)
 
     async def judged(self, stdin: bytes, tests: str) -> ExecResult:
         """Free-form asserts: run by a judge process of their own, the program answering its
@@ -394,41 +457,58 @@ class _Runner:
         text = tests.encode("utf-8", "surrogatepass")
         gone = False  # the program ended (or broke the protocol) before the judge did
         ready_seen = [False]  # the program's top level returned (else it was killed early)
-        with _workdir(self.code) as workdir, _workdir(None) as judge_dir, \
-                _closing(_Channel()) as channel, _closing(_Channel()) as to_judge:
-            start = time.monotonic()
-            program = await self._spawn("serve", workdir, stdin, channel.child_fds)
-            judge = await self._spawn("judge", judge_dir, b"", to_judge.child_fds,
-                                      program_name="tests")
+        broke: list[str] = []
+        async with self._box() as box, self._box() as judge_box:
+            with _closing(_Channel(self.max_reply_bytes)) as channel, \
+                    _closing(_Channel(self.max_reply_bytes)) as to_judge:
+                start = time.monotonic()
+                program = await self._spawn("serve", box, stdin, channel.child_fds)
+                judge = await self._spawn("judge", judge_box, b"", to_judge.child_fds)
 
-            async def talk() -> None:
-                nonlocal gone
-                await to_judge.open()
-                ready = asyncio.ensure_future(self._ready(channel))
-                ready.add_done_callback(lambda f: ready_seen.__setitem__(
-                    0, not f.cancelled() and f.exception() is None and f.result()))
-                try:
-                    await to_judge.send(b"%d\n" % len(text) + text)
-                    while (request := await to_judge.line()) is not None:
-                        reply = None
-                        if not gone:
-                            if await ready and await channel.send(request):
-                                reply = await channel.line()
-                            gone = reply is None
-                        if not await to_judge.send(reply or b'["gone"]\n'):
-                            break
-                finally:
-                    if not ready.done():  # the judge ended before the program was ready
-                        ready.cancel()
-                        program.end()
-                    channel.stop_sending()
+                async def talk() -> None:
+                    nonlocal gone
+                    await to_judge.open()
+                    ready = asyncio.ensure_future(self._ready(channel))
+                    ready.add_done_callback(lambda f: ready_seen.__setitem__(
+                        0, not f.cancelled() and f.exception() is None and f.result()))
+                    try:
+                        await to_judge.send(b"%d\n" % len(text) + text)
+                        while (request := await to_judge.line()) is not None:
+                            reply = None
+                            if not gone:
+                                if await ready and await channel.send(request):
+                                    reply = await channel.line()
+                                    if reply is not None and reply.startswith(b'["gone"'):
+                                        broke.append("it answered with the sandbox's own "
+                                                     "'gone' line")
+                                        reply = None
+                                gone = reply is None
+                            if not await to_judge.send(reply or b'["gone"]\n'):
+                                break
+                        if to_judge.overflowed:
+                            broke.append(f"the tests sent a request longer than "
+                                         f"max_reply_bytes ({self.max_reply_bytes})")
+                        if channel.overflowed:
+                            broke.append(f"a reply longer than max_reply_bytes "
+                                         f"({self.max_reply_bytes})")
+                        if broke:
+                            program.end()
+                    finally:
+                        if not ready.done():  # the judge ended before the program was ready
+                            ready.cancel()
+                            program.end()
+                        channel.stop_sending()
+                    if not gone and ready_seen[0] and await channel.unasked():
+                        broke.append("it wrote lines no request asked for")
 
-            killed_for = await _supervise([program, judge], talk(), self.wall_s)
-            seconds = time.monotonic() - start
-            answered = ready_seen[0]
+                killed_for = await _supervise([program, judge], talk(), self.wall_s)
+                seconds = time.monotonic() - start
+                answered = ready_seen[0]
         program_cause = _cause(program.returncode)
         judge_cause = _cause(judge.returncode)
-        if killed_for:
+        if broke and not killed_for:
+            cause, child = "unjudgeable", program
+        elif killed_for:
             cause, child = killed_for, (judge if judge.flooded.is_set() else program)
         elif gone:  # the program's own end decides: its limit, its crash, its early exit
             cause, child = ("incomplete" if program_cause == "ok" else program_cause), program
@@ -437,6 +517,8 @@ class _Runner:
         else:
             cause, child = program_cause, program
         err = bytes(program.err) + (b"" if not judge.err else bytes(judge.err))
+        if broke:
+            err += f"sandbox: {broke[0]}\n".encode()
         outcome = _Outcome(child.returncode, bytes(program.out), err, killed_for, seconds)
         return _result(outcome, cause, seconds)
 
@@ -446,48 +528,84 @@ class _Runner:
         return (await channel.send(self.nonce + b"\n")
                 and await channel.line() == b"R" + self.nonce + b"\n")
 
-    async def _spawn(self, role: str, workdir: str, stdin: bytes, fds: tuple[int, ...],
-                     program_name: str = "prog.py") -> _Child:
-        seccomp = seccomp_filter()
-        filter_r, filter_w = os.pipe()
+    @contextlib.asynccontextmanager
+    async def _box(self):
+        """Where one process runs: under bwrap nothing here (its /box is a tmpfs of its own,
+        gone with it: None); on the fallback a fresh directory holding prog.py, removed after
+        (`_remove`)."""
+        if self.bwrap:
+            yield None
+            return
+        workdir = tempfile.mkdtemp(prefix="flexmarl-sandbox-")
         try:
-            os.write(filter_w, seccomp)  # a few hundred bytes: the pipe takes them at once
-            os.close(filter_w)
-            interpreter_ = interpreter()
-            bootstrap, launcher_pyc = compiled(_BOOTSTRAP, _SECCOMP_EXEC)
+            (Path(workdir) / "prog.py").write_bytes(self.code)
+            yield workdir
+        finally:
+            await _remove(workdir)
+
+    async def _spawn(self, role: str, box: str | None, stdin: bytes, fds: tuple[int, ...]
+                     ) -> _Child:
+        seccomp = seccomp_filter()
+        opened: list[int] = []
+        try:
+            boot = memfd("flexmarl-bootstrap", bootstrap_code())
+            opened.append(boot)
+            seccomp_fd = None
+            if seccomp:
+                seccomp_fd = memfd("flexmarl-seccomp", seccomp)
+                opened.append(seccomp_fd)
+            python = interpreter()
             fd_args = [str(fd) for fd in fds] or ["-1", "-1"]
             if self.bwrap:
-                argv = [*bwrap_argv(workdir, bootstrap, filter_r if seccomp else None),
-                        "-I", "-S", "-B", BOOTSTRAP, role, f"{BOX}/{program_name}"]
+                program = memfd("flexmarl-program", self.code)
+                opened.append(program)
+                argv = [*bwrap_argv(self.max_box_bytes, {"prog.py": program}, seccomp_fd),
+                        "-I", "-S", "-B", "-c", LOADER, str(boot), role, f"{BOX}/prog.py"]
                 env = {"PATH": os.defpath, "HOME": BOX, "TMPDIR": BOX}
+                cwd = "/"
             else:
-                launcher = ([interpreter_, "-I", "-S", "-B", launcher_pyc, str(filter_r)]
-                            if seccomp else [])
-                argv = [*unshare_prefix(), *launcher, interpreter_, "-I", "-S", "-B",
-                        bootstrap, role, str(Path(workdir) / program_name)]
-                env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": workdir,
-                       "TMPDIR": workdir}
+                launcher = ([python, "-I", "-S", "-B", "-c", launcher_source(),
+                             str(seccomp_fd)] if seccomp_fd is not None else [])
+                argv = [*unshare_prefix(), *launcher, python, "-I", "-S", "-B", "-c", LOADER,
+                        str(boot), role, str(Path(box) / "prog.py")]
+                env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": box, "TMPDIR": box}
+                cwd = box
+            mode = "bwrap" if self.bwrap else "fallback"
             proc = await asyncio.create_subprocess_exec(
-                *argv, *fd_args, *map(str, self.limits),
+                *argv, *fd_args, *map(str, self.limits), mode,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT if role == "judge" else asyncio.subprocess.PIPE,
-                cwd=workdir, env=env, start_new_session=True, pass_fds=[filter_r, *fds])
+                cwd=cwd, env=env, start_new_session=True, pass_fds=[*opened, *fds])
         finally:
-            os.close(filter_r)
+            for fd in opened:
+                os.close(fd)
         return _Child(proc, stdin, self.max_output_bytes, self.bwrap, merged=role == "judge")
 
 
-@contextlib.contextmanager
-def _workdir(code: str | None):
-    """A fresh directory (with prog.py = `code`); its cleanup also undoes a program's chmod of
-    its own files."""
-    with tempfile.TemporaryDirectory(prefix="flexmarl-sandbox-",
-                                     ignore_cleanup_errors=True) as workdir:
-        if code is not None:
-            # surrogatepass: a lone surrogate in model text is the program's SyntaxError, not
-            # our UnicodeEncodeError.
-            (Path(workdir) / "prog.py").write_bytes(code.encode("utf-8", "surrogatepass"))
-        yield workdir
+async def _remove(workdir: str) -> None:
+    """Remove a fallback run's directory without recursing here or following a link out: a
+    flat directory of files directly, anything else by `chmod -R u+rwx` (a program may have
+    taken its own permissions away) and `rm -rf` (coreutils walk any depth, never follow
+    links)."""
+    try:
+        with os.scandir(workdir) as entries:
+            flat = [e for e, _ in zip(entries, range(256))]
+        if len(flat) < 256 and all(not e.is_dir(follow_symlinks=False) for e in flat):
+            for entry in flat:
+                os.unlink(entry.path)
+            os.rmdir(workdir)
+            return
+    except OSError:
+        pass
+    for argv in (["chmod", "-R", "u+rwx", "--", workdir], ["rm", "-rf", "--", workdir]):
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL)
+            await proc.wait()
+        except OSError as exc:
+            log.warning("cannot remove the sandbox directory %s: %s", workdir, exc)
+            return
 
 
 @contextlib.contextmanager

@@ -15,23 +15,13 @@ import pytest
 from flexmarl.rewards import IOCase, confinement, run_python
 from flexmarl.rewards.confinement import bwrap_argv, interpreter, isolation, seccomp_filter
 
+from tests.helpers.sandbox import where  # noqa: F401 - a fixture
+
 from .reward_hacks import HONEST, memory
 
 FAST = {"cpu_s": 1.0, "wall_s": 5.0, "memory_mb": 128}
 SENTINEL = 987654321987
 """An expected value no program can produce by chance."""
-
-
-@pytest.fixture(params=["bwrap", "fallback"])
-def where(request, monkeypatch):
-    """Each test twice: under bubblewrap (skipped where it cannot run) and on the fallback."""
-    monkeypatch.setattr(confinement, "_state", {})
-    if request.param == "fallback":
-        monkeypatch.setattr(confinement, "_candidates", lambda: [])
-        confinement.allow_unsafe_sandbox(True)  # in the fresh _state: undone with it
-    elif isolation().mechanism != "bwrap":
-        pytest.skip(f"bubblewrap is not in force here: {isolation().missing}")
-    return request.param
 
 
 # ----------------------------------------------------------------------------- (a) the judge
@@ -263,3 +253,93 @@ async def test_sys_monitoring_is_refused_where_it_exists(other_python):
                  "set_events(3, 1)", "set_local_events(3, (lambda: 0).__code__, 1)"):
         result = await run_python(f"import sys\nsys.monitoring.{call}", **FAST)
         assert result.cause == "forbidden" and "sys.monitoring" in result.stderr, (call, result)
+
+
+# ----------------------------------------------------------------------------- (e) replies
+
+# The program patches the loop that answers requests (it shares its interpreter) so that every
+# request but "names" gets REPLY: whatever it makes that loop say is checked against the request.
+FORGER = '''import sys
+_server = sys._getframe(1).f_globals["_Server"]
+_handle = _server.handle
+def _forged(self, line):
+    if b'"names"' in line[:12]:
+        return _handle(self, line)
+    return {reply!r}
+_server.handle = _forged
+def add(a, b):
+    return 0
+'''
+CALLS = [("add(1, 2)", 3), ("add(-5, 5)", 0), ("add(10, 32)", 42)]
+MAPPED = "assert all(map(lambda c: add(*c[0]) == c[1], [((1, 2), 3), ((10, 32), 42)]))"
+
+
+@pytest.mark.parametrize("reply", [
+    '["stop"]',  # "the iterator is exhausted", to a plain call: a map() would end silently
+    '["gone"]',  # the sandbox's own line for a program that ended
+    '["ref",0,"int"]',  # a reference where a call case wants a value
+    '["names",[]]', '["ok",3', '["error",1,2]', '["ok",3,4]', 'null',
+    '["ok",3]\n["ok",42]',  # an answer ahead of its request
+])
+async def test_a_forged_reply_is_unjudgeable_in_every_form(where, reply):
+    code = FORGER.format(reply=reply)
+    for tests in (MAPPED, CALLS):
+        result = await run_python(code, tests=tests, **FAST)
+        assert not result.passed and result.cause == "unjudgeable", (reply, tests, result)
+
+
+@pytest.mark.parametrize("code, tests", [
+    # MBPP-style tests use `math` without importing it: the program's own object never answers.
+    ("class math:\n    isclose = staticmethod(lambda a, b: True)\ndef add(a, b):\n    return 0\n",
+     "assert math.isclose(add(1, 2), 3)"),
+    ("import math\nmath.isclose = lambda a, b: True\ndef add(a, b):\n    return 0\n",
+     "assert math.isclose(add(1, 2), 3)"),  # the judge's own math: isclose(0, 3) is False
+    ("math = type('M', (), {'isclose': lambda *a: True})()\ndef add(a, b):\n    return 0\n",
+     "assert math.isclose(add(1, 2), 3)"),
+    # A returned object asked to judge the tests' value with one of its methods.
+    ("class S(str):\n    def startswith(self, p): return True\n"
+     "def add(a, b):\n    return S('')\n", "assert add(1, 2).startswith('3')"),
+    ("class R:\n    def check(self, x): return True\ndef add(a, b):\n    return R()\n",
+     "assert add(1, 2).check(3)"),
+])
+async def test_the_tests_borrow_nothing_that_could_judge_them(code, tests):
+    result = await judged(code, tests)
+    assert not result.passed and result.cause in ("unjudgeable", "failed"), result
+
+
+async def test_names_the_program_imported_are_the_judges_own():
+    honest = "import math\nimport os.path as osp\nfrom math import gcd\ndef add(a, b):\n" \
+             "    return a + b\n"
+    assert (await judged(honest, "assert math.isclose(add(1, 2), 3.0)\n"
+                                 "assert osp.join('a', 'b') == 'a/b'")).passed
+    missing = await judged(honest, "assert gcd(4, 6) == 2")  # only a `from` import: not there
+    assert missing.cause == "failed" and "NameError" in missing.stderr, missing
+    unimported = await judged("def add(a, b):\n    return a + b\n", "assert math.pi > 3")
+    assert unimported.cause == "failed" and "NameError" in unimported.stderr, unimported
+
+
+async def test_the_tests_may_call_what_the_task_defines():
+    """A returned function called directly, a class's methods, its static methods and the
+    methods of objects the tests built: the task's own code, given the tests' values."""
+    code = ("def make_adder(n):\n    return lambda x: x + n\n"
+            "class Solution:\n    def two_sum(self, xs, t):\n"
+            "        seen = {}\n        for i, x in enumerate(xs):\n"
+            "            if t - x in seen:\n                return [seen[t - x], i]\n"
+            "            seen[x] = i\n"
+            "    @staticmethod\n    def double(x):\n        return 2 * x\n")
+    tests = ("assert make_adder(2)(3) == 5\nassert Solution().two_sum([2, 7, 11], 9) == [0, 1]\n"
+             "assert Solution.double(4) == 8\ns = Solution()\nassert s.double(x=5) == 10")
+    result = await judged(code, tests)
+    assert result.passed, result.stderr
+
+
+async def test_ints_compare_exactly_in_every_form():
+    near = "def add(a, b):\n    return (a + b) * (1 + 5e-10)\n"
+    assert (await run_python(near, tests=CALLS, **FAST)).cause == "wrong_answer"
+    assert not (await judged(near, "assert add(1, 2) == 3")).passed
+    floats = "def add(a, b):\n    return (a + b) * (1 + 1e-12)\n"
+    result = await run_python(floats, tests=[("add(0.5, 1)", 1.5)], **FAST)
+    assert result.passed  # an expected float keeps FLOAT_REL_TOL
+    huge = "def add(a, b):\n    return 10 ** 400\n"  # past float's range: a wrong answer
+    assert (await run_python(huge, tests=[("add(0.5, 1)", 1.5)], **FAST)).cause == \
+        "wrong_answer"

@@ -15,6 +15,7 @@ import pytest
 from flexmarl.rewards import (
     CAUSES, code_reward, extract_code, isolation, max_concurrent, network_isolated, run_python,
     set_max_concurrent)
+from flexmarl.rewards.confinement import MARK
 
 FAST = {"cpu_s": 1.0, "wall_s": 3.0, "memory_mb": 128}
 SAY_PID = "import os\nprint(os.getpid(), flush=True)\n"
@@ -29,14 +30,14 @@ def gone(pid: int) -> bool:
 
 
 def sandboxed() -> list[int]:
-    """Processes running a sandboxed program: their command line names the bootstrap (bwrap's,
-    and the interpreter's inside it or on the fallback path)."""
+    """Processes running a sandboxed program: their command line holds the loader's mark
+    (bwrap's, and the interpreter's inside it or on the fallback path)."""
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) != os.getpid():
             try:
                 with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if b"bootstrap.py" in f.read():
+                    if MARK.encode() in f.read():
                         found.append(int(entry))
             except OSError:
                 continue  # ended meanwhile

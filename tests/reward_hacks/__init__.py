@@ -22,7 +22,7 @@ sense for. Classes, from code-RL practice:
 """
 from __future__ import annotations
 
-from . import equality, harness, leaving, memory, reading
+from . import equality, fourth, harness, leaving, memory, reading
 from .hack import Hack, forms
 
 # `import math`: tests in MBPP's style use the program's `math` without importing it (a hack's
@@ -34,6 +34,6 @@ HONEST = {
 }
 
 HACKS: list[Hack] = [*equality.HACKS, *reading.HACKS, *harness.HACKS, *leaving.HACKS,
-                     *memory.HACKS]
+                     *memory.HACKS, *fourth.HACKS]
 
 __all__ = ["HACKS", "HONEST", "Hack", "forms"]

@@ -5,11 +5,16 @@ per test form, under the isolation in force here and on the audit-hook fallback.
                                            [--python all|PATH,...]
 
 Rows: the honest solution and every hack; columns: the assert, call and stdin/stdout forms, under
-bwrap (where it runs here) and on the fallback; a cell is the reward (1.0 = the hack passed, '-'
-where the hack has no program for that form), once per sandbox interpreter (`--python all`: every
-Python 3.11+ this machine has; the ones skipped are named with why). Limits are the test suite's FAST ones (cpu_s=1,
-wall_s=3, memory_mb=128). With --json the last line is one JSON object: per isolation and form,
-the hacks that passed, and the honest solution's rewards.
+bwrap (where it runs here) and on the unsafe fallback (opted into here); a cell is the reward
+(1.0 = the hack passed, '-' where the hack has no program for that form, RAISED where
+run_python raised), once per sandbox interpreter (`--python all`: every Python 3.11+ this
+machine has; the ones skipped are named with why), then what each program cost the caller: the
+longest stall of this process's event loop while its forms ran (ms) and this process's RSS
+after it (MB). A hack judged by tests of its own (MBPP-style `math.isclose`, methods on a
+result) brings them (`Hack.tests`). Limits are the test suite's FAST ones (cpu_s=1, wall_s=3,
+memory_mb=128). With --json the last line is one JSON object: per Python/isolation and form,
+the hacks that passed, the honest solution's rewards, what raised, the longest stall and the
+largest RSS.
 
 Against an older tree (PYTHONPATH=<old checkout> python bench/reward_hacks.py) it runs what a
 user could write then, and says "old API": the call form as the equivalent asserts
@@ -23,6 +28,7 @@ import argparse
 import asyncio
 import importlib.util
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -71,15 +77,54 @@ async def reward(code: str, form: str, tests: object = None) -> float:
     return 1.0
 
 
+def rss_mb() -> float:
+    """This process's resident memory now, MB."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
+async def ticking(run) -> tuple[object, float]:
+    """`run`'s result and the longest gap between ticks of a 10 ms timer meanwhile: how long
+    the caller's event loop was blocked."""
+    gaps = [0.0]
+
+    async def tick() -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    ticker = asyncio.create_task(tick())
+    try:
+        return await run, max(gaps)
+    finally:
+        ticker.cancel()
+
+
 async def table(programs: list[tuple[str, dict[str, str], dict[str, object]]]
-                ) -> dict[str, dict[str, float]]:
-    out: dict[str, dict[str, float]] = {}
+                ) -> tuple[dict[str, dict[str, object]], dict[str, dict], list[str]]:
+    """Per program: its reward per form ("RAISED" where run_python raised), what it cost the
+    caller (the longest event-loop stall, ms, and this process's RSS after it, MB), and the
+    errors raised."""
+    out: dict[str, dict[str, object]] = {}
+    costs: dict[str, dict] = {}
+    raised: list[str] = []
     for name, by_form, tests in programs:
         forms = [form for form in FORMS if form in by_form]
-        scores = await asyncio.gather(*(reward(by_form[form], form, tests.get(form))
-                                        for form in forms))
+
+        async def one(form: str) -> object:
+            try:
+                return await reward(by_form[form], form, tests.get(form))
+            except Exception as exc:  # noqa: BLE001 - what this report exists to count
+                raised.append(f"{name}/{form}: {exc!r}"[:300])
+                return "RAISED"
+
+        scores, stall = await ticking(asyncio.gather(*(one(form) for form in forms)))
         out[name] = dict(zip(forms, scores))
-    return out
+        costs[name] = {"stall_ms": round(stall * 1000, 1), "rss_mb": round(rss_mb(), 1)}
+    return out, costs, raised
 
 
 _CANDIDATES = None
@@ -94,6 +139,8 @@ def isolate(kind: str) -> None:
         _CANDIDATES = confinement._candidates
     confinement._state.pop("isolation", None)
     confinement._candidates = (lambda: []) if kind == "fallback" else _CANDIDATES
+    if hasattr(confinement, "allow_unsafe_sandbox"):  # issue 61 on: the fallback is opt-in
+        confinement.allow_unsafe_sandbox(kind == "fallback")
 
 
 def interpreters(spec: str) -> tuple[list[str], list[str]]:
@@ -135,7 +182,8 @@ async def main(corpus: Path, only: set[str] | None, pythons: str) -> dict:
     tree = str(Path(rewards.__file__).resolve().parents[2])
     result: dict = {"api": "new" if NEW_API else "old", "tree": tree, "hacks": len(hacks),
                     "programs": sum(len(p) for _, p, _ in programs), "limits": LIMITS,
-                    "passed": {}, "honest": {}, "seconds": {}, "pythons": {}}
+                    "passed": {}, "honest": {}, "seconds": {}, "pythons": {}, "raised": {},
+                    "stall_ms_max": {}, "rss_mb_max": {}}
     found, skipped = interpreters(pythons) if NEW_API else ([sys.executable], [])
     result["skipped_pythons"] = skipped
     klass = {h.name: h.klass for h in hacks}
@@ -150,15 +198,18 @@ async def main(corpus: Path, only: set[str] | None, pythons: str) -> dict:
         else:
             version = sys.version.split()[0]
         result["pythons"][python] = version
-        tables = {}
+        tables, costs = {}, {}
         for kind in kinds:
             isolate(kind) if NEW_API else None
             start = time.monotonic()
-            tables[kind] = await table(programs)
+            tables[kind], costs[kind], errors = await table(programs)
             key = f"{version}/{kind}"
             result["seconds"][key] = round(time.monotonic() - start, 1)
+            result["raised"][key] = errors
+            result["stall_ms_max"][key] = max(c["stall_ms"] for c in costs[kind].values())
+            result["rss_mb_max"][key] = max(c["rss_mb"] for c in costs[kind].values())
             result["passed"][key] = {form: [n for n, row in tables[kind].items()
-                                            if n != "honest" and row.get(form)]
+                                            if n != "honest" and row.get(form) == 1.0]
                                      for form in FORMS}
             result["honest"][key] = tables[kind]["honest"]
         print(f"\nPython {version} ({python}): {len(hacks)} hacks, reward per form "
@@ -166,9 +217,12 @@ async def main(corpus: Path, only: set[str] | None, pythons: str) -> dict:
               f"cpu_s={LIMITS['cpu_s']:g}, wall_s={LIMITS['wall_s']:g}, "
               f"memory_mb={LIMITS['memory_mb']}); '-' where a hack has no program for the form")
         head = "".join(f" {k[:8]:>8s}:{f[:2]}" for k in kinds for f in FORMS)
-        print(f"{'program':24s} {'class':16s}{head}")
+        cost_head = "".join(f" {k[:5]:>5s}:stall ms  rss MB" for k in kinds)
+        print(f"{'program':24s} {'class':16s}{head}{cost_head}")
         for name in tables[kinds[0]]:
             cells = "".join(f" {tables[k][name].get(f, '-'):>11}" for k in kinds for f in FORMS)
+            cells += "".join(f" {costs[k][name]['stall_ms']:>14.1f} {costs[k][name]['rss_mb']:7.1f}"
+                             for k in kinds)
             print(f"{name:24s} {klass.get(name, ''):16s}{cells}")
         for kind in kinds:
             key = f"{version}/{kind}"
@@ -176,11 +230,18 @@ async def main(corpus: Path, only: set[str] | None, pythons: str) -> dict:
             for form in FORMS:
                 passed = result["passed"][key][form]
                 print(f"passed under {key}, {form} ({len(passed)}): {', '.join(passed) or 'none'}")
+            print(f"raised out of run_python under {key} ({len(result['raised'][key])}): "
+                  f"{'; '.join(result['raised'][key]) or 'none'}")
+            print(f"caller under {key}: longest event-loop stall "
+                  f"{result['stall_ms_max'][key]:.0f} ms, RSS at most "
+                  f"{result['rss_mb_max'][key]:.0f} MB (after each program)")
     for line in skipped:
         print(f"skipped {line}")
     result["hacks_passed"] = sum(len(v) for by_form in result["passed"].values()
                                  for v in by_form.values())
-    print(f"\nhacks earning reward, all Pythons and isolations: {result['hacks_passed']}")
+    result["raised_total"] = sum(len(v) for v in result["raised"].values())
+    print(f"\nhacks earning reward, all Pythons and isolations: {result['hacks_passed']}; "
+          f"raised out of run_python: {result['raised_total']}")
     return result
 
 
@@ -192,7 +253,8 @@ if __name__ == "__main__":
                     help="interpreters for the sandbox: comma-separated paths, or 'all' (every "
                          "Python 3.11+ under /usr/bin and ~/.pyenv); default: this one")
     ap.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS,
-                    help="the corpus package or file (default: tests/reward_hacks/ next to this script)")
+                    help="the corpus package or file (default: tests/reward_hacks/ next to "
+                         "this script)")
     parsed = ap.parse_args()
     out = asyncio.run(main(parsed.corpus, {n for n in parsed.hacks.split(",") if n} or None,
                            parsed.python))

@@ -17,7 +17,8 @@ Python the project supports (3.11+).
     judge    free-form asserts run here (`_judge.py`), in a process of their own: the
              program's names are `Remote`s whose uses become requests to the program's
              process (relayed by the parent); every comparison, loop and expected value stays
-             here
+             here ("judge-calls": call cases whose expressions are more than a call of the
+             program's function on literals, evaluated the same way)
 
 The rule that makes a reward hack worthless: nothing that decides the verdict is ever in the
 program's process. Call cases and stdin/stdout cases are compared in the parent, asserts in the
@@ -271,7 +272,7 @@ def main(argv: list[str]) -> int:
             raise OSError("ctypes is loaded before the program: the seccomp filter must be "
                           "installed outside this interpreter")
         nonce = wire.read_exact(req_fd, wire.NONCE_BYTES).strip() if role == "serve" else b""
-        if role == "judge":  # the tests' length in a line, then the tests
+        if role.startswith("judge"):  # the tests' length in a line, then the tests
             size = int(wire.read_line(req_fd))
             tests = wire.read_exact(req_fd, size).decode("utf-8", "surrogatepass")
         with open(path, "rb") as f:
@@ -286,8 +287,9 @@ def main(argv: list[str]) -> int:
     for name in list(sys.modules):  # loaded before the hook: make the program import anew
         if name.partition(".")[0] in _REFUSED_IMPORTS - {"_thread"}:
             del sys.modules[name]
-    if role == "judge":
-        status = _judge.run(tests, source, ctl_fd, req_fd)
+    if role.startswith("judge"):  # "judge": asserts; "judge-calls": call cases
+        run = _judge.run if role == "judge" else _judge.run_calls
+        status = run(tests, source, ctl_fd, req_fd)
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         os._exit(status)  # nothing of the tests runs after the verdict, and no teardown

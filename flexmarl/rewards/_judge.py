@@ -16,10 +16,10 @@ back, is fixed:
   program's functions and classes, of what they return when it is called directly (a
   returned function), and of the methods of the program's classes and of the objects the tests
   built from them (`s = Stack(); s.push(3)`). Asking an object the program *returned* to judge
-  the tests' values (`result.startswith(expected)`: a method of a returned object, called with
-  arguments) is unjudgeable, as are comparing, hashing, membership and arithmetic on any
-  reference (only the object's own `__eq__`... could answer), and passing the program a
-  function or object of the tests (a callback).
+  (`result.startswith(expected)`, `result.is_integer()`: any method of a returned object) is
+  unjudgeable (its attributes may be read), as are comparing, hashing, membership and
+  arithmetic on any reference (only the object's own `__eq__`... could answer), and passing
+  the program a function or object of the tests (a callback).
 - **Every reply is checked against its request** (`_Judge.expect`): a call, attribute or item
   is a value, a reference or an error; `len` an int, `bool` a bool, `str` a str; only `next`
   may answer "stop", and only a for loop, list() and the like end on it (an explicit
@@ -53,7 +53,7 @@ CLASS = "class"  # a top-level `class` of the program: called, it builds; its me
 BUILT = "built"  # what calling a program's class gave: its members may be called
 MEMBER = "member"  # an attribute of a class or of a built object: may be called
 RETURNED = "returned"  # anything else the program handed back: may be called directly
-ATTRIBUTE = "attribute"  # an attribute of a returned object: called only without arguments
+ATTRIBUTE = "attribute"  # an attribute of a returned object: read, never called
 _CALLED = {CLASS: BUILT}
 _ATTRIBUTE_OF = {CLASS: MEMBER, BUILT: MEMBER}
 _REPLIES = {  # request -> the replies it may have
@@ -255,11 +255,11 @@ class Remote:
     def __call__(self, *args, **kwargs):
         judge = object.__getattribute__(self, "_judge")
         role = object.__getattribute__(self, "_role")
-        if role == ATTRIBUTE and (args or kwargs):
+        if role == ATTRIBUTE:
             kind = object.__getattribute__(self, "_kind")
-            judge.refuse(f"the tests called a method ({kind}) of an object the program returned "
-                         f"with values of their own: only the program's functions, its classes "
-                         f"and the objects the tests built from them take the tests' values; "
+            judge.refuse(f"the tests called a method ({kind}) of an object the program returned: "
+                         f"only the program's functions and classes and the objects the tests "
+                         f"built from them are called (a returned object would judge itself); "
                          f"return a plain value")
         return judge.op("call", self, args, kwargs, _CALLED.get(role, RETURNED))
 
@@ -361,6 +361,38 @@ def run(tests: str, source: str, send_fd: int, reply_fd: int) -> int:
     else:
         status = 0
     if judge.closed:  # the tests may have caught it: still no pass
+        sys.stderr.write("sandbox: " + judge.closed[0] + "\n")
+        return wire.EXIT_UNJUDGEABLE
+    return status
+
+
+def run_calls(payload: str, source: str, send_fd: int, reply_fd: int) -> int:
+    """Call cases whose expressions are more than the program's own answer (`cases.simple_call`
+    is False): each evaluated here with the judge's names, its value compared here (`same`).
+    `payload`: the JSON of [nonce, [[expression, expected], ...]]. The verdicts go to stdout in
+    one line, "sandbox-verdicts NONCE " and a 1 or 0 per case; 0 when every case ran."""
+    judge = _Judge(send_fd, reply_fd)
+    nonce, cases = wire.decode(payload)
+    verdicts = []
+    status = 0
+    try:
+        scope = _scope(judge, source)
+        for number, (expression, expected) in enumerate(cases):
+            sources = {f"<call {number}>": expression}
+            try:
+                code = compile(expression, f"<call {number}>", "eval", dont_inherit=True)
+                verdicts.append(wire.same(expected, _builtins.eval(code, scope)))
+            except (ProgramGone, Unjudgeable, MemoryError):
+                raise
+            except BaseException as exc:  # noqa: BLE001 - the program's error: a failed case
+                sys.stderr.write(wire.report(exc, sources))
+                verdicts.append(False)
+    except BaseException as exc:  # noqa: BLE001 - the program ended, or a use closed the verdict
+        sys.stderr.write(wire.report(exc, {}))
+        status = wire.EXIT_UNJUDGEABLE if isinstance(exc, Unjudgeable) else wire.exit_code(exc)
+    sys.stdout.write(f"sandbox-verdicts {nonce} " + "".join("10"[not v] for v in verdicts)
+                     + "\n")
+    if judge.closed:
         sys.stderr.write("sandbox: " + judge.closed[0] + "\n")
         return wire.EXIT_UNJUDGEABLE
     return status

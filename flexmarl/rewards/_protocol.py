@@ -41,6 +41,8 @@ RESULT_CHARS = 200
 """An error's text, or a source line in a traceback, in at most this many characters."""
 MAX_DEPTH = 100
 """Values nest at most this deep."""
+FLOAT_REL_TOL = 1e-9
+"""Call cases whose expected value is a float: the answer within this relative tolerance."""
 
 
 class SandboxRefused(PermissionError):
@@ -156,6 +158,55 @@ def decode(text: bytes | str, refs=None, *, hashed: bool = True) -> object:
     if end != len(text):
         raise ValueError("more than one JSON value on a line")
     return value
+
+
+def same(expected: object, got: object) -> bool:
+    """Call-case equality: exact container types; numbers as Python compares them, exactly,
+    but for an expected float (FLOAT_REL_TOL, NaN equal to NaN); a dict against a dict or the
+    `Pairs` of a reply. Anything of another type (a reference) is unequal, never compared."""
+    import math
+    numbers = (int, float, bool)
+    if type(expected) is float:
+        if type(got) not in numbers:
+            return False
+        try:
+            a, b = expected, float(got)
+        except OverflowError:  # an int past float's range is not near any float
+            return False
+        return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=FLOAT_REL_TOL)
+    if type(expected) in numbers:
+        return type(got) in numbers and expected == got  # int == float is exact in Python
+    if type(expected) is dict:
+        if type(got) is dict:
+            got = Pairs([k, v] for k, v in dict.items(got))
+        return type(got) is Pairs and _same_pairs(expected, got)
+    if type(expected) is not type(got):
+        return False
+    if type(expected) in (list, tuple):
+        return len(expected) == len(got) and all(same(a, b) for a, b in zip(expected, got))
+    return expected == got  # str, None
+
+
+def _same_pairs(expected: dict, got: Pairs) -> bool:
+    """A dict against a reply's [key, value] pairs, never hashing the reply's keys into a
+    table: each is looked up in `expected`, each of its keys matched once."""
+    if len(got) != len(expected):
+        return False
+    index = {key: n for n, key in enumerate(expected)}
+    values = list(expected.values())
+    seen = bytearray(len(expected))
+    for pair in got:
+        if type(pair) is not list or len(pair) != 2:
+            return False
+        key, value = pair
+        try:
+            n = index.get(key)
+        except TypeError:  # an unhashable key (a list)
+            return False
+        if n is None or seen[n] or not same(values[n], value):
+            return False
+        seen[n] = 1
+    return True
 
 
 # ------------------------------------------------------------------------------- errors

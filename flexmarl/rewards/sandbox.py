@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -408,7 +409,10 @@ class _Runner:
 
     async def calls(self, stdin: bytes, calls: tuple[CallCase, ...]) -> ExecResult:
         """Call cases: each expression evaluated by the program, its reply judged here as it
-        arrives (and dropped)."""
+        arrives (and dropped); where an expression is more than the program's own answer
+        (`cases.simple_call`), all of them by the judge (`judged_calls`)."""
+        if not all(forms.simple_call(case.call) for case in calls):
+            return await self.judged_calls(stdin, calls)
         verdicts: list[bool] = []
         broke: list[str] = []  # how the program's replies broke the protocol
         async with self._box() as box:
@@ -451,7 +455,27 @@ class _Runner:
                      "ok" if all(verdicts) else "wrong_answer")
         return _result(outcome, cause, outcome.seconds, judged)
 
-    async def judged(self, stdin: bytes, tests: str) -> ExecResult:
+    async def judged_calls(self, stdin: bytes, calls: tuple[CallCase, ...]) -> ExecResult:
+        """Call cases evaluated by the judge (`_judge.run_calls`), which says its verdicts in
+        one line tagged with a nonce of this run."""
+        nonce = secrets.token_hex(8)
+        payload = wire.encode([nonce, [[case.call, case.expected] for case in calls]])
+        result = await self.judged(stdin, payload, role="judge-calls")
+        marker = f"sandbox-verdicts {nonce} "
+        lines = result.stderr.splitlines(keepends=True)
+        said = [line for line in lines if line.startswith(marker)]
+        bits = said[0][len(marker):].strip() if said else ""
+        verdicts = tuple(bit == "1" for bit in bits[:len(calls)])
+        verdicts += (False,) * (len(calls) - len(verdicts))
+        cause = result.cause
+        if cause == "ok":
+            cause = ("incomplete" if len(bits) < len(calls) else
+                     "ok" if all(verdicts) else "wrong_answer")
+        stderr = "".join(line for line in lines if not line.startswith(marker))
+        return dataclasses.replace(result, passed=cause == "ok", cause=cause, cases=verdicts,
+                                   stderr=stderr)
+
+    async def judged(self, stdin: bytes, tests: str, role: str = "judge") -> ExecResult:
         """Free-form asserts: run by a judge process of their own, the program answering its
         requests (relayed here, line by line) from another."""
         text = tests.encode("utf-8", "surrogatepass")
@@ -463,7 +487,7 @@ class _Runner:
                     _closing(_Channel(self.max_reply_bytes)) as to_judge:
                 start = time.monotonic()
                 program = await self._spawn("serve", box, stdin, channel.child_fds)
-                judge = await self._spawn("judge", judge_box, b"", to_judge.child_fds)
+                judge = await self._spawn(role, judge_box, b"", to_judge.child_fds)
 
                 async def talk() -> None:
                     nonlocal gone
@@ -574,12 +598,14 @@ class _Runner:
             proc = await asyncio.create_subprocess_exec(
                 *argv, *fd_args, *map(str, self.limits), mode,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT if role == "judge" else asyncio.subprocess.PIPE,
+                stderr=(asyncio.subprocess.STDOUT if role.startswith("judge")
+                        else asyncio.subprocess.PIPE),
                 cwd=cwd, env=env, start_new_session=True, pass_fds=[*opened, *fds])
         finally:
             for fd in opened:
                 os.close(fd)
-        return _Child(proc, stdin, self.max_output_bytes, self.bwrap, merged=role == "judge")
+        return _Child(proc, stdin, self.max_output_bytes, self.bwrap,
+                      merged=role.startswith("judge"))
 
 
 async def _remove(workdir: str) -> None:

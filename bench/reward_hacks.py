@@ -103,6 +103,15 @@ async def ticking(run) -> tuple[object, float]:
         ticker.cancel()
 
 
+async def guarded(name: str, code: str, form: str, tests: object, raised: list[str]) -> object:
+    """reward(), or "RAISED" (the error kept in `raised`) where run_python raised."""
+    try:
+        return await reward(code, form, tests)
+    except Exception as exc:  # noqa: BLE001 - what this report exists to count
+        raised.append(f"{name}/{form}: {exc!r}"[:300])
+        return "RAISED"
+
+
 async def table(programs: list[tuple[str, dict[str, str], dict[str, object]]]
                 ) -> tuple[dict[str, dict[str, object]], dict[str, dict], list[str]]:
     """Per program: its reward per form ("RAISED" where run_python raised), what it cost the
@@ -114,14 +123,8 @@ async def table(programs: list[tuple[str, dict[str, str], dict[str, object]]]
     for name, by_form, tests in programs:
         forms = [form for form in FORMS if form in by_form]
 
-        async def one(form: str) -> object:
-            try:
-                return await reward(by_form[form], form, tests.get(form))
-            except Exception as exc:  # noqa: BLE001 - what this report exists to count
-                raised.append(f"{name}/{form}: {exc!r}"[:300])
-                return "RAISED"
-
-        scores, stall = await ticking(asyncio.gather(*(one(form) for form in forms)))
+        scores, stall = await ticking(asyncio.gather(
+            *(guarded(name, by_form[form], form, tests.get(form), raised) for form in forms)))
         out[name] = dict(zip(forms, scores))
         costs[name] = {"stall_ms": round(stall * 1000, 1), "rss_mb": round(rss_mb(), 1)}
     return out, costs, raised
@@ -153,6 +156,7 @@ def interpreters(spec: str) -> tuple[list[str], list[str]]:
     import glob
     import os
     import re
+
     from flexmarl.rewards.confinement import _describe
     found, skipped, seen = [], [], set()
     for path in [sys.executable, *sorted(glob.glob("/usr/bin/python3.*")),

@@ -13,7 +13,7 @@ import os
 import pytest
 
 from flexmarl.rewards import IOCase, confinement, run_python
-from flexmarl.rewards.confinement import bwrap_argv, interpreter, isolation, seccomp_filter
+from flexmarl.rewards.confinement import bwrap_argv, interpreter, seccomp_filter
 
 from tests.helpers.sandbox import where  # noqa: F401 - a fixture
 

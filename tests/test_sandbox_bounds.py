@@ -19,7 +19,6 @@ import time
 import pytest
 
 from flexmarl.rewards import CallCase, run_python
-
 from tests.helpers.sandbox import where  # noqa: F401 - a fixture
 
 FAST = {"cpu_s": 2.0, "wall_s": 10.0, "memory_mb": 256}

@@ -31,6 +31,7 @@ A workflow computes a value and hands it to `ctx.reward(completion, value)`:
     match.py          answer extraction and matching: pure, synchronous rewards on the text
     sandbox.py        model-written Python in separate, limited processes: run_python,
                       code_reward
+    processes.py      the sandbox's processes as the caller sees them: pipes, end, directory
     _bootstrap.py     the sandbox's first code in a child interpreter: limits, audit hook, then
                       one of three roles
     _judge.py         the judge: free-form asserts against the program's names, every reply

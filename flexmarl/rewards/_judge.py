@@ -209,7 +209,7 @@ class _Judge:
             self.refuse(f"the tests passed a {kind.__name__} to the program: only plain values "
                         f"and the program's own objects cross to it (no callbacks)")
 
-    def op(self, op: str, remote: "Remote", args: tuple = (), kwargs: dict | None = None,
+    def op(self, op: str, remote: Remote, args: tuple = (), kwargs: dict | None = None,
            role: str = RETURNED):
         ref = object.__getattribute__(remote, "_id")
         arguments = "[" + ",".join(self.argument(a) for a in args) + "]"

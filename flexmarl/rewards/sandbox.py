@@ -70,7 +70,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import logging
 import math
 import os
 import secrets
@@ -80,11 +79,25 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from flexmarl.rewards import _protocol as wire, cases as forms
+from flexmarl.rewards import _protocol as wire
+from flexmarl.rewards import cases as forms
 from flexmarl.rewards.bounds import LoopBound
 from flexmarl.rewards.cases import CallCase, IOCase
-from flexmarl.rewards.confinement import BOX, LOADER, bootstrap_code, bwrap_argv, interpreter, \
-    isolation, launcher_source, memfd, probed, require, seccomp_filter, unshare_prefix
+from flexmarl.rewards.confinement import (
+    BOX,
+    LOADER,
+    bootstrap_code,
+    bwrap_argv,
+    interpreter,
+    isolation,
+    launcher_source,
+    memfd,
+    probed,
+    require,
+    seccomp_filter,
+    unshare_prefix,
+)
+from flexmarl.rewards.processes import Channel, Child, closing, remove, supervise
 
 CAUSES = {
     "ok": "exited 0 (and, with tests, ran to the end and every case passed)",
@@ -112,17 +125,13 @@ CAUSES = {
 _EXIT_CAUSES = {wire.EXIT_MEMORY: "memory", wire.EXIT_FORBIDDEN: "forbidden",
                 wire.EXIT_FILE_LIMIT: "file_limit", wire.EXIT_SETUP: "sandbox_error",
                 wire.EXIT_PROTOCOL: "protocol", wire.EXIT_UNJUDGEABLE: "unjudgeable"}
-_CHUNK_BYTES = 64 << 10
 _MIN_MEMORY_MB = 32  # the interpreter itself maps about 20 MB
 _MAX_OPEN_FILES = 64
-_REAP_TIMEOUT_S = 5.0  # SIGKILLed processes die at once; this only guards against a stuck reap
 MAX_REPLY_BYTES = 1 << 20
 """Default `max_reply_bytes`: one reply (a call case's value, an answer to the judge) or one
 request of the judge, in bytes of its JSON line."""
 MAX_BOX_BYTES = 32 << 20
 """Default `max_box_bytes`: the size of the program's tmpfs under bwrap (all its files)."""
-
-log = logging.getLogger(__name__)
 
 _SLOTS = LoopBound(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                    else os.cpu_count() or 1, name="max_concurrent")
@@ -241,134 +250,6 @@ class _Outcome:
     seconds: float
 
 
-class _Channel:
-    """The parent's ends of a child's two control pipes: the child's lines in, requests out."""
-
-    def __init__(self, max_line: int) -> None:
-        self.max_line = max_line
-        self.ctl_r, self.ctl_w = os.pipe()
-        self.req_r, self.req_w = os.pipe()
-        self.child_fds = (self.ctl_w, self.req_r)
-        self.reader: asyncio.StreamReader | None = None
-        self.transports: list = []
-        self.writer: asyncio.StreamWriter | None = None
-        self.overflowed = False
-
-    async def open(self) -> None:
-        """Once the child holds its ends: close ours of them, and take the others to the loop."""
-        for fd in self.child_fds:
-            os.close(fd)
-        self.child_fds = ()
-        loop = asyncio.get_running_loop()
-        # The reader holds at most about one line of max_line (it stops reading from the
-        # pipe past its limit): the program cannot make this process hold more.
-        self.reader = asyncio.StreamReader(limit=self.max_line + 1)
-        ctl_r, self.ctl_r = self.ctl_r, -1
-        transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(self.reader), os.fdopen(ctl_r, "rb", 0))
-        self.transports.append(transport)
-        req_w, self.req_w = self.req_w, -1
-        transport, protocol = await loop.connect_write_pipe(
-            asyncio.streams.FlowControlMixin, os.fdopen(req_w, "wb", 0))
-        self.transports.append(transport)
-        self.writer = asyncio.StreamWriter(transport, protocol, None, loop)
-
-    async def send(self, data: bytes) -> bool:
-        """False once the child has closed its end (it ended, or broke the protocol)."""
-        try:
-            self.writer.write(data)
-            await self.writer.drain()
-            return True
-        except (BrokenPipeError, ConnectionResetError, RuntimeError):
-            return False
-
-    async def line(self) -> bytes | None:
-        """The child's next line; None at its end, or past max_line (then `overflowed`)."""
-        try:
-            line = await self.reader.readline()
-        except (ValueError, asyncio.LimitOverrunError):
-            self.overflowed = True
-            return None
-        if len(line) > self.max_line:
-            self.overflowed = True
-            return None
-        return line if line.endswith(b"\n") else None
-
-    async def unasked(self) -> bool:
-        """Whether the child wrote anything more before its end (call after the last answer
-        and stop_sending: a serving program then exits)."""
-        if self.reader is None:
-            return False
-        try:
-            return bool(await self.reader.read(1))
-        except (ValueError, OSError):
-            return True
-
-    def stop_sending(self) -> None:
-        """EOF on the requests pipe: a serving program answers the rest and exits."""
-        if self.writer is not None:
-            self.writer.transport.close()
-
-    def close(self) -> None:
-        for transport in self.transports:
-            transport.close()
-        for fd in (self.ctl_r, self.req_w, *self.child_fds):
-            if fd >= 0:
-                os.close(fd)
-
-
-class _Child:
-    """One sandboxed interpreter in its own session; stdout and stderr drained, capped."""
-
-    def __init__(self, proc: asyncio.subprocess.Process, stdin: bytes, limit: int,
-                 bwrap: bool, merged: bool) -> None:
-        self.proc, self.limit, self.bwrap, self.merged = proc, limit, bwrap, merged
-        self.out, self.err = bytearray(), bytearray()
-        self.flooded = asyncio.Event()
-        self.done = asyncio.ensure_future(self._run(stdin))
-
-    async def _drain(self, stream: asyncio.StreamReader | None, buf: bytearray) -> None:
-        while stream is not None and (chunk := await stream.read(_CHUNK_BYTES)):
-            room = self.limit - len(buf)
-            buf += chunk[:room]
-            if len(chunk) > room:
-                self.flooded.set()
-                return
-
-    async def _feed(self, data: bytes) -> None:
-        try:
-            self.proc.stdin.write(data)
-            await self.proc.stdin.drain()
-            self.proc.stdin.close()
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the program exited without reading all its input
-
-    async def _run(self, stdin: bytes) -> None:
-        # merged: stdout and stderr on one pipe (the judge's), kept as stderr
-        await asyncio.gather(self._drain(self.proc.stdout, self.err if self.merged else self.out),
-                             self._drain(self.proc.stderr, self.err), self._feed(stdin))
-        await self.proc.wait()
-
-    @property
-    def returncode(self) -> int | None:
-        code = self.proc.returncode
-        if self.bwrap and code is not None and 128 < code < 128 + signal.NSIG:
-            code = 128 - code  # bwrap reports death by signal N as 128 + N
-        return code
-
-    def end(self) -> None:
-        """SIGKILL its process group now; its pipes then end, and `done` with them."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    async def kill(self) -> None:
-        self.done.cancel()
-        await asyncio.gather(self.done, return_exceptions=True)
-        await _kill_group(self.proc)
-
-
 class _Runner:
     """One program, run once (a script, call cases or judged asserts) or once per stdin/stdout
     case."""
@@ -403,7 +284,7 @@ class _Runner:
         async with self._box() as box:
             start = time.monotonic()
             child = await self._spawn("script", box, stdin, ())
-            killed_for = await _supervise([child], None, self.wall_s)
+            killed_for = await supervise([child], None, self.wall_s)
             return _Outcome(child.returncode, bytes(child.out), bytes(child.err), killed_for,
                             time.monotonic() - start)
 
@@ -416,7 +297,7 @@ class _Runner:
         verdicts: list[bool] = []
         broke: list[str] = []  # how the program's replies broke the protocol
         async with self._box() as box:
-            with _closing(_Channel(self.max_reply_bytes)) as channel:
+            with closing(Channel(self.max_reply_bytes)) as channel:
                 start = time.monotonic()
                 program = await self._spawn("serve", box, stdin, channel.child_fds)
 
@@ -442,7 +323,7 @@ class _Runner:
                     elif len(verdicts) == len(calls) and await channel.unasked():
                         broke.append("it wrote lines after its last answer")
 
-                killed_for = await _supervise([program], talk(), self.wall_s)
+                killed_for = await supervise([program], talk(), self.wall_s)
                 outcome = _Outcome(program.returncode, bytes(program.out), bytes(program.err),
                                    killed_for, time.monotonic() - start)
         judged = tuple(verdicts) + (False,) * (len(calls) - len(verdicts))
@@ -483,8 +364,8 @@ class _Runner:
         ready_seen = [False]  # the program's top level returned (else it was killed early)
         broke: list[str] = []
         async with self._box() as box, self._box() as judge_box:
-            with _closing(_Channel(self.max_reply_bytes)) as channel, \
-                    _closing(_Channel(self.max_reply_bytes)) as to_judge:
+            with closing(Channel(self.max_reply_bytes)) as channel, \
+                    closing(Channel(self.max_reply_bytes)) as to_judge:
                 start = time.monotonic()
                 program = await self._spawn("serve", box, stdin, channel.child_fds)
                 judge = await self._spawn(role, judge_box, b"", to_judge.child_fds)
@@ -525,7 +406,7 @@ class _Runner:
                     if not gone and ready_seen[0] and await channel.unasked():
                         broke.append("it wrote lines no request asked for")
 
-                killed_for = await _supervise([program, judge], talk(), self.wall_s)
+                killed_for = await supervise([program, judge], talk(), self.wall_s)
                 seconds = time.monotonic() - start
                 answered = ready_seen[0]
         program_cause = _cause(program.returncode)
@@ -546,7 +427,7 @@ class _Runner:
         outcome = _Outcome(child.returncode, bytes(program.out), err, killed_for, seconds)
         return _result(outcome, cause, seconds)
 
-    async def _ready(self, channel: _Channel) -> bool:
+    async def _ready(self, channel: Channel) -> bool:
         """Send the program its nonce and wait for its "ready" line (its top level returned)."""
         await channel.open()
         return (await channel.send(self.nonce + b"\n")
@@ -556,7 +437,7 @@ class _Runner:
     async def _box(self):
         """Where one process runs: under bwrap nothing here (its /box is a tmpfs of its own,
         gone with it: None); on the fallback a fresh directory holding prog.py, removed after
-        (`_remove`)."""
+        (`processes.remove`)."""
         if self.bwrap:
             yield None
             return
@@ -565,10 +446,10 @@ class _Runner:
             (Path(workdir) / "prog.py").write_bytes(self.code)
             yield workdir
         finally:
-            await _remove(workdir)
+            await remove(workdir)
 
     async def _spawn(self, role: str, box: str | None, stdin: bytes, fds: tuple[int, ...]
-                     ) -> _Child:
+                     ) -> Child:
         seccomp = seccomp_filter()
         opened: list[int] = []
         try:
@@ -604,82 +485,8 @@ class _Runner:
         finally:
             for fd in opened:
                 os.close(fd)
-        return _Child(proc, stdin, self.max_output_bytes, self.bwrap,
+        return Child(proc, stdin, self.max_output_bytes, self.bwrap,
                       merged=role.startswith("judge"))
-
-
-async def _remove(workdir: str) -> None:
-    """Remove a fallback run's directory without recursing here or following a link out: a
-    flat directory of files directly, anything else by `chmod -R u+rwx` (a program may have
-    taken its own permissions away) and `rm -rf` (coreutils walk any depth, never follow
-    links)."""
-    try:
-        with os.scandir(workdir) as entries:
-            flat = [e for e, _ in zip(entries, range(256))]
-        if len(flat) < 256 and all(not e.is_dir(follow_symlinks=False) for e in flat):
-            for entry in flat:
-                os.unlink(entry.path)
-            os.rmdir(workdir)
-            return
-    except OSError:
-        pass
-    for argv in (["chmod", "-R", "u+rwx", "--", workdir], ["rm", "-rf", "--", workdir]):
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.DEVNULL)
-            await proc.wait()
-        except OSError as exc:
-            log.warning("cannot remove the sandbox directory %s: %s", workdir, exc)
-            return
-
-
-@contextlib.contextmanager
-def _closing(channel: _Channel):
-    try:
-        yield channel
-    finally:
-        channel.close()
-
-
-async def _supervise(children: list[_Child], talk, wall_s: float) -> str | None:
-    """Wait for the children to exit (and the talk on their pipes to end), at most `wall_s`.
-    The cause if they had to be killed; every child's process group is killed and reaped."""
-    finished = asyncio.ensure_future(asyncio.gather(
-        *(child.done for child in children), *([talk] if talk is not None else [])))
-    floods = [asyncio.ensure_future(child.flooded.wait()) for child in children]
-    try:
-        done, _ = await asyncio.wait((finished, *floods), timeout=wall_s,
-                                     return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in (finished, *floods):
-            task.cancel()
-        await asyncio.gather(finished, *floods, return_exceptions=True)
-        for child in children:
-            await child.kill()
-    if any(child.flooded.is_set() for child in children):
-        return "output_limit"
-    if finished in done:
-        finished.result()  # an unexpected error of our own pipes, not the program's
-        return None
-    return "timeout"
-
-
-async def _kill_group(proc: asyncio.subprocess.Process) -> None:
-    """SIGKILL the program's process group (it leads it: start_new_session) and reap it.
-
-    Also after a normal exit, for any process it managed to leave behind; such a straggler
-    keeps the group id in use, so the id cannot meanwhile name someone else's group. Under
-    bwrap, the program's own PID namespace ends with it (--die-with-parent).
-    """
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        await asyncio.wait_for(proc.wait(), _REAP_TIMEOUT_S)
-    except asyncio.TimeoutError:
-        pass  # SIGKILLed yet not reaped: left to the event loop's child watcher
 
 
 def _result(outcome: _Outcome, cause: str, seconds: float,

@@ -31,7 +31,6 @@ back, is fixed:
 """
 from __future__ import annotations
 
-import ast
 import builtins as _builtins
 import sys
 
@@ -80,6 +79,8 @@ def program_names(source: str) -> dict[str, object]:
     """The names the program's source binds at its top level: name -> FUNCTION or CLASS (taken
     from the program's process), or ("module", dotted) for a name bound only by `import`.
     Names bound only by `from ... import` are left out. SyntaxError as compile() raises it."""
+    import ast  # here, not at the top: every sandboxed start loads this module (ast, enum: ms)
+
     bound: dict[str, list] = {}
 
     def bind(name: str, how: object) -> None:

@@ -97,7 +97,7 @@ from flexmarl.rewards.confinement import (
     seccomp_filter,
     unshare_prefix,
 )
-from flexmarl.rewards.processes import Channel, Child, closing, remove, supervise
+from flexmarl.rewards.processes import Channel, Child, closing, kill_group, remove, supervise
 
 CAUSES = {
     "ok": "exited 0 (and, with tests, ran to the end and every case passed)",
@@ -476,17 +476,30 @@ class _Runner:
                 env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": box, "TMPDIR": box}
                 cwd = box
             mode = "bwrap" if self.bwrap else "fallback"
-            proc = await asyncio.create_subprocess_exec(
+            spawn = asyncio.ensure_future(asyncio.create_subprocess_exec(
                 *argv, *fd_args, *map(str, self.limits), mode,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=(asyncio.subprocess.STDOUT if role.startswith("judge")
                         else asyncio.subprocess.PIPE),
-                cwd=cwd, env=env, start_new_session=True, pass_fds=[*opened, *fds])
+                cwd=cwd, env=env, start_new_session=True, pass_fds=[*opened, *fds]))
+            try:
+                # Shielded: a start cancelled midway can hang its caller for good on 3.11
+                # (CPython gh-103847); the start finishes on its own, and is killed then.
+                proc = await asyncio.shield(spawn)
+            except asyncio.CancelledError:
+                spawn.add_done_callback(_kill_started)
+                raise
         finally:
             for fd in opened:
                 os.close(fd)
         return Child(proc, stdin, self.max_output_bytes, self.bwrap,
                       merged=role.startswith("judge"))
+
+
+def _kill_started(spawn: asyncio.Future) -> None:
+    """The process of a start its run no longer waits for: killed, and reaped."""
+    if not spawn.cancelled() and spawn.exception() is None:
+        asyncio.ensure_future(kill_group(spawn.result()))
 
 
 def _result(outcome: _Outcome, cause: str, seconds: float,

@@ -86,6 +86,10 @@ class Isolation:
     """Its own PID namespace: no other process visible, none left behind."""
     missing: str
     """Why bwrap is not in force, with the fix; "" when it is."""
+    landlock: int = 0
+    """On the fallback, the kernel's Landlock ABI (0: none): at 1+ the filesystem is confined
+    (reads to the system's libraries and the interpreter, writes to the program's directory,
+    no /proc), at 4+ TCP too, at 6+ signals and abstract sockets (`_seccomp_exec.py`)."""
 
 
 _state: dict[str, object] = {}
@@ -101,8 +105,10 @@ def isolation() -> Isolation:
         found = _state["isolation"] = _probe()
         if found.mechanism != "bwrap":
             log.warning("bubblewrap is not in force: %s. Code rewards refuse to run unless "
-                        "the unsafe fallback is chosen (%s=1); on it, programs can read what "
-                        "this user can read.", found.missing, UNSAFE_ENV)
+                        "the unsafe fallback is chosen (%s=1); on it, %s.", found.missing,
+                        UNSAFE_ENV, "Landlock confines files (ABI %d), but there is no PID "
+                        "namespace and the audit hook is no boundary" % found.landlock
+                        if found.landlock else "programs can read what this user can read")
     return found
 
 
@@ -156,7 +162,8 @@ def bwrap_argv(box_bytes: int, files: dict[str, int], seccomp_fd: int | None = N
     seccomp = ["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []
     copies = [x for name, fd in files.items() for x in ("--file", str(fd), f"{BOX}/{name}")]
     return [binary, *_confinement(), *_views(), *seccomp, "--size", str(box_bytes), "--tmpfs",
-            BOX, *copies, "--chdir", BOX, "--", interpreter()]
+            BOX, *copies, "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", BOX, "--",
+            interpreter()]
 
 
 _COMPILE = ("import marshal, sys\nargs = sys.argv[1:]\nsys.stdout.buffer.write(marshal.dumps("
@@ -262,29 +269,35 @@ def _python() -> dict:
 # Syscalls the kernel refuses to a sandboxed interpreter (errno): new threads and processes
 # (clone3 with ENOSYS, so the C library falls back to clone); reading, tracing or signalling
 # another process (kill, tgkill, sigqueue, pidfds, process_vm_*, process_madvise); device
-# nodes and FIFOs (mknod); io_uring (its operations bypass seccomp). Per-argument rules: fcntl
-# F_SETOWN / F_SETSIG / F_SETOWN_EX and ioctl FIOSETOWN / SIOCSPGRP (SIGIO to another process);
+# nodes and FIFOs (mknod); io_uring (its operations bypass seccomp); sockets; namespaces and
+# mounts (setns, unshare, mount, umount2, pivot_root, chroot). Per-argument rules: fcntl
+# F_SETOWN / F_SETSIG / F_SETOWN_EX and ioctl FIOSETOWN / SIOCSPGRP (SIGIO to another process)
+# and FS_IOC_SETFLAGS / FS_IOC_FSSETXATTR (immutable files);
 # prlimit64, sched_set*, setpriority and ioprio_set on any process but itself (pid 0). Any
 # other architecture's calls (x32, i386 on x86_64) kill the process. x86_64 and aarch64
 # numbers (asm/unistd.h). Under bwrap the PID namespace already hides every other process;
 # the signal rules are for the unsafe fallback, where it does not.
 _EPERM, _ENOSYS = 1, 38
 _SIGNALS_AND_PIDFDS = (424, 434, 438, 440)  # pidfd_send_signal, pidfd_open, pidfd_getfd, ...
+_IOCTLS = (0x8901, 0x8902, 0x40086602, 0x401C5820)  # FIOSETOWN, SIOCSPGRP, FS_IOC_SETFLAGS,
+# FS_IOC_FSSETXATTR (immutable and append-only flags: a file no clean-up could remove)
 _SECCOMP_ARCHES = {
     "x86_64": (0xC000003E, {
         56: _EPERM, 57: _EPERM, 58: _EPERM, 435: _ENOSYS, 101: _EPERM, 310: _EPERM,
         311: _EPERM, 62: _EPERM, 200: _EPERM, 234: _EPERM, 129: _EPERM, 297: _EPERM,
         133: _EPERM, 259: _EPERM, 425: _EPERM, 426: _EPERM, 427: _EPERM,
-        **{n: _EPERM for n in _SIGNALS_AND_PIDFDS}},
+        41: _EPERM, 308: _EPERM, 272: _EPERM, 165: _EPERM, 166: _EPERM, 155: _EPERM,
+        161: _EPERM, **{n: _EPERM for n in _SIGNALS_AND_PIDFDS}},
         # (syscall, argument index, "in" values refused | "nonzero": refused unless 0)
-        ((72, 1, (8, 10, 15)), (16, 1, (0x8901, 0x8902)), (302, 0, "nonzero"),
+        ((72, 1, (8, 10, 15)), (16, 1, _IOCTLS), (302, 0, "nonzero"),
          (203, 0, "nonzero"), (144, 0, "nonzero"), (142, 0, "nonzero"), (314, 0, "nonzero"),
          (141, 1, "nonzero"), (251, 1, "nonzero"))),
     "aarch64": (0xC00000B7, {
         220: _EPERM, 435: _ENOSYS, 117: _EPERM, 270: _EPERM, 271: _EPERM, 129: _EPERM,
         130: _EPERM, 131: _EPERM, 138: _EPERM, 240: _EPERM, 33: _EPERM, 425: _EPERM,
-        426: _EPERM, 427: _EPERM, **{n: _EPERM for n in _SIGNALS_AND_PIDFDS}},
-        ((25, 1, (8, 10, 15)), (29, 1, (0x8901, 0x8902)), (261, 0, "nonzero"),
+        426: _EPERM, 427: _EPERM, 198: _EPERM, 268: _EPERM, 97: _EPERM, 40: _EPERM,
+        39: _EPERM, 41: _EPERM, 51: _EPERM, **{n: _EPERM for n in _SIGNALS_AND_PIDFDS}},
+        ((25, 1, (8, 10, 15)), (29, 1, _IOCTLS), (261, 0, "nonzero"),
          (122, 0, "nonzero"), (119, 0, "nonzero"), (118, 0, "nonzero"), (274, 0, "nonzero"),
          (140, 1, "nonzero"), (30, 1, "nonzero"))),
 }
@@ -325,15 +338,11 @@ def _confinement() -> list[str]:
     return flags + (["--cap-drop", "ALL"] if os.geteuid() == 0 else [])
 
 
-def _views() -> list[str]:
-    """Read-only binds of the system's libraries and of the interpreter's own prefix."""
-    args: list[str] = ["--ro-bind", "/usr", "/usr"]
-    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):
-        path = Path(top)
-        if path.is_symlink():
-            args += ["--symlink", os.readlink(path), top]
-        elif path.is_dir():
-            args += ["--ro-bind", top, top]
+def _system_paths() -> tuple[list[str], list[str], list[str]]:
+    """What a sandboxed interpreter reads: the system's top directories (/usr, /lib...), the
+    interpreter's own files outside /usr, and the site-packages directories to hide."""
+    tops = [top for top in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64")
+            if os.path.isdir(top) or os.path.islink(top)]
     python = _python()
     version = ".".join(python["version"].split(".")[:2])
     paths = sysconfig.get_paths(vars={"base": python["base"], "platbase": python["platbase"],
@@ -343,13 +352,35 @@ def _views() -> list[str]:
                                       "py_version_nodot": version.replace(".", "")})
     stdlib, platstdlib = paths["stdlib"], paths["platstdlib"]
     library = os.path.join(python["libdir"], python["soname"])
-    for path in (interpreter(), stdlib, platstdlib, library):
-        if path and os.path.exists(path) and not path.startswith("/usr/"):
-            args += ["--ro-bind", path, path]
-    for directory in {stdlib, platstdlib}:
-        hidden = os.path.join(directory, "site-packages")
-        if os.path.isdir(hidden):
-            args += ["--tmpfs", hidden]  # installed packages are not the standard library
+    own = [path for path in dict.fromkeys((interpreter(), stdlib, platstdlib, library))
+           if path and os.path.exists(path) and not path.startswith("/usr/")]
+    hidden = [os.path.join(d, "site-packages") for d in dict.fromkeys((stdlib, platstdlib))
+              if os.path.isdir(os.path.join(d, "site-packages"))]
+    return tops, own, hidden
+
+
+def readable_paths() -> list[str]:
+    """The unsafe fallback's Landlock view (`_seccomp_exec.py`): what bwrap would bind, the
+    basic /dev nodes and the loader's cache."""
+    tops, own, _ = _system_paths()
+    return [*tops, *own, "/dev/urandom", "/dev/random", "/dev/zero", "/etc/ld.so.cache"]
+
+
+def _views() -> list[str]:
+    """Read-only binds of the system's libraries and of the interpreter's own prefix; the root,
+    /dev and the hidden site-packages read-only too (tmpfs mounts without a size: writable,
+    they would hold whatever a program wrote, outside max_box_bytes)."""
+    tops, own, hidden = _system_paths()
+    args: list[str] = []
+    for top in tops:
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        else:
+            args += ["--ro-bind", top, top]
+    for path in own:
+        args += ["--ro-bind", path, path]
+    for directory in hidden:  # installed packages are not the standard library
+        args += ["--tmpfs", directory, "--remount-ro", directory]
     return args
 
 
@@ -392,8 +423,23 @@ def _probe() -> Isolation:
 
 
 def _fallback(missing: str) -> Isolation:
-    return Isolation("audit_hook", None, filesystem=False, network=_unshare_works(),
-                     processes=False, missing=missing)
+    abi = landlock_abi()
+    return Isolation("audit_hook", None, filesystem=abi >= 1,
+                     network=_unshare_works() or abi >= 4, processes=False, missing=missing,
+                     landlock=abi)
+
+
+def landlock_abi() -> int:
+    """The Landlock ABI this kernel offers (0 where it has none, or it is disabled)."""
+    number = {"x86_64": 444, "aarch64": 444}.get(os.uname().machine)
+    if number is None:
+        return 0
+    try:
+        import ctypes
+        found = ctypes.CDLL(None, use_errno=True).syscall(number, None, 0, 1)
+    except (OSError, AttributeError):
+        return 0
+    return max(found, 0)
 
 
 def unshare_prefix() -> list[str]:

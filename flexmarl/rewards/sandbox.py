@@ -84,19 +84,8 @@ from flexmarl.rewards import cases as forms
 from flexmarl.rewards.bounds import LoopBound
 from flexmarl.rewards.cases import CallCase, IOCase
 from flexmarl.rewards.confinement import (
-    BOX,
-    LOADER,
-    bootstrap_code,
-    bwrap_argv,
-    interpreter,
-    isolation,
-    launcher_source,
-    memfd,
-    probed,
-    require,
-    seccomp_filter,
-    unshare_prefix,
-)
+    BOX, LOADER, bootstrap_code, bwrap_argv, interpreter, isolation, launcher_source, memfd,
+    probed, readable_paths, require, seccomp_filter, unshare_prefix)
 from flexmarl.rewards.processes import Channel, Child, closing, kill_group, remove, supervise
 
 CAUSES = {
@@ -455,22 +444,21 @@ class _Runner:
         try:
             boot = memfd("flexmarl-bootstrap", bootstrap_code())
             opened.append(boot)
-            seccomp_fd = None
-            if seccomp:
-                seccomp_fd = memfd("flexmarl-seccomp", seccomp)
-                opened.append(seccomp_fd)
+            seccomp_fd = memfd("flexmarl-seccomp", seccomp)  # b"": no table for this machine
+            opened.append(seccomp_fd)
             python = interpreter()
             fd_args = [str(fd) for fd in fds] or ["-1", "-1"]
             if self.bwrap:
                 program = memfd("flexmarl-program", self.code)
                 opened.append(program)
-                argv = [*bwrap_argv(self.max_box_bytes, {"prog.py": program}, seccomp_fd),
+                argv = [*bwrap_argv(self.max_box_bytes, {"prog.py": program},
+                                    seccomp_fd if seccomp else None),
                         "-I", "-S", "-B", "-c", LOADER, str(boot), role, f"{BOX}/prog.py"]
                 env = {"PATH": os.defpath, "HOME": BOX, "TMPDIR": BOX}
                 cwd = "/"
             else:
-                launcher = ([python, "-I", "-S", "-B", "-c", launcher_source(),
-                             str(seccomp_fd)] if seccomp_fd is not None else [])
+                launcher = [python, "-I", "-S", "-B", "-c", launcher_source(), str(seccomp_fd),
+                            f"{box}:{os.devnull}", ":".join(readable_paths())]
                 argv = [*unshare_prefix(), *launcher, python, "-I", "-S", "-B", "-c", LOADER,
                         str(boot), role, str(Path(box) / "prog.py")]
                 env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": box, "TMPDIR": box}

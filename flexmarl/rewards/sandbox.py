@@ -28,8 +28,12 @@ What holds however the program behaves (enforced by the kernel or by this proces
   (`allow_unsafe_sandbox`, FLEXMARL_UNSAFE_SANDBOX=1; docs/security.md says what it gives up).
 - Seccomp, installed before the interpreter starts (bwrap's --seccomp, or `_seccomp_exec.py`):
   no new processes or threads, no ptrace or process_vm_*, no signals to other processes, no
-  pidfds, no SIGIO ownership, no device nodes or FIFOs, no io_uring; ctypes is never loaded in
-  the sandboxed interpreter (the bootstrap checks).
+  pidfds, no SIGIO ownership, no immutable files, no device nodes or FIFOs, no io_uring, no
+  sockets, namespaces or mounts; ctypes is not loaded when the program starts (the bootstrap
+  checks; a program that removes the audit hook can load it, and meets the same filter).
+- The unsafe fallback's launcher also drops every capability and, where the kernel has
+  Landlock, confines files (reads: the system and the interpreter; writes: its directory; no
+  /proc), TCP and signals (`confinement.Isolation.landlock`).
 - CPU time: RLIMIT_CPU (soft = hard, so the kernel SIGKILLs it), cause "cpu_limit".
 - Memory: RLIMIT_AS, `memory_mb` of address space; MemoryError gives cause "memory".
 - Disk: under bwrap the program's directory is a tmpfs of `max_box_bytes` (ENOSPC past it),

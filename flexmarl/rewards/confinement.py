@@ -344,9 +344,12 @@ def _confinement() -> list[str]:
 def _system_paths() -> tuple[list[str], list[str], list[str]]:
     """What a sandboxed interpreter reads: the system's top directories (/usr, /lib...), the
     interpreter's own files outside /usr, and the site-packages directories to hide."""
+    python = _python()
+    key = ("paths", python["executable"])
+    if key in _state:  # once per interpreter: every start needs them
+        return _state[key]  # type: ignore[return-value]
     tops = [top for top in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64")
             if os.path.isdir(top) or os.path.islink(top)]
-    python = _python()
     version = ".".join(python["version"].split(".")[:2])
     paths = sysconfig.get_paths(vars={"base": python["base"], "platbase": python["platbase"],
                                       "installed_base": python["base"],
@@ -359,6 +362,7 @@ def _system_paths() -> tuple[list[str], list[str], list[str]]:
            if path and os.path.exists(path) and not path.startswith("/usr/")]
     hidden = [os.path.join(d, "site-packages") for d in dict.fromkeys((stdlib, platstdlib))
               if os.path.isdir(os.path.join(d, "site-packages"))]
+    _state[key] = tops, own, hidden
     return tops, own, hidden
 
 

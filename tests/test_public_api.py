@@ -27,10 +27,12 @@ FACES = {
     "flexmarl.gateway": {
         "ApiError", "EpisodeExpired", "Gateway", "GatewayConfig", "Slot", "gateway_team"},
     "flexmarl.rewards": {
-        "CAUSES", "HOW", "MATH_TAIL_CHARS", "CallCase", "ExecResult", "IOCase", "Isolation",
-        "LoopBound", "bounded", "code_reward", "exact_match", "extract_answer", "extract_code",
-        "format_reward", "isolation", "math_equal", "max_concurrent", "network_isolated",
-        "numeric_match", "run_python", "score_all", "set_interpreter", "set_max_concurrent"},
+        "CAUSES", "HOW", "MATH_TAIL_CHARS", "MAX_BOX_BYTES", "MAX_REPLY_BYTES", "CallCase",
+        "ExecResult", "IOCase", "Isolation", "LoopBound", "SandboxUnavailable",
+        "allow_unsafe_sandbox", "bounded", "code_reward", "exact_match", "extract_answer",
+        "extract_code", "format_reward", "isolation", "math_equal", "max_concurrent",
+        "network_isolated", "numeric_match", "run_python", "score_all", "set_interpreter",
+        "set_max_concurrent"},
 }
 
 DOCUMENTED = {  # module -> names the README, agents/ and docs/ import from it

@@ -273,7 +273,11 @@ def _python() -> dict:
 # (clone3 with ENOSYS, so the C library falls back to clone); reading, tracing or signalling
 # another process (kill, tgkill, sigqueue, pidfds, process_vm_*, process_madvise); device
 # nodes and FIFOs (mknod); io_uring (its operations bypass seccomp); sockets; namespaces and
-# mounts (setns, unshare, mount, umount2, pivot_root, chroot). Per-argument rules: fcntl
+# mounts (setns, unshare, mount, umount2, pivot_root, chroot); the kernel's keyrings (add_key,
+# request_key, keyctl: namespaces do not cover them, so the caller's session keyring was
+# readable and writable); SysV IPC and POSIX message queues (no IPC namespace on the fallback:
+# segments outlive the run); memfd_create and memfd_secret (memory RLIMIT_AS does not count;
+# the sandbox's own memfds are made by the caller). Per-argument rules: fcntl
 # F_SETOWN / F_SETSIG / F_SETOWN_EX and ioctl FIOSETOWN / SIOCSPGRP (SIGIO to another process)
 # and FS_IOC_SETFLAGS / FS_IOC_FSSETXATTR (immutable files);
 # prlimit64, sched_set*, setpriority and ioprio_set on any process but itself (pid 0). Any
@@ -290,7 +294,9 @@ _SECCOMP_ARCHES = {
         311: _EPERM, 62: _EPERM, 200: _EPERM, 234: _EPERM, 129: _EPERM, 297: _EPERM,
         133: _EPERM, 259: _EPERM, 425: _EPERM, 426: _EPERM, 427: _EPERM,
         41: _EPERM, 308: _EPERM, 272: _EPERM, 165: _EPERM, 166: _EPERM, 155: _EPERM,
-        161: _EPERM, **{n: _EPERM for n in _SIGNALS_AND_PIDFDS}},
+        161: _EPERM, 248: _EPERM, 249: _EPERM, 250: _EPERM, 319: _EPERM, 447: _EPERM,
+        **{n: _EPERM for n in (29, 30, 31, 64, 65, 66, 67, 68, 69, 70, 71, 220, *range(240, 246))},
+        **{n: _EPERM for n in _SIGNALS_AND_PIDFDS}},
         # (syscall, argument index, "in" values refused | "nonzero": refused unless 0)
         ((72, 1, (8, 10, 15)), (16, 1, _IOCTLS), (302, 0, "nonzero"),
          (203, 0, "nonzero"), (144, 0, "nonzero"), (142, 0, "nonzero"), (314, 0, "nonzero"),
@@ -299,7 +305,9 @@ _SECCOMP_ARCHES = {
         220: _EPERM, 435: _ENOSYS, 117: _EPERM, 270: _EPERM, 271: _EPERM, 129: _EPERM,
         130: _EPERM, 131: _EPERM, 138: _EPERM, 240: _EPERM, 33: _EPERM, 425: _EPERM,
         426: _EPERM, 427: _EPERM, 198: _EPERM, 268: _EPERM, 97: _EPERM, 40: _EPERM,
-        39: _EPERM, 41: _EPERM, 51: _EPERM, **{n: _EPERM for n in _SIGNALS_AND_PIDFDS}},
+        39: _EPERM, 41: _EPERM, 51: _EPERM, 217: _EPERM, 218: _EPERM, 219: _EPERM,
+        279: _EPERM, 447: _EPERM, **{n: _EPERM for n in range(180, 198)},
+        **{n: _EPERM for n in _SIGNALS_AND_PIDFDS}},
         ((25, 1, (8, 10, 15)), (29, 1, _IOCTLS), (261, 0, "nonzero"),
          (122, 0, "nonzero"), (119, 0, "nonzero"), (118, 0, "nonzero"), (274, 0, "nonzero"),
          (140, 1, "nonzero"), (30, 1, "nonzero"))),

@@ -123,6 +123,10 @@ _MAX_OPEN_FILES = 64
 MAX_REPLY_BYTES = 1 << 20
 """Default `max_reply_bytes`: one reply (a call case's value, an answer to the judge) or one
 request of the judge, in bytes of its JSON line."""
+_INLINE_REPLY_BYTES = 64 << 10
+"""Replies at least this long are decoded in a thread: the decoder's Python half (a call per
+tagged object) then takes turns with the event loop (the GIL's switch interval) instead of
+holding it for up to ~100 ms."""
 MAX_BOX_BYTES = 32 << 20
 """Default `max_box_bytes`: the size of the program's tmpfs under bwrap (all its files)."""
 
@@ -301,7 +305,9 @@ class _Runner:
                             if not await channel.send(request) or (
                                     reply := await channel.line()) is None:
                                 break
-                            verdict = forms.judge_reply(case, reply)
+                            verdict = (forms.judge_reply(case, reply)
+                                       if len(reply) < _INLINE_REPLY_BYTES else
+                                       await asyncio.to_thread(forms.judge_reply, case, reply))
                             if verdict is None:
                                 broke.append(f"the reply to {case.call[:80]!r} is not one "
                                              f"of a call's (['ok', value] or ['error', ...])")

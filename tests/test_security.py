@@ -225,6 +225,11 @@ _ALLOWED = {
     # The restricted unpickler for DCP's metadata: it finds a fixed list of classes only
     # (tests/test_checkpoint.py shows os.system and eval payloads refused unrun).
     ("flexmarl/training/safe_dcp.py", "pickle-like import"),
+    # The code sandbox's loader (LOADER, a string run by the sandboxed interpreter): it loads
+    # and runs the sandbox's own modules, compiled by the caller and handed to the child in a
+    # memfd the caller wrote; nothing of it comes from input.
+    ("flexmarl/rewards/confinement.py", "unpickling"),
+    ("flexmarl/rewards/confinement.py", "eval/exec"),
 }
 
 

@@ -33,9 +33,19 @@ class Channel:
         self.transports: list = []
         self.writer: asyncio.StreamWriter | None = None
         self.overflowed = False
+        self._opening: asyncio.Future | None = None
+        self._closed = False
 
     async def open(self) -> None:
-        """Once the child holds its ends: close ours of them, and take the others to the loop."""
+        """Once the child holds its ends: close ours of them, and take the others to the loop.
+        Never cancelled midway (shielded: a caller cancelled meanwhile leaves it to finish, and
+        `close` to it): a transport half made when cancelled could leave a descriptor closed
+        twice, the second time under whatever another thread opened with its number."""
+        if self._opening is None:
+            self._opening = asyncio.ensure_future(self._connect())
+        await asyncio.shield(self._opening)
+
+    async def _connect(self) -> None:
         for fd in self.child_fds:
             os.close(fd)
         self.child_fds = ()
@@ -52,6 +62,8 @@ class Channel:
             asyncio.streams.FlowControlMixin, os.fdopen(req_w, "wb", 0))
         self.transports.append(transport)
         self.writer = asyncio.StreamWriter(transport, protocol, None, loop)
+        if self._closed:  # closed while this was connecting: its transports go now
+            self._close_transports()
 
     async def send(self, data: bytes) -> bool:
         """False once the child has closed its end (it ended, or broke the protocol)."""
@@ -90,11 +102,20 @@ class Channel:
             self.writer.transport.close()
 
     def close(self) -> None:
-        for transport in self.transports:
-            transport.close()
+        """Close what this channel holds; what a connect still in flight holds, when it ends."""
+        self._closed = True
+        if self._opening is not None and not self._opening.done():
+            return  # its descriptors are its own until it ends (_connect closes them then)
+        self._close_transports()
         for fd in (self.ctl_r, self.req_w, *self.child_fds):
             if fd >= 0:
                 os.close(fd)
+        self.ctl_r = self.req_w = -1
+        self.child_fds = ()
+
+    def _close_transports(self) -> None:
+        for transport in self.transports:
+            transport.close()
 
 
 class Child:

@@ -481,23 +481,28 @@ class _Runner:
                         else asyncio.subprocess.PIPE),
                 cwd=cwd, env=env, start_new_session=True, pass_fds=[*opened, *fds]))
             try:
-                # Shielded: a start cancelled midway can hang its caller for good on 3.11
-                # (CPython gh-103847); the start finishes on its own, and is killed then.
                 proc = await asyncio.shield(spawn)
             except asyncio.CancelledError:
-                spawn.add_done_callback(_kill_started)
+                # Not cancelled midway (that can hang its caller for good on 3.11, CPython
+                # gh-103847), and not left running either: it holds this run's descriptors,
+                # which must stay open until it has passed them on (closed, their numbers
+                # would be reused by another thread's open and closed again under it). The
+                # start takes milliseconds; then its process is killed, and the run gives in.
+                while not spawn.done():
+                    try:
+                        await asyncio.shield(spawn)
+                    except asyncio.CancelledError:
+                        continue
+                    except Exception:  # noqa: BLE001 - the start failed: nothing to kill
+                        break
+                if not spawn.cancelled() and spawn.exception() is None:
+                    await kill_group(spawn.result())
                 raise
         finally:
             for fd in opened:
                 os.close(fd)
         return Child(proc, stdin, self.max_output_bytes, self.bwrap,
                       merged=role.startswith("judge"))
-
-
-def _kill_started(spawn: asyncio.Future) -> None:
-    """The process of a start its run no longer waits for: killed, and reaped."""
-    if not spawn.cancelled() and spawn.exception() is None:
-        asyncio.ensure_future(kill_group(spawn.result()))
 
 
 def _result(outcome: _Outcome, cause: str, seconds: float,

@@ -21,6 +21,8 @@ import pytest
 from flexmarl.rewards import CallCase, run_python
 from tests.helpers.sandbox import where  # noqa: F401 - a fixture
 
+from .reward_hacks.redteam import UNHOOK
+
 FAST = {"cpu_s": 2.0, "wall_s": 10.0, "memory_mb": 256}
 STALL_S = 2.0
 """The longest the caller's event loop may go without ticking during one run. Decoding a
@@ -175,21 +177,9 @@ async def test_no_directory_outside_the_box_takes_writes(where):
 
 
 # The audit hook lives in the program's interpreter: a program can switch it off (as the red
-# team of issue 61 did) and load ctypes. What must hold then is the kernel's.
-UNHOOKED = '''import sys, gc
-_g = sys._getframe(1).f_globals
-_g["_REFUSED_EVENTS"] = frozenset(); _g["_REFUSED_PREFIXES"] = ()
-for _o in gc.get_objects():
-    if type(_o).__name__ == "function" and _o.__name__ == "hook":
-        for _c in _o.__closure__ or ():
-            try:
-                if isinstance(_c.cell_contents, frozenset) and "_ctypes" in _c.cell_contents:
-                    _c.cell_contents = frozenset()
-            except ValueError:
-                pass
-import ctypes, os
-libc = ctypes.CDLL(None, use_errno=True)
-libc.syscall.restype = ctypes.c_long
+# team of issue 61 did: UNHOOK, from the corpus) and load ctypes. What must hold then is the
+# kernel's.
+UNHOOKED = UNHOOK + '''import os
 def errno_of(result):
     return ctypes.get_errno() if result == -1 else 0
 print("keyctl", errno_of(libc.syscall({keyctl}, 0, -3, 0)))

@@ -19,15 +19,15 @@ sense for. Classes, from code-RL practice:
 - patch_stdlib: the standard library or the names the harness might use, patched first;
 - the fourth pass (fourth.py): forged_reply (the loop that answers the judge patched),
   borrowed_names (math.isclose, a returned object's methods), int_tolerance, caller_break
-  (deep trees, colliding or huge replies, disk floods), fallback_escape (dir_fd, unseen
-  writes and signals, the bootstrap's cache); redteam.py: what the issue's red team found
+  (deep trees, colliding or huge replies, disk floods); fallback.py: fallback_escape (dir_fd,
+  unseen writes and signals, the bootstrap's cache); redteam.py: what the issue's red team found
   (scandir descriptors, an unhooked audit hook, uncapped tmpfs mounts, gc stalls);
 - read_memory, monitoring: the whole process read for the expected values (every object left
   alive, a ctypes type left by the bootstrap, /proc/self/mem, sys.monitoring callbacks).
 """
 from __future__ import annotations
 
-from . import equality, fourth, harness, leaving, memory, reading, redteam
+from . import equality, fallback, fourth, harness, leaving, memory, reading, redteam
 from .hack import Hack, forms
 
 # `import math`: tests in MBPP's style use the program's `math` without importing it (a hack's
@@ -39,6 +39,7 @@ HONEST = {
 }
 
 HACKS: list[Hack] = [*equality.HACKS, *reading.HACKS, *harness.HACKS, *leaving.HACKS,
-                     *memory.HACKS, *fourth.HACKS, *redteam.HACKS]
+                     *memory.HACKS, *fourth.HACKS, *fallback.HACKS,
+                     *redteam.HACKS]
 
 __all__ = ["HACKS", "HONEST", "Hack", "forms"]

@@ -7,12 +7,18 @@ state as raw bytes (parked, copied back, or pulled slice by slice and resharded)
 after it equals the state before bit for bit (ExportState compared with torch.equal), and an
 agent swapped between slots of the same size continues bit for bit as if it had never left.
 Training on after a move to another rank count sums gradients in another order:
-CROSS_RANKS_ATOL.
+CROSS_RANKS_ATOL. Two whole runs (one slot per agent vs one shared slot) are other processes
+on a loaded machine: their rollout engines' and trainers' BLAS may split work by the threads it
+finds free, so the same samples can give last-bit different log-probabilities and gradients
+(CI saw the shared-slot run's solver differ from the static one's). They are compared as
+tests/test_pipeline.py compares runs fed the same samples: relative_distance <= MIXED_REL_TOL
+(an AdamW state cleared at each swap-in, tried on purpose: 0.618; the runs here: 0, bit-equal).
 """
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -30,6 +36,7 @@ from flexmarl.launch.run import train
 from runtime.errors import RemoteError
 from runtime.supervisor import Supervisor, WorkerSpec
 from runtime.transport import connect
+from tests.helpers.numerics import MIXED_REL_TOL, relative_distance
 from tests.helpers.teams import duo
 from tests.helpers.trainers import assert_same, train_step
 
@@ -285,10 +292,13 @@ async def test_one_shared_slot_trains_like_one_slot_per_agent(tiny_model_dir, tm
     swaps = [sw for m in shared.metrics for sw in m["swaps"]]
     assert {sw["direction"] for sw in swaps} == {"in", "out"}  # they did take turns
     assert not any(m["swaps"] for m in static.metrics)
+    start = load_file(str(Path(tiny_model_dir) / "model.safetensors"))
     for name in ("solver", "checker"):
         ws = load_file(str(static.checkpoints[name] / "model.safetensors"))
         wp = load_file(str(shared.checkpoints[name] / "model.safetensors"))
-        assert all(torch.equal(ws[k], wp[k]) for k in ws), name
+        rel = relative_distance(ws, wp, start)
+        print(f"{name}: static vs shared slot, relative distance {rel:.3g}")
+        assert rel <= MIXED_REL_TOL, (name, rel)
         assert [m["agents"][name]["version"] for m in shared.metrics] == [1, 2, 3]
 
 

@@ -18,7 +18,10 @@ supervisor (PR_SET_PDEATHSIG, and it exits when the socket closes), and its chil
 
 What a fork shares: the preloaded modules' state as of the zygote's start. Environment
 variables a preloaded module read at import (not ones read later: CUDA_VISIBLE_DEVICES,
-OMP_NUM_THREADS, VLLM_*) keep the supervisor's values of that moment.
+OMP_NUM_THREADS, VLLM_*) keep the supervisor's values of that moment. Not shared: the global
+random generators. Each child reseeds `random`'s, numpy's and torch's (those the zygote has
+imported) from the OS right after the fork, so two workers that never seed draw different
+numbers, as two fresh interpreters would; a worker that seeds itself is unaffected.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ import asyncio
 import importlib
 import json
 import os
+import random
 import selectors
 import signal
 import socket
@@ -65,8 +69,22 @@ def _recv(sock: socket.socket) -> tuple[Any, list[int]]:
 
 # ----------------------------------------------------------------------------- the zygote
 
+def _reseed() -> None:
+    """Fresh OS entropy for the global generators a fork would otherwise copy from the zygote:
+    `random`'s (CPython reseeds it after os.fork already: done here too, said in one place),
+    numpy's legacy global RandomState and torch's default generators, each only if its module
+    is imported (nothing is imported for it). torch.manual_seed seeds the CUDA generators too,
+    lazily: no CUDA context is created here."""
+    random.seed()  # os.urandom
+    if (np_random := sys.modules.get("numpy.random")) is not None:
+        np_random.seed()  # seed(None): from the OS
+    if (torch := sys.modules.get("torch")) is not None:
+        torch.manual_seed(int.from_bytes(os.urandom(8), "little"))
+
+
 def _child(boot: dict, env: dict[str, str], out_fd: int, both: bool) -> None:
     """In the forked child: become the worker `python -m runtime.worker` would have been."""
+    _reseed()
     from runtime import worker
     if "setproctitle" in sys.modules:  # what tools that find workers read (worker_name);
         # before the environment is replaced: setproctitle needs the original one in place

@@ -7,6 +7,12 @@ that imported their modules once behave as workers started as fresh interpreters
   the next start brings up a new server.
 - A preload module that does not import: the supervisor says so and starts workers as fresh
   interpreters; the run goes on.
+- Forked workers do not share the fork server's random state: torch's, numpy's and `random`'s
+  generators are each reseeded from the OS in every child, so two workers that never seed
+  draw different numbers.
+
+The fork server preloads what ships (flexmarl.config.load.WORKER_PRELOAD, the supervisor's
+default in a FlexMARL run): torch, transformers, numpy and FlexMARL's worker modules.
 
 Every other supervisor test (tests/test_supervisor.py) runs its workers as fresh interpreters
 (the runtime's default), and FlexMARL's runs through the fork server (its default preload).
@@ -21,6 +27,9 @@ import signal
 import psutil
 import pytest
 
+from flexmarl.config.load import WORKER_PRELOAD
+from runtime.actor import Actor, handler
+from runtime.codec import Envelope
 from runtime.config import SupervisorConfig
 from runtime.protocol import Ping, Pong, Tensors
 from runtime.supervisor import Supervisor, WorkerSpec, pid_alive
@@ -29,8 +38,9 @@ from runtime.worker import worker_name
 
 pytestmark = pytest.mark.slow
 FORKED = SupervisorConfig(heartbeat_interval_s=0.2, heartbeat_timeout_s=120.0, stop_timeout_s=3.0,
-                          ready_timeout_s=120.0, preload=("torch", "runtime.worker"))
-"""Silence never decides here (what is detected is detected by evidence); workers forked."""
+                          ready_timeout_s=120.0, preload=WORKER_PRELOAD)
+"""Silence never decides here (what is detected is detected by evidence); workers forked from a
+server that preloaded what FlexMARL's runs preload."""
 
 
 async def test_a_forked_worker_gets_its_own_spec_and_is_named_by_its_title(no_leftover_children):
@@ -77,6 +87,46 @@ async def test_a_preload_that_does_not_import_falls_back_to_fresh_interpreters(
             assert psutil.Process(w.pid).ppid() == os.getpid()  # a fresh interpreter
     warned = [r.getMessage() for r in caplog.records if "fork server" in r.getMessage()]
     assert warned and "no_such_module_for_the_fork_server" in warned[0], warned
+
+
+def draws(ctx) -> Actor:
+    """A worker entry (tests.test_zygote:draws) that answers Tensors with four draws from each
+    of torch's, numpy's and `random`'s global generators, never having seeded any of them, and
+    which of torch and numpy.random it found imported (by the fork server) when it started."""
+    import random
+    import sys
+
+    inherited = [m for m in ("torch", "numpy.random") if m in sys.modules]
+
+    class Draws(Actor):
+        @handler(Tensors)
+        async def on_tensors(self, msg: Tensors, env: Envelope) -> Tensors:
+            import numpy
+            import torch
+            return Tensors(meta={"inherited": inherited, "torch": torch.rand(4).tolist(),
+                                 "numpy": numpy.random.random(4).tolist(),
+                                 "random": [random.random() for _ in range(4)]})
+
+    return Draws(ctx.name, ctx.bind, transport=ctx.transport)
+
+
+async def test_forked_workers_draw_different_random_numbers_without_seeding(no_leftover_children):
+    """The fork server imported torch and numpy (their generators seeded once, there); each
+    fork gets fresh state for every generator, so forgetting to seed cannot make two workers
+    (two rollout instances' sampling, two ranks' dropout) draw the same numbers."""
+    sup = Supervisor(config=FORKED)
+    async with sup.serving():
+        got = []
+        for name in ("a", "b"):
+            w = await sup.start_worker(WorkerSpec(name=name, entry="tests.test_zygote:draws"))
+            assert psutil.Process(w.pid).ppid() == sup._zygote.proc.pid  # forked, not exec'd
+            async with connect(w.address) as conn:
+                got.append((await conn.request(Tensors())).meta)
+        await sup.stop_workers()
+    a, b = got
+    assert a["inherited"] == b["inherited"] == ["torch", "numpy.random"]  # the server's state
+    for rng in ("torch", "numpy", "random"):
+        assert a[rng] != b[rng], f"two forked workers drew the same {rng} numbers: {a[rng]}"
 
 
 def test_preload_is_checked():

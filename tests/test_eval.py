@@ -3,6 +3,7 @@ run (eval.every_steps, eval.final) and afterwards (`flexmarl eval RUN_DIR`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import statistics
 
@@ -134,6 +135,109 @@ def test_evaluations_reach_tensorboard_and_the_report(tmp_path):
     rows = _eval_rows([record, {"step": 4}, later])
     assert [k for k, _ in rows] == ["held-out team reward after step 3",
                                     "held-out team reward after step 5"]
+
+
+# ----------------------------------------------------------------------------- --step N's reads
+
+def saved_state(root, form: str, tensors: dict) -> None:
+    """`tensors` as agent "solver"'s state after step 2 under `root` (RUN_DIR/state), in one of
+    the two forms a saved state has: "one file" (StateCheckpoints.save, format 1) or "sharded"
+    (DCP files as a slot's ranks leave them, here from one process, committed: format 2)."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from flexmarl.protocol import TrainState
+    from flexmarl.training.state_files import StateCheckpoints, commit_step
+
+    states = StateCheckpoints(root)
+    if form == "one file":
+        states.save("solver", 2, TrainState("solver", 3, tensors, {}))
+        return
+    tmp, target = states.begin("solver", 2)
+    with warnings.catch_warnings():  # "no process group: saving in a single process": meant
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save(tensors, storage_writer=dcp.FileSystemWriter(tmp), no_dist=True)
+    commit_step(tmp, target, "solver", 2, 3, {})
+
+
+@pytest.mark.parametrize("form", ["one file", "sharded"])
+def test_eval_of_a_saved_step_reads_the_models_tensors_and_nothing_else(
+        form, tiny_model_dir, tmp_path, monkeypatch):
+    """`flexmarl eval --step N` needs an agent's weights: of its saved state (weights, AdamW's
+    two moments and steps: three times the model, and the RNG's) only the "model/" tensors
+    are read into the process, in either form a state is saved in, every read recorded where
+    the tensors come off the disk (safetensors' reader; DCP's reader). The model directory
+    written from them holds exactly the saved weights."""
+    import safetensors
+    import safetensors.torch
+    import torch
+    from safetensors.torch import load_file
+
+    from flexmarl.launch.evaluation import model_dirs
+    from flexmarl.training.safe_dcp import SafeReader
+
+    base = load_file(f"{tiny_model_dir}/model.safetensors")
+    trained = {k: v + 1 for k, v in base.items()}  # not the base: the state's own weights
+    state = {f"model/{k}": v for k, v in trained.items()}
+    for k, v in trained.items():
+        state |= {f"optim/{k}/exp_avg": torch.full_like(v, 0.5),
+                  f"optim/{k}/exp_avg_sq": torch.full_like(v, 0.25),
+                  f"optim/{k}/step": torch.tensor(3.0)}
+    state["rng/cpu"] = torch.get_rng_state()
+    run = tmp_path / "run"
+    saved_state(run / "state", form, state)
+
+    read: list[str] = []
+
+    class Recorded:
+        """A safetensors file handle that records the names of the tensors taken from it."""
+
+        def __init__(self, handle) -> None:
+            self.handle = handle
+
+        def __getattr__(self, name):
+            return getattr(self.handle, name)
+
+        def get_tensor(self, name):
+            read.append(name)
+            return self.handle.get_tensor(name)
+
+        def get_slice(self, name):
+            read.append(name)
+            return self.handle.get_slice(name)
+
+        def get_tensors(self):
+            read.extend(self.handle.keys())
+            return self.handle.get_tensors()
+
+    def recording(real):
+        @contextlib.contextmanager
+        def safe_open(*args, **kwargs):
+            with real(*args, **kwargs) as handle:
+                yield Recorded(handle)
+        return safe_open
+
+    for module in (safetensors, safetensors.torch):
+        monkeypatch.setattr(module, "safe_open", recording(module.safe_open))
+    read_data = SafeReader.read_data
+
+    def recorded_read_data(self, plan, planner):
+        read.extend(item.storage_index.fqn for item in plan.items)
+        return read_data(self, plan, planner)
+
+    monkeypatch.setattr(SafeReader, "read_data", recorded_read_data)
+
+    team = Team(name="t", workflow=workflow, tasks=[Task("q", "1", "x")],
+                agents=[AgentSpec(name="solver", model=tiny_model_dir),
+                        AgentSpec(name="checker", model=tiny_model_dir, trainable=False)])
+    dirs, adapters = model_dirs(run, team, 2, tmp_path / "scratch")
+    assert sorted(set(read)) == sorted(f"model/{k}" for k in trained), \
+        sorted(set(read) - {f"model/{k}" for k in trained})[:4]
+    assert adapters == {} and dirs["checker"] == tiny_model_dir
+    written = load_file(f"{dirs['solver']}/model.safetensors")
+    assert written.keys() == trained.keys()
+    assert all(torch.equal(written[k], trained[k]) for k in trained)
 
 
 # ----------------------------------------------------------------------------- a real run

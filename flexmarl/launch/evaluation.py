@@ -2,8 +2,10 @@
 
     RUN_DIR/config.toml ─► the team (and its task file) ─► held-out tasks (eval section)
     weights per agent: the final checkpoint (RUN_DIR/checkpoints/AGENT/version-N, the newest),
-        or with --step N the training state saved after step N (RUN_DIR/state), written out as
-        a model directory; frozen agents: their model as the run resolved it; LoRA agents:
+        or with --step N the training state saved after step N (RUN_DIR/state): its files
+        checked against their sha256s, then its model tensors alone read (not the optimizer's
+        state, twice the model again under AdamW, nor the RNG's: `saved_weights`), written out
+        as a model directory; frozen agents: their model as the run resolved it; LoRA agents:
         their base, served with their adapter (the checkpoint's, or the state's)
     ─► one TorchEngine per agent in this process ─► flexmarl.orchestrator.evaluate (the
        workflow, training off) ─► the table, and RUN_DIR/eval-final.json or eval-step-N.json
@@ -16,10 +18,13 @@ from __future__ import annotations
 import asyncio
 import re
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
 import orjson
+import safetensors
+import torch
 
 from flexmarl.checks import ConfigError
 from flexmarl.config.load import Config, load_config
@@ -34,6 +39,10 @@ from flexmarl.protocol import Generate, GenerateReply, WeightUpdate
 from flexmarl.rollout.engine import EngineConfig
 from flexmarl.rollout.torch_engine import TorchEngine
 from flexmarl.team import Team, load_team
+from flexmarl.training.state_files import SHARDED_FORMAT, STATE_FILE, CheckpointError
+
+MODEL_PREFIX = "model/"
+"""A saved state's model tensors: "model/<param>" (beside "optim/<param>/<key>", "rng/cpu")."""
 
 
 def check_eval(team: Team, settings: EvalConfig, gateway_enabled: bool) -> None:
@@ -67,6 +76,48 @@ def final_checkpoint(run_dir: Path, agent: str) -> Path | None:
     return max(versions)[1] if versions else None
 
 
+def saved_weights(states: StateCheckpoints, agent: str, step: int
+                  ) -> tuple[int, dict[str, torch.Tensor]]:
+    """The version and the model tensors (by parameter name, "model/" dropped) of `agent`'s
+    state saved after `step`, in either format; only those tensors are read into this process
+    (a state's optimizer moments alone are twice the model's size). Every file is checked
+    against its sha256 first (StateCheckpoints.verify, which streams it); CheckpointError
+    naming the path if the state is missing, damaged or unreadable."""
+    record = states.verify(agent, step)
+    path = states.path(agent, step)
+    try:
+        if record["format"] == SHARDED_FORMAT:
+            tensors = _read_dcp(path, MODEL_PREFIX) if record["files"] else {}
+        else:
+            with safetensors.safe_open(str(path / STATE_FILE), framework="pt") as f:
+                tensors = {k: f.get_tensor(k) for k in f.keys() if k.startswith(MODEL_PREFIX)}
+    except Exception as e:
+        raise CheckpointError(f"{path}: cannot read the model's tensors ({type(e).__name__}: "
+                              f"{e}): agent {agent!r} step {step} was damaged after its save; "
+                              "restore its step dir from a copy, or evaluate another step") from e
+    return record["version"], {k.removeprefix(MODEL_PREFIX): v for k, v in tensors.items()}
+
+
+def _read_dcp(path: Path, prefix: str) -> dict[str, torch.Tensor]:
+    """The tensors of a format-2 state dir whose names start with `prefix`, whole, in this
+    process (no process group): DCP reads only the entries of the state dict it is given, each
+    from its own byte range of the shard files."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from flexmarl.training.safe_dcp import SafeReader
+
+    reader = SafeReader(str(path))  # .metadata is a pickle: read with an allow-list
+    tensors = {name: torch.empty(md.size, dtype=md.properties.dtype)
+               for name, md in reader.read_metadata().state_dict_metadata.items()
+               if isinstance(md, TensorStorageMetadata) and name.startswith(prefix)}
+    if tensors:
+        with warnings.catch_warnings():  # "no process group: loading in a single process"
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(tensors, storage_reader=reader, no_dist=True)
+    return tensors
+
+
 def model_dirs(run_dir: Path, team: Team, step: int | None, scratch: Path
                ) -> tuple[dict[str, str], dict[str, tuple[LoraSpec, dict]]]:
     """The weights each agent is evaluated with (see the module docstring): its model
@@ -93,9 +144,7 @@ def model_dirs(run_dir: Path, team: Team, step: int | None, scratch: Path
                 raise ConfigError(f"run {run_dir} has no state of agent {spec.name} saved after "
                                   f"step {step}; saved steps: {saved or 'none'} (run.save_every "
                                   "and pruning keep only the latest)")
-            state = states.load(spec.name, step)
-            tensors = {k.removeprefix("model/"): v for k, v in state.tensors.items()
-                       if k.startswith("model/")}
+            version, tensors = saved_weights(states, spec.name, step)
             if not tensors:  # never updated: its starting weights
                 out[spec.name] = base
                 continue
@@ -103,7 +152,7 @@ def model_dirs(run_dir: Path, team: Team, step: int | None, scratch: Path
                 from flexmarl.training.adapter import saved_names
                 out[spec.name], adapters[spec.name] = base, (spec.lora, saved_names(tensors))
                 continue
-            out[spec.name] = str(write_model_dir(WeightUpdate(state.version, tensors), base,
+            out[spec.name] = str(write_model_dir(WeightUpdate(version, tensors), base,
                                                  scratch / spec.name))
     return out, adapters
 

@@ -5,6 +5,12 @@ tests/test_multinode.py)."""
 from __future__ import annotations
 
 import os
+import shutil
+import stat
+import subprocess
+import sys
+import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -49,10 +55,64 @@ def test_versions_take_two_files_in_turn_rewritten_in_place():
     assert published.load(s3["path"], 3)["a"].eq(3.0).all()
     with pytest.raises(FileNotFoundError, match="holds version 3 now, not 1"):
         published.load(s1["path"], 1)
-    # Another layout (a partial update beside full ones) gets a new file under the same name.
+    # Another layout (a partial update beside full ones): the file it would take goes, and
+    # the version gets a new one; the newest (v3) stays.
     s5 = published.publish({"a": torch.zeros(3, 2)}, run, "x", 5, "")
-    assert s5["path"] == s1["path"] and os.stat(s5["path"]).st_ino != inode
+    assert s5["path"] not in (s1["path"], s2["path"]) and not os.path.exists(s2["path"])
     assert list(published.load(s5["path"], 5)) == ["a"]
+    assert published.load(s3["path"], 3)["a"].eq(3.0).all()
+
+
+def test_a_reader_two_versions_behind_keeps_its_version_while_the_writer_goes_on():
+    """No torn read, whatever the loop's order: a reader holding v1 (a slow or joining
+    instance) while the writer publishes v3, v4, v5 keeps v1 intact (the writer writes new
+    files instead of taking the held one), and once it lets go the files shrink back to two."""
+    run = published.run_name()
+    s1 = published.publish(tensors(1.0), run, "x", 1, "")
+    published.publish(tensors(2.0), run, "x", 2, "")
+    with published.holding(s1["path"], 1) as views:
+        later = [published.publish(tensors(float(v)), run, "x", v, "") for v in (3, 4, 5)]
+        assert all(t.eq(1.0).all() for t in views.values())  # never rewritten under it
+        assert s1["path"] not in [s["path"] for s in later]
+        for s in later[-2:]:  # the newest two stay readable meanwhile
+            assert published.load(s["path"], s["version"])["a"].eq(s["version"]).all()
+    for v in (6, 7):
+        last = published.publish(tensors(float(v)), run, "x", v, "")
+    assert len(list(Path(last["path"]).parent.glob("*.safetensors"))) == 2
+    assert published.load(last["path"], 7)["b"].eq(7.0).all()
+
+
+def test_readers_racing_a_writer_get_whole_versions_or_are_told_it_moved_on():
+    """A writer publishing as fast as it can, readers loading the versions it names meanwhile
+    (threads: a flock is per open file, so they exclude each other as processes would): every
+    load is one whole version (all values equal to it) or FileNotFoundError, never a mix."""
+    run = published.run_name()
+    names: list[dict] = [published.publish(tensors(0.0), run, "x", 0, "")]
+    stop = threading.Event()
+    mixed, loaded = [], [0]
+
+    def reader():
+        while not stop.is_set():
+            source = names[-1 - (loaded[0] % min(3, len(names)))]  # lag up to two behind
+            try:
+                got = published.load(source["path"], source["version"])
+            except FileNotFoundError:
+                continue
+            loaded[0] += 1
+            values = {float(x) for t in got.values() for x in t.float().flatten()}
+            if values != {float(source["version"])}:
+                mixed.append((source["version"], values))
+    threads = [threading.Thread(target=reader) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        for v in range(1, 300):
+            names.append(published.publish(tensors(float(v)), run, "x", v, ""))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert mixed == [] and loaded[0] > 0
 
 
 def test_names_that_would_leave_the_run_directory_are_refused():
@@ -64,20 +124,56 @@ def test_names_that_would_leave_the_run_directory_are_refused():
         published.publish(tensors(1.0), "my-run", "x", 1, "")
 
 
-def test_only_files_it_published_count_as_published(tmp_path, weights_dir):
-    """FetchWeights serves a path a request names: only a version file under a run's dir on
-    this host, never any other file the trainer can read."""
-    source = published.publish(tensors(1.0), published.run_name(), "x", 1, "")
-    assert published.is_published(source["path"])
+def test_only_files_this_process_wrote_are_served_and_nobody_else_may_read_them(
+        tmp_path, weights_dir):
+    """FetchWeights serves a path a request names: only a file this process published (or
+    read), opened without following a link and checked to be that very file; files 0600 in
+    0700 directories, so no other user of the host reads a run's weights."""
+    run = published.run_name()
+    source = published.publish(tensors(1.0), run, "x", 1, "")
+    assert published.serve(source["path"])[0] == 1
+    path = Path(source["path"])
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    for d in (path.parent, path.parent.parent):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
+    # A file where published weights sit, written by someone else (a copy of a real one).
+    planted = path.parent / "0123456789ab.safetensors"
+    shutil.copyfile(path, planted)
     other = tmp_path / "model.safetensors"
-    save_file(tensors(1.0), str(other))
-    (weights_dir / "flexmarl-weights-1-a" / "x").mkdir(parents=True)
-    link = weights_dir / "flexmarl-weights-1-a" / "x" / "v0-1.safetensors"
-    link.symlink_to(other)  # resolves outside the root
+    save_file(tensors(9.0), str(other))
     escaped = os.path.join(os.path.dirname(source["path"]), "..", "..", "..",
                            "model.safetensors")
-    for path in (str(other), str(link), escaped, "/etc/passwd", source["path"] + ".tmp"):
-        assert not published.is_published(path), path
+    for hostile in (str(planted), str(other), escaped, "/etc/passwd", source["path"] + ".tmp"):
+        with pytest.raises(FileNotFoundError):
+            published.serve(hostile)
+    # Its own path, swapped for a link to another file, or for another file: refused.
+    saved = path.with_suffix(".kept")
+    os.rename(path, saved)
+    path.symlink_to(other)
+    with pytest.raises(FileNotFoundError, match="link"):
+        published.serve(str(path))
+    path.unlink()
+    shutil.copyfile(saved, path)
+    with pytest.raises(FileNotFoundError, match="replaced"):
+        published.serve(str(path))
+
+
+def test_a_fetched_version_is_kept_once_per_host_and_its_holders_serve_it(weights_dir):
+    """Instances that fetched a version from another host keep one copy of it on theirs
+    (the first to finish writes it, the others use it), each may serve it, and copies two
+    versions old go."""
+    run = published.run_name()
+    source = {"path": f"/elsewhere/{run}/x/abc.safetensors", "host": "other", "version": 1,
+              "run": run, "agent": "x", "address": "tcp://t:1", "num_bytes": 0}
+    first = published.keep_copy(tensors(1.0), source)
+    again = published.keep_copy(tensors(1.0), source)  # a second instance of this host
+    assert first == again and published.load(first, 1)["a"].eq(1.0).all()
+    assert published.serve(first)[0] == 1
+    for v in (2, 3):
+        last = published.keep_copy(tensors(float(v)), source | {"version": v})
+    assert not os.path.exists(first) and published.serve(last)[0] == 3
+    assert sorted(p.name for p in Path(last).parent.iterdir()) == \
+        ["copy-2.safetensors", "copy-3.safetensors"]
 
 
 async def test_an_instance_reads_the_file_here_and_fetches_it_from_elsewhere(tmp_path,
@@ -93,7 +189,7 @@ async def test_an_instance_reads_the_file_here_and_fetches_it_from_elsewhere(tmp
     monkeypatch.setattr(published, "host_id", lambda: "elsewhere")
     assert (await published.read(source, fetch))["a"].eq(7.0).all()
     assert fetched == [source["path"]]
-    with pytest.raises(FileNotFoundError, match="names no trainer"):
+    with pytest.raises(FileNotFoundError, match="names no trainer or instance"):
         await published.read(source | {"address": ""}, fetch)
     # A base model directory loads first, the file over it (a partial update whole).
     base = tmp_path / "model"
@@ -104,19 +200,58 @@ async def test_an_instance_reads_the_file_here_and_fetches_it_from_elsewhere(tmp
     assert set(whole) == {"a", "b", "c"} and whole["a"].eq(1.0).all()
 
 
+def hold(run: str, weights_dir: Path) -> subprocess.Popen:
+    """Another process holding `run`'s lease under weights_dir (until killed)."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys; from pathlib import Path; from flexmarl.weights import ownership; "
+         f"folder = ownership.lease({run!r}, Path({str(weights_dir)!r})); "
+         "(folder / 'x').mkdir(exist_ok=True); print('held', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
 def test_a_run_removes_its_files_and_a_writer_only_its_own(weights_dir):
+    """A writer stopping removes its own files; the run's directory stays while another
+    process holds it, and goes with the last holder (or with the run's end)."""
     run = published.run_name()
     mine = published.publish(tensors(1.0), run, "x", 1, "")
-    theirs = weights_dir / run / "y" / "v0-999999.safetensors"
-    theirs.parent.mkdir(parents=True)
-    save_file(tensors(1.0), str(theirs))
-    published.remove_own(run)
-    assert not os.path.exists(mine["path"]) and theirs.exists()
+    holder = hold(run, weights_dir)
+    try:
+        theirs = weights_dir / run / "y" / "0123456789ab.safetensors"
+        theirs.parent.mkdir()
+        save_file(tensors(1.0), str(theirs))
+        published.remove_own(run)
+        assert not os.path.exists(mine["path"]) and theirs.exists()
+    finally:
+        holder.kill()
+        holder.wait()
     published.remove(run)
     assert not (weights_dir / run).exists()
-    # A run whose process is gone (pid 999999 is not alive) is an orphan; a live one is not.
-    dead, live = weights_dir / "flexmarl-weights-999999-ab", weights_dir / run
-    dead.mkdir()
-    published.publish(tensors(1.0), run, "x", 1, "")
-    published.remove_orphans()
-    assert not dead.exists() and live.exists()
+    alone = published.run_name()
+    published.publish(tensors(1.0), alone, "x", 1, "")
+    published.remove_own(alone)  # nobody else holds it: the last holder cleans up
+    assert not (weights_dir / alone).exists()
+
+
+def test_orphans_are_runs_nobody_holds_whatever_their_pids(weights_dir):
+    """A run's files belong to whoever holds its lease, not to a pid: a live run whose holder
+    is in another pid namespace or on another host (here: a process that holds the lease of
+    a directory named after a pid that is not alive) keeps its files; once its holder is gone
+    (SIGKILL: the kernel drops the lock) the next run's start removes them."""
+    held = weights_dir / "flexmarl-weights-999999-ab"  # the old scheme's "dead pid 999999"
+    holder = hold(held.name, weights_dir)
+    try:
+        orphan = weights_dir / published.run_name()
+        (orphan / "x").mkdir(parents=True)  # no lease at all: a SIGKILLed run's, or older
+        mine = published.run_name()
+        published.publish(tensors(1.0), mine, "x", 1, "")  # this process holds its lease
+        assert published.remove_orphans() == [orphan]
+        assert (held / "x").exists() and (weights_dir / mine / "x").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert published.remove_orphans() == [held]
+    assert (weights_dir / mine).exists()
+    published.remove(mine)

@@ -38,6 +38,7 @@ from runtime.supervisor import Supervisor, WorkerSpec, pid_alive
 from runtime.transport import connect
 from tests.helpers.numerics import (GRAD_ATOL, LOSS_RTOL, MIXED_REL_TOL, WEIGHT_ATOL, max_diff,
                                     relative_distance)
+from tests.helpers.lora import LORA
 from tests.helpers.trainers import (CONFIG, FAST, FIELDS, LR, VOCAB,  # noqa: F401  (fixtures)
                                     _weights_and_moments, batches, model_dir, rows, step_batch,
                                     tokens)
@@ -70,6 +71,38 @@ def shared_prompt_batch(model_dir) -> TrainMicroBatch:
     noise = lambda: 0.2 * torch.randn(rows, width, generator=g)  # noqa: E731
     return TrainMicroBatch(ids, attn, resp, cur + noise(), torch.randn(rows, generator=g),
                            ref_logprobs=cur + noise())
+
+
+@pytest.fixture(scope="module")
+def partial_prefix_batch(model_dir) -> TrainMicroBatch:
+    """6 rows whose prompts share their first MIN_SHARED_PREFIX + 1 tokens (a system message)
+    and go on with tokens of their own, 2-4 of them (prompts of 11-13 tokens), then responses
+    of 2-5 tokens, laid out by micro_batch (right-padded); old log-probs near the model's own,
+    no ref_logprobs (a trainer with kl_coef > 0 scores its reference itself). The prefix the
+    trainer shares ends inside the prompts, before the first response token."""
+    from transformers import AutoModelForCausalLM
+
+    from flexmarl.orchestrator.batch import micro_batch
+    from flexmarl.training.prefix import MIN_SHARED_PREFIX
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    g = torch.Generator().manual_seed(13)
+    common = torch.randint(1, VOCAB, (MIN_SHARED_PREFIX + 1,), generator=g).tolist()
+    samples = []
+    for r in range(6):
+        own = torch.randint(1, VOCAB, (int(torch.randint(2, 5, (1,), generator=g)),),
+                            generator=g).tolist()
+        own[0] = 1 + (7 * r) % (VOCAB - 1)  # every row's first own token differs
+        response = torch.randint(1, VOCAB, (int(torch.randint(2, 6, (1,), generator=g)),),
+                                 generator=g).tolist()
+        samples.append((common + own, response, [0.0] * len(response)))
+    mb = micro_batch(samples, torch.randn(6, generator=g).tolist())
+    with torch.no_grad():
+        cur = token_logprobs(model(input_ids=mb.input_ids,
+                                   attention_mask=mb.attention_mask).logits, mb.input_ids)
+    mb.old_logprobs = torch.where(mb.response_mask.bool(),
+                                  cur + 0.2 * torch.randn(cur.shape, generator=g), 0.0)
+    return mb
 
 
 def train(trainer: GRPOTrainer, batches: list[TrainMicroBatch], num_micro: int = 1
@@ -201,33 +234,79 @@ def test_micro_batches_of_any_composition_and_padding_give_the_same_gradient(mod
     assert wrong > 100 * MIXED_REL_TOL
 
 
-@pytest.mark.parametrize("kl_coef", [0.0, 0.05])
-def test_a_shared_prompt_computed_once_gives_the_full_forwards_gradient(model_dir,
-                                                                      shared_prompt_batch,
-                                                                      monkeypatch, kl_coef):
-    """A micro-batch whose rows share their prompt (a GRPO group) runs the prompt once and the
-    rest of every row against its KV cache, and scores only the positions from the first
-    response token on: the loss, entropy and gradient are the full forward's (GRAD_ATOL,
-    LOSS_RTOL), with and without the KL term. The control runs with the shortcut off."""
+SHARED_PREFIX_CASES = {
+    "one prompt": ("shared_prompt_batch", {"kl_coef": 0.0}),
+    "one prompt, KL": ("shared_prompt_batch", {}),
+    "partial prefix, KL": ("partial_prefix_batch", {}),
+    "partial prefix, LoRA, KL": ("partial_prefix_batch", {"lora": LORA["lora"]}),
+    "partial prefix, train_layers, KL": ("partial_prefix_batch", {"train_layers": 1}),
+}
+"""The shared-prefix test's cases: the batch and the trainer config over CONFIG (kl_coef 0.05)."""
+
+
+def _moved(trainer: GRPOTrainer) -> GRPOTrainer:
+    """`trainer` with its trained parameters moved off the initial weights, the same way every
+    call (a LoRA adapter off zero): the KL term to the reference then has a gradient."""
+    g = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for _, p in sorted(trainer.model.named_parameters()):
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return trainer
+
+
+def _trained_grads(trainer: GRPOTrainer) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize("case", list(SHARED_PREFIX_CASES))
+def test_a_shared_prompt_computed_once_gives_the_full_forwards_gradient(model_dir, request,
+                                                                      monkeypatch, case):
+    """A micro-batch whose rows share leading tokens (a GRPO group's prompt, or a system
+    message before prompts of their own) runs them once and the rest of every row against
+    their KV cache, and scores only the positions from the first response token on: the loss,
+    entropy and gradient are the full forward's (GRAD_ATOL, LOSS_RTOL). Cases: one prompt with
+    and without the KL term (ref_logprobs given); prompts of different lengths sharing a
+    partial prefix, where the trainer's own reference forward shares it too (kl_coef > 0, no
+    ref_logprobs), for a full trainer, a LoRA one (the reference: the adapter disabled) and
+    one with train_layers (the prefix's gradient reaches the trained block through its KV
+    cache only); the trained parameters moved off the reference first. The control runs with
+    the shortcut off."""
+    from transformers import PreTrainedModel
+
     from flexmarl.training.prefix import MIN_SHARED_PREFIX
 
-    mb = shared_prompt_batch
-    config = TrainerConfig(**{**CONFIG, "kl_coef": kl_coef})
+    fixture, overrides = SHARED_PREFIX_CASES[case]
+    mb = request.getfixturevalue(fixture)
+    config = TrainerConfig(**{**CONFIG, **overrides})
+    moved = fixture == "partial_prefix_batch"
     shared = GRPOTrainer(model_dir, config)
-    assert shared._shared_prefix(mb) >= MIN_SHARED_PREFIX  # the shortcut is taken
+    shared = _moved(shared) if moved else shared
+    length = shared._shared_prefix(mb)
+    assert length >= MIN_SHARED_PREFIX  # the shortcut is taken
+    first_response = int(mb.response_mask.float().argmax(1).min())
+    if moved:  # the rows' common tokens end inside the prompts
+        common = int((mb.input_ids == mb.input_ids[:1]).all(0).long().cumprod(0).sum())
+        assert common == MIN_SHARED_PREFIX + 1 < first_response - 1
     calls = []
-    real_forward = type(shared.model).forward
+    hf = shared.model.get_base_model() if config.lora is not None else shared.model
+    real_forward = type(hf).forward
+    assert issubclass(type(hf), PreTrainedModel)
 
     def counted(self, *args, **kwargs):
-        calls.append(kwargs.get("input_ids").shape)
+        calls.append(tuple(kwargs.get("input_ids").shape))
         return real_forward(self, *args, **kwargs)
 
-    monkeypatch.setattr(type(shared.model), "forward", counted)
+    monkeypatch.setattr(type(hf), "forward", counted)
     shared.begin_batch(tokens(mb))
     a = shared.accumulate(mb)
-    assert calls[0] == (1, shared._shared_prefix(mb))  # the prompt once, one row
+    assert calls[0] == (1, length)  # the prefix once, one row
+    scores_reference = config.kl_coef > 0 and mb.ref_logprobs is None
+    # the reference's forward (the frozen copy, or the adapter disabled) shares it too
+    assert calls.count((1, length)) == 1 + scores_reference
     monkeypatch.undo()
     full = GRPOTrainer(model_dir, config)
+    full = _moved(full) if moved else full
     monkeypatch.setattr(full, "_shared_prefix", lambda mb: 0)
     full.begin_batch(tokens(mb))
     b = full.accumulate(mb)
@@ -235,8 +314,10 @@ def test_a_shared_prompt_computed_once_gives_the_full_forwards_gradient(model_di
     assert a.num_tokens == b.num_tokens == tokens(mb)
     for k in b.metrics:
         assert a.metrics[k] == pytest.approx(b.metrics[k], rel=LOSS_RTOL, abs=1e-6), k
-    assert max_diff(_grads(shared), _grads(full)) <= GRAD_ATOL
-    assert max(g.abs().max().item() for g in _grads(full).values()) > 1e-3
+    if scores_reference:
+        assert b.metrics["kl"] > 1e-4  # the policy is not its reference: the KL term counts
+    assert max_diff(_trained_grads(shared), _trained_grads(full)) <= GRAD_ATOL
+    assert max(g.abs().max().item() for g in _trained_grads(full).values()) > 1e-3
 
 
 def test_deferred_normaliser_gives_the_same_update(model_dir, batches):
@@ -476,7 +557,13 @@ async def test_trainer_worker_group_over_the_runtime(model_dir, batches, tmp_pat
         time.sleep(0.05)
     assert not any(pid_alive(p) for p in pids)
     assert sup.events.empty()  # both ranks stopped on request, neither died
-    assert not list((tmp_path / "published" / run).glob("*/*.safetensors"))  # removed at stop
+    # Its own files removed at stop; the copy the instance on "another host" kept (this
+    # process holds it) stays until the run removes its files.
+    assert not os.path.exists(out.source["path"])
+    assert [p.name for p in (tmp_path / "published" / run).glob("*/*.safetensors")] == \
+        ["copy-1.safetensors"]
+    published.remove(run)
+    assert not (tmp_path / "published" / run).exists()
 
     local = GRPOTrainer(model_dir, TrainerConfig(**CONFIG))
     local.begin_batch(tokens(mb))

@@ -56,7 +56,7 @@ async def test_a_sync_reaches_every_instance_and_records_the_served_version(make
     assert all(m.tensors == {} and m.source["num_bytes"] == 28 for i in insts["x"]
                for m in i.got)
     served = await ws.served("x")
-    assert set(served) == {"path", "host", "address", "num_bytes", "version"}
+    assert set(served) == {"path", "host", "address", "num_bytes", "version", "run", "agent"}
     assert published.load(served["path"])["a.weight"].eq(1.0).all()
 
 
@@ -206,10 +206,12 @@ class FakeTrainers:
     """The trainer pool as the direct transport sees it: bind(agent) gives its slot's
     connection (which answers SendWeights), export(agent) its weights."""
 
-    def __init__(self, fail: BaseException | None = None) -> None:
+    def __init__(self, fail: BaseException | None = None, publish: str = RUN) -> None:
         self.requests: list = []
         self.fail = fail
         self.version = 0
+        self.publish = publish
+        self.exports = 0
 
     @contextlib.asynccontextmanager
     async def bind(self, agent):
@@ -225,6 +227,7 @@ class FakeTrainers:
 
     async def export(self, agent):
         """Published, as TrainerPool.export does in a run."""
+        self.exports += 1
         return publish(self.version, weights(float(self.version)), agent=agent)
 
 
@@ -264,3 +267,39 @@ async def test_a_failed_direct_send_aborts_every_instance(make_sync):
     for inst in insts["x"]:  # a dead one's failure does not hide the others' abort
         assert [(m.phase, m.version) for m in inst.got] == [("abort", 1)]
     assert ws.versions["x"] == 0
+
+
+async def test_a_direct_transport_whose_pool_publishes_nothing_refuses_before_exporting(
+        make_sync):
+    """An instance joining between direct syncs loads the published version: a pool that
+    publishes nothing is refused before its trainer exports (the tensors would come to the
+    run first)."""
+    trainers = FakeTrainers(publish="")
+    ws = make_sync({"x": [FakeInstance("i0")]}, transport=DirectTransport(
+        trainers, "nccl", tensor_parallel_size=1, dtype="auto", timeout_s=5.0))
+    await ws.sync("x", 1, None)
+    with pytest.raises(RuntimeError, match="publishes no weights"):
+        async with ws.locked("x"):
+            await ws.load_into(FakeInstance("new"), "x")
+    assert trainers.exports == 0
+
+
+async def test_the_instances_that_hold_the_served_version_become_its_copies(make_sync):
+    """Each instance that reports a file of the version it loaded (WeightUpdateDone.held)
+    is a holder of the served source (a joiner fetches from it when the trainer is gone):
+    the latest first, one per address, and a new version starts with its own holders."""
+    insts = {"x": [FakeInstance("i0", held={"host": "a", "path": "/a/v1"}),
+                   FakeInstance("i1")]}
+    ws = make_sync(insts)
+    await ws.sync("x", 1, publish(1, weights(1.0)))
+    served = await ws.served("x")
+    assert served["copies"] == [{"host": "a", "path": "/a/v1", "address": "i0"}]
+    joiner = FakeInstance("j", held={"host": "b", "path": "/b/copy-1"})
+    async with ws.locked("x"):
+        await ws.load_into(joiner, "x")
+    assert [h["address"] for h in (await ws.served("x"))["copies"]] == ["j", "i0"]
+    assert [h["address"] for h in published.holders(await ws.served("x"))] == \
+        ["inproc://no-trainer", "j", "i0"]
+    insts["x"][0].held = {"host": "a", "path": "/a/v2"}
+    await ws.sync("x", 2, publish(2, weights(2.0)))
+    assert (await ws.served("x"))["copies"] == [{"host": "a", "path": "/a/v2", "address": "i0"}]

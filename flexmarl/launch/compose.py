@@ -139,7 +139,11 @@ def _trainer_pool(setup: RunSetup, started: Started, shares: TimeShares) -> Trai
     trainable = [spec for spec in setup.team.agents if spec.trainable]
     section = (dataclasses.replace(settings.trainer_pool, snapshots=True)
                if setup.saved is not None else settings.trainer_pool)
-    published.remove_orphans()  # runs SIGKILLed before: their versions hold /dev/shm
+    published.remove_orphans()  # runs nobody holds (SIGKILLed): their versions hold /dev/shm
+    run = published.run_name()
+    # Held by this process until the pool removes it (TrainerPool.close): a version its
+    # trainer published on this host outlives that trainer (instances joining load it).
+    published.lease(run)
     return TrainerPool(
         {f"trainer-{k}": started.workers.connect(started.handles[f"trainer-{k}-0"].address)
          for k in range(len(sizes))},
@@ -153,7 +157,7 @@ def _trainer_pool(setup: RunSetup, started: Started, shares: TimeShares) -> Trai
             attempts=settings.replace_attempts, devices=started.gpus.devices),
         saved=setup.saved,
         scratch_in=snapshots_in(sup, [model_dirs[spec.name] for spec in trainable]),
-        pinned=started.layout.pinned, shares=shares, publish=published.run_name())
+        pinned=started.layout.pinned, shares=shares, publish=run)
 
 
 async def _start_with_progress(setup: RunSetup, work: str) -> Started:

@@ -19,7 +19,9 @@ no pickle; its own kinds are 1-99). Who sends each request, who handles it, and 
                      instance loading its agent's weights
                      (a source: the file the trainer published)
     FetchWeights     a RolloutWorker on another host than the  TrainerWorker      WeightUpdate
-                     trainer that published the version        (rank 0)
+                     version's file (its source's holders)     (rank 0), or a
+                                                               RolloutWorker that
+                                                               holds the version
     TrainBeginBatch  TrainSession (orchestrator/batch.py)      TrainerWorker,     None
     TrainMicroBatch  TrainSession                              rank 0 of          TrainStats
     TrainStep        TrainSession                              training/worker.py TrainStepDone
@@ -38,7 +40,7 @@ no pickle; its own kinds are 1-99). Who sends each request, who handles it, and 
 
 No tensor of a swap, a snapshot or a checkpoint passes through the process that sends these
 messages, nor the weights of a sync (ExportWeights.publish: rank 0 writes them on its host, and
-the instances read that file or fetch it from rank 0, FetchWeights). SwapOut parks each rank's
+the instances read that file or fetch it from rank 0 or an instance that holds it, FetchWeights). SwapOut parks each rank's
 shards in its own process (Parked.ranks says where), a SwapIn puts them back or pulls them rank
 to rank (FetchShards, resharded); SaveState has the ranks write their shards into a dir
 (flexmarl.training.state_files) that SwapIn.state_dir restores from. Only ExportState and SwapIn.tensors carry a whole TrainState: for tests and tools on small models.

@@ -173,6 +173,10 @@ class WeightUpdateDone:
     version: int
     num_bytes: int
     load_s: float
+    held: dict[str, Any] | None = None
+    """A published version's file on the instance's host that it read or kept
+    ({"host", "path"}) and now serves to others (FetchWeights): the run adds it, with the
+    instance's address, to the version's copies. None: it holds no such file."""
 
 
 @message(FlexKind.WEIGHT_TRANSFER)

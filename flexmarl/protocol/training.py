@@ -101,8 +101,10 @@ class ExportWeights:
 @message(FlexKind.FETCH_WEIGHTS)
 @dataclass(slots=True)
 class FetchWeights:
-    """Ask a trainer's rank 0 for the tensors of a version it published (`path`, a
-    WeightUpdate.source's): a rollout instance on another host. Reply: WeightUpdate."""
+    """Ask a holder of a published version for its tensors (`path`, a WeightUpdate.source's
+    or one of its copies'): a rollout instance on another host asks the trainer's rank 0
+    that published it, or an instance that holds it (flexmarl.weights.published.holders).
+    Only a file the holder wrote or read itself is served. Reply: WeightUpdate."""
 
     KIND: ClassVar[int]
     path: str

@@ -19,6 +19,7 @@ n x max_tokens per unfinished request (an upper bound the balancer can trust).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -36,11 +37,16 @@ from flexmarl.weights.base import weights_nbytes
 from runtime.actor import Actor, handler
 from runtime.codec import Envelope
 from runtime.config import TransportConfig
+from runtime.errors import RuntimeErrorBase
+from runtime.protocol import Ping
 from runtime.transport import connect
 from runtime.worker import WorkerContext
 
 log = logging.getLogger(__name__)
 
+PROBE_TIMEOUT_S = 10.0
+"""How long a holder of a published version has to answer a Ping before the next is asked
+(a dead trainer or instance: the version is fetched from another holder)."""
 FETCH_TIMEOUT_S = 3600.0
 """A fetch of a published version from another host: bounded by the run's own timeout on the
 update that asked for it (rollout.request_timeout_s); this only keeps a lost reply finite."""
@@ -123,11 +129,49 @@ class RolloutWorker(Actor):
 
     @handler(WeightUpdate, concurrent=True)
     async def on_weight_update(self, msg: WeightUpdate, env: Envelope) -> WeightUpdateDone:
+        source = msg.source
+        if source is None:
+            return await self._apply(msg, None)
+        own = getattr(self.engine, "read_published", None)
+        if own is not None:  # an engine that reads sources its own way (the simulator's)
+            msg.tensors = await own(source)
+            return await self._apply(msg, None)
         path = self._file_to_load(msg)
-        if msg.source is not None and path is None:
-            # Read before the gate closes: requests go on while the file is mapped (or fetched
-            # from its trainer's host).
-            msg.tensors = await self._read(msg.source)
+        if path is not None:  # the engine reads the file itself, under its lock meanwhile
+            async with contextlib.AsyncExitStack() as stack:
+                try:
+                    await stack.enter_async_context(published.held(path, source["version"]))
+                except FileNotFoundError:  # pruned meanwhile: read it as any other source
+                    path = None
+                if path is not None:
+                    done = await self._apply(msg, path)
+                    done.held = {"host": published.host_id(), "path": path}
+                    return done
+        fetched: dict[str, torch.Tensor] = {}
+
+        async def fetch(src: dict[str, Any]) -> dict[str, torch.Tensor]:
+            fetched.update(await self._fetch(src))
+            return fetched
+        # Read before the gate closes: requests go on while the file is mapped (or fetched
+        # from a holder on another host); a file here stays locked until it is loaded.
+        async with published.opened(source, fetch) as got:
+            msg.tensors = got.tensors
+            done = await self._apply(msg, None)
+        if got.path is not None:
+            done.held = {"host": published.host_id(), "path": got.path}
+        elif fetched and source.get("version") is not None:
+            # Kept on this host: the others here read it, and this instance serves it (the
+            # version outlives its trainer). A failure costs the copy, not the update.
+            try:
+                kept = await asyncio.to_thread(published.keep_copy, fetched, source)
+                done.held = {"host": published.host_id(), "path": kept}
+            except (OSError, ValueError) as exc:
+                log.warning("%s: could not keep a copy of version %s on this host: %s",
+                            self.name, source.get("version"), exc)
+        return done
+
+    async def _apply(self, msg: WeightUpdate, path: str | None) -> WeightUpdateDone:
+        """Load `msg`'s tensors (or the file at `path`) into the engine, gate closed."""
         if msg.adapter is not None:
             return await self._update_adapter(msg)
         async with self._update_lock:
@@ -155,34 +199,47 @@ class RolloutWorker(Actor):
         this host, whole in that one file (no base)."""
         source = msg.source
         if (source is None or msg.adapter is not None or source.get("base")
-                or not hasattr(self.engine, "load_weights_file") or not source.get("path")
-                or not published.local(source)):
+                or not hasattr(self.engine, "load_weights_file") or not source.get("path")):
             return None
-        return source["path"]
+        return published.local_path(source)
 
-    async def _read(self, source: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """A published version's tensors (flexmarl.weights.published.read); an engine that
-        reads sources its own way (the simulator's) does."""
-        own = getattr(self.engine, "read_published", None)
-        if own is not None:
-            return await own(source)
-        return await published.read(source, self._fetch)
+    @handler(FetchWeights, concurrent=True)
+    async def on_fetch_weights(self, msg: FetchWeights, env: Envelope) -> WeightUpdate:
+        """A version this instance holds on its host (a file it read or kept), for an
+        instance on another host: only such a file, checked by identity, never any other
+        path (flexmarl.weights.ownership)."""
+        version, tensors = await asyncio.to_thread(published.serve, msg.path)
+        return WeightUpdate(version, tensors)
 
     async def _fetch(self, source: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """A version published on another host, from the trainer that published it."""
+        """A version published on another host, from its holders in turn: the trainer that
+        published it, then the instances that hold it (each first asked for a Pong within
+        PROBE_TIMEOUT_S: a dead holder costs that, not the fetch's whole deadline)."""
         started = now()
-        conn = connect(source["address"], self.transport)
-        try:
-            reply = await conn.request(FetchWeights(source["path"]), timeout_s=FETCH_TIMEOUT_S)
-        finally:
-            await conn.aclose()
-        if source.get("version") is not None and reply.version != source["version"]:
-            raise RuntimeError(f"{self.name}: {source['path']} holds version {reply.version} "
-                               f"now, not {source['version']}: a newer version is served")
-        log.info("%s fetched version %s (%.1f MB) from its trainer on host %s in %.2f s",
-                 self.name, source.get("version"), weights_nbytes(reply.tensors) / 2**20,
-                 source.get("host"), now() - started)
-        return reply.tensors
+        want = source.get("version")
+        errors = []
+        for holder in published.holders(source):
+            if not holder.get("address") or holder["address"] == self.address:
+                continue
+            conn = connect(holder["address"], self.transport)
+            try:
+                await conn.request(Ping(0), timeout_s=PROBE_TIMEOUT_S)
+                reply = await conn.request(FetchWeights(holder["path"]),
+                                           timeout_s=FETCH_TIMEOUT_S)
+                if want is not None and reply.version != want:
+                    raise RuntimeError(f"{holder['path']} holds version {reply.version} now, "
+                                       f"not {want}")
+            except (RuntimeErrorBase, RuntimeError, TimeoutError, OSError) as exc:
+                errors.append(f"{holder['address']}: {type(exc).__name__}: {exc}")
+                continue
+            finally:
+                await conn.aclose()
+            log.info("%s fetched version %s (%.1f MB) from %s on host %s in %.2f s",
+                     self.name, want, weights_nbytes(reply.tensors) / 2**20,
+                     holder["address"], holder.get("host"), now() - started)
+            return reply.tensors
+        raise RuntimeError(f"{self.name}: no holder of version {want} ({source.get('path')}) "
+                           "could send it: " + ("; ".join(errors) or "none named"))
 
     async def _update_adapter(self, msg: WeightUpdate) -> WeightUpdateDone:
         """One adapter's tensors, in place: only that adapter's requests wait (the engine's

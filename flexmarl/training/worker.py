@@ -312,13 +312,16 @@ class TrainerWorker(_StateSaves, Actor):
 
     @handler(FetchWeights, concurrent=True)
     async def on_fetch_weights(self, msg: FetchWeights, env: Envelope) -> WeightUpdate:
-        """A version this host published, for an instance on another host (read here, sent
-        as tensor frames straight to it)."""
-        if not published.is_published(msg.path):
-            raise FileNotFoundError(f"{msg.path} is not weights this trainer's host published "
-                                    "(or they were pruned: the instance loads a newer version)")
-        tensors = await asyncio.to_thread(published.load, msg.path)
-        return WeightUpdate(published.version_of(msg.path), tensors)
+        """A version this process published, for an instance on another host (copied under
+        the file's lock, sent as tensor frames straight to it): only a file this process
+        wrote, checked by identity (flexmarl.weights.ownership), never any other path."""
+        try:
+            version, tensors = await asyncio.to_thread(published.serve, msg.path)
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"{msg.path} is not weights this trainer published (or "
+                                    f"they were pruned: the instance loads a newer version): "
+                                    f"{exc}") from None
+        return WeightUpdate(version, tensors)
 
     @handler(FetchShards, concurrent=True)
     async def on_fetch_shards(self, msg: FetchShards, env: Envelope) -> ShardData:

@@ -6,7 +6,10 @@ leaf: the run's end, the rollout instance's and the trainer's all import it).
                 every agent serves (versions, where each served version is, a lock per agent)
                 for the pool's moves and new instances; it never holds a tensor
     published.py a version written once by its trainer on its host (/dev/shm), read there by
-                the instances or fetched from the trainer by those on other hosts
+                the instances under its lock or fetched by those on other hosts from a holder
+                (the trainer, or an instance that holds it)
+    ownership.py who owns published files (a run's lease, held by its live processes), and
+                what a process may serve (only files it wrote or read, by identity)
     stage.py    staged: the published version's name to every instance (push_weights,
                 WeightUpdate.source), CPU and any engine, LoRA adapters, time-shared agents
     direct.py   direct (GPU): vLLM's weight-transfer engines, NCCL or CUDA IPC; the run's end

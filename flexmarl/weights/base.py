@@ -31,6 +31,9 @@ class SyncReport:
     """Per instance (its address): time spent loading inside the engine."""
     skipped: list[str] = field(default_factory=list)
     """Instances that failed with a tolerated error (they died during the push)."""
+    held: list[dict] = field(default_factory=list)
+    """Instances that now serve the version to others ({host, path, address}: a file of it on
+    their host; WeightUpdateDone.held), which the run adds to its source's copies."""
 
     @property
     def gbps(self) -> float:

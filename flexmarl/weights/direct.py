@@ -408,6 +408,9 @@ def _init_info(spec: dict, rank: int, engine_ranks: int,
 class Trainers(Protocol):
     """What the run's end needs of the trainer pool (flexmarl.training.pool.TrainerPool)."""
 
+    publish: str
+    """The run's name for published weights ("": the pool publishes nothing)."""
+
     def bind(self, agent: str) -> AsyncContextManager[Connection]: ...
 
     async def export(self, agent: str) -> WeightUpdate: ...
@@ -441,7 +444,12 @@ class DirectTransport:
 
     async def fetch(self, agent: str) -> WeightUpdate:
         """The trainer publishes its weights on its host (TrainerPool.export): the instance
-        reads them there, the run gets their source."""
+        reads them there, the run gets their source. A pool that publishes nothing is refused
+        before any tensor moves (its export would carry the whole model to the run)."""
+        if not getattr(self.trainers, "publish", ""):
+            raise RuntimeError(f"{agent}'s trainer pool publishes no weights (TrainerPool("
+                               "publish=...)): an instance joining between direct syncs loads "
+                               "the published version, and the run never carries weights")
         return await self.trainers.export(agent)
 
 

@@ -59,7 +59,7 @@ async def push_weights(instances: Sequence[Connection], version: int,
     replies = await asyncio.gather(*(conn.request(msg, timeout_s=timeout_s)
                                      for conn in instances), return_exceptions=True)
     seconds = now() - started
-    load_s, skipped = {}, []
+    load_s, skipped, held = {}, [], []
     for conn, done in zip(instances, replies):
         if isinstance(done, tolerate):
             skipped.append(conn.address)
@@ -70,7 +70,9 @@ async def push_weights(instances: Sequence[Connection], version: int,
             raise RuntimeError(f"{conn.address} acknowledged version {done.version}, "
                                f"expected {version}")
         load_s[conn.address] = done.load_s
-    return SyncReport(version, update_nbytes(tensors, source), seconds, load_s, skipped)
+        if getattr(done, "held", None):  # it serves the version from its host now
+            held.append({**done.held, "address": conn.address})
+    return SyncReport(version, update_nbytes(tensors, source), seconds, load_s, skipped, held)
 
 
 def update_nbytes(tensors: dict[str, torch.Tensor] | None, source: dict[str, Any] | None) -> int:

@@ -5,7 +5,8 @@
             under the agent's lock: the run's transport (or staged, for a given update)
             ─► begin(agent, version, its instances now) ─► send ─► finish (abort on failure)
             ─► versions[agent] = version; served[agent] = where that version is: the file its
-               trainer published (flexmarl.weights.published; for a partial update,
+               trainer published (flexmarl.weights.published; with the instances that hold
+               it now as its copies, WeightUpdateDone.held; for a partial update,
                train_layers: complete=False, with the model directory as its base), or "in the
                trainer" after a direct sync
     pool: async with weights.locked(src, dst): await weights.load_into(conn, dst)  (a move)
@@ -116,7 +117,19 @@ class WeightSync:
             else:
                 self._sources[agent] = self._whole(agent, update)
                 self._in_trainer.discard(agent)
+                self._add_copies(agent, report)
             return report
+
+    def _add_copies(self, agent: str, report: SyncReport) -> None:
+        """The instances that now hold the agent's served version serve it too (a joiner on
+        another host fetches it from them when its trainer is gone): its source's copies,
+        the latest first, one per instance address."""
+        source = self._sources.get(agent)
+        if source is None or not report.held or report.version != self.versions[agent]:
+            return
+        new = {h["address"]: h for h in report.held}
+        source["copies"] = list(new.values()) + [
+            h for h in source.get("copies", ()) if h["address"] not in new]
 
     def _whole(self, agent: str, update: WeightUpdate) -> dict[str, Any]:
         """Where all of `update`'s version is: a partial update (train_layers) on its base, the
@@ -158,5 +171,8 @@ class WeightSync:
         """An instance joining `agent` (moved to it, or new) loads the agent's served version,
         whatever it served before (hold the agent's lock)."""
         adapter = (agent, self.adapters[agent]) if agent in self.adapters else None
-        return await push_weights([conn], self.versions[agent], source=await self.served(agent),
-                                  timeout_s=self.timeout_s, force=True, adapter=adapter)
+        report = await push_weights([conn], self.versions[agent],
+                                    source=await self.served(agent), timeout_s=self.timeout_s,
+                                    force=True, adapter=adapter)
+        self._add_copies(agent, report)
+        return report

@@ -18,8 +18,10 @@ class FakeInstance:
     """A rollout instance's connection: loads a WeightUpdate as the worker does (a stale
     version refused unless forced), answers WeightTransfer phases; `fail` raises instead."""
 
-    def __init__(self, address: str, fail: BaseException | None = None) -> None:
-        self.address, self.fail = address, fail
+    def __init__(self, address: str, fail: BaseException | None = None,
+                 held: dict | None = None) -> None:
+        """`held`: the file of a loaded version it reports to serve (WeightUpdateDone.held)."""
+        self.address, self.fail, self.held = address, fail, held
         self.version = 0
         self.tensors: dict[str, torch.Tensor] = {}
         self.got: list = []
@@ -36,7 +38,7 @@ class FakeInstance:
                 tensors = await published.read(msg.source, self.fetch)
             # Loaded in place, as the engines do: a partial update keeps the other tensors.
             self.version, self.tensors = msg.version, {**self.tensors, **tensors}
-            return WeightUpdateDone(msg.version, weights_nbytes(tensors), 0.01)
+            return WeightUpdateDone(msg.version, weights_nbytes(tensors), 0.01, self.held)
         assert isinstance(msg, WeightTransfer)
         return WeightUpdateDone(self.version, 0, 0.0)
 

@@ -1,0 +1,188 @@
+"""Who owns published weights on a host, and which files a process may hand out.
+
+    <root>/flexmarl-weights-<run id>/      0700, a run's files on this host (root: /dev/shm,
+        .lease                              the temp dir, or FLEXMARL_WEIGHTS_DIR)
+        <agent>/<file>.safetensors          0600, written by one process (flexmarl.weights.published)
+
+A run's directory is owned by whoever holds its lease: every process that writes there, reads
+there for a while, or runs the run (the orchestrator) holds a shared flock on `.lease` for as
+long as it may need the files (`lease`, released by `release`). `remove_orphans` (every run's
+start) removes a run directory only when it can take that lock exclusively: no live process,
+in any pid namespace or container sharing the directory, holds it. A lock is the kernel's and
+dies with its holder; no pid is compared, so a run whose orchestrator is on another host or in
+another pid namespace keeps its files. The run id is random (no pid in it).
+
+FetchWeights hands out files by the path a request names. A process serves only files it wrote
+or read itself (`register`), by identity: the path is opened with O_NOFOLLOW and its device
+and inode must be the registered ones, so neither a file that merely sits where published
+weights sit nor a symlink swapped in later is served (`open_registered`).
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+PREFIX = "flexmarl-weights-"
+"""A run's directory name: this, then the run's random id."""
+LEASE = ".lease"
+DIR_MODE, FILE_MODE = 0o700, 0o600
+
+_LEASES: dict[tuple[str, str], int] = {}
+"""(root, run) -> the descriptor whose shared lock this process holds on the run's lease."""
+_SERVABLE: dict[str, tuple[int, int]] = {}
+"""path -> (device, inode) of a file this process wrote or read and may serve."""
+
+
+def run_name() -> str:
+    """A fresh name for a run's published weights (a random id: no pid, see the docstring)."""
+    return f"{PREFIX}{os.urandom(8).hex()}"
+
+
+def roots() -> set[Path]:
+    """Every place published weights may be on this host (flexmarl.weights.published.root
+    picks one by the room left at each write)."""
+    if env := os.environ.get("FLEXMARL_WEIGHTS_DIR"):
+        return {Path(env)}
+    return {Path(tempfile.gettempdir())} | ({Path("/dev/shm")} if os.path.isdir("/dev/shm")
+                                            else set())
+
+
+def private_dir(path: Path) -> Path:
+    """`path` as a directory only its owner can enter (0700), made if missing; a symlink or
+    another user's directory there is refused."""
+    try:
+        path.mkdir(mode=DIR_MODE)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise PermissionError(f"{path} is not a directory of this user: published weights are "
+                              "not written there (remove it, or set FLEXMARL_WEIGHTS_DIR)")
+    if stat.S_IMODE(st.st_mode) != DIR_MODE:
+        os.chmod(path, DIR_MODE)
+    return path
+
+
+def lease(run: str, root: Path) -> Path:
+    """Hold `run`'s lease under `root` (its directory made if missing) until `release(run)`
+    or this process ends; the run's directory there. Idempotent."""
+    key = (str(root), run)
+    folder = root / run
+    if key in _LEASES:
+        return folder
+    root.mkdir(parents=True, exist_ok=True)
+    while True:
+        private_dir(folder)
+        try:
+            fd = os.open(folder / LEASE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         FILE_MODE)
+        except FileNotFoundError:  # an orphan sweep removed the directory meanwhile
+            continue
+        fcntl.flock(fd, fcntl.LOCK_SH)  # waits out a sweep that holds it exclusively
+        try:
+            linked = os.stat(folder / LEASE, follow_symlinks=False)
+        except FileNotFoundError:
+            linked = None
+        held = os.fstat(fd)
+        if linked is not None and (linked.st_dev, linked.st_ino) == (held.st_dev, held.st_ino):
+            _LEASES[key] = fd
+            return folder
+        os.close(fd)  # swept while we waited: make it again
+
+
+def release(run: str) -> None:
+    """Let go of this process's leases of `run` (its files may be removed once nobody holds
+    one)."""
+    for key in [k for k in _LEASES if k[1] == run]:
+        os.close(_LEASES.pop(key))
+
+
+def held_runs() -> set[str]:
+    return {run for _, run in _LEASES}
+
+
+def remove_orphans() -> list[Path]:
+    """Remove every run directory on this host whose lease nobody holds (its processes were
+    SIGKILLed: on /dev/shm their versions hold memory); the directories removed. A directory
+    of another user, or one whose lease is held, is left alone."""
+    removed = [folder for base in roots() for folder in base.glob(f"{PREFIX}*")
+               if _remove_unheld(folder)]
+    if removed:
+        log.info("removed published weights of %d runs no process holds: %s", len(removed),
+                 ", ".join(p.name for p in removed))
+    return removed
+
+
+def drop(run: str) -> None:
+    """Let go of `run` here, and remove its directories if no other process holds them (the
+    last holder on a host cleans up: a trainer or an instance on another host stopping)."""
+    roots_held = [Path(r) for r, name in _LEASES if name == run]
+    release(run)
+    for base in roots_held:
+        _remove_unheld(base / run)
+
+
+def _remove_unheld(folder: Path) -> bool:
+    """`folder` (a run's directory) removed if nobody holds its lease; whether it was."""
+    if folder.is_symlink() or not folder.is_dir():
+        return False
+    try:
+        fd = os.open(folder / LEASE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        fd = None  # no lease at all: a run from before leases, or a torn start
+    except OSError:
+        return False  # another user's, or not ours to judge
+    try:
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False  # held: a live run
+        shutil.rmtree(folder, ignore_errors=True)
+        return True
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def register(path: str, fd: int) -> None:
+    """This process may serve `path`: the file open as `fd` (written or read by it)."""
+    st = os.fstat(fd)
+    _SERVABLE[path] = (st.st_dev, st.st_ino)
+
+
+def unregister(path: str) -> None:
+    _SERVABLE.pop(path, None)
+
+
+def registered(path: str) -> bool:
+    return path in _SERVABLE
+
+
+def open_registered(path: str) -> int:
+    """`path` opened read-only if it is a file this process registered and still the same
+    file (no symlink followed); FileNotFoundError otherwise, naming why."""
+    want = _SERVABLE.get(path)
+    if want is None:
+        raise FileNotFoundError(f"{path} is not weights this process published or holds")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOENT):
+            raise FileNotFoundError(f"{path} is gone or was replaced by a link: not served "
+                                    "(the instance loads a newer version)") from None
+        raise
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != want:
+        os.close(fd)
+        raise FileNotFoundError(f"{path} is no longer the file this process published or "
+                                "holds (replaced): not served")
+    return fd

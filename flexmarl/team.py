@@ -189,12 +189,23 @@ class Context(Protocol):
         ...
 
     def reward(self, completion: Completion, value: float, *, weight: float = 1.0) -> None:
-        """Reward one agent turn (the agent's own goal). Give it once: once every trajectory
-        of the task has rewarded that turn, its GRPO group closes and may train while the
-        trajectories' later turns still run (a second reward for it then raises ValueError,
-        and a trajectory failing later keeps that turn's sample). `weight` (>= 0) scales the
-        turn's advantage after its group's normalisation: e.g. 1/k for each of a player's k
-        moves of one game, so that a long game weighs as much as a short one."""
+        """Reward one agent turn (the agent's own goal). The reward is final once given, by
+        one rule that does not depend on the order in which the task's trajectories run:
+
+        - Give it once: a second reward for the same turn raises ValueError (in training),
+          whether or not the other trajectories have rewarded that turn yet.
+        - The turn trains with it whatever its trajectory does next: a trajectory that fails
+          (its workflow raises) keeps the turns it rewarded and loses the others, those left
+          to `team_reward` (which it never gave).
+        - The turn's GRPO group (that turn of the agent in every trajectory of the task)
+          closes, and may train while the trajectories' later turns still run, once every
+          trajectory has rewarded that turn (each of its samples) or failed; a turn left to
+          `team_reward` closes when all the task's trajectories have ended.
+
+        With pipeline.credit = "trajectory" no group closes early and a failed trajectory
+        loses all its turns (its return needs every one). `weight` (>= 0) scales the turn's
+        advantage after its group's normalisation: e.g. 1/k for each of a player's k moves of
+        one game, so that a long game weighs as much as a short one."""
         ...
 
     def team_reward(self, value: float) -> None:

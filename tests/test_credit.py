@@ -68,13 +68,29 @@ def test_a_bad_weight_or_credit_is_refused():
 
 
 async def test_a_negative_or_non_finite_weight_fails_the_trajectory_not_the_run():
+    """Trajectory 0 gives its turn a negative weight, 1 a NaN one; 2 and 3 give good weights.
+    The two bad ones fail (each error names the weight), the step goes on (2 of 4 failed is
+    not more than MAX_FAILED_FRACTION) and the task's group trains from 2 and 3 alone."""
+    weights = {0: -1.0, 1: float("nan"), 2: 0.5, 3: 1.0}
+
     async def workflow(ctx, task):
         [a] = await ctx.generate("a", PROMPT)
-        ctx.reward(a, 1.0, weight=-1.0 if ctx.trajectory == 0 else float("nan"))
+        ctx.reward(a, float(ctx.trajectory), weight=weights[ctx.trajectory])
 
     orch = make_orch(workflow, trajectories=4)
-    with pytest.raises(Exception, match="weight"):  # every trajectory failed: WorkflowError
-        await orch.rollout(0, orch.next_tasks(1))
+    [task] = orch.next_tasks(1)
+    stats = await orch.rollout(0, [task])
+    assert stats.failed_trajectories == 2 and stats.tasks == 1
+    where = "agent 'a', sample s0t0_0_{j} (task " + task.task_id + ", trajectory {j})"
+    assert sorted(stats.errors) == [
+        f"ValueError: ctx.reward's weight: {where.format(j=1)}: a reward must be a finite "
+        f"number, got nan (nan) (task {task.task_id}, trajectory 1)",
+        f"ValueError: ctx.reward: {where.format(j=0)}: the weight must be >= 0, got -1.0 "
+        f"(task {task.task_id}, trajectory 0)"]
+    [group] = await take_all(orch)
+    assert [(t.traj_id, t.reward, t.weight) for t in group.turns] == [("2", 2.0, 0.5),
+                                                                      ("3", 3.0, 1.0)]
+    assert [t.advantage for t in group.turns] == pytest.approx([-0.5, 1.0], rel=1e-5)
 
 
 @pytest.mark.parametrize("credit", ["turn", "trajectory"])

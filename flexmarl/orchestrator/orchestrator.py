@@ -94,59 +94,95 @@ class TaskTurns:
     """The turns one task's trajectories made and rewarded, to close each GRPO group as soon
     as its rewards are final (Store.complete_group) instead of when the task's last
     trajectory ends: in a two-turn workflow the first agent's groups then train while the
-    second agent still generates (what micro_batch overlaps). A group (agent, turn) closes once
-    every trajectory of the task has made that call and given each of its samples its own
-    reward (ctx.reward); a turn left to the team reward closes with the task, as before."""
+    second agent still generates (what micro_batch overlaps).
+
+    The rule (flexmarl.team.Context.reward), the same whatever order the trajectories run in:
+    a turn's own reward is final once given, and its sample trains with it whatever its
+    trajectory does next. A trajectory that fails (its workflow raised) loses at once every
+    sample it had not rewarded (the team reward they waited for will not come) and is settled
+    for every turn: it makes no more calls. A group (agent, turn) closes once every trajectory
+    of the task has either made that call and rewarded each of its samples, or failed. A turn
+    left to the team reward closes with the task, as before. With credit "trajectory" no group
+    closes early and a failed trajectory loses every sample (its return needs all its turns).
+    """
 
     def __init__(self, store: ExperienceStore, input_id: str, trajectories: int) -> None:
         self.store, self.input_id, self.trajectories = store, input_id, trajectories
         self.made: dict[tuple[str, int], dict[int, list[str]]] = defaultdict(dict)
         """(agent, turn) -> trajectory -> the sample ids of its call."""
-        self.own: dict[tuple[str, str], tuple[float, float]] = {}
-        """(agent, sample_id) -> (reward, weight) given by ctx.reward."""
+        self.stored: dict[int, list[tuple[str, str]]] = defaultdict(list)
+        """trajectory -> (agent, sample_id) of every row it stored (before its call returns)."""
+        self.own: set[tuple[str, str]] = set()
+        """(agent, sample_id) given its reward by ctx.reward (set in the store at once)."""
         self.final: set[tuple[str, str]] = set()
-        """(agent, sample_id) of the rows of closed groups: their reward is fixed."""
-        self._failed = False
-        """A trajectory failed: no group closes early any more (the task's do, as before)."""
+        """(agent, sample_id) of the rows of groups closed early: their advantages are fixed."""
+        self.closed: set[tuple[str, int]] = set()
+        self.failed: set[int] = set()
+        """Trajectories whose workflow raised."""
+
+    def put(self, agent: str, trajectory: int, sample_id: str) -> None:
+        """A row of `trajectory` was stored."""
+        if trajectory in self.failed:  # by a call its workflow left running when it raised
+            self.store.discard_samples(agent, [sample_id])
+            return
+        self.stored[trajectory].append((agent, sample_id))
 
     def call(self, agent: str, turn: int, trajectory: int, sample_ids: list[str]) -> None:
+        """`trajectory`'s call `turn` of `agent` returned these samples to its workflow."""
+        if trajectory in self.failed:
+            return
         self.made[(agent, turn)][trajectory] = sample_ids
         self._try_close(agent, turn)
 
-    def drop(self, trajectory: int) -> None:
-        """A trajectory failed (its open rows are discarded): no group of the task closes
-        early any more; they close with the task, from the other trajectories, as before."""
-        self._failed = True
-
-    def reward(self, agent: str, turn: int, sample_id: str, value: float, where: str,
+    def reward(self, agent: str, turn: int, sample_id: str, value: float,
                weight: float = 1.0) -> None:
-        if (agent, sample_id) in self.final:
-            raise ValueError(f"{where}: this turn's reward was already given and is final (its "
-                             "GRPO group closed once every trajectory of the task had rewarded "
-                             "that turn, and may be training): give each turn's reward once")
-        self.own[(agent, sample_id)] = (value, weight)
+        """A sample's own reward (ctx.reward checked it is the first): final from now on."""
+        self.store.set_reward(agent, sample_id, value, weight=weight)
+        self.own.add((agent, sample_id))
         self._try_close(agent, turn)
 
-    def _try_close(self, agent: str, turn: int) -> None:
-        if self._failed:
+    def drop(self, trajectory: int) -> None:
+        """`trajectory` failed: its rows without their own reward go now (all of them with
+        credit "trajectory"), and the groups that waited only for it close. Called again, it
+        does nothing."""
+        if trajectory in self.failed:
             return
-        calls = self.made.get((agent, turn), {})
-        if len(calls) < self.trajectories:
-            return
-        ids = [s for sample_ids in calls.values() for s in sample_ids]
-        if not all((agent, s) in self.own for s in ids):
-            return
+        self.failed.add(trajectory)
+        rows = self.stored.pop(trajectory, [])
         if self.store.credit == "trajectory":
-            return  # a trajectory's advantage needs all its rows: the group closes with the task
-        for s in ids:
-            value, weight = self.own[(agent, s)]
-            self.store.set_reward(agent, s, value, weight=weight)
-            self.final.add((agent, s))
+            self.store.discard_trajectory(self.input_id, str(trajectory))
+            return
+        unrewarded: dict[str, list[str]] = defaultdict(list)
+        for agent, sample_id in rows:
+            if (agent, sample_id) not in self.own:
+                unrewarded[agent].append(sample_id)
+        for agent, sample_ids in unrewarded.items():
+            self.store.discard_samples(agent, sample_ids)
+        for agent, turn in list(self.made):
+            self._try_close(agent, turn)
+
+    def _try_close(self, agent: str, turn: int) -> None:
+        if self.store.credit == "trajectory" or (agent, turn) in self.closed:
+            return  # trajectory credit: an advantage needs all its rows (closes with the task)
+        calls = self.made.get((agent, turn), {})
+        for trajectory in range(self.trajectories):
+            if trajectory in self.failed:
+                continue
+            sample_ids = calls.get(trajectory)
+            if sample_ids is None or not all((agent, s) in self.own for s in sample_ids):
+                return
+        self.closed.add((agent, turn))
+        self.final.update((agent, s) for sample_ids in calls.values() for s in sample_ids
+                          if (agent, s) in self.own)
         self.store.complete_group(agent, self.input_id, turn)
 
 
 class TrajectoryContext:
     """The `ctx` of one workflow run (see flexmarl.team.Context)."""
+
+    failed = False
+    """Set by fail() the moment the workflow raises: from then on nothing of this trajectory is
+    stored or rewarded (calls it left running return [])."""
 
     def __init__(self, orch: "Orchestrator", task: Any, input_id: str, trajectory: int,
                  calls: asyncio.Semaphore, step: int = 0, turns: TaskTurns | None = None
@@ -224,7 +260,7 @@ class TrajectoryContext:
                     self.orch.activity.exit(agent, "rollout")
 
         replies = await asyncio.gather(*(part(j, size) for j, size in enumerate(sizes)))
-        if self.finished:
+        if self.finished or self.failed:
             # A call the workflow left running when it raised (e.g. a sibling in its
             # asyncio.gather): the trajectory is settled; nothing is stored, nobody reads this.
             log.debug("trajectory %s already ended; %s's late reply is dropped", self.episode,
@@ -242,10 +278,14 @@ class TrajectoryContext:
                        policy_version=reply.version, prompt_ids=reply.prompt_ids,
                        response_ids=s.token_ids, logprobs=s.logprobs, sampling=scored)
             if rt.spec.trainable:
-                await self.orch.store.put(
+                stored = await self.orch.store.put(
                     row, urgent=lambda a=agent: self.orch.awaited(a, self.step))
+                if stored and self._task_turns is not None:
+                    self._task_turns.put(agent, self.trajectory, row.sample_id)
             out.append(Completion(agent, s.text, s.token_ids, s.logprobs, reply.version,
                                   s.finish_reason, reply.prompt_ids, row.sample_id))
+        if self.failed:  # it raised while this call stored its rows: they are dropped
+            return []
         self._made.extend(out)
         if rt.spec.trainable and self._task_turns is not None:
             for c in out:
@@ -264,13 +304,24 @@ class TrajectoryContext:
         weight = self._finite(weight, where.replace("ctx.reward", "ctx.reward's weight", 1))
         if weight < 0:
             raise ValueError(f"{where}: the weight must be >= 0, got {weight}")
-        turn = self._turn_of.get(completion.sample_id)
-        if turn is not None and not self.finished:
-            self._task_turns.reward(completion.agent, turn, completion.sample_id, value, where,
-                                    weight)
         key = completion.sample_id + "@" + completion.agent
+        if key in self._own and self._task_turns is not None:  # training: evaluation stores none
+            raise ValueError(f"{where}: this turn's reward was already given and is final "
+                             f"(it was {self._own[key]:g}: its sample trains with it, its GRPO "
+                             "group may be training already); give each turn's reward once")
+        turn = self._turn_of.get(completion.sample_id)
+        if turn is not None and not self.finished and not self.failed:
+            self._task_turns.reward(completion.agent, turn, completion.sample_id, value, weight)
         self._own[key] = value
         self._weight[key] = weight
+
+    def fail(self) -> None:
+        """The workflow raised, now: nothing more of this trajectory is stored or rewarded,
+        its rows without their own reward are dropped and the groups that waited only for it
+        close (TaskTurns.drop). finish() counts the failure once every trajectory has ended."""
+        self.failed = True
+        if self._task_turns is not None:
+            self._task_turns.drop(self.trajectory)
 
     def score(self, agent: str, name: str, value: float) -> None:
         """An evaluation score (flexmarl.team.Context.score): training ignores it."""
@@ -301,8 +352,9 @@ class TrajectoryContext:
 
     def finish(self, stats: RolloutStats, error: Exception | None = None) -> None:
         """Settle every turn's reward: its own, else the team's, else 0. With `error` (the
-        workflow raised it) the trajectory failed: its stored turns are dropped instead (they
-        have no trustworthy reward), and the failure is counted and logged."""
+        workflow raised it) the trajectory failed: its turns without their own reward were
+        dropped when it raised (fail(); the team reward they waited for never came), those it
+        rewarded train, and the failure is counted and logged."""
         self.finished = True
         for agent in self._turns:
             self.orch.pool.balancer.end_episode(agent, self.episode)
@@ -325,12 +377,13 @@ class TrajectoryContext:
                                            weight=self._weight.get(key, 1.0))
 
     def _fail(self, stats: RolloutStats, error: Exception) -> None:
-        # Drop every stored row of this trajectory (also those put but not yet handed to the
-        # workflow when it raised): the input's GRPO groups are formed from the trajectories
-        # that finished. If all of them failed, the input contributes nothing.
-        self.orch.store.discard_trajectory(self.input_id, str(self.trajectory))
+        # Its rows without their own reward were dropped when it raised (fail(): also those
+        # put but not yet handed to the workflow), the rewarded ones stay: the input's GRPO
+        # groups are formed from those and the trajectories that finished.
         if self._task_turns is not None:
             self._task_turns.drop(self.trajectory)
+        else:
+            self.orch.store.discard_trajectory(self.input_id, str(self.trajectory))
         stats.failed_trajectories += 1
         message = f"{type(error).__name__}: {error}"
         if len(message) > _ERROR_CHARS:
@@ -435,12 +488,13 @@ class Orchestrator(Actor):
                     except _RUN_ERRORS:
                         raise
                     except Exception as exc:
+                        ctx.fail()  # at once, whatever the other trajectories are doing
                         return exc
                     return None
 
                 outcomes = await asyncio.gather(*(trajectory(ctx) for ctx in contexts))
-                # Settled once every trajectory has ended: a failed one's rows are discarded
-                # (TrajectoryContext.finish), also rows its stray calls stored meanwhile.
+                # Settled once every trajectory has ended: the successful ones' rewards (own,
+                # else the team's) are set; a failed one's were settled when it raised.
                 for ctx, error in zip(contexts, outcomes):
                     ctx.finish(stats, error)
                 self.store.complete_input(input_id, default_reward=0.0)

@@ -11,7 +11,7 @@ checking a condition and acting on it, so each step is atomic with respect to th
                                   trajectory's mean reward; either way times each row's weight),
                                   ready:  (input_id, turn) -> Group, oldest completed first
                ──complete_group(agent, input_id, turn)──► one group closed early (every
-                                  trajectory rewarded that turn: later turns still run)
+                                  trajectory rewarded that turn or failed: later turns run)
   trainer feed ◄──take_groups(agent, n, version=v)── each group once; its rows are evicted,
                                                       which wakes blocked put()s
 
@@ -96,7 +96,7 @@ class AgentStats:
     consumed_turns: int = 0
     consumed_groups: int = 0
     discarded: int = 0
-    """Rows dropped by discard_trajectory() (their trajectory failed)."""
+    """Rows dropped by discard_trajectory() or discard_samples() (their trajectory failed)."""
 
 
 def trajectory_advantages(rows: list[Turn]) -> list[float]:
@@ -341,9 +341,9 @@ class ExperienceStore:
         """Drop the stored rows of one trajectory of an open input, from every table.
 
         A trajectory's rows are those whose traj_id is `traj_id` or `traj_id.K` (the n samples
-        of one call). For a trajectory that failed: its turns have no trustworthy reward, so
-        they must not be trained; the input's groups are then formed from its other
-        trajectories. Returns how many rows were dropped (their capacity is freed). Raises
+        of one call). For a trajectory that failed with credit "trajectory" (its return needs
+        every turn; with credit "turn" only its unrewarded rows go: discard_samples): the
+        input's groups are then formed from its other trajectories. Returns how many rows were dropped (their capacity is freed). Raises
         ValueError once the input is completed: its groups and advantages are fixed.
         """
         if input_id in self._completed_inputs:
@@ -369,6 +369,32 @@ class ExperienceStore:
             table.num_rows -= gone
             self.stats[agent].discarded += gone
             dropped += gone
+            table.space_freed.notify()
+        return dropped
+
+    def discard_samples(self, agent: str, sample_ids: Iterable[str]) -> int:
+        """Drop some stored rows of `agent` by sample id: those of a failed trajectory that got
+        no reward of their own, while its rewarded ones stay (flexmarl.team.Context.reward).
+        Ids not stored, or of a closed group or input (their advantages are fixed), are left
+        alone. Returns how many rows were dropped (their capacity is freed)."""
+        table = self._table(agent)
+        gone: dict[str, set[str]] = {}
+        for sid in sample_ids:
+            row = table.shard(sid).get(sid)
+            if row is None or row.advantage is not None or row.input_id in self._completed_inputs:
+                continue
+            del table.shard(sid)[sid]
+            gone.setdefault(row.input_id, set()).add(sid)
+        for input_id, sids in gone.items():
+            keep = [r for r in table.open[input_id] if r.sample_id not in sids]
+            if keep:
+                table.open[input_id] = keep
+            else:
+                del table.open[input_id]
+        dropped = sum(len(sids) for sids in gone.values())
+        if dropped:
+            table.num_rows -= dropped
+            self.stats[agent].discarded += dropped
             table.space_freed.notify()
         return dropped
 

@@ -248,27 +248,37 @@ def run_flexmarl(workload: str, overrides: list[str], out: str, args) -> dict:
     for o in overrides:
         cmd += ["--set", o]
     code, started, sampler = run_tree(cmd, os.path.join(out, "log.txt"), OFFLINE)
-    records = []
-    if os.path.exists(os.path.join(run, "metrics.jsonl")):
-        records = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))
-                   if line.strip()]
-    steps = [r for r in records if "step" in r and "agents" in r]
+    train_start, steps = flexmarl_steps(run)
     result: dict = {"exit_code": code, "started": started, "sampler": sampler,
-                    "steps": [], "agents": {}, "unsupported": None, "notes": []}
+                    "steps": steps, "agents": {}, "unsupported": None, "notes": []}
     if steps:
-        first = steps[0]
-        # t_done: seconds since the loop started, at the record's wall time `time`.
-        t_done = max(a["t_done"] for a in first["agents"].values() if a["trainable"])
-        result["train_start"] = first["time"] - t_done
-        for r in steps:
-            result["steps"].append({"end": r["time"], "samples": sum(
-                a["samples"] for a in r["agents"].values() if a["trainable"])})
+        result["train_start"] = train_start
         for agent in w.AGENTS[workload]:
             root = os.path.join(run, "checkpoints", agent)
             if os.path.isdir(root):
                 versions = sorted(os.listdir(root), key=lambda v: int(v.rsplit("-", 1)[-1]))
                 result["agents"][agent] = os.path.join(root, versions[-1])
     return result
+
+
+def flexmarl_steps(run: str) -> tuple[float | None, list[dict]]:
+    """A FlexMARL run's training start (wall time) and its steps, from RUN/metrics.jsonl: per
+    step record, its wall time `time` as the step's end and the samples its trainers stepped
+    on, every trainable agent's "trained_samples" (rows that entered a backward pass), not its
+    "samples" (what the rollout generated: also the turns of failed trajectories and of groups
+    without GRPO signal, which the trainer skips) and never a frozen agent's. The start: the
+    first record's time less its latest "t_done" (seconds since the loop started)."""
+    path = os.path.join(run, "metrics.jsonl")
+    records = ([json.loads(line) for line in open(path) if line.strip()]
+               if os.path.exists(path) else [])
+    records = [r for r in records if "step" in r and "agents" in r]
+    if not records:
+        return None, []
+    t_done = max(a["t_done"] for a in records[0]["agents"].values() if a["trainable"])
+    return records[0]["time"] - t_done, [
+        {"end": r["time"], "samples": sum(a["trained_samples"] for a in r["agents"].values()
+                                          if a["trainable"])}
+        for r in records]
 
 
 def run_peer(system: str, workload: str, out: str, dirs: dict[str, str], args) -> dict:

@@ -1,5 +1,6 @@
 """bench/peers.py's own pieces: the shared workloads are the default team's, the FlexMARL teams
-of the workloads load, a run's row is computed from its step times as documented, process trees
+of the workloads load, a run's row is computed from its step times as documented (FlexMARL's
+samples counted from a real run's metrics.jsonl as its trainers stepped on them), process trees
 are measured whole, and the one evaluator scores saved weights.
 
 The peers themselves (TRL, CoMLRL) run in their own venv and only from bench/peers.py: not here.
@@ -217,6 +218,59 @@ def test_system_specs_and_rows():
     assert v["x_limit"] == pytest.approx(1.25) and v["limit_met"]
     results["sums"]["trl"]["eval"] = ev(0.60)
     assert not bench.verdicts(results, limits)["sums"]["speed_met"]  # less accurate: not met
+
+
+TRAINED: list[str] = []
+"""The solver's turns a tiny run's workflow gave a GRPO signal to (task ids), in order."""
+
+
+async def counted_workflow(ctx, task) -> None:
+    """The solver answers; task "flat-*": every trajectory rewarded 0 (no GRPO signal: the
+    trainer skips the group); "boom-*": the trajectory raises (failed: its turns dropped);
+    "ok-*": a reward no other turn has (a signal). A frozen agent takes a turn in each."""
+    [answer] = await ctx.generate("solver", task.prompt)
+    await ctx.generate("frozen", task.prompt)
+    kind = task.task_id.split("-")[0]
+    if kind == "boom":
+        raise RuntimeError("this task's trajectories fail on purpose")
+    if kind == "flat":
+        ctx.reward(answer, 0.0)
+    else:
+        TRAINED.append(task.task_id)
+        ctx.reward(answer, float(len(TRAINED)))
+
+
+@pytest.mark.slow
+async def test_flexmarls_row_counts_the_samples_its_trainers_stepped_on(tiny_model_dir, tmp_path,
+                                                                        no_leftover_children):
+    """The count bench/peers.py reads from FlexMARL's run dir (flexmarl_steps) on a real run's
+    metrics.jsonl: per step, the samples the trainers stepped on, all trainable agents; not the
+    turns of failed trajectories, of groups without signal or of a frozen agent, which the
+    rollout generated too. Each step's end is the record's wall time, after the training
+    start."""
+    from flexmarl import AgentSpec, SamplingParams, Team
+    from flexmarl.tasks import Task
+    from tests.helpers.runs import config, run
+
+    TRAINED.clear()
+    # 2 failing tasks of 12: at most a third of a step's trajectories fail (a run stops at half).
+    tasks = [Task(f"Compute {i}+1.", str(i + 1), f"{kind}-{i}")
+             for i in range(12) for kind in [("ok", "flat", "ok", "flat", "ok", "boom")[i % 6]]]
+    sampling = SamplingParams(max_tokens=4)
+    team = Team(name="counted", workflow=counted_workflow, tasks=tasks, agents=[
+        AgentSpec(name="solver", model=tiny_model_dir, sampling=sampling),
+        AgentSpec(name="frozen", model=tiny_model_dir, sampling=sampling, trainable=False)])
+    cfg = config(tmp_path, "micro_batch", "pipeline.tasks_per_step=6", "observe.report=false")
+    result = await run(team, cfg)
+    records = result.metrics
+    assert [r["step"] for r in records] == [0, 1, 2]
+    generated = sum(a["samples"] for r in records for a in r["agents"].values())
+    assert sum(r["failed_trajectories"] for r in records) > 0 and generated > len(TRAINED) > 0
+
+    train_start, steps = load_bench().flexmarl_steps(str(result.run_dir))
+    assert sum(s["samples"] for s in steps) == len(TRAINED)
+    assert [s["end"] for s in steps] == [r["time"] for r in records]
+    assert train_start < steps[0]["end"] < steps[1]["end"] < steps[2]["end"]
 
 
 def test_the_tree_sampler_counts_every_process_of_the_tree():

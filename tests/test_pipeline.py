@@ -146,7 +146,8 @@ def session(trainer_version: int, admit, micro_batch_groups: int = 2):
     trainer = RecordingTrainer(trainer_version)
     rt = AgentRuntime(AgentSpec(name="a", model="tiny"), "", _Tok(),
                       trainer_version=trainer_version, version=trainer_version)
-    return TrainSession(rt, OneSlot(trainer), micro_batch_groups, admit), trainer
+    # kl_coef = 0: a group with equal rewards is not trained (tests/test_batch_objective.py)
+    return TrainSession(rt, OneSlot(trainer), micro_batch_groups, admit, kl_coef=0.0), trainer
 
 
 async def test_session_micro_batches_and_declares_tokens_at_the_step():

@@ -4,6 +4,7 @@
 `TrainSession` feeds a global batch to the agent's trainer group by group, within the pipeline
 policy's staleness bound, steps once and exports the new weights; it binds a trainer slot of the
 TrainerPool when its first micro-batch goes out and releases it when the session closes.
+`trains` says which of the batch's groups go to the trainer, and so what one step optimises.
 """
 from __future__ import annotations
 
@@ -64,6 +65,27 @@ def micro_batch(rows: Sequence[tuple[list[int], list[int], list[float]]],
                            torch.tensor([list(s) for s in sampling], dtype=torch.float32))
 
 
+def trains(group: Group, kl_coef: float) -> bool:
+    """Whether an admitted group (within the staleness bound) is sent to the trainer.
+
+    With trainer.kl_coef > 0, always: a group whose advantages are all zero (equal rewards) has
+    no GRPO signal but its tokens carry the KL term's gradient. With kl_coef = 0 only a group
+    with a non-zero advantage: the others add exactly 0 to the loss and the gradient, so they
+    are not computed. The step's normaliser is the response-token count of the groups sent, so
+    one global batch optimises (flexmarl.training.grpo.grpo_loss)
+
+        sum over the tokens of the admitted groups of the per-token loss (clipped GRPO term,
+        plus kl_coef * KL) / the response tokens of the groups that train
+
+    which with kl_coef > 0 is the token mean over the whole batch, and with kl_coef = 0 the
+    token mean over its groups with a learning signal (their tokens alone count: DAPO's filter
+    of groups with equal rewards). Full and LoRA trainers alike (a LoRA agent's KL reference is
+    its base, the adapter disabled). Tested against grpo_loss on the whole batch:
+    tests/test_batch_objective.py.
+    """
+    return kl_coef > 0 or any(t.advantage for t in group.turns)
+
+
 @dataclass
 class TrainResult:
     version: int
@@ -91,26 +113,30 @@ class TrainResult:
 class TrainSession:
     """One global batch of one agent, fed group by group, stepped once.
 
-        add(groups)* ─► keep groups within the staleness bound and with a learning signal
+        add(groups)* ─► keep groups within the staleness bound that train (`trains`: with a
+                        learning signal, or every one with trainer.kl_coef > 0)
                     ─► every `micro_batch_groups` of them: one micro-batch to the trainer
                         (eager: also the rest of what this add() brought, at once)
-        finish()     ─► last partial micro-batch ─► TrainStep(num_tokens of the whole batch)
+        finish()     ─► last partial micro-batch ─► TrainStep(num_tokens of the groups sent)
 
 Eager is for streaming: the caller adds whatever groups are ready whenever the trainer is free,
 so the trainer never waits for a micro-batch to fill while groups are ready, and a backlog goes
 out as larger (more efficient) micro-batches of up to `micro_batch_groups`.
 
-    The loss normaliser (the batch's response-token count) is only known at the end, so the
-    trainer accumulates un-normalised and divides once at the step (TrainBeginBatch(0)): the
-    accumulated gradient is the full-batch gradient however the groups were split and ordered.
+    The loss normaliser (the response-token count of the groups that train, `trains`) is only
+    known at the end, so the trainer accumulates un-normalised and divides once at the step
+    (TrainBeginBatch(0)): the accumulated gradient is the full-batch gradient however the groups
+    were split and ordered.
     """
 
     def __init__(self, rt: "AgentRuntime", trainers: "TrainerPool", micro_batch_groups: int,
                  admit: Callable[[int], bool], *, eager: bool = False,
                  activity: "ActivityLog | None" = None,
-                 lane: "TrainerLane | None" = None) -> None:
+                 lane: "TrainerLane | None" = None, kl_coef: float | None = None) -> None:
         """`lane`: trainer requests of agents sharing cores go one at a time through it
-        (flexmarl.orchestrator.lane)."""
+        (flexmarl.orchestrator.lane). `kl_coef`: the agent's trainer.kl_coef, which decides
+        which groups train (`trains`); None: the one in the agent's trainer config as the pool
+        holds it (TrainerPool.agents[agent].config: what its trainer slot builds it from)."""
         self.rt = rt
         self.lane = lane
         self.trainers = trainers
@@ -118,6 +144,9 @@ out as larger (more efficient) micro-batches of up to `micro_batch_groups`.
         self.micro_batch_groups = micro_batch_groups
         self.admit = admit
         self.eager = eager
+        self.kl_coef = (float(kl_coef) if kl_coef is not None else
+                        float(trainers.agents[rt.spec.name].config.get("kl_coef", 0.0)))
+        """trainer.kl_coef of this agent's trainer: > 0, zero-advantage groups train too."""
         self.version = rt.trainer_version
         """The version this batch updates: each sample's staleness is version - policy_version."""
         shares = getattr(trainers, "shares", None)
@@ -175,8 +204,9 @@ out as larger (more efficient) micro-batches of up to `micro_batch_groups`.
             if not all(self.admit(a) for a in ages):  # the policy raises or drops
                 self.dropped_stale += len(g.turns)
                 continue
-            # Groups whose advantages are all zero carry no GRPO signal: skip their compute.
-            if any(t.advantage for t in g.turns):
+            # All advantages zero and kl_coef = 0: it adds exactly 0, so it is not computed
+            # (nor counted in the normaliser); with kl_coef > 0 its KL term trains (`trains`).
+            if trains(g, self.kl_coef):
                 self._buffer.append(g)
                 self.hist.update(ages)
         while len(self._buffer) >= self.micro_batch_groups or (self.eager and self._buffer):
@@ -202,15 +232,15 @@ out as larger (more efficient) micro-batches of up to `micro_batch_groups`.
         self.tokens += sum(len(t.response_ids) for t in turns)
 
     async def finish(self) -> TrainResult | None:
-        """Train what is buffered and step; None (no step, no new version) if nothing had a
-        learning signal."""
+        """Train what is buffered and step; None (no step, no new version) if no group trained
+        (none admitted, or with kl_coef = 0 none with a learning signal)."""
         if self._buffer:
             await self._send(self._buffer)
             self._buffer = []
         if not self._begun:
             # debug: the step's console line says it already ("no learning signal: ...").
-            log.debug("agent %s: no group with a learning signal this step; not stepping",
-                      self.rt.spec.name)
+            log.debug("agent %s: no group to train this step (kl_coef %g); not stepping",
+                      self.rt.spec.name, self.kl_coef)
             return None
         done = await self._request(TrainStep(self.tokens))
         staleness = sum(a * n for a, n in self.hist.items()) / max(self.samples, 1)

@@ -12,7 +12,9 @@ top-k/top-p truncation is shared with the rollout engines (flexmarl.sampling).
 
 Loss normalisation is a *fixed* token count per global batch (`normaliser`), not a per-call
 mean: then the losses (and gradients) of micro-batches add up to exactly the full-batch loss,
-which is what lets the training engine accumulate gradient micro-batch by micro-batch.
+which is what lets the training engine accumulate gradient micro-batch by micro-batch. Which
+tokens count is the orchestrator's rule (flexmarl.orchestrator.batch.trains; grpo_loss says
+the objective it gives).
 """
 from __future__ import annotations
 
@@ -99,6 +101,19 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, respon
               is_cap: float | None = None, kl_logprobs: Tensor | None = None
               ) -> tuple[Tensor, dict[str, float]]:
     """PPO-style clipped GRPO objective, summed over response tokens and divided by `normaliser`.
+
+    One global batch (one optimizer step) of an agent minimises
+
+        J = sum over the response tokens t of its admitted groups of loss_t / N
+
+    (loss_t the per-token loss below), where N (`normaliser`, the same in every micro-batch of
+    the batch) is the response-token count of the groups that train
+    (flexmarl.orchestrator.batch.trains). With kl_coef > 0 every admitted group trains, one
+    whose advantages are all zero too (its tokens carry the KL term's gradient): J is the token
+    mean over the whole batch. With kl_coef = 0 a group whose advantages are all zero has
+    loss_t = 0 exactly and is not computed, and its tokens are not in N: J is the token mean
+    over the groups with a learning signal. Full and LoRA trainers alike
+    (tests/test_batch_objective.py).
 
     Per token: max(-A * ratio, -A * clip(ratio, 1 - clip_eps, 1 + clip_eps_high)) with
     ratio = exp(logprobs - old_logprobs) and A = advantages[b]; plus kl_coef * k3, the unbiased

@@ -230,7 +230,7 @@ async def _run(preset: Preset, system: System, costs: Costs, steps: int, seed: i
                             activity=activity, signatures=dict(preset.models), adapters=adapters)
         slot_conns = {t.name: connect(t.address) for t in trainers}
         tpool = TrainerPool(slot_conns, {n: d for n, (d, _) in layout.slots.items()},
-                            {a: AgentTrainer(f"sim:{sizes[a]}", {},
+                            {a: AgentTrainer(f"sim:{sizes[a]}", {"kl_coef": preset.kl_coef},
                                              # time-shared: the agent's whole group trains it
                                              layout.ranks.get(a, models[a].train_devices))
                              for a in preset.trainable},

@@ -233,14 +233,28 @@ async def test_a_game_team_trains_and_is_measured_against_its_opponents(tiny_mod
     assert [r["step"] for r in result.metrics] == [0, 1]
     assert all(r["failed_trajectories"] == 0 for r in result.metrics)
     assert result.final_eval["failed"] == 0 and result.final_eval["tasks"] == 12
-    for agent in ("p0", "p1"):
-        scores = result.heldout[agent]["sampled"]["scores"]
-        for opponent in ("start", "random"):
-            win, draw, loss = (scores[f"games.{opponent}.{k}"] for k in ("win", "draw", "loss"))
-            assert win["n"] == 3 and win["after"] + draw["after"] + loss["after"] == 1.0
-            assert win["before"] is not None  # measured on the first 4 matches too
     before = result.final_eval["before"]["sampled"]
     assert before["tasks"] == 4 and "greedy" not in result.final_eval["after"]
+    # The before measurement plays the first 4 held-out matches: game 0 of each (agent,
+    # opponent), as Team.heldout interleaves them.
+    first = [(m.agent, m.opponent) for m in team.heldout[:4]]
+    assert sorted(first) == [(a, o) for a in ("p0", "p1") for o in ("random", "start")]
+    for agent in ("p0", "p1"):
+        scores = result.heldout[agent]["sampled"]["scores"]
+        measured = before["agents"][agent]["scores"]
+        for opponent in ("start", "random"):
+            cells = [scores[f"games.{opponent}.{k}"] for k in ("win", "draw", "loss")]
+            # Each end: win, draw and loss rates over exactly the matches played there (3
+            # after, 1 before), each a count of them over their number, the three adding to 1.
+            for end, played in (("after", 3), ("before", first.count((agent, opponent)))):
+                rates = [c[end] for c in cells]
+                counts = [r * played for r in rates]
+                assert counts == [round(c) for c in counts] and sum(counts) == played, \
+                    (agent, opponent, end, rates)
+            assert all(c["n"] == 3 for c in cells)
+            for k, cell in zip(("win", "draw", "loss"), cells):
+                assert measured[f"games.{opponent}.{k}"]["n"] == first.count((agent, opponent))
+                assert cell["before"] == measured[f"games.{opponent}.{k}"]["mean"]
 
 
 def test_the_closing_summary_and_the_report_show_win_rates_per_agent_and_opponent(tmp_path):

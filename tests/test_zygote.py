@@ -28,8 +28,6 @@ import psutil
 import pytest
 
 from flexmarl.config.load import WORKER_PRELOAD
-from runtime.actor import Actor, handler
-from runtime.codec import Envelope
 from runtime.config import SupervisorConfig
 from runtime.protocol import Ping, Pong, Tensors
 from runtime.supervisor import Supervisor, WorkerSpec, pid_alive
@@ -89,27 +87,6 @@ async def test_a_preload_that_does_not_import_falls_back_to_fresh_interpreters(
     assert warned and "no_such_module_for_the_fork_server" in warned[0], warned
 
 
-def draws(ctx) -> Actor:
-    """A worker entry (tests.test_zygote:draws) that answers Tensors with four draws from each
-    of torch's, numpy's and `random`'s global generators, never having seeded any of them, and
-    which of torch and numpy.random it found imported (by the fork server) when it started."""
-    import random
-    import sys
-
-    inherited = [m for m in ("torch", "numpy.random") if m in sys.modules]
-
-    class Draws(Actor):
-        @handler(Tensors)
-        async def on_tensors(self, msg: Tensors, env: Envelope) -> Tensors:
-            import numpy
-            import torch
-            return Tensors(meta={"inherited": inherited, "torch": torch.rand(4).tolist(),
-                                 "numpy": numpy.random.random(4).tolist(),
-                                 "random": [random.random() for _ in range(4)]})
-
-    return Draws(ctx.name, ctx.bind, transport=ctx.transport)
-
-
 async def test_forked_workers_draw_different_random_numbers_without_seeding(no_leftover_children):
     """The fork server imported torch and numpy (their generators seeded once, there); each
     fork gets fresh state for every generator, so forgetting to seed cannot make two workers
@@ -118,7 +95,7 @@ async def test_forked_workers_draw_different_random_numbers_without_seeding(no_l
     async with sup.serving():
         got = []
         for name in ("a", "b"):
-            w = await sup.start_worker(WorkerSpec(name=name, entry="tests.test_zygote:draws"))
+            w = await sup.start_worker(WorkerSpec(name=name, entry="tests.helpers.workers:draws"))
             assert psutil.Process(w.pid).ppid() == sup._zygote.proc.pid  # forked, not exec'd
             async with connect(w.address) as conn:
                 got.append((await conn.request(Tensors())).meta)

@@ -240,3 +240,24 @@ async def flexmarl_cli(*argv: str) -> int:
     except SystemExit as done:
         return done.code
     raise AssertionError("main() returned without SystemExit")
+
+
+def draws(ctx) -> Actor:
+    """A worker entry (tests/test_zygote.py) that answers Tensors with four draws from each
+    of torch's, numpy's and `random`'s global generators, never having seeded any of them, and
+    which of torch and numpy.random it found imported (by the fork server) when it started."""
+    import random
+    import sys
+
+    inherited = [m for m in ("torch", "numpy.random") if m in sys.modules]
+
+    class Draws(Actor):
+        @handler(Tensors)
+        async def on_tensors(self, msg: Tensors, env: Envelope) -> Tensors:
+            import numpy
+            import torch
+            return Tensors(meta={"inherited": inherited, "torch": torch.rand(4).tolist(),
+                                 "numpy": numpy.random.random(4).tolist(),
+                                 "random": [random.random() for _ in range(4)]})
+
+    return Draws(ctx.name, ctx.bind, transport=ctx.transport)

@@ -83,36 +83,104 @@ def test_a_reader_two_versions_behind_keeps_its_version_while_the_writer_goes_on
 
 
 def test_readers_racing_a_writer_get_whole_versions_or_are_told_it_moved_on():
-    """A writer publishing as fast as it can, readers loading the versions it names meanwhile
-    (threads: a flock is per open file, so they exclude each other as processes would): every
-    load is one whole version (all values equal to it) or FileNotFoundError, never a mix."""
+    """A writer publishing as fast as it can, readers loading (and serving, as FetchWeights
+    does) the versions it names meanwhile (threads: a flock is per open file, so they
+    exclude each other as processes would, and the mapping caches are shared): every read is
+    one whole version (all values equal to it) or FileNotFoundError, never a mix, and nothing
+    else fails (the red team saw the shared caches raise while changed under a reader)."""
     run = published.run_name()
     names: list[dict] = [published.publish(tensors(0.0), run, "x", 0, "")]
     stop = threading.Event()
-    mixed, loaded = [], [0]
+    mixed, errors, loaded = [], [], [0]
 
-    def reader():
+    def reader(serving: bool):
         while not stop.is_set():
             source = names[-1 - (loaded[0] % min(3, len(names)))]  # lag up to two behind
             try:
-                got = published.load(source["path"], source["version"])
+                if serving:
+                    version, got = published.serve(source["path"])
+                else:
+                    version, got = source["version"], published.load(source["path"],
+                                                                     source["version"])
             except FileNotFoundError:
+                continue
+            except Exception as exc:  # noqa: BLE001 - any other failure is the finding
+                errors.append(repr(exc))
                 continue
             loaded[0] += 1
             values = {float(x) for t in got.values() for x in t.float().flatten()}
-            if values != {float(source["version"])}:
-                mixed.append((source["version"], values))
-    threads = [threading.Thread(target=reader) for _ in range(2)]
+            if values != {float(version % 128)}:
+                mixed.append((version, values))
+    threads = [threading.Thread(target=reader, args=(serving,)) for serving in (0, 0, 1)]
     for t in threads:
         t.start()
     try:
-        for v in range(1, 300):
-            names.append(published.publish(tensors(float(v)), run, "x", v, ""))
+        for v in range(1, 300):  # values v % 128: exact in bfloat16 too
+            names.append(published.publish(tensors(float(v % 128)), run, "x", v, ""))
     finally:
         stop.set()
         for t in threads:
             t.join()
-    assert mixed == [] and loaded[0] > 0
+    assert mixed == [] and errors == [] and loaded[0] > 0
+
+
+def test_a_sweep_beside_runs_being_made_removes_none_of_them(weights_dir):
+    """Another process makes, publishes into and removes runs in a tight loop while this one
+    sweeps orphans: a run being made is never swept from under its maker (a directory with
+    no lease yet gets one, taken exclusively, and its maker makes it again), and neither
+    making nor removing fails (the red team's races: between mkdir and the lease, and between
+    a release and the removal)."""
+    maker = subprocess.Popen(
+        [sys.executable, "-c",
+         "import os, torch; from flexmarl.weights import published\n"
+         "for i in range(400):\n"
+         "    run = published.run_name()\n"
+         "    s = published.publish({'a': torch.full((4,), float(i))}, run, 'x', 1, '')\n"
+         "    assert published.load(s['path'], 1)['a'].eq(float(i)).all(), i\n"
+         "    published.remove(run)\n"
+         "print('made 400', flush=True)\n"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "FLEXMARL_WEIGHTS_DIR": str(weights_dir)})
+    sweeps = 0
+    while maker.poll() is None:
+        published.remove_orphans()
+        sweeps += 1
+    out, err = maker.communicate()
+    assert maker.returncode == 0 and out.strip() == "made 400", err[-2000:]
+    assert sweeps > 10
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making another user's directory needs root "
+                    "(the check it exercises is the owner's uid)")
+def test_another_users_runs_are_never_removed(weights_dir):
+    weights_dir.mkdir(parents=True, exist_ok=True)
+    theirs = weights_dir / published.run_name()
+    (theirs / "x").mkdir(parents=True)
+    os.chown(theirs, 12345, 12345)
+    assert published.remove_orphans() == [] and (theirs / "x").exists()
+
+
+def test_a_served_file_is_that_very_file_even_where_inodes_are_reused(tmp_path, weights_dir):
+    """On ext4 a file made after one is deleted may get its inode number: a registration
+    keeps its file open, so nothing made later at that path is served; nor is a FIFO there
+    (the open does not block), and a root this makes is 0700."""
+    source = published.publish(tensors(1.0), published.run_name(), "x", 1, "")
+    assert stat.S_IMODE(weights_dir.stat().st_mode) == 0o700
+    path = source["path"]
+    published.serve(path)
+    for _ in range(20):  # the red team's ext4 saw the inode reused on its first try
+        os.unlink(path)
+        save_file(tensors(-1.0), path)
+        with pytest.raises(FileNotFoundError, match="replaced"):
+            published.serve(path)
+    os.unlink(path)
+    os.mkfifo(path)
+    result: list = []
+    reader = threading.Thread(target=lambda: result.append(
+        pytest.raises(FileNotFoundError, published.serve, path)), daemon=True)
+    reader.start()
+    reader.join(10)  # generous: an open that blocks on a FIFO never returns
+    assert not reader.is_alive() and result
 
 
 def test_names_that_would_leave_the_run_directory_are_refused():

@@ -13,9 +13,11 @@ dies with its holder; no pid is compared, so a run whose orchestrator is on anot
 another pid namespace keeps its files. The run id is random (no pid in it).
 
 FetchWeights hands out files by the path a request names. A process serves only files it wrote
-or read itself (`register`), by identity: the path is opened with O_NOFOLLOW and its device
-and inode must be the registered ones, so neither a file that merely sits where published
-weights sit nor a symlink swapped in later is served (`open_registered`).
+or read itself (`register`), by identity: the path is opened with O_NOFOLLOW (and without
+blocking: a FIFO is refused) and its device and inode must be the registered ones, which the
+registration keeps open so no later file can be given that inode; so neither a file that
+merely sits where published weights sit nor one swapped in later is served (`open_registered`).
+Only this user's run directories are ever removed.
 """
 from __future__ import annotations
 
@@ -37,8 +39,9 @@ DIR_MODE, FILE_MODE = 0o700, 0o600
 
 _LEASES: dict[tuple[str, str], int] = {}
 """(root, run) -> the descriptor whose shared lock this process holds on the run's lease."""
-_SERVABLE: dict[str, tuple[int, int]] = {}
-"""path -> (device, inode) of a file this process wrote or read and may serve."""
+_SERVABLE: dict[str, tuple[int, int, int]] = {}
+"""path -> (device, inode, a descriptor held open) of a file this process wrote or read and
+may serve."""
 
 
 def run_name() -> str:
@@ -78,9 +81,12 @@ def lease(run: str, root: Path) -> Path:
     folder = root / run
     if key in _LEASES:
         return folder
-    root.mkdir(parents=True, exist_ok=True)
+    root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)  # 0700 where this makes it
     while True:
-        private_dir(folder)
+        try:
+            private_dir(folder)
+        except FileNotFoundError:  # swept between its mkdir and its check: again
+            continue
         try:
             fd = os.open(folder / LEASE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                          FILE_MODE)
@@ -131,40 +137,78 @@ def drop(run: str) -> None:
 
 
 def _remove_unheld(folder: Path) -> bool:
-    """`folder` (a run's directory) removed if nobody holds its lease; whether it was."""
-    if folder.is_symlink() or not folder.is_dir():
-        return False
+    """`folder` (a run's directory) removed if it is this user's and nobody holds its lease;
+    whether it is gone. A directory without a lease (a run from before leases, a torn start,
+    or one being made this instant) gets one, taken exclusively before anything goes: a
+    process making it waits for the lease, finds it unlinked and makes the run again."""
     try:
-        fd = os.open(folder / LEASE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        st = os.lstat(folder)
     except FileNotFoundError:
-        fd = None  # no lease at all: a run from before leases, or a torn start
-    except OSError:
-        return False  # another user's, or not ours to judge
+        return False
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        return False  # a symlink, a file, or another user's: not ours to judge
     try:
-        if fd is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return False  # held: a live run
+        fd = os.open(folder / LEASE, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+                     | os.O_NONBLOCK, FILE_MODE)
+    except OSError:
+        return False  # gone meanwhile, or a lease that is not a plain file
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # held: a live run
         shutil.rmtree(folder, ignore_errors=True)
-        return True
+        return not os.path.lexists(folder)
     finally:
-        if fd is not None:
-            os.close(fd)
+        os.close(fd)
 
 
 def register(path: str, fd: int) -> None:
-    """This process may serve `path`: the file open as `fd` (written or read by it)."""
+    """This process may serve `path`: the file open as `fd` (written or read by it). The
+    registration keeps the file open, so its inode cannot be reused by a file made later at
+    that path (ext4 reuses freed inode numbers); registrations whose path no longer names
+    their file are dropped here (their memory freed)."""
+    for old, (dev, ino, _) in list(_SERVABLE.items()):
+        try:
+            now = os.stat(old, follow_symlinks=False)
+            stale = (now.st_dev, now.st_ino) != (dev, ino)
+        except FileNotFoundError:
+            stale = True
+        if stale:
+            unregister(old)
     st = os.fstat(fd)
-    _SERVABLE[path] = (st.st_dev, st.st_ino)
+    if path in _SERVABLE:
+        if _SERVABLE[path][:2] == (st.st_dev, st.st_ino):
+            return
+        unregister(path)
+    _SERVABLE[path] = (st.st_dev, st.st_ino, os.dup(fd))
 
 
 def unregister(path: str) -> None:
-    _SERVABLE.pop(path, None)
+    held = _SERVABLE.pop(path, None)
+    if held is not None:
+        os.close(held[2])
 
 
 def registered(path: str) -> bool:
     return path in _SERVABLE
+
+
+def open_regular(path: str | Path, flags: int = os.O_RDONLY) -> int:
+    """`path` opened without following a link and without blocking (a FIFO planted there),
+    refused unless it is a regular file (FileNotFoundError, naming why)."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOENT, errno.ENXIO):
+            raise FileNotFoundError(f"{path} is gone or was replaced by a link") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise FileNotFoundError(f"{path} is not a regular file")
+    return fd
 
 
 def open_registered(path: str) -> int:
@@ -174,14 +218,12 @@ def open_registered(path: str) -> int:
     if want is None:
         raise FileNotFoundError(f"{path} is not weights this process published or holds")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOENT):
-            raise FileNotFoundError(f"{path} is gone or was replaced by a link: not served "
-                                    "(the instance loads a newer version)") from None
-        raise
+        fd = open_regular(path)
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"{exc}: not served (the instance loads a newer "
+                                "version)") from None
     st = os.fstat(fd)
-    if (st.st_dev, st.st_ino) != want:
+    if (st.st_dev, st.st_ino) != want[:2]:
         os.close(fd)
         raise FileNotFoundError(f"{path} is no longer the file this process published or "
                                 "holds (replaced): not served")

@@ -45,6 +45,7 @@ import re
 import shutil
 import socket
 import tempfile
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,6 +114,10 @@ def lease(run: str) -> None:
 
 _OWN: dict[tuple[str, str, str], list[str]] = {}
 """(root, run, agent) -> the files this process wrote for the agent, the newest last."""
+_OWN_LOCK = threading.Lock()
+"""One publish at a time in this process (each runs in a thread of its own)."""
+_MAPS_LOCK = threading.RLock()
+"""Guards the mapping caches: serve, load and publish run in threads side by side."""
 
 
 def publish(tensors: dict[str, torch.Tensor], run: str, agent: str, version: int,
@@ -131,16 +136,17 @@ def publish(tensors: dict[str, torch.Tensor], run: str, agent: str, version: int
     base = root(num_bytes)
     folder = ownership.private_dir(ownership.lease(run, base) / agent)
     header = _header(tensors, version)
-    files = _OWN.setdefault((str(base), run, agent), [])
-    path = next((old for old in files[:-1] if _recycle(old, header, tensors)), None)
-    if path is not None:
-        files.remove(path)
-    else:
-        path = _create(folder, f"{os.urandom(6).hex()}.safetensors", header, tensors)
-    files.append(path)
-    for old in files[:-2]:
-        if _unlink_unheld(old):
-            files.remove(old)
+    with _OWN_LOCK:
+        files = _OWN.setdefault((str(base), run, agent), [])
+        path = next((old for old in files[:-1] if _recycle(old, header, tensors)), None)
+        if path is not None:
+            files.remove(path)
+        else:
+            path = _create(folder, f"{os.urandom(6).hex()}.safetensors", header, tensors)
+        files.append(path)
+        for old in files[:-2]:
+            if _unlink_unheld(old):
+                files.remove(old)
     return {"path": path, "host": host_id(), "address": address, "num_bytes": num_bytes,
             "version": version, "run": run, "agent": agent}
 
@@ -193,8 +199,7 @@ def _locked(path: str, how: int) -> int | None:
     """`path` opened (no symlink followed) with the lock `how` taken at once; None if it is
     gone or another process holds a conflicting lock."""
     try:
-        fd = os.open(path, (os.O_RDWR if how & fcntl.LOCK_EX else os.O_RDONLY)
-                     | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = ownership.open_regular(path, os.O_RDWR if how & fcntl.LOCK_EX else os.O_RDONLY)
     except OSError:
         return None
     try:
@@ -257,13 +262,15 @@ def _create(folder: Path, name: str, header: bytes, tensors: dict[str, torch.Ten
         else:
             os.link(tmp, path)  # never over another's: FileExistsError
             os.unlink(tmp)
-        held = _WRITE_MAPS.pop(str(tmp), None)  # the same file (inode), under its name now
-        if held is not None:
-            _WRITE_MAPS[path] = held
-        ownership.register(path, fd)
+        with _MAPS_LOCK:
+            held = _WRITE_MAPS.pop(str(tmp), None)  # the same file (inode), its name now
+            if held is not None:
+                _WRITE_MAPS[path] = held
+            ownership.register(path, fd)
         return path
     except BaseException:
-        _WRITE_MAPS.pop(str(tmp), None)
+        with _MAPS_LOCK:
+            _WRITE_MAPS.pop(str(tmp), None)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
@@ -271,9 +278,9 @@ def _create(folder: Path, name: str, header: bytes, tensors: dict[str, torch.Ten
         os.close(fd)
 
 
-_WRITE_MAPS: dict[str, tuple[tuple[int, int], mmap.mmap]] = {}
-_READ_MAPS: dict[str, tuple[tuple[int, int], mmap.mmap]] = {}
-"""path -> (its inode and size, its mapping), kept from one version to the next: a file is
+_WRITE_MAPS: dict[str, tuple[tuple[int, int, int], mmap.mmap]] = {}
+_READ_MAPS: dict[str, tuple[tuple[int, int, int], mmap.mmap]] = {}
+"""path -> (its device, inode and size, its mapping), kept from one version to the next: a file is
 rewritten in place, so the same mapping sees each version, and mapping a file's pages costs as
 much as a third of copying them. A replaced file (another inode) is mapped anew; one gone is
 dropped at the next read (its memory goes with the last view)."""
@@ -281,25 +288,27 @@ dropped at the next read (its memory goes with the last view)."""
 
 def _mapped(maps: dict, fd: int, path: Path | str, *, writable: bool) -> mmap.mmap:
     st = os.fstat(fd)
-    key = (st.st_ino, st.st_size)
-    held = maps.get(str(path))
-    if held is not None and held[0] == key:
-        return held[1]
-    if not writable:
-        for gone in [p for p in maps if not os.path.exists(p)]:
-            del maps[gone]
-    mm = mmap.mmap(fd, st.st_size, flags=mmap.MAP_SHARED | _POPULATE,
-                   prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
-    maps[str(path)] = (key, mm)  # the old one, if any, is unmapped with its last view
-    return mm
+    key = (st.st_dev, st.st_ino, st.st_size)
+    with _MAPS_LOCK:
+        held = maps.get(str(path))
+        if held is not None and held[0] == key:
+            return held[1]
+        if not writable:
+            for gone in [p for p in maps if not os.path.exists(p)]:
+                maps.pop(gone, None)
+        mm = mmap.mmap(fd, st.st_size, flags=mmap.MAP_SHARED | _POPULATE,
+                       prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
+        maps[str(path)] = (key, mm)  # the old one, if any, is unmapped with its last view
+        return mm
 
 
 def _forget(path: Path | str) -> None:
     """Drop this process's mappings and registration of `path` (removed: its memory goes
     with the last mapping)."""
-    _WRITE_MAPS.pop(str(path), None)
-    _READ_MAPS.pop(str(path), None)
-    ownership.unregister(str(path))
+    with _MAPS_LOCK:
+        _WRITE_MAPS.pop(str(path), None)
+        _READ_MAPS.pop(str(path), None)
+        ownership.unregister(str(path))
 
 
 def _unversioned(header: bytes) -> bytes:
@@ -312,7 +321,7 @@ def _open_version(path: str, version: int | None, *, wait: bool = True) -> int:
     """`path` opened with a shared lock holding `version` (None: any); the descriptor.
     FileNotFoundError where it is gone or holds another version now. `wait` False:
     BlockingIOError while a writer copies a version in (the caller polls)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fd = ownership.open_regular(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | (0 if wait else fcntl.LOCK_NB))
         held = _header_version(fd, path)
@@ -405,7 +414,7 @@ def _header_version(fd: int, path: str) -> int:
 
 def version_of(path: str) -> int:
     """The version a published file holds now (its header's metadata)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fd = ownership.open_regular(path)
     try:
         return _header_version(fd, path)
     finally:
@@ -414,7 +423,7 @@ def version_of(path: str) -> int:
 
 def names_of(path: str) -> list[str]:
     """The tensor names a published file holds (its header only)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fd = ownership.open_regular(path)
     try:
         return [k for k in _read_header(fd, path) if k != "__metadata__"]
     finally:
@@ -471,7 +480,8 @@ async def opened(source: dict[str, Any],
                 continue
             try:
                 fd = await _open_version_async(h["path"], source.get("version"))
-            except FileNotFoundError:  # pruned or taken for a later version: try the next
+            except (OSError, ValueError) as exc:  # pruned, taken for a later version, or not
+                log.debug("%s: %s; trying the next holder", h["path"], exc)  # weights at all
                 continue
             path = h["path"]
             break
@@ -557,8 +567,9 @@ def remove(run: str) -> None:
     _check_run(run)
     ownership.release(run)
     for base in ownership.roots():
-        for f in (base / run).glob("*/*.safetensors"):
-            _forget(f)
+        with contextlib.suppress(OSError):  # swept meanwhile: nothing left to forget
+            for f in (base / run).glob("*/*.safetensors"):
+                _forget(f)
         shutil.rmtree(base / run, ignore_errors=True)
     for key in [k for k in _OWN if k[1] == run]:
         del _OWN[key]

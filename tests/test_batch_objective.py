@@ -37,7 +37,7 @@ from flexmarl.training.pool import AgentTrainer
 from flexmarl.training.trainer import GRPOTrainer
 from tests.helpers.lora import LORA
 from tests.helpers.numerics import GRAD_ATOL, max_diff
-from tests.helpers.trainers import CONFIG, VOCAB, model_dir  # noqa: F401  (fixture)
+from tests.helpers.trainers import CONFIG, VOCAB, model_dir, moved_off_start  # noqa: F401  (fixture)
 
 AGENT = "a"
 ADVANTAGES = ([1.0, -1.0, 0.5, -0.5], [0.0, 0.0, 0.0, 0.0], [-0.8, 0.2, 0.9, -0.3])
@@ -91,13 +91,7 @@ def _config(kind: str, kl_coef: float) -> dict:
 def _trainer(model_dir: str, config: dict) -> GRPOTrainer:
     """The trainer with its trained parameters moved off the initial weights (the same way
     every call), so the KL term to the reference has a gradient."""
-    trainer = GRPOTrainer(model_dir, TrainerConfig(**config))
-    g = torch.Generator().manual_seed(11)
-    with torch.no_grad():
-        for name, p in sorted(trainer.model.named_parameters()):
-            if p.requires_grad:
-                p.add_(0.05 * torch.randn(p.shape, generator=g))
-    return trainer
+    return moved_off_start(GRPOTrainer(model_dir, TrainerConfig(**config)))
 
 
 def _groups(model_dir: str) -> list[Group]:

@@ -40,8 +40,8 @@ from tests.helpers.numerics import (GRAD_ATOL, LOSS_RTOL, MIXED_REL_TOL, WEIGHT_
                                     relative_distance)
 from tests.helpers.lora import LORA
 from tests.helpers.trainers import (CONFIG, FAST, FIELDS, LR, VOCAB,  # noqa: F401  (fixtures)
-                                    _weights_and_moments, batches, model_dir, rows, step_batch,
-                                    tokens)
+                                    _weights_and_moments, batches, model_dir, moved_off_start,
+                                    rows, step_batch, tokens)
 
 
 # ----------------------------------------------------------------------------- fixtures
@@ -244,17 +244,6 @@ SHARED_PREFIX_CASES = {
 """The shared-prefix test's cases: the batch and the trainer config over CONFIG (kl_coef 0.05)."""
 
 
-def _moved(trainer: GRPOTrainer) -> GRPOTrainer:
-    """`trainer` with its trained parameters moved off the initial weights, the same way every
-    call (a LoRA adapter off zero): the KL term to the reference then has a gradient."""
-    g = torch.Generator().manual_seed(11)
-    with torch.no_grad():
-        for _, p in sorted(trainer.model.named_parameters()):
-            if p.requires_grad:
-                p.add_(0.05 * torch.randn(p.shape, generator=g))
-    return trainer
-
-
 def _trained_grads(trainer: GRPOTrainer) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
 
@@ -281,7 +270,7 @@ def test_a_shared_prompt_computed_once_gives_the_full_forwards_gradient(model_di
     config = TrainerConfig(**{**CONFIG, **overrides})
     moved = fixture == "partial_prefix_batch"
     shared = GRPOTrainer(model_dir, config)
-    shared = _moved(shared) if moved else shared
+    shared = moved_off_start(shared) if moved else shared
     length = shared._shared_prefix(mb)
     assert length >= MIN_SHARED_PREFIX  # the shortcut is taken
     first_response = int(mb.response_mask.float().argmax(1).min())
@@ -306,7 +295,7 @@ def test_a_shared_prompt_computed_once_gives_the_full_forwards_gradient(model_di
     assert calls.count((1, length)) == 1 + scores_reference
     monkeypatch.undo()
     full = GRPOTrainer(model_dir, config)
-    full = _moved(full) if moved else full
+    full = moved_off_start(full) if moved else full
     monkeypatch.setattr(full, "_shared_prefix", lambda mb: 0)
     full.begin_batch(tokens(mb))
     b = full.accumulate(mb)

@@ -120,3 +120,14 @@ def assert_same(a: TrainState, b: TrainState) -> None:
     """Bit for bit: parameters, AdamW state, RNG, version."""
     assert a.version == b.version and a.tensors.keys() == b.tensors.keys()
     assert [k for k in a.tensors if not torch.equal(a.tensors[k], b.tensors[k])] == []
+
+
+def moved_off_start(trainer: GRPOTrainer) -> GRPOTrainer:
+    """`trainer` with its trained parameters moved off the initial weights, the same way every
+    call (a LoRA adapter off zero): the KL term to the reference then has a gradient."""
+    g = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for _, p in sorted(trainer.model.named_parameters()):
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return trainer

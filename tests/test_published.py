@@ -323,3 +323,68 @@ def test_orphans_are_runs_nobody_holds_whatever_their_pids(weights_dir):
     assert published.remove_orphans() == [held]
     assert (weights_dir / mine).exists()
     published.remove(mine)
+
+
+def test_registrations_are_one_per_file_and_go_with_their_file(weights_dir):
+    """Threads registering one file at once keep one descriptor of it (the red team's second
+    round leaked one per lost race, each pinning its file); a removed file's registration
+    goes at the next read (its memory freed), and a path that now fails otherwise than
+    "not found" (a component replaced by a file) is dropped, not raised to every later
+    registration."""
+    from flexmarl.weights import ownership
+
+    source = published.publish(tensors(1.0), published.run_name(), "x", 1, "")
+    path = source["path"]
+    fds = lambda: len(os.listdir("/proc/self/fd"))  # noqa: E731
+    before = fds()
+
+    def register():
+        for _ in range(200):
+            fd = os.open(path, os.O_RDONLY)
+            ownership.register(path, fd)
+            os.close(fd)
+    threads = [threading.Thread(target=register) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert fds() == before and ownership.registered(path)
+    os.unlink(path)
+    ownership.drop_stale()
+    assert not ownership.registered(path) and fds() == before - 1
+    other = published.publish(tensors(2.0), published.run_name(), "y", 1, "")
+    agent_dir = Path(other["path"]).parent
+    shutil.rmtree(agent_dir)
+    agent_dir.write_text("not a directory")  # stat of the old path: NotADirectoryError
+    again = published.publish(tensors(3.0), published.run_name(), "z", 1, "")
+    assert published.serve(again["path"])[0] == 1 and not ownership.registered(other["path"])
+
+
+def test_a_lease_never_waits_on_an_event_loop_and_an_open_root_is_refused(tmp_path,
+                                                                           weights_dir):
+    """A reader on an event loop takes a run's lease only if it is free this instant (a
+    sweep holding it would stall the loop); a root any user may rename things in (writable
+    by all, not sticky) is refused, naming the fix."""
+    import fcntl
+
+    from flexmarl.weights import ownership
+
+    run = published.run_name()
+    folder = ownership.lease(run, weights_dir)
+    ownership.release(run)
+    fd = os.open(folder / ownership.LEASE, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # a sweep, this instant
+    try:
+        assert ownership.lease(run, weights_dir, wait=False) is None
+    finally:
+        os.close(fd)
+    assert ownership.lease(run, weights_dir, wait=False) == folder
+    ownership.release(run)
+    open_root = tmp_path / "open"
+    open_root.mkdir()
+    os.chmod(open_root, 0o777)
+    with pytest.raises(PermissionError, match="not sticky"):
+        ownership.lease(published.run_name(), open_root)
+    os.chmod(open_root, 0o1777)  # as /dev/shm and /tmp: fine
+    assert ownership.lease(run, open_root).is_dir()
+    ownership.release(run)

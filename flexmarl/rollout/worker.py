@@ -86,6 +86,9 @@ class RolloutWorker(Actor):
 
     async def on_start(self) -> None:
         started = now()
+        # Runs nobody holds on this machine (SIGKILLed): their versions or copies hold
+        # /dev/shm (every machine of a run sweeps, not only the orchestrator's).
+        await asyncio.to_thread(published.remove_orphans)
         await self.engine.start()
         log.info("%s: engine ready in %.1f s", self.name, now() - started)
 
@@ -141,8 +144,8 @@ class RolloutWorker(Actor):
             async with contextlib.AsyncExitStack() as stack:
                 try:
                     await stack.enter_async_context(published.held(path, source["version"]))
-                except FileNotFoundError:  # pruned meanwhile: read it as any other source
-                    path = None
+                except (OSError, ValueError):  # pruned meanwhile, or not weights: read it as
+                    path = None  # any other source (the next holder, or a fetch)
                 if path is not None:
                     done = await self._apply(msg, path)
                     done.held = {"host": published.host_id(), "path": path}

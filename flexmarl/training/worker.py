@@ -252,6 +252,8 @@ class TrainerWorker(_StateSaves, Actor):
 
     async def on_start(self) -> None:
         self.group.address, self.group.transport = self.address, self.transport
+        # Runs nobody holds on this machine (SIGKILLed): their versions hold /dev/shm.
+        await asyncio.to_thread(published.remove_orphans)
 
     # A SwapIn may pull from a slot that pulls from this one at the same time: FetchShards
     # are served on the event loop meanwhile, so two such slots cannot deadlock.

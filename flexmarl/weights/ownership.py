@@ -6,9 +6,11 @@
 
 A run's directory is owned by whoever holds its lease: every process that writes there, reads
 there for a while, or runs the run (the orchestrator) holds a shared flock on `.lease` for as
-long as it may need the files (`lease`, released by `release`). `remove_orphans` (every run's
-start) removes a run directory only when it can take that lock exclusively: no live process,
-in any pid namespace or container sharing the directory, holds it. A lock is the kernel's and
+long as it may need the files (`lease`, released by `release`). `remove_orphans` (run by the
+orchestrator, and by every trainer and rollout worker as it starts, on each machine) removes
+a run directory only when it can take that lock exclusively: no live process, in any pid
+namespace or container sharing the directory, holds it; it renames the directory away under
+that lock before emptying it, so a process taking the lease meanwhile makes a fresh one. A lock is the kernel's and
 dies with its holder; no pid is compared, so a run whose orchestrator is on another host or in
 another pid namespace keeps its files. The run id is random (no pid in it).
 
@@ -28,6 +30,7 @@ import os
 import shutil
 import stat
 import tempfile
+import threading
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -35,10 +38,14 @@ log = logging.getLogger(__name__)
 PREFIX = "flexmarl-weights-"
 """A run's directory name: this, then the run's random id."""
 LEASE = ".lease"
+REMOVING = ".flexmarl-weights-removing-"
+"""A run's directory renamed so while a sweep empties it (left over if that was cut short)."""
 DIR_MODE, FILE_MODE = 0o700, 0o600
 
 _LEASES: dict[tuple[str, str], int] = {}
 """(root, run) -> the descriptor whose shared lock this process holds on the run's lease."""
+_LOCK = threading.RLock()
+"""Guards the leases and the registry: threads of one process register and serve at once."""
 _SERVABLE: dict[str, tuple[int, int, int]] = {}
 """path -> (device, inode, a descriptor held open) of a file this process wrote or read and
 may serve."""
@@ -74,45 +81,73 @@ def private_dir(path: Path) -> Path:
     return path
 
 
-def lease(run: str, root: Path) -> Path:
+def lease(run: str, root: Path, *, wait: bool = True) -> Path | None:
     """Hold `run`'s lease under `root` (its directory made if missing) until `release(run)`
-    or this process ends; the run's directory there. Idempotent."""
+    or this process ends; the run's directory there. Idempotent. `wait` False: None where a
+    sweep holds the lease this instant (a reader on an event loop does not wait for it)."""
     key = (str(root), run)
     folder = root / run
-    if key in _LEASES:
-        return folder
-    root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)  # 0700 where this makes it
-    while True:
+    with _LOCK:
+        if key in _LEASES:
+            return folder
+    for _ in range(LEASE_TRIES):
+        _check_root(root)
         try:
             private_dir(folder)
-        except FileNotFoundError:  # swept between its mkdir and its check: again
-            continue
-        try:
             fd = os.open(folder / LEASE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                          FILE_MODE)
-        except FileNotFoundError:  # an orphan sweep removed the directory meanwhile
+        except FileNotFoundError:  # a sweep removed it between two of these steps: again
             continue
-        fcntl.flock(fd, fcntl.LOCK_SH)  # waits out a sweep that holds it exclusively
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            os.close(fd)
+            return None
         try:
             linked = os.stat(folder / LEASE, follow_symlinks=False)
         except FileNotFoundError:
             linked = None
         held = os.fstat(fd)
         if linked is not None and (linked.st_dev, linked.st_ino) == (held.st_dev, held.st_ino):
-            _LEASES[key] = fd
+            with _LOCK:
+                if key in _LEASES:  # another thread of this process took it meanwhile
+                    os.close(fd)
+                else:
+                    _LEASES[key] = fd
             return folder
         os.close(fd)  # swept while we waited: make it again
+    raise RuntimeError(f"could not hold {folder}'s lease in {LEASE_TRIES} tries: something "
+                       "keeps removing it (is another process sweeping a directory it does "
+                       "not own?)")
+
+
+LEASE_TRIES = 1000
+"""Sweeps racing a lease retry it; this many in a row means something else is wrong."""
+
+
+def _check_root(root: Path) -> None:
+    """`root` made if missing (0700 where this makes it), and refused if other users may
+    rename or replace what is in it (world-writable without the sticky bit, as /dev/shm and
+    /tmp have it): they could swap a live run's directory for their own."""
+    root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    st = os.stat(root)
+    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        raise PermissionError(f"{root} is writable by every user and not sticky: published "
+                              "weights are not written there (chmod +t or 0700 it, or set "
+                              "FLEXMARL_WEIGHTS_DIR to a directory of your own)")
 
 
 def release(run: str) -> None:
     """Let go of this process's leases of `run` (its files may be removed once nobody holds
     one)."""
-    for key in [k for k in _LEASES if k[1] == run]:
-        os.close(_LEASES.pop(key))
+    with _LOCK:
+        for key in [k for k in _LEASES if k[1] == run]:
+            os.close(_LEASES.pop(key))
 
 
 def held_runs() -> set[str]:
-    return {run for _, run in _LEASES}
+    with _LOCK:
+        return {run for _, run in _LEASES}
 
 
 def remove_orphans() -> list[Path]:
@@ -121,6 +156,10 @@ def remove_orphans() -> list[Path]:
     of another user, or one whose lease is held, is left alone."""
     removed = [folder for base in roots() for folder in base.glob(f"{PREFIX}*")
                if _remove_unheld(folder)]
+    for base in roots():  # what a sweep cut short left (renamed, so nobody holds it)
+        for left in base.glob(f"{REMOVING}*"):
+            if not left.is_symlink() and left.is_dir() and left.lstat().st_uid == os.geteuid():
+                shutil.rmtree(left, ignore_errors=True)
     if removed:
         log.info("removed published weights of %d runs no process holds: %s", len(removed),
                  ", ".join(p.name for p in removed))
@@ -130,7 +169,8 @@ def remove_orphans() -> list[Path]:
 def drop(run: str) -> None:
     """Let go of `run` here, and remove its directories if no other process holds them (the
     last holder on a host cleans up: a trainer or an instance on another host stopping)."""
-    roots_held = [Path(r) for r, name in _LEASES if name == run]
+    with _LOCK:
+        roots_held = [Path(r) for r, name in _LEASES if name == run]
     release(run)
     for base in roots_held:
         _remove_unheld(base / run)
@@ -159,8 +199,15 @@ def _remove_unheld(folder: Path) -> bool:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return False  # held: a live run
-        shutil.rmtree(folder, ignore_errors=True)
-        return not os.path.lexists(folder)
+        # Out of the way first, under the lock: a process that takes the run's lease from
+        # now on makes a fresh directory, never one this is still emptying.
+        doomed = folder.with_name(f"{REMOVING}{os.urandom(6).hex()}")
+        try:
+            os.rename(folder, doomed)
+        except OSError:
+            return False
+        shutil.rmtree(doomed, ignore_errors=True)
+        return True
     finally:
         os.close(fd)
 
@@ -169,31 +216,43 @@ def register(path: str, fd: int) -> None:
     """This process may serve `path`: the file open as `fd` (written or read by it). The
     registration keeps the file open, so its inode cannot be reused by a file made later at
     that path (ext4 reuses freed inode numbers); registrations whose path no longer names
-    their file are dropped here (their memory freed)."""
-    for old, (dev, ino, _) in list(_SERVABLE.items()):
-        try:
-            now = os.stat(old, follow_symlinks=False)
-            stale = (now.st_dev, now.st_ino) != (dev, ino)
-        except FileNotFoundError:
-            stale = True
-        if stale:
-            unregister(old)
+    their file are dropped at every registration and read (drop_stale): a removed version's
+    memory stays held by a process only until it next reads or writes one, or ends."""
     st = os.fstat(fd)
-    if path in _SERVABLE:
-        if _SERVABLE[path][:2] == (st.st_dev, st.st_ino):
-            return
-        unregister(path)
-    _SERVABLE[path] = (st.st_dev, st.st_ino, os.dup(fd))
+    with _LOCK:
+        drop_stale()
+        if path in _SERVABLE:
+            if _SERVABLE[path][:2] == (st.st_dev, st.st_ino):
+                return
+            unregister(path)
+        _SERVABLE[path] = (st.st_dev, st.st_ino, os.dup(fd))
+
+
+def drop_stale() -> None:
+    """Drop the registrations whose path no longer names their file (removed or replaced:
+    the file's memory is freed with its last descriptor). Called at every registration and
+    read of a version, so a process holds at most the files it used last."""
+    with _LOCK:
+        for old, (dev, ino, _) in list(_SERVABLE.items()):
+            try:
+                now = os.stat(old, follow_symlinks=False)
+                stale = (now.st_dev, now.st_ino) != (dev, ino)
+            except OSError:  # gone, or a path component replaced by something else
+                stale = True
+            if stale:
+                unregister(old)
 
 
 def unregister(path: str) -> None:
-    held = _SERVABLE.pop(path, None)
-    if held is not None:
-        os.close(held[2])
+    with _LOCK:
+        held = _SERVABLE.pop(path, None)
+        if held is not None:
+            os.close(held[2])
 
 
 def registered(path: str) -> bool:
-    return path in _SERVABLE
+    with _LOCK:
+        return path in _SERVABLE
 
 
 def open_regular(path: str | Path, flags: int = os.O_RDONLY) -> int:
@@ -214,7 +273,8 @@ def open_regular(path: str | Path, flags: int = os.O_RDONLY) -> int:
 def open_registered(path: str) -> int:
     """`path` opened read-only if it is a file this process registered and still the same
     file (no symlink followed); FileNotFoundError otherwise, naming why."""
-    want = _SERVABLE.get(path)
+    with _LOCK:
+        want = _SERVABLE.get(path)
     if want is None:
         raise FileNotFoundError(f"{path} is not weights this process published or holds")
     try:

@@ -23,14 +23,15 @@ No torn read, whatever the loop's order: a reader holds a shared flock on the fi
 version check until its copy is done (the engine's load, the FetchWeights reply's copy), and a
 writer takes a file only with an exclusive lock it gets at once (flock LOCK_NB), else writes a
 new one. So a reader two versions behind keeps its version intact, and a writer never waits for
-a reader. The version is in the file's header, checked under the lock: a file taken for a later
+a reader's copy (only, within one process, for the moment another thread maps a file). The version is in the file's header, checked under the lock: a file taken for a later
 version tells its late reader so (FileNotFoundError), never hands it the newer weights.
 
 <root> is /dev/shm where it exists and has room (memory speed, nothing on disk), else the
 system's temp dir; FLEXMARL_WEIGHTS_DIR overrides it. Ownership (leases, 0700 directories,
 0600 files, what FetchWeights may serve): flexmarl.weights.ownership. The run removes its own
-dir on its host when it ends (remove), every run's start the dirs nobody holds a lease of
-(remove_orphans); a trainer on another host removes what it wrote when it stops.
+dir on its host when it ends (remove); each worker's start, and the run's, the dirs nobody
+holds a lease of on its machine (remove_orphans); a trainer removes what it wrote when it
+stops (and the dir, if nobody else holds it).
 """
 from __future__ import annotations
 
@@ -296,7 +297,9 @@ def _mapped(maps: dict, fd: int, path: Path | str, *, writable: bool) -> mmap.mm
         if not writable:
             for gone in [p for p in maps if not os.path.exists(p)]:
                 maps.pop(gone, None)
-        mm = mmap.mmap(fd, st.st_size, flags=mmap.MAP_SHARED | _POPULATE,
+        # A writable map is not populated: for a new tmpfs file that allocates every page
+        # holding the GIL (0.16 s per 384 MB, every thread stopped); the copy faults them in.
+        mm = mmap.mmap(fd, st.st_size, flags=mmap.MAP_SHARED | (0 if writable else _POPULATE),
                        prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
         maps[str(path)] = (key, mm)  # the old one, if any, is unmapped with its last view
         return mm
@@ -468,6 +471,7 @@ async def opened(source: dict[str, Any],
     """The tensors a source names, for the length of the block: its base model directory's
     first, then its version from a file on this host (held under its lock: load them inside
     the block), else `fetch(source)` (FetchWeights to its holders)."""
+    ownership.drop_stale()
     tensors: dict[str, torch.Tensor] = {}
     if base := source.get("base"):
         from flexmarl.models import model_weights
@@ -515,6 +519,7 @@ async def read(source: dict[str, Any],
 async def held(path: str, version: int) -> AsyncIterator[None]:
     """A published file on this host held under its shared lock, holding `version`, for the
     block (an engine that reads the file itself: vLLM's engine core); registered as served."""
+    ownership.drop_stale()
     fd = await _open_version_async(path, version)
     try:
         _hold(path, fd)
@@ -529,8 +534,8 @@ def _hold(path: str, fd: int) -> None:
     ownership.register(path, fd)
     folder = Path(path).parent.parent
     if folder.name.startswith(PREFIX):
-        with contextlib.suppress(OSError):
-            ownership.lease(folder.name, folder.parent)
+        with contextlib.suppress(OSError, RuntimeError):  # a sweep this instant: not held
+            ownership.lease(folder.name, folder.parent, wait=False)
 
 
 def keep_copy(tensors: dict[str, torch.Tensor], source: dict[str, Any]) -> str:
@@ -566,13 +571,14 @@ def remove(run: str) -> None:
     """This host's published weights of `run` (the run ended)."""
     _check_run(run)
     ownership.release(run)
-    for base in ownership.roots():
-        with contextlib.suppress(OSError):  # swept meanwhile: nothing left to forget
-            for f in (base / run).glob("*/*.safetensors"):
-                _forget(f)
-        shutil.rmtree(base / run, ignore_errors=True)
-    for key in [k for k in _OWN if k[1] == run]:
-        del _OWN[key]
+    with _OWN_LOCK:
+        for base in ownership.roots():
+            with contextlib.suppress(OSError):  # swept meanwhile: nothing left to forget
+                for f in list((base / run).glob("*/*.safetensors")):
+                    _forget(f)
+            shutil.rmtree(base / run, ignore_errors=True)
+        for key in [k for k in _OWN if k[1] == run]:
+            del _OWN[key]
 
 
 def remove_own(run: str) -> None:
@@ -580,13 +586,15 @@ def remove_own(run: str) -> None:
     hold of the run there: the run's directory goes too if no other process holds it (copies
     kept for the others on this host stay while one of them does)."""
     _check_run(run)
-    for key in [k for k in _OWN if k[1] == run]:
-        for f in _OWN.pop(key):
-            _forget(f)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(f)
-    for path in [p for p in _READ_MAPS if run in Path(p).parts]:
-        _forget(path)
+    with _OWN_LOCK:
+        for key in [k for k in _OWN if k[1] == run]:
+            for f in _OWN.pop(key):
+                _forget(f)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(f)
+    with _MAPS_LOCK:
+        for path in [p for p in _READ_MAPS if run in Path(p).parts]:
+            _forget(path)
     ownership.drop(run)
 
 

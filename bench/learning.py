@@ -18,7 +18,8 @@ With --json the last line is one JSON object: {"first_reward": {agent|"team": r}
 "tasks": n}}}}, "models": {name: model}, "steps": n, "wall_s": s, "time_to_first_step_s": s,
 "heldout_before_s": s, "heldout_after_s": s, "seed": run.seed, ...}. For a game team
 (flexmarl.envs.textarena: its held-out tasks are games against fixed opponents) each agent also
-has "games": {opponent: {"before", "after" (win rates), "games" (after's count), "se" (the
+has "games": {opponent: {"before", "after" (seat-balanced win rates: each deal played in every
+seat), "seat<i>_after" (each seat's), "games" (after's count of deals), "se" (the
 change's standard error), "invalid_before", "invalid_after" (rejected moves per move),
 "draw_before", "draw_after", "mode"}}, from the sampled measurement if made, else the greedy.
 """
@@ -144,14 +145,19 @@ def games(modes: dict) -> dict:
     out: dict = {}
     for name, cell in scores.items():
         parts = name.split(".")
-        if len(parts) != 3 or parts[0] != "games":
+        if parts[0] != "games" or len(parts) not in (3, 4):
+            continue
+        if len(parts) == 4:  # games.<opponent>.seat<i>.win: each seat's own rate
+            _, opponent, seat, what = parts
+            if what == "win" and seat.startswith("seat"):
+                out.setdefault(opponent, {"mode": mode})[f"{seat}_after"] = cell["after"]
             continue
         _, opponent, what = parts
         row = out.setdefault(opponent, {"mode": mode})
-        if what == "win":
+        if what == "win":  # seat-balanced: each deal in every seat
             row.update(before=cell["before"], after=cell["after"], games=cell["n"],
                        se=cell["se_change"])
-        elif what in ("invalid", "draw"):
+        elif what in ("invalid", "draw", "unmoved"):
             row.update({f"{what}_before": cell["before"], f"{what}_after": cell["after"]})
     return out
 

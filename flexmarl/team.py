@@ -180,12 +180,18 @@ class Context(Protocol):
     trajectory: int
 
     async def generate(self, agent: str, prompt: str | list[dict] | list[int], *,
-                       n: int = 1, **sampling: Any) -> list[Completion]:
+                       n: int = 1, turn: str | None = None, **sampling: Any) -> list[Completion]:
         """Call `agent`: a str is one user message in the agent's prompt format (its chat
         template, or the plain rendering of a base model: AgentSpec.prompt_format), a list of
         {"role", "content"} dicts a whole chat, a list of ints raw prompt token ids. Keyword
         arguments override the agent's SamplingParams for this call (temperature, max_tokens,
-        stop, ...). Returns `n` completions of one prompt."""
+        stop, ...). Returns `n` completions of one prompt.
+
+        `turn` names the call's turn, which groups it for GRPO (pipeline.credit = "turn")
+        with the same agent's call of that name in the task's other trajectories: e.g. a
+        game's move number, so that a rejected move's retry ("move3.retry1") is not compared
+        with another game's next move. A str without "/", once per agent and trajectory.
+        Without it a call's turn is its number among the agent's calls in the trajectory."""
         ...
 
     def reward(self, completion: Completion, value: float, *, weight: float = 1.0) -> None:
@@ -237,6 +243,10 @@ class Team:
     training and after it (eval.before, eval.final: each agent's turn rewards, greedy and
     sampled) and between steps (eval.every_steps); flexmarl.orchestrator.heldout, evaluate.
     Empty: no held-out measurement."""
+    heldout_unit: int = 1
+    """Held-out tasks that the eval counts (eval.tasks, final_tasks, before_tasks) take as
+    one: a game team's one deal for each of its (agent, opponent) pairs
+    (flexmarl.envs.textarena), so that the counts mean games per pair."""
 
     def __post_init__(self) -> None:
         if not self.agents:
@@ -250,6 +260,9 @@ class Team:
                             "task)` coroutine function")
         if not len(self.tasks):
             raise ValueError(f"team {self.name}: tasks is empty")
+        if not isinstance(self.heldout_unit, int) or self.heldout_unit < 1:
+            raise ValueError(f"team {self.name}: heldout_unit must be an int >= 1, got "
+                             f"{self.heldout_unit!r}")
         if not any(a.trainable for a in self.agents):
             raise ValueError(f"team {self.name}: every agent is frozen; nothing would train")
         seen: dict[str, int] = {}

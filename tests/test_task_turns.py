@@ -260,3 +260,41 @@ async def test_a_call_a_failed_workflow_left_running_stores_nothing():
     assert stats.failed_trajectories == 1
     [group] = await take_all(orch)
     assert [t.traj_id for t in group.turns] == ["1", "2"]
+
+
+async def test_labelled_turns_keep_a_retry_apart_from_the_next_move():
+    """A game's moves as labelled turns (ctx.generate(turn=...), as flexmarl.envs.textarena
+    labels them): trajectories 0 and 1 had their first move rejected and retried, 2 and 3 did
+    not. The retries form a group of their own, and every trajectory's next move is grouped
+    with the others' next moves. By call count, trajectory 0's retry (its second call) would
+    have been compared with trajectory 2's second move."""
+    async def workflow(ctx, task):
+        j = ctx.trajectory
+        [first] = await ctx.generate("a", PROMPT, turn="t0")
+        ctx.reward(first, -1.0 if j < 2 else 0.0)
+        if j < 2:
+            [retry] = await ctx.generate("a", PROMPT, turn="t0.retry1")
+            ctx.reward(retry, float(j))
+        [move] = await ctx.generate("a", PROMPT, turn="t1")
+        ctx.reward(move, float(j))
+
+    orch = make_orch(workflow, tasks=addition_tasks(1, seed=3))
+    stats = await orch.rollout(0, orch.next_tasks(1))
+    assert stats.failed_trajectories == 0, stats.errors
+    groups = {g.turn: [t.traj_id for t in g.turns] for g in await take_all(orch)}
+    assert groups == {"t0": ["0", "1", "2", "3"], "t0.retry1": ["0", "1"],
+                      "t1": ["0", "1", "2", "3"]}
+
+
+@pytest.mark.parametrize("label, message", [("t0", "already called the agent with that turn"),
+                                            ("a/b", "without '/'"), ("", "non-empty")])
+async def test_a_turn_label_used_twice_or_malformed_fails_the_trajectory_naming_why(label,
+                                                                                    message):
+    async def workflow(ctx, task):
+        await ctx.generate("a", PROMPT, turn="t0")
+        await ctx.generate("a", PROMPT, turn=label)
+        ctx.team_reward(1.0)
+
+    orch = make_orch(workflow, tasks=addition_tasks(1, seed=3), trajectories=2)
+    with pytest.raises(Exception, match=message):
+        await orch.rollout(0, orch.next_tasks(1))

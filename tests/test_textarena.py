@@ -26,10 +26,12 @@ class GameCtx:
         self.prompts: list[tuple[str, list]] = []
         self.rewards: list[tuple[str, str, float, float]] = []
         self.scores: list[tuple[str, str, float]] = []
+        self.labels: list[tuple[str, str]] = []
         self.team: float | None = None
 
-    async def generate(self, agent, prompt, **_):
+    async def generate(self, agent, prompt, *, turn=None, **_):
         self.prompts.append((agent, prompt))
+        self.labels.append((agent, turn))
         return [types.SimpleNamespace(agent=agent, text=self.policy(agent, prompt))]
 
     def reward(self, completion, value, *, weight=1.0):
@@ -74,6 +76,9 @@ def test_an_invalid_move_is_retried_once_then_loses_as_the_env_rules():
     rewards, moves, flags = asyncio.run(play(ctx, KUHN, ["a", "b"], seed=3))
     assert flags[1] == [True, False] and flags[0] == [False]
     assert "attempted an invalid move" in ctx.prompts[1][1][-1]["content"]  # the env said so
+    # Each call labelled with its move (the env's turn count, unchanged by a rejected move)
+    # and its attempt: the retry is a turn of its own, not the seat's next move.
+    assert ctx.labels == [("b", "s1.t0"), ("b", "s1.t0.retry1"), ("a", "s0.t1")]
     credit(ctx, KUHN, {"a", "b"}, ["a", "b"], rewards, moves, flags)
     by_text = {t: (v, w) for _, t, v, w in ctx.rewards}
     assert by_text["I raise!"] == (-1.0, 0.5)  # a rejected move: invalid_reward, weight 1/2
@@ -148,7 +153,9 @@ def test_a_game_team_has_its_players_a_frozen_start_copy_and_balanced_matches():
     first = team.heldout[:4]
     assert {(m.agent, m.opponent) for m in first} == {("p0", "start"), ("p0", "random"),
                                                       ("p1", "start"), ("p1", "random")}
-    assert [m.seat for m in team.heldout if m.agent == "p1"] == [1, 1, 1, 1]
+    assert team.heldout_unit == 4  # eval counts are games per (agent, opponent) pair
+    assert [m.seed for m in team.heldout if (m.agent, m.opponent) == ("p1", "start")] == \
+        [1_000_000, 1_000_001, 1_000_002]  # each deal once per pair, played in every seat
     assert len(team.heldout) == 8 and all(m.seed >= 1_000_000 for m in team.heldout)
     starter = game_team("TicTacToe-v0", [AgentSpec(name="starter", model="small"), RANDOM],
                         train_games=4, eval_games=1)  # only "start" and "start_N" are reserved
@@ -158,7 +165,8 @@ def test_a_game_team_has_its_players_a_frozen_start_copy_and_balanced_matches():
     shared = game_team("TicTacToe-v0", [spec, "p0"], train_games=4, eval_games=2,
                        opponents=["random"])
     assert [a.name for a in shared.agents] == ["p0"]
-    assert [m.seat for m in shared.heldout] == [0, 1]  # one agent, both seats in turn
+    assert [m.seed for m in shared.heldout] == [1_000_000, 1_000_001] and \
+        shared.heldout_unit == 1
 
 
 @pytest.mark.parametrize("players, kwargs, message", [
@@ -187,22 +195,79 @@ def test_an_unknown_env_or_player_count_or_unknowable_moves_is_refused_at_build(
         game_team("SimpleNegotiation-v0", [spec, RANDOM])
 
 
-def test_a_match_scores_the_outcome_and_each_invalid_move_for_the_agent():
+def test_a_match_plays_its_deal_in_every_seat_and_scores_each_and_both():
+    """Duplicate format: the agent plays the deal in seat 0 and in seat 1 against its frozen
+    start. p1 always bets, the start always folds: in seat 1 (first to act) p1 bets and the
+    start folds, a win; in seat 0 the start's fold is no legal opening, twice, and it loses
+    before p1 ever moved: that game is no win of p1's, only "unmoved"."""
     team = game_team("KuhnPoker-v0", [AgentSpec(name="p0", model="small"),
                                       AgentSpec(name="p1", model="small")],
                      train_games=4, eval_games=2, env_kwargs={"max_rounds": 1})
     match = next(m for m in team.heldout if m.agent == "p1" and m.opponent == "start")
     ctx = GameCtx(lambda agent, prompt: "[bet]" if agent == "p1" else "[fold]")
     asyncio.run(team.workflow(ctx, match))
-    assert {a for a, _ in ctx.prompts} == {"p1", "start"}  # the frozen copy plays seat 0
-    assert sorted(ctx.scores) == [("p1", "games.start.draw", 0.0), ("p1", "games.start.invalid",
-                                  0.0), ("p1", "games.start.loss", 0.0),
-                                  ("p1", "games.start.win", 1.0)]
+    assert {a for a, _ in ctx.prompts} == {"p1", "start"}
+    assert sorted(ctx.scores) == [
+        ("p1", "games.start.draw", 0.0), ("p1", "games.start.invalid", 0.0),
+        ("p1", "games.start.loss", 0.0), ("p1", "games.start.seat1.draw", 0.0),
+        ("p1", "games.start.seat1.loss", 0.0), ("p1", "games.start.seat1.win", 1.0),
+        ("p1", "games.start.unmoved", 0.5), ("p1", "games.start.win", 1.0)]
     assert [(a, v) for a, _, v, _ in ctx.rewards] == [("p1", 1.0)]  # only the agent is credited
+    assert {label for a, label in ctx.labels if a == "p1"} == {"g1.s1.t0"}
+    # Both seats played and moved in: the seat-balanced rate is their mean.
+    ctx = GameCtx(first_legal)  # check, check: a showdown, one seat's card wins
+    asyncio.run(team.workflow(ctx, match))
+    got = {n: v for _, n, v in ctx.scores}
+    seats = [got[f"games.start.seat{i}.win"] for i in (0, 1)]
+    assert got["games.start.win"] == sum(seats) / 2 and got["games.start.unmoved"] == 0.0
     ctx = GameCtx(first_legal)
     asyncio.run(team.workflow(ctx, Game("g", 5)))  # training: both seats credited, no score
     assert {a for a, *_ in ctx.rewards} == {"p0", "p1"} and ctx.scores == [] and ctx.team == 0.0
     assert isinstance(match, Match)
+
+
+def test_a_prompt_too_long_for_the_context_is_cut_until_it_fits():
+    """The default max_prompt_chars (4,000) against a small context: the prompt is halved
+    until the agent takes it, and that size is kept for the player's next moves."""
+    from flexmarl.checks import RequestError
+
+    class Tight(GameCtx):
+        async def generate(self, agent, prompt, **kw):
+            if len(prompt[-1]["content"]) > 700:
+                raise RequestError("the prompt has too many tokens", param="prompt")
+            return await super().generate(agent, prompt, **kw)
+    rules = GameRules(env_id="TicTacToe-v0", num_players=2)
+    ctx = Tight(first_legal)
+    rewards, moves, _ = asyncio.run(play(ctx, rules, ["x", "o"], seed=1))
+    assert sum(len(m) for m in moves.values()) == len(ctx.prompts) >= 5  # every move played
+    assert all(len(p[-1]["content"]) <= 700 for _, p in ctx.prompts)
+
+    class Hopeless(GameCtx):
+        async def generate(self, agent, prompt, **kw):
+            raise RequestError("max_tokens asks for too many", param="max_tokens")
+    with pytest.raises(RequestError):  # it stops at MIN_PROMPT_CHARS and says why
+        asyncio.run(play(Hopeless(first_legal), rules, ["x", "o"], seed=1))
+
+
+@pytest.mark.parametrize("env_id", ["Nim-v0", "ThreePlayerTicTacToe-v0", "ConnectFour-v0"])
+def test_a_game_team_with_the_documented_defaults_builds_and_plays(env_id):
+    """Games the other tests do not name, built as docs/games.md shows (one AgentSpec per
+    seat, nothing else): no refusal (a random opponent only where the game's legal moves are
+    known), and a held-out match plays through every seat."""
+    from flexmarl.envs.textarena import _knows_moves
+    players = 3 if env_id.startswith("ThreePlayer") else 2
+    specs = [AgentSpec(name=f"p{i}", model="small") for i in range(players)]
+    team = game_team(env_id, specs, train_games=4, eval_games=1)
+    opponents = {m.opponent for m in team.heldout}
+    assert ("random" in opponents) == _knows_moves(env_id, players, None)
+    assert "start" in opponents
+    match = team.heldout[0]
+    ctx = GameCtx(lambda agent, prompt: (listed(prompt) or ["[0]"])[0])
+    asyncio.run(team.workflow(ctx, match))
+    names = {n for _, n, _ in ctx.scores}
+    assert f"games.{match.opponent}.unmoved" in names
+    assert {f"games.{match.opponent}.seat{i}.win" for i in range(players)} >= {
+        n for n in names if ".seat" in n and n.endswith(".win")}
 
 
 def test_without_the_extra_the_error_names_it(monkeypatch):
@@ -227,7 +292,7 @@ async def test_a_game_team_trains_and_is_measured_against_its_opponents(tiny_mod
     config = load_config(overrides=[
         f"run.dir={tmp_path / 'run'}", "run.steps=2", "rollout.backend=torch",
         "pipeline.tasks_per_step=2", "pipeline.trajectories_per_task=2",
-        "eval.modes=['sampled']", "eval.before_tasks=4", "observe.report=false"])
+        "eval.modes=['sampled']", "eval.before_tasks=1", "observe.report=false"])
     result = await asyncio.wait_for(train(team, config, run_dir=RunDir.create(config),
                                           progress=False), 300)
     assert [r["step"] for r in result.metrics] == [0, 1]
@@ -235,8 +300,8 @@ async def test_a_game_team_trains_and_is_measured_against_its_opponents(tiny_mod
     assert result.final_eval["failed"] == 0 and result.final_eval["tasks"] == 12
     before = result.final_eval["before"]["sampled"]
     assert before["tasks"] == 4 and "greedy" not in result.final_eval["after"]
-    # The before measurement plays the first 4 held-out matches: game 0 of each (agent,
-    # opponent), as Team.heldout interleaves them.
+    # eval.before_tasks=1 is one game per (agent, opponent) pair: the first 4 held-out
+    # matches, one of each, as Team.heldout interleaves them (Team.heldout_unit = 4).
     first = [(m.agent, m.opponent) for m in team.heldout[:4]]
     assert sorted(first) == [(a, o) for a in ("p0", "p1") for o in ("random", "start")]
     for agent in ("p0", "p1"):
@@ -244,16 +309,15 @@ async def test_a_game_team_trains_and_is_measured_against_its_opponents(tiny_mod
         measured = before["agents"][agent]["scores"]
         for opponent in ("start", "random"):
             cells = [scores[f"games.{opponent}.{k}"] for k in ("win", "draw", "loss")]
-            # Each end: win, draw and loss rates over exactly the matches played there (3
-            # after, 1 before), each a count of them over their number, the three adding to 1.
-            for end, played in (("after", 3), ("before", first.count((agent, opponent)))):
-                rates = [c[end] for c in cells]
-                counts = [r * played for r in rates]
-                assert counts == [round(c) for c in counts] and sum(counts) == played, \
-                    (agent, opponent, end, rates)
+            # Seat-balanced: per deal the mean over the seats the agent moved in (in Kuhn
+            # Poker it always moves in seat 1, which acts first), the three adding to 1.
+            for end in ("after", "before"):
+                assert sum(c[end] for c in cells) == pytest.approx(1.0), (agent, opponent, end)
             assert all(c["n"] == 3 for c in cells)
+            seat1 = scores[f"games.{opponent}.seat1.win"]
+            assert seat1["n"] == 3 and seat1["after"] * 3 == round(seat1["after"] * 3)
             for k, cell in zip(("win", "draw", "loss"), cells):
-                assert measured[f"games.{opponent}.{k}"]["n"] == first.count((agent, opponent))
+                assert measured[f"games.{opponent}.{k}"]["n"] == 1
                 assert cell["before"] == measured[f"games.{opponent}.{k}"]["mean"]
 
 
@@ -266,13 +330,17 @@ def test_the_closing_summary_and_the_report_show_win_rates_per_agent_and_opponen
     cell = {"before": 0.25, "after": 0.6875, "se_change": 0.031, "n": 400}
     heldout = {"p1": {"sampled": {"before": -0.5, "after": 0.2, "se_change": 0.1, "tasks": 800,
                                   "scores": {"games.start.win": cell,
+                                             "games.start.seat0.win": {"after": 0.7, "n": 400},
+                                             "games.start.seat1.win": {"after": 0.675,
+                                                                       "n": 400},
+                                             "games.start.unmoved": {"after": 0.0},
                                              "games.start.invalid": {"before": 0.87,
                                                                      "after": 0.1, "n": 900},
                                              "games.start.draw": {"before": 0, "after": 0}}}}}
     text = summary(types.SimpleNamespace(metrics=[], wall_s=1.0, heldout=heldout,
                                          final_eval={"tasks": 800}))
-    assert ("p1 vs start   win 0.250 -> 0.688 ±0.031, invalid moves 0.870 -> 0.100 "
-            "(400 games, sampled)") in text
+    assert ("p1 vs start   win 0.250 -> 0.688 ±0.031 (seat 0 0.700, seat 1 0.675), invalid "
+            "moves 0.870 -> 0.100 (400 games x 2 seats, sampled)") in text
     (tmp_path / "eval.json").write_bytes(orjson.dumps({"heldout": heldout}))
     assert _games(tmp_path)[0][0] == "held-out games: p1 vs start"
     assert _games(tmp_path / "missing") == []

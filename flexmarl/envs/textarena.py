@@ -2,15 +2,18 @@
 
     game_team("KuhnPoker-v0", players=[AgentSpec(name="p0", ...), AgentSpec(name="p1", ...)])
       train task Game(seed) ─► play(): a fresh env per game (ta.make), reset(num_players, seed);
-        until done: the seat to move ─► its agent: ctx.generate(agent, [system, observation])
+        until done: the seat to move ─► its agent: ctx.generate(agent, [system, observation],
+                                        turn="s<seat>.t<env turn>[.retry<k>]")
                                      (or "random": a uniformly random legal move)
                     ─► env.step(the completion's text): TextArena parses it as it always does
                        (ActionFormattingWrapper, the env's regex); an invalid move is the env's
                        business (a retry, then a loss: its error_allowance)
       ─► env.close(): each seat's reward (win 1, loss -1, draw 0) ─► ctx.reward on every move
-      held-out task Match(seed, agent, seat, opponent) ─► the agent in its seat against
-        "start" (its frozen starting model) or "random"; ctx.score: games.<opponent>.win,
-        .draw, .loss, .invalid (per move), read by the run's before/after measurement
+      held-out task Match(seed, agent, opponent) ─► the deal played once with the agent in
+        each seat (duplicate format) against "start" (its frozen starting model), "random"
+        or a team agent; ctx.score: games.<opponent>.seat<i>.<win|draw|loss>, the
+        seat-balanced games.<opponent>.<win|draw|loss>, .unmoved, .invalid (per move), read
+        by the run's before/after measurement (counts: games per pair, Team.heldout_unit)
 
 Players (one entry per seat): an AgentSpec (its own model), the name of an AgentSpec given at an
 earlier seat (one model plays several seats), a frozen AgentSpec (trainable=False: a fixed
@@ -18,8 +21,10 @@ opponent), or "random".
 
 Credit (see docs/games.md): every move of a seat gets that seat's game outcome, and a move the
 env rejected gets `invalid_reward` instead (default: the env's loss, -1). Advantages are
-grouped per (agent, move number) over the task's games of one seed (pipeline.credit = "turn",
-agent- and turn-aware as AT-GRPO); pipeline.credit = "trajectory" compares whole games instead.
+grouped per (agent, move) over the task's games of one seed (pipeline.credit = "turn", agent-
+and turn-aware as AT-GRPO), a move named by its seat, the env's turn count and its attempt, so
+a retry after a rejected move is never compared with another game's next move;
+pipeline.credit = "trajectory" compares whole games instead.
 Each of a seat's k moves in a game is weighted 1/k (`per_game_weight`), so a long game counts
 as much as a short one; per_game_weight=False counts every move alike.
 
@@ -29,6 +34,7 @@ they would alone, and nothing else in the process is reseeded.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import random
 import re
@@ -36,6 +42,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
+from flexmarl.checks import RequestError
 from flexmarl.envs import require
 from flexmarl.team import AgentSpec, Team
 
@@ -67,12 +74,12 @@ class Game:
 
 @dataclass(frozen=True)
 class Match:
-    """A held-out task: `agent` in seat `seat` against `opponent` in every other seat."""
+    """A held-out task: one deal (`seed`) played once with `agent` in each seat, `opponent`
+    in every other seat (duplicate format: the seat's advantage cancels out)."""
 
     task_id: str
     seed: int
     agent: str
-    seat: int
     opponent: str
     """START (the agent's frozen starting model), RANDOM, or an agent of the team."""
 
@@ -181,8 +188,9 @@ class GameRules:
     starts: tuple[tuple[str, str], ...] = ()
     """agent -> the frozen agent serving its starting model (opponent START)."""
 
-    def prompt(self, observation: str, moves: list[str] | None = None) -> list[dict]:
-        text = trim(observation.strip("\n"), self.max_prompt_chars)
+    def prompt(self, observation: str, moves: list[str] | None = None,
+               max_chars: int | None = None) -> list[dict]:
+        text = trim(observation.strip("\n"), max_chars or self.max_prompt_chars)
         if self.instruction:
             listed = (" or ".join([", ".join(moves[:-1]), moves[-1]] if len(moves) > 1
                                   else moves) if moves else "your action in square brackets")
@@ -190,10 +198,14 @@ class GameRules:
         return [{"role": "system", "content": self.system}, {"role": "user", "content": text}]
 
 
-async def play(ctx: Any, rules: GameRules, seats: Sequence[str], seed: int
+async def play(ctx: Any, rules: GameRules, seats: Sequence[str], seed: int, game: str = ""
                ) -> tuple[dict[int, float], dict[int, list], dict[int, list[bool]]]:
     """One game: (each seat's reward, each seat's completions, whether the env rejected each
-    of them). `seats[i]` plays seat i: an agent name, or RANDOM."""
+    of them). `seats[i]` plays seat i: an agent name, or RANDOM. Each call is labelled with
+    its move (ctx.generate(turn=...)): the seat, the env's own turn count and, for a retry
+    after a rejected move, its attempt ("s0.t2", "s0.t2.retry1"), so GRPO compares a move
+    with the same move of the task's other games, never with a retry or a later move.
+    `game` prefixes the labels (several games of one trajectory: a held-out Match)."""
     env = make_env(rules.env_id, **dict(rules.env_kwargs))
     env.reset(rules.num_players, seed)
     rejected: list[bool] = []
@@ -203,7 +215,10 @@ async def play(ctx: Any, rules: GameRules, seats: Sequence[str], seed: int
         rejected.append(True)
         return original(*args, **kwargs)
     env.state.set_invalid_move = invalid
-    rng = random.Random(zlib.crc32(f"{ctx.input_id}/{ctx.trajectory}".encode()))
+    rng = random.Random(zlib.crc32(f"{ctx.input_id}/{ctx.trajectory}/{game}".encode()))
+    tries: dict[tuple[int, int], int] = {}
+    made = [0] * rules.num_players  # accepted moves per seat (envs without a turn count)
+    fitted: dict[str, int] = {}  # player -> the prompt size that fits its context
     moves: dict[int, list] = {i: [] for i in range(rules.num_players)}
     flags: dict[int, list[bool]] = {i: [] for i in range(rules.num_players)}
     done = False
@@ -221,15 +236,46 @@ async def play(ctx: Any, rules: GameRules, seats: Sequence[str], seed: int
                                    "(a random player needs them: see legal_moves)")
             action, completion = rng.choice(options), None
         else:
-            [completion] = await ctx.generate(player, rules.prompt(observation, options))
+            turn = getattr(env.state, "turn", None)
+            move = turn if isinstance(turn, int) else made[seat]
+            attempt = tries.get((seat, move), 0)
+            tries[(seat, move)] = attempt + 1
+            label = f"{game}s{seat}.t{move}" + (f".retry{attempt}" if attempt else "")
+            completion = await _move(ctx, rules, player, observation, options, label, fitted)
             action = completion.text
         rejected.clear()
         done = env.step(action)
+        if not rejected:
+            made[seat] += 1
         if completion is not None:
             moves[seat].append(completion)
             flags[seat].append(bool(rejected))
     rewards, _ = env.close()
     return rewards, moves, flags
+
+
+MIN_PROMPT_CHARS = 250
+"""The least a prompt is cut to (the rules' first 3/4 of it, then the latest messages)."""
+
+
+async def _move(ctx: Any, rules: GameRules, player: str, observation: str,
+                options: list[str] | None, label: str, fitted: dict[str, int]) -> Any:
+    """The player's completion for this observation. A prompt that does not fit the agent's
+    context (rollout.max_model_len, with its max_tokens) is cut further, halved until it
+    fits (not below MIN_PROMPT_CHARS), and that size kept for the player's later moves: a
+    game's default max_prompt_chars fits any context instead of failing every game."""
+    size = fitted.get(player, rules.max_prompt_chars)
+    while True:
+        try:
+            [completion] = await ctx.generate(player, rules.prompt(observation, options, size),
+                                              turn=label)
+        except RequestError as exc:
+            if exc.param not in ("prompt", "max_tokens") or size <= MIN_PROMPT_CHARS:
+                raise
+            size = max(MIN_PROMPT_CHARS, size // 2)
+            continue
+        fitted[player] = size
+        return completion
 
 
 def outcome(rewards: dict[int, float], seat: int) -> str:
@@ -259,34 +305,57 @@ def credit(ctx: Any, rules: GameRules, trainable: set[str], seats: Sequence[str]
 
 def workflow_for(rules: GameRules, seats: Sequence[str], trainable: set[str]
                  ) -> Callable[[Any, Any], Any]:
-    """The team's workflow: a Game plays `seats`; a Match its agent against its opponent."""
+    """The team's workflow: a Game plays `seats`; a Match plays its deal once with its agent
+    in each seat against its opponent (the games at once) and scores them."""
     starts = dict(rules.starts)
 
     async def workflow(ctx: Any, task: Game | Match) -> None:
         if isinstance(task, Match):
-            other = starts[task.agent] if task.opponent == START else task.opponent
-            players = [task.agent if i == task.seat else other
-                       for i in range(rules.num_players)]
-        else:
-            players = list(seats)
+            await _match(ctx, rules, task, starts)
+            return
+        players = list(seats)
         rewards, moves, flags = await play(ctx, rules, players, task.seed)
-        credit(ctx, rules, trainable if not isinstance(task, Match) else {task.agent},
-               players, rewards, moves, flags)
+        credit(ctx, rules, trainable, players, rewards, moves, flags)
         learners = [i for i, p in enumerate(players) if p in trainable]
         ctx.team_reward(sum(rewards.get(i, 0.0) for i in learners) / max(len(learners), 1))
-        if isinstance(task, Match):
-            result = outcome(rewards, task.seat)
-            prefix = f"games.{task.opponent}"
-            for name in OUTCOMES:
-                ctx.score(task.agent, f"{prefix}.{name}", float(result == name))
-            for bad in flags[task.seat]:
-                ctx.score(task.agent, f"{prefix}.invalid", float(bad))
     return workflow
+
+
+async def _match(ctx: Any, rules: GameRules, task: Match, starts: dict[str, str]) -> None:
+    """The deal in every seat; scores (ctx.score, for `task.agent`): per seat
+    games.<opponent>.seat<i>.<win|draw|loss>, seat-balanced games.<opponent>.<win|draw|loss>
+    (the mean over the seats it moved in: each deal counts once), games.<opponent>.invalid
+    per move, and games.<opponent>.unmoved (the share of its seats it never had to move in:
+    such a game is not scored a win, a draw or a loss)."""
+    other = starts[task.agent] if task.opponent == START else task.opponent
+    lineups = [[task.agent if i == seat else other for i in range(rules.num_players)]
+               for seat in range(rules.num_players)]
+    games = await asyncio.gather(*(play(ctx, rules, players, task.seed, f"g{seat}.")
+                                   for seat, players in enumerate(lineups)))
+    for players, game in zip(lineups, games):  # its moves' rewards, as in training
+        credit(ctx, rules, {task.agent}, players, *game)
+    prefix = f"games.{task.opponent}"
+    played = []
+    for seat, (rewards, moves, flags) in enumerate(games):
+        if not moves[seat]:
+            continue
+        result = outcome(rewards, seat)
+        played.append(result)
+        for name in OUTCOMES:
+            ctx.score(task.agent, f"{prefix}.seat{seat}.{name}", float(result == name))
+        for bad in flags[seat]:
+            ctx.score(task.agent, f"{prefix}.invalid", float(bad))
+    ctx.score(task.agent, f"{prefix}.unmoved", 1.0 - len(played) / rules.num_players)
+    if played:
+        for name in OUTCOMES:
+            ctx.score(task.agent, f"{prefix}.{name}",
+                      sum(r == name for r in played) / len(played))
+    ctx.team_reward(sum(g[0].get(seat, 0.0) for seat, g in enumerate(games)) / len(games))
 
 
 def game_team(env_id: str, players: Sequence[AgentSpec | str], *, name: str | None = None,
               train_games: int = 4096, eval_games: int | dict[str, int] = 400,
-              opponents: Sequence[str] = (START, RANDOM), seed: int = 0,
+              opponents: Sequence[str] | None = None, seed: int = 0,
               eval_seed: int = 1_000_000, env_kwargs: dict | None = None,
               system: str = SYSTEM, instruction: str = INSTRUCTION,
               max_prompt_chars: int = 4000, invalid_reward: float | None = -1.0,
@@ -298,12 +367,18 @@ def game_team(env_id: str, players: Sequence[AgentSpec | str], *, name: str | No
     the agent's starting model, added to the team as the frozen agent "start" ("start_2", ...
     for further models); RANDOM; or an agent
     name), `eval_games` games (or eval_games[opponent]) from seeds eval_seed, eval_seed+1, ...
-    (the same seeds for every agent and opponent), in the agent's own seat(s), interleaved: game
-    k of every (agent, opponent) that has a game k, then game k+1, so that any first part of
-    Team.heldout (eval.final_tasks, eval.before_tasks) is balanced.
+    (the same seeds for every agent and opponent), each deal played with the agent in every
+    seat, interleaved: game k of every (agent, opponent) that has a game k, then game k+1, so
+    that any first part of Team.heldout (eval.final_tasks, eval.before_tasks: games per pair,
+    Team.heldout_unit) is balanced. `opponents` left out: START, and RANDOM where the game's
+    legal moves can be told (legal_moves). `max_prompt_chars`: the most; a prompt the agent's
+    context cannot take is cut further (_move).
     """
     if not players or len(players) < 2:
         raise ValueError(f"{env_id}: give one player per seat (at least 2), got {players!r}")
+    if opponents is None:  # the ones this game can have: a random player needs legal moves
+        opponents = (START, RANDOM) if _knows_moves(env_id, len(players), env_kwargs) \
+            else (START,)
     counts = ({o: eval_games for o in opponents} if isinstance(eval_games, int)
               else {o: int(eval_games.get(o, 0)) for o in opponents})
     if set(counts) != set(opponents) or min(counts.values(), default=0) < 0 or (
@@ -359,15 +434,23 @@ def game_team(env_id: str, players: Sequence[AgentSpec | str], *, name: str | No
     pairs = [(agent, o) for agent in sorted(trainable) for o in opponents if o != agent]
     for k in range(most):
         for agent, o in pairs:
-            if k >= counts[o]:
-                continue
-            own = [i for i, p in enumerate(seats) if p == agent]
-            seat = own[k % len(own)]
-            heldout.append(Match(f"{env_id}-{agent}-vs-{o}-{eval_seed + k}", eval_seed + k,
-                                 agent, seat, o))
+            if k < counts[o]:
+                heldout.append(Match(f"{env_id}-{agent}-vs-{o}-{eval_seed + k}",
+                                     eval_seed + k, agent, o))
     return Team(name=name or re.sub(r"[^A-Za-z0-9_-]", "_", env_id),
                 agents=[*specs.values(), *extra], workflow=workflow_for(rules, seats, trainable),
-                tasks=tasks, heldout=heldout)
+                tasks=tasks, heldout=heldout, heldout_unit=max(1, len(pairs)))
+
+
+def _knows_moves(env_id: str, num_players: int, env_kwargs: dict | None) -> bool:
+    """Whether `legal_moves` can tell the first player's moves in this game (so a random
+    player can take part)."""
+    env = make_env(env_id, **dict(env_kwargs or {}))
+    try:
+        env.reset(num_players, 0)
+    except AssertionError:
+        return False  # _probe says why
+    return bool(legal_moves(env, env.observe()[1]))
 
 
 def _probe(rules: GameRules, seats: Sequence[str], random_player: bool) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import time
 from contextlib import ExitStack
@@ -286,9 +287,11 @@ def eval_line(result: dict) -> str:
 
 def game_lines(heldout: dict | None) -> list[tuple[str, str]]:
     """A game team's held-out results (RunResult.heldout, eval.json's "heldout": the scores
-    "games.<opponent>.<win|draw|invalid>" of flexmarl.envs.textarena), one per agent and
-    opponent: ("p1 vs start", "win 0.250 -> 0.690 ±0.031, invalid moves 0.870 -> 0.100 (400
-    games, sampled)"); [] for a team without games."""
+    "games.<opponent>.<win|draw|invalid|unmoved>" and "games.<opponent>.seat<i>.win" of
+    flexmarl.envs.textarena), one per agent and opponent: ("p1 vs start", "win 0.250 -> 0.690
+    ±0.031 (seat 0 0.700, seat 1 0.680), invalid moves 0.870 -> 0.100 (400 games x 2 seats,
+    sampled)"), the win rate seat-balanced (each deal played in every seat); [] for a team
+    without games."""
     def f(v: Any) -> str:
         return "-" if v is None else f"{v:.3f}"
     out = []
@@ -298,13 +301,23 @@ def game_lines(heldout: dict | None) -> list[tuple[str, str]]:
         if mode is None:
             continue
         scores = modes[mode]["scores"]
-        for name in sorted(n for n in scores if n.startswith("games.") and n.endswith(".win")):
+        for name in sorted(n for n in scores if n.startswith("games.") and n.endswith(".win")
+                           and ".seat" not in n):
             opponent = name[len("games."):-len(".win")]
             win, bad = scores[name], scores.get(f"games.{opponent}.invalid") or {}
             se = win.get("se_change")
+            seats = sorted((int(n[len(f"games.{opponent}.seat"):-len(".win")]), c)
+                           for n, c in scores.items()
+                           if re.fullmatch(rf"games\.{re.escape(opponent)}\.seat\d+\.win", n))
+            by_seat = (" (" + ", ".join(f"seat {i} {f(c.get('after'))}" for i, c in seats)
+                       + ")") if seats else ""
+            unmoved = (scores.get(f"games.{opponent}.unmoved") or {}).get("after")
             text = (f"win {f(win.get('before'))} -> {f(win.get('after'))}"
-                    + (f" ±{se:.3f}" if se is not None else "")
+                    + (f" ±{se:.3f}" if se is not None else "") + by_seat
                     + (f", invalid moves {f(bad.get('before'))} -> {f(bad.get('after'))}"
-                       if bad else "") + f" ({win.get('n')} games, {mode})")
+                       if bad else "")
+                    + (f", never moved in {unmoved:.0%} of its seats" if unmoved else "")
+                    + f" ({win.get('n')} games" + (f" x {len(seats)} seats" if seats else "")
+                    + f", {mode})")
             out.append((f"{agent} vs {opponent}", text))
     return out

@@ -37,12 +37,13 @@ def heldout_tasks(team: Team, config: EvalConfig, *, final: bool = False,
                   before: bool = False) -> list[Any]:
     """The tasks an evaluation uses: the first eval.tasks of Team.heldout, or with `final` (the
     before and final measurements) the first eval.final_tasks, and with `before` too the
-    first eval.before_tasks where that is set."""
+    first eval.before_tasks where that is set; each count in units of Team.heldout_unit
+    tasks (a game team's: games per (agent, opponent) pair)."""
     tasks = list(team.heldout)
     count = config.final_tasks if final else config.tasks
     if final and before and config.before_tasks:
         count = config.before_tasks
-    return tasks[:count] if count else tasks
+    return tasks[:count * max(1, team.heldout_unit)] if count else tasks
 
 
 class EvalContext(TrajectoryContext):
@@ -57,6 +58,7 @@ class EvalContext(TrajectoryContext):
         self.episode = f"eval/{input_id}/{trajectory}"
         self._calls, self.seed = calls, seed
         self._turns: dict[str, int] = defaultdict(int)
+        self._labels: dict[str, set[str]] = defaultdict(set)
         self._own: dict[str, float] = {}
         self._weight: dict[str, float] = {}
         self._made: list[Completion] = []
@@ -72,9 +74,9 @@ class EvalContext(TrajectoryContext):
             raise ValueError(f"{where}: the name must be a non-empty str")
         self.scores[(agent, name)].append(self._finite(value, where))
 
-    async def generate(self, agent: str, prompt: Any, *, n: int = 1,
+    async def generate(self, agent: str, prompt: Any, *, n: int = 1, turn: str | None = None,
                        **sampling: Any) -> list[Completion]:
-        _, prompt_ids, params, turn = self._call(self.agents, agent, prompt, n, sampling)
+        _, prompt_ids, params, turn = self._call(self.agents, agent, prompt, n, sampling, turn)
         request_id = f"eval/{self.input_id}/{self.trajectory}/{agent}/{turn}"
         if self.config.greedy:
             params = dataclasses.replace(params, temperature=0.0, top_k=0, top_p=1.0)

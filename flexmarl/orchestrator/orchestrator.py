@@ -127,14 +127,14 @@ class TaskTurns:
             return
         self.stored[trajectory].append((agent, sample_id))
 
-    def call(self, agent: str, turn: int, trajectory: int, sample_ids: list[str]) -> None:
+    def call(self, agent: str, turn: int | str, trajectory: int, sample_ids: list[str]) -> None:
         """`trajectory`'s call `turn` of `agent` returned these samples to its workflow."""
         if trajectory in self.failed:
             return
         self.made[(agent, turn)][trajectory] = sample_ids
         self._try_close(agent, turn)
 
-    def reward(self, agent: str, turn: int, sample_id: str, value: float,
+    def reward(self, agent: str, turn: int | str, sample_id: str, value: float,
                weight: float = 1.0) -> None:
         """A sample's own reward (ctx.reward checked it is the first): final from now on."""
         self.store.set_reward(agent, sample_id, value, weight=weight)
@@ -161,7 +161,7 @@ class TaskTurns:
         for agent, turn in list(self.made):
             self._try_close(agent, turn)
 
-    def _try_close(self, agent: str, turn: int) -> None:
+    def _try_close(self, agent: str, turn: int | str) -> None:
         if self.store.credit == "trajectory" or (agent, turn) in self.closed:
             return  # trajectory credit: an advantage needs all its rows (closes with the task)
         calls = self.made.get((agent, turn), {})
@@ -196,6 +196,8 @@ class TrajectoryContext:
         """Sticky routing key: one trajectory's turns of an agent share a prompt prefix."""
         self._calls = calls
         self._turns: dict[str, int] = defaultdict(int)
+        self._labels: dict[str, set[str]] = defaultdict(set)
+        """agent -> the turn labels this trajectory gave (ctx.generate(turn=...))."""
         self._own: dict[str, float] = {}
         self._weight: dict[str, float] = {}
         self._made: list[Completion] = []
@@ -205,28 +207,42 @@ class TrajectoryContext:
         self._team: float | None = None
         self._task_turns = turns
         """The task's turns (TaskTurns): groups close when their rewards are final."""
-        self._turn_of: dict[str, int] = {}
-        """sample_id -> its call's turn number (of stored rows)."""
+        self._turn_of: dict[str, int | str] = {}
+        """sample_id -> its call's turn (number or label) (of stored rows)."""
 
     def _call(self, agents: dict[str, AgentRuntime], agent: str, prompt: Any, n: int,
-              sampling: dict[str, Any]) -> tuple[AgentRuntime, list[int], Any, int]:
+              sampling: dict[str, Any], label: str | None = None
+              ) -> tuple[AgentRuntime, list[int], Any, int | str]:
         """What every ctx.generate starts with (training and evaluation alike): the agent,
         the prompt's ids, the call's sampling settings (checked against the context) and its
-        turn number."""
+        turn: the workflow's `label` (ctx.generate(turn=...)), else the call's number."""
         rt = agents.get(agent)
         if rt is None:
             raise ValueError(f"workflow called unknown agent {agent!r}; the team has "
                              f"{sorted(agents)}")
+        if label is not None:
+            if not isinstance(label, str) or not label or "/" in label:
+                raise ValueError(f"ctx.generate({agent!r}, turn={label!r}): a turn label is a "
+                                 "non-empty str without '/' (e.g. 'move3' or 'move3.retry1')")
+            if label in self._labels[agent]:
+                raise ValueError(f"ctx.generate({agent!r}, turn={label!r}): this trajectory "
+                                 "already called the agent with that turn label; each call's "
+                                 "label names one turn (its GRPO group across the task's "
+                                 "trajectories)")
         prompt_ids = rt.encode(prompt)
         params = rt.call_params(prompt, dataclasses.replace(rt.spec.sampling, n=n, **sampling))
         rt.check_room(prompt_ids, params.max_tokens)
+        if label is not None:
+            self._labels[agent].add(label)
+            return rt, prompt_ids, params, label
         turn = self._turns[agent]
         self._turns[agent] += 1
         return rt, prompt_ids, params, turn
 
     async def generate(self, agent: str, prompt: str | list[dict] | list[int], *,
-                       n: int = 1, **sampling: Any) -> list[Completion]:
-        rt, prompt_ids, params, turn = self._call(self.orch.agents, agent, prompt, n, sampling)
+                       n: int = 1, turn: str | None = None, **sampling: Any) -> list[Completion]:
+        rt, prompt_ids, params, turn = self._call(self.orch.agents, agent, prompt, n, sampling,
+                                                  turn)
         request_id = f"{self.input_id}/{self.trajectory}/{agent}/{turn}"
         if params.seed is None:
             params = dataclasses.replace(params, seed=request_seed(self.orch.seed, request_id))

@@ -41,7 +41,9 @@ class Turn:
 
     agent: str
     input_id: str
-    turn: int
+    turn: int | str
+    """The call's number among the agent's calls in its trajectory, or the workflow's label
+    for it (ctx.generate(turn=...), e.g. a game's move number): rows of one turn form a group."""
     traj_id: str
     """Unique per trajectory of this input ("0", "1", or "2.3" for the 4th of n samples)."""
     policy_version: int
@@ -71,13 +73,19 @@ def _traj_order(turn: Turn) -> tuple:
     return tuple((0, int(p), "") if p.isdecimal() else (1, 0, p) for p in turn.traj_id.split("."))
 
 
+def _turn_order(turn: int | str) -> tuple:
+    # Numbers first, then labels: one agent's calls may have either (a sorted order for
+    # determinism, not a meaning).
+    return (0, turn, "") if isinstance(turn, int) else (1, 0, turn)
+
+
 @dataclass(slots=True)
 class Group:
     """All samples of one agent, one input, one turn: the unit GRPO normalises over."""
 
     agent: str
     input_id: str
-    turn: int
+    turn: int | str
     turns: list[Turn]
     """Sorted by traj_id (numerically where numeric) for determinism."""
 
@@ -264,7 +272,7 @@ class ExperienceStore:
                              f"number >= 0, got {weight!r}")
         row.reward, row.weight = float(reward), float(weight)
 
-    def complete_group(self, agent: str, input_id: str, turn: int) -> None:
+    def complete_group(self, agent: str, input_id: str, turn: int | str) -> None:
         """Close one group of an open input early: `agent`'s turn `turn` of every trajectory
         of `input_id`, which the caller knows have all been made and rewarded (their rewards
         are final), while the trajectories' later turns still run. Its advantages are computed
@@ -332,7 +340,7 @@ class ExperienceStore:
             for r, adv in zip(rows, advantages):
                 r.advantage = adv * r.weight
                 by_turn.setdefault(r.turn, []).append(r)
-            for k in sorted(by_turn):
+            for k in sorted(by_turn, key=_turn_order):
                 table.ready[(input_id, k)] = Group(agent, input_id, k,
                                                    sorted(by_turn[k], key=_traj_order))
             table.groups_ready.notify()

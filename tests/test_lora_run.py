@@ -165,14 +165,16 @@ async def test_one_slot_swaps_three_adapters_and_survives_its_kill(tiny_model_di
     assert max(sw["num_bytes"] for sw in swaps) < weights / 4, (weights, swaps)
     faults = result.metrics[1]["faults"]["trainer"]
     assert faults["dead"] == 1 and len(faults["replacements"]) == 1
-    # The same samples and the same updates: the adapters end where the clean run's do.
+    # The same samples and the same updates: the adapters end where the clean run's do,
+    # within RESUME_ATOL (the replaced slot restores from the snapshot, as a resume does: the
+    # suite here saw 1.2e-6 where this was 1e-6; a state lost at the kill differs by ~lr, 1e-2).
     from safetensors.torch import load_file
     for name in ADAPTERS:
         ours = load_file(str(result.checkpoints[name] / ADAPTER_WEIGHTS))
         theirs = load_file(str(clean.checkpoints[name] / ADAPTER_WEIGHTS))
         assert ours.keys() == theirs.keys()
         diff = max((ours[k] - theirs[k]).abs().max().item() for k in ours)
-        assert diff <= 1e-6, (name, diff)
+        assert diff <= RESUME_ATOL, (name, diff)
 
 
 LORA_TEAM_FILE = '''

@@ -157,7 +157,7 @@ def games(modes: dict) -> dict:
         if what == "win":  # seat-balanced: each deal in every seat
             row.update(before=cell["before"], after=cell["after"], games=cell["n"],
                        se=cell["se_change"])
-        elif what in ("invalid", "draw", "unmoved"):
+        elif what in ("invalid", "draw", "unscored"):
             row.update({f"{what}_before": cell["before"], f"{what}_after": cell["after"]})
     return out
 

@@ -190,7 +190,8 @@ class Context(Protocol):
         `turn` names the call's turn, which groups it for GRPO (pipeline.credit = "turn")
         with the same agent's call of that name in the task's other trajectories: e.g. a
         game's move number, so that a rejected move's retry ("move3.retry1") is not compared
-        with another game's next move. A str without "/", once per agent and trajectory.
+        with another game's next move. A str without "/", not only digits, once per agent and
+        trajectory.
         Without it a call's turn is its number among the agent's calls in the trajectory."""
         ...
 
@@ -243,10 +244,11 @@ class Team:
     training and after it (eval.before, eval.final: each agent's turn rewards, greedy and
     sampled) and between steps (eval.every_steps); flexmarl.orchestrator.heldout, evaluate.
     Empty: no held-out measurement."""
-    heldout_unit: int = 1
-    """Held-out tasks that the eval counts (eval.tasks, final_tasks, before_tasks) take as
-    one: a game team's one deal for each of its (agent, opponent) pairs
-    (flexmarl.envs.textarena), so that the counts mean games per pair."""
+    heldout_round: Callable[[Any], int] | None = None
+    """The round a held-out task belongs to (0, 1, ...), where the eval counts (eval.tasks,
+    final_tasks, before_tasks) should count rounds rather than tasks: a game team's deal
+    number, so that the counts mean games per (agent, opponent) pair whatever each pair's
+    number of games (flexmarl.envs.textarena). None: the counts are tasks."""
 
     def __post_init__(self) -> None:
         if not self.agents:
@@ -260,9 +262,9 @@ class Team:
                             "task)` coroutine function")
         if not len(self.tasks):
             raise ValueError(f"team {self.name}: tasks is empty")
-        if not isinstance(self.heldout_unit, int) or self.heldout_unit < 1:
-            raise ValueError(f"team {self.name}: heldout_unit must be an int >= 1, got "
-                             f"{self.heldout_unit!r}")
+        if self.heldout_round is not None and not callable(self.heldout_round):
+            raise TypeError(f"team {self.name}: heldout_round must be a function of a held-out "
+                            f"task (its round), got {self.heldout_round!r}")
         if not any(a.trainable for a in self.agents):
             raise ValueError(f"team {self.name}: every agent is frozen; nothing would train")
         seen: dict[str, int] = {}

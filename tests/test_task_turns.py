@@ -287,7 +287,8 @@ async def test_labelled_turns_keep_a_retry_apart_from_the_next_move():
 
 
 @pytest.mark.parametrize("label, message", [("t0", "already called the agent with that turn"),
-                                            ("a/b", "without '/'"), ("", "non-empty")])
+                                            ("a/b", "without '/'"), ("", "without '/'"),
+                                            ("1", "not only digits")])
 async def test_a_turn_label_used_twice_or_malformed_fails_the_trajectory_naming_why(label,
                                                                                     message):
     async def workflow(ctx, task):

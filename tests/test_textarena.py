@@ -76,9 +76,9 @@ def test_an_invalid_move_is_retried_once_then_loses_as_the_env_rules():
     rewards, moves, flags = asyncio.run(play(ctx, KUHN, ["a", "b"], seed=3))
     assert flags[1] == [True, False] and flags[0] == [False]
     assert "attempted an invalid move" in ctx.prompts[1][1][-1]["content"]  # the env said so
-    # Each call labelled with its move (the env's turn count, unchanged by a rejected move)
-    # and its attempt: the retry is a turn of its own, not the seat's next move.
-    assert ctx.labels == [("b", "s1.t0"), ("b", "s1.t0.retry1"), ("a", "s0.t1")]
+    # Each call labelled with its seat's move number (its accepted moves so far) and its
+    # attempt: the retry is a turn of its own, not the seat's next move.
+    assert ctx.labels == [("b", "s1.m0"), ("b", "s1.m0.retry1"), ("a", "s0.m0")]
     credit(ctx, KUHN, {"a", "b"}, ["a", "b"], rewards, moves, flags)
     by_text = {t: (v, w) for _, t, v, w in ctx.rewards}
     assert by_text["I raise!"] == (-1.0, 0.5)  # a rejected move: invalid_reward, weight 1/2
@@ -153,10 +153,18 @@ def test_a_game_team_has_its_players_a_frozen_start_copy_and_balanced_matches():
     first = team.heldout[:4]
     assert {(m.agent, m.opponent) for m in first} == {("p0", "start"), ("p0", "random"),
                                                       ("p1", "start"), ("p1", "random")}
-    assert team.heldout_unit == 4  # eval counts are games per (agent, opponent) pair
     assert [m.seed for m in team.heldout if (m.agent, m.opponent) == ("p1", "start")] == \
         [1_000_000, 1_000_001, 1_000_002]  # each deal once per pair, played in every seat
     assert len(team.heldout) == 8 and all(m.seed >= 1_000_000 for m in team.heldout)
+    # Eval counts are games per (agent, opponent) pair, whatever each pair's number of games:
+    # 2 is both start deals of each agent and the one random deal (a prefix of 2 x 4 tasks
+    # would have taken all three start deals).
+    from flexmarl.config.pipeline import EvalConfig
+    from flexmarl.orchestrator.evaluate import heldout_tasks
+    two = heldout_tasks(team, EvalConfig(final_tasks=2), final=True)
+    assert sorted((m.agent, m.opponent, m.seed - 1_000_000) for m in two) == [
+        ("p0", "random", 0), ("p0", "start", 0), ("p0", "start", 1),
+        ("p1", "random", 0), ("p1", "start", 0), ("p1", "start", 1)]
     starter = game_team("TicTacToe-v0", [AgentSpec(name="starter", model="small"), RANDOM],
                         train_games=4, eval_games=1)  # only "start" and "start_N" are reserved
     assert [a.name for a in starter.agents] == ["starter", "start"]
@@ -165,8 +173,7 @@ def test_a_game_team_has_its_players_a_frozen_start_copy_and_balanced_matches():
     shared = game_team("TicTacToe-v0", [spec, "p0"], train_games=4, eval_games=2,
                        opponents=["random"])
     assert [a.name for a in shared.agents] == ["p0"]
-    assert [m.seed for m in shared.heldout] == [1_000_000, 1_000_001] and \
-        shared.heldout_unit == 1
+    assert [m.seed for m in shared.heldout] == [1_000_000, 1_000_001]
 
 
 @pytest.mark.parametrize("players, kwargs, message", [
@@ -198,8 +205,8 @@ def test_an_unknown_env_or_player_count_or_unknowable_moves_is_refused_at_build(
 def test_a_match_plays_its_deal_in_every_seat_and_scores_each_and_both():
     """Duplicate format: the agent plays the deal in seat 0 and in seat 1 against its frozen
     start. p1 always bets, the start always folds: in seat 1 (first to act) p1 bets and the
-    start folds, a win; in seat 0 the start's fold is no legal opening, twice, and it loses
-    before p1 ever moved: that game is no win of p1's, only "unmoved"."""
+    start folds, a win; in seat 0 the start's fold is no legal opening, twice, and the game
+    ends before p1 ever had a turn: that game is scored for neither ("unscored")."""
     team = game_team("KuhnPoker-v0", [AgentSpec(name="p0", model="small"),
                                       AgentSpec(name="p1", model="small")],
                      train_games=4, eval_games=2, env_kwargs={"max_rounds": 1})
@@ -211,19 +218,61 @@ def test_a_match_plays_its_deal_in_every_seat_and_scores_each_and_both():
         ("p1", "games.start.draw", 0.0), ("p1", "games.start.invalid", 0.0),
         ("p1", "games.start.loss", 0.0), ("p1", "games.start.seat1.draw", 0.0),
         ("p1", "games.start.seat1.loss", 0.0), ("p1", "games.start.seat1.win", 1.0),
-        ("p1", "games.start.unmoved", 0.5), ("p1", "games.start.win", 1.0)]
+        ("p1", "games.start.unscored", 0.5), ("p1", "games.start.win", 1.0)]
     assert [(a, v) for a, _, v, _ in ctx.rewards] == [("p1", 1.0)]  # only the agent is credited
-    assert {label for a, label in ctx.labels if a == "p1"} == {"g1.s1.t0"}
-    # Both seats played and moved in: the seat-balanced rate is their mean.
+    assert {label for a, label in ctx.labels if a == "p1"} == {"g1.s1.m0"}
+    # Both seats played: the seat-balanced rate is their mean.
     ctx = GameCtx(first_legal)  # check, check: a showdown, one seat's card wins
     asyncio.run(team.workflow(ctx, match))
     got = {n: v for _, n, v in ctx.scores}
     seats = [got[f"games.start.seat{i}.win"] for i in (0, 1)]
-    assert got["games.start.win"] == sum(seats) / 2 and got["games.start.unmoved"] == 0.0
+    assert got["games.start.win"] == sum(seats) / 2 and got["games.start.unscored"] == 0.0
     ctx = GameCtx(first_legal)
     asyncio.run(team.workflow(ctx, Game("g", 5)))  # training: both seats credited, no score
     assert {a for a, *_ in ctx.rewards} == {"p0", "p1"} and ctx.scores == [] and ctx.team == 0.0
     assert isinstance(match, Match)
+
+
+def test_a_deal_both_sides_forfeit_at_the_opening_is_scored_for_neither():
+    """Both sides only ever write nonsense: in each seat's game the opener forfeits (two
+    invalid moves) before the other has a turn. Scoring the games the agent moved in would
+    count its own forfeit as a loss and drop the opponent's as "unmoved": a win rate of 0 for
+    two identical players. Counted for neither side, the deal gives no win rate at all, and
+    says so (unscored 1.0); the agent's invalid moves still count."""
+    team = game_team("KuhnPoker-v0", [AgentSpec(name="p0", model="small"),
+                                      AgentSpec(name="p1", model="small")],
+                     train_games=4, eval_games=1, env_kwargs={"max_rounds": 1})
+    match = next(m for m in team.heldout if m.agent == "p0" and m.opponent == "start")
+    ctx = GameCtx(lambda agent, prompt: "nonsense")
+    asyncio.run(team.workflow(ctx, match))
+    got = sorted(ctx.scores)
+    assert got == [("p0", "games.start.invalid", 1.0), ("p0", "games.start.invalid", 1.0),
+                   ("p0", "games.start.unscored", 1.0)]
+
+
+def test_a_failing_game_of_a_match_stops_the_others_and_raises_its_own_error():
+    """The deal's games run at once: one that fails (here a call refused in game 1) cancels
+    the others (game 0's call, waiting forever), so no call outlives its trajectory, and the
+    trajectory fails with that game's error itself."""
+    team = game_team("KuhnPoker-v0", [AgentSpec(name="p0", model="small"),
+                                      AgentSpec(name="p1", model="small")],
+                     train_games=4, eval_games=1, env_kwargs={"max_rounds": 1})
+    match = next(m for m in team.heldout if m.agent == "p0" and m.opponent == "start")
+    cancelled = []
+
+    class Failing(GameCtx):
+        async def generate(self, agent, prompt, *, turn=None, **kw):
+            if turn.startswith("g1."):
+                raise RuntimeError("game 1 broke")
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                cancelled.append(turn)
+                raise
+
+    with pytest.raises(RuntimeError, match="game 1 broke"):
+        asyncio.run(team.workflow(Failing(first_legal), match))
+    assert cancelled and all(t.startswith("g0.") for t in cancelled)
 
 
 def test_a_prompt_too_long_for_the_context_is_cut_until_it_fits():
@@ -265,7 +314,7 @@ def test_a_game_team_with_the_documented_defaults_builds_and_plays(env_id):
     ctx = GameCtx(lambda agent, prompt: (listed(prompt) or ["[0]"])[0])
     asyncio.run(team.workflow(ctx, match))
     names = {n for _, n, _ in ctx.scores}
-    assert f"games.{match.opponent}.unmoved" in names
+    assert f"games.{match.opponent}.unscored" in names
     assert {f"games.{match.opponent}.seat{i}.win" for i in range(players)} >= {
         n for n in names if ".seat" in n and n.endswith(".win")}
 
@@ -301,24 +350,29 @@ async def test_a_game_team_trains_and_is_measured_against_its_opponents(tiny_mod
     before = result.final_eval["before"]["sampled"]
     assert before["tasks"] == 4 and "greedy" not in result.final_eval["after"]
     # eval.before_tasks=1 is one game per (agent, opponent) pair: the first 4 held-out
-    # matches, one of each, as Team.heldout interleaves them (Team.heldout_unit = 4).
+    # matches, one of each, as Team.heldout interleaves them (Team.heldout_round).
     first = [(m.agent, m.opponent) for m in team.heldout[:4]]
     assert sorted(first) == [(a, o) for a in ("p0", "p1") for o in ("random", "start")]
     for agent in ("p0", "p1"):
         scores = result.heldout[agent]["sampled"]["scores"]
         measured = before["agents"][agent]["scores"]
         for opponent in ("start", "random"):
-            cells = [scores[f"games.{opponent}.{k}"] for k in ("win", "draw", "loss")]
-            # Seat-balanced: per deal the mean over the seats the agent moved in (in Kuhn
-            # Poker it always moves in seat 1, which acts first), the three adding to 1.
-            for end in ("after", "before"):
-                assert sum(c[end] for c in cells) == pytest.approx(1.0), (agent, opponent, end)
-            assert all(c["n"] == 3 for c in cells)
-            seat1 = scores[f"games.{opponent}.seat1.win"]
-            assert seat1["n"] == 3 and seat1["after"] * 3 == round(seat1["after"] * 3)
+            # Every deal says how much of it was scored (its games in which every seat had a
+            # turn: tiny random models often forfeit the opening, scored for neither side).
+            unscored = scores[f"games.{opponent}.unscored"]
+            assert unscored["n"] == 3 and 0.0 <= unscored["after"] <= 1.0
+            assert measured[f"games.{opponent}.unscored"]["n"] == 1
+            cells = [scores.get(f"games.{opponent}.{k}") for k in ("win", "draw", "loss")]
+            if cells[0] is None:  # no deal had a scored game, after or before
+                assert all(c is None for c in cells)
+                continue
+            # Seat-balanced: per deal the mean over its scored seats, the three adding to 1,
+            # over at most the 3 deals played.
+            assert sum(c["after"] for c in cells) == pytest.approx(1.0), (agent, opponent)
+            assert all(c["n"] == cells[0]["n"] <= 3 for c in cells)
             for k, cell in zip(("win", "draw", "loss"), cells):
-                assert measured[f"games.{opponent}.{k}"]["n"] == 1
-                assert cell["before"] == measured[f"games.{opponent}.{k}"]["mean"]
+                if cell.get("before") is not None:
+                    assert cell["before"] == measured[f"games.{opponent}.{k}"]["mean"]
 
 
 def test_the_closing_summary_and_the_report_show_win_rates_per_agent_and_opponent(tmp_path):
@@ -333,14 +387,14 @@ def test_the_closing_summary_and_the_report_show_win_rates_per_agent_and_opponen
                                              "games.start.seat0.win": {"after": 0.7, "n": 400},
                                              "games.start.seat1.win": {"after": 0.675,
                                                                        "n": 400},
-                                             "games.start.unmoved": {"after": 0.0},
+                                             "games.start.unscored": {"after": 0.0},
                                              "games.start.invalid": {"before": 0.87,
                                                                      "after": 0.1, "n": 900},
                                              "games.start.draw": {"before": 0, "after": 0}}}}}
     text = summary(types.SimpleNamespace(metrics=[], wall_s=1.0, heldout=heldout,
                                          final_eval={"tasks": 800}))
     assert ("p1 vs start   win 0.250 -> 0.688 ±0.031 (seat 0 0.700, seat 1 0.675), invalid "
-            "moves 0.870 -> 0.100 (400 games x 2 seats, sampled)") in text
+            "moves 0.870 -> 0.100 (400 deals, each in every seat, sampled)") in text
     (tmp_path / "eval.json").write_bytes(orjson.dumps({"heldout": heldout}))
     assert _games(tmp_path)[0][0] == "held-out games: p1 vs start"
     assert _games(tmp_path / "missing") == []

@@ -84,9 +84,9 @@ class EvalConfig:
     carries it); 0: never during the run."""
     tasks: int = 0
     """Held-out tasks per evaluation, the first of Team.heldout; 0: all of them. This and
-    final_tasks, before_tasks count Team.heldout_unit tasks as one: for a game team
-    (flexmarl.envs.textarena) they are games per (agent, opponent) pair, each deal played in
-    every seat."""
+    final_tasks, before_tasks count rounds where the team names them (Team.heldout_round):
+    for a game team (flexmarl.envs.textarena) they are games per (agent, opponent) pair, each
+    deal played in every seat."""
     greedy: bool = True
     """Each task once at temperature 0; false: `n` trajectories per task at the agents' own
     sampling settings (seeded: the same draws every evaluation)."""

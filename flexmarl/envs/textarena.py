@@ -3,7 +3,7 @@
     game_team("KuhnPoker-v0", players=[AgentSpec(name="p0", ...), AgentSpec(name="p1", ...)])
       train task Game(seed) ─► play(): a fresh env per game (ta.make), reset(num_players, seed);
         until done: the seat to move ─► its agent: ctx.generate(agent, [system, observation],
-                                        turn="s<seat>.t<env turn>[.retry<k>]")
+                                        turn="s<seat>.m<move number>[.retry<k>]")
                                      (or "random": a uniformly random legal move)
                     ─► env.step(the completion's text): TextArena parses it as it always does
                        (ActionFormattingWrapper, the env's regex); an invalid move is the env's
@@ -12,8 +12,8 @@
       held-out task Match(seed, agent, opponent) ─► the deal played once with the agent in
         each seat (duplicate format) against "start" (its frozen starting model), "random"
         or a team agent; ctx.score: games.<opponent>.seat<i>.<win|draw|loss>, the
-        seat-balanced games.<opponent>.<win|draw|loss>, .unmoved, .invalid (per move), read
-        by the run's before/after measurement (counts: games per pair, Team.heldout_unit)
+        seat-balanced games.<opponent>.<win|draw|loss>, .unscored, .invalid (per move), read
+        by the run's before/after measurement (counts: games per pair, Team.heldout_round)
 
 Players (one entry per seat): an AgentSpec (its own model), the name of an AgentSpec given at an
 earlier seat (one model plays several seats), a frozen AgentSpec (trainable=False: a fixed
@@ -22,7 +22,7 @@ opponent), or "random".
 Credit (see docs/games.md): every move of a seat gets that seat's game outcome, and a move the
 env rejected gets `invalid_reward` instead (default: the env's loss, -1). Advantages are
 grouped per (agent, move) over the task's games of one seed (pipeline.credit = "turn", agent-
-and turn-aware as AT-GRPO), a move named by its seat, the env's turn count and its attempt, so
+and turn-aware as AT-GRPO), a move named by its seat, its move number and its attempt, so
 a retry after a rejected move is never compared with another game's next move;
 pipeline.credit = "trajectory" compares whole games instead.
 Each of a seat's k moves in a game is weighted 1/k (`per_game_weight`), so a long game counts
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 import re
 import zlib
@@ -198,14 +199,17 @@ class GameRules:
         return [{"role": "system", "content": self.system}, {"role": "user", "content": text}]
 
 
-async def play(ctx: Any, rules: GameRules, seats: Sequence[str], seed: int, game: str = ""
+async def play(ctx: Any, rules: GameRules, seats: Sequence[str], seed: int, game: str = "",
+               asked: list[int] | None = None
                ) -> tuple[dict[int, float], dict[int, list], dict[int, list[bool]]]:
     """One game: (each seat's reward, each seat's completions, whether the env rejected each
     of them). `seats[i]` plays seat i: an agent name, or RANDOM. Each call is labelled with
-    its move (ctx.generate(turn=...)): the seat, the env's own turn count and, for a retry
-    after a rejected move, its attempt ("s0.t2", "s0.t2.retry1"), so GRPO compares a move
-    with the same move of the task's other games, never with a retry or a later move.
-    `game` prefixes the labels (several games of one trajectory: a held-out Match)."""
+    its move (ctx.generate(turn=...)): the seat, the player's move number (its moves the env
+    accepted so far) and, for a retry after a rejected move, its attempt ("s0.m2",
+    "s0.m2.retry1"), so GRPO compares a move with the same move of the task's other games,
+    never with a retry or a later move. `game` prefixes the labels (several games of one
+    trajectory: a held-out Match); `asked`, if given, gets each seat's count of turns to
+    move (random players' too)."""
     env = make_env(rules.env_id, **dict(rules.env_kwargs))
     env.reset(rules.num_players, seed)
     rejected: list[bool] = []
@@ -217,7 +221,9 @@ async def play(ctx: Any, rules: GameRules, seats: Sequence[str], seed: int, game
     env.state.set_invalid_move = invalid
     rng = random.Random(zlib.crc32(f"{ctx.input_id}/{ctx.trajectory}/{game}".encode()))
     tries: dict[tuple[int, int], int] = {}
-    made = [0] * rules.num_players  # accepted moves per seat (envs without a turn count)
+    made = [0] * rules.num_players  # each seat's moves the env accepted: its move number
+    asked = asked if asked is not None else [0] * rules.num_players
+    asked[:] = [0] * rules.num_players
     fitted: dict[str, int] = {}  # player -> the prompt size that fits its context
     moves: dict[int, list] = {i: [] for i in range(rules.num_players)}
     flags: dict[int, list[bool]] = {i: [] for i in range(rules.num_players)}
@@ -229,6 +235,7 @@ async def play(ctx: Any, rules: GameRules, seats: Sequence[str], seed: int, game
             raise RuntimeError(f"{rules.env_id}: no end after 10,000 moves (seed {seed})")
         seat, observation = env.observe()
         player = seats[seat]
+        asked[seat] += 1
         options = legal_moves(env, observation)
         if player == RANDOM:
             if not options:
@@ -236,11 +243,12 @@ async def play(ctx: Any, rules: GameRules, seats: Sequence[str], seed: int, game
                                    "(a random player needs them: see legal_moves)")
             action, completion = rng.choice(options), None
         else:
-            turn = getattr(env.state, "turn", None)
-            move = turn if isinstance(turn, int) else made[seat]
+            # The seat's own move number, not the env's turn counter: some envs' counter
+            # does not advance per move (every move would look like a retry of the first).
+            move = made[seat]
             attempt = tries.get((seat, move), 0)
             tries[(seat, move)] = attempt + 1
-            label = f"{game}s{seat}.t{move}" + (f".retry{attempt}" if attempt else "")
+            label = f"{game}s{seat}.m{move}" + (f".retry{attempt}" if attempt else "")
             completion = await _move(ctx, rules, player, observation, options, label, fitted)
             action = completion.text
         rejected.clear()
@@ -262,8 +270,9 @@ async def _move(ctx: Any, rules: GameRules, player: str, observation: str,
                 options: list[str] | None, label: str, fitted: dict[str, int]) -> Any:
     """The player's completion for this observation. A prompt that does not fit the agent's
     context (rollout.max_model_len, with its max_tokens) is cut further, halved until it
-    fits (not below MIN_PROMPT_CHARS), and that size kept for the player's later moves: a
-    game's default max_prompt_chars fits any context instead of failing every game."""
+    fits (not below MIN_PROMPT_CHARS), and that size kept for the player's later moves in
+    this game: a game's default max_prompt_chars fits any context instead of failing every
+    game."""
     size = fitted.get(player, rules.max_prompt_chars)
     while True:
         try:
@@ -322,34 +331,45 @@ def workflow_for(rules: GameRules, seats: Sequence[str], trainable: set[str]
 
 
 async def _match(ctx: Any, rules: GameRules, task: Match, starts: dict[str, str]) -> None:
-    """The deal in every seat; scores (ctx.score, for `task.agent`): per seat
-    games.<opponent>.seat<i>.<win|draw|loss>, seat-balanced games.<opponent>.<win|draw|loss>
-    (the mean over the seats it moved in: each deal counts once), games.<opponent>.invalid
-    per move, and games.<opponent>.unmoved (the share of its seats it never had to move in:
-    such a game is not scored a win, a draw or a loss)."""
+    """The deal in every seat; scores (ctx.score, for `task.agent`), over the games in which
+    every seat had a turn to move: per seat games.<opponent>.seat<i>.<win|draw|loss>, the
+    seat-balanced games.<opponent>.<win|draw|loss> (their mean over the deal's seats: each deal
+    counts once), and games.<opponent>.invalid per move of the agent; games.<opponent>.unscored
+    is the share of the deal's games that ended before every seat had moved (an opening
+    forfeit: counted for neither side, so that no one is scored a win it never played for,
+    and the exclusion favours no seat and no side)."""
     other = starts[task.agent] if task.opponent == START else task.opponent
     lineups = [[task.agent if i == seat else other for i in range(rules.num_players)]
                for seat in range(rules.num_players)]
-    games = await asyncio.gather(*(play(ctx, rules, players, task.seed, f"g{seat}.")
-                                   for seat, players in enumerate(lineups)))
+    asked = [[0] * rules.num_players for _ in lineups]
+    running = [asyncio.ensure_future(play(ctx, rules, players, task.seed, f"g{seat}.",
+                                          asked[seat]))
+               for seat, players in enumerate(lineups)]
+    try:
+        games = await asyncio.gather(*running)
+    except BaseException:  # one game failed: the others stop too, and its own error is raised
+        for t in running:
+            t.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        raise
     for players, game in zip(lineups, games):  # its moves' rewards, as in training
         credit(ctx, rules, {task.agent}, players, *game)
     prefix = f"games.{task.opponent}"
-    played = []
+    scored = []
     for seat, (rewards, moves, flags) in enumerate(games):
-        if not moves[seat]:
-            continue
-        result = outcome(rewards, seat)
-        played.append(result)
-        for name in OUTCOMES:
-            ctx.score(task.agent, f"{prefix}.seat{seat}.{name}", float(result == name))
         for bad in flags[seat]:
             ctx.score(task.agent, f"{prefix}.invalid", float(bad))
-    ctx.score(task.agent, f"{prefix}.unmoved", 1.0 - len(played) / rules.num_players)
-    if played:
+        if min(asked[seat]) == 0:
+            continue
+        result = outcome(rewards, seat)
+        scored.append(result)
+        for name in OUTCOMES:
+            ctx.score(task.agent, f"{prefix}.seat{seat}.{name}", float(result == name))
+    ctx.score(task.agent, f"{prefix}.unscored", 1.0 - len(scored) / rules.num_players)
+    if scored:
         for name in OUTCOMES:
             ctx.score(task.agent, f"{prefix}.{name}",
-                      sum(r == name for r in played) / len(played))
+                      sum(r == name for r in scored) / len(scored))
     ctx.team_reward(sum(g[0].get(seat, 0.0) for seat, g in enumerate(games)) / len(games))
 
 
@@ -370,7 +390,7 @@ def game_team(env_id: str, players: Sequence[AgentSpec | str], *, name: str | No
     (the same seeds for every agent and opponent), each deal played with the agent in every
     seat, interleaved: game k of every (agent, opponent) that has a game k, then game k+1, so
     that any first part of Team.heldout (eval.final_tasks, eval.before_tasks: games per pair,
-    Team.heldout_unit) is balanced. `opponents` left out: START, and RANDOM where the game's
+    Team.heldout_round) is balanced. `opponents` left out: START, and RANDOM where the game's
     legal moves can be told (legal_moves). `max_prompt_chars`: the most; a prompt the agent's
     context cannot take is cut further (_move).
     """
@@ -439,7 +459,13 @@ def game_team(env_id: str, players: Sequence[AgentSpec | str], *, name: str | No
                                      eval_seed + k, agent, o))
     return Team(name=name or re.sub(r"[^A-Za-z0-9_-]", "_", env_id),
                 agents=[*specs.values(), *extra], workflow=workflow_for(rules, seats, trainable),
-                tasks=tasks, heldout=heldout, heldout_unit=max(1, len(pairs)))
+                tasks=tasks, heldout=heldout,
+                heldout_round=functools.partial(_deal_number, eval_seed))
+
+
+def _deal_number(eval_seed: int, match: Match) -> int:
+    """A held-out match's round: its deal's number (eval counts are games per pair)."""
+    return match.seed - eval_seed
 
 
 def _knows_moves(env_id: str, num_players: int, env_kwargs: dict | None) -> bool:

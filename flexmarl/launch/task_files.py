@@ -42,7 +42,9 @@ def team_with_task_file(team: Team, ref: TeamRef, seed: int) -> Team:
     split = _load(path, ref, seed)
     _warn_missing_attributes(team, split, path)
     try:
-        return dataclasses.replace(team, tasks=split.train, heldout=split.heldout or team.heldout)
+        # The file's held-out tasks are its own: counted as tasks, not by the team's rounds.
+        return dataclasses.replace(team, tasks=split.train, heldout=split.heldout or team.heldout,
+                                   heldout_round=None if split.heldout else team.heldout_round)
     except (TypeError, ValueError) as e:  # Team's own checks of the new tasks
         raise ConfigError(f"team.tasks = {ref.tasks!r}: {e}") from None
 

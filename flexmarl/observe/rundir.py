@@ -287,11 +287,11 @@ def eval_line(result: dict) -> str:
 
 def game_lines(heldout: dict | None) -> list[tuple[str, str]]:
     """A game team's held-out results (RunResult.heldout, eval.json's "heldout": the scores
-    "games.<opponent>.<win|draw|invalid|unmoved>" and "games.<opponent>.seat<i>.win" of
+    "games.<opponent>.<win|draw|invalid|unscored>" and "games.<opponent>.seat<i>.win" of
     flexmarl.envs.textarena), one per agent and opponent: ("p1 vs start", "win 0.250 -> 0.690
-    ±0.031 (seat 0 0.700, seat 1 0.680), invalid moves 0.870 -> 0.100 (400 games x 2 seats,
-    sampled)"), the win rate seat-balanced (each deal played in every seat); [] for a team
-    without games."""
+    ±0.031 (seat 0 0.700, seat 1 0.680), invalid moves 0.870 -> 0.100 (400 deals, each in
+    every seat, sampled)"), the win rate seat-balanced (each deal played in every seat); []
+    for a team without games."""
     def f(v: Any) -> str:
         return "-" if v is None else f"{v:.3f}"
     out = []
@@ -311,13 +311,14 @@ def game_lines(heldout: dict | None) -> list[tuple[str, str]]:
                            if re.fullmatch(rf"games\.{re.escape(opponent)}\.seat\d+\.win", n))
             by_seat = (" (" + ", ".join(f"seat {i} {f(c.get('after'))}" for i, c in seats)
                        + ")") if seats else ""
-            unmoved = (scores.get(f"games.{opponent}.unmoved") or {}).get("after")
+            unscored = (scores.get(f"games.{opponent}.unscored") or {}).get("after")
             text = (f"win {f(win.get('before'))} -> {f(win.get('after'))}"
                     + (f" ±{se:.3f}" if se is not None else "") + by_seat
                     + (f", invalid moves {f(bad.get('before'))} -> {f(bad.get('after'))}"
                        if bad else "")
-                    + (f", never moved in {unmoved:.0%} of its seats" if unmoved else "")
-                    + f" ({win.get('n')} games" + (f" x {len(seats)} seats" if seats else "")
+                    + (f", {unscored:.0%} of games ended before every seat moved (unscored)"
+                       if unscored else "")
+                    + f" ({win.get('n')} deals" + (", each in every seat" if seats else "")
                     + f", {mode})")
             out.append((f"{agent} vs {opponent}", text))
     return out

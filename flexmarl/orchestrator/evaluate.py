@@ -37,13 +37,18 @@ def heldout_tasks(team: Team, config: EvalConfig, *, final: bool = False,
                   before: bool = False) -> list[Any]:
     """The tasks an evaluation uses: the first eval.tasks of Team.heldout, or with `final` (the
     before and final measurements) the first eval.final_tasks, and with `before` too the
-    first eval.before_tasks where that is set; each count in units of Team.heldout_unit
-    tasks (a game team's: games per (agent, opponent) pair)."""
+    first eval.before_tasks where that is set; where the team names each task's round
+    (Team.heldout_round: a game team's deal number), each count is of rounds: the tasks of
+    the first `count` rounds (games per (agent, opponent) pair, however many each has)."""
     tasks = list(team.heldout)
     count = config.final_tasks if final else config.tasks
     if final and before and config.before_tasks:
         count = config.before_tasks
-    return tasks[:count * max(1, team.heldout_unit)] if count else tasks
+    if not count:
+        return tasks
+    if team.heldout_round is not None:
+        return [t for t in tasks if team.heldout_round(t) < count]
+    return tasks[:count]
 
 
 class EvalContext(TrajectoryContext):

@@ -221,9 +221,10 @@ class TrajectoryContext:
             raise ValueError(f"workflow called unknown agent {agent!r}; the team has "
                              f"{sorted(agents)}")
         if label is not None:
-            if not isinstance(label, str) or not label or "/" in label:
+            if not isinstance(label, str) or not label or "/" in label or label.isdigit():
                 raise ValueError(f"ctx.generate({agent!r}, turn={label!r}): a turn label is a "
-                                 "non-empty str without '/' (e.g. 'move3' or 'move3.retry1')")
+                                 "str without '/', not only digits (those are unlabelled calls' "
+                                 "numbers), e.g. 'move3' or 'move3.retry1'")
             if label in self._labels[agent]:
                 raise ValueError(f"ctx.generate({agent!r}, turn={label!r}): this trajectory "
                                  "already called the agent with that turn label; each call's "

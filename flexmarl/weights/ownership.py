@@ -145,11 +145,6 @@ def release(run: str) -> None:
             os.close(_LEASES.pop(key))
 
 
-def held_runs() -> set[str]:
-    with _LOCK:
-        return {run for _, run in _LEASES}
-
-
 def remove_orphans() -> list[Path]:
     """Remove every run directory on this host whose lease nobody holds (its processes were
     SIGKILLed: on /dev/shm their versions hold memory); the directories removed. A directory

@@ -596,8 +596,3 @@ def remove_own(run: str) -> None:
         for path in [p for p in _READ_MAPS if run in Path(p).parts]:
             _forget(path)
     ownership.drop(run)
-
-
-def held_runs() -> set[str]:
-    """The runs this process holds on this host (written, kept or read there)."""
-    return ownership.held_runs()

@@ -103,7 +103,22 @@ async def main(args: argparse.Namespace) -> None:
                    team=team.name,
                    models={s.name: s.model for s in team.agents},
                    heldout_tasks=max(tasks, default=0))
+    policies = measured.get("policies") or {}
+    if policies:  # an OpenSpiel team's exact measures (flexmarl.envs.policy_tables)
+        summary["policies"] = policy_changes(policies)
+    lines = []
+    if args.cross_play:  # the run's policies against each other; the report redrawn with it
+        from flexmarl.launch.crossplay import cross_play_run, crossplay_lines
+        from flexmarl.observe.report import write_report
+        crossed = await cross_play_run(run_dir.path, deals=args.deals, versions=args.versions)
+        summary["cross_play"] = {k: crossed[k] for k in ("policies", "payoff", "win", "ratings",
+                                                         "nash_conv", "deals", "sources")}
+        lines = ["cross-play: each row's seat-balanced expected return against each column; "
+                 f"ratings (openskill) from {args.deals} duplicate matches per pair",
+                 *crossplay_lines(crossed),
+                 f"report: {write_report(run_dir.path)}"]
     print(table(summary, config, args))
+    print("\n".join(lines)) if lines else None
     print(f"run dir: {run_dir.path}")
     if args.json:
         print(json.dumps(summary))
@@ -135,6 +150,24 @@ def from_run(path: str) -> tuple:
     return config, load_team(config.team.path), types.SimpleNamespace(path=run), result, wall_s
 
 
+def policy_changes(policies: dict) -> dict:
+    """eval.json's "policies" per agent: {"nash_conv_before", "nash_conv_after", "drop" (the
+    share of the starting NashConv gone), "legal_mass_before", "legal_mass_after"}, and the
+    uniform policy's NashConv (the scale: Nash is 0)."""
+    before = (policies.get("before") or {}).get("agents", {})
+    after = (policies.get("after") or {}).get("agents", {})
+    out: dict = {"uniform_nash_conv": (policies.get("after") or policies.get("before")
+                                       or {}).get("uniform_nash_conv"), "agents": {}}
+    for name in dict.fromkeys([*before, *after]):
+        b, a = before.get(name) or {}, after.get(name) or {}
+        nb, na = b.get("nash_conv"), a.get("nash_conv")
+        out["agents"][name] = {"nash_conv_before": nb, "nash_conv_after": na,
+                               "drop": (nb - na) / nb if nb and na is not None else None,
+                               "legal_mass_before": b.get("legal_mass"),
+                               "legal_mass_after": a.get("legal_mass")}
+    return out
+
+
 def games(modes: dict) -> dict:
     """One agent's game results by opponent, from its held-out scores "games.<opponent>.<what>"
     (flexmarl.envs.textarena); {} for a team without games."""
@@ -157,7 +190,7 @@ def games(modes: dict) -> dict:
         if what == "win":  # seat-balanced: each deal in every seat
             row.update(before=cell["before"], after=cell["after"], games=cell["n"],
                        se=cell["se_change"])
-        elif what in ("invalid", "draw", "unscored"):
+        elif what in ("invalid", "draw", "unscored", "return"):
             row.update({f"{what}_before": cell["before"], f"{what}_after": cell["after"]})
     return out
 
@@ -208,6 +241,18 @@ def table(summary: dict, config, args: argparse.Namespace) -> str:
                                "after": g.get("invalid_after")})
             out.append(f"{name:<10} {o:<10} {g['mode']:<8} {g.get('games', 0):>6} {win:>26} "
                        f"{inv:>18}")
+    if summary.get("policies"):
+        out.append("policies measured exactly: NashConv (what best responses gain against the "
+                   "player in every seat; uniform random "
+                   f"{summary['policies']['uniform_nash_conv']:.3f}, Nash 0) and the "
+                   "probability of a legal reply, before -> after")
+        for name, p in summary["policies"]["agents"].items():
+            def f(v):
+                return "-" if v is None else f"{v:.3f}"
+            drop = "" if p["drop"] is None else f" ({-p['drop']:+.0%})"
+            out.append(f"{name:<10} NashConv {f(p['nash_conv_before'])} -> "
+                       f"{f(p['nash_conv_after'])}{drop}   legal replies "
+                       f"{f(p['legal_mass_before'])} -> {f(p['legal_mass_after'])}")
     return "\n".join(out)
 
 
@@ -221,6 +266,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "default: the config's); --set eval.before=false skips before")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     ap.add_argument("--progress", action="store_true", help="show progress bars")
+    ap.add_argument("--cross-play", action="store_true",
+                    help="after the run: its policies against each other (flexmarl eval "
+                         "--cross-play; an OpenSpiel team), in the JSON and the report")
+    ap.add_argument("--deals", type=int, default=200, help="with --cross-play: matches per pair")
+    ap.add_argument("--versions", type=int, default=1,
+                    help="with --cross-play: saved versions between start and final "
+                         "(run.keep_every keeps them)")
     ap.add_argument("--from-run", metavar="RUN_DIR", default=None,
                     help="train nothing: summarise a finished run's directory (its config.toml, "
                          "metrics.jsonl and eval.json), e.g. one whose own summary was lost")

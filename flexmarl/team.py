@@ -249,6 +249,13 @@ class Team:
     final_tasks, before_tasks) should count rounds rather than tasks: a game team's deal
     number, so that the counts mean games per (agent, opponent) pair whatever each pair's
     number of games (flexmarl.envs.textarena). None: the counts are tasks."""
+    analysis: Any = None
+    """Measures of the agents' policies beside the held-out games, where the game is small
+    enough to measure them exactly: an object with `async measure(agents, generate) -> dict`,
+    which the run calls on the starting weights and the final ones (RUN_DIR/eval.json
+    "policies"), and which `flexmarl eval --cross-play` uses to compare saved versions. An
+    OpenSpiel game team's: each agent's policy table and its NashConv
+    (flexmarl.envs.openspiel). None: none."""
 
     def __post_init__(self) -> None:
         if not self.agents:

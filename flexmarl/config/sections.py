@@ -36,6 +36,10 @@ class RunConfig:
     """With save_state: write the states after every this many steps (and after the last).
     A resumed run goes on from the last step saved, redoing the steps after it. Large agents
     want more than 1: a 14B agent's state is ~237 GB (16 bytes/param), minutes of disk."""
+    keep_every: int = 0
+    """With save_state: the states after every this many steps stay (the others are pruned
+    once a newer one is saved), for `flexmarl eval --step N` and the saved versions of
+    `flexmarl eval --cross-play`; a multiple of save_every. 0: only the latest."""
     merge_adapters: bool = False
     """LoRA agents (AgentSpec.lora): their final checkpoints (RUN_DIR/checkpoints/AGENT/
     version-N, the adapter in PEFT's format) also hold merged/, the base with the adapter
@@ -49,6 +53,9 @@ class RunConfig:
         require(self.steps >= 1, "run.steps", self.steps, "must be >= 1")
         require(self.save_every >= 1, "run.save_every", self.save_every,
                  "must be >= 1 (1: after every step)")
+        require(self.keep_every >= 0 and self.keep_every % self.save_every == 0,
+                "run.keep_every", self.keep_every,
+                f"must be 0 or a multiple of run.save_every ({self.save_every})")
         level = self.log_level.upper()
         require(level in LOG_LEVELS, "run.log_level", self.log_level,
                  f"must be one of {', '.join(LOG_LEVELS)}")

@@ -12,7 +12,7 @@
       held-out task Match(seed, agent, opponent) ─► the deal played once with the agent in
         each seat (duplicate format) against "start" (its frozen starting model), "random"
         or a team agent; ctx.score: games.<opponent>.seat<i>.<win|draw|loss>, the
-        seat-balanced games.<opponent>.<win|draw|loss>, .unscored, .invalid (per move), read
+        seat-balanced games.<opponent>.<win|draw|loss>, .return, .unscored, .invalid (per move), read
         by the run's before/after measurement (counts: games per pair, Team.heldout_round)
 
 Players (one entry per seat): an AgentSpec (its own model), the name of an AgentSpec given at an
@@ -312,15 +312,17 @@ def credit(ctx: Any, rules: GameRules, trainable: set[str], seats: Sequence[str]
             ctx.reward(completion, value, weight=weight)
 
 
-def workflow_for(rules: GameRules, seats: Sequence[str], trainable: set[str]
-                 ) -> Callable[[Any, Any], Any]:
+def workflow_for(rules: Any, seats: Sequence[str], trainable: set[str],
+                 play: Callable[..., Any] = play) -> Callable[[Any, Any], Any]:
     """The team's workflow: a Game plays `seats`; a Match plays its deal once with its agent
-    in each seat against its opponent (the games at once) and scores them."""
+    in each seat against its opponent (the games at once) and scores them. `rules` and `play`:
+    this module's GameRules and play, or another game library's with the same contract
+    (flexmarl.envs.openspiel)."""
     starts = dict(rules.starts)
 
     async def workflow(ctx: Any, task: Game | Match) -> None:
         if isinstance(task, Match):
-            await _match(ctx, rules, task, starts)
+            await match(ctx, rules, task, starts, play)
             return
         players = list(seats)
         rewards, moves, flags = await play(ctx, rules, players, task.seed)
@@ -330,14 +332,18 @@ def workflow_for(rules: GameRules, seats: Sequence[str], trainable: set[str]
     return workflow
 
 
-async def _match(ctx: Any, rules: GameRules, task: Match, starts: dict[str, str]) -> None:
+async def match(ctx: Any, rules: Any, task: Match, starts: dict[str, str],
+                play: Callable[..., Any] = play) -> None:
     """The deal in every seat; scores (ctx.score, for `task.agent`), over the games in which
     every seat had a turn to move: per seat games.<opponent>.seat<i>.<win|draw|loss>, the
     seat-balanced games.<opponent>.<win|draw|loss> (their mean over the deal's seats: each deal
     counts once), and games.<opponent>.invalid per move of the agent; games.<opponent>.unscored
     is the share of the deal's games that ended before every seat had moved (an opening
     forfeit: counted for neither side, so that no one is scored a win it never played for,
-    and the exclusion favours no seat and no side)."""
+    and the exclusion favours no seat and no side); games.<opponent>.return is the agent's
+    seat-balanced mean reward over the scored games (a poker game's chips: a hand won by a
+    fold and one won at showdown after a bet are both wins, not the same gain). `play`:
+    textarena's, or another library's with its contract (flexmarl.envs.openspiel)."""
     other = starts[task.agent] if task.opponent == START else task.opponent
     lineups = [[task.agent if i == seat else other for i in range(rules.num_players)]
                for seat in range(rules.num_players)]
@@ -370,6 +376,9 @@ async def _match(ctx: Any, rules: GameRules, task: Match, starts: dict[str, str]
         for name in OUTCOMES:
             ctx.score(task.agent, f"{prefix}.{name}",
                       sum(r == name for r in scored) / len(scored))
+        ctx.score(task.agent, f"{prefix}.return",  # the chips where a game pays by size
+                  sum(g[0].get(seat, 0.0) for seat, g in enumerate(games)
+                      if min(asked[seat]) > 0) / len(scored))
     ctx.team_reward(sum(g[0].get(seat, 0.0) for seat, g in enumerate(games)) / len(games))
 
 
@@ -399,68 +408,92 @@ def game_team(env_id: str, players: Sequence[AgentSpec | str], *, name: str | No
     if opponents is None:  # the ones this game can have: a random player needs legal moves
         opponents = (START, RANDOM) if _knows_moves(env_id, len(players), env_kwargs) \
             else (START,)
-    counts = ({o: eval_games for o in opponents} if isinstance(eval_games, int)
-              else {o: int(eval_games.get(o, 0)) for o in opponents})
-    if set(counts) != set(opponents) or min(counts.values(), default=0) < 0 or (
-            not isinstance(eval_games, int) and set(eval_games) - set(opponents)):
-        raise ValueError(f"{env_id}: eval_games must be a count or one count per opponent "
-                         f"{list(opponents)}, got {eval_games!r}")
-    most = max(counts.values(), default=0)
-    if eval_seed < seed + train_games and seed < eval_seed + most:
-        raise ValueError(f"{env_id}: training seeds [{seed}, {seed + train_games}) and held-out "
-                         f"seeds [{eval_seed}, {eval_seed + most}) overlap")
-    specs: dict[str, AgentSpec] = {}
-    seats: list[str] = []
-    for i, p in enumerate(players):
-        if isinstance(p, AgentSpec):
-            if p.name in specs or p.name == RANDOM or re.fullmatch(rf"{START}(_\d+)?", p.name):
-                raise ValueError(f"{env_id}: seat {i}: agent name {p.name!r} is already used "
-                                 "(or reserved: 'random', 'start', 'start_N'); to let one agent "
-                                 "play several seats, give its name there")
-            specs[p.name] = p
-            seats.append(p.name)
-        elif p == RANDOM or p in specs:
-            seats.append(p)
-        else:
-            raise ValueError(f"{env_id}: seat {i}: {p!r} is neither an AgentSpec, the name of "
-                             f"one given at an earlier seat ({sorted(specs)}), nor {RANDOM!r}")
-    trainable = {n for n, s in specs.items() if s.trainable}
-    if not trainable:
-        raise ValueError(f"{env_id}: no seat is played by a trainable agent")
-    starts = {}
-    extra: list[AgentSpec] = []
-    if START in opponents:  # one frozen copy per starting model (agents on one share it)
-        copies: dict[tuple, str] = {}
-        for agent in sorted(trainable):
-            spec = specs[agent]
-            key = (spec.model, repr(spec.sampling))
-            if key not in copies:
-                copies[key] = START if not copies else f"{START}_{len(copies) + 1}"
-                extra.append(AgentSpec(name=copies[key], model=spec.model,
-                                       sampling=spec.sampling, trainable=False))
-            starts[agent] = copies[key]
-    for o in opponents:
-        if o not in (START, RANDOM) and o not in specs:
-            raise ValueError(f"{env_id}: opponent {o!r} must be {START!r}, {RANDOM!r} or an "
-                             f"agent of the team ({sorted(specs)})")
-    rules = GameRules(env_id=env_id, num_players=len(seats),
+    lineup = Lineup.of(env_id, players, opponents, eval_games, train_games=train_games,
+                       seed=seed, eval_seed=eval_seed)
+    rules = GameRules(env_id=env_id, num_players=len(lineup.seats),
                       env_kwargs=tuple(sorted((env_kwargs or {}).items())), system=system,
                       instruction=instruction, max_prompt_chars=max_prompt_chars,
                       invalid_reward=invalid_reward, per_game_weight=per_game_weight,
-                      starts=tuple(sorted(starts.items())))
-    _probe(rules, seats, RANDOM in opponents or RANDOM in seats)
-    tasks = [Game(f"{env_id}-{seed + i}", seed + i) for i in range(train_games)]
-    heldout = []
-    pairs = [(agent, o) for agent in sorted(trainable) for o in opponents if o != agent]
-    for k in range(most):
-        for agent, o in pairs:
-            if k < counts[o]:
-                heldout.append(Match(f"{env_id}-{agent}-vs-{o}-{eval_seed + k}",
-                                     eval_seed + k, agent, o))
-    return Team(name=name or re.sub(r"[^A-Za-z0-9_-]", "_", env_id),
-                agents=[*specs.values(), *extra], workflow=workflow_for(rules, seats, trainable),
-                tasks=tasks, heldout=heldout,
+                      starts=tuple(sorted(lineup.starts.items())))
+    _probe(rules, lineup.seats, RANDOM in opponents or RANDOM in lineup.seats)
+    return Team(name=name or re.sub(r"[^A-Za-z0-9_-]", "_", env_id), agents=lineup.agents,
+                workflow=workflow_for(rules, lineup.seats, lineup.trainable),
+                tasks=lineup.tasks, heldout=lineup.heldout,
                 heldout_round=functools.partial(_deal_number, eval_seed))
+
+
+@dataclass
+class Lineup:
+    """Who plays a game team's seats and what it plays: its agents (those of `players`, then a
+    frozen copy of each starting model where START is an opponent), each seat's player, the
+    trainable agents, agent -> its START copy, the training games and the held-out matches."""
+
+    agents: list[AgentSpec]
+    seats: list[str]
+    trainable: set[str]
+    starts: dict[str, str]
+    tasks: list[Game]
+    heldout: list[Match]
+
+    @classmethod
+    def of(cls, game: str, players: Sequence[AgentSpec | str], opponents: Sequence[str],
+           eval_games: int | dict[str, int], *, train_games: int, seed: int,
+           eval_seed: int) -> "Lineup":
+        """Checked, or ValueError naming the game and what to change (game_team's rules)."""
+        counts = ({o: eval_games for o in opponents} if isinstance(eval_games, int)
+                  else {o: int(eval_games.get(o, 0)) for o in opponents})
+        if set(counts) != set(opponents) or min(counts.values(), default=0) < 0 or (
+                not isinstance(eval_games, int) and set(eval_games) - set(opponents)):
+            raise ValueError(f"{game}: eval_games must be a count or one count per opponent "
+                             f"{list(opponents)}, got {eval_games!r}")
+        most = max(counts.values(), default=0)
+        if eval_seed < seed + train_games and seed < eval_seed + most:
+            raise ValueError(f"{game}: training seeds [{seed}, {seed + train_games}) and "
+                             f"held-out seeds [{eval_seed}, {eval_seed + most}) overlap")
+        specs: dict[str, AgentSpec] = {}
+        seats: list[str] = []
+        for i, p in enumerate(players):
+            if isinstance(p, AgentSpec):
+                if p.name in specs or p.name == RANDOM or re.fullmatch(rf"{START}(_\d+)?",
+                                                                       p.name):
+                    raise ValueError(f"{game}: seat {i}: agent name {p.name!r} is already used "
+                                     "(or reserved: 'random', 'start', 'start_N'); to let one "
+                                     "agent play several seats, give its name there")
+                specs[p.name] = p
+                seats.append(p.name)
+            elif p == RANDOM or p in specs:
+                seats.append(p)
+            else:
+                raise ValueError(f"{game}: seat {i}: {p!r} is neither an AgentSpec, the name of "
+                                 f"one given at an earlier seat ({sorted(specs)}), nor {RANDOM!r}")
+        trainable = {n for n, s in specs.items() if s.trainable}
+        if not trainable:
+            raise ValueError(f"{game}: no seat is played by a trainable agent")
+        starts: dict[str, str] = {}
+        extra: list[AgentSpec] = []
+        if START in opponents:  # one frozen copy per starting model (agents on one share it)
+            copies: dict[tuple, str] = {}
+            for agent in sorted(trainable):
+                spec = specs[agent]
+                key = (spec.model, repr(spec.sampling))
+                if key not in copies:
+                    copies[key] = START if not copies else f"{START}_{len(copies) + 1}"
+                    extra.append(AgentSpec(name=copies[key], model=spec.model,
+                                           sampling=spec.sampling, trainable=False))
+                starts[agent] = copies[key]
+        for o in opponents:
+            if o not in (START, RANDOM) and o not in specs:
+                raise ValueError(f"{game}: opponent {o!r} must be {START!r}, {RANDOM!r} or an "
+                                 f"agent of the team ({sorted(specs)})")
+        tasks = [Game(f"{game}-{seed + i}", seed + i) for i in range(train_games)]
+        heldout = []
+        pairs = [(agent, o) for agent in sorted(trainable) for o in opponents if o != agent]
+        for k in range(most):
+            for agent, o in pairs:
+                if k < counts[o]:
+                    heldout.append(Match(f"{game}-{agent}-vs-{o}-{eval_seed + k}",
+                                         eval_seed + k, agent, o))
+        return cls([*specs.values(), *extra], seats, trainable, starts, tasks, heldout)
 
 
 def _deal_number(eval_seed: int, match: Match) -> int:
@@ -495,5 +528,6 @@ def _probe(rules: GameRules, seats: Sequence[str], random_player: bool) -> None:
                          "them in its observation; leave 'random' out of players and opponents")
 
 
-__all__ = ["Game", "GameRules", "IsolatedEnv", "Match", "RANDOM", "START",
-           "credit", "game_team", "legal_moves", "make_env", "outcome", "play", "trim"]
+__all__ = ["Game", "GameRules", "IsolatedEnv", "Lineup", "Match", "OUTCOMES", "RANDOM", "START",
+           "credit", "game_team", "legal_moves", "make_env", "match", "outcome", "play", "trim",
+           "workflow_for"]

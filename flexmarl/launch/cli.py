@@ -94,6 +94,14 @@ def _parser() -> argparse.ArgumentParser:
                     help="override one setting of the run's config, e.g. --set eval.tasks=50 "
                          "--set eval.greedy=false --set eval.n=4")
     ev.add_argument("--json", action="store_true", help="also print the result as JSON")
+    ev.add_argument("--cross-play", action="store_true",
+                    help="instead: the run's policies (start, saved versions, final, random, "
+                         "Nash) against each other, seat-balanced, with ratings; an OpenSpiel "
+                         "team of a small game (RUN_DIR/crossplay.json)")
+    ev.add_argument("--deals", type=int, default=200, metavar="N",
+                    help="with --cross-play: duplicate matches per pair for the ratings (200)")
+    ev.add_argument("--versions", type=int, default=1, metavar="K",
+                    help="with --cross-play: saved versions between start and final (1)")
     ev.set_defaults(command=_eval)
     keygen = commands.add_parser("keygen", help="make a CURVE key pair for encrypted tcp://",
                                  description=(
@@ -318,6 +326,30 @@ def _report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cross_play(args: argparse.Namespace) -> int:
+    import json
+
+    import uvloop
+
+    from flexmarl.launch.checkpoint import CheckpointError
+    from flexmarl.launch.crossplay import cross_play_run, crossplay_lines
+
+    if args.step is not None:
+        return _config_error(ConfigError("--cross-play plays every saved version (--versions "
+                                         "K); leave --step out"))
+    try:
+        result = uvloop.run(cross_play_run(args.run_dir, overrides=args.overrides,
+                                           deals=args.deals, versions=args.versions))
+    except (ConfigError, CheckpointError) as e:
+        return _config_error(e)
+    print(f"flexmarl: cross-play of {result['game']}: each row's seat-balanced expected return "
+          f"against each column; ratings from {result['deals']} duplicate matches per pair")
+    print("\n".join(crossplay_lines(result)))
+    if args.json:
+        print(json.dumps(result))
+    return EXIT_OK
+
+
 def _eval(args: argparse.Namespace) -> int:
     import json
 
@@ -328,6 +360,8 @@ def _eval(args: argparse.Namespace) -> int:
     from flexmarl.observe.rundir import eval_line
 
     _configure_logging("WARNING")
+    if args.cross_play:
+        return _cross_play(args)
     try:
         result = uvloop.run(evaluate_run(args.run_dir, step=args.step, overrides=args.overrides))
     except (ConfigError, CheckpointError) as e:

@@ -157,6 +157,20 @@ def model_dirs(run_dir: Path, team: Team, step: int | None, scratch: Path
     return out, adapters
 
 
+async def open_engine(name: str, model_dir: str, adapter: tuple[LoraSpec, dict] | None,
+                      config: Config) -> TorchEngine:
+    """A started torch engine serving `model_dir` (with `adapter`, named `name`, if given)."""
+    engine = TorchEngine(EngineConfig(
+        model_dir=model_dir, seed=config.run.seed, max_model_len=config.rollout.max_model_len,
+        **({"adapters": (name,), "max_loras": 1, "max_lora_rank": adapter[0].rank}
+           if adapter is not None else {})))
+    await engine.start()
+    if adapter is not None:
+        lora, tensors = adapter
+        await engine.load_adapter(name, tensors, lora.as_dict())
+    return engine
+
+
 async def evaluate_run(run_dir: str | Path, *, step: int | None = None,
                        overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Evaluate the run's final checkpoints (or its state after `step`) on its held-out tasks;
@@ -170,29 +184,23 @@ async def evaluate_run(run_dir: str | Path, *, step: int | None = None,
     with tempfile.TemporaryDirectory(prefix="flexmarl-eval-") as scratch:
         dirs, adapters = await asyncio.to_thread(model_dirs, run_dir, team, step, Path(scratch))
         # One engine per agent (a LoRA agent's: its base with its adapter alone in it).
-        engines = {name: TorchEngine(EngineConfig(
-            model_dir=d, seed=config.run.seed, max_model_len=config.rollout.max_model_len,
-            **({"adapters": (name,), "max_loras": 1,
-                "max_lora_rank": adapters[name][0].rank} if name in adapters else {})))
-            for name, d in dirs.items()}
-        for name, engine in engines.items():
-            await engine.start()
-            if name in adapters:
-                lora, tensors = adapters[name]
-                await engine.load_adapter(name, tensors, lora.as_dict())
+        engines = {name: await open_engine(name, d, adapters.get(name), config)
+                   for name, d in dirs.items()}
         try:
             agents = {spec.name: AgentRuntime(spec, dirs[spec.name], engines[spec.name].tokenizer,
                                               max_model_len=config.rollout.max_model_len)
                       for spec in team.agents}
 
             async def generate(agent: str, msg: Generate) -> GenerateReply:
-                samples, _ = await engines[agent].generate(
+                samples, prompt_lps = await engines[agent].generate(
                     msg.prompt_ids, msg.params, agent if agent in adapters else None)
-                return GenerateReply(msg.request_id, 0, list(msg.prompt_ids), samples, None,
-                                     f"eval-{agent}")
+                return GenerateReply(msg.request_id, 0, list(msg.prompt_ids), samples,
+                                     prompt_lps, f"eval-{agent}")
 
             result = await evaluate(team, agents, generate, tasks, config.eval,
                                     seed=config.run.seed)
+            if team.analysis is not None:  # an OpenSpiel team: its tables and NashConv too
+                result["policies"] = await team.analysis.measure(agents, generate, "eval/")
         finally:
             for engine in engines.values():
                 await engine.close()

@@ -150,7 +150,7 @@ async def _steps(setup: RunSetup, parts: Parts, progress: bool | None,
     loggers = _loggers(setup.observe, run_dir, setup.config_dict)
     metrics: list[dict] = []
     schedule = SaveSchedule(setup.run.save_every, steps, first_step)
-    emit = _emitter(metrics, monitor, run_dir, saved, loggers, schedule)
+    emit = _emitter(metrics, monitor, run_dir, saved, loggers, schedule, setup.run.keep_every)
     await parts.pool.start()
     if first_step:
         await _serve_restored(parts)
@@ -171,6 +171,9 @@ async def _steps(setup: RunSetup, parts: Parts, progress: bool | None,
                 before = await _before(
                     functools.partial(measure_now, before=True)
                     if measure_now is not None and setup.eval.before else None, first_step, parts)
+                policies = {}
+                if before is not None and "skipped" not in before:
+                    policies["before"] = await _policies(parts, "before/")
                 monitor.state = "starting"
                 phase(f"training: steps {first_step}-{steps - 1} ({pipeline.name} pipeline)")
                 with Progress(steps, enabled=progress) as bar:
@@ -190,9 +193,10 @@ async def _steps(setup: RunSetup, parts: Parts, progress: bool | None,
                     phase("evaluating the final weights on the held-out tasks "
                           f"({' and '.join(setup.eval.modes)})")
                     after = await measure_now()
+                    policies["after"] = await _policies(parts, "after/")
             first_record_s = metrics[0]["time"] - started_at if metrics else None
             final_eval, heldout = _heldout_results(parts, before, after, steps, run_dir, loggers,
-                                                   first_record_s)
+                                                   first_record_s, policies)
             monitor.state = "finished"
         except BaseException:
             monitor.state = "failed"
@@ -253,12 +257,28 @@ async def _before(measure_now: Callable[[], Awaitable[dict]] | None, first_step:
     return result
 
 
+async def _policies(parts: Parts, tag: str) -> dict | None:
+    """The team's exact policy measures (Team.analysis: an OpenSpiel team's tables and
+    NashConv) of the weights the instances serve now; None for a team without them."""
+    analysis = parts.orch.team.analysis
+    if analysis is None:
+        return None
+    phase(f"measuring the policies exactly ({tag.rstrip('/')} training)")
+    result = await analysis.measure(parts.agents, parts.pool.generate, tag)
+    phase("policies " + tag.rstrip("/") + " training: NashConv " + ", ".join(
+        f"{n} {v['nash_conv']:.3f}" for n, v in result["agents"].items())
+        + f" (uniform random {result['uniform_nash_conv']:.3f}, Nash 0)")
+    return result
+
+
 def _heldout_results(parts: Parts, before: dict | None, after: dict | None, steps: int,
                      run_dir: RunDir | None, loggers: "MetricLoggers | None",
-                     first_record_s: float | None) -> tuple[dict | None, dict | None]:
+                     first_record_s: float | None, policies: dict | None = None
+                     ) -> tuple[dict | None, dict | None]:
     """(RunResult.final_eval, RunResult.heldout) from the measurements before and after
     training; both, the measurements and the time to the first step go to RUN_DIR/eval.json.
-    The final one's greedy fields sit at the file's top, as `flexmarl eval` writes its own."""
+    The final one's greedy fields sit at the file's top, as `flexmarl eval` writes its own.
+    `policies`: the team's exact policy measures before and after (Team.analysis), if any."""
     trainable = [n for n, rt in parts.agents.items() if rt.spec.trainable]
     heldout = changes(None if before is None or "skipped" in before else before, after,
                       trainable)
@@ -273,6 +293,11 @@ def _heldout_results(parts: Parts, before: dict | None, after: dict | None, step
         log.info("held-out after training: %s", summary_line(after, trainable))
     document = (final or {}) | {"before": before, "after": after, "heldout": heldout,
                                 "time_to_first_step_s": first_record_s}
+    policies = {k: v for k, v in (policies or {}).items() if v is not None}
+    if policies:
+        document["policies"] = policies
+        if final is not None:
+            final["policies"] = policies
     if run_dir is not None and (before is not None or after is not None):
         import orjson
         (run_dir.path / EVAL_FILE).write_bytes(orjson.dumps(document,
@@ -323,9 +348,9 @@ async def _observe(stack: contextlib.AsyncExitStack, parts: Parts, monitor: RunM
 
 def _emitter(metrics: list[dict], monitor: RunMonitor, run_dir: RunDir | None,
              saved: StateCheckpoints | None, loggers: "MetricLoggers | None",
-             schedule: SaveSchedule) -> Callable[[dict], Awaitable[None]]:
+             schedule: SaveSchedule, keep_every: int = 0) -> Callable[[dict], Awaitable[None]]:
     """Where each step record goes: the result, the monitor, metrics.jsonl, the loggers. The
-    loop awaits one record's emit before the next one's."""
+    loop awaits one record's emit before the next one's. `keep_every`: run.keep_every."""
     def write(record: dict) -> None:  # in a thread: fsync and deletes take ms to seconds
         run_dir.metrics.write(record)
         if saved is not None:
@@ -333,7 +358,8 @@ def _emitter(metrics: list[dict], monitor: RunMonitor, run_dir: RunDir | None,
             # two must leave a resume point whose states are all still on disk (with
             # run.save_every, the last saved step's, which may be before this record's).
             run_dir.metrics.sync()
-            saved.prune(keep_from=max(schedule.last_saved(record["step"]), 0))
+            saved.prune(keep_from=max(schedule.last_saved(record["step"]), 0),
+                        keep_every=keep_every)
 
     async def emit(record: dict) -> None:
         record["time"] = time.time()

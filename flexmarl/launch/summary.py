@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from flexmarl.console import PREFIX, duration
-from flexmarl.observe.rundir import eval_line, game_lines
+from flexmarl.observe.rundir import eval_line, game_lines, policy_lines
 
 EDGE_STEPS = 3
 """Steps averaged at each end of the run for the reward's "first -> last" (one step's mean
@@ -44,6 +44,12 @@ def summary(result: Any, *, log_path: Any = None) -> str:
             width = max(len(k) for k, _ in games)
             lines.append("  held-out games, before -> after training")
             lines.extend(f"    {k.ljust(width)}   {v}" for k, v in games)
+        policies = policy_lines((final_eval or {}).get("policies"))
+        if policies:
+            width = max(len(k) for k, _ in policies)
+            lines.append("  policies measured exactly (OpenSpiel NashConv: what best responses "
+                         "gain against each player in every seat), before -> after training")
+            lines.extend(f"    {k.ljust(width)}   {v}" for k, v in policies)
     elif final_eval is not None:  # no before/after pair: the final weights' scores alone
         lines.append(f"  held-out, final weights: {eval_line(final_eval)}")
     never = never_updated(metrics)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from flexmarl.observe.plots import DRAWERS, TIMELINE_STEPS, _list, _mean, _num, _Run, _save
-from flexmarl.observe.rundir import METRICS_FILE, game_lines, read_metrics
+from flexmarl.observe.rundir import METRICS_FILE, game_lines, policy_lines, read_metrics
 
 REPORT_DIR = "report"
 REPORT_FILE = "report.html"
@@ -133,13 +133,59 @@ def _summary(run: _Run) -> list[tuple[str, str]]:
 
 
 def _games(run_dir: Path) -> list[tuple[str, str]]:
-    """A game team's win rates before and after training, from RUN_DIR/eval.json."""
+    """A game team's win rates before and after training, and its policies' NashConv, from
+    RUN_DIR/eval.json."""
     import orjson
     try:
-        heldout = orjson.loads((run_dir / "eval.json").read_bytes()).get("heldout")
+        document = orjson.loads((run_dir / "eval.json").read_bytes())
+        heldout, policies = document.get("heldout"), document.get("policies")
     except (OSError, ValueError, AttributeError):
         return []
-    return [(f"held-out games: {k}", v) for k, v in game_lines(heldout)]
+    return [*((f"held-out games: {k}", v) for k, v in game_lines(heldout)),
+            *((f"policies: {k}", v) for k, v in policy_lines(policies))]
+
+
+def _cross_play(run_dir: Path) -> str:
+    """RUN_DIR/crossplay.json (flexmarl eval --cross-play) as a heat-map of the seat-balanced
+    expected returns and a table of ratings; "" without it."""
+    import orjson
+    try:
+        result = orjson.loads((run_dir / "crossplay.json").read_bytes())
+        names = list(result["policies"])
+        payoff = [[0.0 if a == b else float(result["payoff"][a][b]) for b in names]
+                  for a in names]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    import io
+
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(1.2 + 0.75 * len(names), 0.9 + 0.6 * len(names)))
+    top = max((abs(v) for row in payoff for v in row), default=1.0) or 1.0
+    im = ax.imshow(payoff, cmap="RdBu", vmin=-top, vmax=top)
+    ax.set_xticks(range(len(names)), names, rotation=45, ha="right")
+    ax.set_yticks(range(len(names)), names)
+    for i, row in enumerate(payoff):
+        for j, v in enumerate(row):
+            if i != j:
+                ax.text(j, i, f"{v:+.2f}", ha="center", va="center", fontsize=8)
+    ax.set_xlabel("opponent")
+    fig.colorbar(im, ax=ax, label="expected return (seat-balanced)")
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", bbox_inches="tight", dpi=100)
+    plt.close(fig)
+    data = base64.b64encode(buffer.getvalue()).decode("ascii")
+    e = html.escape
+    rows = [[n, f"{result['ratings'][n]['mu']:.2f}", f"{result['ratings'][n]['sigma']:.2f}",
+             f"{result['ratings'][n]['ordinal']:.2f}", f"{result['nash_conv'][n]:.3f}",
+             result.get("sources", {}).get(n, "")]
+            for n in sorted(names, key=lambda n: -result["ratings"][n]["ordinal"])]
+    return (f'<h2 id="cross-play">Cross-play: {e(str(result.get("game", "")))}</h2>\n'
+            f'<figure><img alt="cross-play" src="data:image/png;base64,{data}">'
+            "<figcaption>Each row's exact expected return against each column, averaged over "
+            "the row's seats (policy tables from each model's likelihood of each legal action); "
+            f"ratings: openskill from {result.get('deals')} duplicate matches per pair, sampled "
+            "from the same tables.</figcaption></figure>\n"
+            + _table(["policy", "mu", "sigma", "mu - 3 sigma", "NashConv", "weights"], rows))
 
 
 def _time_share_rows(records: list[dict]) -> list[tuple[str, str]]:
@@ -301,6 +347,7 @@ generated {e(generated)}</p>
 {_table(_STEP_COLUMNS, _step_rows(run), cls="steps")}
 </details>
 {fig_html}
+{_cross_play(run_dir)}
 </body>
 </html>
 """

@@ -285,6 +285,28 @@ def eval_line(result: dict) -> str:
             f"held-out tasks, {result['mode']}{failed}, {result['seconds']:.1f} s")
 
 
+def policy_lines(policies: dict | None) -> list[tuple[str, str]]:
+    """A team's exact policy measures before and after training (eval.json's "policies":
+    Team.analysis, an OpenSpiel team's), one per agent: ("p0 NashConv", "2.010 -> 0.830 (-59%;
+    uniform random 0.917, Nash 0), legal replies 0.412 -> 0.975"); [] without them."""
+    before, after = (policies or {}).get("before") or {}, (policies or {}).get("after") or {}
+    out = []
+    for agent in dict.fromkeys([*before.get("agents", {}), *after.get("agents", {})]):
+        b = before.get("agents", {}).get(agent) or {}
+        a = after.get("agents", {}).get(agent) or {}
+
+        def f(cell: dict, key: str) -> str:
+            return "-" if cell.get(key) is None else f"{cell[key]:.3f}"
+        change = (f"{(a['nash_conv'] - b['nash_conv']) / b['nash_conv']:+.0%}; "
+                  if a.get("nash_conv") is not None and b.get("nash_conv") else "")
+        scale = (after or before).get("uniform_nash_conv")
+        out.append((f"{agent} NashConv",
+                    f"{f(b, 'nash_conv')} -> {f(a, 'nash_conv')} ({change}uniform random "
+                    f"{scale:.3f}, Nash 0), legal replies {f(b, 'legal_mass')} -> "
+                    f"{f(a, 'legal_mass')}"))
+    return out
+
+
 def game_lines(heldout: dict | None) -> list[tuple[str, str]]:
     """A game team's held-out results (RunResult.heldout, eval.json's "heldout": the scores
     "games.<opponent>.<win|draw|invalid|unscored>" and "games.<opponent>.seat<i>.win" of

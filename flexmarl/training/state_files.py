@@ -267,9 +267,11 @@ class StateCheckpoints:
         return sorted(p.name for p in self.root.iterdir()
                       if p.is_dir() and _valid_agent(p.name) and self.steps(p.name))
 
-    def prune(self, keep_from: int) -> None:
-        """Delete every agent's states at steps < `keep_from`."""
-        self._delete_where(lambda s: s < keep_from)
+    def prune(self, keep_from: int, keep_every: int = 0) -> None:
+        """Delete every agent's states at steps < `keep_from`, but those after every
+        `keep_every` steps (run.keep_every; 0: none kept)."""
+        self._delete_where(lambda s: s < keep_from and not (keep_every
+                                                            and (s + 1) % keep_every == 0))
 
     def keep_from(self, agent: str, step: int) -> None:
         """Delete `agent`'s states at steps < `step` (a scratch dir: its last only)."""

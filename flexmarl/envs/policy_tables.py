@@ -1,0 +1,276 @@
+"""Exact measures of LLM agents playing a small OpenSpiel game: policy tables, NashConv,
+cross-play and ratings.
+
+    Analysis.measure(agents, generate)      (the run: starting and final weights)
+      every information state of the game (open_spiel TabularPolicy: one state each)
+        ─► the prompt its player would get (SpielRules.prompt) + "[<action name>]" for each
+           legal action ─► generate(agent, Generate(prompt_logprobs=True, max_tokens=1))
+        ─► log p(the reply begins "[<name>]" | the prompt): the last tokens' prompt logprobs
+        ─► the tables: `chosen`, each action's share of the legal replies' probability
+           (temperature 1: the model's own distribution); `played`, that mixed with the
+           uniform random action the game plays for a seat whose replies all name none
+           (openspiel.play's rule); `legal_mass`, the legal replies' total (how often a reply
+           begins with a legal action: what training against rejections raises)
+      ─► open_spiel exploitability.nash_conv of each agent in every seat (as played, and as
+         chosen), and of the team
+         (each seat its own agent): 0 is a Nash equilibrium, uniform random play is 0.917 in
+         Kuhn Poker and 4.747 in Leduc Poker
+    cross_play(game, tables)               (flexmarl eval --cross-play)
+      every pair of policies, seat-balanced: the exact expected return of each against each
+      (expected_game_score.policy_value), the share of duplicate matches won over sampled
+      deals (each deal in every seat, scored by the returns added up) and openskill ratings
+      (Plackett-Luce, a match at a time) from those same matches
+
+Why the likelihood and not samples: it is exact for the model (no sampling noise, which would
+add its own exploitability: a table estimated from k samples per state is off by about
+1/sqrt(k) in every state), costs one prompt pass per (state, action) where sampling costs many,
+and is the same number on any machine. What it leaves out: replies that name an action
+somewhere other than at their start ("I bet. [Bet]"), which the game's parser accepts; their
+share is inside 1 - legal_mass.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from typing import Any
+
+from flexmarl.envs import require
+from flexmarl.protocol import Generate, SamplingParams
+
+MAX_EXACT_STATES = 5000
+"""Games with at most this many information states get their tables by default (Kuhn 12,
+Leduc 936): one prompt pass per (state, action)."""
+MAX_PASSES_AT_ONCE = 32
+
+
+def count_infostates(game: Any, stop_after: int = MAX_EXACT_STATES,
+                     max_histories: int = 200_000) -> int:
+    """The number of decision information states, walking the tree; stop_after + 1 as soon as
+    it is over `stop_after`, or once it has walked `max_histories` histories (a big game stops
+    early instead of enumerating its whole tree)."""
+    from flexmarl.envs.openspiel import state_text
+    seen: set[tuple[int, str]] = set()
+    stack, histories = [game.new_initial_state()], 0
+    while stack:
+        state = stack.pop()
+        histories += 1
+        if histories > max_histories:
+            return stop_after + 1
+        if state.is_terminal():
+            continue
+        if not state.is_chance_node():
+            p = state.current_player()
+            seen.add((p, state_text(state, p)))
+            if len(seen) > stop_after:
+                return stop_after + 1
+        stack.extend(state.child(a) for a in state.legal_actions())
+    return len(seen)
+
+
+def uniform(game: Any) -> Any:
+    """A tabular policy playing every legal action alike."""
+    return require("open_spiel.python.policy", "open_spiel").TabularPolicy(game)
+
+
+def nash_conv(game: Any, table: Any) -> float:
+    """OpenSpiel's NashConv: what best responses gain against `table`, summed over players."""
+    exploitability = require("open_spiel.python.algorithms.exploitability", "open_spiel")
+    return float(exploitability.nash_conv(game, table))
+
+
+def nash(game: Any, iterations: int = 2000, target: float = 1e-3) -> tuple[Any, float]:
+    """An approximate Nash equilibrium of a two-player zero-sum game (CFR+, until its NashConv
+    is under `target` or after `iterations`), and its NashConv."""
+    cfr = require("open_spiel.python.algorithms.cfr", "open_spiel")
+    solver = cfr.CFRPlusSolver(game)
+    value = math.inf
+    for i in range(1, iterations + 1):
+        solver.evaluate_and_update_policy()
+        if i % 100 == 0 or i == iterations:
+            value = nash_conv(game, solver.average_policy())
+            if value < target:
+                break
+    average = solver.average_policy()
+    table = uniform(game)
+    for key, row in table.state_lookup.items():
+        state = table.states[row]
+        probs = average.action_probabilities(state)
+        table.action_probability_array[row] = [probs.get(a, 0.0) for a in
+                                               range(game.num_distinct_actions())]
+    return table, value
+
+
+class Analysis:
+    """The exact measures of one OpenSpiel team (Team.analysis): `rules` (SpielRules), its
+    agents' specs and the seats' players."""
+
+    def __init__(self, rules: Any, specs: dict[str, Any], seats: list[str]) -> None:
+        self.rules, self.specs, self.seats = rules, specs, list(seats)
+        self.game = rules.loaded
+
+    async def table(self, runtime: Any, generate: Any, tag: str = "") -> tuple[Any, Any, float]:
+        """The agent's policy tables and its legal_mass (the mean over states of the
+        probability that a reply begins with a legal action): `chosen`, each action's share of
+        the legal replies' probability (what the model picks when it answers in form), and
+        `played`, what it plays under the game's rule for replies that name no legal action
+        (asked again `retries` times, then a random legal action: at a state where a legal
+        reply has probability m, chosen mixed with uniform by (1 - m)^(retries + 1))."""
+        table = uniform(self.game)
+        name = runtime.spec.name
+        calls = asyncio.Semaphore(MAX_PASSES_AT_ONCE)
+
+        async def logp(row: int, action: int, prompt_ids: list[int], text: str) -> float:
+            tail = runtime.tokenizer.encode(text, add_special_tokens=False)
+            request = Generate(f"policy/{tag}{name}/{row}/{action}",
+                               prompt_ids=prompt_ids + tail,
+                               params=SamplingParams(max_tokens=1, temperature=0.0,
+                                                     prompt_logprobs=True))
+            async with calls:
+                reply = await generate(name, request)
+            if not reply.prompt_logprobs:
+                raise RuntimeError(f"agent {name}: the engine returned no prompt logprobs")
+            return float(sum(reply.prompt_logprobs[-len(tail):]))
+
+        jobs, rows = [], []
+        for row, state in enumerate(table.states):
+            player = state.current_player()
+            messages, names = self.rules.prompt(state, player)
+            prompt_ids = runtime.encode(messages)
+            for action, text in names.items():
+                jobs.append(logp(row, action, prompt_ids, f"[{text}]"))
+                rows.append((row, action))
+        values = await asyncio.gather(*jobs)
+        by_row: dict[int, dict[int, float]] = {}
+        for (row, action), value in zip(rows, values):
+            by_row.setdefault(row, {})[action] = value
+        played = uniform(self.game)
+        masses = []
+        for row, lps in by_row.items():
+            top = max(lps.values())
+            weights = {a: math.exp(v - top) for a, v in lps.items()}
+            total = sum(weights.values())
+            mass = min(1.0, sum(math.exp(v) for v in lps.values()))
+            # In play a reply that names no legal action is asked again `retries` times, then
+            # a uniformly random legal action is played: all fail with (1 - mass)^(retries+1).
+            fallback = (1.0 - mass) ** (self.rules.retries + 1)
+            table.action_probability_array[row] = 0.0
+            played.action_probability_array[row] = 0.0
+            for a, w in weights.items():
+                table.action_probability_array[row, a] = w / total
+                played.action_probability_array[row, a] = ((1 - fallback) * w / total
+                                                           + fallback / len(weights))
+            masses.append(mass)
+        return table, played, sum(masses) / max(len(masses), 1)
+
+    def profile(self, tables: dict[str, Any]) -> Any:
+        """The team's own profile: each seat's information states from its player's table
+        (a random seat's: uniform)."""
+        out = uniform(self.game)
+        for key, row in out.state_lookup.items():
+            player = out.states[row].current_player()
+            who = self.seats[player]
+            if who in tables:
+                out.action_probability_array[row] = tables[who].action_probability_array[row]
+        return out
+
+    async def measure(self, agents: dict[str, Any], generate: Any, tag: str = ""
+                      ) -> dict[str, Any]:
+        """Each agent's tables, legal_mass and NashConv (the agent in every seat): `nash_conv`
+        of the policy it plays (`table`), `nash_conv_chosen` of its choice among legal replies
+        (`chosen`); the team's NashConv (each seat its own player, as played); the uniform
+        policy's NashConv beside them, for scale."""
+        names = [n for n in dict.fromkeys(self.seats) if n in agents]
+        made = await asyncio.gather(*(self.table(agents[n], generate, tag) for n in names))
+        tables = {n: played for n, (_, played, _) in zip(names, made)}
+        out: dict[str, Any] = {
+            "game": self.rules.game, "method": "likelihood (temperature 1)",
+            "uniform_nash_conv": nash_conv(self.game, uniform(self.game)),
+            "team_nash_conv": nash_conv(self.game, self.profile(tables)), "agents": {}}
+        for n, (chosen, played, mass) in zip(names, made):
+            out["agents"][n] = {"nash_conv": nash_conv(self.game, played),
+                                "nash_conv_chosen": nash_conv(self.game, chosen),
+                                "legal_mass": mass, "table": as_dict(played),
+                                "chosen": as_dict(chosen)}
+        return out
+
+
+def as_dict(table: Any) -> dict[str, list[float]]:
+    """A table as {information state: [probability of each legal action, in action order]}."""
+    out = {}
+    for key, row in table.state_lookup.items():
+        mask = table.legal_actions_mask[row]
+        out[key] = [round(float(p), 6) for p, ok in zip(table.action_probability_array[row],
+                                                          mask) if ok]
+    return out
+
+
+def _sample_game(game: Any, lineup: list[Any], seed: int, rng: random.Random) -> list[float]:
+    """One game of `lineup` (a table per seat) on deal `seed`; its returns."""
+    from flexmarl.envs.openspiel import chance, deal
+    state, dealer = game.new_initial_state(), deal(seed)
+    while not state.is_terminal():
+        if state.is_chance_node():
+            state.apply_action(chance(state, dealer))
+            continue
+        probs = lineup[state.current_player()].action_probabilities(state)
+        actions = list(probs)
+        state.apply_action(rng.choices(actions, [probs[a] for a in actions])[0])
+    return state.returns()
+
+
+def cross_play(game: Any, tables: dict[str, Any], *, deals: int = 200, seed: int = 1_000_000
+               ) -> dict[str, Any]:
+    """Every ordered pair (A, B) of `tables` (name -> a policy for every seat), seat-balanced:
+    `payoff[A][B]` A's exact expected return with A in one seat and B in the others, averaged
+    over A's seats; `win[A][B]` A's win rate (a draw half) over `deals` deals in each seat,
+    sampled from the tables; `ratings` openskill's Plackett-Luce from those games (mu, sigma
+    and the conservative mu - 3 sigma, `ordinal`); `nash_conv` of each table."""
+    egs = require("open_spiel.python.algorithms.expected_game_score", "open_spiel")
+    openskill = require("openskill.models", "openskill")
+    names = list(tables)
+    n = game.num_players()
+    payoff = {a: {} for a in names}
+    win = {a: {} for a in names}
+    model = openskill.PlackettLuce()
+    ratings = {a: model.rating(name=a) for a in names}
+    rng = random.Random(seed)
+    games = []
+    for a in names:
+        for b in names:
+            if a == b:
+                continue
+            values = []
+            for seat in range(n):
+                lineup = [tables[a] if i == seat else tables[b] for i in range(n)]
+                values.append(egs.policy_value(game.new_initial_state(), lineup)[seat])
+            payoff[a][b] = float(sum(values) / n)
+            if names.index(a) < names.index(b):
+                for k in range(deals):  # a duplicate match: the deal in every seat
+                    total = 0.0
+                    for seat in range(n):
+                        lineup = [tables[a] if i == seat else tables[b] for i in range(n)]
+                        total += _sample_game(game, lineup, seed + k, rng)[seat]
+                    games.append((a, b, "win" if total > 0 else "loss" if total < 0
+                                  else "draw"))
+    score = {a: {b: [] for b in names} for a in names}
+    rng.shuffle(games)  # ratings depend on the order of games: no pair goes first
+    for a, b, result in games:
+        value = {"win": 1.0, "draw": 0.5, "loss": 0.0}[result]
+        score[a][b].append(value)
+        score[b][a].append(1.0 - value)
+        ranks = {"win": [1, 2], "draw": [1, 1], "loss": [2, 1]}[result]
+        [[ra], [rb]] = model.rate([[ratings[a]], [ratings[b]]], ranks=ranks)
+        ratings[a], ratings[b] = ra, rb
+    for a in names:
+        for b in names:
+            if a != b:
+                win[a][b] = sum(score[a][b]) / len(score[a][b]) if score[a][b] else None
+    return {"policies": names, "payoff": payoff, "win": win, "deals": deals,
+            "ratings": {a: {"mu": r.mu, "sigma": r.sigma, "ordinal": r.ordinal()}
+                        for a, r in ratings.items()},
+            "nash_conv": {a: nash_conv(game, t) for a, t in tables.items()}}
+
+
+__all__ = ["Analysis", "MAX_EXACT_STATES", "as_dict", "count_infostates", "cross_play", "nash",
+           "nash_conv", "uniform"]

@@ -13,7 +13,7 @@ card Q, the opponent checked then bet); the legal actions are OpenSpiel's own na
 played for it; the rejected reply is rewarded -1 (flexmarl.envs.openspiel).
 
 Held out: each player against its frozen starting model ("start") and a uniformly random
-player ("random"), 400 and 100 deals on seeds never trained on, each deal played in both seats.
+player ("random"), 400 and 50 deals on seeds never trained on, each deal played in both seats.
 eval.json "policies": each player's table before and after (its likelihood of "[Pass]" and
 "[Bet]" at each of Kuhn's 12 information states) and NashConv (uniform random 0.917, Nash 0).
 
@@ -32,7 +32,7 @@ LEARNING_RATE = 1e-4
 SAMPLING = SamplingParams(temperature=1.0, max_tokens=8)
 """An action is a few tokens ("[Bet]"); temperature 1: the table measures the model's own
 distribution (policy_tables), the one sampled in play."""
-EVAL_GAMES = {"start": 400, "random": 100}
+EVAL_GAMES = {"start": 400, "random": 50}
 CARDS = "JQK"
 
 

@@ -11,6 +11,7 @@ through its own rollout instances (flexmarl.orchestrator.heldout): this reports 
 
     .venv/bin/python bench/learning.py [--json] [--team PATH] [--window 3] [--heldout N]
                                        [--set section.key=value ...]
+                                       [--cross-play [--deals 200] [--versions 1]]
 
 With --json the last line is one JSON object: {"first_reward": {agent|"team": r}, "last_reward":
 {...}, "curve": {agent|"team": [reward per step]}, "noise": {agent|"team": one step's std},
@@ -21,7 +22,13 @@ With --json the last line is one JSON object: {"first_reward": {agent|"team": r}
 has "games": {opponent: {"before", "after" (seat-balanced win rates: each deal played in every
 seat), "seat<i>_after" (each seat's), "games" (after's count of deals), "se" (the
 change's standard error), "invalid_before", "invalid_after" (rejected moves per move),
-"draw_before", "draw_after", "mode"}}, from the sampled measurement if made, else the greedy.
+"draw_before", "draw_after", "return_before", "return_after" (seat-balanced mean return),
+"mode"}}, from the sampled measurement if made, else the greedy. A team with exact policy
+measures (flexmarl.envs.openspiel: Team.analysis) adds "policies": {"uniform_nash_conv",
+"agents": {name: {"nash_conv_before", "nash_conv_after", "drop" (the share of the starting
+NashConv gone), "legal_mass_before", "legal_mass_after"}}}; with --cross-play (after the run:
+flexmarl eval RUN_DIR --cross-play, the report redrawn) "cross_play": {"policies", "payoff",
+"win", "ratings", "nash_conv", "deals", "sources"}.
 """
 from __future__ import annotations
 
@@ -190,7 +197,7 @@ def games(modes: dict) -> dict:
         if what == "win":  # seat-balanced: each deal in every seat
             row.update(before=cell["before"], after=cell["after"], games=cell["n"],
                        se=cell["se_change"])
-        elif what in ("invalid", "draw", "unscored", "return"):
+        elif what in ("invalid", "draw", "unmoved", "return"):
             row.update({f"{what}_before": cell["before"], f"{what}_after": cell["after"]})
     return out
 

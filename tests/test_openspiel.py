@@ -105,7 +105,7 @@ async def test_a_match_plays_one_deal_in_every_seat_and_scores_both_seats_and_re
     assert seat0.split("\n")[1] == str(dealt[0])  # the information state string: the card
     assert seat1.split("\n")[1].startswith(str(dealt[1]))
     scores = {name: value for _, name, value in ctx.scores}
-    assert scores["games.random.unscored"] == 0.0
+    assert scores["games.random.unmoved"] == 0.0
     assert scores["games.random.win"] + scores["games.random.loss"] == 1.0
     assert {"games.random.seat0.win", "games.random.seat1.win",
             "games.random.return"} <= set(scores)
@@ -262,7 +262,7 @@ async def test_an_openspiel_team_trains_and_measures_its_policies(tiny_model_dir
         "from flexmarl import AgentSpec\nfrom flexmarl.envs.openspiel import openspiel_team\n"
         f"players = [AgentSpec(name=n, model={tiny_model_dir!r}) for n in ('p0', 'p1')]\n"
         "team = openspiel_team('kuhn_poker', players, train_games=8, eval_games=2, "
-        "system='Play.')\n")
+        "system='Play.', train_opponents={'self': 1, 'past': 1}, past_every=1)\n")
     team = load_team(str(team_file))
     config = load_config(overrides=[
         f"team.path={team_file}", "run.keep_every=1",  # the state after step 0 stays
@@ -273,6 +273,8 @@ async def test_an_openspiel_team_trains_and_measures_its_policies(tiny_model_dir
                                           progress=False), 300)
     assert all(r["failed_trajectories"] == 0 for r in result.metrics)
     assert result.final_eval["failed"] == 0
+    # Past versions joined the pool as the instances served them (the start's first).
+    assert [v for v, _ in team.analysis.pool.tables["p0"]][0] == 0
     document = orjson.loads((tmp_path / "run" / "eval.json").read_bytes())
     for when in ("before", "after"):
         measured = document["policies"][when]
@@ -281,7 +283,7 @@ async def test_an_openspiel_team_trains_and_measures_its_policies(tiny_model_dir
             assert 0.0 <= agent["nash_conv"] <= 6.0 and 0.0 < agent["legal_mass"] <= 1.0
             assert all(sum(p) == pytest.approx(1.0, abs=1e-5) for p in agent["table"].values())
     scores = result.heldout["p0"]["sampled"]["scores"]
-    assert "games.start.return" in scores and "games.random.unscored" in scores
+    assert "games.start.return" in scores and "games.random.unmoved" in scores
     assert as_dict(uniform(load_game("kuhn_poker")))["0"] == [0.5, 0.5]
     # flexmarl eval --cross-play: start, the middle saved version, final, random and Nash;
     # the table of the final weights is the one the run measured after training.
@@ -302,3 +304,122 @@ async def test_an_openspiel_team_trains_and_measures_its_policies(tiny_model_dir
     with pytest.raises(SystemExit) as done:
         await asyncio.to_thread(main, ["eval", str(run_dir), "--cross-play", "--deals", "5"])
     assert done.value.code == 0
+
+
+def _fake_runtime(name: str, version: int = 0):
+    tokenizer = types.SimpleNamespace(encode=lambda text, add_special_tokens=False:
+                                      [7 if "Bet" in text else 8, 9])
+    return types.SimpleNamespace(spec=types.SimpleNamespace(name=name), version=version,
+                                 encode=lambda messages: [1, 2, 3], tokenizer=tokenizer)
+
+
+def _answers(bet_logp: float, pass_logp: float, agents, versions=None):
+    """A generate whose prompt logprobs give "[Bet]" bet_logp and "[Pass]" pass_logp (on the
+    tail's first token), from the version the agent serves (`versions`: the version each
+    reply says served it, in turn, instead)."""
+    served = iter(versions or [])
+
+    async def generate(agent, msg):
+        ids = msg.prompt_ids
+        first = bet_logp if ids[-2] == 7 else pass_logp
+        version = next(served, None)
+        return GenerateReply(msg.request_id, agents[agent].version if version is None
+                             else version, list(ids), [],
+                             [0.0] * (len(ids) - 3) + [first, 0.0])
+    return generate
+
+
+async def test_past_versions_are_snapshotted_every_k_versions_and_the_newest_kept():
+    players = [AgentSpec(name=n, model="m") for n in ("p0", "p1")]
+    team = openspiel_team("kuhn_poker", players, train_games=8, eval_games=1,
+                          train_opponents={"self": 1, "past": 1}, past_every=2, past_keep=2)
+    pool = team.analysis.pool
+    agents = {"p0": _fake_runtime("p0"), "p1": _fake_runtime("p1")}
+    generate = _answers(math.log(0.3), math.log(0.1), agents)  # legal replies: 0.4
+    assert await pool.refresh(agents, generate) == [("p0", 0), ("p1", 0)]  # the start
+    agents["p0"].version = 1
+    assert await pool.refresh(agents, generate) == []  # not `every` versions on yet
+    for v in (2, 4):
+        agents["p0"].version = v
+        assert await pool.refresh(agents, generate) == [("p0", v)]
+    assert [v for v, _ in pool.tables["p0"]] == [2, 4]  # the newest past_keep
+    _, table = pool.tables["p0"][-1]
+    # As played: Bet 3/4 of legal replies, both tries failing (0.6^2) play a random action.
+    fail = 0.6 ** 2
+    assert table.action_probability_array[0] == pytest.approx(
+        [(1 - fail) * 0.25 + fail / 2, (1 - fail) * 0.75 + fail / 2])
+    # A snapshot whose replies came from two versions (a sync midway) is measured again.
+    agents["p1"].version = 2
+    mixed = _answers(math.log(0.3), math.log(0.1), agents, versions=[1] * 5 + [2] * 100)
+    assert await pool.refresh(agents, mixed) == [("p1", 2)]
+    assert [v for v, _ in pool.tables["p1"]] == [0, 2]
+
+
+async def test_training_games_meet_the_opponents_of_the_mix_and_past_ones_play_their_table():
+    """Weights on "random" alone: in every game one learner seat (drawn per task, the same for
+    all its games) and the other random. On "past" alone: the learner itself while the pool is
+    empty, then a past version, which plays from its table (here: always Bet)."""
+    players = [AgentSpec(name=n, model="m") for n in ("p0", "p1")]
+
+    async def learners(team, task):
+        out = []
+        for trajectory in (0, 1):
+            ctx = SpielCtx(always("[Pass]"), input_id=task.task_id, trajectory=trajectory)
+            await team.workflow(ctx, task)
+            out.append({agent for agent, _, _ in ctx.calls})
+        return out
+    against_random = openspiel_team("kuhn_poker", players, train_games=8, eval_games=1,
+                                    train_opponents={"random": 1})
+    seen = []
+    for task in against_random.tasks:
+        first, second = await learners(against_random, task)
+        assert len(first) == 1 and first == second
+        seen.append(first.pop())
+    assert set(seen) == {"p0", "p1"}  # either seat learns, drawn per task
+    against_past = openspiel_team("kuhn_poker", players, train_games=8, eval_games=1,
+                                  train_opponents={"past": 1})
+    assert (await learners(against_past, against_past.tasks[0]))[0] == {"p0", "p1"}
+    always_bet = uniform(load_game("kuhn_poker"))
+    always_bet.action_probability_array[:] = [0.0, 1.0]
+    against_past.analysis.pool.tables = {"p0": [(3, always_bet)], "p1": [(3, always_bet)]}
+    for task in against_past.tasks[1:]:  # the first task's draw stays its own (per task)
+        first, _ = await learners(against_past, task)
+        assert len(first) == 1
+    from flexmarl.envs.openspiel import TablePlayer
+    rules = SpielRules(game="kuhn_poker")
+    ctx = SpielCtx(always("[Pass]"))
+    rewards, moves, _ = await play(ctx, rules, ["p0", TablePlayer("p1@v3", always_bet)], 5)
+    # p0 checks, the past p1 bets, p0 folds (Pass): p0 loses its ante.
+    assert rewards == {0: -1.0, 1: 1.0} and len(moves[1]) == 0 and len(moves[0]) == 2
+
+
+@pytest.mark.parametrize("mix, message", [
+    ({"self": 1, "nobody": 1}, "keys among"), ({"self": -1, "random": 1}, "weights >= 0"),
+    ({"self": 0}, "more than 0")])
+def test_a_wrong_opponent_mix_is_refused_with_the_fix(mix, message):
+    players = [AgentSpec(name=n, model="m") for n in ("p0", "p1")]
+    with pytest.raises(ValueError, match=message):
+        openspiel_team("kuhn_poker", players, train_opponents=mix)
+    with pytest.raises(ValueError, match="too big"):
+        openspiel_team("kuhn_poker", players, train_opponents={"past": 1}, exact=False)
+
+
+def test_names_that_differ_only_by_case_are_two_moves_and_one_player_games_are_refused():
+    """Chess: "Bxc3" (the bishop) and "bxc3" (the pawn) are both legal; each reply plays the
+    move it spells, and a spelling that matches both only ignoring case plays neither."""
+    names = {351: "Bxc3", 90: "bxc3", 7: "Ke2"}
+    assert parse("[bxc3]", names) == 90 and parse("[Bxc3]", names) == 351
+    assert parse("[BXC3]", names) is None and parse("[ke2]", names) == 7
+    assert parse("Bxc3", names) == 351 and parse("bxc3.", names) == 90
+    with pytest.raises(ValueError, match="one-player game"):
+        openspiel_team("catch", [AgentSpec(name="p0", model="m")])
+
+
+def test_cross_play_wins_are_beating_the_other_side_not_scoring_in_a_positive_sum_game():
+    """Goofspiel scored by total points (both sides score): two identical uniform tables win
+    about half their matches against each other whichever is listed first, and rate alike."""
+    game = load_game("goofspiel", (("num_cards", 4), ("returns_type", "total_points")))
+    for order in (("a", "b"), ("b", "a")):
+        result = cross_play(game, {n: uniform(game) for n in order}, deals=300)
+        assert abs(result["win"]["a"]["b"] - 0.5) < 0.1, result["win"]
+        assert abs(result["ratings"]["a"]["mu"] - result["ratings"]["b"]["mu"]) < 3.0

@@ -206,7 +206,8 @@ def test_a_match_plays_its_deal_in_every_seat_and_scores_each_and_both():
     """Duplicate format: the agent plays the deal in seat 0 and in seat 1 against its frozen
     start. p1 always bets, the start always folds: in seat 1 (first to act) p1 bets and the
     start folds, a win; in seat 0 the start's fold is no legal opening, twice, and the game
-    ends before p1 ever had a turn: that game is scored for neither ("unscored")."""
+    ends before p1 ever had a turn: the start's forfeit, a win for p1 too (every game is
+    scored as the game scored it; "unmoved" says how many ended so)."""
     team = game_team("KuhnPoker-v0", [AgentSpec(name="p0", model="small"),
                                       AgentSpec(name="p1", model="small")],
                      train_games=4, eval_games=2, env_kwargs={"max_rounds": 1})
@@ -216,9 +217,11 @@ def test_a_match_plays_its_deal_in_every_seat_and_scores_each_and_both():
     assert {a for a, _ in ctx.prompts} == {"p1", "start"}
     assert sorted(ctx.scores) == [
         ("p1", "games.start.draw", 0.0), ("p1", "games.start.invalid", 0.0),
-        ("p1", "games.start.loss", 0.0), ("p1", "games.start.seat1.draw", 0.0),
+        ("p1", "games.start.loss", 0.0), ("p1", "games.start.return", 1.0),
+        ("p1", "games.start.seat0.draw", 0.0), ("p1", "games.start.seat0.loss", 0.0),
+        ("p1", "games.start.seat0.win", 1.0), ("p1", "games.start.seat1.draw", 0.0),
         ("p1", "games.start.seat1.loss", 0.0), ("p1", "games.start.seat1.win", 1.0),
-        ("p1", "games.start.unscored", 0.5), ("p1", "games.start.win", 1.0)]
+        ("p1", "games.start.unmoved", 0.5), ("p1", "games.start.win", 1.0)]
     assert [(a, v) for a, _, v, _ in ctx.rewards] == [("p1", 1.0)]  # only the agent is credited
     assert {label for a, label in ctx.labels if a == "p1"} == {"g1.s1.m0"}
     # Both seats played: the seat-balanced rate is their mean.
@@ -226,28 +229,33 @@ def test_a_match_plays_its_deal_in_every_seat_and_scores_each_and_both():
     asyncio.run(team.workflow(ctx, match))
     got = {n: v for _, n, v in ctx.scores}
     seats = [got[f"games.start.seat{i}.win"] for i in (0, 1)]
-    assert got["games.start.win"] == sum(seats) / 2 and got["games.start.unscored"] == 0.0
+    assert got["games.start.win"] == sum(seats) / 2 and got["games.start.unmoved"] == 0.0
     ctx = GameCtx(first_legal)
     asyncio.run(team.workflow(ctx, Game("g", 5)))  # training: both seats credited, no score
     assert {a for a, *_ in ctx.rewards} == {"p0", "p1"} and ctx.scores == [] and ctx.team == 0.0
     assert isinstance(match, Match)
 
 
-def test_a_deal_both_sides_forfeit_at_the_opening_is_scored_for_neither():
+def test_a_forfeit_counts_against_whoever_made_it_so_no_one_chooses_what_is_scored():
     """Both sides only ever write nonsense: in each seat's game the opener forfeits (two
-    invalid moves) before the other has a turn. Scoring the games the agent moved in would
-    count its own forfeit as a loss and drop the opponent's as "unmoved": a win rate of 0 for
-    two identical players. Counted for neither side, the deal gives no win rate at all, and
-    says so (unscored 1.0); the agent's invalid moves still count."""
+    invalid moves) before the other has a turn. Each forfeit is the forfeiter's loss: the
+    agent wins the game the start opens and loses the one it opens, 0.5 seat-balanced, as
+    two identical players must. Leaving such games out instead would let an opener drop the
+    games it would lose by forfeiting them (a red team's policy did: its win rate barely fell
+    while its true return fell by half)."""
     team = game_team("KuhnPoker-v0", [AgentSpec(name="p0", model="small"),
                                       AgentSpec(name="p1", model="small")],
                      train_games=4, eval_games=1, env_kwargs={"max_rounds": 1})
     match = next(m for m in team.heldout if m.agent == "p0" and m.opponent == "start")
     ctx = GameCtx(lambda agent, prompt: "nonsense")
     asyncio.run(team.workflow(ctx, match))
-    got = sorted(ctx.scores)
-    assert got == [("p0", "games.start.invalid", 1.0), ("p0", "games.start.invalid", 1.0),
-                   ("p0", "games.start.unscored", 1.0)]
+    got = {}
+    for _, name, value in ctx.scores:
+        got.setdefault(name, []).append(value)
+    assert got["games.start.invalid"] == [1.0, 1.0]  # its own two rejected openings
+    assert got["games.start.win"] == [0.5] and got["games.start.unmoved"] == [1.0]
+    assert got["games.start.return"] == [0.0]
+    assert sorted([got["games.start.seat0.win"][0], got["games.start.seat1.win"][0]]) == [0, 1]
 
 
 def test_a_failing_game_of_a_match_stops_the_others_and_raises_its_own_error():
@@ -314,7 +322,7 @@ def test_a_game_team_with_the_documented_defaults_builds_and_plays(env_id):
     ctx = GameCtx(lambda agent, prompt: (listed(prompt) or ["[0]"])[0])
     asyncio.run(team.workflow(ctx, match))
     names = {n for _, n, _ in ctx.scores}
-    assert f"games.{match.opponent}.unscored" in names
+    assert f"games.{match.opponent}.unmoved" in names
     assert {f"games.{match.opponent}.seat{i}.win" for i in range(players)} >= {
         n for n in names if ".seat" in n and n.endswith(".win")}
 
@@ -357,19 +365,16 @@ async def test_a_game_team_trains_and_is_measured_against_its_opponents(tiny_mod
         scores = result.heldout[agent]["sampled"]["scores"]
         measured = before["agents"][agent]["scores"]
         for opponent in ("start", "random"):
-            # Every deal says how much of it was scored (its games in which every seat had a
-            # turn: tiny random models often forfeit the opening, scored for neither side).
-            unscored = scores[f"games.{opponent}.unscored"]
-            assert unscored["n"] == 3 and 0.0 <= unscored["after"] <= 1.0
-            assert measured[f"games.{opponent}.unscored"]["n"] == 1
+            # Every deal says how many of its games ended before every seat moved (tiny
+            # random models often forfeit the opening): those are scored like any other.
+            unmoved = scores[f"games.{opponent}.unmoved"]
+            assert unmoved["n"] == 3 and 0.0 <= unmoved["after"] <= 1.0
+            assert measured[f"games.{opponent}.unmoved"]["n"] == 1
             cells = [scores.get(f"games.{opponent}.{k}") for k in ("win", "draw", "loss")]
-            if cells[0] is None:  # no deal had a scored game, after or before
-                assert all(c is None for c in cells)
-                continue
-            # Seat-balanced: per deal the mean over its scored seats, the three adding to 1,
-            # over at most the 3 deals played.
+            # Seat-balanced: per deal the mean over its seats, the three adding to 1, over
+            # the 3 deals played.
             assert sum(c["after"] for c in cells) == pytest.approx(1.0), (agent, opponent)
-            assert all(c["n"] == cells[0]["n"] <= 3 for c in cells)
+            assert all(c["n"] == 3 for c in cells)
             for k, cell in zip(("win", "draw", "loss"), cells):
                 if cell.get("before") is not None:
                     assert cell["before"] == measured[f"games.{opponent}.{k}"]["mean"]
@@ -387,7 +392,7 @@ def test_the_closing_summary_and_the_report_show_win_rates_per_agent_and_opponen
                                              "games.start.seat0.win": {"after": 0.7, "n": 400},
                                              "games.start.seat1.win": {"after": 0.675,
                                                                        "n": 400},
-                                             "games.start.unscored": {"after": 0.0},
+                                             "games.start.unmoved": {"after": 0.0},
                                              "games.start.invalid": {"before": 0.87,
                                                                      "after": 0.1, "n": 900},
                                              "games.start.draw": {"before": 0, "after": 0}}}}}

@@ -3,10 +3,16 @@
     textarena.py      any TextArena game id ─► a team: one agent per player seat (or
                       a mapping: separate models, a shared one, a frozen opponent); the
                       env's own rules, invalid-move handling and rewards
+    openspiel.py      any OpenSpiel game ─► a team: one agent per seat, the game's own
+                      legal actions (named in the prompt) and returns; training
+                      opponents drawn from a mix (self, past versions, random, frozen)
+    policy_tables.py  a small OpenSpiel game's exact measures of the agents: each one's
+                      policy table from its likelihood of each legal action, NashConv,
+                      cross-play with openskill ratings, the pool of past versions
     reasoning_gym.py  any reasoning-gym dataset ─► train and held-out tasks, scored by
                       the dataset's own `score_answer`
 
-Both libraries are optional: `make setup` installs them (`pip install -e '.[envs]'`), and a
+The libraries are optional: `make setup` installs them (`pip install -e '.[envs]'`), and a
 module here that needs one raises MissingExtra naming that command when it is missing.
 """
 from __future__ import annotations

@@ -16,7 +16,7 @@ returns, and exact game-theoretic measures of the agents' policies (policy_table
          invalid_reward), as the TextArena adapter credits them (flexmarl.envs.textarena)
       held-out task Match(seed, agent, opponent) ─► the deal in every seat (duplicate format),
         scored games.<opponent>.seat<i>.<win|draw|loss>, seat-balanced .<win|draw|loss>,
-        .unscored, .invalid, .return (the seat-balanced mean return: a poker game's chips)
+        .unmoved, .invalid, .return (the seat-balanced mean return: a poker game's chips)
       Team.analysis ─► policy_tables.Analysis: each agent's policy table from its own
         likelihood of each legal action, and its NashConv (eval.json "policies")
 
@@ -79,18 +79,33 @@ def action_names(state: Any, player: int) -> dict[int, str]:
 def parse(text: str, names: dict[int, str]) -> int | None:
     """The legal action a reply names: what its first "[" opens up to its "]" (names may hold
     brackets themselves: goofspiel's "[P0]Bid: 3"), else the whole reply, compared with the
-    actions' names ignoring case and surrounding blanks; None if it names none."""
-    by_length = sorted(names.items(), key=lambda item: -len(item[1].strip()))
-    low = text.lower()
-    start = low.find("[")
+    actions' names, blanks around them aside: exactly first, then ignoring case where that
+    names one action only (chess's "Bxc3" and "bxc3" are two moves: a reply must spell them as
+    the game does); None if it names none."""
+    start = text.find("[")
     if start < 0:
-        whole = low.strip().rstrip(".").strip()
-        return next((a for a, n in by_length if n.strip().lower() == whole), None)
-    inner = low[start + 1:].lstrip()
-    for action, name in by_length:
-        key = name.strip().lower()
-        if key and inner.startswith(key) and inner[len(key):].lstrip().startswith("]"):
-            return action
+        whole = text.strip().rstrip(".").strip()
+        return _named(names, lambda key, fold: fold(whole) == fold(key))
+    inner = text[start + 1:].lstrip()
+
+    def opens(key: str, fold: Callable[[str], str]) -> bool:
+        return (fold(inner[:len(key)]) == fold(key)
+                and inner[len(key):].lstrip().startswith("]"))
+    return _named(names, opens)
+
+
+def _named(names: dict[int, str], matches: Callable[..., bool]) -> int | None:
+    """The action whose name matches exactly (the longest, where several do), else the one
+    that matches ignoring case (None where different ones do)."""
+    for fold in (str, str.casefold):
+        found = {a: n.strip() for a, n in names.items()
+                 if n.strip() and matches(n.strip(), fold)}
+        if found:
+            longest = max(len(n) for n in found.values())
+            best = sorted(a for a, n in found.items() if len(n) == longest)
+            if len(best) == 1 or fold is str:
+                return best[0]
+            return None
     return None
 
 
@@ -146,11 +161,74 @@ def chance(state: Any, rng: random.Random) -> int:
     return outcomes[-1][0]
 
 
+class TablePlayer:
+    """A seat played from a policy table (a past version of an agent: policy_tables.PastPool)."""
+
+    def __init__(self, name: str, table: Any) -> None:
+        self.name, self.table = name, table
+
+    def act(self, state: Any, rng: random.Random) -> int:
+        probs = self.table.action_probabilities(state)
+        actions = list(probs)
+        return rng.choices(actions, [probs[a] for a in actions])[0]
+
+    def __repr__(self) -> str:
+        return f"TablePlayer({self.name})"
+
+
+@dataclass(frozen=True)
+class OpponentMix:
+    """Who the learners meet in training games, drawn per task (every game of a task, its
+    GRPO group, meets the same): each seat of a trainable agent is played by that agent with
+    weight weights["self"], by one of its past versions with weights["past"] (a policy table
+    of a version it served, from a pool of the newest `keep`, one every `every` versions:
+    PastPool), by the random player with weights["random"], or by a frozen agent of the team
+    with weights[its name]; at least one seat a game stays its learner's."""
+
+    weights: tuple[tuple[str, float], ...]
+    every: int = 5
+    keep: int = 8
+
+    def draw(self, rng: random.Random) -> str:
+        names = [n for n, _ in self.weights]
+        return rng.choices(names, [w for _, w in self.weights])[0]
+
+
+def _lineup(seats: Sequence[str], trainable: set[str], mix: OpponentMix, pool: Any
+            ) -> Callable[[Any, Game], list]:
+    """lineup(ctx, game) for workflow_for: the seats' players of a training game (OpponentMix)."""
+    drawn: dict[str, list] = {}  # per task: its games (one GRPO group) meet the same seats
+
+    def lineup(ctx: Any, task: Game) -> list:
+        key = f"{task.task_id}/{ctx.input_id}"
+        if key in drawn:
+            return list(drawn[key])
+        if len(drawn) >= 4096:  # the oldest tasks' draws: long done
+            drawn.pop(next(iter(drawn)))
+        rng = random.Random(f"opponents/{key}")
+        players: list = list(seats)
+        learners = [i for i, p in enumerate(seats) if p in trainable]
+        keep = rng.choice(learners)  # this seat learns whatever the draws
+        for i in learners:
+            if i == keep:
+                continue
+            who = mix.draw(rng)
+            if who == "past":
+                past = pool.pick(seats[i], rng) if pool is not None else None
+                players[i] = past if past is not None else seats[i]
+            elif who != "self":
+                players[i] = who
+        drawn[key] = players
+        return list(players)
+    return lineup
+
+
 async def play(ctx: Any, rules: SpielRules, seats: Sequence[str], seed: int, game: str = "",
                asked: list[int] | None = None
                ) -> tuple[dict[int, float], dict[int, list], dict[int, list[bool]]]:
     """One game (textarena.play's contract): (each seat's return, each seat's completions,
-    whether each was rejected). Calls are labelled "<game>s<seat>.m<move>[.retry<k>]"."""
+    whether each was rejected). `seats[i]`: an agent name, RANDOM or a TablePlayer. Calls are
+    labelled "<game>s<seat>.m<move>[.retry<k>]"."""
     state = rules.loaded.new_initial_state()
     dealer = deal(seed)
     rng = random.Random(f"{ctx.input_id}/{ctx.trajectory}/{game}")  # the random seats' moves
@@ -168,6 +246,9 @@ async def play(ctx: Any, rules: SpielRules, seats: Sequence[str], seed: int, gam
         player = seats[seat]
         if player == RANDOM:
             state.apply_action(rng.choice(state.legal_actions(seat)))
+            continue
+        if isinstance(player, TablePlayer):  # a past version of an agent, as its table
+            state.apply_action(player.act(state, rng))
             continue
         messages, names = rules.prompt(state, seat)
         action = None
@@ -192,13 +273,22 @@ def openspiel_team(game: str, players: Sequence[AgentSpec | str], *, name: str |
                    instruction: str = INSTRUCTION,
                    describe: Callable[[Any, int], str] | None = None, retries: int = 1,
                    invalid_reward: float | None = -1.0, per_game_weight: bool = True,
-                   exact: bool | None = None) -> Team:
+                   exact: bool | None = None, train_opponents: dict[str, float] | None = None,
+                   past_every: int = 5, past_keep: int = 8) -> Team:
     """A team that plays OpenSpiel's `game` (with `params`), one entry of `players` per seat,
     as textarena.game_team does (its players, opponents, eval_games and seeds mean the same).
     `exact`: measure each agent's policy table and NashConv before and after training
-    (policy_tables.Analysis); None: where the game has at most 5,000 information states."""
+    (policy_tables.Analysis); None: where the game has at most 5,000 information states.
+    `train_opponents`: who the learners meet in training games, by weight: "self" (the
+    team's own agents, self-play: the default alone), "past" (earlier versions of the seat's
+    agent: a pool of its policy tables, one every `past_every` versions, the newest
+    `past_keep`; needs the exact tables), "random", or a frozen agent's name (OpponentMix)."""
     loaded = load_game(game, tuple(sorted((params or {}).items())))
     need = loaded.num_players()
+    if need < 2:
+        raise ValueError(f"{game} is a one-player game: a game team needs at least two seats "
+                         "(its matches put the agent against an opponent); train one agent on "
+                         "it with a workflow of its own")
     if len(players) != need:
         raise ValueError(f"{game}: {need} players (one per seat), got {len(players)}: "
                          f"{players!r}")
@@ -216,15 +306,44 @@ def openspiel_team(game: str, players: Sequence[AgentSpec | str], *, name: str |
     if not state.is_terminal():
         rules.prompt(state, state.current_player())
     analysis = None
-    from flexmarl.envs.policy_tables import MAX_EXACT_STATES, Analysis, count_infostates
+    from flexmarl.envs.policy_tables import MAX_EXACT_STATES, Analysis, PastPool, count_infostates
     if exact or (exact is None and count_infostates(loaded) <= MAX_EXACT_STATES):
         analysis = Analysis(rules, {s.name: s for s in lineup.agents}, lineup.seats)
+    choose = None
+    if train_opponents:
+        mix = _mix(game, train_opponents, lineup, analysis, past_every, past_keep)
+        if "past" in dict(mix.weights):
+            analysis.pool = PastPool(analysis, sorted(lineup.trainable), mix.every, mix.keep)
+        choose = _lineup(lineup.seats, lineup.trainable, mix,
+                         analysis.pool if analysis is not None else None)
     return Team(name=name or re.sub(r"[^A-Za-z0-9_-]", "_", game), agents=lineup.agents,
-                workflow=workflow_for(rules, lineup.seats, lineup.trainable, play),
+                workflow=workflow_for(rules, lineup.seats, lineup.trainable, play, choose),
                 tasks=lineup.tasks, heldout=lineup.heldout,
                 heldout_round=functools.partial(_deal_number, eval_seed), analysis=analysis)
 
 
-__all__ = ["Game", "INSTRUCTION", "Match", "RANDOM", "START", "SYSTEM", "SpielRules",
+def _mix(game: str, weights: dict[str, float], lineup: Lineup, analysis: Any, every: int,
+         keep: int) -> OpponentMix:
+    """train_opponents checked, or ValueError naming what to change."""
+    frozen = {a.name for a in lineup.agents if not a.trainable}
+    allowed = {"self", "past", RANDOM, *frozen}
+    bad = sorted(set(weights) - allowed)
+    if bad or any(not isinstance(w, (int, float)) or not w >= 0 for w in weights.values()) \
+            or not sum(weights.values()) > 0:
+        raise ValueError(f"{game}: train_opponents weighs who the learners meet: keys among "
+                         f"{sorted(allowed)}, weights >= 0 adding up to more than 0; got "
+                         f"{weights!r}")
+    if weights.get("past") and analysis is None:
+        raise ValueError(f"{game}: 'past' opponents play from policy tables, which this game is "
+                         "too big for (exact=False or over 5,000 information states); leave "
+                         "'past' out")
+    if every < 1 or keep < 1:
+        raise ValueError(f"{game}: past_every and past_keep must be >= 1, got {every}, {keep}")
+    return OpponentMix(tuple(sorted((k, float(v)) for k, v in weights.items() if v)), every,
+                       keep)
+
+
+__all__ = ["Game", "INSTRUCTION", "Match", "OpponentMix", "RANDOM", "START", "SYSTEM",
+           "SpielRules", "TablePlayer",
            "action_names", "chance", "deal", "load_game", "openspiel_team", "parse", "play",
            "state_text"]

@@ -18,15 +18,16 @@ cross-play and ratings.
     cross_play(game, tables)               (flexmarl eval --cross-play)
       every pair of policies, seat-balanced: the exact expected return of each against each
       (expected_game_score.policy_value), the share of duplicate matches won over sampled
-      deals (each deal in every seat, scored by the returns added up) and openskill ratings
+      deals (each deal in every seat, won by the side whose returns beat the other's in the
+      same games) and openskill ratings
       (Plackett-Luce, a match at a time) from those same matches
 
 Why the likelihood and not samples: it is exact for the model (no sampling noise, which would
 add its own exploitability: a table estimated from k samples per state is off by about
 1/sqrt(k) in every state), costs one prompt pass per (state, action) where sampling costs many,
-and is the same number on any machine. What it leaves out: replies that name an action
-somewhere other than at their start ("I bet. [Bet]"), which the game's parser accepts; their
-share is inside 1 - legal_mass.
+and is the same number on any machine. What it leaves out: replies that begin otherwise and
+name an action at their first bracket ("I bet. [Bet]"), which the game's parser accepts; their
+share is inside 1 - legal_mass (the played table counts them as rejected).
 """
 from __future__ import annotations
 
@@ -108,17 +109,23 @@ class Analysis:
     def __init__(self, rules: Any, specs: dict[str, Any], seats: list[str]) -> None:
         self.rules, self.specs, self.seats = rules, specs, list(seats)
         self.game = rules.loaded
+        self.pool: PastPool | None = None
+        """Past versions as training opponents (openspiel_team(train_opponents={"past": w}));
+        the run keeps it filled (PastPool.refresh)."""
 
-    async def table(self, runtime: Any, generate: Any, tag: str = "") -> tuple[Any, Any, float]:
+    async def table(self, runtime: Any, generate: Any, tag: str = "",
+                    versions: set[int] | None = None) -> tuple[Any, Any, float]:
         """The agent's policy tables and its legal_mass (the mean over states of the
         probability that a reply begins with a legal action): `chosen`, each action's share of
         the legal replies' probability (what the model picks when it answers in form), and
         `played`, what it plays under the game's rule for replies that name no legal action
         (asked again `retries` times, then a random legal action: at a state where a legal
-        reply has probability m, chosen mixed with uniform by (1 - m)^(retries + 1))."""
+        reply has probability m, chosen mixed with uniform by (1 - m)^(retries + 1)).
+        `versions`, if given, gets the policy versions that answered."""
         table = uniform(self.game)
         name = runtime.spec.name
         calls = asyncio.Semaphore(MAX_PASSES_AT_ONCE)
+        versions = versions if versions is not None else set()
 
         async def logp(row: int, action: int, prompt_ids: list[int], text: str) -> float:
             tail = runtime.tokenizer.encode(text, add_special_tokens=False)
@@ -128,6 +135,7 @@ class Analysis:
                                                      prompt_logprobs=True))
             async with calls:
                 reply = await generate(name, request)
+            versions.add(reply.version)
             if not reply.prompt_logprobs:
                 raise RuntimeError(f"agent {name}: the engine returned no prompt logprobs")
             return float(sum(reply.prompt_logprobs[-len(tail):]))
@@ -195,6 +203,51 @@ class Analysis:
         return out
 
 
+class PastPool:
+    """Past versions of the learners as policy tables, for training games against them: a
+    snapshot of each agent's played table every `every` versions its instances serve (the
+    first: its starting weights), the newest `keep` kept. The run calls refresh() between its
+    steps' work (launch.run), `pick` draws one for a game."""
+
+    def __init__(self, analysis: Analysis, agents: list[str], every: int, keep: int) -> None:
+        self.analysis, self.agents, self.every, self.keep = analysis, list(agents), every, keep
+        self.tables: dict[str, list[tuple[int, Any]]] = {a: [] for a in self.agents}
+        self._last: dict[str, int] = {}
+
+    async def refresh(self, agents: dict[str, Any], generate: Any) -> list[tuple[str, int]]:
+        """Snapshot the agents whose served version is `every` past their last snapshot;
+        the (agent, version) pairs added. A table whose requests met two versions (a weight
+        sync midway) is measured again."""
+        added = []
+        for name in self.agents:
+            version = agents[name].version
+            if name in self._last and version - self._last[name] < self.every:
+                continue
+            for _ in range(3):
+                served: set[int] = set()
+                _, played, _ = await self.analysis.table(agents[name], generate,
+                                                         f"past/{version}/", served)
+                if len(served) == 1:
+                    break
+                version = agents[name].version
+            else:
+                continue  # weights kept changing under it: the next refresh tries again
+            [version] = served
+            self.tables[name] = (self.tables[name] + [(version, played)])[-self.keep:]
+            self._last[name] = version
+            added.append((name, version))
+        return added
+
+    def pick(self, agent: str, rng: random.Random) -> Any:
+        """A past version of `agent` (uniformly among the pool's), as a TablePlayer; None
+        while the pool has none."""
+        from flexmarl.envs.openspiel import TablePlayer
+        if not self.tables.get(agent):
+            return None
+        version, table = rng.choice(self.tables[agent])
+        return TablePlayer(f"{agent}@v{version}", table)
+
+
 def as_dict(table: Any) -> dict[str, list[float]]:
     """A table as {information state: [probability of each legal action, in action order]}."""
     out = {}
@@ -223,9 +276,14 @@ def cross_play(game: Any, tables: dict[str, Any], *, deals: int = 200, seed: int
                ) -> dict[str, Any]:
     """Every ordered pair (A, B) of `tables` (name -> a policy for every seat), seat-balanced:
     `payoff[A][B]` A's exact expected return with A in one seat and B in the others, averaged
-    over A's seats; `win[A][B]` A's win rate (a draw half) over `deals` deals in each seat,
-    sampled from the tables; `ratings` openskill's Plackett-Luce from those games (mu, sigma
-    and the conservative mu - 3 sigma, `ordinal`); `nash_conv` of each table."""
+    over A's seats (in a two-player zero-sum game the matrix is antisymmetric; with more
+    players, B holds every other seat); `win[A][B]` A's share of `deals` duplicate matches won
+    (a draw half), a match being the deal played once with A in each seat, sampled from the
+    tables, and won by A when its returns exceed B's in the same games, added up over the
+    seats (poker's chips, not its hands: a Nash player wins about half the hands against a
+    random one and more chips; in a positive-sum game both scoring is no win); `ratings`
+    openskill's Plackett-Luce from those same matches, in a shuffled order (mu, sigma and the
+    conservative mu - 3 sigma, `ordinal`); `nash_conv` of each table."""
     egs = require("open_spiel.python.algorithms.expected_game_score", "open_spiel")
     openskill = require("openskill.models", "openskill")
     names = list(tables)
@@ -247,11 +305,13 @@ def cross_play(game: Any, tables: dict[str, Any], *, deals: int = 200, seed: int
             payoff[a][b] = float(sum(values) / n)
             if names.index(a) < names.index(b):
                 for k in range(deals):  # a duplicate match: the deal in every seat
-                    total = 0.0
+                    margin = 0.0  # a's returns less b's, in the same games
                     for seat in range(n):
                         lineup = [tables[a] if i == seat else tables[b] for i in range(n)]
-                        total += _sample_game(game, lineup, seed + k, rng)[seat]
-                    games.append((a, b, "win" if total > 0 else "loss" if total < 0
+                        returns = _sample_game(game, lineup, seed + k, rng)
+                        others = [r for i, r in enumerate(returns) if i != seat]
+                        margin += returns[seat] - sum(others) / len(others)
+                    games.append((a, b, "win" if margin > 0 else "loss" if margin < 0
                                   else "draw"))
     score = {a: {b: [] for b in names} for a in names}
     rng.shuffle(games)  # ratings depend on the order of games: no pair goes first
@@ -272,5 +332,5 @@ def cross_play(game: Any, tables: dict[str, Any], *, deals: int = 200, seed: int
             "nash_conv": {a: nash_conv(game, t) for a, t in tables.items()}}
 
 
-__all__ = ["Analysis", "MAX_EXACT_STATES", "as_dict", "count_infostates", "cross_play", "nash",
+__all__ = ["Analysis", "MAX_EXACT_STATES", "PastPool", "as_dict", "count_infostates", "cross_play", "nash",
            "nash_conv", "uniform"]

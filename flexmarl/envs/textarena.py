@@ -12,7 +12,7 @@
       held-out task Match(seed, agent, opponent) ─► the deal played once with the agent in
         each seat (duplicate format) against "start" (its frozen starting model), "random"
         or a team agent; ctx.score: games.<opponent>.seat<i>.<win|draw|loss>, the
-        seat-balanced games.<opponent>.<win|draw|loss>, .return, .unscored, .invalid (per move), read
+        seat-balanced games.<opponent>.<win|draw|loss>, .return, .unmoved, .invalid (per move), read
         by the run's before/after measurement (counts: games per pair, Team.heldout_round)
 
 Players (one entry per seat): an AgentSpec (its own model), the name of an AgentSpec given at an
@@ -313,18 +313,21 @@ def credit(ctx: Any, rules: GameRules, trainable: set[str], seats: Sequence[str]
 
 
 def workflow_for(rules: Any, seats: Sequence[str], trainable: set[str],
-                 play: Callable[..., Any] = play) -> Callable[[Any, Any], Any]:
-    """The team's workflow: a Game plays `seats`; a Match plays its deal once with its agent
-    in each seat against its opponent (the games at once) and scores them. `rules` and `play`:
-    this module's GameRules and play, or another game library's with the same contract
-    (flexmarl.envs.openspiel)."""
+                 play: Callable[..., Any] = play,
+                 lineup: Callable[[Any, Game], list] | None = None
+                 ) -> Callable[[Any, Any], Any]:
+    """The team's workflow: a Game plays `seats` (or `lineup(ctx, game)`'s players: training
+    opponents drawn per game, flexmarl.envs.openspiel); a Match plays its deal once with its
+    agent in each seat against its opponent (the games at once) and scores them. `rules` and
+    `play`: this module's GameRules and play, or another game library's with the same
+    contract (flexmarl.envs.openspiel)."""
     starts = dict(rules.starts)
 
     async def workflow(ctx: Any, task: Game | Match) -> None:
         if isinstance(task, Match):
             await match(ctx, rules, task, starts, play)
             return
-        players = list(seats)
+        players = lineup(ctx, task) if lineup is not None else list(seats)
         rewards, moves, flags = await play(ctx, rules, players, task.seed)
         credit(ctx, rules, trainable, players, rewards, moves, flags)
         learners = [i for i, p in enumerate(players) if p in trainable]
@@ -334,16 +337,20 @@ def workflow_for(rules: Any, seats: Sequence[str], trainable: set[str],
 
 async def match(ctx: Any, rules: Any, task: Match, starts: dict[str, str],
                 play: Callable[..., Any] = play) -> None:
-    """The deal in every seat; scores (ctx.score, for `task.agent`), over the games in which
-    every seat had a turn to move: per seat games.<opponent>.seat<i>.<win|draw|loss>, the
+    """The deal in every seat; scores (ctx.score, for `task.agent`), over every game of the
+    deal, as the game scored it: per seat games.<opponent>.seat<i>.<win|draw|loss>, the
     seat-balanced games.<opponent>.<win|draw|loss> (their mean over the deal's seats: each deal
-    counts once), and games.<opponent>.invalid per move of the agent; games.<opponent>.unscored
-    is the share of the deal's games that ended before every seat had moved (an opening
-    forfeit: counted for neither side, so that no one is scored a win it never played for,
-    and the exclusion favours no seat and no side); games.<opponent>.return is the agent's
-    seat-balanced mean reward over the scored games (a poker game's chips: a hand won by a
-    fold and one won at showdown after a bet are both wins, not the same gain). `play`:
-    textarena's, or another library's with its contract (flexmarl.envs.openspiel)."""
+    counts once), games.<opponent>.return (the agent's seat-balanced mean reward: a poker
+    game's chips, where a hand won by a fold and one won at a called showdown are both wins,
+    not the same gain), and games.<opponent>.invalid per move of the agent.
+    games.<opponent>.unmoved, a diagnostic, is the share of the deal's games that ended before
+    every seat had moved (an opening forfeit or fold): those games count like any other, a
+    forfeit being a loss for whoever forfeited, because leaving them out would let the
+    opener choose which of its games are scored (forfeit the ones it would lose). With two
+    identical players the seat-balanced win rate is 0.5 in expectation, whatever the seat's
+    advantage; with n players the same baseline is 1/n (a shared best reward is a win for
+    each). `play`: textarena's, or another library's with its contract
+    (flexmarl.envs.openspiel)."""
     other = starts[task.agent] if task.opponent == START else task.opponent
     lineups = [[task.agent if i == seat else other for i in range(rules.num_players)]
                for seat in range(rules.num_players)]
@@ -361,24 +368,19 @@ async def match(ctx: Any, rules: Any, task: Match, starts: dict[str, str],
     for players, game in zip(lineups, games):  # its moves' rewards, as in training
         credit(ctx, rules, {task.agent}, players, *game)
     prefix = f"games.{task.opponent}"
-    scored = []
+    results = []
     for seat, (rewards, moves, flags) in enumerate(games):
         for bad in flags[seat]:
             ctx.score(task.agent, f"{prefix}.invalid", float(bad))
-        if min(asked[seat]) == 0:
-            continue
         result = outcome(rewards, seat)
-        scored.append(result)
+        results.append(result)
         for name in OUTCOMES:
             ctx.score(task.agent, f"{prefix}.seat{seat}.{name}", float(result == name))
-    ctx.score(task.agent, f"{prefix}.unscored", 1.0 - len(scored) / rules.num_players)
-    if scored:
-        for name in OUTCOMES:
-            ctx.score(task.agent, f"{prefix}.{name}",
-                      sum(r == name for r in scored) / len(scored))
-        ctx.score(task.agent, f"{prefix}.return",  # the chips where a game pays by size
-                  sum(g[0].get(seat, 0.0) for seat, g in enumerate(games)
-                      if min(asked[seat]) > 0) / len(scored))
+    for name in OUTCOMES:
+        ctx.score(task.agent, f"{prefix}.{name}", sum(r == name for r in results) / len(results))
+    ctx.score(task.agent, f"{prefix}.return",
+              sum(g[0].get(seat, 0.0) for seat, g in enumerate(games)) / len(games))
+    ctx.score(task.agent, f"{prefix}.unmoved", sum(min(a) == 0 for a in asked) / len(asked))
     ctx.team_reward(sum(g[0].get(seat, 0.0) for seat, g in enumerate(games)) / len(games))
 
 

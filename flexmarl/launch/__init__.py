@@ -8,6 +8,7 @@
     gguf.py        pretrained GGUF models converted once to cached float32 model directories
     task_files.py  team.tasks: a data file's rows as the team's tasks and held-out tasks
     evaluation.py  `flexmarl eval RUN_DIR`: saved weights on the held-out tasks
+    crossplay.py   `flexmarl eval RUN_DIR --cross-play`: a game run's policies against each other
     cli.py         `flexmarl run | plan | eval | report | keygen`
     summary.py     the closing lines of `flexmarl run`: what a person reads when the run ends
     nodes.py       `flexmarl-node`: a machine that hosts workers of a run elsewhere

@@ -29,7 +29,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
 
 from flexmarl.config.load import Config
 from flexmarl.config.pipeline import EvalConfig
@@ -186,7 +186,15 @@ async def _steps(setup: RunSetup, parts: Parts, progress: bool | None,
                                        evaluate=evaluate_at,
                                        eval_every=setup.eval.every_steps,
                                        serial=setup.serial)
-                    await unless_app_exits(loop.run(), app)
+                    past = getattr(parts.orch.team.analysis, "pool", None)
+                    keeping = (asyncio.create_task(_keep_pool(past, parts), name="past-pool")
+                               if past is not None else None)
+                    try:
+                        await unless_app_exits(loop.run(), app)
+                    finally:
+                        if keeping is not None:
+                            keeping.cancel()
+                            await asyncio.gather(keeping, return_exceptions=True)
                 after = None
                 if measure_now is not None and setup.eval.final:
                     monitor.state = "evaluating"
@@ -255,6 +263,25 @@ async def _before(measure_now: Callable[[], Awaitable[dict]] | None, first_step:
     trainable = [n for n, rt in parts.agents.items() if rt.spec.trainable]
     phase(f"held-out before training: {summary_line(result, trainable)}")
     return result
+
+
+POOL_POLL_S = 1.0
+"""How often the past-opponent pool looks at the agents' served versions (PastPool)."""
+
+
+async def _keep_pool(pool: Any, parts: Parts) -> None:
+    """Fill a game team's pool of past versions (Team.analysis.pool: openspiel_team's
+    train_opponents "past") while the run trains: a snapshot of each learner's policy table
+    every pool.every versions. A failed snapshot is logged and tried again: the games meet
+    the newest versions the pool has (the learner itself while it has none)."""
+    while True:
+        try:
+            for agent, version in await pool.refresh(parts.agents, parts.pool.generate):
+                log.info("past-opponent pool: %s version %d added", agent, version)
+        except Exception as exc:  # noqa: BLE001 - a snapshot is not worth the run
+            log.warning("past-opponent pool: a snapshot failed (%s: %s); trying again",
+                        type(exc).__name__, exc)
+        await asyncio.sleep(POOL_POLL_S)
 
 
 async def _policies(parts: Parts, tag: str) -> dict | None:

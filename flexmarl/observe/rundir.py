@@ -309,7 +309,7 @@ def policy_lines(policies: dict | None) -> list[tuple[str, str]]:
 
 def game_lines(heldout: dict | None) -> list[tuple[str, str]]:
     """A game team's held-out results (RunResult.heldout, eval.json's "heldout": the scores
-    "games.<opponent>.<win|draw|invalid|unscored>" and "games.<opponent>.seat<i>.win" of
+    "games.<opponent>.<win|draw|invalid|unmoved>" and "games.<opponent>.seat<i>.win" of
     flexmarl.envs.textarena), one per agent and opponent: ("p1 vs start", "win 0.250 -> 0.690
     ±0.031 (seat 0 0.700, seat 1 0.680), invalid moves 0.870 -> 0.100 (400 deals, each in
     every seat, sampled)"), the win rate seat-balanced (each deal played in every seat); []
@@ -333,13 +333,13 @@ def game_lines(heldout: dict | None) -> list[tuple[str, str]]:
                            if re.fullmatch(rf"games\.{re.escape(opponent)}\.seat\d+\.win", n))
             by_seat = (" (" + ", ".join(f"seat {i} {f(c.get('after'))}" for i, c in seats)
                        + ")") if seats else ""
-            unscored = (scores.get(f"games.{opponent}.unscored") or {}).get("after")
+            unmoved = (scores.get(f"games.{opponent}.unmoved") or {}).get("after")
             text = (f"win {f(win.get('before'))} -> {f(win.get('after'))}"
                     + (f" ±{se:.3f}" if se is not None else "") + by_seat
                     + (f", invalid moves {f(bad.get('before'))} -> {f(bad.get('after'))}"
                        if bad else "")
-                    + (f", {unscored:.0%} of games ended before every seat moved (unscored)"
-                       if unscored else "")
+                    + (f", {unmoved:.0%} of games ended before every seat moved (a forfeit: "
+                       "a loss for the side that made it)" if unmoved else "")
                     + f" ({win.get('n')} deals" + (", each in every seat" if seats else "")
                     + f", {mode})")
             out.append((f"{agent} vs {opponent}", text))

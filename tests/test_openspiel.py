@@ -20,32 +20,9 @@ from flexmarl.envs.policy_tables import (Analysis, as_dict, count_infostates,  #
 from flexmarl.envs.textarena import match  # noqa: E402
 from flexmarl.protocol import GenerateReply  # noqa: E402
 from flexmarl.team import AgentSpec  # noqa: E402
+from tests.helpers.games import GameCtx  # noqa: E402
 
 KUHN = SpielRules(game="kuhn_poker")
-
-
-class SpielCtx:
-    """A workflow's ctx whose agents answer from a policy: (agent, prompt messages) -> text."""
-
-    def __init__(self, policy, input_id: str = "t0", trajectory: int = 0) -> None:
-        self.policy, self.input_id, self.trajectory = policy, input_id, trajectory
-        self.calls: list[tuple[str, str, str]] = []  # (agent, turn label, prompt text)
-        self.rewards: list[tuple[str, str, float, float]] = []
-        self.scores: list[tuple[str, str, float]] = []
-        self.team: float | None = None
-
-    async def generate(self, agent, prompt, *, turn=None, **_):
-        self.calls.append((agent, turn, prompt[-1]["content"]))
-        return [types.SimpleNamespace(agent=agent, text=self.policy(agent, prompt))]
-
-    def reward(self, completion, value, *, weight=1.0):
-        self.rewards.append((completion.agent, completion.text, value, weight))
-
-    def team_reward(self, value):
-        self.team = value
-
-    def score(self, agent, name, value):
-        self.scores.append((agent, name, value))
 
 
 def always(text):
@@ -65,7 +42,7 @@ def test_a_reply_names_a_legal_action_by_its_first_bracket_or_whole():
 
 async def test_a_kuhn_game_is_played_by_openspiels_rules_and_pays_its_returns():
     """Both players bet: a showdown for 2 chips; the higher card wins +2, the other -2."""
-    ctx = SpielCtx(always("[Bet]"))
+    ctx = GameCtx(always("[Bet]"))
     rewards, moves, flags = await play(ctx, KUHN, ["p0", "p1"], seed=3)
     assert sorted(rewards.values()) == [-2.0, 2.0]
     assert [len(moves[0]), len(moves[1])] == [1, 1] and flags == {0: [False], 1: [False]}
@@ -76,7 +53,7 @@ async def test_a_kuhn_game_is_played_by_openspiels_rules_and_pays_its_returns():
 async def test_a_rejected_reply_is_asked_again_then_a_random_legal_action_plays_for_it():
     """p0 never names an action: two calls labelled as one move's attempts, both flagged and
     rewarded invalid_reward; a random legal action is played and the game goes on."""
-    ctx = SpielCtx(lambda agent, prompt: "[Bet]" if agent == "p1" else "hmm")
+    ctx = GameCtx(lambda agent, prompt: "[Bet]" if agent == "p1" else "hmm")
     rewards, moves, flags = await play(ctx, KUHN, ["p0", "p1"], seed=0)
     labels = [turn for agent, turn, _ in ctx.calls if agent == "p0"]
     assert labels[:2] == ["s0.m0", "s0.m0.retry1"]
@@ -90,7 +67,7 @@ async def test_a_rejected_reply_is_asked_again_then_a_random_legal_action_plays_
 async def test_a_match_plays_one_deal_in_every_seat_and_scores_both_seats_and_returns():
     """The same seed deals the same cards whoever sits where: p0's card in seat 0 is the
     opponent's card in seat 1. Both bet always: the higher card wins 2 in its seat."""
-    ctx = SpielCtx(always("[Bet]"))
+    ctx = GameCtx(always("[Bet]"))
     await match(ctx, KUHN, Match("m", 7, "p0", RANDOM), {}, play)
     cards = [text.split("Your card")[0] for _, _, text in ctx.calls]
     seat0 = [t for agent, turn, t in ctx.calls if turn.startswith("g0.")][0]
@@ -239,7 +216,7 @@ async def test_any_game_plays_to_its_end_with_legal_moves_named(game):
         import re
         listing = prompt[-1]["content"].rsplit("Answer with ", 1)[1]
         return re.match(r"(\[.*?\])(?:, | or |\.$)", listing)[1]
-    ctx = SpielCtx(first)
+    ctx = GameCtx(first)
     rewards, moves, flags = await play(ctx, rules, ["p0", "p1"], seed=1)
     assert set(rewards) == {0, 1} and not any(any(f) for f in flags.values())
     assert len(ctx.calls) == sum(len(m) for m in moves.values()) > 1
@@ -364,7 +341,7 @@ async def test_training_games_meet_the_opponents_of_the_mix_and_past_ones_play_t
     async def learners(team, task):
         out = []
         for trajectory in (0, 1):
-            ctx = SpielCtx(always("[Pass]"), input_id=task.task_id, trajectory=trajectory)
+            ctx = GameCtx(always("[Pass]"), input_id=task.task_id, trajectory=trajectory)
             await team.workflow(ctx, task)
             out.append({agent for agent, _, _ in ctx.calls})
         return out
@@ -387,7 +364,7 @@ async def test_training_games_meet_the_opponents_of_the_mix_and_past_ones_play_t
         assert len(first) == 1
     from flexmarl.envs.openspiel import TablePlayer
     rules = SpielRules(game="kuhn_poker")
-    ctx = SpielCtx(always("[Pass]"))
+    ctx = GameCtx(always("[Pass]"))
     rewards, moves, _ = await play(ctx, rules, ["p0", TablePlayer("p1@v3", always_bet)], 5)
     # p0 checks, the past p1 bets, p0 folds (Pass): p0 loses its ante.
     assert rewards == {0: -1.0, 1: 1.0} and len(moves[1]) == 0 and len(moves[0]) == 2

@@ -16,32 +16,7 @@ pytest.importorskip("textarena", reason="the envs extra: pip install -e '.[envs]
 from flexmarl.envs.textarena import (Game, GameRules, Match, RANDOM, credit, game_team,  # noqa: E402
                                      legal_moves, make_env, outcome, play, trim)
 from flexmarl.team import AgentSpec  # noqa: E402
-
-
-class GameCtx:
-    """A workflow's ctx whose agents answer from a policy: (agent, prompt) -> text."""
-
-    def __init__(self, policy, input_id: str = "t0", trajectory: int = 0) -> None:
-        self.policy, self.input_id, self.trajectory = policy, input_id, trajectory
-        self.prompts: list[tuple[str, list]] = []
-        self.rewards: list[tuple[str, str, float, float]] = []
-        self.scores: list[tuple[str, str, float]] = []
-        self.labels: list[tuple[str, str]] = []
-        self.team: float | None = None
-
-    async def generate(self, agent, prompt, *, turn=None, **_):
-        self.prompts.append((agent, prompt))
-        self.labels.append((agent, turn))
-        return [types.SimpleNamespace(agent=agent, text=self.policy(agent, prompt))]
-
-    def reward(self, completion, value, *, weight=1.0):
-        self.rewards.append((completion.agent, completion.text, value, weight))
-
-    def team_reward(self, value):
-        self.team = value
-
-    def score(self, agent, name, value):
-        self.scores.append((agent, name, value))
+from tests.helpers.games import GameCtx  # noqa: E402
 
 
 def listed(prompt) -> list[str]:

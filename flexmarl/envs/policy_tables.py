@@ -200,6 +200,13 @@ class Analysis:
                                 "nash_conv_chosen": nash_conv(self.game, chosen),
                                 "legal_mass": mass, "table": as_dict(played),
                                 "chosen": as_dict(chosen)}
+            sampling = getattr(agents[n].spec, "sampling", None)
+            if sampling is not None and (sampling.temperature != 1.0 or sampling.top_p < 1.0
+                                         or sampling.top_k > 0):
+                out["agents"][n]["note"] = (
+                    f"the table is the model's distribution at temperature 1; this agent "
+                    f"samples at temperature {sampling.temperature}, top_p {sampling.top_p}, "
+                    f"top_k {sampling.top_k}, so its play differs from the table")
         return out
 
 

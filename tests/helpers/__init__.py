@@ -27,6 +27,7 @@ and nothing in the suite edits sys.path (tests/test_suite_rules.py checks both).
                        with stub commands
     vllm.py            require_vllm and the vLLM timeouts (tests/conftest.py's `vllm` marker)
     lanes.py           the quick lane's marker: whether a test module starts processes
+    games.py           GameCtx: a game workflow's ctx whose agents answer from a Python policy
     sandbox.py         the sandbox tests' `where` fixture: under bubblewrap, and on the unsafe
                        fallback
 """

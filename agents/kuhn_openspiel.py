@@ -10,7 +10,14 @@ each player's policy table and its NashConv (OpenSpiel's exploitability), before
 The prompt says, in words, what the player knows (OpenSpiel's information state "1pb": the
 card Q, the opponent checked then bet); the legal actions are OpenSpiel's own names ("[Pass]",
 "[Bet]"). A reply that names no legal action is asked again once, then a random legal action is
-played for it; the rejected reply is rewarded -1 (flexmarl.envs.openspiel).
+played for it; the rejected reply is rewarded -2, the game's lowest return (flexmarl.envs.openspiel).
+
+Training opponents (openspiel_team's train_opponents): in each task one player keeps its seat and
+the other seat is, by equal weights, the other player as it is now, one of its past versions
+(a policy table snapshotted every 5 versions) or the random player. Against a co-player alone, a
+first try here stalled: p1 learnt to move validly and bet first, p0's moves then all lost or were
+rejected alike (-1 either way, before rejected replies got the lowest return), and p0 had no
+learning signal for 15 steps in a row.
 
 Held out: each player against its frozen starting model ("start") and a uniformly random
 player ("random"), 400 and 50 deals on seeds never trained on, each deal played in both seats.
@@ -60,4 +67,5 @@ team = openspiel_team(
     name="kuhn_openspiel",
     eval_games=EVAL_GAMES,
     describe=describe,
+    train_opponents={"self": 1, "past": 1, "random": 1},
 )

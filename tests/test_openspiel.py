@@ -400,3 +400,25 @@ def test_cross_play_wins_are_beating_the_other_side_not_scoring_in_a_positive_su
         result = cross_play(game, {n: uniform(game) for n in order}, deals=300)
         assert abs(result["win"]["a"]["b"] - 0.5) < 0.1, result["win"]
         assert abs(result["ratings"]["a"]["mu"] - result["ratings"]["b"]["mu"]) < 3.0
+
+
+def test_the_closing_summary_and_the_report_show_each_players_nashconv(tmp_path):
+    import orjson
+
+    from flexmarl.launch.summary import summary
+    from flexmarl.observe.report import _games
+
+    policies = {"before": {"uniform_nash_conv": 0.9167, "agents": {
+                    "p0": {"nash_conv": 1.4, "legal_mass": 0.01}}},
+                "after": {"uniform_nash_conv": 0.9167, "agents": {
+                    "p0": {"nash_conv": 0.7, "legal_mass": 0.9}}}}
+    heldout = {"p0": {"sampled": {"before": -0.5, "after": 0.2, "se_change": 0.1,
+                                  "tasks": 8}}}
+    text = summary(types.SimpleNamespace(metrics=[], wall_s=1.0, heldout=heldout,
+                                         final_eval={"tasks": 8, "policies": policies}))
+    assert ("p0 NashConv   1.400 -> 0.700 (-50%; uniform random 0.917, Nash 0), legal "
+            "replies 0.010 -> 0.900") in text
+    (tmp_path / "eval.json").write_bytes(orjson.dumps({"heldout": heldout,
+                                                       "policies": policies}))
+    assert ("policies: p0 NashConv", "1.400 -> 0.700 (-50%; uniform random 0.917, Nash 0), "
+            "legal replies 0.010 -> 0.900") in _games(tmp_path)

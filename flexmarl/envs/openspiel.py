@@ -9,11 +9,13 @@ returns, and exact game-theoretic measures of the agents' policies (policy_table
                           ("[Pass] or [Bet]")], turn="s<seat>.m<move>[.retry<k>]")
                         (or "random": a uniformly random legal action)
                       ─► parse(): its first "[" opens a legal action's name
-                         (action_to_string, case-insensitive); anything else is rejected
+                         (action_to_string; in another case only where that names one);
+                         anything else is rejected
                          and asked again (`retries`), then a uniformly random legal action
                          is played for the seat (the game goes on: its value stays a game's)
       ─► state.returns() ─► each seat's reward on each of its moves (a rejected reply:
-         invalid_reward), as the TextArena adapter credits them (flexmarl.envs.textarena)
+         invalid_reward, the game's lowest return by default), as the TextArena adapter
+         credits them (flexmarl.envs.textarena)
       held-out task Match(seed, agent, opponent) ─► the deal in every seat (duplicate format),
         scored games.<opponent>.seat<i>.<win|draw|loss>, seat-balanced .<win|draw|loss>,
         .unmoved, .invalid, .return (the seat-balanced mean return: a poker game's chips)
@@ -39,6 +41,8 @@ from flexmarl.envs.textarena import (RANDOM, START, Game, Lineup, Match, _deal_n
                                      workflow_for)
 from flexmarl.team import AgentSpec, Team
 
+LOWEST = "lowest"
+"""openspiel_team's default invalid_reward: the game's lowest return (game.min_utility())."""
 SYSTEM = "You are a competitive game player. Read the game state carefully and pick the best move."
 INSTRUCTION = "Your move? Answer with {moves}."
 
@@ -272,11 +276,15 @@ def openspiel_team(game: str, players: Sequence[AgentSpec | str], *, name: str |
                    eval_seed: int = 1_000_000, system: str = SYSTEM,
                    instruction: str = INSTRUCTION,
                    describe: Callable[[Any, int], str] | None = None, retries: int = 1,
-                   invalid_reward: float | None = -1.0, per_game_weight: bool = True,
+                   invalid_reward: float | str | None = LOWEST, per_game_weight: bool = True,
                    exact: bool | None = None, train_opponents: dict[str, float] | None = None,
                    past_every: int = 5, past_keep: int = 8) -> Team:
     """A team that plays OpenSpiel's `game` (with `params`), one entry of `players` per seat,
     as textarena.game_team does (its players, opponents, eval_games and seeds mean the same).
+    `invalid_reward`: a rejected reply's reward; LOWEST (the default), the game's lowest
+    return (game.min_utility(): -2 in Kuhn Poker), so that no reply the game rejects is worth
+    more than a legal move, whatever it loses (at -1, a rejected reply would beat calling a
+    bet and losing 2, and a player whose legal moves all lost got no signal to learn them).
     `exact`: measure each agent's policy table and NashConv before and after training
     (policy_tables.Analysis); None: where the game has at most 5,000 information states.
     `train_opponents`: who the learners meet in training games, by weight: "self" (the
@@ -296,6 +304,11 @@ def openspiel_team(game: str, players: Sequence[AgentSpec | str], *, name: str |
         raise ValueError(f"{game}: retries must be >= 0, got {retries}")
     lineup = Lineup.of(game, players, opponents, eval_games, train_games=train_games,
                        seed=seed, eval_seed=eval_seed)
+    if invalid_reward == LOWEST:
+        invalid_reward = float(loaded.min_utility())
+    elif isinstance(invalid_reward, str):
+        raise ValueError(f"{game}: invalid_reward is a number, None or {LOWEST!r}, got "
+                         f"{invalid_reward!r}")
     rules = SpielRules(game=game, params=tuple(sorted((params or {}).items())),
                        num_players=need, system=system, instruction=instruction,
                        describe=describe, retries=retries, invalid_reward=invalid_reward,
@@ -343,7 +356,7 @@ def _mix(game: str, weights: dict[str, float], lineup: Lineup, analysis: Any, ev
                        keep)
 
 
-__all__ = ["Game", "INSTRUCTION", "Match", "OpponentMix", "RANDOM", "START", "SYSTEM",
+__all__ = ["Game", "INSTRUCTION", "LOWEST", "Match", "OpponentMix", "RANDOM", "START", "SYSTEM",
            "SpielRules", "TablePlayer",
            "action_names", "chance", "deal", "load_game", "openspiel_team", "parse", "play",
            "state_text"]

@@ -194,6 +194,12 @@ def test_an_openspiel_team_has_seats_opponents_matches_and_exact_measures():
     players = [AgentSpec(name=n, model="m") for n in ("p0", "p1")]
     team = openspiel_team("kuhn_poker", players, train_games=8, eval_games=3)
     assert [a.name for a in team.agents] == ["p0", "p1", "start"]
+    # A rejected reply is worth the game's lowest return (Kuhn: -2), never more than a move.
+    assert team.analysis.rules.invalid_reward == -2.0
+    assert openspiel_team("kuhn_poker", players, invalid_reward=-1).analysis.rules \
+        .invalid_reward == -1
+    with pytest.raises(ValueError, match="invalid_reward"):
+        openspiel_team("kuhn_poker", players, invalid_reward="worst")
     assert len(team.heldout) == 2 * 2 * 3 and team.analysis is not None
     three = openspiel_team("kuhn_poker", [*players, "random"], params={"players": 3},
                            eval_games=2)
@@ -422,3 +428,39 @@ def test_the_closing_summary_and_the_report_show_each_players_nashconv(tmp_path)
                                                        "policies": policies}))
     assert ("policies: p0 NashConv", "1.400 -> 0.700 (-50%; uniform random 0.917, Nash 0), "
             "legal replies 0.010 -> 0.900") in _games(tmp_path)
+
+
+def test_cross_play_does_not_depend_on_the_order_of_the_policies():
+    """The same tables given in another order: the same win shares and ratings (each pair
+    samples from its own generator); with three players, each side alone is played."""
+    kuhn = load_game("kuhn_poker")
+    solved, _ = nash(kuhn)
+    bet = uniform(kuhn)
+    bet.action_probability_array[:] = [0.0, 1.0]
+    tables = {"u": uniform(kuhn), "n": solved, "b": bet}
+    first = cross_play(kuhn, tables, deals=100)
+    second = cross_play(kuhn, dict(reversed(list(tables.items()))), deals=100)
+    assert first["win"] == second["win"] and first["ratings"] == second["ratings"]
+    three = load_game("kuhn_poker", (("players", 3),))
+    result = cross_play(three, {"u": uniform(three), "b": uniform(three)}, deals=50)
+    assert result["win"]["u"]["b"] is not None and result["win"]["b"]["u"] is not None
+
+
+async def test_a_table_with_no_legal_reply_at_all_is_uniform_and_bad_logprobs_are_refused():
+    players = [AgentSpec(name="p0", model="m")]
+    analysis = Analysis(KUHN, {"p0": players[0]}, ["p0", "p0"])
+    agents = {"p0": _fake_runtime("p0")}
+    chosen, played, mass = await analysis.table(agents["p0"],
+                                                _answers(-math.inf, -math.inf, agents))
+    assert mass == 0.0 and (chosen.action_probability_array == 0.5).all()
+    assert (played.action_probability_array == 0.5).all()
+    with pytest.raises(RuntimeError, match="NaN or above 0"):
+        await analysis.table(agents["p0"], _answers(math.nan, 0.0, agents))
+
+
+def test_infinite_opponent_weights_and_reserved_names_are_refused():
+    players = [AgentSpec(name=n, model="m") for n in ("p0", "p1")]
+    with pytest.raises(ValueError, match="finite"):
+        openspiel_team("kuhn_poker", players, train_opponents={"self": math.inf})
+    with pytest.raises(ValueError, match="reserved"):
+        openspiel_team("kuhn_poker", [players[0], AgentSpec(name="past", model="m")])

@@ -378,3 +378,14 @@ def test_the_closing_summary_and_the_report_show_win_rates_per_agent_and_opponen
     (tmp_path / "eval.json").write_bytes(orjson.dumps({"heldout": heldout}))
     assert _games(tmp_path)[0][0] == "held-out games: p1 vs start"
     assert _games(tmp_path / "missing") == []
+
+
+def test_a_reply_that_breaks_the_env_is_its_players_forfeit_not_a_vanished_deal():
+    """TextArena's Tic-Tac-Toe calls int() on the move: a 5,000-digit one raises inside the
+    env. That is the replying seat's forfeit (a loss, its move flagged invalid), so a policy
+    cannot drop a deal it is losing from the measurement by failing its game."""
+    rules = GameRules(env_id="TicTacToe-v0", num_players=2)
+    ctx = GameCtx(lambda agent, prompt: "[" + "9" * 5000 + "]" if agent == "p0"
+                  else first_legal(agent, prompt))
+    rewards, moves, flags = asyncio.run(play(ctx, rules, ["p0", "p1"], seed=0))
+    assert rewards == {0: -1.0, 1: 1.0} and flags[0][-1] is True

@@ -31,6 +31,7 @@ has none); `describe(state, player)` gives a clearer one (agents/kuhn_openspiel.
 from __future__ import annotations
 
 import functools
+import math
 import random
 import re
 from dataclasses import dataclass
@@ -342,9 +343,10 @@ def _mix(game: str, weights: dict[str, float], lineup: Lineup, analysis: Any, ev
     allowed = {"self", "past", RANDOM, *frozen}
     bad = sorted(set(weights) - allowed)
     if bad or any(not isinstance(w, (int, float)) or not w >= 0 for w in weights.values()) \
-            or not sum(weights.values()) > 0:
+            or not 0 < sum(weights.values()) < math.inf:
         raise ValueError(f"{game}: train_opponents weighs who the learners meet: keys among "
-                         f"{sorted(allowed)}, weights >= 0 adding up to more than 0; got "
+                         f"{sorted(allowed)}, finite weights >= 0 adding up to more than 0; "
+                         "got "
                          f"{weights!r}")
     if weights.get("past") and analysis is None:
         raise ValueError(f"{game}: 'past' opponents play from policy tables, which this game is "

@@ -136,9 +136,15 @@ class Analysis:
             async with calls:
                 reply = await generate(name, request)
             versions.add(reply.version)
-            if not reply.prompt_logprobs:
-                raise RuntimeError(f"agent {name}: the engine returned no prompt logprobs")
-            return float(sum(reply.prompt_logprobs[-len(tail):]))
+            got = reply.prompt_logprobs or []
+            if len(got) < len(tail):
+                raise RuntimeError(f"agent {name}: the engine returned {len(got)} prompt "
+                                   f"logprobs for a reply of {len(tail)} tokens")
+            value = float(sum(got[-len(tail):]))
+            if math.isnan(value) or value > 0:
+                raise RuntimeError(f"agent {name}: a log-probability of {value} from the "
+                                   "engine (NaN or above 0)")
+            return value
 
         jobs, rows = [], []
         for row, state in enumerate(table.states):
@@ -156,7 +162,8 @@ class Analysis:
         masses = []
         for row, lps in by_row.items():
             top = max(lps.values())
-            weights = {a: math.exp(v - top) for a, v in lps.items()}
+            weights = ({a: math.exp(v - top) for a, v in lps.items()} if top > -math.inf
+                       else dict.fromkeys(lps, 1.0))  # no legal reply at all: uniform
             total = sum(weights.values())
             mass = min(1.0, sum(math.exp(v) for v in lps.values()))
             # In play a reply that names no legal action is asked again `retries` times, then
@@ -240,6 +247,8 @@ class PastPool:
             else:
                 continue  # weights kept changing under it: the next refresh tries again
             [version] = served
+            if name in self._last and version <= self._last[name]:
+                continue  # the instances still serve the last snapshot's weights
             self.tables[name] = (self.tables[name] + [(version, played)])[-self.keep:]
             self._last[name] = version
             added.append((name, version))
@@ -288,9 +297,11 @@ def cross_play(game: Any, tables: dict[str, Any], *, deals: int = 200, seed: int
     (a draw half), a match being the deal played once with A in each seat, sampled from the
     tables, and won by A when its returns exceed B's in the same games, added up over the
     seats (poker's chips, not its hands: a Nash player wins about half the hands against a
-    random one and more chips; in a positive-sum game both scoring is no win); `ratings`
-    openskill's Plackett-Luce from those same matches, in a shuffled order (mu, sigma and the
-    conservative mu - 3 sigma, `ordinal`); `nash_conv` of each table."""
+    random one and more chips; in a positive-sum game both scoring is no win; with more than
+    two players, from the matches with A alone against B's); `ratings` openskill's
+    Plackett-Luce from those same matches, in a shuffled order (mu, sigma and the
+    conservative mu - 3 sigma, `ordinal`); `nash_conv` of each table. Nothing depends on the
+    order of `tables`: each pair samples from its own generator."""
     egs = require("open_spiel.python.algorithms.expected_game_score", "open_spiel")
     openskill = require("openskill.models", "openskill")
     names = list(tables)
@@ -299,10 +310,13 @@ def cross_play(game: Any, tables: dict[str, Any], *, deals: int = 200, seed: int
     win = {a: {} for a in names}
     model = openskill.PlackettLuce()
     ratings = {a: model.rating(name=a) for a in names}
-    rng = random.Random(seed)
     games = []
-    for a in names:
-        for b in names:
+    # Every pair's matches from its own generator, in name order, so that no result depends
+    # on the order the tables were given in. With two players a match with A alone in a seat
+    # is one with B alone in the other: one direction plays both; with more, both are played.
+    ordered = sorted(names)
+    for a in ordered:
+        for b in ordered:
             if a == b:
                 continue
             values = []
@@ -310,34 +324,37 @@ def cross_play(game: Any, tables: dict[str, Any], *, deals: int = 200, seed: int
                 lineup = [tables[a] if i == seat else tables[b] for i in range(n)]
                 values.append(egs.policy_value(game.new_initial_state(), lineup)[seat])
             payoff[a][b] = float(sum(values) / n)
-            if names.index(a) < names.index(b):
-                for k in range(deals):  # a duplicate match: the deal in every seat
-                    margin = 0.0  # a's returns less b's, in the same games
-                    for seat in range(n):
-                        lineup = [tables[a] if i == seat else tables[b] for i in range(n)]
-                        returns = _sample_game(game, lineup, seed + k, rng)
-                        others = [r for i, r in enumerate(returns) if i != seat]
-                        margin += returns[seat] - sum(others) / len(others)
-                    games.append((a, b, "win" if margin > 0 else "loss" if margin < 0
-                                  else "draw"))
-    score = {a: {b: [] for b in names} for a in names}
-    rng.shuffle(games)  # ratings depend on the order of games: no pair goes first
+            if n == 2 and b < a:
+                continue
+            rng = random.Random(f"{seed}/{a}/{b}")
+            for k in range(deals):  # a duplicate match: the deal with `a` in every seat
+                margin = 0.0  # a's returns less b's, in the same games
+                for seat in range(n):
+                    lineup = [tables[a] if i == seat else tables[b] for i in range(n)]
+                    returns = _sample_game(game, lineup, seed + k, rng)
+                    others = [r for i, r in enumerate(returns) if i != seat]
+                    margin += returns[seat] - sum(others) / len(others)
+                games.append((a, b, "win" if margin > 0 else "loss" if margin < 0 else "draw"))
+    score: dict[tuple[str, str], list[float]] = {}
+    random.Random(seed).shuffle(games)  # ratings depend on the order of games: no pair first
     for a, b, result in games:
         value = {"win": 1.0, "draw": 0.5, "loss": 0.0}[result]
-        score[a][b].append(value)
-        score[b][a].append(1.0 - value)
+        score.setdefault((a, b), []).append(value)
+        if n == 2:  # the same match, seen from b
+            score.setdefault((b, a), []).append(1.0 - value)
         ranks = {"win": [1, 2], "draw": [1, 1], "loss": [2, 1]}[result]
         [[ra], [rb]] = model.rate([[ratings[a]], [ratings[b]]], ranks=ranks)
         ratings[a], ratings[b] = ra, rb
     for a in names:
         for b in names:
             if a != b:
-                win[a][b] = sum(score[a][b]) / len(score[a][b]) if score[a][b] else None
+                got = score.get((a, b))
+                win[a][b] = sum(got) / len(got) if got else None
     return {"policies": names, "payoff": payoff, "win": win, "deals": deals,
             "ratings": {a: {"mu": r.mu, "sigma": r.sigma, "ordinal": r.ordinal()}
                         for a, r in ratings.items()},
             "nash_conv": {a: nash_conv(game, t) for a, t in tables.items()}}
 
 
-__all__ = ["Analysis", "MAX_EXACT_STATES", "PastPool", "as_dict", "count_infostates", "cross_play", "nash",
-           "nash_conv", "uniform"]
+__all__ = ["Analysis", "MAX_EXACT_STATES", "PastPool", "as_dict", "count_infostates",
+           "cross_play", "nash", "nash_conv", "uniform"]

@@ -252,7 +252,18 @@ async def play(ctx: Any, rules: GameRules, seats: Sequence[str], seed: int, game
             completion = await _move(ctx, rules, player, observation, options, label, fitted)
             action = completion.text
         rejected.clear()
-        done = env.step(action)
+        try:
+            done = env.step(action)
+        except Exception:  # noqa: BLE001 - the env's own bug, met by the agent's text
+            if completion is None:
+                raise
+            # The agent's reply broke the env (TextArena's int() of a 5,000-digit "move"):
+            # its forfeit, scored as a loss, so that no reply can make a deal vanish from
+            # the measurement by failing it.
+            moves[seat].append(completion)
+            flags[seat].append(True)
+            return ({i: -1.0 if i == seat else 1.0 for i in range(rules.num_players)},
+                    moves, flags)
         if not rejected:
             made[seat] += 1
         if completion is not None:
@@ -456,11 +467,12 @@ class Lineup:
         seats: list[str] = []
         for i, p in enumerate(players):
             if isinstance(p, AgentSpec):
-                if p.name in specs or p.name == RANDOM or re.fullmatch(rf"{START}(_\d+)?",
-                                                                       p.name):
+                if p.name in specs or p.name in (RANDOM, "self", "past") or re.fullmatch(
+                        rf"{START}(_\d+)?", p.name):
                     raise ValueError(f"{game}: seat {i}: agent name {p.name!r} is already used "
-                                     "(or reserved: 'random', 'start', 'start_N'); to let one "
-                                     "agent play several seats, give its name there")
+                                     "(or reserved: 'random', 'start', 'start_N', 'self', "
+                                     "'past'); to let one agent play several seats, give its "
+                                     "name there")
                 specs[p.name] = p
                 seats.append(p.name)
             elif p == RANDOM or p in specs:

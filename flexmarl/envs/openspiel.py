@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from flexmarl.envs import require
+from flexmarl.envs.policy_tables import (MAX_EXACT_STATES, Analysis, PastPool, TablePlayer,
+                                         chance, count_infostates, deal, state_text)
 from flexmarl.envs.textarena import (RANDOM, START, Game, Lineup, Match, _deal_number,
                                      workflow_for)
 from flexmarl.team import AgentSpec, Team
@@ -63,17 +65,6 @@ def load_game(name: str, params: tuple[tuple[str, Any], ...] = ()) -> Any:
     if kind.dynamics == pyspiel.GameType.Dynamics.SIMULTANEOUS:
         game = pyspiel.convert_to_turn_based(game)
     return game
-
-
-def state_text(state: Any, player: int) -> str:
-    """What `player` knows: the information-state string, else the observation string."""
-    kind = state.get_game().get_type()
-    if kind.provides_information_state_string:
-        return state.information_state_string(player)
-    if kind.provides_observation_string:
-        return state.observation_string(player)
-    raise ValueError(f"{kind.short_name}: has neither an information-state nor an observation "
-                     "string; give openspiel_team a describe(state, player)")
 
 
 def action_names(state: Any, player: int) -> dict[int, str]:
@@ -147,38 +138,6 @@ class SpielRules:
                 + self.instruction.replace("{moves}", listed))
         return ([{"role": "system", "content": self.system}, {"role": "user", "content": text}],
                 names)
-
-
-def deal(seed: int) -> random.Random:
-    """The generator of a deal's chance outcomes: its seed alone, so every seating of the
-    deal sees the same cards for as long as the chance nodes come in the same order."""
-    return random.Random(seed)
-
-
-def chance(state: Any, rng: random.Random) -> int:
-    """A chance outcome drawn with its probability."""
-    outcomes = state.chance_outcomes()
-    x, total = rng.random(), 0.0
-    for action, p in outcomes:
-        total += p
-        if x < total:
-            return action
-    return outcomes[-1][0]
-
-
-class TablePlayer:
-    """A seat played from a policy table (a past version of an agent: policy_tables.PastPool)."""
-
-    def __init__(self, name: str, table: Any) -> None:
-        self.name, self.table = name, table
-
-    def act(self, state: Any, rng: random.Random) -> int:
-        probs = self.table.action_probabilities(state)
-        actions = list(probs)
-        return rng.choices(actions, [probs[a] for a in actions])[0]
-
-    def __repr__(self) -> str:
-        return f"TablePlayer({self.name})"
 
 
 @dataclass(frozen=True)
@@ -320,7 +279,6 @@ def openspiel_team(game: str, players: Sequence[AgentSpec | str], *, name: str |
     if not state.is_terminal():
         rules.prompt(state, state.current_player())
     analysis = None
-    from flexmarl.envs.policy_tables import MAX_EXACT_STATES, Analysis, PastPool, count_infostates
     if exact or (exact is None and count_infostates(loaded) <= MAX_EXACT_STATES):
         analysis = Analysis(rules, {s.name: s for s in lineup.agents}, lineup.seats)
     choose = None

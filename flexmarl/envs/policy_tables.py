@@ -22,6 +22,10 @@ cross-play and ratings.
       same games) and openskill ratings
       (Plackett-Luce, a match at a time) from those same matches
 
+Below the teams of openspiel.py (which imports this module, never the other way): what a
+player knows (state_text), a deal's chance outcomes (deal, chance) and a seat played from a
+table (TablePlayer).
+
 Why the likelihood and not samples: it is exact for the model (no sampling noise, which would
 add its own exploitability: a table estimated from k samples per state is off by about
 1/sqrt(k) in every state), costs one prompt pass per (state, action) where sampling costs many,
@@ -45,12 +49,54 @@ Leduc 936): one prompt pass per (state, action)."""
 MAX_PASSES_AT_ONCE = 32
 
 
+def state_text(state: Any, player: int) -> str:
+    """What `player` knows: the information-state string, else the observation string."""
+    kind = state.get_game().get_type()
+    if kind.provides_information_state_string:
+        return state.information_state_string(player)
+    if kind.provides_observation_string:
+        return state.observation_string(player)
+    raise ValueError(f"{kind.short_name}: has neither an information-state nor an observation "
+                     "string; give openspiel_team a describe(state, player)")
+
+
+def deal(seed: int) -> random.Random:
+    """The generator of a deal's chance outcomes: its seed alone, so every seating of the
+    deal sees the same cards for as long as the chance nodes come in the same order."""
+    return random.Random(seed)
+
+
+def chance(state: Any, rng: random.Random) -> int:
+    """A chance outcome drawn with its probability."""
+    outcomes = state.chance_outcomes()
+    x, total = rng.random(), 0.0
+    for action, p in outcomes:
+        total += p
+        if x < total:
+            return action
+    return outcomes[-1][0]
+
+
+class TablePlayer:
+    """A seat played from a policy table (a past version of an agent: policy_tables.PastPool)."""
+
+    def __init__(self, name: str, table: Any) -> None:
+        self.name, self.table = name, table
+
+    def act(self, state: Any, rng: random.Random) -> int:
+        probs = self.table.action_probabilities(state)
+        actions = list(probs)
+        return rng.choices(actions, [probs[a] for a in actions])[0]
+
+    def __repr__(self) -> str:
+        return f"TablePlayer({self.name})"
+
+
 def count_infostates(game: Any, stop_after: int = MAX_EXACT_STATES,
                      max_histories: int = 200_000) -> int:
     """The number of decision information states, walking the tree; stop_after + 1 as soon as
     it is over `stop_after`, or once it has walked `max_histories` histories (a big game stops
     early instead of enumerating its whole tree)."""
-    from flexmarl.envs.openspiel import state_text
     seen: set[tuple[int, str]] = set()
     stack, histories = [game.new_initial_state()], 0
     while stack:
@@ -257,7 +303,6 @@ class PastPool:
     def pick(self, agent: str, rng: random.Random) -> Any:
         """A past version of `agent` (uniformly among the pool's), as a TablePlayer; None
         while the pool has none."""
-        from flexmarl.envs.openspiel import TablePlayer
         if not self.tables.get(agent):
             return None
         version, table = rng.choice(self.tables[agent])
@@ -276,7 +321,6 @@ def as_dict(table: Any) -> dict[str, list[float]]:
 
 def _sample_game(game: Any, lineup: list[Any], seed: int, rng: random.Random) -> list[float]:
     """One game of `lineup` (a table per seat) on deal `seed`; its returns."""
-    from flexmarl.envs.openspiel import chance, deal
     state, dealer = game.new_initial_state(), deal(seed)
     while not state.is_terminal():
         if state.is_chance_node():
@@ -356,5 +400,6 @@ def cross_play(game: Any, tables: dict[str, Any], *, deals: int = 200, seed: int
             "nash_conv": {a: nash_conv(game, t) for a, t in tables.items()}}
 
 
-__all__ = ["Analysis", "MAX_EXACT_STATES", "PastPool", "as_dict", "count_infostates",
-           "cross_play", "nash", "nash_conv", "uniform"]
+__all__ = ["Analysis", "MAX_EXACT_STATES", "PastPool", "TablePlayer", "as_dict", "chance",
+           "count_infostates", "cross_play", "deal", "nash", "nash_conv", "state_text",
+           "uniform"]

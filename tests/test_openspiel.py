@@ -16,7 +16,7 @@ pytest.importorskip("pyspiel", reason="the envs extra: pip install -e '.[envs]'"
 from flexmarl.envs.openspiel import (Match, RANDOM, SpielRules, load_game,  # noqa: E402
                                      openspiel_team, parse, play)
 from flexmarl.envs.policy_tables import (Analysis, as_dict, count_infostates,  # noqa: E402
-                                         cross_play, nash, nash_conv, uniform)
+                                         cross_play, nash, nash_conv, reply_forms, uniform)
 from flexmarl.envs.textarena import match  # noqa: E402
 from flexmarl.protocol import GenerateReply  # noqa: E402
 from flexmarl.team import AgentSpec  # noqa: E402
@@ -148,13 +148,17 @@ async def test_a_policy_table_is_the_models_likelihood_of_each_legal_reply(tiny_
         messages, names = KUHN.prompt(state, state.current_player())
         prompt = runtime.encode(messages)
         lps = []
-        for action in (0, 1):
-            tail = runtime.tokenizer.encode(f"[{names[action]}]", add_special_tokens=False)
-            ids = torch.tensor([prompt + tail])
-            with torch.no_grad():
-                logits = model(ids).logits[0, len(prompt) - 1:-1].float()
-            lps.append(float(torch.log_softmax(logits, -1).gather(
-                1, torch.tensor(tail)[:, None]).sum()))
+        for action in (0, 1):  # each form of the reply ("[Bet]", "Bet<end>", ...) added up
+            p = 0.0
+            for text, complete in reply_forms(names[action], names.values()):
+                tail = runtime.tokenizer.encode(text, add_special_tokens=False)
+                tail += [runtime.tokenizer.eos_token_id] if complete else []
+                ids = torch.tensor([prompt + tail])
+                with torch.no_grad():
+                    logits = model(ids).logits[0, len(prompt) - 1:-1].float()
+                p += math.exp(float(torch.log_softmax(logits, -1).gather(
+                    1, torch.tensor(tail)[:, None]).sum()))
+            lps.append(math.log(p))
         want = [math.exp(v) / sum(math.exp(u) for u in lps) for v in lps]
         assert list(table.action_probability_array[row]) == pytest.approx(want, abs=1e-4), key
         masses.append(sum(math.exp(v) for v in lps))
@@ -291,7 +295,7 @@ async def test_an_openspiel_team_trains_and_measures_its_policies(tiny_model_dir
 
 def _fake_runtime(name: str, version: int = 0):
     tokenizer = types.SimpleNamespace(encode=lambda text, add_special_tokens=False:
-                                      [7 if "Bet" in text else 8, 9])
+                                      [7 if "bet" in text.lower() else 8, 9])
     return types.SimpleNamespace(spec=types.SimpleNamespace(name=name), version=version,
                                  encode=lambda messages: [1, 2, 3], tokenizer=tokenizer)
 
@@ -318,7 +322,8 @@ async def test_past_versions_are_snapshotted_every_k_versions_and_the_newest_kep
                           train_opponents={"self": 1, "past": 1}, past_every=2, past_keep=2)
     pool = team.analysis.pool
     agents = {"p0": _fake_runtime("p0"), "p1": _fake_runtime("p1")}
-    generate = _answers(math.log(0.3), math.log(0.1), agents)  # legal replies: 0.4
+    # No eos token here: the forms counted are "[Bet]" and "[bet]", 0.3 each (Pass 0.1 each).
+    generate = _answers(math.log(0.3), math.log(0.1), agents)  # legal replies: 0.8
     assert await pool.refresh(agents, generate) == [("p0", 0), ("p1", 0)]  # the start
     agents["p0"].version = 1
     assert await pool.refresh(agents, generate) == []  # not `every` versions on yet
@@ -327,8 +332,8 @@ async def test_past_versions_are_snapshotted_every_k_versions_and_the_newest_kep
         assert await pool.refresh(agents, generate) == [("p0", v)]
     assert [v for v, _ in pool.tables["p0"]] == [2, 4]  # the newest past_keep
     _, table = pool.tables["p0"][-1]
-    # As played: Bet 3/4 of legal replies, both tries failing (0.6^2) play a random action.
-    fail = 0.6 ** 2
+    # As played: Bet 3/4 of legal replies, both tries failing (0.2^2) play a random action.
+    fail = 0.2 ** 2
     assert table.action_probability_array[0] == pytest.approx(
         [(1 - fail) * 0.25 + fail / 2, (1 - fail) * 0.75 + fail / 2])
     # A snapshot whose replies came from two versions (a sync midway) is measured again.
@@ -464,3 +469,16 @@ def test_infinite_opponent_weights_and_reserved_names_are_refused():
         openspiel_team("kuhn_poker", players, train_opponents={"self": math.inf})
     with pytest.raises(ValueError, match="reserved"):
         openspiel_team("kuhn_poker", [players[0], AgentSpec(name="past", model="m")])
+
+
+def test_the_forms_of_a_reply_are_those_the_parser_plays_and_no_other_actions():
+    """Every form the table adds up parses to its action; a lower-case form only where no
+    other action's name is the same ignoring case."""
+    names = {0: "Pass", 1: "Bet"}
+    for action, name in names.items():
+        forms = reply_forms(name, names.values())
+        assert [t for t, _ in forms] == [f"[{name}]", name, f"{name}.", f"[{name.lower()}]",
+                                         name.lower(), f"{name.lower()}."]
+        assert all(parse(text + " and more" * (not whole), names) == action
+                   for text, whole in forms)
+    assert [t for t, _ in reply_forms("Bxc3", ["Bxc3", "bxc3"])] == ["[Bxc3]", "Bxc3", "Bxc3."]

@@ -3,14 +3,17 @@ cross-play and ratings.
 
     Analysis.measure(agents, generate)      (the run: starting and final weights)
       every information state of the game (open_spiel TabularPolicy: one state each)
-        ─► the prompt its player would get (SpielRules.prompt) + "[<action name>]" for each
-           legal action ─► generate(agent, Generate(prompt_logprobs=True, max_tokens=1))
-        ─► log p(the reply begins "[<name>]" | the prompt): the last tokens' prompt logprobs
+        ─► the prompt its player would get (SpielRules.prompt) + each reply that names a legal
+           action (reply_forms: "[Bet]...", "Bet", "Bet." and their lower case) ─►
+           generate(agent, Generate(prompt_logprobs=True, max_tokens=1))
+        ─► log p(that reply | the prompt): the last tokens' prompt logprobs, the forms of an
+           action added up
         ─► the tables: `chosen`, each action's share of the legal replies' probability
            (temperature 1: the model's own distribution); `played`, that mixed with the
            uniform random action the game plays for a seat whose replies all name none
            (openspiel.play's rule); `legal_mass`, the legal replies' total (how often a reply
-           begins with a legal action: what training against rejections raises)
+           names a legal action in one of those forms: what training against rejections
+           raises)
       ─► open_spiel exploitability.nash_conv of each agent in every seat (as played, and as
          chosen), and of the team
          (each seat its own agent): 0 is a Nash equilibrium, uniform random play is 0.917 in
@@ -31,7 +34,9 @@ add its own exploitability: a table estimated from k samples per state is off by
 1/sqrt(k) in every state), costs one prompt pass per (state, action) where sampling costs many,
 and is the same number on any machine. What it leaves out: replies that begin otherwise and
 name an action at their first bracket ("I bet. [Bet]"), which the game's parser accepts; their
-share is inside 1 - legal_mass (the played table counts them as rejected).
+share is inside 1 - legal_mass (the played table counts them as rejected). Counting "[Bet]"
+alone was not enough: a Kuhn player that had learnt to answer "Pass." and nothing else
+(always pass: NashConv 2.0) measured legal mass 0, hence uniform play, 0.917.
 """
 from __future__ import annotations
 
@@ -148,6 +153,20 @@ def nash(game: Any, iterations: int = 2000, target: float = 1e-3) -> tuple[Any, 
     return table, value
 
 
+def reply_forms(name: str, names: Any) -> list[tuple[str, bool]]:
+    """The replies that name action `name` as openspiel.parse reads them, each (text, whether
+    it is the whole reply: its end of sequence follows): "[Name]" and what may follow it,
+    "Name" and "Name." alone, and the same in lower case where no other action's name is
+    that one ignoring case. Disjoint, so their probabilities add up (a lower bound of the
+    probability that a reply plays the action: "[ Name ]", "I bet. [Bet]" and other token
+    paths to the same text are left out)."""
+    forms = [(f"[{name}]", False), (name, True), (f"{name}.", True)]
+    low = name.lower()
+    if low != name and sum(n.strip().casefold() == name.strip().casefold() for n in names) == 1:
+        forms += [(f"[{low}]", False), (low, True), (f"{low}.", True)]
+    return forms
+
+
 class Analysis:
     """The exact measures of one OpenSpiel team (Team.analysis): `rules` (SpielRules), its
     agents' specs and the seats' players."""
@@ -162,7 +181,7 @@ class Analysis:
     async def table(self, runtime: Any, generate: Any, tag: str = "",
                     versions: set[int] | None = None) -> tuple[Any, Any, float]:
         """The agent's policy tables and its legal_mass (the mean over states of the
-        probability that a reply begins with a legal action): `chosen`, each action's share of
+        probability of a reply naming a legal action, reply_forms): `chosen`, each action's share of
         the legal replies' probability (what the model picks when it answers in form), and
         `played`, what it plays under the game's rule for replies that name no legal action
         (asked again `retries` times, then a random legal action: at a state where a legal
@@ -173,9 +192,13 @@ class Analysis:
         calls = asyncio.Semaphore(MAX_PASSES_AT_ONCE)
         versions = versions if versions is not None else set()
 
-        async def logp(row: int, action: int, prompt_ids: list[int], text: str) -> float:
+        eos = getattr(runtime.tokenizer, "eos_token_id", None)
+
+        async def logp(row: int, action: int, form: int, prompt_ids: list[int], text: str,
+                       complete: bool) -> float:
             tail = runtime.tokenizer.encode(text, add_special_tokens=False)
-            request = Generate(f"policy/{tag}{name}/{row}/{action}",
+            tail = tail + [eos] if complete else tail
+            request = Generate(f"policy/{tag}{name}/{row}/{action}/{form}",
                                prompt_ids=prompt_ids + tail,
                                params=SamplingParams(max_tokens=1, temperature=0.0,
                                                      prompt_logprobs=True))
@@ -198,12 +221,18 @@ class Analysis:
             messages, names = self.rules.prompt(state, player)
             prompt_ids = runtime.encode(messages)
             for action, text in names.items():
-                jobs.append(logp(row, action, prompt_ids, f"[{text}]"))
-                rows.append((row, action))
+                for form, (reply, complete) in enumerate(reply_forms(text, names.values())):
+                    if complete and eos is None:
+                        continue
+                    jobs.append(logp(row, action, form, prompt_ids, reply, complete))
+                    rows.append((row, action))
         values = await asyncio.gather(*jobs)
         by_row: dict[int, dict[int, float]] = {}
-        for (row, action), value in zip(rows, values):
-            by_row.setdefault(row, {})[action] = value
+        for (row, action), value in zip(rows, values):  # the forms' probabilities added up
+            have = by_row.setdefault(row, {}).get(action, -math.inf)
+            top = max(have, value)
+            by_row[row][action] = top if top == -math.inf else top + math.log(
+                math.exp(have - top) + math.exp(value - top))
         played = uniform(self.game)
         masses = []
         for row, lps in by_row.items():
@@ -401,5 +430,5 @@ def cross_play(game: Any, tables: dict[str, Any], *, deals: int = 200, seed: int
 
 
 __all__ = ["Analysis", "MAX_EXACT_STATES", "PastPool", "TablePlayer", "as_dict", "chance",
-           "count_infostates", "cross_play", "deal", "nash", "nash_conv", "state_text",
-           "uniform"]
+           "count_infostates", "cross_play", "deal", "nash", "nash_conv", "reply_forms",
+           "state_text", "uniform"]

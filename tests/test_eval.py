@@ -240,6 +240,46 @@ def test_eval_of_a_saved_step_reads_the_models_tensors_and_nothing_else(
     assert all(torch.equal(written[k], trained[k]) for k in trained)
 
 
+def test_eval_of_a_saved_step_of_a_partly_trained_agent_fills_in_its_frozen_blocks(
+        tiny_model_dir, tmp_path):
+    """An agent that trains its last blocks only (train_layers) saves those alone; the model
+    `flexmarl eval --step N` (and cross-play's saved versions) serve is the base with them:
+    every base tensor there, the saved ones replaced (before, the rest was left random)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from flexmarl.launch.evaluation import model_dirs
+
+    base = load_file(f"{tiny_model_dir}/model.safetensors")
+    key = sorted(k for k in base if "layers." in k)[-1]
+    saved_state(tmp_path / "run" / "state", "one file", {f"model/{key}": base[key] + 1})
+    team = Team(name="t", workflow=workflow, tasks=[Task("q", "1", "x")],
+                agents=[AgentSpec(name="solver", model=tiny_model_dir, train_layers=1)])
+    dirs, _ = model_dirs(tmp_path / "run", team, 2, tmp_path / "scratch")
+    written = load_file(f"{dirs['solver']}/model.safetensors")
+    assert written.keys() == base.keys()
+    assert torch.equal(written[key], base[key] + 1)
+    assert all(torch.equal(written[k], base[k]) for k in base if k != key)
+
+
+def test_states_after_every_keep_every_steps_stay(tmp_path):
+    """run.keep_every: pruning spares the states after every keep_every steps (2 and 5 of
+    0-5 with keep_every 3), for --step N and cross-play's saved versions."""
+    import torch
+
+    from flexmarl.protocol import TrainState
+    from flexmarl.training.state_files import StateCheckpoints
+
+    states = StateCheckpoints(tmp_path / "state")
+    for step in range(6):
+        states.save("solver", step, TrainState("solver", step + 1, {"model/w": torch.zeros(2)},
+                                               {}))
+    states.prune(keep_from=5, keep_every=3)
+    assert states.steps("solver") == [2, 5]
+    states.prune(keep_from=5)
+    assert states.steps("solver") == [5]
+
+
 # ----------------------------------------------------------------------------- a real run
 
 TEAM_FILE = '''

@@ -252,10 +252,10 @@ async def test_states_are_pruned_only_once_their_record_is_durable(tiny_model_di
         "observe.dashboard=false", "observe.tensorboard=false", "observe.report=false"])
     seen, prune = [], StateCheckpoints.prune
 
-    def checking_prune(self, keep_from):
+    def checking_prune(self, keep_from, keep_every=0):
         recorded = [m["step"] for m in read_metrics(tmp_path / "run" / "metrics.jsonl")]
         seen.append((keep_from, recorded[-1]))
-        return prune(self, keep_from)
+        return prune(self, keep_from, keep_every)
 
     monkeypatch.setattr(StateCheckpoints, "prune", checking_prune)
     await asyncio.wait_for(train(duo(tiny_model_dir), config, run_dir=RunDir.create(config),

@@ -152,8 +152,11 @@ def model_dirs(run_dir: Path, team: Team, step: int | None, scratch: Path
                 from flexmarl.training.adapter import saved_names
                 out[spec.name], adapters[spec.name] = base, (spec.lora, saved_names(tensors))
                 continue
-            out[spec.name] = str(write_model_dir(WeightUpdate(version, tensors), base,
-                                                 scratch / spec.name))
+            # A partly trained agent's state holds its trained blocks only: the base's
+            # frozen rest completes the model (before, those were left random).
+            out[spec.name] = str(write_model_dir(
+                WeightUpdate(version, tensors, complete=not spec.train_layers), base,
+                scratch / spec.name))
     return out, adapters
 
 

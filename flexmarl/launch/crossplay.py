@@ -22,10 +22,9 @@ import orjson
 
 from flexmarl.checks import ConfigError
 from flexmarl.launch.checkpoint import STATE_DIR, StateCheckpoints
-from flexmarl.launch.evaluation import model_dirs, open_engine, run_config
+from flexmarl.launch.evaluation import engines_generate, model_dirs, open_engine, run_config
 from flexmarl.launch.model_dirs import resolve_model
 from flexmarl.orchestrator.agents import AgentRuntime
-from flexmarl.protocol import Generate, GenerateReply
 from flexmarl.team import load_team
 
 CROSSPLAY_FILE = "crossplay.json"
@@ -50,10 +49,8 @@ async def _table(analysis: Any, spec: Any, model_dir: str, adapter: Any, config:
         runtime = AgentRuntime(spec, model_dir, engine.tokenizer,
                                max_model_len=config.rollout.max_model_len)
 
-        async def generate(agent: str, msg: Generate) -> GenerateReply:
-            samples, lps = await engine.generate(msg.prompt_ids, msg.params,
-                                                 spec.name if adapter is not None else None)
-            return GenerateReply(msg.request_id, 0, list(msg.prompt_ids), samples, lps)
+        generate = engines_generate({spec.name: engine},
+                                    {spec.name} if adapter is not None else set())
         _, played, _ = await analysis.table(runtime, generate, tag)
         return played
     finally:

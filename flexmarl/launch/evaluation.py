@@ -20,7 +20,7 @@ import re
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 import orjson
 import safetensors
@@ -174,6 +174,19 @@ async def open_engine(name: str, model_dir: str, adapter: tuple[LoraSpec, dict] 
     return engine
 
 
+def engines_generate(engines: dict[str, TorchEngine], adapters: set[str]
+                     ) -> Callable[[str, Generate], Awaitable[GenerateReply]]:
+    """generate(agent, request) on the agent's own engine in this process (with its adapter,
+    for the agents in `adapters`), prompt logprobs passed on: what evaluate() and the policy
+    tables (Team.analysis) call."""
+    async def generate(agent: str, msg: Generate) -> GenerateReply:
+        samples, prompt_lps = await engines[agent].generate(
+            msg.prompt_ids, msg.params, agent if agent in adapters else None)
+        return GenerateReply(msg.request_id, 0, list(msg.prompt_ids), samples, prompt_lps,
+                             f"eval-{agent}")
+    return generate
+
+
 async def evaluate_run(run_dir: str | Path, *, step: int | None = None,
                        overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Evaluate the run's final checkpoints (or its state after `step`) on its held-out tasks;
@@ -194,11 +207,7 @@ async def evaluate_run(run_dir: str | Path, *, step: int | None = None,
                                               max_model_len=config.rollout.max_model_len)
                       for spec in team.agents}
 
-            async def generate(agent: str, msg: Generate) -> GenerateReply:
-                samples, prompt_lps = await engines[agent].generate(
-                    msg.prompt_ids, msg.params, agent if agent in adapters else None)
-                return GenerateReply(msg.request_id, 0, list(msg.prompt_ids), samples,
-                                     prompt_lps, f"eval-{agent}")
+            generate = engines_generate(engines, set(adapters))
 
             result = await evaluate(team, agents, generate, tasks, config.eval,
                                     seed=config.run.seed)

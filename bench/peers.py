@@ -11,13 +11,18 @@ each workload's physical limit:
                    trl               TRL GRPOTrainer (sums); two alternated by a loop (joint,
                                      duo, mixed)
                    comlrl            CoMLRL MAGRPOTrainer (sums, joint)
-        ─► the run's step end times ─► steady trained samples/s (after --warmup steps), time
-           to the first trained step, start-up (process start to training start), peak RSS
-           of the process tree, its CPU use in the steady window
+        ─► the run's step end times ─► steady samples/s (after --warmup steps), counted two
+           ways: generated (every sample the step's rollout made: prompts x group size per
+           agent, the same work for every system, so the verdict's quantity) and trained
+           (rows that entered a backward pass: FlexMARL skips groups whose rewards are all
+           equal, the peers train them), the step time, time to the first trained step,
+           start-up (process start to training start), peak RSS of the process tree, its CPU
+           use in the steady window (cores busy)
         ─► bench/peers/evaluate.py on the run's final weights (100 held-out sums, greedy and
            sampled; the same code for every system)
       bench/peers/limit.py: the step no scheduler can beat (engine alone + trainer alone,
-      CPU-seconds over the cores)
+      CPU-seconds over the cores), priced per system on the work it does: every group
+      trained (the peers) or the groups it trained (FlexMARL: its trained samples per step)
 
 The peers run in `.venv-peers` (bench/peers/requirements.txt, pinned; made on first use, or
 checked against the pins), never in the product's environment. A peer that cannot express a
@@ -55,6 +60,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERS = os.path.join(ROOT, "bench", "peers")
 sys.path.insert(0, PEERS)
 import workloads as w  # noqa: E402
+from limit import limit_for  # noqa: E402
 
 MAIN_PY = os.path.join(ROOT, ".venv", "bin", "python")
 PEERS_VENV = os.path.join(ROOT, ".venv-peers")
@@ -263,11 +269,12 @@ def run_flexmarl(workload: str, overrides: list[str], out: str, args) -> dict:
 
 def flexmarl_steps(run: str) -> tuple[float | None, list[dict]]:
     """A FlexMARL run's training start (wall time) and its steps, from RUN/metrics.jsonl: per
-    step record, its wall time `time` as the step's end and the samples its trainers stepped
-    on, every trainable agent's "trained_samples" (rows that entered a backward pass), not its
-    "samples" (what the rollout generated: also the turns of failed trajectories and of groups
-    without GRPO signal, which the trainer skips) and never a frozen agent's. The start: the
-    first record's time less its latest "t_done" (seconds since the loop started)."""
+    step record, its wall time `time` as the step's end, "trained": the samples its trainers
+    stepped on (every trainable agent's "trained_samples": rows that entered a backward pass)
+    and "generated": what the rollout generated for them (their "samples": also the turns of
+    failed trajectories and of groups without GRPO signal, which the trainer skips); never a
+    frozen agent's. The start: the first record's time less its latest "t_done" (seconds
+    since the loop started)."""
     path = os.path.join(run, "metrics.jsonl")
     records = ([json.loads(line) for line in open(path) if line.strip()]
                if os.path.exists(path) else [])
@@ -276,8 +283,9 @@ def flexmarl_steps(run: str) -> tuple[float | None, list[dict]]:
         return None, []
     t_done = max(a["t_done"] for a in records[0]["agents"].values() if a["trainable"])
     return records[0]["time"] - t_done, [
-        {"end": r["time"], "samples": sum(a["trained_samples"] for a in r["agents"].values()
-                                          if a["trainable"])}
+        {"end": r["time"],
+         "trained": sum(a["trained_samples"] for a in r["agents"].values() if a["trainable"]),
+         "generated": sum(a["samples"] for a in r["agents"].values() if a["trainable"])}
         for r in records]
 
 
@@ -287,8 +295,11 @@ def run_peer(system: str, workload: str, out: str, dirs: dict[str, str], args) -
     code, started, sampler = run_tree(cmd, os.path.join(out, "log.txt"), OFFLINE)
     path = os.path.join(out, "result.json")
     data = json.load(open(path)) if os.path.exists(path) else {}
+    # The peers train every sample they generate (zero-advantage groups included).
+    steps = [{"end": x["end"], "generated": x["samples"], "trained": x["samples"]}
+             for x in data.get("steps", [])]
     return {"exit_code": code, "started": started, "sampler": sampler,
-            "train_start": data.get("t_train_start"), "steps": data.get("steps", []),
+            "train_start": data.get("t_train_start"), "steps": steps,
             "agents": data.get("agents", {}), "unsupported": data.get("unsupported"),
             "notes": data.get("notes", []), "system_name": data.get("system", system),
             "versions": data.get("versions", {})}
@@ -306,11 +317,14 @@ def summarize(raw: dict, warmup: int, cores: int) -> dict:
         return row
     t0, t1 = steps[warmup - 1]["end"] if warmup else raw["train_start"], steps[-1]["end"]
     timed = steps[warmup:]
-    samples = sum(s["samples"] for s in timed)
+    generated = sum(s["generated"] for s in timed)
+    trained = sum(s["trained"] for s in timed)
     cpu = sampler.cpu_between(t0, t1)
     row.update({
-        "samples_per_step": samples / len(timed),
-        "samples_per_s": samples / (t1 - t0),
+        "samples_per_step": generated / len(timed),
+        "samples_per_s": generated / (t1 - t0),         # generated: the verdict's quantity
+        "trained_per_step": trained / len(timed),
+        "trained_per_s": trained / (t1 - t0),
         "step_s": (t1 - t0) / len(timed),
         "first_step_s": steps[0]["end"] - raw["started"],
         "startup_s": (raw["train_start"] - raw["started"]) if raw.get("train_start") else None,
@@ -373,20 +387,30 @@ def acc(ev: dict | None, mode: str) -> str:
     return " ".join(f"{k} {v['mean']:.2f}±{v['se']:.2f}" for k, v in ev[mode].items())
 
 
+def own_limit(row: dict, lim: dict | None, system: str) -> float | None:
+    """The limit of `row`'s system priced on the work it does (limit.limit_for): FlexMARL's
+    rows on the samples they trained, the peers' on every group (they train them all)."""
+    if not lim:
+        return None
+    return limit_for(lim, row.get("trained_per_step") if system.startswith("flexmarl") else None)
+
+
 def print_table(results: dict, limits: dict, before: dict) -> None:
-    print(f"\n{'workload':<7} {'system':<34} {'samp/step':>9} {'samples/s':>9} {'step s':>7} "
-          f"{'x limit':>7} {'1st step s':>10} {'start s':>7} {'cores busy':>10} {'RSS GB':>7}  "
+    print(f"\n{'workload':<7} {'system':<34} {'gen/step':>8} {'trn/step':>8} {'samples/s':>9} "
+          f"{'trained/s':>9} {'step s':>7} {'limit s':>7} {'x limit':>7} {'1st step s':>10} "
+          f"{'start s':>7} {'cores busy':>10} {'RSS GB':>7}  "
           "held-out accuracy after (greedy | sampled)")
+    blank = f"{'':>8} {'':>8} {'':>9} {'':>9} {'':>7} {'':>7} {'':>7} {'':>10} {'':>7} {'':>10} {'':>7}"
     for workload, rows in results.items():
         lim = limits.get(workload)
         if lim:
-            print(f"{workload:<7} {'limit (engine + trainer alone)':<34} "
-                  f"{lim['samples']:>9.0f} {lim['limit_samples_per_s']:>9.2f} "
-                  f"{lim['limit_step_s']:>7.2f} {1.0:>7.2f}")
+            print(f"{workload:<7} {'limit (every group trained)':<34} "
+                  f"{lim['samples']:>8.0f} {lim['samples']:>8.0f} "
+                  f"{lim['limit_samples_per_s']:>9.2f} {lim['limit_samples_per_s']:>9.2f} "
+                  f"{lim['limit_step_s']:>7.2f} {lim['limit_step_s']:>7.2f} {1.0:>7.2f}")
         if workload in before:
-            print(f"{workload:<7} {'(starting weights)':<34} {'':>9} {'':>9} {'':>7} {'':>7} "
-                  f"{'':>10} {'':>7} {'':>10} {'':>7}  {acc(before[workload], 'greedy')} | "
-                  f"{acc(before[workload], 'sampled')}")
+            print(f"{workload:<7} {'(starting weights)':<34} {blank}  "
+                  f"{acc(before[workload], 'greedy')} | {acc(before[workload], 'sampled')}")
         for system, r in rows.items():
             if r.get("unsupported"):
                 print(f"{workload:<7} {system:<34} cannot express it: {r['unsupported']}")
@@ -394,16 +418,21 @@ def print_table(results: dict, limits: dict, before: dict) -> None:
             if r.get("error"):
                 print(f"{workload:<7} {system:<34} FAILED: {r['error']}")
                 continue
-            x = r["step_s"] / lim["limit_step_s"] if lim else None
-            print(f"{workload:<7} {system:<34} {r['samples_per_step']:>9.0f} "
-                  f"{r['samples_per_s']:>9.2f} {r['step_s']:>7.2f} {fmt(x):>7} "
+            own = own_limit(r, lim, system)
+            x = r["step_s"] / own if own else None
+            trained = r.get("trained_per_step", r["samples_per_step"])
+            print(f"{workload:<7} {system:<34} {r['samples_per_step']:>8.0f} {trained:>8.1f} "
+                  f"{r['samples_per_s']:>9.2f} {r.get('trained_per_s', r['samples_per_s']):>9.2f} "
+                  f"{r['step_s']:>7.2f} {fmt(own):>7} {fmt(x):>7} "
                   f"{r['first_step_s']:>10.1f} {fmt(r['startup_s'], '.1f'):>7} "
                   f"{fmt(r['cores_busy']):>10} {r['peak_rss_mb'] / 1024:>7.2f}  "
                   f"{acc(r.get('eval'), 'greedy')} | {acc(r.get('eval'), 'sampled')}")
 
 
 def verdicts(results: dict, limits: dict) -> dict:
-    """FlexMARL (default row) against the best peer per workload, and against the limit."""
+    """FlexMARL (default row) against the best peer per workload, on generated samples/s (the
+    same prompts x group size per step for every system: the step rate of the same work), and
+    against the limit priced on the work it does (own_limit)."""
     out = {}
     for workload, rows in results.items():
         ours = rows.get("flexmarl", {})
@@ -414,6 +443,9 @@ def verdicts(results: dict, limits: dict) -> dict:
             best = max(peers, key=lambda s: peers[s]["samples_per_s"])
             v["best_peer"] = best
             v["speedup_vs_best_peer"] = ours["samples_per_s"] / peers[best]["samples_per_s"]
+            if ours.get("trained_per_s") and peers[best].get("trained_per_s"):
+                v["trained_ratio_vs_best_peer"] = (ours["trained_per_s"]
+                                                   / peers[best]["trained_per_s"])
             # Accuracy after equal samples: FlexMARL's greedy mean per agent within one
             # standard error of the peer's, or better.
             eo, ep = ours.get("eval"), peers[best].get("eval")
@@ -424,7 +456,10 @@ def verdicts(results: dict, limits: dict) -> dict:
                     for k in eo["greedy"] if k in ep["greedy"])
             v["speed_met"] = v["speedup_vs_best_peer"] >= SPEED_TARGET and v.get("accuracy_ok", False)
         if ours.get("step_s") and limits.get(workload):
-            v["x_limit"] = ours["step_s"] / limits[workload]["limit_step_s"]
+            own = own_limit(ours, limits[workload], "flexmarl")
+            v["limit_own_s"] = own
+            v["x_limit"] = ours["step_s"] / own
+            v["x_limit_every_group"] = ours["step_s"] / limits[workload]["limit_step_s"]
             v["limit_met"] = v["x_limit"] <= LIMIT_TARGET
         out[workload] = v
     return out
@@ -520,18 +555,25 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
     load_end = os.getloadavg()
     print(f"\nbench/peers.py: {args.steps} steps per run (first {args.warmup} not timed), "
-          f"{cores} cores; samples/s counts every sample a step trains on, all agents")
+          f"{cores} cores, all agents; samples/s: generated (prompts x group size per step, "
+          "the same for every system: the verdict's quantity); trained/s: rows that entered a "
+          "backward pass (FlexMARL skips groups whose rewards are all equal, the peers train "
+          "them); limit s: the limit priced on the groups the system trained")
     print_table(results, limits, before)
     v = verdicts(results, limits)
-    print(f"\ntargets: FlexMARL >= {SPEED_TARGET:.0f}x the best peer's samples/s at equal held-out "
-          f"accuracy (greedy, within one SE); FlexMARL's step <= {LIMIT_TARGET}x the limit")
+    print(f"\ntargets: FlexMARL >= {SPEED_TARGET:.0f}x the best peer's generated samples/s at "
+          "equal held-out accuracy (greedy, within one SE); FlexMARL's step <= "
+          f"{LIMIT_TARGET}x the limit priced on the groups it trained")
     for workload, x in v.items():
         parts = []
         if "speedup_vs_best_peer" in x:
             parts.append(f"{x['speedup_vs_best_peer']:.2f}x {x['best_peer']} "
-                         f"({'met' if x['speed_met'] else 'NOT met'})")
+                         f"({'met' if x['speed_met'] else 'NOT met'}; trained samples/s "
+                         f"{fmt(x.get('trained_ratio_vs_best_peer'))}x)")
         if "x_limit" in x:
-            parts.append(f"{x['x_limit']:.2f}x the limit ({'met' if x['limit_met'] else 'NOT met'})")
+            parts.append(f"{x['x_limit']:.2f}x the limit on its work "
+                         f"({'met' if x['limit_met'] else 'NOT met'}; "
+                         f"{x['x_limit_every_group']:.2f}x the every-group limit)")
         print(f"  {workload}: " + ("; ".join(parts) or "no peer row to compare"))
     notes: dict[tuple[str, str], list[str]] = {}  # each note once, with where it applies
     for workload, rows in results.items():

@@ -193,12 +193,16 @@ def test_system_specs_and_rows():
         def cpu_between(self, t0, t1):
             return 1.5 * (t1 - t0)
 
-    # 5 steps of 64 samples ending every 10 s after a 30 s start; 2 warm-up steps left out.
+    # 5 steps of 64 generated samples (48 trained) ending every 10 s after a 30 s start; 2
+    # warm-up steps left out.
     raw = {"exit_code": 0, "unsupported": None, "notes": [], "agents": {}, "started": 100.0,
            "train_start": 130.0, "sampler": Sampler(),
-           "steps": [{"end": 130.0 + 10 * (i + 1), "samples": 64} for i in range(5)]}
+           "steps": [{"end": 130.0 + 10 * (i + 1), "generated": 64, "trained": 48}
+                     for i in range(5)]}
     row = bench.summarize(raw, warmup=2, cores=2)
-    assert row["samples_per_s"] == pytest.approx(3 * 64 / 30)
+    assert row["samples_per_s"] == pytest.approx(3 * 64 / 30)  # generated: the verdict's
+    assert row["trained_per_s"] == pytest.approx(3 * 48 / 30)
+    assert (row["samples_per_step"], row["trained_per_step"]) == (64, 48)
     assert row["step_s"] == pytest.approx(10.0)
     assert row["first_step_s"] == pytest.approx(40.0) and row["startup_s"] == pytest.approx(30.0)
     assert row["cores_busy"] == pytest.approx(1.5) and row["peak_rss_mb"] == 3 * 1024
@@ -211,11 +215,18 @@ def test_system_specs_and_rows():
                         "trl": {**row, "samples_per_s": row["samples_per_s"] / 2.5,
                                 "eval": ev(0.54)},
                         "comlrl": {"unsupported": "one agent"}}}
-    limits = {"sums": {"limit_step_s": 8.0}}
+    # The limit: 6 CPU-s of generation, 1 of optimizer steps, 1.25 a group, 8 groups of 8
+    # every step: (6 + 1 + 8 x 1.25) / 2 = 8.5 s every group trained, and priced on
+    # FlexMARL's 48 trained samples (6 groups): (6 + 1 + 6 x 1.25) / 2 = 7.25 s.
+    limits = {"sums": {"limit_step_s": 8.5, "gen_cpu_s": 6.0, "optimizer_cpu_s": 1.0,
+                       "group_cpu_s": 1.25, "group_size": 8, "cores": 2}}
     v = bench.verdicts(results, limits)["sums"]
     assert v["best_peer"] == "trl" and v["speedup_vs_best_peer"] == pytest.approx(2.5)
     assert v["accuracy_ok"] and v["speed_met"]  # 0.50 is within one SE of 0.54
-    assert v["x_limit"] == pytest.approx(1.25) and v["limit_met"]
+    assert v["limit_own_s"] == pytest.approx(7.25)
+    assert v["x_limit"] == pytest.approx(10 / 7.25) and not v["limit_met"]
+    assert v["x_limit_every_group"] == pytest.approx(10 / 8.5)
+    assert bench.own_limit(results["sums"]["trl"], limits["sums"], "trl") == 8.5
     results["sums"]["trl"]["eval"] = ev(0.60)
     assert not bench.verdicts(results, limits)["sums"]["speed_met"]  # less accurate: not met
 
@@ -268,7 +279,9 @@ async def test_flexmarls_row_counts_the_samples_its_trainers_stepped_on(tiny_mod
     assert sum(r["failed_trajectories"] for r in records) > 0 and generated > len(TRAINED) > 0
 
     train_start, steps = load_bench().flexmarl_steps(str(result.run_dir))
-    assert sum(s["samples"] for s in steps) == len(TRAINED)
+    assert sum(s["trained"] for s in steps) == len(TRAINED)
+    assert [s["generated"] for s in steps] == [r["agents"]["solver"]["samples"] for r in records]
+    assert sum(s["generated"] for s in steps) > len(TRAINED)
     assert [s["end"] for s in steps] == [r["time"] for r in records]
     assert train_start < steps[0]["end"] < steps[1]["end"] < steps[2]["end"]
 

@@ -6,6 +6,9 @@ can beat on this machine.
   ─────────────────────────────────────────────────────────────────────────────────────  = limit
                               cores the run has
 
+The trainer's part is also priced per group (one micro-batch each) and per optimizer step, so
+bench/peers.py prices each system's limit on the groups it trains (limit_for): every group for
+the peers, FlexMARL's trained samples for it (it skips groups whose rewards are all equal).
 Both are measured here on one thread (torch.set_num_threads(1)), so their CPU-seconds are the
 work itself, with none of a thread pool's spinning: FlexMARL's batched torch rollout engine
 (flexmarl.rollout.torch_engine, the engine `rollout.backend = "auto"` picks on this machine) on
@@ -92,6 +95,7 @@ async def measure(workload: str, steps: int, setting: w.Setting) -> dict:
         gen_cpu, gen_wall = time.process_time() - cpu, time.perf_counter() - wall
         tokens = sum(len(x.token_ids) for rows in out.values() for _, x in rows)
         cpu, wall = time.process_time(), time.perf_counter()
+        group_cpu, step_cpu, groups, signal = 0.0, 0.0, 0, 0
         for name, rows in out.items():
             rewards = [w.right(x.text, t) for (_, x), t in zip(rows, calls)]
             # Every sample trains (the peers train zero-advantage groups too): advantages of
@@ -100,15 +104,23 @@ async def measure(workload: str, steps: int, setting: w.Setting) -> dict:
             trainer = trainers[name]
             batch = [(p, x.token_ids, x.logprobs) for p, x in rows]
             trainer.begin_batch(None)
-            for i in range(0, len(batch), ROWS_PER_MICRO_BATCH):
+            for i in range(0, len(batch), ROWS_PER_MICRO_BATCH):  # one group per micro-batch
+                c0 = time.process_time()
                 trainer.accumulate(micro_batch(batch[i:i + ROWS_PER_MICRO_BATCH],
                                                advantages[i:i + ROWS_PER_MICRO_BATCH],
                                                pad_id=pads[name]))
+                group_cpu += time.process_time() - c0
+                groups += 1
+                signal += len(set(rewards[i:i + ROWS_PER_MICRO_BATCH])) > 1
+            c0 = time.process_time()
             trainer.step(sum(len(x.token_ids) for _, x in rows))
+            step_cpu += time.process_time() - c0
         train_cpu, train_wall = time.process_time() - cpu, time.perf_counter() - wall
         rounds.append({"gen_cpu_s": gen_cpu, "gen_wall_s": gen_wall, "train_cpu_s": train_cpu,
                        "train_wall_s": train_wall, "tokens": tokens,
-                       "samples": sum(len(r) for r in out.values())})
+                       "samples": sum(len(r) for r in out.values()),
+                       "group_cpu_s": group_cpu / groups, "optimizer_cpu_s": step_cpu,
+                       "groups": groups, "signal_groups": signal})
     for e in engines.values():
         await e.close()
     timed = rounds[1:] or rounds
@@ -116,7 +128,19 @@ async def measure(workload: str, steps: int, setting: w.Setting) -> dict:
     cores = len(os.sched_getaffinity(0))
     limit = (med["gen_cpu_s"] + med["train_cpu_s"]) / cores
     return {"workload": workload, **med, "cores": cores, "limit_step_s": limit,
-            "limit_samples_per_s": med["samples"] / limit, "rounds": rounds}
+            "limit_samples_per_s": med["samples"] / limit, "group_size": ROWS_PER_MICRO_BATCH,
+            "rounds": rounds}
+
+
+def limit_for(lim: dict, trained_per_step: float | None = None) -> float:
+    """The limit's step priced on the work a system does: its generation, the optimizer steps
+    and the groups it trains (`trained_per_step` samples, in groups of lim["group_size"]);
+    None: every group (the peers' work, lim["limit_step_s"]). Limits measured before the
+    per-group prices existed give limit_step_s."""
+    if trained_per_step is None or "group_cpu_s" not in lim:
+        return lim["limit_step_s"]
+    groups = trained_per_step / lim["group_size"]
+    return (lim["gen_cpu_s"] + lim["optimizer_cpu_s"] + groups * lim["group_cpu_s"]) / lim["cores"]
 
 
 def main() -> None:
@@ -133,9 +157,13 @@ def main() -> None:
     r = asyncio.run(measure(args.workload, args.steps, w.Setting(model=args.model,
                                                                  models=models)))
     print(f"{args.workload}: generate {r['gen_cpu_s']:.2f} CPU-s, train {r['train_cpu_s']:.2f} "
-          f"CPU-s for {r['samples']:.0f} samples ({r['tokens']:.0f} tokens) on one thread; "
-          f"limit on {r['cores']} cores {r['limit_step_s']:.2f} s per step "
-          f"({r['limit_samples_per_s']:.2f} samples/s)")
+          f"CPU-s for {r['samples']:.0f} samples ({r['tokens']:.0f} tokens) on one thread "
+          f"({r['group_cpu_s']:.2f} a group, {r['optimizer_cpu_s']:.2f} the optimizer steps; "
+          f"{r['signal_groups']:.0f} of {r['groups']:.0f} groups with a GRPO signal); limit on "
+          f"{r['cores']} cores {r['limit_step_s']:.2f} s per step every group trained "
+          f"({r['limit_samples_per_s']:.2f} samples/s), "
+          f"{limit_for(r, r['signal_groups'] * r['group_size']):.2f} s the groups with a "
+          "signal only")
     if args.json:
         print(json.dumps(r))
 

@@ -286,6 +286,10 @@ class PlanConfig:
                     self.response_tokens, "must be a positive number of tokens")
 
 
+CORE_PLACEMENTS = ("auto", "split", "shared")
+"""devices.cores: how rollout and training share a CPU machine's cores."""
+
+
 @dataclass(kw_only=True, frozen=True)
 class DevicesConfig:
     """GPUs of the run (section `devices`); see flexmarl/placement/devices.py."""
@@ -314,6 +318,14 @@ class DevicesConfig:
     engine offloads its weights), the trainer is parked while they generate. Per agent:
     "solver=time_shared,checker=disaggregated"; agents joined by + share one group of devices
     and one slot: "solver+checker=time_shared" (flexmarl.placement.timeshare)."""
+    cores: str = "auto"
+    """How rollout and training share this machine's CPU cores when both run on them (trainers
+    on CPU, not on nodes): "split" (rollout processes on half the cores, trainer processes on
+    the other half, each with its role's cores as threads: rollout.cpus / trainer_pool.cpus),
+    "shared" (both phases on every core: each agent gets one single-threaded rollout instance
+    per core, and its trainer all the cores as threads; the phases hand the cores over as the
+    work moves, flexmarl.placement.cores), or "auto": the one flexmarl.sim.cpu_cores prices
+    faster for the team. Pins nothing where rollout.cpus or trainer_pool.cpus is set."""
     allow_unverified: bool = False
     """Let the planner (`flexmarl plan`, trainer_pool.slots = "auto") choose placements on paths
     that have never run on this hardware: time-shared placements on GPU (vLLM's sleep /
@@ -322,6 +334,8 @@ class DevicesConfig:
 
     def __post_init__(self) -> None:
         parse_gpus(self.gpus)
+        require(self.cores in CORE_PLACEMENTS, "devices.cores", self.cores,
+                f"must be one of {', '.join(CORE_PLACEMENTS)}")
         require(isinstance(self.allow_unverified, bool), "devices.allow_unverified",
                 self.allow_unverified, "must be true or false")
         try:

@@ -4,6 +4,7 @@
                          ├─ rollout.backend, [eval], gateway.enabled ─► checks, before anything
                          ├─ trainer_pool.slots = "auto" ─► flexmarl.sim.team_plan (a new Config)
                          ├─ [trainer_pool] [devices] ─► slot_layout's checks (LoRA bases' ranks)
+                         ├─ devices.cores = "auto" ─► flexmarl.sim.cpu_cores (split or shared)
                          ├─ [run] + run dir ─► saved states and the step to start at (resume)
                          ├─ each agent's model ─► its model directory (may build one: minutes)
                          ├─ [cluster] [supervisor] [transport] ─► launcher (Supervisor or
@@ -26,7 +27,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from flexmarl.checks import ConfigError
+from flexmarl.checks import ConfigError, available_cpus
 from flexmarl.config.balance import BalancerConfig
 from flexmarl.config.load import Config
 from flexmarl.config.pipeline import EvalConfig, PipelineConfig
@@ -37,8 +38,8 @@ from flexmarl.launch.checkpoint import (STATE_DIR, StateCheckpoints, drop_record
 from flexmarl.launch.evaluation import check_eval
 from flexmarl.launch.model_dirs import resolve_model
 from flexmarl.launch.workers import WorkerSettings, check_backend, launcher, trainer_config
-from flexmarl.placement.cores import (role_cpus, serial_trainers, trainer_nice,
-                                      trainers_on_local_cpu)
+from flexmarl.placement.cores import (cores_choosable, role_cpus, serial_trainers,
+                                      trainer_nice, trainers_on_local_cpu)
 from flexmarl.placement.layout import slot_layout
 from flexmarl.placement.lora_units import lora_units
 from flexmarl.launch.task_files import team_with_task_file
@@ -106,6 +107,7 @@ async def build_run(team: Team, config: Config, *, run_dir: RunDir | None = None
     for spec in team.agents:  # may build and warm-start (minutes, once): off the event loop
         model_dirs[spec.name] = await asyncio.to_thread(resolve_model, spec)
     lora_units(team, model_dirs, config.rollout)  # its ConfigErrors before any process starts
+    config = resolve_cores(config, team, model_dirs)
     # Nodes pin their own workers (flexmarl-node --cpus); Ray gives each its bundle's CPUs.
     local = not config.cluster.remote
     on_local_cpu = trainers_on_local_cpu(config.trainer.device, config.cluster.remote)
@@ -118,8 +120,9 @@ async def build_run(team: Team, config: Config, *, run_dir: RunDir | None = None
         config.rollout, config.trainer, config.trainer_pool, config.devices, sup.transport,
         seed=config.run.seed, stop_timeout_s=config.supervisor.stop_timeout_s,
         store_port=config.cluster.store_port,
-        cpus=(role_cpus(config.rollout.cpus, config.trainer_pool.cpus, config.trainer.device)
-              if local else ((), ())),
+        cpus=(role_cpus(config.rollout.cpus, config.trainer_pool.cpus, config.trainer.device,
+                        shared=config.devices.cores == "shared") if local else ((), ())),
+        shared_cores=local and config.devices.cores == "shared",
         nice=trainer_nice(config.trainer_pool, on_local_cpu),
         replace_attempts=config.supervisor.replace_attempts)
     return RunSetup(
@@ -130,6 +133,32 @@ async def build_run(team: Team, config: Config, *, run_dir: RunDir | None = None
         config.cluster, config.gateway, config.observe, config.eval,
         serial=serial_trainers(config.trainer_pool, on_local_cpu),
         stop_timeout_s=config.supervisor.stop_timeout_s, config_dict=config.to_dict())
+
+
+def resolve_cores(config: Config, team: Team, model_dirs: dict[str, str]) -> Config:
+    """devices.cores resolved to "split" or "shared" where it applies (cores_choosable; else
+    "split", which then pins as rollout.cpus and trainer_pool.cpus say). "auto": the placement
+    flexmarl.sim.cpu_cores prices faster for this team. Under "shared" each agent gets one
+    rollout instance per core (rollout.instances_per_agent 1 becomes the core count; an
+    explicit count or AgentSpec.instances is kept)."""
+    choice = config.devices.cores
+    if not cores_choosable(config.rollout.cpus, config.trainer_pool.cpus, config.trainer.device,
+                           config.cluster.remote):
+        choice = "split"
+    elif choice == "auto" and (config.rollout.backend != "torch" or any(
+            a.lora is not None for a in team.agents) or config.devices.placement !=
+            "disaggregated"):
+        choice = "split"  # priced for the torch engine and full disaggregated agents only
+    elif choice == "auto":
+        from flexmarl.sim.cpu_cores import choose
+        choice, why = choose(team, config, model_dirs, len(available_cpus() or []))
+        log.info('devices.cores = "auto": %s (%s)', choice, why)
+    out = dataclasses.replace(config, devices=dataclasses.replace(config.devices, cores=choice))
+    if choice == "shared" and config.rollout.instances_per_agent == 1:
+        cores = len(available_cpus() or [])
+        out = dataclasses.replace(out, rollout=dataclasses.replace(
+            config.rollout, instances_per_agent=cores))
+    return out
 
 
 def resolve_backend(config: Config) -> Config:

@@ -32,6 +32,7 @@ from flexmarl.config.pipeline import PipelineConfig
 from flexmarl.config.rollout import RolloutConfig
 from flexmarl.config.sections import ClusterConfig, DevicesConfig
 from flexmarl.config.training import TrainerConfig, TrainerPoolConfig
+from flexmarl.placement.cores import SHARED_TRAINER_ENV, instance_core
 from flexmarl.placement.devices import Ask, DevicePlacement, Host
 from flexmarl.placement.layout import GpuPlacement, local_hosts
 from flexmarl.placement.lora_units import LoraUnits
@@ -125,6 +126,9 @@ class WorkerSettings:
     """This machine's cores of rollout and of trainer processes (role_cpus; () unpinned)."""
     nice: int = 0
     """The trainer processes' niceness (trainer_nice)."""
+    shared_cores: bool = False
+    """devices.cores = "shared" resolved: each rollout instance single-threaded on one of the
+    rollout cores (instance_core), the trainers on all of them."""
     replace_attempts: int = 3
     """supervisor.replace_attempts: processes started for one dead worker before giving up."""
 
@@ -163,6 +167,8 @@ class Workers:
                             if self.rollout_cpus else {})
         self._instances = itertools.count()
         self._generations = itertools.count(1)
+        self._instance_cores: dict[str, tuple[str, int]] = {}
+        """devices.cores = "shared": each rollout instance's (agent, core)."""
 
     def connect(self, address: str) -> Connection:
         return connect(address, self.settings.transport)
@@ -174,6 +180,17 @@ class Workers:
         k, r = next(self._instances), self.settings.rollout
         name = f"rollout-{k}"
         env = dict(self.rollout_env)
+        cpus = self.rollout_cpus
+        if self.settings.shared_cores and cpus and not self.gpus.rollout:
+            # One core each (a single-threaded engine): the rollout phase is data-parallel over
+            # the cores. A replacement takes the dead one's core.
+            core = (self._instance_cores[replaces][1] if replaces in self._instance_cores else
+                    instance_core(cpus, [c for a, c in self._instance_cores.values()
+                                         if a == agent]))
+            self._instance_cores.pop(replaces, None)
+            self._instance_cores[name] = (agent, core)
+            cpus = (core,)
+            env["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
         if self.gpus.rollout:
             self._seat(Ask(name, "rollout", r.tensor_parallel_size, label=agent,
                            memory=r.gpu_memory_utilization), replaces)
@@ -192,7 +209,7 @@ class Workers:
                      "max_lora_rank": self.units.max_lora_rank[agent],
                      "max_loras": self.units.max_loras[agent]}
         return WorkerSpec(name=name, entry="flexmarl.rollout.worker:rollout_worker", args=args,
-                          ready_timeout_s=r.ready_timeout_s, cpus=self.rollout_cpus, env=env,
+                          ready_timeout_s=r.ready_timeout_s, cpus=cpus, env=env,
                           role="rollout", node=self.gpus.host(name),
                           gpus=r.tensor_parallel_size if self.gpus.rollout else 0)
 
@@ -227,7 +244,8 @@ class Workers:
                   "drain_timeout_s": c.stop_timeout_s},
             ready_timeout_s=c.trainer_pool.ready_timeout_s, cpus=self.train_cpus,
             nice=c.nice,
-            env=self.gpus.env(name) if self.gpus.trainer else {}, role="trainer",
+            env=(self.gpus.env(name) if self.gpus.trainer else
+                 dict(SHARED_TRAINER_ENV) if c.shared_cores else {}), role="trainer",
             node=self.gpus.host(name) if self.gpus.trainer else "",
             # A cluster engine keeps a slot's ranks on one machine (runtime.ray_cluster).
             group=f"trainer-{k}{suffix}", group_size=self.sizes[k], group_index=rank,

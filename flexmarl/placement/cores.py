@@ -1,7 +1,10 @@
 """Core pinning: which of this machine's cores each role's processes get, and how the trainer
 processes share them with the run (their niceness, one at a time or together).
 
-    role_cpus            rollout.cpus and trainer_pool.cpus resolved ("auto": half each)
+    cores_choosable      where devices.cores applies (trainers on this CPU, both roles "auto")
+    role_cpus            rollout.cpus and trainer_pool.cpus resolved ("auto": half each, or
+                         every core for both with devices.cores = "shared")
+    instance_core        the one core of a rollout instance under "shared"
     trainers_on_local_cpu where trainer_pool.nice and .serial "auto" apply
     trainer_nice         trainer_pool.nice resolved
     serial_trainers      trainer_pool.serial resolved
@@ -14,9 +17,25 @@ from flexmarl import checks
 from flexmarl.config.training import TrainerPoolConfig
 
 
-def role_cpus(rollout_cpus: str, trainer_cpus: str, trainer_device: str
+SHARED_TRAINER_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+"""A trainer's OpenMP threads under devices.cores = "shared": they sleep at once when a parallel
+region ends instead of spinning, so the rollout instances on the same cores get them back."""
+
+
+def cores_choosable(rollout_cpus: str, trainer_cpus: str, trainer_device: str,
+                    remote: bool) -> bool:
+    """Whether devices.cores decides anything: trainers on this machine's CPU (not on nodes),
+    rollout.cpus and trainer_pool.cpus both "auto", and at least two cores here."""
+    return (trainer_device == "cpu" and not remote and rollout_cpus.strip() == "auto"
+            and trainer_cpus.strip() == "auto" and len(checks.available_cpus() or []) >= 2)
+
+
+def role_cpus(rollout_cpus: str, trainer_cpus: str, trainer_device: str, shared: bool = False
               ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The cores of rollout processes and of trainer processes; () means not pinned.
+
+    `shared` (devices.cores = "shared", where cores_choosable): every core for both roles;
+    each rollout instance then runs on one of them (instance_core), the trainers on all.
 
     "auto" (the default of both) splits this process's cores between the roles when trainers
     run on CPU: rollout gets the first half, training the second (one core each on a 2-core
@@ -31,6 +50,8 @@ def role_cpus(rollout_cpus: str, trainer_cpus: str, trainer_device: str
     cores = checks.available_cpus() or []
     if not (auto_r or auto_t) or trainer_device != "cpu" or len(cores) < 2:
         return rollout, train
+    if shared and auto_r and auto_t:
+        return tuple(cores), tuple(cores)
     half = len(cores) // 2
     if auto_r and auto_t:
         return tuple(cores[:half]), tuple(cores[half:])
@@ -39,6 +60,13 @@ def role_cpus(rollout_cpus: str, trainer_cpus: str, trainer_device: str
         return (tuple(c for c in cores if c not in train) if train else tuple(cores[:half])), train
     return rollout, (tuple(c for c in cores if c not in rollout) if rollout else
                      tuple(cores[half:]))
+
+
+def instance_core(cores: tuple[int, ...], taken: list[int]) -> int:
+    """The core of a new single-threaded rollout instance under devices.cores = "shared": the
+    first of `cores` with the fewest of `taken` (the cores of the agent's instances already
+    placed), so an agent's instances spread over every core before any core gets a second."""
+    return min(cores, key=lambda c: (taken.count(c), cores.index(c)))
 
 
 def trainers_on_local_cpu(trainer_device: str, remote: bool) -> bool:

@@ -303,9 +303,53 @@ def deployment(args: argparse.Namespace) -> plan.Deployment:
     return plan.Deployment(allow_unverified=args.allow_unverified)
 
 
+def cores_main(args: argparse.Namespace) -> dict:
+    """--cores: each team's step, start-up and run priced with its rollout and training split
+    between this machine's cores and shared by both phases (the config's run.steps; costs_cpu.toml
+    [cores]), and what devices.cores = "auto" picks."""
+    from flexmarl import AgentSpec  # noqa: F401  (the team files import it)
+    from flexmarl.checks import available_cpus
+    from flexmarl.config.load import load_config
+    from flexmarl.launch.model_dirs import resolve_model
+    from flexmarl.sim import cpu_cores
+    from flexmarl.team import load_team
+
+    cores = args.cpu_count or len(available_cpus() or [1])
+    prices = cpu_cores.load_prices()
+    out = {"cores": cores, "teams": {}}
+    print(f"devices.cores priced on {cores} cores (flexmarl.sim.cpu_cores, costs_cpu.toml "
+          "[cores])\n")
+    print(f"{'team':<32} {'steps':>5} {'split step':>10} {'shared step':>11} {'split start':>11} "
+          f"{'shared start':>12} {'split run':>9} {'shared run':>10}  auto")
+    for path in args.cores.split(","):
+        config = load_config(overrides=[f"team.path={path}", *args.override])
+        team = load_team(config.team.path)
+        dirs = {s.name: resolve_model(s) for s in team.agents}
+        work = cpu_cores.team_work(team, config, dirs)
+        priced = cpu_cores.price(work, cores, config.run.steps, prices, cpu_cores.memory_bytes())
+        best, why = cpu_cores.pick(priced)
+        sp, sh = priced["split"], priced["shared"]
+        print(f"{path:<32} {config.run.steps:>5} {sp.step_s:>10.2f} {sh.step_s:>11.2f} "
+              f"{sp.startup_s:>11.1f} {sh.startup_s:>12.1f} {sp.run_s:>9.0f} {sh.run_s:>10.0f}  "
+              f"{best}" + (f" ({sh.refused})" if sh.refused else ""))
+        out["teams"][path] = {"steps": config.run.steps, "auto": best, "why": why,
+                              **{k: dataclasses.asdict(v) for k, v in priced.items()},
+                              "agents": [dataclasses.asdict(a) for a in work]}
+    if args.json:
+        print(json.dumps(out))
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", required=True, help=f"one of {', '.join(PRESETS)}, or all")
+    ap.add_argument("--preset", default=None, help=f"one of {', '.join(PRESETS)}, or all")
+    ap.add_argument("--cores", default=None, metavar="TEAM[,TEAM...]",
+                    help="instead of a preset: price devices.cores split against shared for "
+                         "these team files on this CPU machine (flexmarl.sim.cpu_cores)")
+    ap.add_argument("--cpu-count", type=int, default=None,
+                    help="with --cores: price for this many cores (default: this machine's)")
+    ap.add_argument("--override", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="with --cores: a run config override, e.g. plan.response_tokens=11")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--steps", type=int, default=None, help="simulated steps (preset default)")
     ap.add_argument("--seed", type=int, default=0, help="the seed the table reports")
@@ -337,6 +381,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--vs-full", action="store_true",
                     help="a preset with LoRA agents against the same team as full copies")
     args = ap.parse_args(argv)
+    if args.cores:
+        return cores_main(args)
+    if not args.preset:
+        ap.error("--preset is required (or --cores TEAM)")
     overrides = {}
     for item in args.set:
         key, sep, value = item.partition("=")

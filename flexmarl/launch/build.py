@@ -158,6 +158,12 @@ def resolve_cores(config: Config, team: Team, model_dirs: dict[str, str]) -> Con
         cores = len(available_cpus() or [])
         out = dataclasses.replace(out, rollout=dataclasses.replace(
             config.rollout, instances_per_agent=cores))
+    if choice == "shared":
+        # Every instance already has every core's share: moving one to a busier agent gains
+        # nothing and costs a weight load. Each agent keeps its instances.
+        out = dataclasses.replace(out, balance=dataclasses.replace(
+            config.balance, min_instances=max(config.balance.min_instances,
+                                              out.rollout.instances_per_agent)))
     return out
 
 

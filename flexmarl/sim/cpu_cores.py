@@ -12,7 +12,8 @@ or shared by both phases, priced for a team and the cheaper run chosen.
             trainer on all C cores; the phases take the cores in turn:
       step = max(Σ(G + T) / C, max_a(G_a / C + T_a / t(C))) / efficiency + overhead
              + the new version loaded by every instance
-    run   = start-up (waves of C engines starting at once) + run.steps x step
+    run   = start-up (every engine and trainer starting at once, over the C cores)
+            + run.steps x step
 
 g(n) = n^decode_thread_exponent, t(n) = n^train_thread_exponent. "shared" is refused (priced as
 split) where its engines' weights (P_a x 4 bytes x C per agent) pass memory_share of this
@@ -95,8 +96,10 @@ def _train(a: AgentWork, p: CorePrices) -> float:
 
 
 def _startup(engines: int, agents: list[AgentWork], cores: int, p: CorePrices) -> float:
-    largest = max(a.params_b for a in agents)
-    return math.ceil(engines / cores) * (p.engine_start_s + p.engine_start_s_per_b * largest)
+    """Every engine and trainer process starting at once (each about one engine's start on
+    one core): no faster than one start, nor than all of them over the cores."""
+    one = p.engine_start_s + p.engine_start_s_per_b * max(a.params_b for a in agents)
+    return one * max(1.0, (engines + len(agents)) / cores)
 
 
 def price(agents: list[AgentWork], cores: int, steps: int, p: CorePrices,

@@ -17,6 +17,8 @@
     plan.py       placement planning: where a team trains and rolls out, and how
     team_plan.py  a user's team and config as a workload: `flexmarl plan`,
                   trainer_pool.slots = "auto"
+    cpu_cores.py  devices.cores = "auto": a team's rollout and training on a CPU machine's
+                  cores, split or shared, priced (costs_cpu.toml [cores])
     workload.py   skewed multi-agent workloads for the routing comparison: pure, seeded
     routing.py    the routing comparison: a skewed workload through the real rollout pool
 """

@@ -285,6 +285,8 @@ def flexmarl_steps(run: str) -> tuple[float | None, list[dict]]:
     return records[0]["time"] - t_done, [
         {"end": r["time"],
          "trained": sum(a["trained_samples"] for a in r["agents"].values() if a["trainable"]),
+         "trained_by_agent": {n: a["trained_samples"] for n, a in r["agents"].items()
+                              if a["trainable"]},
          "generated": sum(a["samples"] for a in r["agents"].values() if a["trainable"])}
         for r in records]
 
@@ -324,6 +326,9 @@ def summarize(raw: dict, warmup: int, cores: int) -> dict:
         "samples_per_step": generated / len(timed),
         "samples_per_s": generated / (t1 - t0),         # generated: the verdict's quantity
         "trained_per_step": trained / len(timed),
+        "trained_per_step_by_agent": (
+            {a: sum(s["trained_by_agent"][a] for s in timed) / len(timed)
+             for a in timed[0]["trained_by_agent"]} if "trained_by_agent" in timed[0] else None),
         "trained_per_s": trained / (t1 - t0),
         "step_s": (t1 - t0) / len(timed),
         "first_step_s": steps[0]["end"] - raw["started"],
@@ -392,7 +397,9 @@ def own_limit(row: dict, lim: dict | None, system: str) -> float | None:
     rows on the samples they trained, the peers' on every group (they train them all)."""
     if not lim:
         return None
-    return limit_for(lim, row.get("trained_per_step") if system.startswith("flexmarl") else None)
+    if not system.startswith("flexmarl"):
+        return limit_for(lim)
+    return limit_for(lim, row.get("trained_per_step"), row.get("trained_per_step_by_agent"))
 
 
 def print_table(results: dict, limits: dict, before: dict) -> None:

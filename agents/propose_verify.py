@@ -16,7 +16,7 @@ So the verifier learns to judge, not to agree, and the proposer gets second chan
 verifier that rejects. The tasks are the data file's rows (its `prompt`, `answer` and the other
 columns in task.fields); 50 of them, chosen by a seeded shuffle, are held out for evaluation:
 
-    flexmarl run --team agents/propose_verify.py --set eval.every_steps=5
+    flexmarl run --team agents/propose_verify.py   # held-out evaluation every 5 steps (`config`)
 
 The same file drives any team through the config instead, e.g. `--set team.tasks=my.jsonl
 --set team.heldout=0.1` with the default team.
@@ -62,6 +62,9 @@ async def workflow(ctx, task) -> None:
             break  # accepted
     ctx.team_reward(right)
 
+
+config = {"run": {"name": "propose_verify"}, "eval": {"every_steps": 5}}
+"""The recommended run (flexmarl.team.load_team reads a team file's `config`)."""
 
 team = Team(
     name="propose_verify",

@@ -9,18 +9,23 @@
         ctx.team_reward(1.0)                                          # every other turn's reward
 
 A team file is a Python file that exposes `team`; `load_team(path)` loads it by path (the
-`agents/` folder is not a package). The orchestrator runs each task as several independent
+`agents/` folder is not a package). A team file may carry its recommended settings: a
+module-level `config` (the TOML config's sections, as a dict or TOML text) or Team(config=...),
+which `flexmarl run --team FILE` applies under --config and --set. The orchestrator runs each task as several independent
 trajectories (the GRPO group); a workflow never sees the others.
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import importlib.util
 import inspect
 import re
 import sys
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Protocol, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
 
 from flexmarl.protocol import SamplingParams
 
@@ -256,8 +261,16 @@ class Team:
     "policies"), and which `flexmarl eval --cross-play` uses to compare saved versions. An
     OpenSpiel game team's: each agent's policy table and its NashConv
     (flexmarl.envs.openspiel). None: none."""
+    config: Mapping[str, Mapping[str, Any]] | str | None = None
+    """The experiment's recommended settings, carried by the team file: the TOML config's
+    sections and keys, as a dict (`{"run": {"steps": 30}, "eval": {"modes": ["sampled"]}}`) or
+    as TOML text. `flexmarl run --team FILE` (and `load_config(team=FILE)`) merges them over the
+    built-in defaults and under `--config FILE` and `--set`, checked by the same rules
+    (flexmarl.config.load); `--dry-run` marks each value with where it came from. None: none.
+    TOML text is parsed here, so the field always holds a dict after construction."""
 
     def __post_init__(self) -> None:
+        self.config = _team_config(self.name, self.config)
         if not self.agents:
             raise ValueError(f"team {self.name}: needs at least one AgentSpec")
         names = [a.name for a in self.agents]
@@ -304,6 +317,31 @@ class Team:
 _NO_PROMPT = object()
 
 
+def _team_config(team: str, config: Any) -> dict[str, dict[str, Any]] | None:
+    """Team.config as `{section: {key: value}}`: TOML text parsed, its shape checked (the keys
+    and values are checked where the config is loaded, against the config's own rules)."""
+    if config is None:
+        return None
+    if isinstance(config, str):
+        try:
+            config = tomllib.loads(config)
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"team {team}: config is not valid TOML: {e}") from None
+    if not isinstance(config, Mapping):
+        raise TypeError(f"team {team}: config must be a dict of sections ({{'run': {{'steps': "
+                        f"30}}}}) or TOML text, got {type(config).__name__}")
+    out: dict[str, dict[str, Any]] = {}
+    for section, table in config.items():
+        if not isinstance(table, Mapping):
+            raise TypeError(f"team {team}: config[{section!r}] must be a table of keys (e.g. "
+                            f"{{'steps': 30}}), got {type(table).__name__} {_short(table, 60)}")
+        out[str(section)] = dict(table)
+    if "path" in out.get("team", {}):
+        raise ValueError(f"team {team}: config cannot set team.path (the team file is the one "
+                         "that carries this config)")
+    return out
+
+
 def _short(obj: Any, limit: int = 120) -> str:
     text = repr(obj)
     return text if len(text) <= limit else text[:limit - 3] + "..."
@@ -324,12 +362,21 @@ def _prompt_problem(prompt: Any) -> str | None:
     return f"got a list of {', '.join(kinds)}"
 
 
+_LOADED: dict[tuple[Path, bytes], Team] = {}
+"""Team files loaded in this process, by path and content hash: the config loader reads a team
+file's config and the run then uses its team, one execution of the file for both."""
+
+
 def load_team(path: str | Path) -> Team:
-    """Load the `team` object of a team file, by path (not through the import system's name)."""
+    """Load the `team` object of a team file, by path (not through the import system's name).
+    The same file with the same contents is executed once per process."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"team file {str(path)!r} does not exist; pass --team PATH or set "
                          "team.path")
+    key = (path.resolve(), hashlib.sha256(path.read_bytes()).digest())
+    if key in _LOADED:
+        return _LOADED[key]
     module_name = f"flexmarl_team_{path.stem}_{abs(hash(path.resolve())) & 0xFFFF:x}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
@@ -342,4 +389,13 @@ def load_team(path: str | Path) -> Team:
     if not isinstance(team, Team):
         raise ValueError(f"team file {path} must define `team = flexmarl.Team(...)`, found "
                          f"{type(team).__name__}")
+    carried = getattr(module, "config", None)
+    if carried is not None:  # the file's own `config = {...}` (or TOML text), beside `team`
+        if team.config is not None:
+            raise ValueError(f"team file {path} gives its config twice, as `config` and as "
+                             "Team(config=...): keep one")
+        team = dataclasses.replace(team, config=carried)
+    if len(_LOADED) >= 8:  # a long-lived process (the test suite) loads many
+        _LOADED.pop(next(iter(_LOADED)))
+    _LOADED[key] = team
     return team

@@ -6,6 +6,7 @@ import dataclasses
 import sys
 import tomllib
 import types
+from re import escape as re_escape
 from pathlib import Path
 
 import pytest
@@ -304,10 +305,148 @@ def test_progress_bars(capsys):
     assert "step 0/1" in err and "ordered_dict 0.500" in err
 
 
+# ------------------------------------------------------------ a team file's own config
+
+TEAM_SOURCE = """
+from flexmarl import AgentSpec, Team
+from flexmarl.tasks import addition_tasks
+
+async def workflow(ctx, task):
+    [answer] = await ctx.generate("solver", task.prompt)
+    ctx.reward(answer, 1.0)
+
+team = Team(name="carrier", agents=[AgentSpec(name="solver", model="tiny")], workflow=workflow,
+            tasks=addition_tasks(8){team_kwargs})
+"""
+
+
+def write_team(tmp_path: Path, config: str = "", team_kwargs: str = "",
+               name: str = "carrier.py") -> str:
+    """A loadable team file of one tiny agent; `config` is module-level source (e.g.
+    'config = {...}'), `team_kwargs` more Team(...) arguments (', config=...')."""
+    path = tmp_path / name
+    path.write_text(TEAM_SOURCE.format(team_kwargs=team_kwargs) + config + "\n")
+    return str(path)
+
+
+CARRIED = 'config = {"run": {"steps": 7, "seed": 3}, "pipeline": {"tasks_per_step": 3}}'
+
+
+def test_a_team_files_config_applies_over_the_defaults(tmp_path):
+    config = load_config(team=write_team(tmp_path, CARRIED))
+    assert (config.run.steps, config.run.seed, config.pipeline.tasks_per_step) == (7, 3, 3)
+    assert config.sources["run.steps"].startswith("in team file ")
+    assert config.sources["run.name"] == "default"
+
+
+def test_precedence_defaults_team_file_config_file_set(tmp_path):
+    """built-in defaults < the team file's config < --config FILE < --set (each key from the
+    highest layer that sets it)."""
+    team = write_team(tmp_path, CARRIED)
+    exp = tmp_path / "exp.toml"
+    exp.write_text("[run]\nseed = 11\nsteps = 9\n")
+    config = load_config(str(exp), ["run.steps=5"], team=team)
+    assert config.run.steps == 5 and config.sources["run.steps"] == "from --set"
+    assert config.run.seed == 11 and config.sources["run.seed"] == f"in {exp}"
+    assert config.pipeline.tasks_per_step == 3  # only the team file sets it
+    assert config.pipeline.trajectories_per_task == Config().pipeline.trajectories_per_task
+    # The team file named by team.path in the config file counts too (not only --team).
+    exp.write_text(f"[team]\npath = {str(team)!r}\n")
+    assert load_config(str(exp)).run.steps == 7
+    assert load_config(team=team, team_config=False).run.steps == Config().run.steps
+
+
+@pytest.mark.parametrize("form", [
+    'config = """\n[run]\nsteps = 7\n[eval]\nmodes = ["sampled"]\n"""',   # TOML text
+    '',                                                                     # Team(config=...)
+])
+def test_team_config_as_toml_text_or_a_team_argument(tmp_path, form):
+    kwargs = "" if form else ', config={"run": {"steps": 7}, "eval": {"modes": ["sampled"]}}'
+    config = load_config(team=write_team(tmp_path, form, kwargs))
+    assert config.run.steps == 7 and config.eval.modes == ("sampled",)
+
+
+@pytest.mark.parametrize("carried, expected", [
+    ('config = {"run": {"stepz": 7}}', "run.stepz (in team file"),
+    ('config = {"pipeline": {"tasks_per_step": 0}}', "pipeline.tasks_per_step must be >= 1"),
+    ('config = {"run": {"steps": "many"}}', "run.steps expects an int, got 'many' (str) (in "
+     "team file"),
+])
+def test_a_bad_team_config_is_a_config_error_naming_the_team_file(tmp_path, carried, expected):
+    with pytest.raises(ConfigError, match=re_escape(expected)):
+        load_config(team=write_team(tmp_path, carried))
+
+
+@pytest.mark.parametrize("carried, kwargs, expected", [
+    ('config = {"team": {"path": "other.py"}}', "", "cannot set team.path"),
+    ('config = "[run"', "", "not valid TOML"),
+    ('config = {"run": 7}', "", "must be a table of keys"),
+    ('config = [1]', "", "must be a dict of sections"),
+    ('config = {"run": {"steps": 2}}', ', config={"run": {"steps": 3}}', "gives its config twice"),
+])
+def test_a_malformed_team_config_fails_the_team_file_with_its_reason(tmp_path, capsys,
+                                                                      carried, kwargs, expected):
+    """The team file does not load: load_config adds nothing from it, and the run (here the
+    dry run, which loads the team as the run does) refuses it in one line."""
+    team = write_team(tmp_path, carried, kwargs)
+    assert load_config(team=team).run.steps == Config().run.steps
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--team", team, "--dry-run"])
+    assert info.value.code == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"flexmarl: team error ({Path(team).resolve()}): ") and expected in line
+
+
+def test_dry_run_marks_where_each_value_came_from(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("FLEXMARL_LOG", raising=False)
+    team = write_team(tmp_path, CARRIED)
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--team", team, "--set", "run.seed=5", "--dry-run"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    lines, section = {}, ""
+    for line in out.splitlines():
+        if line.startswith("["):
+            section = line.strip("[]")
+        elif " = " in line:
+            lines[f"{section}.{line.split(' = ')[0]}"] = line
+    assert lines["run.steps"] == f"steps = 7  # in team file {team}"
+    assert lines["run.seed"] == "seed = 5  # from --set"
+    assert lines["pipeline.tasks_per_step"].endswith(f"# in team file {team}")
+    assert "#" not in lines["run.name"]  # a default says nothing
+    assert tomllib.loads(out)["run"]["steps"] == 7  # the comments keep it valid TOML
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--set", "team.tasks=missing.jsonl"], "task file"),
+    (["--set", "devices.placement=ghost=time_shared"], "names agent 'ghost'"),
+])
+def test_dry_run_refuses_what_the_run_refuses(tmp_path, capsys, monkeypatch, argv, expected):
+    """Issue 65: a missing task file and an unknown agent in devices.placement (the team file
+    that does not load: above) exit 2 in the dry run as in the run."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--team", write_team(tmp_path), *argv, "--dry-run"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("flexmarl: config error: ") and expected in err
+
+
+def test_the_shipped_kuhn_poker_team_carries_its_run(monkeypatch, tmp_path):
+    """`flexmarl run --team agents/kuhn_poker.py` runs the file's settings; --set still wins."""
+    pytest.importorskip("textarena")
+    monkeypatch.chdir(tmp_path)  # found in the package root, as the docs run it
+    config = load_config(team="agents/kuhn_poker.py")
+    assert (config.run.steps, config.eval.modes, config.eval.final_tasks) == (20, ("sampled",),
+                                                                               100)
+    assert load_config(None, ["run.steps=2"], team="agents/kuhn_poker.py").run.steps == 2
+
+
 # ------------------------------------------------------------------------------ CLI
 
-def test_cli_dry_run_prints_the_merged_config(tmp_path, team_file, capsys, monkeypatch):
+def test_cli_dry_run_prints_the_merged_config(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("FLEXMARL_LOG", raising=False)  # main sets it for worker processes
+    team_file = write_team(tmp_path)  # the dry run loads the team, as the run does
     path = tmp_path / "exp.toml"
     path.write_text("[pipeline]\ntasks_per_step = 2\n")
     with pytest.raises(SystemExit) as info:

@@ -1,7 +1,7 @@
 """Experiment config: one small dataclass per section, loaded from TOML plus `--set` overrides.
 
-    DEFAULT_TOML ─► merge CONFIG file ─► merge --set section.key=value ─► --team
-        ─► Config.from_dict: types checked by annotation, values by each section's
+    DEFAULT_TOML ─► the team file's own config (Team.config) ─► merge CONFIG file
+        ─► merge --set section.key=value ─► --team ─► Config.from_dict: types checked by annotation, values by each section's
            __post_init__ ─► team.path resolved to an existing file
 
 Every problem a user can fix raises one `ConfigError` whose message names `section.key`, says
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import math
 import tomllib
 import types
@@ -32,6 +33,8 @@ from flexmarl.config.training import TrainerConfig, TrainerPoolConfig
 from runtime.config import SupervisorConfig, TransportConfig
 
 __all__ = ["DEFAULT_TOML", "Config", "SECTIONS", "load_config", "resolve_team_path", "dump_toml"]
+
+log = logging.getLogger(__name__)
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 """The repository root (the default team path is looked up there too)."""
@@ -64,6 +67,9 @@ class Config:
     transport: TransportConfig = field(default_factory=TransportConfig)
     supervisor: SupervisorConfig = field(
         default_factory=lambda: SupervisorConfig(preload=WORKER_PRELOAD))
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+    """"section.key" -> where its value came from ("default", "in team file F", "in CONFIG",
+    "from --set", "from --team"), as `load_config` merged them; empty where built otherwise."""
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Plain data (tuples as lists), the inverse of `from_dict`."""
@@ -71,9 +77,13 @@ class Config:
                     for k, v in dataclasses.asdict(getattr(self, s)).items()}
                 for s in SECTIONS}
 
-    def to_toml(self) -> str:
-        """TOML that `load_config` reads back to this config (None values are left out)."""
-        return dump_toml(self.to_dict())
+    def to_toml(self, *, annotate: bool = False) -> str:
+        """TOML that `load_config` reads back to this config (None values are left out). With
+        `annotate`, each value that is not the default's ends with a comment saying where it
+        came from (`# in team file agents/kuhn_poker.py`, `# from --set`)."""
+        notes = ({k: w for k, w in self.sources.items() if w != "default"} if annotate
+                 else None)
+        return dump_toml(self.to_dict(), notes=notes)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, sources: Mapping[str, str] | None = None
@@ -97,7 +107,7 @@ class Config:
                 raise
             except ValueError as e:  # e.g. TrainerConfig's own checks
                 raise ConfigError(str(e)) from None
-        return cls(**built)
+        return cls(**built, sources=sources)
 
 
 SECTIONS: dict[str, type] = {"run": RunConfig, "team": TeamRef, "pipeline": PipelineConfig,
@@ -119,22 +129,63 @@ DEFAULT_TOML = (Path(__file__).with_name("default.toml")).read_text(encoding="ut
 
 
 def load_config(path: str | None = None, overrides: Sequence[str] = (), *,
-                team: str | None = None) -> Config:
-    """DEFAULT_TOML, then the TOML file at `path`, then `section.key=value` overrides, then
-    `team` as team.path; validated, with team.path resolved to an existing file."""
-    data = tomllib.loads(DEFAULT_TOML)
-    sources = {f"{s}.{k}": "default" for s, keys in data.items() for k in keys}
+                team: str | None = None, team_config: bool = True) -> Config:
+    """The experiment's config, each layer over the one before:
+
+        DEFAULT_TOML < the team file's own `config` (Team.config) < the TOML file at `path`
+            < `section.key=value` overrides (--set) < `team` as team.path (--team)
+
+    validated, with team.path resolved to an existing file. The team file is the one the
+    last layer that names team.path names (else the default's); with `team_config` it is
+    loaded to read its config (flexmarl.team.load_team: once per process per file); a file
+    that fails to load adds nothing here, and whoever loads its team next (the run, the dry
+    run) reports why in one line. `Config.sources` says where each value came from."""
+    layers: list[tuple[Mapping[str, Any], str]] = []
     if path is not None:
-        where = f"in {path}"
-        _merge(data, _read_toml(path), sources, where)
+        layers.append((_read_toml(path), f"in {path}"))
     for item in overrides:
         section, key, value = _parse_override(item)
-        _merge(data, {section: {key: value}}, sources, "from --set")
+        layers.append(({section: {key: value}}, "from --set"))
     if team is not None:
-        _merge(data, {"team": {"path": team}}, sources, "from --team")
+        layers.append(({"team": {"path": team}}, "from --team"))
+    data = tomllib.loads(DEFAULT_TOML)
+    sources = {f"{s}.{k}": "default" for s, keys in data.items() for k in keys}
+    if team_config:
+        carried = _team_file_config(_team_path(data, layers))
+        if carried:
+            layers.insert(0, carried)
+    for extra, where in layers:
+        _merge(data, extra, sources, where)
     config = Config.from_dict(data, sources=sources)
     resolved = resolve_team_path(config.team.path)
     return dataclasses.replace(config, team=dataclasses.replace(config.team, path=str(resolved)))
+
+
+def _team_path(data: Mapping[str, Any], layers: Sequence[tuple[Mapping[str, Any], str]]) -> str:
+    """team.path as the layers set it (the last one that does), else the default's."""
+    chosen = data["team"]["path"]
+    for extra, _ in layers:
+        table = extra.get("team")
+        if isinstance(table, Mapping) and "path" in table:
+            chosen = table["path"]
+    if not isinstance(chosen, str) or not chosen:
+        raise ConfigError(f"team.path must name a team file, got {chosen!r}; pass --team PATH")
+    return chosen
+
+
+def _team_file_config(team_path: str) -> tuple[dict[str, Any], str] | None:
+    """The team file's own config as a layer (its values, where they come from), or None."""
+    from flexmarl.team import load_team  # the team API imports torch-free modules only
+
+    resolved = resolve_team_path(team_path)
+    try:
+        carried = load_team(resolved).config
+    except Exception:  # reported by the caller's own load_team, with the run's one-line error
+        log.debug("team file %s did not load; its config is not read", resolved, exc_info=True)
+        return None
+    if not carried:
+        return None
+    return carried, f"in team file {team_path}"
 
 
 def resolve_team_path(path: str) -> Path:
@@ -326,15 +377,26 @@ def _describe(hint: Any) -> str:
     return _TYPE_NAMES.get(hint, str(hint))
 
 
-def dump_toml(data: Mapping[str, Mapping[str, Any]]) -> str:
+def dump_toml(data: Mapping[str, Mapping[str, Any]], *,
+              notes: Mapping[str, str] | None = None) -> str:
     """TOML text of `{section: {key: scalar or list}}`; None values are left out (TOML has no
-    null, and a missing key means the default)."""
+    null, and a missing key means the default). `notes` ("section.key" -> text) end their
+    keys' lines as comments."""
+    notes = notes or {}
     lines: list[str] = []
     for section, table in data.items():
         lines.append(f"[{section}]")
-        lines.extend(f"{k} = {_toml_value(v)}" for k, v in table.items() if v is not None)
+        for k, v in table.items():
+            if v is None:
+                continue
+            note = notes.get(f"{section}.{k}")
+            lines.append(f"{k} = {_toml_value(v)}" + (f"  # {_one_line(note)}" if note else ""))
         lines.append("")
     return "\n".join(lines)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.splitlines())
 
 
 def _toml_value(v: Any) -> str:

@@ -119,23 +119,6 @@ def _run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         return _config_error(e)
     _configure_logging(config.run.log_level, verbose=args.verbose)
-    if args.dry_run:
-        from flexmarl.launch.build import resolve_backend
-        note = ""
-        if config.trainer_pool.slots == "auto":
-            note = ('# trainer_pool.slots = "auto": planned at start by the cluster simulator; '
-                    "`flexmarl plan` with the same config shows the placements\n")
-        sys.stdout.write(
-            config.to_toml() + note +
-            _per_agent_settings(config.team.path, config.trainer, config.pipeline,
-                                config.run.seed) +
-            _gpu_placement(config.team.path, config.cluster,
-                           rollout=resolve_backend(config).rollout,  # "auto" as a run sees it
-                           trainer_device=config.trainer.device, devices=config.devices,
-                           trainer_pool=config.trainer_pool))
-        return EXIT_OK
-
-    import uvloop  # entry point only: nothing else installs an event loop policy
 
     from flexmarl.launch.checkpoint import CheckpointError
     from flexmarl.orchestrator.orchestrator import WorkflowError
@@ -147,21 +130,20 @@ def _run(args: argparse.Namespace) -> int:
     from flexmarl.placement.layout import check_devices
     from flexmarl.launch.workers import check_backend, check_ray
     from flexmarl.launch.evaluation import check_eval
-    from flexmarl.launch.run import train
     from flexmarl.gateway.api import TOKEN_FILE as GATEWAY_TOKEN_FILE
     from flexmarl.launch.task_files import team_with_task_file
     from flexmarl.team import load_team
 
+    # The dry run goes through every check the run makes before it creates its run directory:
+    # what it accepts, the run accepts (short of planning trainer_pool.slots = "auto").
     try:
         team = team_with_task_file(load_team(config.team.path), config.team, config.run.seed)
     except ConfigError as e:
         return _config_error(e)
     except Exception as e:  # anything the team file raises: no team, NameError, SyntaxError...
-        log.debug("loading team %s failed", config.team.path, exc_info=True)
-        print(f"flexmarl: team error ({config.team.path}): {type(e).__name__}: {e} "
-              "(--set run.log_level=DEBUG shows the traceback)", file=sys.stderr)
-        return EXIT_CONFIG
-    phase(install_line(team.agents))
+        return _team_error(config.team.path, e)
+    if not args.dry_run:
+        phase(install_line(team.agents))
     try:
         for spec in team.agents:  # a missing model directory: say so before making a run dir
             check_model(spec)
@@ -169,7 +151,8 @@ def _run(args: argparse.Namespace) -> int:
         check_backend(config.rollout.backend, config.cluster.remote)
         if config.cluster.engine == "ray":  # Ray missing: one error, before a run dir exists
             check_ray()
-        if config.trainer_pool.slots == "auto":  # planned now: the run dir records the plan
+        if config.trainer_pool.slots == "auto" and not args.dry_run:
+            # planned now: the run dir records the plan
             from flexmarl.sim.team_plan import resolve_auto
             phase('planning trainer_pool.slots = "auto" with the cluster simulator')
             config = resolve_auto(config, team)
@@ -178,6 +161,28 @@ def _run(args: argparse.Namespace) -> int:
                       trainer_device=config.trainer.device, devices=config.devices,
                       trainer_pool=config.trainer_pool)
         check_eval(team, config.eval, config.gateway.enabled)
+    except ConfigError as e:
+        return _config_error(e)
+    if args.dry_run:
+        note = ""
+        if config.trainer_pool.slots == "auto":
+            note = ('# trainer_pool.slots = "auto": planned at start by the cluster simulator; '
+                    "`flexmarl plan` with the same config shows the placements\n")
+        sys.stdout.write(
+            "# the run's config; a value that is not the default says where it came from\n" +
+            config.to_toml(annotate=True) + note +
+            _per_agent_settings(config.team.path, config.trainer, config.pipeline,
+                                config.run.seed) +
+            _gpu_placement(config.team.path, config.cluster,
+                           rollout=config.rollout, trainer_device=config.trainer.device,
+                           devices=config.devices, trainer_pool=config.trainer_pool))
+        return EXIT_OK
+
+    import uvloop  # entry point only: nothing else installs an event loop policy
+
+    from flexmarl.launch.run import train
+
+    try:
         run_dir = RunDir.create(config, resume=bool(args.resume), verbose=args.verbose)
     except ConfigError as e:
         return _config_error(e)
@@ -255,9 +260,7 @@ def _plan(args: argparse.Namespace) -> int:
     except ConfigError as e:
         return _config_error(e)
     except Exception as e:  # anything the team file raises
-        print(f"flexmarl: team error ({config.team.path}): {type(e).__name__}: {e}",
-              file=sys.stderr)
-        return EXIT_CONFIG
+        return _team_error(config.team.path, e)
     started = time.perf_counter()
 
     costs = None
@@ -388,6 +391,13 @@ def _keygen(args: argparse.Namespace) -> int:
     print(f"public key {public}\nwritten to {public_path} (share it) and {secret_path} (keep it "
           "private; give its path as transport.curve_secret_key_file)")
     return EXIT_OK
+
+
+def _team_error(path: Any, e: BaseException) -> int:
+    log.debug("loading team %s failed", path, exc_info=e)
+    print(f"flexmarl: team error ({path}): {type(e).__name__}: {e} "
+          "(--set run.log_level=DEBUG shows the traceback)", file=sys.stderr)
+    return EXIT_CONFIG
 
 
 def _config_error(e: ConfigError) -> int:

@@ -10,7 +10,10 @@ through two extras, an episode id header and a reward POST:
     POST {base}/episodes/<id>/reward       {"team": r, "agents": {"solver": r1, "checker": r2}}
     POST {base}/episodes/<id>/end
 
-It runs until it is stopped (`flexmarl run --set gateway.app=...` stops it at the end).
+It runs until it is stopped (`flexmarl run --set gateway.app=...` stops it at the end). With
+`--heldout` it plays held-out problems instead (another seed, none of them a training problem's
+pair, one episode each): `flexmarl eval RUN_DIR` starts it as gateway.eval_app and scores its
+first episodes (agents/openai_duo.py's heldout=N).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import asyncio
 import os
 import random
 import re
+import sys
 
 import httpx
 from openai import AsyncOpenAI
@@ -51,21 +55,38 @@ async def episode(client: AsyncOpenAI, http: httpx.AsyncClient, eid: str, a: int
     return solver_ok
 
 
+HELDOUT_SEED = 1_000_000
+
+
+def is_heldout(a: int, b: int) -> bool:
+    """About 1 pair in 10, by a hash of the pair: held-out problems are never trained on."""
+    return random.Random(a * 100 + b).random() < 0.1
+
+
+def problem_pair(rng: random.Random, heldout: bool) -> tuple[int, int]:
+    while True:
+        a, b = rng.randrange(10, 100), rng.randrange(10, 100)
+        if is_heldout(a, b) == heldout:
+            return a, b
+
+
 async def main() -> None:
+    heldout = "--heldout" in sys.argv[1:]
     base = os.environ.get("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1").rstrip("/") + "/"
     key = os.environ.get("OPENAI_API_KEY", "flexmarl")
     client = AsyncOpenAI(base_url=base, api_key=key)
-    rng = random.Random(0)
+    rng = random.Random(HELDOUT_SEED if heldout else 0)
     async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {key}"},
                                  timeout=None) as http:
         status = (await http.get("flexmarl/status")).json()
-        attempts = status["trajectories_per_task"]  # episodes per problem, compared by GRPO
+        # Episodes per problem, compared by GRPO; a held-out problem is played once.
+        attempts = 1 if heldout else status["trajectories_per_task"]
         problem = 0
         while True:  # a few problems at a time, each attempted `attempts` times
             batch = []
             for _ in range(4):
-                a, b = rng.randrange(10, 100), rng.randrange(10, 100)
-                batch += [episode(client, http, f"p{problem}/{k}", a, b)
+                a, b = problem_pair(rng, heldout)
+                batch += [episode(client, http, f"{'h' if heldout else 'p'}{problem}/{k}", a, b)
                           for k in range(attempts)]
                 problem += 1
             rewards = await asyncio.gather(*batch)

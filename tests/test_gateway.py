@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
 import stat
 import subprocess
@@ -191,6 +192,27 @@ def test_the_example_app_trains_from_the_documented_command(tiny_model_dir, tmp_
     assert [m["step"] for m in records] == [0, 1]
     assert all(m["agents"][a]["samples"] > 0 for m in records for a in ("solver", "checker"))
     assert "app: " in proc.stdout + proc.stderr  # the app ran and printed its progress
+
+    # Issue 65: `flexmarl eval RUN_DIR` of a gateway team plays the app's held-out episodes
+    # (gateway.eval_app, the app with --heldout) on the final weights and scores each agent.
+    env = {**os.environ, "FLEXMARL_EXAMPLE_MODEL": tiny_model_dir}
+    evaluated = subprocess.run(
+        [sys.executable, "-m", "flexmarl.launch.cli", "eval", str(run_dir), "--json",
+         "--set", f"gateway.eval_app={sys.executable} agents/openai_duo_app.py --heldout",
+         "--set", "eval.tasks=4"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert evaluated.returncode == 0, evaluated.stdout + evaluated.stderr
+    result = json.loads(evaluated.stdout.strip().splitlines()[-1])
+    assert (result["tasks"], result["failed"]) == (4, 0), result
+    assert {a: result["agents"][a]["turns"] for a in ("solver", "checker")} == {
+        "solver": 4, "checker": 4}  # one call each per held-out episode, rewarded by the app
+    assert (run_dir / "eval-final.json").is_file()
+    # Without an eval app: one error naming the key, no loop of advice.
+    missing = subprocess.run(
+        [sys.executable, "-m", "flexmarl.launch.cli", "eval", str(run_dir),
+         "--set", "gateway.eval_app="], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=600)
+    assert missing.returncode == 2 and "set gateway.eval_app" in missing.stderr, missing.stderr
 
 
 @pytest.mark.slow

@@ -238,6 +238,11 @@ class GatewayConfig:
     app: str = ""
     """A shell command the run starts once the gateway is up (with OPENAI_BASE_URL and
     OPENAI_API_KEY set) and stops at the end; its early exit fails the run."""
+    eval_app: str = ""
+    """A shell command that plays the app's held-out episodes (as `app` plays its training
+    ones, with other problems) until it is stopped: `flexmarl eval RUN_DIR` serves the run's
+    weights through a gateway, starts it, scores the first gateway_team(heldout=N) episodes
+    and stops it (flexmarl.gateway.heldout). Empty: a gateway team cannot be evaluated."""
     episode_timeout_s: float = 300.0
     """An episode idle this long is expired: dropped from training as a failed trajectory."""
     seat_timeout_s: float = 600.0

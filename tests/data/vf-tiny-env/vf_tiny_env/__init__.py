@@ -1,8 +1,9 @@
 """A tiny verifiers environment package for tests/test_verifiers.py: one-digit sums.
 
-Loaded by name as an installed environment is (`verifiers_team("vf-tiny-env", ...)`): the test
-puts tests/data on the path with monkeypatch.syspath_prepend, and verifiers' loader imports the
-module its taskset id names and takes the Taskset subclass it exports through `__all__`.
+Loaded by name as an installed environment is (`verifiers_team("vf-tiny-env", ...)`): the tests
+put its project folder (tests/data/vf-tiny-env) on the path, or pip-install it into a scratch
+folder, and verifiers' loader imports the module its taskset id names and takes the Taskset
+subclass it exports through `__all__`.
 
     split "train":   a + b for a in 0..4, b in 0..4 (25 sums), the first `n`
     split "heldout": a + b for a in 5..9, b in 0..4, the first `n`

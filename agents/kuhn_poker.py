@@ -21,8 +21,8 @@ rates before and after training (eval.json). eval.*_tasks count deals per (playe
 
     flexmarl run --team agents/kuhn_poker.py     # the settings in `config` below: ~MEASURE min
     .venv/bin/python bench/learning.py --team agents/kuhn_poker.py --json --heldout 0 \
-        --set rollout.backend=vllm --set eval.before_tasks=400 --set eval.final_tasks=0 \
-        --set run.steps=30 --set run.save_state=false      # the benchmark (bench/README.md)
+        --set rollout.backend=vllm --set eval.before_tasks=400 --set run.steps=30 \
+        --set run.save_state=false      # the benchmark (bench/README.md; --heldout 0: every deal)
 
 The file carries its run's settings (`config`, applied under --config and --set: `--set
 run.steps=5` still wins; `flexmarl run --team agents/kuhn_poker.py --dry-run` marks each value

@@ -145,7 +145,7 @@ def from_run(path: str) -> tuple:
     from flexmarl.team import load_team
 
     run = os.path.abspath(path)
-    config = load_config(os.path.join(run, "config.toml"))
+    config = load_config(os.path.join(run, "config.toml"), team_config=False)  # as it ran
     records = [r for r in read_metrics(os.path.join(run, METRICS_FILE)) if "agents" in r]
     document = orjson.loads(open(os.path.join(run, "eval.json"), "rb").read())
     first = document.get("time_to_first_step_s") or 0.0

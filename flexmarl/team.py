@@ -16,6 +16,7 @@ trajectories (the GRPO group); a workflow never sees the others.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import importlib.util
@@ -329,13 +330,19 @@ def _team_config(team: str, config: Any) -> dict[str, dict[str, Any]] | None:
             raise ValueError(f"team {team}: config is not valid TOML: {e}") from None
     if not isinstance(config, Mapping):
         raise TypeError(f"team {team}: config must be a dict of sections ({{'run': {{'steps': "
-                        f"30}}}}) or TOML text, got {type(config).__name__}")
+                        f"30}}}}) or TOML text, got {type(config).__name__}: a team file's "
+                        "module-level `config` is its run settings; if this one is something "
+                        "else (an environment's config), rename it")
     out: dict[str, dict[str, Any]] = {}
     for section, table in config.items():
         if not isinstance(table, Mapping):
             raise TypeError(f"team {team}: config[{section!r}] must be a table of keys (e.g. "
                             f"{{'steps': 30}}), got {type(table).__name__} {_short(table, 60)}")
-        out[str(section)] = dict(table)
+        names = [k for k in (section, *table) if not isinstance(k, str)]
+        if names:
+            raise TypeError(f"team {team}: config's section and key names must be str, got "
+                            f"{names[0]!r} in config[{section!r}]")
+        out[section] = copy.deepcopy(dict(table))
     if "path" in out.get("team", {}):
         raise ValueError(f"team {team}: config cannot set team.path (the team file is the one "
                          "that carries this config)")
@@ -375,8 +382,8 @@ def load_team(path: str | Path) -> Team:
         raise ValueError(f"team file {str(path)!r} does not exist; pass --team PATH or set "
                          "team.path")
     key = (path.resolve(), hashlib.sha256(path.read_bytes()).digest())
-    if key in _LOADED:
-        return _LOADED[key]
+    if key in _LOADED:  # a copy: what one caller changes on its Team, the next never sees
+        return dataclasses.replace(_LOADED[key], config=copy.deepcopy(_LOADED[key].config))
     module_name = f"flexmarl_team_{path.stem}_{abs(hash(path.resolve())) & 0xFFFF:x}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
@@ -398,4 +405,4 @@ def load_team(path: str | Path) -> Team:
     if len(_LOADED) >= 8:  # a long-lived process (the test suite) loads many
         _LOADED.pop(next(iter(_LOADED)))
     _LOADED[key] = team
-    return team
+    return dataclasses.replace(team, config=copy.deepcopy(team.config))

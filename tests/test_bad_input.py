@@ -526,6 +526,27 @@ def test_a_call_past_the_context_is_refused_naming_the_field():
     assert info.value.param == "prompt"
 
 
+def test_a_context_past_the_models_positions_is_refused_naming_the_most_that_fits(tmp_path):
+    """rollout.max_model_len = 1024 with a built-in model (512 positions) was taken silently:
+    the torch engine then indexes past its position table (transformers only warns, in
+    run.log). Refused before any process starts, naming the agent and the most that fits."""
+    import json
+
+    from flexmarl.launch.model_dirs import check_context
+
+    for name, config in {"byte": {"max_position_embeddings": 512},
+                         "gemma": {"text_config": {"max_position_embeddings": 32768}},
+                         "unsaid": {}}.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+    dirs = {"p0": str(tmp_path / "gemma"), "p1": str(tmp_path / "byte"),
+            "p2": str(tmp_path / "unsaid"), "p3": str(tmp_path / "nowhere")}
+    check_context(dirs, 512)  # the default fits; a config that does not say is not checked
+    with pytest.raises(ConfigError, match=r"rollout.max_model_len = 1024 is past the 512 "
+                       r"positions of agent p1's model .*at most 512"):
+        check_context(dirs, 1024)
+
+
 @pytest.mark.parametrize("temperature", [float("nan"), float("inf"), -0.5])
 def test_a_temperature_must_be_a_finite_number(temperature):
     with pytest.raises(ValueError, match="sampling.temperature must be a finite number >= 0"):

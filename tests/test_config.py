@@ -121,10 +121,16 @@ def test_old_train_section_is_read_with_a_warning_naming_the_new_key(tmp_path, t
 
 
 def test_old_and_new_name_of_one_key_is_an_error(tmp_path, team_file):
+    """In one layer (one file, one team file's config); across layers the later one wins,
+    whichever name each uses (issue 65: --set refused as "the same setting" before)."""
     path = tmp_path / "both.toml"
     path.write_text("[train]\nslots = 2\n")
+    with pytest.warns(FutureWarning):
+        assert load_config(str(path), ["trainer_pool.slots=3"],
+                           team=team_file).trainer_pool.slots == 3
+    path.write_text("[train]\nslots = 2\n[trainer_pool]\nslots = 3\n")
     with pytest.raises(ConfigError) as info:  # refused before any warning
-        load_config(str(path), ["trainer_pool.slots=3"], team=team_file)
+        load_config(str(path), team=team_file)
     msg = str(info.value)
     assert "train.slots" in msg and "trainer_pool.slots" in msg and str(path) in msg
     assert "keep only trainer_pool.slots" in msg
@@ -395,6 +401,72 @@ def test_a_malformed_team_config_fails_the_team_file_with_its_reason(tmp_path, c
     assert info.value.code == 2
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"flexmarl: team error ({Path(team).resolve()}): ") and expected in line
+
+
+@pytest.mark.filterwarnings("ignore:config key train:FutureWarning")
+@pytest.mark.parametrize("carried, later", [
+    ('config = {"train": {"slots": 2}}', "trainer_pool.slots=4"),     # old name, then new
+    ('config = {"trainer_pool": {"slots": 2}}', "train.slots=4"),     # new name, then old
+])
+def test_old_section_names_are_renamed_within_each_layer(tmp_path, carried, later):
+    """A later layer overrides an earlier one whichever name of a renamed section each uses
+    (the review found `--set` refused as "the same setting")."""
+    team = write_team(tmp_path, carried)
+    assert load_config(team=team).trainer_pool.slots == 2
+    assert load_config(None, [later], team=team).trainer_pool.slots == 4
+    exp = tmp_path / "exp.toml"
+    exp.write_text("[trainer_pool]\nslots = 3\n")
+    assert load_config(str(exp), team=team).trainer_pool.slots == 3
+    exp.write_text("[train]\nslots = 3\n[trainer_pool]\nslots = 5\n")  # one layer: both
+    with pytest.raises(ConfigError, match="are the same setting"):
+        load_config(str(exp), team=team)
+
+
+def test_a_relative_task_file_in_a_team_files_config_is_found_beside_it(tmp_path, monkeypatch):
+    """The team file and its data travel together: team.tasks it names is looked up beside it,
+    from whatever directory the run starts in."""
+    folder = tmp_path / "experiment"
+    folder.mkdir()
+    (folder / "rows.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n')
+    team = write_team(folder, 'config = {"team": {"tasks": "rows.jsonl"}}')
+    monkeypatch.chdir(tmp_path)
+    assert load_config(team=team).team.tasks == str(folder / "rows.jsonl")
+
+
+def test_resume_and_eval_read_the_run_config_without_the_team_files_current_one(tmp_path):
+    """A run's config.toml holds what it ran with; its None values are left out of the file, so
+    a team file's config (changed since) laid under it would fill them: it is not."""
+    from flexmarl.launch.evaluation import run_config
+    team = write_team(tmp_path, 'config = {"trainer": {"clip_eps_high": 0.3}}')
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text(load_config(team=team, team_config=False).to_toml())
+    assert load_config(team=team).trainer.clip_eps_high == 0.3
+    assert run_config(run).trainer.clip_eps_high is None
+
+
+def test_load_team_gives_each_caller_its_own_team(tmp_path):
+    from flexmarl.team import load_team
+    path = write_team(tmp_path, CARRIED)
+    first = load_team(path)
+    first.config["run"]["steps"] = 999
+    first.tasks = first.tasks[:1]
+    again = load_team(path)
+    assert again.config["run"]["steps"] == 7 and len(again.tasks) == 8
+    assert load_config(team=path).run.steps == 7
+
+
+@pytest.mark.parametrize("carried, expected", [
+    ('config = {"run": {1: 2}}', "names must be str"),
+    ('import types\nconfig = types.SimpleNamespace(seed=1)', "rename it"),
+])
+def test_a_config_that_is_not_run_settings_says_what_it_must_be(tmp_path, capsys, carried,
+                                                                 expected):
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--team", write_team(tmp_path, carried), "--dry-run"])
+    assert info.value.code == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("flexmarl: team error (") and expected in line
 
 
 def test_dry_run_marks_where_each_value_came_from(tmp_path, capsys, monkeypatch):

@@ -123,6 +123,34 @@ def test_the_console_handler_shows_only_our_records_and_others_errors_unless_ver
     assert shown("asyncio", logging.ERROR, False)  # an error may stop the run: always shown
 
 
+def test_a_log_record_on_the_console_reads_as_a_phase_line_and_our_warnings_carry_no_path(
+        caplog):
+    """No timestamp and no logger among the console's lines ("flexmarl: warning: ..."; the run's
+    log file keeps both); a FutureWarning of FlexMARL's own (a renamed config key) is one such
+    line, without the source path and code line Python's default display adds; another
+    library's goes to "py.warnings" (the log file; the console with -v)."""
+    from flexmarl.launch.cli import ConsoleFormatter, _show_warning
+
+    def line(name: str, level: int) -> str:
+        record = logging.LogRecord(name, level, __file__, 1, "resuming at step %d", (2,), None)
+        return ConsoleFormatter("%(message)s").format(record)
+    assert line("flexmarl.launch.run", logging.WARNING) == "flexmarl: warning: resuming at step 2"
+    assert line("runtime.supervisor", logging.ERROR) == "flexmarl: error: resuming at step 2"
+    assert line("flexmarl.launch.run", logging.INFO) == "flexmarl: resuming at step 2"
+    assert line("vllm.engine", logging.WARNING) == ("flexmarl: warning: vllm.engine: resuming at "
+                                                    "step 2")
+
+    renamed = ("config key train.slots (from --set) is now trainer_pool.slots: ...; the old name "
+               "is read until FlexMARL 0.2")
+    with caplog.at_level(logging.WARNING):
+        _show_warning(FutureWarning(renamed), FutureWarning, "/site/flexmarl/config/load.py", 96)
+        _show_warning(FutureWarning("`x` is deprecated"), FutureWarning,
+                      "/site/transformers/utils.py", 7)
+    ours, theirs = caplog.records
+    assert (ours.name, ours.getMessage()) == ("flexmarl", renamed)
+    assert theirs.name == "py.warnings" and "/site/transformers/utils.py:7" in theirs.getMessage()
+
+
 # ------------------------------------------------------------------------ closing summary
 
 def _record(step: int, team: float, solver: float, checker: float | None,

@@ -7,7 +7,8 @@
   past gateway.episode_timeout_s on purpose: a loaded machine's pauses expire nothing else),
   late or unknown episode operations get OpenAI-style 404/409 errors, and both agents train.
 - The app of gateway.app gets the run's token as OPENAI_API_KEY; its exiting early fails the
-  run, naming it.
+  run, naming it. Its command runs from any directory: `python` is the run's own, a relative
+  path is found in the package root as --team is.
 - The example app (agents/openai_duo_app.py) trains from the one documented command, with the
   token generated for the run (RUN_DIR/gateway_token, mode 0600).
 - Requests the client must fix (token ids out of the vocabulary, a prompt or max_tokens past
@@ -31,10 +32,12 @@ from openai import AsyncOpenAI
 
 from flexmarl.config.load import load_config
 from flexmarl.gateway.api import TOKEN_FILE
+from flexmarl.gateway.app import app_command
 from flexmarl.gateway.backend import Gateway
 from flexmarl.models import load_tokenizer
 from flexmarl.observe.rundir import RunDir, read_metrics
 from flexmarl.launch.run import train
+from flexmarl.orchestrator.orchestrator import WorkflowError
 from flexmarl.orchestrator.store import ExperienceStore
 
 from tests.helpers.teams import duo
@@ -165,9 +168,28 @@ async def test_the_run_fails_when_its_app_exits(tiny_model_dir, tmp_path):
     # Exits 3 only if it got the run's token as OPENAI_API_KEY.
     config = _config(tmp_path, f'gateway.app=test "$OPENAI_API_KEY" = '
                                f'"$(cat {tmp_path / "run" / TOKEN_FILE})" && exit 3; exit 4')
-    with pytest.raises(RuntimeError, match="gateway app .* exited with code 3"):
+    # A WorkflowError: `flexmarl run` says it in one line (exit 1), not with a traceback.
+    with pytest.raises(WorkflowError, match="gateway app .* exited with code 3"):
         await asyncio.wait_for(train(duo(tiny_model_dir), config,
                                      run_dir=RunDir.create(config), progress=False), 300)
+
+
+def test_the_app_command_runs_from_any_directory_with_the_runs_python(tmp_path):
+    """gateway.app="python agents/openai_duo_app.py" (docs/gateway.md) from outside the
+    checkout: `python` is the run's own Python (it has httpx and openai), and the app's path is
+    found in the package root when the current directory has no such file, as --team is."""
+    app = ROOT / "agents" / "openai_duo_app.py"
+    assert app_command("python agents/openai_duo_app.py", cwd=tmp_path) == \
+        f"{sys.executable} {app}"
+    assert app_command("python3 agents/openai_duo_app.py --heldout", cwd=tmp_path) == \
+        f"{sys.executable} {app} --heldout"
+    (tmp_path / "agents").mkdir()
+    (tmp_path / "agents" / "openai_duo_app.py").write_text("")  # the current directory first
+    assert app_command("python agents/openai_duo_app.py", cwd=tmp_path) == \
+        f"{sys.executable} agents/openai_duo_app.py"
+    for kept in ("node app.js", "my_app --out runs/x", "pythonic agents/openai_duo_app.py x",
+                 "python 'unclosed"):
+        assert app_command(kept, cwd=tmp_path) == kept
 
 
 @pytest.mark.slow

@@ -96,6 +96,18 @@ async def test_measure_runs_greedy_and_sampled_with_the_same_draws_every_time():
     assert line.startswith("solver greedy 1.000 sampled ") and "on 10 tasks" in line
 
 
+def test_the_summary_line_of_a_measurement_whose_trajectories_failed_names_the_first_error():
+    """A held-out line "no trainable agent took a turn on 8 tasks, 16 failed" says why (here a
+    prompt past the context), not only how many failed."""
+    error = "RequestError: agent p1: the prompt has 443 tokens and max_tokens asks for 128 more"
+    failed = {"tasks": 8, "failed": 8, "errors": [error], "agents": {}}
+    line = summary_line({"greedy": failed, "sampled": failed, "seconds": 1.0}, ["p1"])
+    assert line == (f"no trainable agent took a turn on 8 tasks, 16 failed, 1 s (first error: "
+                    f"{error})")
+    ok = {"tasks": 8, "failed": 0, "errors": [], "agents": {"p1": {"reward": 0.5}}}
+    assert "error" not in summary_line({"greedy": ok, "seconds": 1.0}, ["p1"])
+
+
 def test_se_change_is_the_standard_error_of_a_difference_of_two_means():
     b = {"reward": 0.2, "var": statistics.variance([1, 0, 0, 0, 0]), "turns": 5}
     a = {"reward": 0.6, "var": statistics.variance([1, 1, 1, 0, 0]), "turns": 5}
@@ -143,12 +155,36 @@ async def test_a_resumed_run_skips_the_measurement_before_and_says_why():
 
     skipped = await _before(never, 3, _parts({"solver": 3}))
     assert skipped == {"skipped": "skipped: the run resumed at step 3, its starting weights "
-                                  "are no longer the initial ones"}
+                                  "are no longer the initial ones, and its eval.json records "
+                                  "no measurement of them"}
     assert await _before(None, 0, _parts({"solver": 0})) is None  # eval.before = false
 
     async def now() -> dict:
         return _result({"solver": 0.5})
     assert (await _before(now, 0, _parts({"solver": 0})))["greedy"]["agents"]["solver"]
+
+
+async def test_a_resumed_run_keeps_the_measurement_before_its_eval_json_recorded(tmp_path):
+    """The measurement before training is in eval.json as soon as it is made; a --resume of the
+    run (killed, or trained further) keeps it, so the before -> after change is still there."""
+    from flexmarl.launch.run import _before, _heldout_results, _record_before
+
+    run_dir = SimpleNamespace(path=tmp_path)
+    before = _result({"solver": 0.25})
+    _record_before(run_dir, before, {"before": {"agents": {"solver": {"nash_conv": 1.0}}}})
+    on_disk = json.loads((tmp_path / "eval.json").read_text())
+    assert on_disk["before"] == before and on_disk["policies"]["before"]
+
+    async def never() -> dict:
+        raise AssertionError("a resumed run must not measure its (restored) starting weights")
+    kept = await _before(never, 3, _parts({"solver": 3}), run_dir)
+    assert kept == before
+    _heldout_results(_parts({"solver": 5}), kept, _result({"solver": 0.75}), 5, run_dir, None,
+                     1.0)
+    again = await _before(never, 5, _parts({"solver": 5}), run_dir)  # resumed a second time
+    assert again == before
+    cell = json.loads((tmp_path / "eval.json").read_text())["heldout"]["solver"]["greedy"]
+    assert (cell["before"], cell["after"]) == (0.25, 0.75)
 
 
 def test_the_results_and_eval_json(tmp_path):

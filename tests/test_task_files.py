@@ -335,6 +335,42 @@ def test_a_team_whose_own_tasks_have_other_attributes_is_warned(tmp_path, caplog
     assert new.tasks[0].level in (0, 1, 2)                  # a column the workflow may read
 
 
+def test_the_default_teams_missing_columns_are_named_once_and_right(tmp_path, caplog):
+    """The CLI applies team.tasks and so does train() (build_run): the second time, on the
+    file's own rows, it is a no-op, not a second warning naming FileTask's `extra`."""
+    team = load_team(PACKAGE_ROOT / "agents" / "smol_duo.py")  # its workflow reads task.a, .b
+    ref = TeamRef(tasks=str(write_jsonl(tmp_path / "s.jsonl", ROWS)), heldout=2)
+    with caplog.at_level(logging.WARNING, logger="flexmarl.launch.task_files"):
+        once = team_with_task_file(team, ref, 0)
+        assert team_with_task_file(once, ref, 0) is once
+    [warning] = caplog.messages
+    assert "its own tasks have a, b, which the rows of" in warning and "extra" not in warning
+    # The example file carries the operands: the default team trains on it as it is.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="flexmarl.launch.task_files"):
+        team_with_task_file(team, TeamRef(tasks=str(EXAMPLE), heldout=50), 0)
+    assert not caplog.messages
+    assert {"a", "b"} <= set(load_tasks(EXAMPLE).train[0].fields)
+
+
+def test_a_file_without_held_out_rows_keeps_the_teams_own_and_says_how_many_it_trains_on(
+        caplog):
+    """team.heldout = 0: the team file's own held-out tasks stay; propose_verify's are rows of
+    the same file, so all 50 are trained on, and the warning says so."""
+    team = load_team(PACKAGE_ROOT / "agents" / "propose_verify.py")
+    with caplog.at_level(logging.WARNING, logger="flexmarl.launch.task_files"):
+        new = team_with_task_file(team, TeamRef(tasks=str(EXAMPLE)), 0)
+    assert new.heldout == team.heldout and len(new.tasks) == 400
+    [warning] = caplog.messages
+    assert warning.startswith("team.heldout = 0: the held-out tasks stay team propose_verify's "
+                              "own 50, not rows of arithmetic.jsonl; 50 of them are among its "
+                              "400 training rows"), warning
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="flexmarl.launch.task_files"):
+        team_with_task_file(team, TeamRef(tasks=str(EXAMPLE), heldout=50), 0)
+    assert not caplog.messages  # the file's own held-out rows: nothing to say
+
+
 @pytest.mark.parametrize("kwargs, key", [
     ({"tasks": "t.jsonl", "prompt_field": ""}, "team.prompt_field"),
     ({"tasks": "t.jsonl", "answer_field": "prompt"}, "team.answer_field"),

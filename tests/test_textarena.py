@@ -152,7 +152,7 @@ def test_a_game_team_has_its_players_a_frozen_start_copy_and_balanced_matches():
 
 
 @pytest.mark.parametrize("players, kwargs, message", [
-    (["p0"], {}, "one player per seat"),
+    ([], {}, "one player per seat"),
     ([AgentSpec(name="p0", model="small"), "nobody"], {}, "neither an AgentSpec"),
     ([AgentSpec(name="p0", model="small"), AgentSpec(name="p0", model="small")], {},
      "already used"),
@@ -277,8 +277,12 @@ def test_a_prompt_too_long_for_the_context_is_cut_until_it_fits():
     class Hopeless(GameCtx):
         async def generate(self, agent, prompt, **kw):
             raise RequestError("max_tokens asks for too many", param="max_tokens")
-    with pytest.raises(RequestError):  # it stops at MIN_PROMPT_CHARS and says why
+    # It stops at MIN_PROMPT_CHARS and says why, naming what to change beside the context.
+    with pytest.raises(RequestError, match=r"too many; the game's transcript is cut to 250 "
+                       r"characters already .*max_prompt_chars = 4000 .*lower the agent's "
+                       r"max_tokens .*set max_prompt_chars below 250") as refused:
         asyncio.run(play(Hopeless(first_legal), rules, ["x", "o"], seed=1))
+    assert refused.value.param == "max_tokens"
 
 
 @pytest.mark.parametrize("env_id", ["Nim-v0", "ThreePlayerTicTacToe-v0", "ConnectFour-v0"])
@@ -309,21 +313,38 @@ def test_without_the_extra_the_error_names_it(monkeypatch):
         make_env("KuhnPoker-v0")
 
 
+KUHN_TEAM_FILE = '''
+from flexmarl import AgentSpec
+from flexmarl.envs.textarena import game_team
+
+team = game_team("KuhnPoker-v0", [AgentSpec(name=n, model="{model}") for n in ("p0", "p1")],
+                 train_games=8, eval_games=3, system="Play.", env_kwargs={{"max_rounds": 1}},
+                 max_prompt_chars=260)
+'''
+
+
 @pytest.mark.slow
-async def test_a_game_team_trains_and_is_measured_against_its_opponents(tiny_model_dir, tmp_path,
-                                                                          no_leftover_children):
+async def test_a_game_team_trains_and_is_measured_against_its_opponents(
+        tiny_model_dir, tmp_path, capsys, no_leftover_children):
     """Kuhn Poker between two tiny models on real processes: two steps, then the before and
-    after measurements of both players against the frozen start and the random player."""
+    after measurements of both players against the frozen start and the random player; then
+    `flexmarl eval RUN_DIR` of the final checkpoints measures the matches as the run did (the
+    same deals, modes and seeds: the scores of RUN_DIR/eval.json "after", and each agent's
+    change from the run's before measurement, printed per agent and opponent)."""
+    import json
+
     from flexmarl.config.load import load_config
     from flexmarl.launch.run import train
     from flexmarl.observe.rundir import RunDir
+    from flexmarl.team import load_team
+    from tests.helpers.workers import flexmarl_cli as cli
 
-    players = [AgentSpec(name=n, model=tiny_model_dir) for n in ("p0", "p1")]
-    team = game_team("KuhnPoker-v0", players, train_games=8, eval_games=3, system="Play.",
-                     env_kwargs={"max_rounds": 1}, max_prompt_chars=260)
+    path = tmp_path / "kuhn.py"
+    path.write_text(KUHN_TEAM_FILE.format(model=tiny_model_dir))
+    team = load_team(path)
     config = load_config(overrides=[
         f"run.dir={tmp_path / 'run'}", "run.steps=2", "rollout.backend=torch",
-        "pipeline.tasks_per_step=2", "pipeline.trajectories_per_task=2",
+        f"team.path={path}", "pipeline.tasks_per_step=2", "pipeline.trajectories_per_task=2",
         "eval.modes=['sampled']", "eval.before_tasks=1", "observe.report=false"])
     result = await asyncio.wait_for(train(team, config, run_dir=RunDir.create(config),
                                           progress=False), 300)
@@ -353,6 +374,14 @@ async def test_a_game_team_trains_and_is_measured_against_its_opponents(tiny_mod
             for k, cell in zip(("win", "draw", "loss"), cells):
                 if cell.get("before") is not None:
                     assert cell["before"] == measured[f"games.{opponent}.{k}"]["mean"]
+
+    assert await cli("eval", str(result.run_dir), "--json") == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    again = json.loads(out[-1])
+    assert again["mode"] == "sampled (n=1)" and again["tasks"] == 12
+    assert again["agents"] == result.final_eval["after"]["sampled"]["agents"]
+    assert again["heldout"] == result.heldout
+    assert sum(line.startswith(("flexmarl: p0 vs ", "flexmarl: p1 vs ")) for line in out) == 4
 
 
 def test_the_closing_summary_and_the_report_show_win_rates_per_agent_and_opponent(tmp_path):

@@ -4,8 +4,10 @@
 
 400 additions "Compute a+b." with answer "a+b" (the prompt form the built-in models are
 warm-started on): 340 with two 2-digit operands (10-99) and 60 with two 1-digit ones (0-9), no
-sum asked twice, in a shuffled order so that the first rows (team.limit) mix both. The draw is
-seeded, so running this again writes the same bytes.
+sum asked twice, in a shuffled order so that the first rows (team.limit) mix both. The operands
+are columns too (`a`, `b`): the default team's workflow (agents/smol_duo.py) reads task.a and
+task.b, so it trains on this file as it is. The draw is seeded, so running this again writes the
+same bytes.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ def rows() -> list[dict]:
     problems = [(digits, a, b) for digits, drawn in pairs.items() for a, b in drawn]
     rng.shuffle(problems)
     return [{"id": f"arith-{i:03d}", "prompt": f"Compute {a}+{b}.", "answer": str(a + b),
-             "op": "+", "digits": digits}
+             "a": a, "b": b, "op": "+", "digits": digits}
             for i, (digits, a, b) in enumerate(problems)]
 
 

@@ -155,6 +155,11 @@ def load_config(path: str | None = None, overrides: Sequence[str] = (), *,
         if carried:
             layers.insert(0, carried)
     for extra, where in layers:
+        # Old section names become new ones within their layer, so a later layer overrides
+        # an earlier one whichever name each uses (both names in one layer: an error).
+        if isinstance(extra, Mapping):
+            extra = _renamed(extra, {f"{s}.{k}": where for s, t in extra.items()
+                                     if isinstance(t, Mapping) for k in t})
         _merge(data, extra, sources, where)
     config = Config.from_dict(data, sources=sources)
     resolved = resolve_team_path(config.team.path)
@@ -174,7 +179,9 @@ def _team_path(data: Mapping[str, Any], layers: Sequence[tuple[Mapping[str, Any]
 
 
 def _team_file_config(team_path: str) -> tuple[dict[str, Any], str] | None:
-    """The team file's own config as a layer (its values, where they come from), or None."""
+    """The team file's own config as a layer (its values, where they come from), or None. A
+    relative team.tasks it names is a file beside it, where one is there (the file and its
+    data travel together)."""
     from flexmarl.team import load_team  # the team API imports torch-free modules only
 
     resolved = resolve_team_path(team_path)
@@ -185,6 +192,10 @@ def _team_file_config(team_path: str) -> tuple[dict[str, Any], str] | None:
         return None
     if not carried:
         return None
+    tasks = carried.get("team", {}).get("tasks")
+    if isinstance(tasks, str) and tasks and not Path(tasks).expanduser().is_absolute() \
+            and (resolved.parent / tasks).exists():
+        carried = {**carried, "team": {**carried["team"], "tasks": str(resolved.parent / tasks)}}
     return carried, f"in team file {team_path}"
 
 

@@ -1,10 +1,12 @@
 """TextArena games as teams: one agent per player seat, the env's own rules and rewards.
 
     game_team("KuhnPoker-v0", players=[AgentSpec(name="p0", ...), AgentSpec(name="p1", ...)])
+    game_team("FrozenLake-v0", players=[AgentSpec(name="p0", ...)])      # one seat: a puzzle
       train task Game(seed) ─► play(): a fresh env per game (ta.make), reset(num_players, seed);
         until done: the seat to move ─► its agent: ctx.generate(agent, [system, observation],
                                         turn="s<seat>.m<move number>[.retry<k>]")
-                                     (or "random": a uniformly random legal move)
+                                     (or "random": a uniformly random legal move; or a Seat:
+                                     its own function's calls to its agents, flexmarl.envs.seats)
                     ─► env.step(the completion's text): TextArena parses it as it always does
                        (ActionFormattingWrapper, the env's regex); an invalid move is the env's
                        business (a retry, then a loss: its error_allowance)
@@ -13,11 +15,14 @@
         each seat (duplicate format) against "start" (its frozen starting model), "random"
         or a team agent; ctx.score: games.<opponent>.seat<i>.<win|draw|loss>, the
         seat-balanced games.<opponent>.<win|draw|loss>, .return, .unmoved, .invalid (per move), read
-        by the run's before/after measurement (counts: games per pair, Team.heldout_round)
+        by the run's before/after measurement (counts: games per pair, Team.heldout_round);
+        a one-seat game's Match(seed, player, "solo"): the game played once, games.solo.win
+        (solved: the env's reward reached SOLVED_REWARD), .loss, .draw (0), .return, .invalid
 
 Players (one entry per seat): an AgentSpec (its own model), the name of an AgentSpec given at an
 earlier seat (one model plays several seats), a frozen AgentSpec (trainable=False: a fixed
-opponent), or "random".
+opponent), "random", or a Seat (several agents through a function of the user's: seats.py);
+checked, with the training games and held-out matches, by flexmarl.envs.lineup.
 
 Credit (see docs/games.md): every move of a seat gets that seat's game outcome, and a move the
 env rejected gets `invalid_reward` instead (default: the env's loss, -1). Advantages are
@@ -26,7 +31,8 @@ and turn-aware as AT-GRPO), a move named by its seat, its move number and its at
 a retry after a rejected move is never compared with another game's next move;
 pipeline.credit = "trajectory" compares whole games instead.
 Each of a seat's k moves in a game is weighted 1/k (`per_game_weight`), so a long game counts
-as much as a short one; per_game_weight=False counts every move alike.
+as much as a short one; per_game_weight=False counts every move alike. A Seat's calls: each
+gets the reward of the move it was made for, weighted 1/k for each agent's k calls (seats.py).
 
 TextArena's envs reseed and draw from the process-global `random` module; each game here runs
 on its own saved generator state (IsolatedEnv), so games interleaved on one event loop deal what
@@ -35,6 +41,7 @@ they would alone, and nothing else in the process is reseeded.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import random
@@ -45,12 +52,14 @@ from typing import Any, Callable, Iterator, Sequence
 
 from flexmarl.checks import RequestError
 from flexmarl.envs import require
+from flexmarl.envs.lineup import (RANDOM, SOLO, START, Game, Lineup, Match,
+                                  deal_number as _deal_number)
+from flexmarl.envs.seats import Crew, Seat, Turn, crew_move
 from flexmarl.team import AgentSpec, Team
 
-RANDOM = "random"
-"""A seat (or opponent) that plays a uniformly random legal move (legal_moves)."""
-START = "start"
-"""The opponent that is the agent's own model as it was before training (a frozen copy)."""
+SOLVED_REWARD = 1.0
+"""A one-seat game is won (solved) when its reward reaches this: TextArena's single-player
+games give 1 for solving and otherwise their progress, in [0, 1) (or -1 for some)."""
 SYSTEM = ("You are a competitive game player. Make sure you read the game instructions "
           "carefully, and always follow the required format.")
 """TextArena's own system prompt for LLM players (ta.agents.basic_agents.STANDARD_GAME_PROMPT)."""
@@ -60,29 +69,10 @@ INSTRUCTION = "Your move? Answer with {moves}."
 the transcript instead of moving (SmolLM2-135M: about 1 valid first move in 10 sampled without
 it, 3 in 10 with it)."""
 OUTCOMES = ("win", "draw", "loss")
-_MESSAGE = re.compile(r"(?<=[^\n])\n(?=\[(?:GAME|Player \d+)\])")
+_MESSAGE = re.compile(r"(?<=[^\n])\n(?=\[(?:GAME|Player(?: \d+)?)\])")
+"""Where a new message of the transcript starts ("[Player]": a single-player game's moves)."""
 _LISTED = re.compile(r"(?:Available Moves|available actions are):\s*((?:'\[[^\]]*\]'(?:,\s*)?)+)",
                      re.IGNORECASE)
-
-
-@dataclass(frozen=True)
-class Game:
-    """A training task: one game from one seed (the task's trajectories replay that deal)."""
-
-    task_id: str
-    seed: int
-
-
-@dataclass(frozen=True)
-class Match:
-    """A held-out task: one deal (`seed`) played once with `agent` in each seat, `opponent`
-    in every other seat (duplicate format: the seat's advantage cancels out)."""
-
-    task_id: str
-    seed: int
-    agent: str
-    opponent: str
-    """START (the agent's frozen starting model), RANDOM, or an agent of the team."""
 
 
 class IsolatedEnv:
@@ -139,8 +129,9 @@ def make_env(env_id: str, **kwargs: Any) -> IsolatedEnv:
 def legal_moves(env: IsolatedEnv, observation: str) -> list[str] | None:
     """The moves the player to act may make now, or None where this cannot be told.
 
-    Kuhn Poker and Tic-Tac-Toe read them from the env's state (the actions its legal-action
-    tree allows; the board's empty cells); other games from the last list of moves the
+    Kuhn Poker, Tic-Tac-Toe and FrozenLake read them from the env's state (the actions its
+    legal-action tree allows; the board's empty cells; the steps that stay on the board, holes
+    included: walking into one is a legal, losing move); other games from the last list the
     observation prints ("Available Moves: '[0]', ..." or "available actions are: ...")."""
     state = env.state
     game = getattr(state, "game_state", None) or {}
@@ -150,6 +141,11 @@ def legal_moves(env: IsolatedEnv, observation: str) -> list[str] | None:
     if env_id.startswith("TicTacToe") and "board" in game:
         board = game["board"]
         return [f"[{r * 3 + c}]" for r in range(3) for c in range(3) if board[r][c] in ("", " ")]
+    if env_id.startswith("FrozenLake") and "player_pos" in game:  # the steps that stay on it
+        (row, col), size = game["player_pos"], len(game["grid"])
+        return [move for move, (r, c) in (("[up]", (row - 1, col)), ("[down]", (row + 1, col)),
+                                          ("[left]", (row, col - 1)), ("[right]", (row, col + 1)))
+                if 0 <= r < size and 0 <= c < size]
     listed = _LISTED.findall(observation)
     return re.findall(r"'(\[[^\]]*\])'", listed[-1]) if listed else None
 
@@ -187,7 +183,9 @@ class GameRules:
     """A rejected move's reward (None: the game's outcome like any move)."""
     per_game_weight: bool = True
     starts: tuple[tuple[str, str], ...] = ()
-    """agent -> the frozen agent serving its starting model (opponent START)."""
+    """agent (or Seat) -> the frozen agent (or Crew) serving its starting model (START)."""
+    crews: tuple[tuple[str, Crew], ...] = ()
+    """A player played by a Seat -> how (its function, who answers its agents' calls)."""
 
     def prompt(self, observation: str, moves: list[str] | None = None,
                max_chars: int | None = None) -> list[dict]:
@@ -203,7 +201,8 @@ async def play(ctx: Any, rules: GameRules, seats: Sequence[str], seed: int, game
                asked: list[int] | None = None
                ) -> tuple[dict[int, float], dict[int, list], dict[int, list[bool]]]:
     """One game: (each seat's reward, each seat's completions, whether the env rejected each
-    of them). `seats[i]` plays seat i: an agent name, or RANDOM. Each call is labelled with
+    of them). `seats[i]` plays seat i: an agent name, RANDOM, or a name of rules.crews (a
+    Seat: every call its function made, each flagged as its move was). Each call is labelled with
     its move (ctx.generate(turn=...)): the seat, the player's move number (its moves the env
     accepted so far) and, for a retry after a rejected move, its attempt ("s0.m2",
     "s0.m2.retry1"), so GRPO compares a move with the same move of the task's other games,
@@ -229,6 +228,7 @@ async def play(ctx: Any, rules: GameRules, seats: Sequence[str], seed: int, game
     flags: dict[int, list[bool]] = {i: [] for i in range(rules.num_players)}
     done = False
     limit = 10_000  # a game that never ends is the env's bug: fail the trajectory, not the run
+    crews = dict(rules.crews)
     while not done:
         limit -= 1
         if limit < 0:
@@ -241,7 +241,7 @@ async def play(ctx: Any, rules: GameRules, seats: Sequence[str], seed: int, game
             if not options:
                 raise RuntimeError(f"{rules.env_id}: no legal moves known for seat {seat} "
                                    "(a random player needs them: see legal_moves)")
-            action, completion = rng.choice(options), None
+            action, calls = rng.choice(options), []
         else:
             # The seat's own move number, not the env's turn counter: some envs' counter
             # does not advance per move (every move would look like a retry of the first).
@@ -249,26 +249,31 @@ async def play(ctx: Any, rules: GameRules, seats: Sequence[str], seed: int, game
             attempt = tries.get((seat, move), 0)
             tries[(seat, move)] = attempt + 1
             label = f"{game}s{seat}.m{move}" + (f".retry{attempt}" if attempt else "")
-            completion = await _move(ctx, rules, player, observation, options, label, fitted)
-            action = completion.text
+            if player in crews:
+                ask = functools.partial(_ask, rules, observation, options, fitted)
+                action, calls = await crew_move(ctx, crews[player], seat, observation, options,
+                                                rules.prompt(observation, options), label, ask)
+            else:
+                completion = await _move(ctx, rules, player, observation, options, label,
+                                         fitted)
+                action, calls = completion.text, [completion]
         rejected.clear()
         try:
             done = env.step(action)
         except Exception:  # noqa: BLE001 - the env's own bug, met by the agent's text
-            if completion is None:
+            if player == RANDOM:
                 raise
             # The agent's reply broke the env (TextArena's int() of a 5,000-digit "move"):
             # its forfeit, scored as a loss, so that no reply can make a deal vanish from
             # the measurement by failing it.
-            moves[seat].append(completion)
-            flags[seat].append(True)
+            moves[seat].extend(calls)
+            flags[seat].extend([True] * len(calls))
             return ({i: -1.0 if i == seat else 1.0 for i in range(rules.num_players)},
                     moves, flags)
         if not rejected:
             made[seat] += 1
-        if completion is not None:
-            moves[seat].append(completion)
-            flags[seat].append(bool(rejected))
+        moves[seat].extend(calls)
+        flags[seat].extend([bool(rejected)] * len(calls))
     rewards, _ = env.close()
     return rewards, moves, flags
 
@@ -278,8 +283,10 @@ MIN_PROMPT_CHARS = 250
 
 
 async def _move(ctx: Any, rules: GameRules, player: str, observation: str,
-                options: list[str] | None, label: str, fitted: dict[str, int]) -> Any:
-    """The player's completion for this observation. A prompt that does not fit the agent's
+                options: list[str] | None, label: str | None, fitted: dict[str, int],
+                then: Sequence[dict] = (), **sampling: Any) -> Any:
+    """The player's completion for this observation (the prompt, then the messages `then`:
+    a Seat's Turn.ask; `sampling`: the call's overrides). A prompt that does not fit the agent's
     context (rollout.max_model_len, with its max_tokens) is cut further, halved until it
     fits (not below MIN_PROMPT_CHARS), and that size kept for the player's later moves in
     this game: a game's default max_prompt_chars fits any context instead of failing every
@@ -287,20 +294,40 @@ async def _move(ctx: Any, rules: GameRules, player: str, observation: str,
     size = fitted.get(player, rules.max_prompt_chars)
     while True:
         try:
-            [completion] = await ctx.generate(player, rules.prompt(observation, options, size),
-                                              turn=label)
+            [completion] = await ctx.generate(
+                player, [*rules.prompt(observation, options, size), *then], turn=label,
+                **sampling)
         except RequestError as exc:
-            if exc.param not in ("prompt", "max_tokens") or size <= MIN_PROMPT_CHARS:
+            if exc.param not in ("prompt", "max_tokens"):
                 raise
+            if size <= MIN_PROMPT_CHARS:  # what to change, beside what the context holds
+                raise RequestError(
+                    f"{exc}; the game's transcript is cut to {size} characters already (the "
+                    f"least the cutting goes to, {MIN_PROMPT_CHARS}; game_team's "
+                    f"max_prompt_chars = {rules.max_prompt_chars} is the most), its system "
+                    "prompt and the move's instruction on top: lower the agent's max_tokens "
+                    f"(SamplingParams), set max_prompt_chars below {size}, or use a model "
+                    "with a longer context", param=exc.param) from None
             size = max(MIN_PROMPT_CHARS, size // 2)
             continue
         fitted[player] = size
         return completion
 
 
-def outcome(rewards: dict[int, float], seat: int) -> str:
+async def _ask(rules: GameRules, observation: str, options: list[str] | None,
+               fitted: dict[str, int], seat_ctx: Any, agent: str, then: list,
+               turn: str | None, sampling: dict) -> Any:
+    """A Seat's Turn.ask: `agent`'s completion of the seat's prompt, then `then` (_move)."""
+    return await _move(seat_ctx, rules, agent, observation, options, turn, fitted, then,
+                       **sampling)
+
+
+def outcome(rewards: dict[int, float], seat: int, *, solo: bool = False) -> str:
     """"win", "draw" or "loss" of `seat`: a draw when every seat got the same reward, a win
-    when the seat's reward is the highest (shared or not), else a loss."""
+    when the seat's reward is the highest (shared or not), else a loss. `solo` (a one-seat
+    game): a win when the seat's reward reaches SOLVED_REWARD (the game solved), else a loss."""
+    if solo:
+        return "win" if rewards.get(seat, 0.0) >= SOLVED_REWARD else "loss"
     values = list(rewards.values())
     mine = rewards.get(seat, min(values, default=0.0))
     if not values or max(values) == min(values):
@@ -311,13 +338,17 @@ def outcome(rewards: dict[int, float], seat: int) -> str:
 def credit(ctx: Any, rules: GameRules, trainable: set[str], seats: Sequence[str],
            rewards: dict[int, float], moves: dict[int, list], flags: dict[int, list[bool]]
            ) -> None:
-    """Every move of a trainable seat: its game outcome (a rejected move: invalid_reward),
-    weighted 1/k for a seat's k moves when per_game_weight."""
+    """Every move of a seat whose player is in `trainable` (an agent, or a Seat's name), by
+    each agent in `trainable`: its game outcome (a rejected move: invalid_reward), weighted
+    1/k for an agent's k calls at the seat when per_game_weight (a lone player: its k moves)."""
     for seat, made in moves.items():
         if seats[seat] not in trainable or not made:
             continue
-        weight = 1.0 / len(made) if rules.per_game_weight else 1.0
+        calls = collections.Counter(c.agent for c in made)
         for completion, bad in zip(made, flags[seat]):
+            if completion.agent not in trainable:  # a Seat's frozen agent
+                continue
+            weight = 1.0 / calls[completion.agent] if rules.per_game_weight else 1.0
             value = (rules.invalid_reward if bad and rules.invalid_reward is not None
                      else rewards.get(seat, 0.0))
             ctx.reward(completion, value, weight=weight)
@@ -361,7 +392,15 @@ async def match(ctx: Any, rules: Any, task: Match, starts: dict[str, str],
     identical players the seat-balanced win rate is 0.5 in expectation, whatever the seat's
     advantage; with n players the same baseline is 1/n (a shared best reward is a win for
     each). `play`: textarena's, or another library's with its contract
-    (flexmarl.envs.openspiel)."""
+    (flexmarl.envs.openspiel).
+
+    A one-seat game (opponent SOLO) is played once: games.solo.win is the share solved (its
+    reward reached SOLVED_REWARD), .loss the rest, .draw 0, .return the env's reward, .invalid
+    per move; no seat or unmoved scores. A Seat's scores go to each of its trainable agents
+    (.invalid: per call of the agent, 1 if the env rejected the move it was made for)."""
+    crew = dict(getattr(rules, "crews", ())).get(task.agent)
+    scored = crew.trainable if crew is not None else (task.agent,)
+    solo = rules.num_players == 1
     other = starts[task.agent] if task.opponent == START else task.opponent
     lineups = [[task.agent if i == seat else other for i in range(rules.num_players)]
                for seat in range(rules.num_players)]
@@ -377,25 +416,29 @@ async def match(ctx: Any, rules: Any, task: Match, starts: dict[str, str],
         await asyncio.gather(*running, return_exceptions=True)
         raise
     for players, game in zip(lineups, games):  # its moves' rewards, as in training
-        credit(ctx, rules, {task.agent}, players, *game)
-    prefix = f"games.{task.opponent}"
+        credit(ctx, rules, {task.agent, *scored}, players, *game)
+
+    def score(name: str, value: float) -> None:
+        for agent in scored:
+            ctx.score(agent, f"games.{task.opponent}.{name}", value)
     results = []
     for seat, (rewards, moves, flags) in enumerate(games):
-        for bad in flags[seat]:
-            ctx.score(task.agent, f"{prefix}.invalid", float(bad))
-        result = outcome(rewards, seat)
+        for completion, bad in zip(moves[seat], flags[seat]):
+            if completion.agent in scored:
+                ctx.score(completion.agent, f"games.{task.opponent}.invalid", float(bad))
+        result = outcome(rewards, seat, solo=solo)
         results.append(result)
-        for name in OUTCOMES:
-            ctx.score(task.agent, f"{prefix}.seat{seat}.{name}", float(result == name))
+        for name in OUTCOMES if not solo else ():
+            score(f"seat{seat}.{name}", float(result == name))
     for name in OUTCOMES:
-        ctx.score(task.agent, f"{prefix}.{name}", sum(r == name for r in results) / len(results))
-    ctx.score(task.agent, f"{prefix}.return",
-              sum(g[0].get(seat, 0.0) for seat, g in enumerate(games)) / len(games))
-    ctx.score(task.agent, f"{prefix}.unmoved", sum(min(a) == 0 for a in asked) / len(asked))
+        score(name, sum(r == name for r in results) / len(results))
+    score("return", sum(g[0].get(seat, 0.0) for seat, g in enumerate(games)) / len(games))
+    if not solo:
+        score("unmoved", sum(min(a) == 0 for a in asked) / len(asked))
     ctx.team_reward(sum(g[0].get(seat, 0.0) for seat, g in enumerate(games)) / len(games))
 
 
-def game_team(env_id: str, players: Sequence[AgentSpec | str], *, name: str | None = None,
+def game_team(env_id: str, players: Sequence[AgentSpec | Seat | str], *, name: str | None = None,
               train_games: int = 4096, eval_games: int | dict[str, int] = 400,
               opponents: Sequence[str] | None = None, seed: int = 0,
               eval_seed: int = 1_000_000, env_kwargs: dict | None = None,
@@ -415,104 +458,37 @@ def game_team(env_id: str, players: Sequence[AgentSpec | str], *, name: str | No
     Team.heldout_round) is balanced. `opponents` left out: START, and RANDOM where the game's
     legal moves can be told (legal_moves). `max_prompt_chars`: the most; a prompt the agent's
     context cannot take is cut further (_move).
+
+    A one-seat game (one entry: TextArena's single-player games, FrozenLake-v0,
+    TowerOfHanoi-v0, ...) has no opponents: each trainable player plays `eval_games` held-out
+    games alone (opponent SOLO; `opponents` left out, or [] for none). A Seat entry plays its
+    seat with several agents through its function (flexmarl.envs.seats); its START opponent
+    is the same function with the agents' frozen starting copies.
     """
-    if not players or len(players) < 2:
-        raise ValueError(f"{env_id}: give one player per seat (at least 2), got {players!r}")
-    if opponents is None:  # the ones this game can have: a random player needs legal moves
+    if not players:
+        raise ValueError(f"{env_id}: give one player per seat, got {players!r}")
+    if len(players) == 1:
+        if opponents and set(opponents) != {SOLO}:
+            raise ValueError(f"{env_id}: a one-seat game has no opponents (got {opponents!r}): "
+                             f"each player's held-out games are played alone ({SOLO!r}); "
+                             "leave opponents out")
+        opponents = (SOLO,) if opponents is None else tuple(opponents)
+    elif opponents is None:  # the ones this game can have: a random player needs legal moves
         opponents = (START, RANDOM) if _knows_moves(env_id, len(players), env_kwargs) \
             else (START,)
     lineup = Lineup.of(env_id, players, opponents, eval_games, train_games=train_games,
-                       seed=seed, eval_seed=eval_seed)
+                       seed=seed, eval_seed=eval_seed, seat_teams=True)
     rules = GameRules(env_id=env_id, num_players=len(lineup.seats),
                       env_kwargs=tuple(sorted((env_kwargs or {}).items())), system=system,
                       instruction=instruction, max_prompt_chars=max_prompt_chars,
                       invalid_reward=invalid_reward, per_game_weight=per_game_weight,
-                      starts=tuple(sorted(lineup.starts.items())))
+                      starts=tuple(sorted(lineup.starts.items())),
+                      crews=tuple(sorted(lineup.crews.items())))
     _probe(rules, lineup.seats, RANDOM in opponents or RANDOM in lineup.seats)
     return Team(name=name or re.sub(r"[^A-Za-z0-9_-]", "_", env_id), agents=lineup.agents,
-                workflow=workflow_for(rules, lineup.seats, lineup.trainable),
+                workflow=workflow_for(rules, lineup.seats, lineup.learners),
                 tasks=lineup.tasks, heldout=lineup.heldout,
                 heldout_round=functools.partial(_deal_number, eval_seed))
-
-
-@dataclass
-class Lineup:
-    """Who plays a game team's seats and what it plays: its agents (those of `players`, then a
-    frozen copy of each starting model where START is an opponent), each seat's player, the
-    trainable agents, agent -> its START copy, the training games and the held-out matches."""
-
-    agents: list[AgentSpec]
-    seats: list[str]
-    trainable: set[str]
-    starts: dict[str, str]
-    tasks: list[Game]
-    heldout: list[Match]
-
-    @classmethod
-    def of(cls, game: str, players: Sequence[AgentSpec | str], opponents: Sequence[str],
-           eval_games: int | dict[str, int], *, train_games: int, seed: int,
-           eval_seed: int) -> "Lineup":
-        """Checked, or ValueError naming the game and what to change (game_team's rules)."""
-        counts = ({o: eval_games for o in opponents} if isinstance(eval_games, int)
-                  else {o: int(eval_games.get(o, 0)) for o in opponents})
-        if set(counts) != set(opponents) or min(counts.values(), default=0) < 0 or (
-                not isinstance(eval_games, int) and set(eval_games) - set(opponents)):
-            raise ValueError(f"{game}: eval_games must be a count or one count per opponent "
-                             f"{list(opponents)}, got {eval_games!r}")
-        most = max(counts.values(), default=0)
-        if eval_seed < seed + train_games and seed < eval_seed + most:
-            raise ValueError(f"{game}: training seeds [{seed}, {seed + train_games}) and "
-                             f"held-out seeds [{eval_seed}, {eval_seed + most}) overlap")
-        specs: dict[str, AgentSpec] = {}
-        seats: list[str] = []
-        for i, p in enumerate(players):
-            if isinstance(p, AgentSpec):
-                if p.name in specs or p.name in (RANDOM, "self", "past") or re.fullmatch(
-                        rf"{START}(_\d+)?", p.name):
-                    raise ValueError(f"{game}: seat {i}: agent name {p.name!r} is already used "
-                                     "(or reserved: 'random', 'start', 'start_N', 'self', "
-                                     "'past'); to let one agent play several seats, give its "
-                                     "name there")
-                specs[p.name] = p
-                seats.append(p.name)
-            elif p == RANDOM or p in specs:
-                seats.append(p)
-            else:
-                raise ValueError(f"{game}: seat {i}: {p!r} is neither an AgentSpec, the name of "
-                                 f"one given at an earlier seat ({sorted(specs)}), nor {RANDOM!r}")
-        trainable = {n for n, s in specs.items() if s.trainable}
-        if not trainable:
-            raise ValueError(f"{game}: no seat is played by a trainable agent")
-        starts: dict[str, str] = {}
-        extra: list[AgentSpec] = []
-        if START in opponents:  # one frozen copy per starting model (agents on one share it)
-            copies: dict[tuple, str] = {}
-            for agent in sorted(trainable):
-                spec = specs[agent]
-                key = (spec.model, repr(spec.sampling))
-                if key not in copies:
-                    copies[key] = START if not copies else f"{START}_{len(copies) + 1}"
-                    extra.append(AgentSpec(name=copies[key], model=spec.model,
-                                           sampling=spec.sampling, trainable=False))
-                starts[agent] = copies[key]
-        for o in opponents:
-            if o not in (START, RANDOM) and o not in specs:
-                raise ValueError(f"{game}: opponent {o!r} must be {START!r}, {RANDOM!r} or an "
-                                 f"agent of the team ({sorted(specs)})")
-        tasks = [Game(f"{game}-{seed + i}", seed + i) for i in range(train_games)]
-        heldout = []
-        pairs = [(agent, o) for agent in sorted(trainable) for o in opponents if o != agent]
-        for k in range(most):
-            for agent, o in pairs:
-                if k < counts[o]:
-                    heldout.append(Match(f"{game}-{agent}-vs-{o}-{eval_seed + k}",
-                                         eval_seed + k, agent, o))
-        return cls([*specs.values(), *extra], seats, trainable, starts, tasks, heldout)
-
-
-def _deal_number(eval_seed: int, match: Match) -> int:
-    """A held-out match's round: its deal's number (eval counts are games per pair)."""
-    return match.seed - eval_seed
 
 
 def _knows_moves(env_id: str, num_players: int, env_kwargs: dict | None) -> bool:
@@ -542,6 +518,6 @@ def _probe(rules: GameRules, seats: Sequence[str], random_player: bool) -> None:
                          "them in its observation; leave 'random' out of players and opponents")
 
 
-__all__ = ["Game", "GameRules", "IsolatedEnv", "Lineup", "Match", "OUTCOMES", "RANDOM", "START",
-           "credit", "game_team", "legal_moves", "make_env", "match", "outcome", "play", "trim",
-           "workflow_for"]
+__all__ = ["Game", "GameRules", "IsolatedEnv", "Lineup", "Match", "OUTCOMES", "RANDOM", "SOLO",
+           "SOLVED_REWARD", "START", "Seat", "Turn", "credit", "game_team", "legal_moves",
+           "make_env", "match", "outcome", "play", "trim", "workflow_for"]

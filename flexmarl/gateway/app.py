@@ -6,6 +6,11 @@
                    set ─► (run) ─► app stopped (SIGTERM, then SIGKILL), waiting calls
                    answered, server down
     unless_app_exits: the run, stopped with a clear error if the app exits first
+
+`gateway.app` runs as a user would expect of `flexmarl run --team agents/x.py` beside it, from
+any directory: its first word `python` (or `python3`) is the Python running FlexMARL
+(sys.executable, which has `openai` and `httpx`), and a relative path in it that is not in the
+current directory is looked up in the package root, as team.path is (app_command).
 """
 from __future__ import annotations
 
@@ -13,13 +18,19 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
+import shlex
 import signal
+import sys
 from pathlib import Path
 from typing import Awaitable, Callable
 
+from flexmarl.config.load import PACKAGE_ROOT
 from flexmarl.config.sections import GatewayConfig
+from flexmarl.console import phase
 from flexmarl.gateway.api import TOKEN_FILE, GatewayServer
 from flexmarl.gateway.backend import Gateway
+from flexmarl.orchestrator.orchestrator import WorkflowError
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +57,9 @@ async def serve_gateway(stack: contextlib.AsyncExitStack, gateway: Gateway, g: G
         return None
     env = {**os.environ, "OPENAI_BASE_URL": server.url + "v1",
            "OPENAI_API_KEY": server.token, "FLEXMARL_GATEWAY": server.url}
-    app = await asyncio.create_subprocess_shell(g.app, env=env, start_new_session=True)
-    log.warning("gateway app started (pid %d): %s", app.pid, g.app)
+    command = app_command(g.app)
+    app = await asyncio.create_subprocess_shell(command, env=env, start_new_session=True)
+    phase(f"gateway app started (pid {app.pid}): {command}")
 
     async def stop_app() -> None:
         if app.returncode is None:
@@ -91,5 +103,30 @@ async def unless_app_exits(run: Awaitable, app: asyncio.subprocess.Process | Non
     if not work.cancelled():
         work.result()
         return
-    raise RuntimeError(f"the gateway app (gateway.app, pid {app.pid}) exited with code "
-                       f"{app.returncode} before the run ended; its output is above")
+    # A WorkflowError: the app is the run's workflow, and the CLI says so in one line.
+    raise WorkflowError(f"the gateway app (gateway.app, pid {app.pid}) exited with code "
+                        f"{app.returncode} before the run ended; its output is above")
+
+
+PYTHON_WORDS = ("python", "python3")
+"""A gateway.app that starts with one of these runs with the run's own Python."""
+
+
+def app_command(command: str, *, cwd: Path | None = None, root: Path = PACKAGE_ROOT) -> str:
+    """`command` (gateway.app) as the shell runs it: a first word in PYTHON_WORDS becomes
+    sys.executable, and each relative path in it that does not exist under `cwd` (the current
+    directory) but does under `root` (the package root) becomes that absolute path. A command
+    the shell's quoting rules cannot split is left as it is."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return command
+    cwd = cwd or Path.cwd()
+    out = command
+    for word in {w for w in words if "/" in w and not w.startswith(("/", "~", "-", "$"))}:
+        if not (cwd / word).exists() and (root / word).exists():
+            out = re.sub(rf"(?<![^\s'\"]){re.escape(word)}(?![^\s'\"])",
+                         lambda _m: shlex.quote(str(root / word)), out)
+    if words and words[0] in PYTHON_WORDS:
+        out = re.sub(rf"^\s*{re.escape(words[0])}(?=\s|$)", shlex.quote(sys.executable), out)
+    return out

@@ -36,7 +36,7 @@ from flexmarl.config.sections import (ClusterConfig, GatewayConfig, ObserveConfi
 from flexmarl.launch.checkpoint import (STATE_DIR, StateCheckpoints, drop_records_after,
                                         last_record_step, resume_point)
 from flexmarl.launch.evaluation import check_eval
-from flexmarl.launch.model_dirs import resolve_model
+from flexmarl.launch.model_dirs import check_context, resolve_model
 from flexmarl.launch.workers import WorkerSettings, check_backend, launcher, trainer_config
 from flexmarl.placement.cores import (cores_choosable, role_cpus, serial_trainers,
                                       trainer_nice, trainers_on_local_cpu)
@@ -107,6 +107,7 @@ async def build_run(team: Team, config: Config, *, run_dir: RunDir | None = None
     for spec in team.agents:  # may build and warm-start (minutes, once): off the event loop
         model_dirs[spec.name] = await asyncio.to_thread(resolve_model, spec)
     lora_units(team, model_dirs, config.rollout)  # its ConfigErrors before any process starts
+    check_context(model_dirs, config.rollout.max_model_len)
     config = resolve_cores(config, team, model_dirs)
     # Nodes pin their own workers (flexmarl-node --cpus); Ray gives each its bundle's CPUs.
     local = not config.cluster.remote

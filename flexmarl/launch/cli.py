@@ -1,7 +1,8 @@
 """`flexmarl` command line: `flexmarl run [CONFIG] [--team PATH] [--set section.key=value ...]`,
 `flexmarl run --resume RUN_DIR [--set ...]`, `flexmarl run ... --listen tcp://ADDR:PORT`,
 `flexmarl plan [CONFIG] [--team PATH] [--nodes N] [--set ...] [--write FILE] [--json]`,
-`flexmarl report RUN_DIR [--out DIR]`, `flexmarl keygen [--dir DIR] [--name NAME]`.
+`flexmarl report RUN_DIR [--out DIR]`, `flexmarl keygen [--dir DIR] [--name NAME]`,
+`flexmarl --version`.
 
 A thin entry point: resolve the config, load the team, make the run directory, then hand over to
 `flexmarl.launch.run.train` on uvloop. Exit codes: 0 done, 2 config (or team, or report input) error,
@@ -14,6 +15,7 @@ import dataclasses
 import logging
 import os
 import sys
+import warnings
 from typing import Any, NoReturn, Sequence
 
 from flexmarl.checks import ConfigError
@@ -27,12 +29,14 @@ EXIT_OK, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 2, 130
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Parse `argv` (default sys.argv[1:]), run the command, exit with its status."""
     args = _parser().parse_args(argv)
+    _show_warnings()  # before the config is read: a renamed key in it warns
     raise SystemExit(args.command(args))
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flexmarl", description=(
         "Train a team of LLM agents with RL, one policy model per agent."))
+    parser.add_argument("--version", action="version", version=f"flexmarl {_version()}")
     commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
     run = commands.add_parser("run", help="train a team", description=(
         "Train a team. The config is the built-in default, merged with CONFIG if given, then "
@@ -111,6 +115,11 @@ def _parser() -> argparse.ArgumentParser:
     keygen.add_argument("--name", default="node", help="file name stem (default %(default)s)")
     keygen.set_defaults(command=_keygen)
     return parser
+
+
+def _version() -> str:
+    import flexmarl
+    return flexmarl.__version__
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -240,8 +249,10 @@ def _run_config(args: argparse.Namespace) -> Any:
     if not (path / CONFIG_FILE).is_file():
         raise ConfigError(f"--resume {args.resume}: no {CONFIG_FILE} there; it must be the run "
                           "directory of an earlier `flexmarl run`")
+    # The run's config.toml holds what it ran with: the team file's config (as it may read
+    # now) is not laid under it again.
     return load_config(str(path / CONFIG_FILE), [*overrides, f"run.dir={path}"],
-                       team=args.team)
+                       team=args.team, team_config=False)
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -360,7 +371,7 @@ def _eval(args: argparse.Namespace) -> int:
 
     from flexmarl.launch.checkpoint import CheckpointError
     from flexmarl.launch.evaluation import evaluate_run
-    from flexmarl.observe.rundir import eval_line
+    from flexmarl.observe.rundir import eval_line, game_lines
 
     _configure_logging("WARNING")
     if args.cross_play:
@@ -373,6 +384,8 @@ def _eval(args: argparse.Namespace) -> int:
         print(f"flexmarl: eval error: {e}", file=sys.stderr)
         return EXIT_CONFIG
     print(f"flexmarl: {result['weights']} weights: {eval_line(result)}")
+    for who, line in game_lines(result.get("heldout")):  # a game team: before (the run's) -> now
+        print(f"flexmarl: {who}: {line}")
     if result.get("errors"):
         print("flexmarl: failed trajectories: " + "; ".join(result["errors"]))
     if args.json:
@@ -406,6 +419,20 @@ def _config_error(e: ConfigError) -> int:
 
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+"""The run's log file: every record with its time, level and logger."""
+
+
+class ConsoleFormatter(logging.Formatter):
+    """A record on the console reads as the phase lines do: "flexmarl: warning: ..." (the
+    time and the logger are in the run's log file); INFO and DEBUG records (run.log_level)
+    without a level, another library's (with -v) with its logger's name."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        from flexmarl.console import PREFIX, ConsoleHandler
+
+        level = "" if record.levelno < logging.WARNING else f"{record.levelname.lower()}: "
+        own = record.name.split(".")[0] in ConsoleHandler.OWN
+        return f"{PREFIX}{level}{'' if own else record.name + ': '}{super().format(record)}"
 
 
 def _configure_logging(level: str, *, verbose: bool = False) -> None:
@@ -418,12 +445,13 @@ def _configure_logging(level: str, *, verbose: bool = False) -> None:
     for old in [h for h in root.handlers if isinstance(h, ConsoleHandler)]:  # main() again
         root.removeHandler(old)
     console = ConsoleHandler(level, verbose=verbose)
-    console.setFormatter(logging.Formatter(LOG_FORMAT))
+    console.setFormatter(ConsoleFormatter("%(message)s"))
     root.addHandler(console)
     root.setLevel(level)
-    # warnings.warn (FutureWarnings of torch and transformers, ...) become records of the
-    # "py.warnings" logger: in the log file, on the console only with -v.
-    logging.captureWarnings(True)
+    # warnings.warn: FlexMARL's own as one console line, others' (FutureWarnings of torch and
+    # transformers, ...) records of the "py.warnings" logger: in the log file, on the console
+    # only with -v.
+    _show_warnings()
     # Worker processes read their level from here at bootstrap (runtime.worker).
     os.environ["FLEXMARL_LOG"] = level
     # Worker processes inherit these. Without -v the workers' output goes to the run's log
@@ -436,6 +464,35 @@ def _configure_logging(level: str, *, verbose: bool = False) -> None:
     if level != "DEBUG":  # per-load bars are noise in a log file and on a console alike
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     _route_transformers_logs(quiet_bars=level != "DEBUG")
+
+
+def _show_warnings() -> None:
+    """warnings.warn from here on goes through _show_warning; a console for it until
+    _configure_logging makes the run's (a command that reads no config never does)."""
+    from flexmarl.console import ConsoleHandler
+
+    warnings.showwarning = _show_warning
+    root = logging.getLogger()
+    if not any(isinstance(h, ConsoleHandler) for h in root.handlers):
+        console = ConsoleHandler(logging.WARNING)
+        console.setFormatter(ConsoleFormatter("%(message)s"))
+        root.addHandler(console)
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: Any = None, line: str | None = None) -> None:
+    """One warning: FlexMARL's own (its code's, or a deprecation that names FlexMARL: a
+    renamed config key, a moved module) a record of the "flexmarl" logger, so on the console
+    as "flexmarl: warning: ..." without a source path; any other one a record of "py.warnings"
+    with its source, as logging.captureWarnings makes them (the log file; the console with -v
+    or from ERROR on)."""
+    own = (filename.startswith(os.path.dirname(os.path.dirname(__file__)) + os.sep)
+           or (issubclass(category, FutureWarning) and "FlexMARL" in str(message)))
+    if own:
+        log.warning("%s", message)
+    else:
+        text = warnings.formatwarning(message, category, filename, lineno, line)
+        logging.getLogger("py.warnings").warning("%s", text.rstrip())
 
 
 def _route_transformers_logs(*, quiet_bars: bool) -> None:

@@ -38,7 +38,7 @@ from flexmarl.config.pipeline import EvalConfig
 from flexmarl.launch.checkpoint import STATE_DIR, StateCheckpoints
 from flexmarl.launch.model_dirs import resolve_model, write_model_dir
 from flexmarl.models.lora import ADAPTER_CONFIG, LoraSpec, read_adapter
-from flexmarl.observe.rundir import CHECKPOINTS_DIR, CONFIG_FILE
+from flexmarl.observe.rundir import CHECKPOINTS_DIR, CONFIG_FILE, EVAL_FILE
 from flexmarl.orchestrator.agents import AgentRuntime
 from flexmarl.orchestrator.evaluate import evaluate, heldout_tasks
 from flexmarl.orchestrator.heldout import changes, measure
@@ -73,7 +73,7 @@ def run_config(run_dir: Path, overrides: Sequence[str] = ()) -> Config:
     path = run_dir / CONFIG_FILE
     if not path.is_file():
         raise ConfigError(f"{str(run_dir)!r} is not a run directory: it has no {CONFIG_FILE}")
-    return load_config(str(path), overrides)
+    return load_config(str(path), overrides, team_config=False)  # what the run ran with
 
 
 def final_checkpoint(run_dir: Path, agent: str) -> Path | None:
@@ -204,8 +204,6 @@ async def measure_games(team: Team, agents: dict[str, AgentRuntime], generate: A
     seeded as the run's), so the same weights score what RUN_DIR/eval.json's "after" says:
     the first mode's result, with "after" (every mode's) and "heldout" (each trainable agent's
     change from the run's own before measurement, eval.json's "before", where it made one)."""
-    from flexmarl.launch.run import EVAL_FILE
-
     after = await measure(team, agents, generate, config.eval, seed=config.run.seed,
                           max_concurrent_calls=MAX_CONCURRENT_CALLS)
     before = None

@@ -35,6 +35,28 @@ def resolve_model(spec: AgentSpec) -> str:
     return check_model(spec)
 
 
+def check_context(model_dirs: dict[str, str], max_model_len: int) -> None:
+    """rollout.max_model_len within each agent's model's positions (max_position_embeddings of
+    its config.json): past them the torch engine indexes beyond the model's position table
+    (transformers only warns, in the log) and vLLM refuses to start. ConfigError naming the
+    agent and the most that fits; a config without the field is not checked."""
+    import json
+
+    for agent, path in model_dirs.items():
+        try:
+            config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        positions = (config.get("max_position_embeddings")
+                     or (config.get("text_config") or {}).get("max_position_embeddings"))
+        if isinstance(positions, int) and max_model_len > positions:
+            raise ConfigError(f"rollout.max_model_len = {max_model_len} is past the "
+                              f"{positions} positions of agent {agent}'s model ({path}: its "
+                              f"max_position_embeddings); set rollout.max_model_len to at "
+                              f"most {positions}, or give the agent a model with a longer "
+                              "context")
+
+
 def check_model(spec: AgentSpec) -> str:
     """A given model path, checked (ConfigError naming the agent); built-in sizes pass as they
     are (they are built on demand). Cheap: `flexmarl run` checks every agent before it creates

@@ -5,7 +5,8 @@
     ─► start processes (rollout instances per agent, a trainer group per trainable
     agent) ─► [resume: each agent's saved state after the last recorded step into its trainer
     and its weights to its instances] ─► [eval.before, not resumed: the starting weights on
-    the held-out tasks, greedy and sampled] ─► PipelineRun (flexmarl.orchestrator.loop): tasks from the data
+    the held-out tasks, greedy and sampled, at once in RUN_DIR/eval.json; resumed: the one
+    recorded there] ─► PipelineRun (flexmarl.orchestrator.loop): tasks from the data
     cursor, rollout, training and sync of every agent, overlapped as pipeline.mode allows
     ─► per agent and step, off the critical path (after the weight push has opened its gate):
     its whole state to RUN_DIR/state (run.save_state, every run.save_every steps and the last;
@@ -42,7 +43,7 @@ from flexmarl.launch.compose import Parts, compose
 from flexmarl.launch.model_dirs import save_model_dir
 from flexmarl.launch.workers import watch_workers
 from flexmarl.observe.monitor import RunMonitor
-from flexmarl.observe.rundir import Progress, RunDir
+from flexmarl.observe.rundir import EVAL_FILE, Progress, RunDir
 from flexmarl.observe.server import StatusServer
 from flexmarl.orchestrator.evaluate import evaluate, heldout_tasks
 from flexmarl.orchestrator.heldout import changes, measure, summary_line
@@ -72,12 +73,13 @@ class RunResult:
     """The held-out evaluation of the final weights (eval.final; RUN_DIR/eval.json): the
     greedy measurement's fields at the top (evaluate()'s; the sampled one's when eval.modes
     has no greedy), and "before", "after" (each {"greedy", "sampled" (those of eval.modes),
-    "seconds"}; "before" {"skipped": why} in a resumed run),
+    "seconds"}; a resumed run keeps the "before" its eval.json recorded, else {"skipped": why}),
     "heldout", "time_to_first_step_s"."""
     heldout: dict | None = None
     """{agent: {"greedy"|"sampled": {"before", "after", "se_change", "tasks"}}}: each trainable
     agent that took turns, its mean turn reward on the held-out tasks before training
-    (eval.before; None when skipped: a resumed run) and after it (eval.final)."""
+    (eval.before; a resumed run's is the one its eval.json recorded; None when there is none)
+    and after it (eval.final)."""
     time_to_first_step_s: float | None = None
     """Seconds from train()'s call (model builds and conversions, worker starts and the
     eval.before measurement included) to the first step's record."""
@@ -154,7 +156,7 @@ async def _steps(setup: RunSetup, parts: Parts, progress: bool | None,
     await parts.pool.start()
     if first_step:
         await _serve_restored(parts)
-        log.warning("resuming %s at step %d of %d", run_dir.path, first_step, steps)
+        phase(f"resuming {run_dir.path} at step {first_step} of {steps}")
 
     async with contextlib.AsyncExitStack() as observing:
         dashboard_url, app = await _observe(observing, parts, monitor, setup.observe,
@@ -170,10 +172,14 @@ async def _steps(setup: RunSetup, parts: Parts, progress: bool | None,
                 monitor.state = "evaluating"  # the dashboard's state; no stall warnings
                 before = await _before(
                     functools.partial(measure_now, before=True)
-                    if measure_now is not None and setup.eval.before else None, first_step, parts)
+                    if measure_now is not None and setup.eval.before else None, first_step, parts,
+                    run_dir)
                 policies = {}
                 if before is not None and "skipped" not in before:
-                    policies["before"] = await _policies(parts, "before/")
+                    policies["before"] = (_recorded(run_dir, "policies", "before") if first_step
+                                          else await _policies(parts, "before/"))
+                    if not first_step:  # kept at once: a killed run's --resume reuses them
+                        _record_before(run_dir, before, policies)
                 monitor.state = "starting"
                 phase(f"training: steps {first_step}-{steps - 1} ({pipeline.name} pipeline)")
                 with Progress(steps, enabled=progress) as bar:
@@ -247,22 +253,54 @@ def evaluator(parts: Parts, settings: EvalConfig, seed: int, max_concurrent_call
 
 
 async def _before(measure_now: Callable[[], Awaitable[dict]] | None, first_step: int,
-                  parts: Parts) -> dict | None:
+                  parts: Parts, run_dir: RunDir | None = None) -> dict | None:
     """eval.before (`measure_now`: None without it): the starting weights on the held-out
     tasks, before step 1's rollout (it delays that step: its duration is logged and kept in
-    RUN_DIR/eval.json); a resumed run skips it and says why."""
+    RUN_DIR/eval.json). A resumed run keeps the measurement its run directory's eval.json
+    recorded (of the same starting weights); without one it skips it and says why."""
     if measure_now is None:
         return None
+    trainable = [n for n, rt in parts.agents.items() if rt.spec.trainable]
     if first_step:
+        kept = _recorded(run_dir, "before")
+        if kept is not None:
+            phase(f"held-out before training (the run's own, from {EVAL_FILE}): "
+                  f"{summary_line(kept, trainable)}")
+            return kept
         why = (f"skipped: the run resumed at step {first_step}, its starting weights are no "
-               "longer the initial ones")
+               f"longer the initial ones, and its {EVAL_FILE} records no measurement of them")
         log.warning("held-out measurement before training %s", why)
         return {"skipped": why}
     phase("evaluating the starting weights on the held-out tasks")
     result = await measure_now()
-    trainable = [n for n, rt in parts.agents.items() if rt.spec.trainable]
     phase(f"held-out before training: {summary_line(result, trainable)}")
     return result
+
+
+def _recorded(run_dir: RunDir | None, *keys: str) -> dict | None:
+    """RUN_DIR/eval.json's value at `keys` ("before"; "policies", "before") where it is a
+    measurement (not a skip), else None."""
+    import orjson
+    if run_dir is None:
+        return None
+    try:
+        value = orjson.loads((run_dir.path / EVAL_FILE).read_bytes())
+        for key in keys:
+            value = value.get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, dict) and "skipped" not in value else None
+
+
+def _record_before(run_dir: RunDir | None, before: dict, policies: dict) -> None:
+    """The measurement before training in RUN_DIR/eval.json as soon as it is made (the run's
+    end rewrites the file whole, "after" added)."""
+    import orjson
+    if run_dir is None:
+        return
+    document = {"before": before} | ({"policies": {"before": policies["before"]}}
+                                     if policies.get("before") is not None else {})
+    (run_dir.path / EVAL_FILE).write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2))
 
 
 POOL_POLL_S = 1.0
@@ -330,9 +368,6 @@ def _heldout_results(parts: Parts, before: dict | None, after: dict | None, step
         (run_dir.path / EVAL_FILE).write_bytes(orjson.dumps(document,
                                                             option=orjson.OPT_INDENT_2))
     return (document if final is not None else None), heldout
-
-
-EVAL_FILE = "eval.json"
 
 
 async def _serve_restored(parts: Parts) -> None:

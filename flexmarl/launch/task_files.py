@@ -10,7 +10,8 @@ keeps scoring the held-out tasks, now FileTasks. A workflow sees each row as a
 in `task.fields` and as an attribute (`task.difficulty` for a "difficulty" column); a column the
 workflow reads but the file lacks fails with an AttributeError that lists the row's columns.
 The split depends only on the file, these keys and run.seed, so a resumed run sees the same
-tasks in the same order.
+tasks in the same order. With team.heldout = 0 and no test split in the file, the team's own
+held-out tasks stay, with a warning that says how many of them the file trains on.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from pathlib import Path
 from flexmarl.checks import ConfigError
 from flexmarl.config.load import PACKAGE_ROOT
 from flexmarl.config.sections import TeamRef
-from flexmarl.tasks import TaskFileError, TaskSplit, load_tasks
+from flexmarl.tasks import FileTask, TaskFileError, TaskSplit, load_tasks
 from flexmarl.team import Team
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,11 @@ def team_with_task_file(team: Team, ref: TeamRef, seed: int) -> Team:
         return team
     path = resolve_task_path(ref.tasks)
     split = _load(path, ref, seed)
+    if list(team.tasks) == list(split.train):  # done already (the CLI, then build_run): once
+        return team
     _warn_missing_attributes(team, split, path)
+    if not split.heldout:
+        _warn_own_heldout(team, split, path)
     try:
         # The file's held-out tasks are its own: counted as tasks, not by the team's rounds.
         return dataclasses.replace(team, tasks=split.train, heldout=split.heldout or team.heldout,
@@ -81,11 +86,30 @@ def _warn_missing_attributes(team: Team, split: TaskSplit, path: Path) -> None:
     """The team file's own tasks had attributes (a dataclass's fields) the file's rows lack: its
     workflow may read them. A warning, not an error: it may not."""
     own = team.tasks[0]
-    if not dataclasses.is_dataclass(own):
+    if isinstance(own, FileTask):  # rows of another file: its columns are what it may read
+        wanted = set(own.fields)
+    elif dataclasses.is_dataclass(own):
+        wanted = {f.name for f in dataclasses.fields(own)} - _TASK_ATTRIBUTES
+    else:
         return
-    wanted = {f.name for f in dataclasses.fields(own)} - _TASK_ATTRIBUTES
     missing = sorted(wanted - set(split.train[0].fields))
     if missing:
         log.warning("team %s: its own tasks have %s, which the rows of %s lack (columns: %s); "
                     "a workflow that reads them will fail", team.name, ", ".join(missing), path,
                     ", ".join(split.train[0].fields) or "none beyond prompt/answer/id")
+
+
+def _warn_own_heldout(team: Team, split: TaskSplit, path: Path) -> None:
+    """team.heldout = 0 and the file gives no held-out split: the team's own held-out tasks
+    stay. Said, with how many of them the file trains on (their scores would then measure
+    tasks trained on, not held out)."""
+    if not team.heldout:
+        return
+    trained = {repr(t.prompt) for t in split.train}
+    seen = sum(repr(getattr(t, "prompt", None)) in trained for t in team.heldout)
+    why = (f"{seen} of them are among its {len(split.train)} training rows (the same prompt), "
+           "so their scores measure tasks it trains on" if seen else
+           "they are not rows of the file")
+    log.warning("team.heldout = 0: the held-out tasks stay team %s's own %d, not rows of %s; %s "
+                "(set team.heldout to a count or a fraction to hold rows of the file out)",
+                team.name, len(team.heldout), path.name, why)

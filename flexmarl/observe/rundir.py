@@ -6,6 +6,9 @@
       run.log            the log: this process's records, Python warnings, and the workers'
                          stdout and stderr (engine logs), which stay off the console unless -v
       checkpoints/AGENT/ one directory per agent
+      eval.json          the held-out measurements before (written as soon as made; kept by a
+                         --resume) and after training (flexmarl.launch.run); eval-final.json,
+                         eval-step-N.json: `flexmarl eval`'s; gateway_token: a gateway run's
 
 `Progress` writes one line per step with its mean reward per agent and the team's; on a
 terminal two tqdm bars (global steps; samples of the current step) stay below those lines.
@@ -33,6 +36,8 @@ CONFIG_FILE = "config.toml"
 METRICS_FILE = "metrics.jsonl"
 LOG_FILE = "run.log"
 CHECKPOINTS_DIR = "checkpoints"
+EVAL_FILE = "eval.json"
+"""The run's held-out measurements before and after training (flexmarl.launch.run)."""
 TIMESTAMP_FORMAT = "%Y%m%d-%H%M%S"
 
 

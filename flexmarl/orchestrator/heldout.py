@@ -113,7 +113,8 @@ def _score_change(before: dict | None, after: dict | None) -> dict:
 
 def summary_line(result: dict, agents: Iterable[str]) -> str:
     """measure()'s `result` in one line: "solver greedy 0.120 sampled 0.100; checker ... on
-    200 tasks, 35 s"."""
+    200 tasks, 35 s"; with failed trajectories, their count and the first error (why no agent
+    took a turn, say)."""
     def f(v: float | None) -> str:
         return "-" if v is None else f"{v:.3f}"
     modes = [m for m in MODES if m in result]
@@ -124,9 +125,10 @@ def summary_line(result: dict, agents: Iterable[str]) -> str:
             cells.append(f"{name} " + " ".join(f"{m} {f(got[m] and got[m]['reward'])}"
                                                for m in modes))
     failed = sum(result[m]["failed"] for m in modes)
+    errors = [e for m in modes for e in result[m].get("errors") or ()]
     return (f"{'; '.join(cells) or 'no trainable agent took a turn'} on "
             f"{result[modes[0]]['tasks']} tasks" + (f", {failed} failed" if failed else "") +
-            f", {result['seconds']:.0f} s")
+            f", {result['seconds']:.0f} s" + (f" (first error: {errors[0]})" if errors else ""))
 
 
 __all__ = ["MODES", "changes", "measure", "mode_configs", "se_change", "summary_line"]

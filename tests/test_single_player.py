@@ -289,3 +289,51 @@ team = game_team("FrozenLake-v0", [Seat("pair", [
     AgentSpec(name="checker", model="{model}", sampling=SamplingParams(max_tokens=4))],
     pair)], train_games=8, eval_games=2, system="Play.", max_prompt_chars=200)
 '''
+
+
+def test_a_reward_of_one_is_not_a_solve_when_the_game_was_lost_or_forfeited():
+    """The review's 2048 games: TextArena pays 2048's progress, capped at 1.0, on a lost board
+    and on a forfeit by rejected moves; games.solo.win counts neither (solved())."""
+    from flexmarl.envs.textarena import SoloRewards, make_env, outcome, solved
+
+    env = make_env("2048-v0-mega-easy")  # target tile 64
+    env.reset(1, 0)
+    inner = env.env
+    while hasattr(inner, "env"):
+        inner = inner.env
+    assert inner.target_tile == 64
+    inner.state.game_state["board"] = [[32, 2, 4, 2], [2, 4, 2, 4], [4, 2, 4, 2], [2, 4, 2, 4]]
+    assert not solved(env, {0: 1.0}, {})                      # lost at progress 1.0
+    inner.state.game_state["board"][0][0] = 64
+    assert solved(env, {0: 1.0}, {})                          # the target tile: solved
+    assert not solved(env, {0: 1.0}, {0: {"invalid_move": True}})  # a forfeit never is
+    lake = make_env("FrozenLake-v0")
+    lake.reset(1, 0)
+    assert solved(lake, {0: 1.0}, {0: {"reason": "goal"}}) and not solved(lake, {0: 0.5}, {})
+    assert outcome(SoloRewards({0: 1.0}, solved=False), 0, solo=True) == "loss"
+    assert outcome(SoloRewards({0: 1.0}, solved=True), 0, solo=True) == "win"
+    assert outcome({0: -1.0}, 0, solo=True) == "loss"         # a reply that broke the env
+
+
+def test_a_seat_function_that_raises_forfeits_the_game_and_the_game_still_counts(caplog):
+    """A reply the function cannot parse (its own exception) is the seat's forfeit: a loss in
+    the held-out measure, its move's calls rewarded as rejected, never a game that vanishes
+    from the measure by failing (the review's suspicion); a failed model call still fails."""
+    async def picky(ctx, turn):
+        [proposal] = await ctx.generate("a", turn.prompt)
+        raise KeyError(f"cannot parse {proposal.text!r}")
+    team = game_team("FrozenLake-v0", [Seat("pair", [AgentSpec(name="a", model="small")],
+                                            picky)], train_games=2, eval_games=1)
+    ctx = GameCtx(lambda agent, prompt: "no idea")
+    asyncio.run(team.workflow(ctx, team.heldout[0]))
+    got = {n: v for _, n, v in ctx.scores if not n.endswith("invalid")}
+    assert got["games.solo.loss"] == 1.0 and got["games.solo.win"] == 0.0
+    assert [v for *_, v, _ in ctx.rewards] == [-1.0]  # game_team's invalid_reward
+    assert "the seat forfeits the game" in caplog.text
+
+    class Dead(GameCtx):
+        async def generate(self, agent, prompt, **kwargs):
+            raise ConnectionError("the rollout instance died")
+    with pytest.raises(ConnectionError):
+        asyncio.run(team.workflow(Dead(solve), team.heldout[0]))
+

@@ -100,6 +100,9 @@ class SeatContext:
         self._used: set[tuple[str, str]] = set()
         self._rewarded: set[int] = set()
         self.made: list[Any] = []
+        self.call_errors: set[int] = set()
+        """ids of the exceptions a call raised (a failed model call: the run's; a call to
+        another agent: a misuse), which fail the trajectory rather than forfeit the game."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._ctx, name)
@@ -115,16 +118,19 @@ class SeatContext:
 
     async def generate(self, agent: str, prompt: Any, *, n: int = 1, turn: str | None = None,
                        **sampling: Any) -> list:
-        if agent not in self._answers:
-            raise ValueError(f"seat {self._crew.seat.name}: its play function called agent "
-                             f"{agent!r}, which is not one of the seat's agents "
-                             f"{sorted(self._answers)}")
+        if agent not in self._answers:  # a misuse, raised as it is (not a forfeit)
+            misuse = ValueError(f"seat {self._crew.seat.name}: its play function called agent "
+                                f"{agent!r}, which is not one of the seat's agents "
+                                f"{sorted(self._answers)}")
+            self.call_errors.add(id(misuse))
+            raise misuse
         label = self._reserve(agent, turn)
         try:
             out = await self._ctx.generate(self._answers[agent], prompt, n=n, turn=label,
                                            **sampling)
-        except BaseException:  # a refused call (a prompt too long) leaves its label free
+        except BaseException as exc:  # a refused call (a prompt too long) leaves its label free
             self._used.discard((agent, label))
+            self.call_errors.add(id(exc))
             raise
         self.made.extend(out)
         return out
@@ -144,13 +150,29 @@ async def crew_move(ctx: Any, crew: Crew, seat: int, observation: str,
     """One move of a Seat: (the move's text, the calls to credit: those the function did not
     reward itself). `ask(ctx, agent, then, turn, sampling)`: Turn.ask's call."""
     seat_ctx = SeatContext(ctx, crew, label)
-    out = await crew.seat.play(seat_ctx, Turn(seat, observation, moves, prompt, label, seat_ctx,
-                                              ask))
+    try:
+        out = await crew.seat.play(seat_ctx, Turn(seat, observation, moves, prompt, label,
+                                                  seat_ctx, ask))
+    except Exception as exc:
+        if id(exc) in seat_ctx.call_errors:  # a failed model call or a misuse: not a move
+            raise
+        raise SeatFailed(crew.seat.name, exc, seat_ctx.unrewarded()) from exc
     text = out if isinstance(out, str) else getattr(out, "text", None)
-    if not isinstance(text, str):
+    if not isinstance(text, str):  # the function's contract: fails the trajectory, loudly
         raise TypeError(f"seat {crew.seat.name}: its play function must return the move, a str "
                         f"or a Completion, got {type(out).__name__}")
     return text, seat_ctx.unrewarded()
 
 
-__all__ = ["Crew", "Seat", "SeatContext", "Turn", "crew_move"]
+class SeatFailed(Exception):
+    """A Seat's function raised (a reply it could not parse, its own bug): the seat forfeits
+    the game (flexmarl.envs.textarena.play), so that no failure makes a
+    game vanish from a measurement. `calls`: the move's calls so far, credited as rejected."""
+
+    def __init__(self, seat: str, error: Exception, calls: list) -> None:
+        super().__init__(f"seat {seat}: its play function failed: {type(error).__name__}: "
+                         f"{error}")
+        self.seat, self.error, self.calls = seat, error, calls
+
+
+__all__ = ["Crew", "Seat", "SeatContext", "SeatFailed", "Turn", "crew_move"]

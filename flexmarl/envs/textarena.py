@@ -44,6 +44,7 @@ import asyncio
 import collections
 import contextlib
 import functools
+import logging
 import random
 import re
 import zlib
@@ -54,12 +55,42 @@ from flexmarl.checks import RequestError
 from flexmarl.envs import require
 from flexmarl.envs.lineup import (RANDOM, SOLO, START, Game, Lineup, Match,
                                   deal_number as _deal_number)
-from flexmarl.envs.seats import Crew, Seat, Turn, crew_move
+from flexmarl.envs.seats import Crew, Seat, SeatFailed, Turn, crew_move
 from flexmarl.team import AgentSpec, Team
 
+log = logging.getLogger(__name__)
+
 SOLVED_REWARD = 1.0
-"""A one-seat game is won (solved) when its reward reaches this: TextArena's single-player
-games give 1 for solving and otherwise their progress, in [0, 1) (or -1 for some)."""
+"""A one-seat game may be solved only when its reward reaches this: TextArena's single-player
+games give 1 for solving and otherwise their progress, mostly in [0, 1), but not always (2048's
+progress reaches 1.0 on a lost board; a forfeit by rejected moves is paid its progress too), so
+a reward of 1 alone is not a solve: see solved()."""
+SOLVED_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "Game2048Env": lambda env: env._max_tile() >= env.target_tile,
+}
+"""Env class name -> whether its finished game was really solved, where its reward can reach
+SOLVED_REWARD without a solve (2048 pays its progress, capped at 1.0, on a lost board)."""
+
+
+class SoloRewards(dict):
+    """A one-seat game's rewards ({0: reward}, the env's) and whether it was solved (solved())."""
+
+    def __init__(self, rewards: dict, solved: bool) -> None:
+        super().__init__(rewards)
+        self.solved = solved
+
+
+def solved(env: Any, rewards: dict[int, float], info: dict) -> bool:
+    """Whether a finished one-seat game was solved: its reward reached SOLVED_REWARD, it did
+    not end on a rejected move (a forfeit: TextArena pays it the progress so far, which may be
+    1.0), and, for an env in SOLVED_CHECKS, the board says so."""
+    if rewards.get(0, 0.0) < SOLVED_REWARD or (info.get(0) or {}).get("invalid_move"):
+        return False
+    inner = env
+    while hasattr(inner, "env"):  # IsolatedEnv and TextArena's wrappers
+        inner = inner.env
+    check = SOLVED_CHECKS.get(type(inner).__name__)
+    return check(inner) if check is not None else True
 SYSTEM = ("You are a competitive game player. Make sure you read the game instructions "
           "carefully, and always follow the required format.")
 """TextArena's own system prompt for LLM players (ta.agents.basic_agents.STANDARD_GAME_PROMPT)."""
@@ -251,8 +282,16 @@ async def play(ctx: Any, rules: GameRules, seats: Sequence[str], seed: int, game
             label = f"{game}s{seat}.m{move}" + (f".retry{attempt}" if attempt else "")
             if player in crews:
                 ask = functools.partial(_ask, rules, observation, options, fitted)
-                action, calls = await crew_move(ctx, crews[player], seat, observation, options,
-                                                rules.prompt(observation, options), label, ask)
+                try:
+                    action, calls = await crew_move(ctx, crews[player], seat, observation,
+                                                    options, rules.prompt(observation, options),
+                                                    label, ask)
+                except SeatFailed as failed:  # the function's failure: the seat forfeits
+                    _warn_once(str(failed))
+                    moves[seat].extend(failed.calls)
+                    flags[seat].extend([True] * len(failed.calls))
+                    return ({i: -1.0 if i == seat else 1.0 for i in range(rules.num_players)},
+                            moves, flags)
             else:
                 completion = await _move(ctx, rules, player, observation, options, label,
                                          fitted)
@@ -274,12 +313,25 @@ async def play(ctx: Any, rules: GameRules, seats: Sequence[str], seed: int, game
             made[seat] += 1
         moves[seat].extend(calls)
         flags[seat].extend([bool(rejected)] * len(calls))
-    rewards, _ = env.close()
+    rewards, info = env.close()
+    if rules.num_players == 1:  # scored as solved or not by the game's end, not its reward
+        rewards = SoloRewards(rewards, solved(env, rewards, info or {}))
     return rewards, moves, flags
 
 
 MIN_PROMPT_CHARS = 250
 """The least a prompt is cut to (the rules' first 3/4 of it, then the latest messages)."""
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """A Seat function's failure, logged once per distinct message (each game repeats it)."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        log.warning("%s; the seat forfeits the game (a loss; its calls of the move rewarded "
+                    "as rejected moves). Later failures alike are not logged again", message)
 
 
 async def _move(ctx: Any, rules: GameRules, player: str, observation: str,
@@ -325,9 +377,10 @@ async def _ask(rules: GameRules, observation: str, options: list[str] | None,
 def outcome(rewards: dict[int, float], seat: int, *, solo: bool = False) -> str:
     """"win", "draw" or "loss" of `seat`: a draw when every seat got the same reward, a win
     when the seat's reward is the highest (shared or not), else a loss. `solo` (a one-seat
-    game): a win when the seat's reward reaches SOLVED_REWARD (the game solved), else a loss."""
+    game): a win when play() found it solved (solved(): not its reward alone; a game it could
+    not judge, a forfeit by a reply that broke the env, is a loss), else a loss."""
     if solo:
-        return "win" if rewards.get(seat, 0.0) >= SOLVED_REWARD else "loss"
+        return "win" if getattr(rewards, "solved", False) else "loss"
     values = list(rewards.values())
     mine = rewards.get(seat, min(values, default=0.0))
     if not values or max(values) == min(values):
@@ -394,8 +447,9 @@ async def match(ctx: Any, rules: Any, task: Match, starts: dict[str, str],
     each). `play`: textarena's, or another library's with its contract
     (flexmarl.envs.openspiel).
 
-    A one-seat game (opponent SOLO) is played once: games.solo.win is the share solved (its
-    reward reached SOLVED_REWARD), .loss the rest, .draw 0, .return the env's reward, .invalid
+    A one-seat game (opponent SOLO) is played once: games.solo.win is the share solved
+    (solved(): its reward reached SOLVED_REWARD, not by a forfeit, and the board agrees where
+    SOLVED_CHECKS knows it), .loss the rest, .draw 0, .return the env's reward, .invalid
     per move; no seat or unmoved scores. A Seat's scores go to each of its trainable agents
     (.invalid: per call of the agent, 1 if the env rejected the move it was made for)."""
     crew = dict(getattr(rules, "crews", ())).get(task.agent)

@@ -3,8 +3,9 @@
     taskset (verifiers.v1): "What is a + b? Reply with only the number."  a, b in 1..20
         split "train":   300 of the 400 sums;  split "heldout": the other 100 (its eval split)
     rubric (the task's @vf.reward methods): correct, weight 0.8 (the reply's last number is the
-        sum: SmolLM2 restates the question, "7 + 8 = 15") + brief, weight 0.2 (no words in the
-        reply: "To add 7 and 8, ..." gets 0); metric: chars (the reply's length)
+        sum: SmolLM2 restates the question, "7 + 8 = 15") + brief, weight 0.2 (a number and no
+        words in the reply: "To add 7 and 8, ..." gets 0, and so does an empty reply);
+        metric: chars (the reply's length)
     env: verifiers' SingleAgentEnv, its one role `agent` played by the FlexMARL agent "solver"
 
 flexmarl.envs.verifiers runs each trajectory as one episode of the env in this process (its own
@@ -56,7 +57,9 @@ class SumsTask(vf.Task[SumsData, vf.State, vf.TaskConfig]):
 
     @vf.reward(weight=0.2)
     async def brief(self, trace) -> float:
-        return 0.0 if re.search(r"[A-Za-z]", trace.last_reply) else 1.0
+        """A number and no words: an empty reply is not brief, it is no answer."""
+        reply = trace.last_reply
+        return 1.0 if _NUMBER.search(reply) and not re.search(r"[A-Za-z]", reply) else 0.0
 
     @vf.metric
     async def chars(self, trace) -> float:

@@ -66,6 +66,8 @@ class ScriptedCtx:
         self.calls: list[tuple[str, list]] = []
         self.rewards: list[tuple[str, str, float]] = []
         self.scores: dict[tuple[str, str], float] = {}
+        self.weights: dict[str, float] = {}
+        """completion text -> the weight its reward was given with."""
         self.team: float | None = None
 
     async def generate(self, agent, prompt, *, n=1, turn=None, **sampling):
@@ -78,6 +80,7 @@ class ScriptedCtx:
 
     def reward(self, completion, value, *, weight=1.0):
         self.rewards.append((completion.agent, completion.text, value))
+        self.weights[completion.text] = weight
 
     def score(self, agent, name, value):
         self.scores[(agent, name)] = value
@@ -134,6 +137,25 @@ async def test_a_trajectory_is_one_episode_rewarded_by_its_rubric(tiny_env):
                             ("agent", "chars"): 5.0}
     assert worded.rewards == [("agent", "it is 1", 0.75)] and worded.team == 0.75
     assert worded.scores[("agent", "brief")] == 0.0
+
+
+async def test_an_attempt_verifiers_discards_is_not_trained_with_the_retrys_reward(tiny_env):
+    """A per-agent retry (the rubric raised on the first reply): the discarded attempt's turn
+    gets weight 0, not the retry's reward nor the team's (the review found it trained at 1.0)."""
+    team = team_of("vf-tiny-env", args={"n": 1}, model="tiny",
+                   env_args={"agent": {"retries": {"max_retries": 1}}})
+    [ctx] = await play(team, {"agent": ["boom", "0"]})
+    assert [text for _, text, _ in ctx.rewards] == ["boom", "0"]
+    assert ctx.weights == {"boom": 0.0, "0": 1.0}
+    assert dict((t, v) for _, t, v in ctx.rewards)["0"] == 1.0 and ctx.team == 1.0
+
+
+def test_request_sampling_fields_are_passed_or_named_once():
+    from flexmarl.envs.verifiers import _sampling
+    body = {"temperature": 0.0, "top_k": 5, "top_p": 0.9, "max_tokens": 4, "stop": "\n",
+            "seed": 1, "frequency_penalty": 1.5}
+    assert _sampling(body) == {"temperature": 0.0, "top_k": 5, "top_p": 0.9, "max_tokens": 4,
+                               "stop": ["\n"]}  # seed: FlexMARL seeds requests itself
 
 
 async def test_two_roles_and_several_turns_map_to_their_agents(tiny_env):

@@ -181,6 +181,14 @@ class VerifiersWorkflow:
             errors = [*episode.errors, *(t.last_error for t in episode.traces if t.last_error)]
             raise RuntimeError(f"verifiers episode of task {task.task_id} failed: " + (
                 f"{errors[0].type}: {errors[0].message}" if errors else "a rollout failed"))
+        # A role's attempt verifiers discarded and retried (a per-agent retry) is not in the
+        # episode: its turns are not trained on, neither with the retry's reward nor with the
+        # team's (weight 0; they stay in their group, which they no longer move).
+        kept = {trace.id for trace in episode.traces}
+        for trace_id, completions in made.items():
+            if trace_id not in kept:
+                for completion in completions:
+                    ctx.reward(completion, 0.0, weight=0.0)
         trained: list[float] = []
         rewards: list[float] = []
         for trace in episode.traces:
@@ -433,9 +441,26 @@ def _text(content: Any) -> str:
     return "\n".join(p["text"] for p in content if p.get("type") == "text")
 
 
+IGNORED_SAMPLING = ("seed", "frequency_penalty", "presence_penalty", "logit_bias",
+                    "repetition_penalty", "min_p", "logprobs", "top_logprobs")
+"""Request fields the endpoint does not honour: `seed` because a role's fixed seed would make
+every trajectory of a GRPO group the same (FlexMARL seeds requests itself), the rest because
+the engines do not take them. Each is logged once, not refused: the env's own sampling
+settings would otherwise stop the run."""
+_IGNORED: set[str] = set()
+
+
 def _sampling(body: dict) -> dict:
-    """ctx.generate's n and sampling overrides from a request's OpenAI fields."""
-    out = {k: body[k] for k in ("n", "temperature", "top_p") if body.get(k) is not None}
+    """ctx.generate's n and sampling overrides from a request's OpenAI fields (top_k is
+    vLLM's extension, which verifiers' sampling config carries)."""
+    out = {k: body[k] for k in ("n", "temperature", "top_p", "top_k")
+           if body.get(k) is not None}
+    for key in IGNORED_SAMPLING:
+        if body.get(key) not in (None, False) and key not in _IGNORED:
+            _IGNORED.add(key)
+            log.warning("verifiers endpoint: a request sets %s, which FlexMARL ignores (%s)",
+                        key, "it seeds every request itself" if key == "seed"
+                        else "its engines do not take it")
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
     if max_tokens is not None:
         out["max_tokens"] = max_tokens

@@ -7,7 +7,8 @@ subclass it exports through `__all__`.
 
     split "train":   a + b for a in 0..4, b in 0..4 (25 sums), the first `n`
     split "heldout": a + b for a in 5..9, b in 0..4, the first `n`
-    rubric: correct (weight 0.75: the reply's last number is the sum) + brief (weight 0.25: the
+    rubric: correct (weight 0.75: the reply's last number is the sum; it raises on a reply with
+            "boom", as a broken rubric would) + brief (weight 0.25: the
             reply has no letters); metric chars (the reply's length)
 
 Prompts and answers are printable ASCII, which the test suite's tiny character model covers.
@@ -35,6 +36,8 @@ class TinyData(vf.TaskData):
 class TinyTask(vf.Task[TinyData, vf.State, vf.TaskConfig]):
     @vf.reward(weight=0.75)
     async def correct(self, task, trace) -> float:
+        if "boom" in trace.last_reply:  # a rubric that breaks: verifiers retries the rollout
+            raise RuntimeError("the rubric cannot score a boom")
         numbers = _NUMBER.findall(trace.last_reply)
         return 1.0 if numbers and numbers[-1] == task.answer else 0.0
 

@@ -373,3 +373,12 @@ def test_the_gateway_example_runs_outside_the_checkout(tiny_model_dir, tmp_path)
     assert [r["step"] for r in records] == [0]
     # The step's samples are the app's calls: it ran, with the run's own Python.
     assert all(records[0]["agents"][a]["samples"] > 0 for a in ("solver", "checker"))
+    # docs/gateway.md's measurement: `flexmarl eval RUN_DIR` plays the app's held-out
+    # episodes (gateway.eval_app from the team file's config, found as gateway.app is).
+    done = flexmarl(["flexmarl", "eval", str(tmp_path / "run"), "--json"], tmp_path,
+                    *SHORTER["eval"], env={"FLEXMARL_EXAMPLE_MODEL": tiny_model_dir},
+                    timeout=300)
+    assert done.returncode == 0, output(done)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["tasks"] == 2 and result["failed"] == 0, result
+    assert {result["agents"][a]["turns"] for a in ("solver", "checker")} == {2}

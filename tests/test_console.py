@@ -129,7 +129,7 @@ def test_a_log_record_on_the_console_reads_as_a_phase_line_and_our_warnings_carr
     log file keeps both); a FutureWarning of FlexMARL's own (a renamed config key) is one such
     line, without the source path and code line Python's default display adds; another
     library's goes to "py.warnings" (the log file; the console with -v)."""
-    from flexmarl.launch.cli import ConsoleFormatter, _show_warning
+    from flexmarl.launch.logs import ConsoleFormatter, show_warning as _show_warning
 
     def line(name: str, level: int) -> str:
         record = logging.LogRecord(name, level, __file__, 1, "resuming at step %d", (2,), None)

@@ -10,6 +10,7 @@
     evaluation.py  `flexmarl eval RUN_DIR`: saved weights on the held-out tasks
     crossplay.py   `flexmarl eval RUN_DIR --cross-play`: a game run's policies against each other
     cli.py         `flexmarl run | plan | eval | report | keygen`
+    logs.py        the CLI's logging: the console's lines, the run's log file, warnings
     summary.py     the closing lines of `flexmarl run`: what a person reads when the run ends
     nodes.py       `flexmarl-node`: a machine that hosts workers of a run elsewhere
     checkpoint.py  each agent's training state per step on disk (`flexmarl run --resume`)

@@ -13,13 +13,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import os
 import sys
-import warnings
 from typing import Any, NoReturn, Sequence
 
 from flexmarl.checks import ConfigError
 from flexmarl.config.load import load_config
+from flexmarl.launch.logs import configure_logging, log_to_file, show_warnings
 
 log = logging.getLogger("flexmarl")
 
@@ -29,7 +28,7 @@ EXIT_OK, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 2, 130
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Parse `argv` (default sys.argv[1:]), run the command, exit with its status."""
     args = _parser().parse_args(argv)
-    _show_warnings()  # before the config is read: a renamed key in it warns
+    show_warnings()  # before the config is read: a renamed key in it warns
     raise SystemExit(args.command(args))
 
 
@@ -127,7 +126,7 @@ def _run(args: argparse.Namespace) -> int:
         config = _run_config(args)
     except ConfigError as e:
         return _config_error(e)
-    _configure_logging(config.run.log_level, verbose=args.verbose)
+    configure_logging(config.run.log_level, verbose=args.verbose)
 
     from flexmarl.launch.checkpoint import CheckpointError
     from flexmarl.orchestrator.orchestrator import WorkflowError
@@ -195,7 +194,7 @@ def _run(args: argparse.Namespace) -> int:
         run_dir = RunDir.create(config, resume=bool(args.resume), verbose=args.verbose)
     except ConfigError as e:
         return _config_error(e)
-    _log_to_file(run_dir.log_path, config.run.log_level)
+    log_to_file(run_dir.log_path, config.run.log_level)
     # Where the run is and its addresses go to stdout, as the summary does: a script reads
     # them there; the phase lines of the work itself go to stderr.
     phase(f"team {team.name!r} ({', '.join(a.name for a in team.agents)}); run dir "
@@ -373,7 +372,7 @@ def _eval(args: argparse.Namespace) -> int:
     from flexmarl.launch.evaluation import evaluate_run
     from flexmarl.observe.rundir import eval_line, game_lines
 
-    _configure_logging("WARNING")
+    configure_logging("WARNING")
     if args.cross_play:
         return _cross_play(args)
     try:
@@ -416,113 +415,6 @@ def _team_error(path: Any, e: BaseException) -> int:
 def _config_error(e: ConfigError) -> int:
     print(f"flexmarl: config error: {e}", file=sys.stderr)
     return EXIT_CONFIG
-
-
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-"""The run's log file: every record with its time, level and logger."""
-
-
-class ConsoleFormatter(logging.Formatter):
-    """A record on the console reads as the phase lines do: "flexmarl: warning: ..." (the
-    time and the logger are in the run's log file); INFO and DEBUG records (run.log_level)
-    without a level, another library's (with -v) with its logger's name."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        from flexmarl.console import PREFIX, ConsoleHandler
-
-        level = "" if record.levelno < logging.WARNING else f"{record.levelname.lower()}: "
-        own = record.name.split(".")[0] in ConsoleHandler.OWN
-        return f"{PREFIX}{level}{'' if own else record.name + ': '}{super().format(record)}"
-
-
-def _configure_logging(level: str, *, verbose: bool = False) -> None:
-    """The console's share of the log: this project's records at `level`, other libraries'
-    (and Python warnings) only with `verbose` or from ERROR on (flexmarl.console.
-    ConsoleHandler); `_log_to_file` adds the run's log file once the run directory exists."""
-    from flexmarl.console import ConsoleHandler
-
-    root = logging.getLogger()
-    for old in [h for h in root.handlers if isinstance(h, ConsoleHandler)]:  # main() again
-        root.removeHandler(old)
-    console = ConsoleHandler(level, verbose=verbose)
-    console.setFormatter(ConsoleFormatter("%(message)s"))
-    root.addHandler(console)
-    root.setLevel(level)
-    # warnings.warn: FlexMARL's own as one console line, others' (FutureWarnings of torch and
-    # transformers, ...) records of the "py.warnings" logger: in the log file, on the console
-    # only with -v.
-    _show_warnings()
-    # Worker processes read their level from here at bootstrap (runtime.worker).
-    os.environ["FLEXMARL_LOG"] = level
-    # Worker processes inherit these. Without -v the workers' output goes to the run's log
-    # file, so vLLM's engine logs may say what they say there; with -v (on the console) vLLM
-    # warns at every engine start and weight reload about things that do not apply on CPU
-    # (Triton, tcmalloc, rotary embeddings having no weights): shown from INFO on.
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if not verbose else
-                          level if level in ("DEBUG", "INFO") else
-                          "ERROR" if level == "WARNING" else level)
-    if level != "DEBUG":  # per-load bars are noise in a log file and on a console alike
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    _route_transformers_logs(quiet_bars=level != "DEBUG")
-
-
-def _show_warnings() -> None:
-    """warnings.warn from here on goes through _show_warning; a console for it until
-    _configure_logging makes the run's (a command that reads no config never does)."""
-    from flexmarl.console import ConsoleHandler
-
-    warnings.showwarning = _show_warning
-    root = logging.getLogger()
-    if not any(isinstance(h, ConsoleHandler) for h in root.handlers):
-        console = ConsoleHandler(logging.WARNING)
-        console.setFormatter(ConsoleFormatter("%(message)s"))
-        root.addHandler(console)
-
-
-def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-                  file: Any = None, line: str | None = None) -> None:
-    """One warning: FlexMARL's own (its code's, or a deprecation that names FlexMARL: a
-    renamed config key, a moved module) a record of the "flexmarl" logger, so on the console
-    as "flexmarl: warning: ..." without a source path; any other one a record of "py.warnings"
-    with its source, as logging.captureWarnings makes them (the log file; the console with -v
-    or from ERROR on)."""
-    own = (filename.startswith(os.path.dirname(os.path.dirname(__file__)) + os.sep)
-           or (issubclass(category, FutureWarning) and "FlexMARL" in str(message)))
-    if own:
-        log.warning("%s", message)
-    else:
-        text = warnings.formatwarning(message, category, filename, lineno, line)
-        logging.getLogger("py.warnings").warning("%s", text.rstrip())
-
-
-def _route_transformers_logs(*, quiet_bars: bool) -> None:
-    """transformers writes its warnings with a handler of its own, past the root logger: send
-    them through it (so to the log file, and to the console only with -v); its per-load bars
-    read HF_HUB_DISABLE_PROGRESS_BARS at import, which happened already here."""
-    try:
-        from transformers.utils import logging as hf_logging
-    except ImportError:
-        return
-    hf_logging.disable_default_handler()
-    hf_logging.enable_propagation()
-    if quiet_bars:
-        hf_logging.disable_progress_bar()
-
-
-def _log_to_file(path: Any, level: str) -> None:
-    """Every record from `level` (and from INFO, when `level` is quieter) to the run's log
-    file, which the workers' output is appended to as well (runtime.supervisor.StderrTail)."""
-    root = logging.getLogger()
-    for old in [h for h in root.handlers if getattr(h, "run_log", False)]:  # main() again
-        root.removeHandler(old)
-        old.close()
-    handler = logging.FileHandler(path, encoding="utf-8")
-    handler.run_log = True  # type: ignore[attr-defined]
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
-    file_level = min(logging.getLevelName(level), logging.INFO)
-    handler.setLevel(file_level)
-    root.addHandler(handler)
-    root.setLevel(file_level)
 
 
 def _per_agent_settings(team_path: str, trainer: Any, pipeline: Any, seed: int) -> str:

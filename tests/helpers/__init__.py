@@ -2,7 +2,8 @@
 (`from tests.helpers.teams import duo`), never from another test module or from tests/conftest.py,
 and nothing in the suite edits sys.path (tests/test_suite_rules.py checks both).
 
-    teams.py           the test team "duo" (a solver and a checker), its workflow and reward
+    teams.py           the test team "duo" (a solver and a checker), its workflow and reward;
+                       write_team, a loadable team file of one tiny agent
     numerics.py        tolerances with what they bound (GRAD_ATOL, WEIGHT_ATOL, MIXED_REL_TOL,
                        SYNC_WEIGHT_ATOL, RATIO_ATOL, ...) and weight comparisons (max_diff,
                        relative_distance)
